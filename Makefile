@@ -1,0 +1,38 @@
+# Install, demo, test and benchmark targets (the README's quick start uses `make demo` and `make test`).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_VERSION := 2.13.0
+
+export PATH := $(abspath $(BIN)):$(PATH)
+export PREFECT_HOME ?= $(abspath .prefect)
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
+export MLFLOW_DISABLE_TELEMETRY := true
+export DO_NOT_TRACK := true
+export DVC_NO_ANALYTICS := 1
+export SACREBLEU ?= $(abspath .sacrebleu)
+
+.PHONY: install test demo bench clean-venv
+
+install: $(VENV)/.installed
+
+# torch first with an exact pin (a loose requirement pulls a multi-GB CUDA build), then the stack.
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q "torch==$(TORCH_VERSION)"
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
+	touch $@
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+demo: install
+	$(BIN)/nmt demo
+
+bench: install
+	$(BIN)/python benchmarks/encode.py
+	$(BIN)/python benchmarks/train.py
+
+clean-venv:
+	rm -rf $(VENV)

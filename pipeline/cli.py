@@ -1,0 +1,48 @@
+"""The ``nmt`` command: profiles, and (as later stages land) translate and the demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pipeline.errors import PipelineError
+from pipeline.stage import setup_logging
+
+log = logging.getLogger("nmt")
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from pipeline.profiles import profile_names, write_profile
+
+    if args.name is None:
+        print("\n".join(profile_names()))
+        return 0
+    path = write_profile(args.name)
+    log.info("wrote %s for profile %s", path, args.name)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``nmt`` argument parser (one sub-command per action)."""
+    parser = argparse.ArgumentParser(prog="nmt", description="WMT14 EN-DE Transformer pipeline")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("profile", help="write params.yaml for a profile (no name: list profiles)")
+    p.add_argument("name", nargs="?")
+    p.set_defaults(func=_cmd_profile)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``nmt`` console script."""
+    setup_logging()
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Errors a stage knows how to explain: the CLI prints them as one line and exits 1."""
+
+from __future__ import annotations
+
+
+class PipelineError(Exception):
+    """A failure with a clear cause and remedy; the message names the file, key or line."""
+
+
+class ConfigError(PipelineError):
+    """params.yaml (or an overrides file) has unknown, missing or mistyped keys.
+
+    Args:
+        source: the file that was read.
+        problems: one line per bad key, each naming the dotted key.
+    """
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        listing = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{source}: {len(self.problems)} problem(s) in the configuration:\n{listing}")
+
+
+class DataError(PipelineError):
+    """An input file is malformed (bad UTF-8, misaligned pairs, empty corpus, corrupt shard...)."""
+
+
+class DownloadError(PipelineError):
+    """A source could not be fetched or failed its integrity checks."""
+
+
+class CheckpointError(PipelineError):
+    """A checkpoint is missing, incomplete, corrupt or from another configuration."""
