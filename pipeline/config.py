@@ -266,10 +266,9 @@ def _build(cls: type, data: Any, prefix: str, errors: list[str]) -> Any:
         errors.append(f"{dotted}{key}: unknown key (known keys here: {', '.join(fields)})")
     kwargs: dict[str, Any] = {}
     n_before = len(errors)
-    for name, f in fields.items():
-        if name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                errors.append(f"{dotted}{name}: missing key")
+    for name in fields:
+        if name not in data:  # defaults serve code; a params file must still spell out every key
+            errors.append(f"{dotted}{name}: missing key")
             continue
         kwargs[name] = _check_value(data[name], hints[name], f"{dotted}{name}", errors)
     if len(errors) > n_before:

@@ -1,0 +1,98 @@
+"""params.yaml loading: every bad key reported at once, cross-field rules, profiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import Params, flatten, load_params, params_from_dict, section_dict
+from pipeline.errors import ConfigError
+from pipeline.profiles import deep_merge, merged_profile, profile_names, write_profile
+
+
+def _paper(repo_root: Path) -> dict:
+    return yaml.safe_load((repo_root / "params.yaml").read_text(encoding="utf-8"))
+
+
+def test_params_yaml_is_the_paper_profile(repo_root: Path) -> None:
+    assert (repo_root / "params.yaml").read_text() == (repo_root / "profiles" / "paper.yaml").read_text()
+    p = load_params(repo_root / "params.yaml")
+    assert isinstance(p, Params)
+    assert (p.model.d_model, p.model.n_heads, p.model.d_ff, p.model.n_layers) == (512, 8, 2048, 6)
+    assert (p.train.warmup_steps, p.train.tokens_per_step, p.train.label_smoothing) == (4000, 25000, 0.1)
+    assert (p.bpe.vocab_size, p.average.last_n, p.evaluate.beam_sizes, p.evaluate.alphas) == (37000, 5, [4], [0.6])
+    assert p.model.pre_norm is False
+
+
+def test_every_bad_key_is_named_in_one_error(repo_root: Path) -> None:
+    data = _paper(repo_root)
+    data["train"]["max_tokens"] = "lots"        # wrong type
+    data["train"]["warmup"] = 10                # unknown key
+    del data["model"]["d_model"]                # missing key
+    data["clean"]["dedup"] = 1                  # int is not bool
+    data["evaluate"]["beam_sizes"] = [4, "x"]   # wrong item type
+    data["mystery"] = {}                        # unknown section
+    with pytest.raises(ConfigError) as info:
+        params_from_dict(data, "params.yaml")
+    msg = str(info.value)
+    for key in ("train.max_tokens", "train.warmup: unknown key", "model.d_model: missing key", "clean.dedup",
+                "evaluate.beam_sizes[1]", "mystery: unknown key"):
+        assert key in msg, (key, msg)
+    assert len(info.value.problems) == 6
+    assert msg.startswith("params.yaml: 6 problem(s)")
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "expected"),
+    [
+        ("train", "warmup_steps", 200000, "train.warmup_steps (200000) must be >= 1 and < train.max_steps"),
+        ("train", "max_tokens", 100, "train.max_tokens (100) must be >= encode.max_len + 1 (257)"),
+        ("model", "n_heads", 7, "model.d_model (512) must be divisible by model.n_heads (7)"),
+        ("download", "dataset", "wmt15", "download.dataset: 'wmt15' is not one of ['wmt14', 'multi30k']"),
+        ("clean", "max_ratio", 0.5, "clean.max_ratio must be >= 1.0"),
+    ],
+)
+def test_impossible_combinations_are_refused(repo_root: Path, section: str, key: str, value: object,
+                                             expected: str) -> None:
+    data = _paper(repo_root)
+    data[section][key] = value
+    with pytest.raises(ConfigError, match=r".*") as info:
+        params_from_dict(data)
+    assert expected in str(info.value)
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="file not found"):
+        load_params(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_params(bad)
+
+
+def test_ints_are_accepted_for_floats_and_flatten(repo_root: Path) -> None:
+    p = load_params(repo_root / "params.yaml")
+    assert isinstance(p.train.max_minutes, float)
+    flat = flatten({"train": section_dict(p.train), "seed": 1})
+    assert flat["train.max_tokens"] == 8192 and flat["seed"] == 1
+
+
+def test_profiles_merge_and_validate(repo_root: Path, tmp_path: Path) -> None:
+    assert {"paper", "demo", "tiny"} <= set(profile_names(repo_root))
+    demo = merged_profile("demo", repo_root)
+    assert demo["download"]["dataset"] == "multi30k" and demo["bpe"]["vocab_size"] == 8000
+    assert demo["train"]["adam_beta2"] == 0.98  # inherited from paper
+    paths = [set(merged_profile(n, repo_root)["paths"].values()) for n in ("paper", "demo", "tiny")]
+    assert not (paths[1] & paths[2]) and not (paths[0] & paths[1]) - {"data/wmt14/raw"}
+    out = write_profile("tiny", repo_root, tmp_path / "params.yaml")
+    assert load_params(out).profile == "tiny"
+    with pytest.raises(ConfigError, match="no such profile 'huge'"):
+        merged_profile("huge", repo_root)
+
+
+def test_deep_merge_replaces_leaves_and_lists() -> None:
+    base = {"a": {"b": 1, "c": [1, 2]}, "d": 2}
+    assert deep_merge(base, {"a": {"c": [3]}}) == {"a": {"b": 1, "c": [3]}, "d": 2}
+    assert base["a"]["c"] == [1, 2]
