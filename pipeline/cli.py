@@ -23,6 +23,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from pipeline.runner import run_pipeline
+
+    return run_pipeline(stages=args.stages, profile=args.profile, force=args.force)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``nmt`` argument parser (one sub-command per action)."""
     parser = argparse.ArgumentParser(prog="nmt", description="WMT14 EN-DE Transformer pipeline")
@@ -30,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="write params.yaml for a profile (no name: list profiles)")
     p.add_argument("name", nargs="?")
     p.set_defaults(func=_cmd_profile)
+    p = sub.add_parser("run", help="dvc repro under one MLflow parent run (optionally switching profile first)")
+    p.add_argument("stages", nargs="*", help="stages to reproduce (default: the whole DAG)")
+    p.add_argument("--profile", help="write this profile's params.yaml first (demo, tiny, paper)")
+    p.add_argument("--force", action="store_true", help="rerun stages even if DVC thinks they are up to date")
+    p.set_defaults(func=_cmd_run)
     return parser
 
 

@@ -141,3 +141,47 @@ def stage_run(stage: str, *, root: str | Path = ".", resume_run_id: str | None =
             client.set_terminated(run_id, status=status)
         except Exception as exc:  # noqa: BLE001 - tracking must never mask the stage's own error
             log.warning("could not close MLflow run %s: %s", run_id, exc)
+
+
+@contextlib.contextmanager
+def pipeline_run(name: str, *, params: dict[str, Any], root: str | Path = ".",
+                 tags: dict[str, str] | None = None) -> Iterator[StageRun]:
+    """Open the parent run of one pipeline run; stage runs find it via ``MLFLOW_PARENT_RUN_ID``.
+
+    Logs the flattened params once and ``params.yaml`` as an artifact. The caller exports
+    ``MLFLOW_PARENT_RUN_ID`` only to the child processes it starts (never globally).
+    """
+    if not enabled():
+        yield StageRun()
+        return
+    from mlflow.tracking import MlflowClient
+
+    root = Path(root)
+    client = MlflowClient(tracking_uri=tracking_uri(root))
+    all_tags = {"mlflow.runName": name, "pipeline": "true", **git_tags(root), **(tags or {})}
+    run_id = client.create_run(_experiment_id(client, root), tags=all_tags, run_name=name).info.run_id
+    handle = StageRun(client, run_id)
+    handle.log_params(params)
+    if (root / "params.yaml").is_file():
+        handle.log_artifact(root / "params.yaml")
+    status = "FAILED"
+    try:
+        yield handle
+        status = "FINISHED"
+    finally:
+        if (root / "dvc.lock").is_file():
+            try:
+                handle.log_artifact(root / "dvc.lock")
+            except Exception as exc:  # noqa: BLE001
+                log.warning("could not log dvc.lock: %s", exc)
+        client.set_terminated(run_id, status=status)
+
+
+def tag_run(run_id: str, tags: dict[str, str], root: str | Path = ".") -> None:
+    """Set tags on an existing run (e.g. a stage's dvc.lock md5 once DVC has written it)."""
+    if enabled() and run_id:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri(root))
+        for k, v in tags.items():
+            client.set_tag(run_id, k, str(v))
