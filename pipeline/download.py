@@ -1,0 +1,326 @@
+"""Stage ``download``: fetch a dataset's parallel text into ``<paths.raw>/{train,valid,test}.{en,de}``.
+
+Each source file is looked up, in order, as ``$NMT_DATA_MIRROR/<dataset>/<path>`` (an extracted
+file), ``$NMT_DATA_MIRROR/<dataset>/<archive name>``, then its upstream URL (through the download
+cache ``$NMT_DOWNLOAD_CACHE``, default ``<repo>/.cache/downloads``). The outputs and
+``manifest.json`` depend only on the files' bytes, never on where they were found, so a mirror run
+and a network run are byte-identical. The whole raw folder is built under a temporary sibling and
+renamed into place: a failure leaves the previous outputs (or nothing) behind.
+
+Environment: ``NMT_DATA_MIRROR`` (a folder or http(s) base URL), ``NMT_DOWNLOAD_CACHE``,
+``NMT_DOWNLOAD_BACKOFF_S`` (first retry delay, default 1 s, doubling).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import DownloadConfig, Params
+from pipeline.errors import ConfigError, DataError, DownloadError
+from pipeline.fetch import NotFound, RetryPolicy, Unreachable, extract_members, fetch_url, gunzip, sha256_file
+from pipeline.fetch import cache_path as _cache_path
+from pipeline.sources import LANGS, SPLITS, Corpus, DatasetSpec, SourceFile, dataset_spec, sgml_segments
+from pipeline.stage import run_cli, stage_parser, write_metrics
+from pipeline.textio import atomic_path, read_lines
+from pipeline.tracking import stage_run
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FetchEnv:
+    """Machine-dependent settings, from the environment (never params, so dvc.lock stays portable)."""
+
+    mirror: str | None
+    cache_dir: Path
+    policy: RetryPolicy
+
+    @classmethod
+    def from_env(cls, cfg: DownloadConfig) -> FetchEnv:
+        """Read ``NMT_DATA_MIRROR``, ``NMT_DOWNLOAD_CACHE`` and ``NMT_DOWNLOAD_BACKOFF_S``."""
+        mirror = os.environ.get("NMT_DATA_MIRROR", "").strip() or None
+        if mirror and mirror.startswith("file://"):
+            mirror = mirror[len("file://"):]
+        if mirror and not re.match(r"^https?://", mirror) and not Path(mirror).is_dir():
+            raise DownloadError(f"NMT_DATA_MIRROR={mirror!r} is neither a directory nor an http(s) URL; "
+                                "fix or unset it")
+        cache = Path(os.environ.get("NMT_DOWNLOAD_CACHE") or REPO_ROOT / ".cache" / "downloads")
+        try:
+            backoff = float(os.environ.get("NMT_DOWNLOAD_BACKOFF_S", "1.0"))
+        except ValueError:
+            raise DownloadError("NMT_DOWNLOAD_BACKOFF_S must be a number of seconds") from None
+        return cls(mirror=mirror, cache_dir=cache,
+                   policy=RetryPolicy(retries=cfg.retries, timeout_s=cfg.timeout_s, backoff_s=backoff))
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """An expected sha256 and who asked for it (for the error message)."""
+
+    sha256: str
+    where: str
+    remedy: str
+
+
+@dataclass
+class Located:
+    """A source file's bytes on local disk and where they came from (mirror, cache or network)."""
+
+    path: Path
+    origin: str
+
+
+def _mirror_hint(spec: DatasetSpec, sf: SourceFile) -> str:
+    return (f"if this machine has no internet access, set NMT_DATA_MIRROR to a directory or http(s) URL "
+            f"holding {spec.name}/{sf.path} or {spec.name}/{sf.url_name}")
+
+
+def _check(path: Path, label: str, expected: list[Expectation]) -> tuple[str, int]:
+    """sha256 and size of ``path``; raise naming both hashes if an expectation disagrees."""
+    digest, size = sha256_file(path)
+    for exp in expected:
+        if exp.sha256 != digest:
+            raise DownloadError(f"{label}: sha256 mismatch: got {digest}, {exp.where} expects {exp.sha256}. "
+                                f"{exp.remedy}")
+    return digest, size
+
+
+def _expectations(cfg: DownloadConfig, spec: DatasetSpec, raw_dir: Path) -> dict[str, list[Expectation]]:
+    """Expected sha256 by file name (params) and by ``url|member`` (the previous manifest)."""
+    known = {n for _, _, _, sf in spec.files() for n in (*sf.names(), sf.url_name)}
+    out: dict[str, list[Expectation]] = {}
+    problems = []
+    for name, digest in sorted(cfg.sha256.items()):
+        if name not in known:
+            problems.append(f"download.sha256.{name}: no file of dataset {spec.name} has this name "
+                            f"(known: {', '.join(sorted(known))})")
+        elif not re.fullmatch(r"[0-9a-f]{64}", digest):
+            problems.append(f"download.sha256.{name}: {digest!r} is not a lowercase hex sha256")
+        else:
+            out.setdefault(name, []).append(Expectation(
+                digest, f"params download.sha256.{name}",
+                "If the upstream file really changed, update download.sha256 in params.yaml; otherwise the "
+                "copy is corrupt: delete it (see the download cache or mirror) and run again."))
+    if problems:
+        raise ConfigError("params.yaml", problems)
+    manifest = raw_dir / MANIFEST
+    if manifest.is_file():
+        try:
+            entries = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+            pinned = {(e["url"], e["member"]): e["sha256"] for e in entries}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DownloadError(f"{manifest}: unreadable previous manifest ({exc}); delete it and run again") from None
+        for _, _, _, sf in spec.files():
+            digest = pinned.get((sf.url, _member(sf)))
+            if digest:
+                out.setdefault(_key(sf), []).append(Expectation(
+                    digest, f"the previous run's {manifest}",
+                    f"If the upstream file really changed, delete {manifest} to accept the new one; otherwise "
+                    "the copy is corrupt: delete it (see the download cache or mirror) and run again."))
+    return out
+
+
+def _member(sf: SourceFile) -> str | None:
+    return sf.path if sf.archive else None
+
+
+def _key(sf: SourceFile) -> str:
+    return f"{sf.url}|{sf.path}"
+
+
+def _file_expectations(sf: SourceFile, expected: dict[str, list[Expectation]]) -> list[Expectation]:
+    names = dict.fromkeys((*sf.names(), _key(sf)))
+    return [e for n in names for e in expected.get(n, [])]
+
+
+def _from_mirror(env: FetchEnv, rel: str) -> Path | None:
+    """``<mirror>/<rel>`` as a local file (downloaded to the cache for an http mirror), or None."""
+    if env.mirror is None:
+        return None
+    if not re.match(r"^https?://", env.mirror):
+        path = Path(env.mirror).joinpath(*rel.split("/"))
+        return path if path.is_file() else None
+    url = f"{env.mirror.rstrip('/')}/{rel}"
+    dest = _cache_path(env.cache_dir, url)
+    if dest.is_file():
+        return dest
+    try:
+        return fetch_url(url, dest, policy=env.policy)
+    except NotFound:
+        return None
+
+
+def _fetch_upstream(env: FetchEnv, spec: DatasetSpec, sf: SourceFile) -> Located:
+    dest = _cache_path(env.cache_dir, sf.url)
+    if dest.is_file():
+        log.info("using cached %s", dest)
+        return Located(dest, "cache")
+    try:
+        return Located(fetch_url(sf.url, dest, policy=env.policy), "network")
+    except Unreachable as exc:
+        raise DownloadError(f"{exc}; {_mirror_hint(spec, sf)}") from None
+
+
+def _locate(env: FetchEnv, spec: DatasetSpec, staging: Path, archives: dict[str, dict[str, Any]],
+            expected: dict[str, list[Expectation]]) -> dict[SourceFile, Located]:
+    """Find every source file's bytes: mirror (extracted), mirror (archive), cache, network."""
+    located: dict[SourceFile, Located] = {}
+    by_archive: dict[str, list[SourceFile]] = {}
+    for _, _, _, sf in spec.files():
+        if sf in located or sf in by_archive.get(sf.url, []):
+            continue
+        path = _from_mirror(env, f"{spec.name}/{sf.path}")
+        if path is not None:
+            located[sf] = Located(path, "mirror")
+        elif sf.archive:
+            by_archive.setdefault(sf.url, []).append(sf)
+        else:
+            path = _from_mirror(env, f"{spec.name}/{sf.url_name}")
+            located[sf] = Located(path, "mirror") if path else _fetch_upstream(env, spec, sf)
+    for url, files in by_archive.items():
+        first = files[0]
+        path = _from_mirror(env, f"{spec.name}/{first.url_name}")
+        where = Located(path, "mirror") if path else _fetch_upstream(env, spec, first)
+        remedy = (f"delete {where.path} and run again to download it anew" if where.origin != "mirror"
+                  else f"replace the mirror's copy {where.path}")
+        digest, size = _check(where.path, first.url_name, expected.get(first.url_name, []))
+        archives[url] = {"sha256": digest, "bytes": size, "origin": where.origin}
+        log.info("extracting %d member(s) from %s", len(files), first.url_name)
+        out = extract_members(where.path, [sf.path for sf in files], staging / first.url_name, remedy=remedy)
+        for sf in files:
+            located[sf] = Located(out[sf.path], where.origin)
+    return located
+
+
+def _lines(sf: SourceFile, path: Path, staging: Path) -> Iterator[str]:
+    """The text lines of one source file (gzip decompressed, SGML parsed as sacreBLEU does)."""
+    if sf.fmt == "gzip":
+        plain = staging / "gunzip" / sf.path.removesuffix(".gz")
+        path = gunzip(path, plain, remedy=f"delete {path} (cached or mirrored copy) and run again")
+    lines = read_lines(path)
+    try:
+        yield from sgml_segments(lines) if sf.fmt == "sgm" else lines
+    except DataError as exc:
+        raise DataError(f"{sf.label}: {exc}") from None
+
+
+def _write_side(fh: Any, digest: Any, lines: Iterator[str]) -> int:
+    n = 0
+    for line in lines:
+        data = line.encode("utf-8") + b"\n"
+        fh.write(data)
+        digest.update(data)
+        n += 1
+    return n
+
+
+def _write_split(split: str, corpora: tuple[Corpus, ...], located: dict[SourceFile, Located], out_dir: Path,
+                 staging: Path, expected: dict[str, list[Expectation]]) -> tuple[list[dict[str, Any]],
+                                                                                 dict[str, Any]]:
+    """Write ``<split>.{en,de}``: the corpora concatenated, each checked; return manifest entries."""
+    entries: list[dict[str, Any]] = []
+    outputs: dict[str, Any] = {}
+    handles = {lang: open(out_dir / f"{split}.{lang}", "wb") for lang in LANGS}
+    digests = {lang: hashlib.sha256() for lang in LANGS}
+    try:
+        for corpus in corpora:
+            counts = {}
+            for lang in LANGS:
+                sf = corpus.side(lang)
+                src = located[sf]
+                digest, size = _check(src.path, sf.label, _file_expectations(sf, expected))
+                counts[lang] = _write_side(handles[lang], digests[lang], _lines(sf, src.path, staging))
+                entries.append({"split": split, "corpus": corpus.name, "lang": lang, "url": sf.url,
+                                "member": _member(sf), "format": sf.fmt, "sha256": digest, "bytes": size,
+                                "lines": counts[lang]})
+            _check_counts(corpus, counts)
+    finally:
+        for fh in handles.values():
+            fh.close()
+    for lang in LANGS:
+        path = out_dir / f"{split}.{lang}"
+        outputs[path.name] = {"sha256": digests[lang].hexdigest(), "bytes": path.stat().st_size,
+                              "lines": sum(e["lines"] for e in entries if e["lang"] == lang)}
+    return entries, outputs
+
+
+def _check_counts(corpus: Corpus, counts: dict[str, int]) -> None:
+    en, de = corpus.en, corpus.de
+    if counts["en"] != counts["de"]:
+        raise DownloadError(f"corpus {corpus.name}: {en.label} has {counts['en']} lines but {de.label} has "
+                            f"{counts['de']}: the files are not aligned; delete the cached/mirrored copies and "
+                            "download again")
+    if corpus.lines is not None and counts["en"] != corpus.lines:
+        raise DownloadError(f"corpus {corpus.name}: {en.label} and {de.label} have {counts['en']} lines, expected "
+                            f"{corpus.lines}: the download is incomplete or not the expected release; delete "
+                            "the cached/mirrored copies and download again")
+
+
+def stage(cfg: DownloadConfig, *, raw_dir: Path, metrics_path: Path, sources: DatasetSpec | None = None) -> None:
+    """Download ``cfg.dataset`` (or ``sources``) into ``raw_dir`` and write ``metrics_path``.
+
+    Args:
+        cfg: the ``download`` section (dataset, retries, timeout, sha256 pins).
+        raw_dir: output folder: ``{train,valid,test}.{en,de}`` and ``manifest.json``.
+        metrics_path: the stage's metrics JSON (counts, seconds, MLflow run id).
+        sources: the dataset table; default :func:`pipeline.sources.dataset_spec` of ``cfg.dataset``.
+
+    Raises:
+        DownloadError: unreachable/missing source, corrupt archive, checksum or line-count mismatch.
+        ConfigError: bad ``download.sha256`` entries.
+    """
+    t0 = time.monotonic()
+    raw_dir, metrics_path = Path(raw_dir), Path(metrics_path)
+    spec = sources or dataset_spec(cfg.dataset)
+    env = FetchEnv.from_env(cfg)
+    expected = _expectations(cfg, spec, raw_dir)
+    env.cache_dir.mkdir(parents=True, exist_ok=True)
+    archives: dict[str, dict[str, Any]] = {}
+    with stage_run("download", root=REPO_ROOT) as run:
+        with tempfile.TemporaryDirectory(dir=env.cache_dir, prefix="extract-") as tmp:
+            staging = Path(tmp)
+            located = _locate(env, spec, staging, archives, expected)
+            files: list[dict[str, Any]] = []
+            outputs: dict[str, Any] = {}
+            with atomic_path(raw_dir) as out_dir:
+                out_dir.mkdir()
+                for split in SPLITS:
+                    entries, outs = _write_split(split, spec.split(split), located, out_dir, staging, expected)
+                    files += entries
+                    outputs.update(outs)
+                manifest = {"dataset": spec.name, "files": files, "outputs": outputs}
+                (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n",
+                                                encoding="utf-8")
+        pairs = {split: outputs[f"{split}.en"]["lines"] for split in SPLITS}
+        run.log_metrics({f"{split}_pairs": n for split, n in pairs.items()})
+        metrics = {"dataset": spec.name, "pairs": pairs, "seconds": round(time.monotonic() - t0, 3),
+                   "origins": {_key(sf): loc.origin for sf, loc in sorted(located.items(), key=lambda x: _key(x[0]))},
+                   "archives": archives, "mlflow_run_id": run.run_id}
+        write_metrics(metrics_path, metrics)
+    log.info("download: %s", ", ".join(f"{s} {n} pairs" for s, n in pairs.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m pipeline.download [--params params.yaml]``."""
+    def body(params: Params, _args: Any) -> None:
+        stage(params.download, raw_dir=Path(params.paths.raw),
+              metrics_path=Path(params.paths.metrics) / "download.json")
+    return run_cli("download", body, argv, stage_parser("Download the dataset's parallel text into paths.raw"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
