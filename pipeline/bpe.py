@@ -1,0 +1,150 @@
+"""Stage ``bpe``: a joint SentencePiece BPE model over the cleaned training text (EN and DE).
+
+The model is trained on a seeded sample of at most ``bpe.input_sentence_size`` sentences drawn
+by this module (not by SentencePiece), written to a temporary file in a fixed order, so the same
+cleaned text and seed give the same ``spm.model`` bytes. Ids are fixed: pad=0, unk=1, bos=2, eos=3.
+SentencePiece's own normalisation is ``identity``: the text is already normalised by ``clean``
+(NFC), and decoding must give back exactly the cleaned text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import BpeConfig, Params
+from pipeline.errors import DataError
+from pipeline.stage import run_cli, stage_parser, write_metrics
+from pipeline.textio import atomic_path, count_lines, read_lines
+
+log = logging.getLogger(__name__)
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIAL_PIECES = {"pad_piece": "<pad>", "unk_piece": "<unk>", "bos_piece": "<s>", "eos_piece": "</s>"}
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sample_indices(total: int, k: int, seed: int) -> np.ndarray:
+    """Sorted indices of a seeded sample of ``min(k, total)`` distinct lines out of ``total``."""
+    if k <= 0 or k >= total:
+        return np.arange(total, dtype=np.int64)
+    rng = np.random.Generator(np.random.PCG64(seed))
+    return np.sort(rng.choice(total, size=k, replace=False)).astype(np.int64)
+
+
+def write_sample(files: list[Path], out: Path, k: int, seed: int) -> int:
+    """Write a seeded sample of the lines of ``files`` (taken as one sequence) to ``out``.
+
+    Returns:
+        The number of sentences written (empty lines are skipped).
+    """
+    counts = [count_lines(f) for f in files]
+    chosen = sample_indices(sum(counts), k, seed)
+    written = pos = base = 0
+    with open(out, "w", encoding="utf-8", newline="\n") as fh:
+        for path, n in zip(files, counts):
+            for i, line in enumerate(read_lines(path), start=base):
+                if pos < len(chosen) and chosen[pos] == i:
+                    pos += 1
+                    if line:
+                        fh.write(line + "\n")
+                        written += 1
+            base += n
+    return written
+
+
+def train_model(sample: Path, model_prefix: Path, cfg: BpeConfig, num_threads: int) -> None:
+    """Train SentencePiece BPE on every line of ``sample``; writes ``<prefix>.model``/``.vocab``."""
+    import sentencepiece as spm
+
+    try:
+        spm.SentencePieceTrainer.train(
+            input=str(sample), model_prefix=str(model_prefix), model_type="bpe",
+            vocab_size=cfg.vocab_size, character_coverage=cfg.character_coverage,
+            input_sentence_size=0, shuffle_input_sentence=False,  # the sample is ours, in a fixed order
+            normalization_rule_name="identity", num_threads=num_threads,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, **SPECIAL_PIECES,
+            minloglevel=1,
+        )
+    except RuntimeError as exc:
+        hint = ("lower bpe.vocab_size in params.yaml" if "Vocabulary size" in str(exc)
+                else "check the cleaned training text")
+        raise DataError(f"SentencePiece training on {sample} failed: {exc}; {hint}") from None
+    _canonicalise(model_prefix.with_suffix(".model"))
+
+
+def _canonicalise(model_file: Path) -> None:
+    """Rewrite the machine-dependent trainer fields SentencePiece records inside the model.
+
+    The model proto stores the input path, the output prefix and the thread count; the pieces
+    and scores do not depend on them (checked: 1 and N threads give the same pieces), so they
+    are replaced by constants and the same text gives the same bytes on any machine.
+    """
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    proto = pb.ModelProto()
+    proto.ParseFromString(model_file.read_bytes())
+    proto.trainer_spec.ClearField("input")
+    proto.trainer_spec.model_prefix = "spm"
+    proto.trainer_spec.num_threads = 1
+    model_file.write_bytes(proto.SerializeToString(deterministic=True))
+
+
+def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, metrics_path: str | Path) -> None:
+    """Run the bpe stage: ``<clean_dir>/train.{en,de}`` → ``<bpe_dir>/spm.{model,vocab}``.
+
+    Raises:
+        DataError: missing cleaned text, an empty training set, or a vocabulary the text cannot fill.
+    """
+    from pipeline import tracking
+
+    clean_dir, bpe_dir = Path(clean_dir), Path(bpe_dir)
+    files = [clean_dir / "train.en", clean_dir / "train.de"]
+    for path in files:
+        if not path.is_file():
+            raise DataError(f"{path}: missing; run `dvc repro clean` first")
+    start = time.monotonic()
+    threads = os.cpu_count() or 1
+    with tracking.stage_run("bpe") as run, tempfile.TemporaryDirectory(prefix="nmt-bpe-") as work:
+        run.log_params({f"bpe.{k}": v for k, v in vars(cfg).items()})
+        sample = Path(work) / "sample.txt"
+        n = write_sample(files, sample, cfg.input_sentence_size, cfg.seed)
+        if n == 0:
+            raise DataError(f"{files[0]} and {files[1]} hold no text; rerun `dvc repro clean`")
+        log.info("bpe: training a %d-piece model on %d sentences with %d threads", cfg.vocab_size, n, threads)
+        with atomic_path(bpe_dir) as tmp:
+            tmp.mkdir()
+            train_model(sample, tmp / "spm", cfg, threads)
+        metrics = {"sentences": n, "vocab_size": cfg.vocab_size, "spm_sha256": sha256_file(bpe_dir / "spm.model"),
+                   "seconds": round(time.monotonic() - start, 3), "mlflow_run_id": run.run_id}
+        run.log_metrics({"sentences": n, "seconds": metrics["seconds"]})
+    write_metrics(metrics_path, metrics)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m pipeline.bpe [--params params.yaml]``."""
+    def body(params: Params, args: argparse.Namespace) -> None:
+        stage(params.bpe, clean_dir=params.paths.clean, bpe_dir=params.paths.bpe,
+              metrics_path=Path(params.paths.metrics) / "bpe.json")
+
+    return run_cli("bpe", body, argv, stage_parser("train the joint SentencePiece BPE model"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

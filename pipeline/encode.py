@@ -1,0 +1,290 @@
+"""Stage ``encode``: cleaned text → BPE ids in Parquet shards (DESIGN §2) plus ``manifest.json``.
+
+Each split's clean files are cut into shards of ``encode.shard_rows`` consecutive lines; shard
+``k`` covers line ids ``[k * shard_rows, (k + 1) * shard_rows)``. Training pairs longer than
+``encode.max_len`` BPE tokens on either side (EOS not counted) are dropped and counted, so a
+train shard may hold fewer rows and its ids have gaps; valid and test keep every line (an empty
+line is an empty list). One process-pool task encodes one shard with SentencePiece's batched
+(C++ multi-threaded) ``encode``; token lists become flat numpy arrays and Arrow list arrays
+without a Python loop per token. The whole shards directory is built under a temporary sibling
+and renamed into place; writer options are fixed, so reruns give byte-identical files.
+
+Environment: ``NMT_ENCODE_WORKERS`` (processes; default ``os.cpu_count()``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import functools
+import itertools
+import json
+import logging
+import multiprocessing
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.bpe import sha256_file
+from pipeline.config import EncodeConfig, Params
+from pipeline.errors import ConfigError, DataError
+from pipeline.stage import run_cli, stage_parser, write_metrics
+from pipeline.textio import atomic_path, write_text
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "valid", "test")
+MANIFEST_FORMAT = 1
+# Fixed writer options: together with the pinned pyarrow they make shards byte-identical on rerun.
+WRITE_OPTIONS = {"compression": "zstd", "compression_level": 3, "use_dictionary": False,
+                 "write_statistics": False, "version": "2.6", "data_page_version": "1.0", "store_schema": True}
+
+
+def token_type(vocab_size: int) -> pa.DataType:
+    """uint16 while every id fits (vocabulary ≤ 65,536), else uint32."""
+    return pa.uint16() if vocab_size <= 1 << 16 else pa.uint32()
+
+
+def shard_schema(vocab_size: int) -> pa.Schema:
+    """The shard schema of DESIGN §2 for a vocabulary of ``vocab_size`` ids."""
+    tok = pa.list_(token_type(vocab_size))
+    return pa.schema([("id", pa.int64()), ("src", tok), ("tgt", tok), ("src_len", pa.int32()),
+                      ("tgt_len", pa.int32())])
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """One shard to encode: lines ``[line_start, line_end)`` of a split, read from byte offsets."""
+
+    split: str
+    index: int
+    line_start: int
+    line_end: int
+    src_path: str
+    tgt_path: str
+    src_offset: int
+    tgt_offset: int
+    spm_model: str
+    max_len: int | None  # None: keep every line (valid/test)
+    out_path: str
+    threads: int
+
+    @property
+    def rel_path(self) -> str:
+        return f"{self.split}/part-{self.index:05d}.parquet"
+
+
+def _line_offsets(path: Path, every: int) -> tuple[list[int], int]:
+    """Byte offsets of lines 0, every, 2·every, ... of ``path`` and its line count (``\\n`` split)."""
+    offsets, n, pos = [0], 0, 0
+    with open(path, "rb") as fh:
+        for line in fh:
+            n += 1
+            pos += len(line)
+            if n % every == 0:
+                offsets.append(pos)
+    if len(offsets) > 1 and offsets[-1] == pos:  # no line starts at end of file
+        offsets.pop()
+    return offsets, n
+
+
+def _read_block(path: str, offset: int, count: int, first_line: int) -> list[str]:
+    """``count`` lines of ``path`` starting at byte ``offset`` (line ``first_line``, 0-based)."""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        raw = list(itertools.islice(fh, count))
+    try:
+        return [line.decode("utf-8").removesuffix("\n") for line in raw]
+    except UnicodeDecodeError:
+        for i, line in enumerate(raw):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataError(f"{path}:{first_line + i + 1}: invalid UTF-8; rerun `dvc repro clean`") from None
+        raise
+
+
+@functools.lru_cache(maxsize=4)
+def _processor(model_file: str):  # noqa: ANN202 - sentencepiece is imported lazily
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_file=model_file)
+
+
+def encode_lines(sp, lines: list[str], threads: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+    """Batch-encode ``lines``; return (flat ids [total] ``dtype``, lengths [len(lines)] int64)."""
+    ids = sp.encode(lines, num_threads=threads)
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
+    return flat, lengths
+
+
+def _list_array(flat: np.ndarray, lengths: np.ndarray, keep: np.ndarray | None) -> pa.ListArray:
+    """An Arrow list array of the rows of (flat, lengths) selected by ``keep``."""
+    if keep is not None:
+        flat, lengths = flat[np.repeat(keep, lengths)], lengths[keep]
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
+
+
+def encode_shard(task: ShardTask) -> dict:
+    """Encode one shard and write it atomically; return its manifest entry (+ ``dropped``)."""
+    sp = _processor(task.spm_model)
+    vocab = sp.get_piece_size()
+    dtype = np.dtype(token_type(vocab).to_pandas_dtype())
+    count = task.line_end - task.line_start
+    src, src_len = encode_lines(sp, _read_block(task.src_path, task.src_offset, count, task.line_start),
+                                task.threads, dtype)
+    tgt, tgt_len = encode_lines(sp, _read_block(task.tgt_path, task.tgt_offset, count, task.line_start),
+                                task.threads, dtype)
+    keep = None
+    if task.max_len is not None:
+        keep = (src_len <= task.max_len) & (tgt_len <= task.max_len)
+    ids = np.arange(task.line_start, task.line_end, dtype=np.int64)
+    if keep is not None:
+        ids, src_len_k, tgt_len_k = ids[keep], src_len[keep], tgt_len[keep]
+    else:
+        src_len_k, tgt_len_k = src_len, tgt_len
+    table = pa.table([pa.array(ids), _list_array(src, src_len, keep), _list_array(tgt, tgt_len, keep),
+                      pa.array(src_len_k.astype(np.int32)), pa.array(tgt_len_k.astype(np.int32))],
+                     schema=shard_schema(vocab))
+    with atomic_path(task.out_path) as tmp:
+        pq.write_table(table, tmp, row_group_size=max(1, len(ids)), **WRITE_OPTIONS)
+    return {"path": task.rel_path, "rows": len(ids), "line_start": task.line_start, "line_end": task.line_end,
+            "src_tokens": int(src_len_k.sum()), "tgt_tokens": int(tgt_len_k.sum()),
+            "sha256": sha256_file(task.out_path), "dropped": count - len(ids)}
+
+
+def encode_workers() -> int:
+    """Worker processes: ``NMT_ENCODE_WORKERS`` or ``os.cpu_count()``."""
+    value = os.environ.get("NMT_ENCODE_WORKERS", "").strip()
+    if not value:
+        return os.cpu_count() or 1
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError("environment", [f"NMT_ENCODE_WORKERS: expected an integer >= 1, got {value!r}"])
+    return int(value)
+
+
+def plan_tasks(cfg: EncodeConfig, clean_dir: Path, spm_model: Path, out_dir: Path,
+               workers: int) -> tuple[list[ShardTask], dict[str, int]]:
+    """Cut every split into shard tasks; return them and each split's line count."""
+    specs, lines = [], {}
+    for split in SPLITS:
+        src, tgt = clean_dir / f"{split}.en", clean_dir / f"{split}.de"
+        for path in (src, tgt):
+            if not path.is_file():
+                raise DataError(f"{path}: missing; run `dvc repro clean` first")
+        (src_offs, n_src), (tgt_offs, n_tgt) = (_line_offsets(p, cfg.shard_rows) for p in (src, tgt))
+        if n_src != n_tgt:
+            raise DataError(f"{src} has {n_src} lines but {tgt} has {n_tgt}: not aligned; rerun `dvc repro clean`")
+        lines[split] = n_src
+        for k, (so, to) in enumerate(zip(src_offs, tgt_offs)):
+            specs.append((split, k, src, tgt, so, to, n_src))
+    threads = max(1, (os.cpu_count() or 1) // max(1, min(workers, len(specs))))
+    tasks = [ShardTask(split=split, index=k, line_start=k * cfg.shard_rows,
+                       line_end=min(n, (k + 1) * cfg.shard_rows), src_path=str(src), tgt_path=str(tgt),
+                       src_offset=so, tgt_offset=to, spm_model=str(spm_model),
+                       max_len=cfg.max_len if split == "train" else None,
+                       out_path=str(out_dir / f"{split}/part-{k:05d}.parquet"), threads=threads)
+             for split, k, src, tgt, so, to, n in specs if n > k * cfg.shard_rows]
+    return tasks, lines
+
+
+def run_tasks(tasks: list[ShardTask], workers: int) -> list[dict]:
+    """Run the tasks (in a process pool when it helps), logging progress; results in task order."""
+    results: list[dict | None] = [None] * len(tasks)
+    total = sum(t.line_end - t.line_start for t in tasks)
+    done_lines, start = 0, time.monotonic()
+
+    def progress(i: int, result: dict) -> None:
+        nonlocal done_lines
+        results[i] = result
+        done_lines += tasks[i].line_end - tasks[i].line_start
+        rate = done_lines / max(time.monotonic() - start, 1e-9)
+        log.info("encode: %d/%d shards, %d/%d pairs, %.0f pairs/s, ETA %.0f s", sum(r is not None for r in results),
+                 len(tasks), done_lines, total, rate, (total - done_lines) / max(rate, 1e-9))
+
+    if workers == 1 or len(tasks) <= 1:
+        for i, task in enumerate(tasks):
+            progress(i, encode_shard(task))
+        return results  # type: ignore[return-value]
+    ctx = multiprocessing.get_context("forkserver")
+    with cf.ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx) as pool:
+        futures = {pool.submit(encode_shard, t): i for i, t in enumerate(tasks)}
+        for fut in cf.as_completed(futures):
+            progress(futures[fut], fut.result())
+    return results  # type: ignore[return-value]
+
+
+def build_manifest(tasks: list[ShardTask], results: list[dict], lines: dict[str, int], *, vocab_size: int,
+                   spm_sha256: str, cfg: EncodeConfig) -> dict:
+    """The manifest: every shard (path relative to it, rows, token counts, sha256) per split."""
+    splits: dict[str, dict] = {}
+    for split in SPLITS:
+        shards = [{k: v for k, v in r.items() if k != "dropped"}
+                  for t, r in zip(tasks, results) if t.split == split]
+        splits[split] = {"lines": lines[split], "rows": sum(s["rows"] for s in shards),
+                         "dropped_max_len": sum(r["dropped"] for t, r in zip(tasks, results) if t.split == split),
+                         "src_tokens": sum(s["src_tokens"] for s in shards),
+                         "tgt_tokens": sum(s["tgt_tokens"] for s in shards), "shards": shards}
+    return {"format": MANIFEST_FORMAT, "spm_sha256": spm_sha256, "vocab_size": vocab_size,
+            "token_type": str(token_type(vocab_size)), "max_len": cfg.max_len, "shard_rows": cfg.shard_rows,
+            "splits": splits}
+
+
+def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shards_dir: str | Path,
+          metrics_path: str | Path) -> None:
+    """Run the encode stage: clean text + ``spm.model`` → ``shards_dir`` (atomically) and metrics.
+
+    Raises:
+        DataError: missing inputs, misaligned or invalid clean files, an unreadable BPE model.
+    """
+    from pipeline import tracking
+
+    clean_dir, shards_dir = Path(clean_dir), Path(shards_dir)
+    spm_model = Path(bpe_dir) / "spm.model"
+    if not spm_model.is_file():
+        raise DataError(f"{spm_model}: missing; run `dvc repro bpe` first")
+    try:
+        vocab_size = _processor(str(spm_model.resolve())).get_piece_size()
+    except (OSError, RuntimeError) as exc:
+        raise DataError(f"{spm_model}: not a SentencePiece model ({exc}); rerun `dvc repro bpe`") from None
+    workers = encode_workers()
+    start = time.monotonic()
+    with tracking.stage_run("encode") as run:
+        run.log_params({f"encode.{k}": v for k, v in vars(cfg).items()})
+        with atomic_path(shards_dir) as tmp:
+            for split in SPLITS:
+                (tmp / split).mkdir(parents=True)
+            tasks, lines = plan_tasks(cfg, clean_dir, spm_model.resolve(), tmp, workers)
+            results = run_tasks(tasks, workers)
+            manifest = build_manifest(tasks, results, lines, vocab_size=vocab_size,
+                                      spm_sha256=sha256_file(spm_model), cfg=cfg)
+            write_text(tmp / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        seconds = time.monotonic() - start
+        metrics = {split: {k: v for k, v in manifest["splits"][split].items() if k != "shards"} for split in SPLITS}
+        metrics |= {"seconds": round(seconds, 3), "workers": workers, "vocab_size": vocab_size,
+                    "pairs_per_s": round(sum(lines.values()) / max(seconds, 1e-9), 1), "mlflow_run_id": run.run_id}
+        run.log_metrics({f"{s}.{k}": v for s in SPLITS for k, v in metrics[s].items()})
+    log.info("encode: %s", {s: metrics[s]["rows"] for s in SPLITS})
+    write_metrics(metrics_path, metrics)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m pipeline.encode [--params params.yaml]``."""
+    def body(params: Params, args: argparse.Namespace) -> None:
+        stage(params.encode, clean_dir=params.paths.clean, bpe_dir=params.paths.bpe,
+              shards_dir=params.paths.shards, metrics_path=Path(params.paths.metrics) / "encode.json")
+
+    return run_cli("encode", body, argv, stage_parser("encode cleaned text into Parquet shards"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
