@@ -1,0 +1,229 @@
+"""Stage ``average``: the mean of the last N complete checkpoints, as one self-contained model file.
+
+The paper averages the last 5 checkpoints (written every 10 minutes) of the base model. We average
+the model weights of the last ``average.last_n`` checkpoint folders that have their ``DONE`` marker,
+ordered by step: floating tensors are averaged in fp32 (then cast back to their dtype), integer and
+boolean buffers (counters, masks) are taken from the newest checkpoint. The output
+``<paths.model>/averaged.pt`` holds ``{"model": state_dict, "config": TransformerConfig dict,
+"spm": spm.model bytes}``, so translating needs this one file, and loads with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import logging
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.config import AverageConfig, Params
+from pipeline.errors import CheckpointError
+from pipeline.stage import read_json, run_cli, write_metrics
+from pipeline.textio import atomic_path
+
+log = logging.getLogger(__name__)
+
+AVERAGED_NAME = "averaged.pt"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
+
+
+def complete_checkpoints(train_dir: str | Path) -> list[Path]:
+    """Checkpoint folders ``step-NNNNNNNN`` under ``train_dir`` that have ``DONE``, oldest step first."""
+    train_dir = Path(train_dir)
+    if not train_dir.is_dir():
+        return []
+    found = []
+    for child in train_dir.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and child.is_dir() and (child / "DONE").is_file():
+            found.append((int(match.group(1)), child))
+    return [path for _, path in sorted(found)]
+
+
+def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Load a ``model.pt`` state_dict on CPU with ``weights_only=True``.
+
+    Raises:
+        CheckpointError: the file is missing, truncated or not a state_dict of tensors.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing although DONE exists; delete the folder {path.parent}") from None
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/UnpicklingError/KeyError...
+        raise CheckpointError(
+            f"{path}: cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            f"the file is truncated or corrupt: delete the folder {path.parent} and rerun"
+        ) from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: not a state_dict of tensors; was it written by the train stage?")
+    return state
+
+
+def _check_same_layout(ref: dict[str, torch.Tensor], ref_path: Path, other: dict[str, torch.Tensor],
+                       path: Path) -> None:
+    """Raise naming ``path`` and the first offending key if ``other`` differs in keys, shapes or dtypes."""
+    missing = sorted(set(ref) - set(other))
+    extra = sorted(set(other) - set(ref))
+    if missing:
+        raise CheckpointError(f"{path}: key {missing[0]!r} is missing (present in {ref_path}); "
+                              "the checkpoints come from different models: average a consistent run")
+    if extra:
+        raise CheckpointError(f"{path}: unexpected key {extra[0]!r} (absent from {ref_path}); "
+                              "the checkpoints come from different models: average a consistent run")
+    for key, tensor in ref.items():
+        if other[key].shape != tensor.shape or other[key].dtype != tensor.dtype:
+            raise CheckpointError(
+                f"{path}: key {key!r} has shape {list(other[key].shape)} {other[key].dtype} but "
+                f"{list(tensor.shape)} {tensor.dtype} in {ref_path}; the checkpoints come from different "
+                "models: average a consistent run"
+            )
+
+
+def average_state_dicts(paths: list[Path]) -> dict[str, torch.Tensor]:
+    """Mean of the ``model.pt`` files at ``paths`` (oldest first), loaded one at a time.
+
+    Floating tensors: sum in fp32 in the order given, divide by the count, cast back to the original
+    dtype. Other dtypes (integer/bool buffers): the newest (last) checkpoint's value.
+
+    Raises:
+        CheckpointError: unreadable file, or keys/shapes/dtypes that differ (names file and key).
+    """
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    first = load_state_dict(paths[0])
+    sums = {k: v.to(torch.float32, copy=True) if v.is_floating_point() else v for k, v in first.items()}
+    for path in paths[1:]:
+        state = load_state_dict(path)
+        _check_same_layout(first, paths[0], state, path)
+        for key, value in state.items():
+            sums[key] = sums[key].add_(value.to(torch.float32)) if value.is_floating_point() else value
+    n = float(len(paths))
+    return {k: (v.div_(n).to(first[k].dtype) if first[k].is_floating_point() else v.clone())
+            for k, v in sums.items()}
+
+
+def transformer_config(state: dict[str, Any], vocab_size: int, state_path: Path) -> dict[str, Any]:
+    """The model's ``TransformerConfig`` as a dict, from ``state.json``'s resolved config and the vocabulary.
+
+    Raises:
+        CheckpointError: ``state.json`` holds no ``config.model`` section, or the model rejects it.
+    """
+    from model import TransformerConfig
+
+    section = (state.get("config") or {}).get("model") if isinstance(state, dict) else None
+    if not isinstance(section, dict):
+        raise CheckpointError(f"{state_path}: no 'config.model' section; was it written by the train stage?")
+    known = set(TransformerConfig.__dataclass_fields__)
+    values = {k: v for k, v in section.items() if k in known}
+    values.update({k: v for k, v in SPECIAL_IDS.items() if k in known}, vocab_size=vocab_size)
+    try:
+        return TransformerConfig.from_dict(values).to_dict()
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{state_path}: its model config is not valid for this code: {exc}") from None
+
+
+def _check_loads(config: dict[str, Any], weights: dict[str, torch.Tensor], where: Path) -> None:
+    """The averaged weights must fit the model built from ``config`` (shapes checked on the meta device)."""
+    from model import Transformer, TransformerConfig
+
+    with torch.device("meta"):
+        expected = Transformer(TransformerConfig.from_dict(config)).state_dict()
+    for key in sorted(set(expected) | set(weights)):
+        if key not in weights or key not in expected or expected[key].shape != weights[key].shape:
+            raise CheckpointError(
+                f"{where}: key {key!r} does not fit the model built from state.json's config "
+                f"(vocabulary {config.get('vocab_size')} from spm.model); were the checkpoints trained with "
+                "this BPE model and code?"
+            )
+
+
+def save_deterministic(obj: Any, path: str | Path) -> None:
+    """``torch.save`` into memory (fixed archive name, so equal objects give equal bytes), write atomically."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(buffer.getvalue())
+
+
+def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, model_dir: str | Path,
+          metrics_path: str | Path) -> None:
+    """Average the last ``cfg.last_n`` complete checkpoints of ``train_dir`` into ``model_dir/averaged.pt``.
+
+    Args:
+        cfg: the ``average`` section.
+        train_dir: ``paths.train`` with ``step-NNNNNNNN/{model.pt,state.json,DONE}`` folders.
+        bpe_dir: ``paths.bpe`` holding ``spm.model`` (embedded in the output).
+        model_dir: ``paths.model``; receives ``averaged.pt``.
+        metrics_path: the stage's metrics JSON (checkpoints used, whether fewer than requested).
+
+    Raises:
+        CheckpointError: no complete checkpoint, unreadable or mismatched checkpoints.
+    """
+    start = time.monotonic()
+    from pipeline.tracking import stage_run
+
+    available = complete_checkpoints(train_dir)
+    if not available:
+        raise CheckpointError(f"{train_dir}: no complete checkpoint (step-*/ with DONE); run the train stage first")
+    chosen = available[-cfg.last_n:]
+    if len(chosen) < cfg.last_n:
+        log.warning("average.last_n is %d but only %d complete checkpoint(s) exist in %s: averaging those",
+                    cfg.last_n, len(chosen), train_dir)
+    log.info("averaging %s", ", ".join(p.name for p in chosen))
+    spm_path = Path(bpe_dir) / "spm.model"
+    try:
+        spm_bytes = spm_path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{spm_path}: not found; run the bpe stage first") from None
+    import sentencepiece as spm
+
+    vocab_size = spm.SentencePieceProcessor(model_proto=spm_bytes).get_piece_size()
+    newest = chosen[-1] / "state.json"
+    try:
+        state = read_json(newest)
+    except Exception as exc:  # noqa: BLE001 - read_json raises PipelineError
+        raise CheckpointError(str(exc)) from None
+    config = transformer_config(state, vocab_size, newest)
+    weights = average_state_dicts([p / "model.pt" for p in chosen])
+    _check_loads(config, weights, chosen[-1] / "model.pt")
+    out = Path(model_dir) / AVERAGED_NAME
+    with stage_run("average") as run:
+        save_deterministic({"model": weights, "config": config, "spm": spm_bytes}, out)
+        metrics = {
+            "checkpoints": [p.name for p in chosen],
+            "steps": [int(_STEP_DIR.match(p.name).group(1)) for p in chosen],
+            "requested": cfg.last_n,
+            "used": len(chosen),
+            "fewer_than_requested": len(chosen) < cfg.last_n,
+            "spm_sha256": hashlib.sha256(spm_bytes).hexdigest(),
+            "parameters": int(sum(v.numel() for v in weights.values() if v.is_floating_point())),
+            "seconds": round(time.monotonic() - start, 3),
+            "mlflow_run_id": run.run_id,
+        }
+        run.log_params({"average.last_n": cfg.last_n, "average.checkpoints": ",".join(metrics["checkpoints"])})
+        run.log_metrics({"checkpoints_used": len(chosen), "last_step": metrics["steps"][-1]})
+        write_metrics(metrics_path, metrics)
+    log.info("wrote %s (%d checkpoints, last step %d)", out, len(chosen), metrics["steps"][-1])
+
+
+def _body(params: Params, args: argparse.Namespace) -> None:
+    paths = params.paths
+    stage(params.average, train_dir=paths.train, bpe_dir=paths.bpe, model_dir=paths.model,
+          metrics_path=Path(paths.metrics) / "average.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipeline.average``."""
+    return run_cli("average", _body, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

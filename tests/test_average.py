@@ -1,0 +1,206 @@
+"""Stage ``average``: the mean of the last N complete checkpoints; clear errors for bad ones.
+
+Also home of the tiny-model helpers that test_evaluate and test_translate import (a real
+SentencePiece model trained by the bpe stage's trainer, a random tiny Transformer).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import Transformer, TransformerConfig
+from pipeline.average import AVERAGED_NAME, average_state_dicts, complete_checkpoints, stage
+from pipeline.bpe import train_model
+from pipeline.config import AverageConfig, BpeConfig
+from pipeline.errors import CheckpointError
+
+TINY_MODEL = {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1, "dropout": 0.0, "attn_dropout": 0.0,
+              "ffn_dropout": 0.0, "pre_norm": False, "max_positions": 64}
+CORPUS = [
+    "Gutach: Noch mehr Sicherheit für Fußgänger",
+    "Gutach: Increased safety for pedestrians",
+    "Sie stehen keine 100 Meter voneinander entfernt.",
+    "They are not even 100 metres apart.",
+    "Am Dienstag ist die neue Ampel in Betrieb genommen worden.",
+    "On Tuesday, the new traffic lights were put into operation.",
+    "Zwei Anlagen so nah beieinander: Absicht oder Schildbürgerstreich?",
+    "Two sets of lights so close to one another: intentional or just a silly error?",
+    "Diese Frage hat der Bürgermeister gestern klar beantwortet.",
+    "Yesterday, the mayor gave a clear answer to this question.",
+    "Der Preis liegt bei 3,50 Euro, die E-Mail-Adresse ist neu.",
+    "The price is 3.50 euros, the e-mail address is new.",
+    "Öl, Ärger, Übung, Straße; quick brown fox jumps over the lazy dog QXZJVWY!",
+] * 4
+
+
+def make_spm(directory: Path, vocab_size: int = 120) -> Path:
+    """Train a real joint BPE model (pad=0 unk=1 bos=2 eos=3) on :data:`CORPUS`; returns spm.model."""
+    directory.mkdir(parents=True, exist_ok=True)
+    sample = directory / "sample.txt"
+    sample.write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
+    train_model(sample, directory / "spm", BpeConfig(vocab_size=vocab_size, input_sentence_size=0), 1)
+    sample.unlink()
+    return directory / "spm.model"
+
+
+def spm_vocab_size(spm_model: Path) -> int:
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_file=str(spm_model)).get_piece_size()
+
+
+def tiny_model(vocab_size: int, seed: int, **overrides: object) -> Transformer:
+    """A random tiny Transformer (deterministic for a seed)."""
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(vocab_size=vocab_size, **{**TINY_MODEL, **overrides})
+    return Transformer(cfg).eval()
+
+
+def write_checkpoint(train_dir: Path, step: int, state_dict: dict[str, torch.Tensor],
+                     model_section: dict | None = None, done: bool = True) -> Path:
+    """A checkpoint folder as the train stage writes it (model.pt, state.json, DONE last)."""
+    folder = train_dir / f"step-{step:08d}"
+    folder.mkdir(parents=True)
+    torch.save(state_dict, folder / "model.pt")
+    state = {"step": step, "config": {"model": model_section or TINY_MODEL, "train": {}, "seed": 1}}
+    (folder / "state.json").write_text(json.dumps(state), encoding="utf-8")
+    if done:
+        (folder / "DONE").write_text("", encoding="utf-8")
+    return folder
+
+
+def make_averaged(root: Path, seed: int = 0, **overrides: object) -> Path:
+    """A complete ``averaged.pt`` for a random tiny model, built by the average stage itself."""
+    spm_model = make_spm(root / "bpe")
+    model = tiny_model(spm_vocab_size(spm_model), seed, **overrides)
+    write_checkpoint(root / "train", 10, model.state_dict(), {**TINY_MODEL, **overrides})
+    stage(AverageConfig(last_n=1), train_dir=root / "train", bpe_dir=root / "bpe", model_dir=root / "model",
+          metrics_path=root / "metrics" / "average.json")
+    return root / "model" / AVERAGED_NAME
+
+
+@pytest.fixture(scope="module")
+def spm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("bpe")
+    make_spm(directory)
+    return directory
+
+
+def _run(tmp_path: Path, spm_dir: Path, last_n: int) -> tuple[dict, dict]:
+    stage(AverageConfig(last_n=last_n), train_dir=tmp_path / "train", bpe_dir=spm_dir,
+          model_dir=tmp_path / "model", metrics_path=tmp_path / "metrics" / "average.json")
+    out = torch.load(tmp_path / "model" / AVERAGED_NAME, map_location="cpu", weights_only=True)
+    return out, json.loads((tmp_path / "metrics" / "average.json").read_text())
+
+
+def test_two_checkpoints_average_to_their_mean_and_file_is_self_contained(tmp_path: Path, spm_dir: Path) -> None:
+    vocab = spm_vocab_size(spm_dir / "spm.model")
+    a, b, c = (tiny_model(vocab, seed).state_dict() for seed in (1, 2, 3))
+    write_checkpoint(tmp_path / "train", 5, a)
+    write_checkpoint(tmp_path / "train", 10, b)
+    write_checkpoint(tmp_path / "train", 15, c)
+    write_checkpoint(tmp_path / "train", 20, a, done=False)  # incomplete: does not exist
+    out, metrics = _run(tmp_path, spm_dir, last_n=2)
+    assert set(out) == {"model", "config", "spm"}
+    assert set(out["model"]) == set(b)
+    for key in b:
+        torch.testing.assert_close(out["model"][key], (b[key].float() + c[key].float()) / 2, rtol=0, atol=0)
+    assert out["spm"] == (spm_dir / "spm.model").read_bytes()
+    assert out["config"] == TransformerConfig(vocab_size=vocab, **TINY_MODEL).to_dict()
+    model = Transformer(TransformerConfig.from_dict(out["config"]))
+    model.load_state_dict(out["model"])  # strict: every key fits
+    assert metrics["checkpoints"] == ["step-00000010", "step-00000015"]
+    assert metrics["used"] == 2 and not metrics["fewer_than_requested"]
+
+
+def test_output_is_byte_identical_across_runs(tmp_path: Path, spm_dir: Path) -> None:
+    vocab = spm_vocab_size(spm_dir / "spm.model")
+    write_checkpoint(tmp_path / "train", 1, tiny_model(vocab, 1).state_dict())
+    write_checkpoint(tmp_path / "train", 2, tiny_model(vocab, 2).state_dict())
+    _run(tmp_path, spm_dir, last_n=2)
+    first = hashlib.sha256((tmp_path / "model" / AVERAGED_NAME).read_bytes()).hexdigest()
+    _run(tmp_path, spm_dir, last_n=2)
+    assert hashlib.sha256((tmp_path / "model" / AVERAGED_NAME).read_bytes()).hexdigest() == first
+    assert [p.name for p in (tmp_path / "model").iterdir()] == [AVERAGED_NAME]  # no temporary left
+
+
+def test_integer_buffers_come_from_the_newest_and_floats_are_averaged_in_fp32(tmp_path: Path) -> None:
+    old = {"w": torch.tensor([1.0, 2.0], dtype=torch.bfloat16), "n": torch.tensor([3, 4]),
+           "mask": torch.tensor([True, False])}
+    new = {"w": torch.tensor([2.0, 3.0], dtype=torch.bfloat16), "n": torch.tensor([7, 9]),
+           "mask": torch.tensor([False, True])}
+    torch.save(old, tmp_path / "old.pt")
+    torch.save(new, tmp_path / "new.pt")
+    avg = average_state_dicts([tmp_path / "old.pt", tmp_path / "new.pt"])
+    assert avg["w"].dtype == torch.bfloat16
+    assert avg["w"].tolist() == [1.5, 2.5]
+    assert avg["n"].tolist() == [7, 9] and avg["n"].dtype == torch.int64
+    assert avg["mask"].tolist() == [False, True]
+
+
+def test_fewer_checkpoints_than_last_n_uses_what_exists_and_says_so(tmp_path: Path, spm_dir: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    vocab = spm_vocab_size(spm_dir / "spm.model")
+    a = tiny_model(vocab, 1).state_dict()
+    write_checkpoint(tmp_path / "train", 3, a)
+    with caplog.at_level("WARNING"):
+        out, metrics = _run(tmp_path, spm_dir, last_n=5)
+    assert "only 1 complete checkpoint" in caplog.text
+    assert metrics["requested"] == 5 and metrics["used"] == 1 and metrics["fewer_than_requested"]
+    for key in a:
+        assert torch.equal(out["model"][key], a[key])
+
+
+def test_checkpoints_are_ordered_by_step_not_by_name(tmp_path: Path) -> None:
+    for step in (900, 10000, 50):
+        (tmp_path / f"step-{step}").mkdir()
+        (tmp_path / f"step-{step}" / "DONE").touch()
+    (tmp_path / "step-7").mkdir()  # no DONE
+    (tmp_path / "other").mkdir()
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-50", "step-900", "step-10000"]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ("missing", r"step-00000002/model\.pt: key 'extra\.weight' is missing \(present in .*step-00000001"),
+    ("extra", r"step-00000002/model\.pt: unexpected key 'surplus'"),
+    ("shape", r"step-00000002/model\.pt: key 'extra\.weight' has shape \[3\]"),
+])
+def test_mismatched_checkpoints_name_the_checkpoint_and_key(tmp_path: Path, spm_dir: Path, change: str,
+                                                            message: str) -> None:
+    first = {"extra.weight": torch.zeros(2), "b": torch.ones(1)}
+    second = dict(first)
+    if change == "missing":
+        del second["extra.weight"]
+    elif change == "extra":
+        second["surplus"] = torch.zeros(1)
+    else:
+        second["extra.weight"] = torch.zeros(3)
+    write_checkpoint(tmp_path / "train", 1, first)
+    write_checkpoint(tmp_path / "train", 2, second)
+    with pytest.raises(CheckpointError, match=message):
+        _run(tmp_path, spm_dir, last_n=2)
+    assert not (tmp_path / "model").exists() or not any((tmp_path / "model").iterdir())
+
+
+def test_weights_that_do_not_fit_the_config_are_refused(tmp_path: Path, spm_dir: Path) -> None:
+    vocab = spm_vocab_size(spm_dir / "spm.model")
+    write_checkpoint(tmp_path / "train", 1, tiny_model(vocab + 8, 1).state_dict())  # another vocabulary
+    with pytest.raises(CheckpointError, match=r"does not fit the model built from state\.json's config"):
+        _run(tmp_path, spm_dir, last_n=1)
+    assert not (tmp_path / "model" / AVERAGED_NAME).exists()
+
+
+def test_corrupt_checkpoint_and_no_checkpoint_are_clear_errors(tmp_path: Path, spm_dir: Path) -> None:
+    with pytest.raises(CheckpointError, match="no complete checkpoint .* run the train stage"):
+        _run(tmp_path, spm_dir, last_n=1)
+    folder = write_checkpoint(tmp_path / "train", 1, {"w": torch.zeros(1000)})
+    data = (folder / "model.pt").read_bytes()
+    (folder / "model.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"step-00000001/model\.pt: cannot be read .*truncated or corrupt"):
+        _run(tmp_path, spm_dir, last_n=1)
+    assert not (tmp_path / "model" / AVERAGED_NAME).exists()
