@@ -1,0 +1,291 @@
+"""Batched beam search with a GNMT length penalty, exactly as DESIGN §4 specifies.
+
+Rows are (sentence × beam); the decoder cache is reordered by beam origin every step. Per step n
+(tokens generated so far, including this one) every live hypothesis is extended by every token but
+PAD and BOS (log-softmax in fp32 or wider, no renormalisation); candidates are ordered by (score desc,
+flat index asc) with flat index = live rank × V + token, and the first 2k are taken. In that order,
+an EOS candidate among the first k finishes (final score = score / lp(n), lp(n) = ((5 + n) / 6)^α),
+non-EOS candidates become live until k are live; at n == max_len every live hypothesis finishes as it
+is. A sentence is done with ≥ k finished hypotheses or after max_len. The answer is the best final
+score, ties to the one finished first (earlier step, then earlier candidate position).
+
+Pruning uses raw scores only, so the finished set does not depend on α: :func:`beam_search_finished`
+returns it with raw scores and steps, and :func:`best_hypothesis` ranks it for any α.
+
+The model needs four methods (``Transformer`` has them; tests use toy modules):
+``encode(src) -> enc`` (a tensor or tuple of tensors, batch on dim 0), ``init_cache(enc) -> cache``,
+``decode_step(tokens [B], enc, cache) -> (logits [B, V], cache)`` and
+``reorder_cache(cache, index [B']) -> cache``; plus ``cfg`` with ``pad_id``, ``bos_id``, ``eos_id``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One finished hypothesis.
+
+    Attributes:
+        tokens: generated ids without BOS and EOS.
+        score: raw sum of token log-probabilities (including EOS when it ended with EOS).
+        step: n, the number of generated tokens including EOS (what the length penalty uses).
+        order: position among the hypotheses finished at the same step (candidate order).
+    """
+
+    tokens: list[int]
+    score: float
+    step: int
+    order: int
+
+    def final_score(self, alpha: float) -> float:
+        """score / ((5 + step) / 6)^alpha, in float64."""
+        return self.score / length_penalty(self.step, alpha)
+
+
+def length_penalty(n: int, alpha: float) -> float:
+    """GNMT length penalty ((5 + n) / 6)^alpha."""
+    return ((5.0 + n) / 6.0) ** alpha
+
+
+def max_length(src_len: int, a: float, b: float) -> int:
+    """max(1, floor(a · S + b)) in Python float64."""
+    return max(1, math.floor(a * float(src_len) + b))
+
+
+def best_hypothesis(finished: list[Hypothesis], alpha: float) -> list[int]:
+    """The best final score's tokens; ties to the earliest (step, order). Empty list if none."""
+    if not finished:
+        return []
+    best = min(finished, key=lambda h: (-h.final_score(alpha), h.step, h.order))
+    return list(best.tokens)
+
+
+def _select_rows(obj: Any, index: Tensor) -> Any:
+    """index_select dim 0 of a tensor or of every tensor of a (named) tuple."""
+    if isinstance(obj, Tensor):
+        return obj.index_select(0, index)
+    if isinstance(obj, tuple):
+        items = [_select_rows(x, index) for x in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    raise TypeError(f"cannot expand encoder output of type {type(obj).__name__} to beams")
+
+
+def _top_candidates(flat: Tensor, valid: Tensor, n2: int) -> tuple[Tensor, Tensor, Tensor]:
+    """First ``n2`` candidates by (score desc, flat index asc), exactly (ties included).
+
+    Args:
+        flat: [B, N] candidate scores, -inf where invalid.
+        valid: [B, N] bool candidate validity.
+        n2: how many to take (<= N).
+
+    Returns:
+        (index [B, n2] flat indices, score [B, n2], ok [B, n2] bool) in candidate order; invalid
+        slots (fewer valid candidates than n2) are at the end with ok False and score -inf.
+    """
+    b, n = flat.shape
+    thr = flat.topk(n2, dim=1).values[:, -1:]
+    n_sel = valid.sum(1).clamp(max=n2)
+    gt = flat > thr
+    eq = (flat == thr) & valid
+    need = n_sel - gt.sum(1)
+    sel = gt | (eq & (eq.cumsum(1) <= need[:, None]))
+    slot = torch.where(sel, sel.cumsum(1) - 1, n2)
+    src = torch.arange(n, device=flat.device).expand(b, n)
+    index = flat.new_zeros(b, n2 + 1, dtype=torch.long).scatter_(1, slot, src)[:, :n2]
+    ok = torch.arange(n2, device=flat.device)[None, :] < n_sel[:, None]
+    score = flat.gather(1, index).masked_fill(~ok, float("-inf"))
+    score, perm = score.sort(dim=1, descending=True, stable=True)
+    return index.gather(1, perm), score, ok.gather(1, perm)
+
+
+def _first_k(mask: Tensor, values: list[Tensor], k: int, fill: list[float | int]) -> tuple[Tensor, list[Tensor]]:
+    """Pack the entries where ``mask`` [B, M] is True into k slots, keeping order.
+
+    Returns:
+        (ok [B, k] bool, packed values [B, k] each); entries beyond the k-th are dropped.
+    """
+    b = mask.shape[0]
+    rank = mask.cumsum(1) - 1
+    keep = mask & (rank < k)
+    slot = torch.where(keep, rank, k)
+    out = []
+    for v, f in zip(values, fill):
+        base = v.new_full((b, k + 1), f)
+        out.append(base.scatter_(1, slot, v)[:, :k])
+    ok = torch.arange(k, device=mask.device)[None, :] < keep.sum(1, keepdim=True)
+    return ok, out
+
+
+@dataclass
+class _History:
+    """Per-step device tensors, moved to the host once at the end."""
+
+    live_org: list[Tensor]
+    live_tok: list[Tensor]
+    live_pos: list[Tensor]
+    fin_live: list[Tensor]
+    live_score: list[Tensor]
+    fin_eos: list[Tensor]
+    eos_org: list[Tensor]
+    eos_score: list[Tensor]
+
+
+def _rebuild(h: _History, n_sent: int, k: int) -> list[list[Hypothesis]]:
+    """Backtrack every finished hypothesis from the host copy of the history."""
+    cpu = {name: torch.stack(getattr(h, name)).cpu().tolist() for name in h.__dataclass_fields__}
+    org, tok = cpu["live_org"], cpu["live_tok"]
+
+    def tokens(step: int, slot: int, b: int) -> list[int]:
+        out = []
+        while step >= 1:
+            out.append(tok[step - 1][b][slot])
+            slot = org[step - 1][b][slot]
+            step -= 1
+        return out[::-1]
+
+    result: list[list[Hypothesis]] = [[] for _ in range(n_sent)]
+    for i in range(len(org)):
+        n = i + 1
+        for b in range(n_sent):
+            found = []
+            for j in range(k):
+                if cpu["fin_eos"][i][b][j]:
+                    found.append((j, tokens(n - 1, cpu["eos_org"][i][b][j], b), cpu["eos_score"][i][b][j]))
+                if cpu["fin_live"][i][b][j]:
+                    found.append((cpu["live_pos"][i][b][j], tokens(n, j, b), cpu["live_score"][i][b][j]))
+            for order, (_, toks, score) in enumerate(sorted(found, key=lambda f: f[0])):
+                result[b].append(Hypothesis(toks, float(score), n, order))
+    return result
+
+
+@torch.no_grad()
+def beam_search_finished(
+    model: nn.Module, src: Tensor, beam_size: int = 4, max_len_a: float = 1.0, max_len_b: float = 50
+) -> list[list[Hypothesis]]:
+    """Run the search and return every sentence's finished hypotheses with raw scores.
+
+    Args:
+        model: see the module docstring; put it in eval mode first (dropout would randomise the search).
+        src: [B, S] int64 source ids, right-padded with ``pad_id``.
+        beam_size: k >= 1 (k = 1 is greedy search).
+        max_len_a: a in max_len = max(1, floor(a · S + b)), S = non-pad tokens of the row.
+        max_len_b: b in the same formula.
+
+    Returns:
+        Per sentence, its finished hypotheses in finishing order (empty for an empty source).
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    cfg = model.cfg
+    n_sent, k = src.shape[0], beam_size
+    src_lens = src.ne(cfg.pad_id).sum(1).tolist()
+    max_lens = [max_length(s, max_len_a, max_len_b) if s > 0 else 0 for s in src_lens]
+    limit = getattr(cfg, "max_positions", None)
+    if limit is not None and max(max_lens, default=0) > limit:
+        raise ValueError(
+            f"max_len {max(max_lens)} exceeds the model's max_positions {limit}: lower max_len_a/max_len_b "
+            "or drop overlong sources"
+        )
+    if n_sent == 0 or max(max_lens) == 0:
+        return [[] for _ in range(n_sent)]
+    dev = src.device
+    rows = torch.arange(n_sent, device=dev).repeat_interleave(k)
+    enc = _select_rows(model.encode(src), rows)
+    cache = model.init_cache(enc)
+    last = torch.full((n_sent * k,), cfg.bos_id, dtype=torch.long, device=dev)
+    max_len_t = torch.tensor(max_lens, device=dev)
+    active = max_len_t > 0
+    n_done = torch.zeros(n_sent, dtype=torch.long, device=dev)
+    live_ok = (torch.arange(k, device=dev) == 0).expand(n_sent, k)
+    scores: Tensor | None = None
+    hist = _History([], [], [], [], [], [], [], [])
+    base = torch.arange(n_sent, device=dev)[:, None] * k
+    for n in range(1, max(max_lens) + 1):
+        logits, cache = model.decode_step(last, enc, cache)
+        lprobs = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+        vocab = lprobs.shape[-1]
+        if scores is None:
+            scores = lprobs.new_zeros(n_sent, k)
+        tok_ok = torch.ones(vocab, dtype=torch.bool, device=dev)
+        tok_ok[[cfg.pad_id, cfg.bos_id]] = False
+        valid = (live_ok[:, :, None] & tok_ok).view(n_sent, k * vocab)
+        flat = (scores[:, :, None] + lprobs.view(n_sent, k, vocab)).view(n_sent, k * vocab)
+        flat = flat.masked_fill(~valid, float("-inf"))
+        index, cand_score, cand_ok = _top_candidates(flat, valid, min(2 * k, k * vocab))
+        origin, token = index // vocab, index % vocab
+        is_eos = token.eq(cfg.eos_id)
+        m = index.shape[1]
+        first_k = torch.arange(m, device=dev)[None, :] < k
+        fin_eos = (is_eos & cand_ok & first_k & active[:, None])[:, :k]
+        pos = torch.arange(m, device=dev).expand(n_sent, m)
+        live_ok, (org, tok, live_score, live_pos) = _first_k(
+            ~is_eos & cand_ok, [origin, token, cand_score, pos], k, [0, cfg.pad_id, float("-inf"), m]
+        )
+        at_max = max_len_t.eq(n)
+        fin_live = live_ok & (at_max & active)[:, None]
+        n_done = n_done + fin_eos.sum(1) + fin_live.sum(1)
+        hist.live_org.append(org)
+        hist.live_tok.append(tok)
+        hist.live_pos.append(live_pos)
+        hist.fin_live.append(fin_live)
+        hist.live_score.append(live_score)
+        hist.fin_eos.append(fin_eos)
+        hist.eos_org.append(_pad_cols(origin, k))
+        hist.eos_score.append(_pad_cols(cand_score, k))
+        active = active & ~(at_max | n_done.ge(k))
+        if not bool(active.any()):
+            break
+        cache = model.reorder_cache(cache, (base + org).view(-1))
+        last = tok.reshape(-1)
+        scores = live_score
+    return _rebuild(hist, n_sent, k)
+
+
+def _pad_cols(x: Tensor, k: int) -> Tensor:
+    """First k columns of x [B, M], padded with zeros when M < k."""
+    if x.shape[1] >= k:
+        return x[:, :k]
+    return torch.cat([x, x.new_zeros(x.shape[0], k - x.shape[1])], dim=1)
+
+
+def beam_search(
+    model: nn.Module,
+    src: Tensor,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: float = 50,
+    return_finished: bool = False,
+) -> list[list[int]] | list[list[Hypothesis]]:
+    """Translate a batch with beam search (DESIGN §4).
+
+    Args:
+        model: a :class:`~model.transformer.Transformer` (or anything with the same decoding methods).
+        src: [B, S] int64 source ids (BPE ids + EOS), right-padded with ``pad_id``.
+        beam_size: k >= 1; k = 1 is greedy search through the same code.
+        alpha: length-penalty exponent α in ((5 + n) / 6)^α.
+        max_len_a: a in max_len = max(1, floor(a · S + b)).
+        max_len_b: b in the same formula.
+        return_finished: return every sentence's finished :class:`Hypothesis` list (raw scores,
+            α-independent) instead of the best token lists.
+
+    Returns:
+        Per sentence, the best hypothesis's ids without BOS and EOS (``[]`` for an empty source);
+        or, with ``return_finished``, the finished hypotheses.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        finished = beam_search_finished(model, src, beam_size, max_len_a, max_len_b)
+    finally:
+        model.train(was_training)
+    if return_finished:
+        return finished
+    return [best_hypothesis(f, alpha) for f in finished]

@@ -1,0 +1,81 @@
+"""The network's configuration: one frozen dataclass, serialisable to a plain dict."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformerConfig:
+    """Dimensions and special token ids of the encoder-decoder Transformer.
+
+    The defaults are the paper's base model except ``vocab_size``, which comes from the BPE model.
+    """
+
+    vocab_size: int
+    """Size of the shared source/target vocabulary (the BPE model's piece count)."""
+    d_model: int = 512
+    """Width of embeddings and residual stream."""
+    n_heads: int = 8
+    """Attention heads per attention layer (``d_model`` must be divisible by it)."""
+    d_ff: int = 2048
+    """Hidden width of the position-wise feed-forward network."""
+    n_layers: int = 6
+    """Layers in the encoder and (separately) in the decoder."""
+    dropout: float = 0.1
+    """Dropout on embeddings+positions and on every residual branch."""
+    attn_dropout: float = 0.1
+    """Dropout on attention probabilities."""
+    ffn_dropout: float = 0.1
+    """Dropout on the feed-forward hidden activation."""
+    pre_norm: bool = False
+    """LayerNorm before each sublayer (plus a final LayerNorm per stack) instead of after (paper)."""
+    max_positions: int = 1024
+    """Longest sequence the sinusoidal position table covers."""
+    pad_id: int = 0
+    """Padding id: masked in attention, zero embedding row, ignored by the loss."""
+    bos_id: int = 2
+    """Beginning-of-sentence id: first decoder input token."""
+    eos_id: int = 3
+    """End-of-sentence id: appended to sources and targets."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_positions"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(f"{name} must be a positive int, got {value!r}")
+        if not problems and self.d_model % self.n_heads:
+            problems.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        for name in ("dropout", "attn_dropout", "ffn_dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                problems.append(f"{name} must be in [0, 1), got {value!r}")
+        ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
+        for name, value in ids.items():
+            if not isinstance(value, int) or not 0 <= value < (self.vocab_size if not problems else 1 << 62):
+                problems.append(f"{name} must be an int in [0, vocab_size), got {value!r}")
+        if len(set(ids.values())) != 3:
+            problems.append(f"pad_id, bos_id and eos_id must differ, got {ids}")
+        if problems:
+            raise ValueError("invalid TransformerConfig: " + "; ".join(problems))
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of all fields (JSON/``torch.save(weights_only=True)`` friendly)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
+        """Inverse of :meth:`to_dict`; unknown keys are an error naming them."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown TransformerConfig keys {unknown}; known keys are {sorted(known)}")
+        return cls(**data)

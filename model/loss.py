@@ -1,0 +1,107 @@
+"""Label-smoothed negative log-likelihood (fairseq-style), as sums over non-pad tokens."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+
+def _wide(x: Tensor) -> Tensor:
+    """Cast to fp32, or keep a wider dtype (float64)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def _sums(logits: Tensor, target: Tensor, epsilon: float, ignore_index: int) -> tuple[Tensor, Tensor]:
+    """(loss_sum, nll_sum) of logits [N, V] against target [N] in fp32 (or wider)."""
+    lprobs = F.log_softmax(_wide(logits), dim=-1)
+    keep = target.ne(ignore_index)
+    safe = target.masked_fill(~keep, 0).unsqueeze(-1)
+    nll = -lprobs.gather(-1, safe).squeeze(-1)
+    smooth = -lprobs.sum(dim=-1)
+    zero = nll.new_zeros(())
+    nll_sum = torch.where(keep, nll, zero).sum()
+    smooth_sum = torch.where(keep, smooth, zero).sum()
+    loss_sum = (1.0 - epsilon) * nll_sum + (epsilon / lprobs.shape[-1]) * smooth_sum
+    return loss_sum, nll_sum
+
+
+def _check(epsilon: float) -> None:
+    if not 0.0 <= epsilon < 1.0:
+        raise ValueError(f"label smoothing epsilon must be in [0, 1), got {epsilon}")
+
+
+def label_smoothed_nll_loss(
+    logits: Tensor, target: Tensor, epsilon: float = 0.1, ignore_index: int = 0
+) -> tuple[Tensor, Tensor]:
+    """Label-smoothed cross-entropy summed over non-pad target tokens.
+
+    ε is spread uniformly over the whole vocabulary: per token,
+    loss = (1 - ε) · (-log p[target]) + ε · mean_v(-log p[v]). Positions whose target equals
+    ``ignore_index`` contribute nothing; EOS targets count. The log-softmax runs in fp32 (or the
+    logits' dtype if wider).
+
+    Args:
+        logits: [..., V] unnormalised scores (e.g. [B, T, V]).
+        target: [...] int64 target ids (e.g. [B, T]).
+        epsilon: smoothing mass in [0, 1).
+        ignore_index: id whose positions are ignored (the pad id).
+
+    Returns:
+        (loss_sum, nll_sum): scalar sums over the kept tokens; ``nll_sum`` is the unsmoothed NLL
+        (report perplexity from it). The caller normalises (e.g. by global non-pad tokens).
+    """
+    _check(epsilon)
+    if logits.shape[:-1] != target.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match target {tuple(target.shape)} (+ vocab dim)")
+    return _sums(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), epsilon, ignore_index)
+
+
+def _chunk_sums(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int) -> Tensor:
+    loss_sum, nll_sum = _sums(F.linear(hidden, weight), target, epsilon, ignore_index)
+    return torch.stack([loss_sum, nll_sum])
+
+
+def label_smoothed_nll_loss_chunked(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    epsilon: float = 0.1,
+    ignore_index: int = 0,
+    chunk_tokens: int = 4096,
+) -> tuple[Tensor, Tensor]:
+    """:func:`label_smoothed_nll_loss` of ``hidden @ weight.T`` without materialising all logits.
+
+    Pad positions are dropped first, then the kept tokens are processed ``chunk_tokens`` at a time;
+    each chunk's logits are recomputed in the backward pass (activation checkpointing), so peak
+    memory is one chunk's [chunk_tokens, V] logits instead of [B, T, V].
+
+    Args:
+        hidden: [..., d] decoder output (``Transformer.features``).
+        weight: [V, d] output projection (``Transformer.embed.weight``).
+        target: [...] int64 target ids.
+        epsilon: smoothing mass in [0, 1).
+        ignore_index: id whose positions are ignored.
+        chunk_tokens: tokens per chunk (>= 1).
+
+    Returns:
+        (loss_sum, nll_sum) equal to the plain function's.
+    """
+    _check(epsilon)
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    if hidden.shape[:-1] != target.shape:
+        raise ValueError(f"hidden {tuple(hidden.shape)} does not match target {tuple(target.shape)} (+ model dim)")
+    flat_t = target.reshape(-1)
+    keep = flat_t.ne(ignore_index)
+    h = hidden.reshape(-1, hidden.shape[-1])[keep]
+    t = flat_t[keep]
+    total = h.new_zeros(2, dtype=torch.promote_types(h.dtype, torch.float32))
+    for start in range(0, t.shape[0], chunk_tokens):
+        args = (h[start : start + chunk_tokens], weight, t[start : start + chunk_tokens], epsilon, ignore_index)
+        if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+            total = total + checkpoint(_chunk_sums, *args, use_reentrant=False)
+        else:
+            total = total + _chunk_sums(*args)
+    return total[0], total[1]
