@@ -1,0 +1,186 @@
+"""The Transformer: config, size, causality, padding invariance, cached decoding, learning a toy task."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from model import EncoderOut, Transformer, TransformerConfig
+
+PAD, BOS, EOS = 0, 2, 3
+
+
+def tiny_cfg(**kw: object) -> TransformerConfig:
+    base = dict(vocab_size=23, d_model=16, n_heads=4, d_ff=32, n_layers=2, max_positions=64)
+    base.update(kw)
+    return TransformerConfig(**base)  # type: ignore[arg-type]
+
+
+def tiny_model(seed: int = 0, **kw: object) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(tiny_cfg(**kw)).double().eval()
+
+
+def rand_tokens(b: int, t: int, v: int = 23) -> torch.Tensor:
+    return torch.randint(4, v, (b, t))
+
+
+# ---- config ---------------------------------------------------------------------------------
+
+
+def test_config_round_trip_and_errors() -> None:
+    cfg = tiny_cfg(pre_norm=True)
+    assert TransformerConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match=r"unknown TransformerConfig keys \['bogus'\]"):
+        TransformerConfig.from_dict({**cfg.to_dict(), "bogus": 1})
+    with pytest.raises(ValueError, match=r"d_model \(30\) must be divisible by n_heads \(4\)"):
+        tiny_cfg(d_model=30)
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
+        tiny_cfg(dropout=1.0)
+    with pytest.raises(ValueError, match="eos_id must be an int in"):
+        tiny_cfg(eos_id=23)
+    with pytest.raises(ValueError, match="must differ"):
+        tiny_cfg(bos_id=0)
+
+
+def test_base_model_has_63m_parameters() -> None:
+    with torch.device("meta"):
+        m = Transformer(TransformerConfig(vocab_size=37000))
+    n = sum(p.numel() for p in m.parameters())
+    assert abs(n - 63.0e6) <= 0.5e6, n
+    assert not any(k.startswith("positions") for k in m.state_dict()), "positions are derived, not saved"
+
+
+def test_init_pad_row_zero_and_embedding_scale() -> None:
+    torch.manual_seed(0)
+    m = Transformer(TransformerConfig(vocab_size=4000, d_model=64, n_heads=4, d_ff=128, n_layers=1))
+    w = m.embed.weight
+    assert torch.all(w[PAD] == 0)
+    assert abs(w[1:].std().item() - 64**-0.5) < 0.01
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(m.project(x), x @ w.T)  # output projection is the shared embedding
+    assert sum(p is w for p in m.parameters()) == 1
+
+
+# ---- invariances ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_future_target_tokens_do_not_change_earlier_logits(pre_norm: bool) -> None:
+    m = tiny_model(pre_norm=pre_norm)
+    src, tgt = rand_tokens(3, 7), rand_tokens(3, 6)
+    tgt[:, 0] = BOS
+    changed = tgt.clone()
+    changed[:, 4:] = rand_tokens(3, 2)
+    a, b = m(src, tgt), m(src, changed)
+    torch.testing.assert_close(a[:, :4], b[:, :4], rtol=0, atol=1e-12)
+    assert not torch.allclose(a[:, 4:], b[:, 4:])
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_extra_padding_does_not_change_results(pre_norm: bool) -> None:
+    m = tiny_model(pre_norm=pre_norm)
+    src = torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD]])
+    tgt = torch.tensor([[BOS, 11, 12, 13], [BOS, 14, PAD, PAD]])
+    ref = m(src, tgt)
+    padded = m(torch.nn.functional.pad(src, (0, 4)), torch.nn.functional.pad(tgt, (0, 3)))
+    torch.testing.assert_close(padded[:, :4], ref, rtol=0, atol=1e-12)
+    # a padded row equals the same sentence alone
+    alone = m(src[1:, :3], tgt[1:, :2])
+    torch.testing.assert_close(ref[1:, :2], alone, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_cached_incremental_decoding_equals_full(pre_norm: bool) -> None:
+    m = tiny_model(seed=1, pre_norm=pre_norm)
+    src = torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD]])
+    tgt = torch.cat([torch.full((2, 1), BOS), rand_tokens(2, 5)], dim=1)
+    full = m(src, tgt)
+    enc = m.encode(src)
+    cache = m.init_cache(enc)
+    for t in range(tgt.shape[1]):
+        logits, cache = m.decode_step(tgt[:, t], enc, cache)
+        torch.testing.assert_close(logits, full[:, t], rtol=0, atol=1e-10)
+    assert cache.length == tgt.shape[1]
+    # reordering the cache reorders the rows
+    rev = torch.tensor([1, 0])
+    enc_r, cache_r = Transformer.reorder_encoder_out(enc, rev), Transformer.reorder_cache(cache, rev)
+    step, _ = m.decode_step(torch.tensor([[7], [8]]), enc_r, cache_r)
+    step_ref, _ = m.decode_step(torch.tensor([8, 7]), enc, cache)
+    torch.testing.assert_close(step, step_ref[rev], rtol=0, atol=1e-12)
+
+
+def test_features_project_equals_forward_and_encode_masks() -> None:
+    m = tiny_model()
+    src = torch.tensor([[5, 6, EOS], [7, EOS, PAD]])
+    tgt = torch.tensor([[BOS, 4, 5], [BOS, 6, PAD]])
+    torch.testing.assert_close(m.project(m.features(src, tgt)), m(src, tgt), rtol=0, atol=0)
+    enc = m.encode(src)
+    assert isinstance(enc, EncoderOut)
+    assert enc.memory.shape == (2, 3, 16)
+    assert enc.pad_mask.tolist() == [[False, False, False], [False, False, True]]
+
+
+def test_fully_padded_source_gives_finite_outputs_and_gradients() -> None:
+    torch.manual_seed(0)
+    m = Transformer(tiny_cfg(dropout=0.0, attn_dropout=0.0, ffn_dropout=0.0))
+    src = torch.tensor([[5, 6, EOS], [PAD, PAD, PAD]])
+    tgt = torch.tensor([[BOS, 4, 5], [BOS, 6, PAD]])
+    out = m(src, tgt)
+    assert torch.isfinite(out).all()
+    out.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+
+
+def test_cross_attention_weights_are_probabilities_over_real_tokens() -> None:
+    m = tiny_model()
+    src = torch.tensor([5, 6, 7, EOS, PAD])
+    tgt = torch.tensor([BOS, 4, 5, 6])
+    w = m.cross_attention(src, tgt, layer=-1)
+    assert w.shape == (4, 4, 5)
+    torch.testing.assert_close(w.sum(-1), torch.ones(4, 4, dtype=w.dtype))
+    assert torch.all(w[..., 4] == 0)
+    assert torch.equal(w, m.cross_attention(src, tgt, layer=1))
+
+
+def test_training_mode_uses_dropout_and_eval_is_deterministic() -> None:
+    torch.manual_seed(0)
+    m = Transformer(tiny_cfg(dropout=0.3))
+    src, tgt = rand_tokens(2, 5), rand_tokens(2, 4)
+    assert not torch.equal(m(src, tgt), m(src, tgt))
+    m.eval()
+    assert torch.equal(m(src, tgt), m(src, tgt))
+
+
+# ---- learning ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_tiny_model_learns_to_reverse(pre_norm: bool) -> None:
+    from model import label_smoothed_nll_loss
+
+    torch.manual_seed(0)
+    cfg = TransformerConfig(
+        vocab_size=12, d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0, attn_dropout=0.0,
+        ffn_dropout=0.0, pre_norm=pre_norm, max_positions=16,
+    )
+    m = Transformer(cfg)
+    opt = torch.optim.Adam(m.parameters(), lr=3e-3, betas=(0.9, 0.98))
+    start, per_token = time.monotonic(), float("inf")
+    for _ in range(600):
+        body = torch.randint(4, 12, (64, 5))
+        src = torch.cat([body, torch.full((64, 1), EOS)], dim=1)
+        rev = body.flip(1)
+        tgt_in = torch.cat([torch.full((64, 1), BOS), rev], dim=1)
+        target = torch.cat([rev, torch.full((64, 1), EOS)], dim=1)
+        loss, nll = label_smoothed_nll_loss(m(src, tgt_in), target, epsilon=0.0, ignore_index=PAD)
+        opt.zero_grad()
+        (loss / target.numel()).backward()
+        opt.step()
+        per_token = nll.item() / target.numel()
+        if per_token < 0.02:
+            break
+    assert per_token < 0.05, per_token
+    assert time.monotonic() - start < 20
