@@ -1,0 +1,123 @@
+"""Label-smoothed loss (plain and chunked) and the inverse square-root learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import inverse_sqrt_lr, label_smoothed_nll_loss, label_smoothed_nll_loss_chunked
+
+PAD = 0
+
+
+def batch(seed: int = 0, v: int = 11) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(seed)
+    logits = torch.randn(3, 5, v, dtype=torch.float64)
+    target = torch.randint(1, v, (3, 5))
+    target[1, 3:] = PAD
+    target[2, 1:] = PAD
+    return logits, target
+
+
+def test_epsilon_zero_equals_cross_entropy_sum() -> None:
+    logits, target = batch()
+    loss, nll = label_smoothed_nll_loss(logits, target, epsilon=0.0, ignore_index=PAD)
+    ce = F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=PAD, reduction="sum")
+    torch.testing.assert_close(loss, ce)
+    torch.testing.assert_close(nll, ce)
+
+
+def test_smoothing_spreads_epsilon_over_the_whole_vocabulary() -> None:
+    logits, target = batch()
+    eps = 0.1
+    loss, nll = label_smoothed_nll_loss(logits, target, epsilon=eps, ignore_index=PAD)
+    lp = logits.log_softmax(-1)
+    expected, expected_nll = 0.0, 0.0
+    for b in range(3):
+        for t in range(5):
+            y = int(target[b, t])
+            if y == PAD:
+                continue
+            expected_nll += -lp[b, t, y].item()
+            # the smoothed target distribution: (1 - eps) on y plus eps / V on every id (pad included)
+            q = torch.full((11,), eps / 11, dtype=torch.float64)
+            q[y] += 1 - eps
+            expected += -(q * lp[b, t]).sum().item()
+    assert math.isclose(loss.item(), expected, rel_tol=1e-12)
+    assert math.isclose(nll.item(), expected_nll, rel_tol=1e-12)
+    # the ids that carry eps / V include EOS and the target itself; pad-target positions contribute 0
+    assert torch.equal(label_smoothed_nll_loss(logits, torch.zeros_like(target))[0], torch.zeros((), dtype=lp.dtype))
+
+
+def test_padded_batch_equals_sum_of_items() -> None:
+    logits, target = batch()
+    total, total_nll = label_smoothed_nll_loss(logits, target, epsilon=0.1, ignore_index=PAD)
+    lengths = [5, 3, 1]
+    parts = [label_smoothed_nll_loss(logits[i : i + 1, :n], target[i : i + 1, :n], 0.1, PAD) for i, n in
+             enumerate(lengths)]
+    torch.testing.assert_close(total, sum(p[0] for p in parts))
+    torch.testing.assert_close(total_nll, sum(p[1] for p in parts))
+
+
+def test_log_softmax_runs_in_fp32_for_half_logits() -> None:
+    logits, target = batch()
+    half = logits.to(torch.bfloat16)
+    loss, _ = label_smoothed_nll_loss(half, target)
+    assert loss.dtype == torch.float32
+    ref, _ = label_smoothed_nll_loss(half.double(), target)
+    assert math.isclose(loss.item(), ref.item(), rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 100])
+def test_chunked_equals_plain_in_value_and_gradient(chunk: int) -> None:
+    torch.manual_seed(1)
+    hidden = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 8, dtype=torch.float64, requires_grad=True)
+    _, target = batch()
+    plain = label_smoothed_nll_loss(hidden @ weight.T, target, 0.1, PAD)
+    g_plain = torch.autograd.grad(plain[0], [hidden, weight])
+    chunked = label_smoothed_nll_loss_chunked(hidden, weight, target, 0.1, PAD, chunk_tokens=chunk)
+    g_chunked = torch.autograd.grad(chunked[0], [hidden, weight])
+    torch.testing.assert_close(chunked[0], plain[0])
+    torch.testing.assert_close(chunked[1], plain[1])
+    for a, b in zip(g_chunked, g_plain):
+        torch.testing.assert_close(a, b)
+    with torch.no_grad():
+        torch.testing.assert_close(label_smoothed_nll_loss_chunked(hidden, weight, target, 0.1, PAD, chunk)[0],
+                                   plain[0])
+
+
+def test_bad_inputs_are_named() -> None:
+    logits, target = batch()
+    with pytest.raises(ValueError, match=r"epsilon must be in \[0, 1\), got 1.5"):
+        label_smoothed_nll_loss(logits, target, epsilon=1.5)
+    with pytest.raises(ValueError, match=r"logits \(3, 5, 11\) do not match target \(3, 4\)"):
+        label_smoothed_nll_loss(logits, target[:, :4])
+    with pytest.raises(ValueError, match="chunk_tokens must be >= 1"):
+        label_smoothed_nll_loss_chunked(logits, torch.zeros(4, 11), target, chunk_tokens=0)
+
+
+# ---- schedule -------------------------------------------------------------------------------
+
+
+def test_schedule_formula_and_peak_at_warmup() -> None:
+    d, w = 512, 4000
+    assert inverse_sqrt_lr(1, d, w) == pytest.approx(d**-0.5 * w**-1.5)
+    assert inverse_sqrt_lr(w, d, w) == pytest.approx(d**-0.5 * w**-0.5)
+    assert inverse_sqrt_lr(4 * w, d, w) == pytest.approx(inverse_sqrt_lr(w, d, w) / 2)
+    assert inverse_sqrt_lr(w, d, w, scale=2.0) == pytest.approx(2 * inverse_sqrt_lr(w, d, w))
+    values = [inverse_sqrt_lr(s, d, w) for s in range(1, 3 * w)]
+    peak = max(range(len(values)), key=values.__getitem__) + 1
+    assert peak == w
+    assert all(a < b for a, b in zip(values[: w - 1], values[1:w]))
+    assert all(a > b for a, b in zip(values[w - 1 :], values[w:]))
+
+
+def test_schedule_rejects_step_zero() -> None:
+    with pytest.raises(ValueError, match="counts from 1, got 0"):
+        inverse_sqrt_lr(0)
+    with pytest.raises(ValueError, match="warmup"):
+        inverse_sqrt_lr(1, warmup=0)
