@@ -13,6 +13,7 @@ Environment: ``NMT_DATA_MIRROR`` (a folder or http(s) base URL), ``NMT_DOWNLOAD_
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -28,7 +29,8 @@ from typing import Any
 
 from pipeline.config import DownloadConfig, Params
 from pipeline.errors import ConfigError, DataError, DownloadError
-from pipeline.fetch import NotFound, RetryPolicy, Unreachable, extract_members, fetch_url, gunzip, sha256_file
+from pipeline.fetch import (CorruptArchive, NotFound, RetryPolicy, Unreachable, extract_members, fetch_url, gunzip,
+                            sha256_file)
 from pipeline.fetch import cache_path as _cache_path
 from pipeline.sources import LANGS, SPLITS, Corpus, DatasetSpec, SourceFile, dataset_spec, sgml_segments
 from pipeline.stage import run_cli, stage_parser, write_metrics
@@ -76,12 +78,27 @@ class Expectation:
     remedy: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class Located:
-    """A source file's bytes on local disk and where they came from (mirror, cache or network)."""
+    """A source file's bytes on local disk and where they came from.
+
+    Attributes:
+        path: the file's bytes (for an archive member: extracted into the staging folder).
+        origin: ``mirror``, ``cache`` or ``network``.
+        copy: the file a user would delete or replace to fix it (the archive, for a member).
+        cached: whether ``copy`` lives in our download cache (then a corrupt one is deleted for them).
+    """
 
     path: Path
     origin: str
+    copy: Path
+    cached: bool
+
+    def remedy(self) -> str:
+        """What to do about a corrupt ``copy``."""
+        if self.cached:
+            return "the cached copy was deleted: run the stage again to download it anew"
+        return f"replace the mirror's copy {self.copy} with a good one"
 
 
 def _mirror_hint(spec: DatasetSpec, sf: SourceFile) -> str:
@@ -89,14 +106,24 @@ def _mirror_hint(spec: DatasetSpec, sf: SourceFile) -> str:
             f"holding {spec.name}/{sf.path} or {spec.name}/{sf.url_name}")
 
 
-def _check(path: Path, label: str, expected: list[Expectation]) -> tuple[str, int]:
+def _check(path: Path, label: str, expected: list[Expectation], copy: Path) -> tuple[str, int]:
     """sha256 and size of ``path``; raise naming both hashes if an expectation disagrees."""
     digest, size = sha256_file(path)
     for exp in expected:
         if exp.sha256 != digest:
             raise DownloadError(f"{label}: sha256 mismatch: got {digest}, {exp.where} expects {exp.sha256}. "
-                                f"{exp.remedy}")
+                                f"{exp.remedy}; otherwise the copy {copy} is corrupt: delete it and run again")
     return digest, size
+
+
+def _unpack(loc: Located, fn: Any, *args: Any) -> Any:
+    """Run ``extract_members``/``gunzip`` on ``loc``; delete a corrupt cached copy so a rerun refetches it."""
+    try:
+        return fn(*args, remedy=loc.remedy())
+    except CorruptArchive:
+        if loc.cached:
+            loc.copy.unlink(missing_ok=True)
+        raise
 
 
 def _expectations(cfg: DownloadConfig, spec: DatasetSpec, raw_dir: Path) -> dict[str, list[Expectation]]:
@@ -113,8 +140,7 @@ def _expectations(cfg: DownloadConfig, spec: DatasetSpec, raw_dir: Path) -> dict
         else:
             out.setdefault(name, []).append(Expectation(
                 digest, f"params download.sha256.{name}",
-                "If the upstream file really changed, update download.sha256 in params.yaml; otherwise the "
-                "copy is corrupt: delete it (see the download cache or mirror) and run again."))
+                "If the upstream file really changed, update download.sha256 in params.yaml"))
     if problems:
         raise ConfigError("params.yaml", problems)
     manifest = raw_dir / MANIFEST
@@ -129,8 +155,7 @@ def _expectations(cfg: DownloadConfig, spec: DatasetSpec, raw_dir: Path) -> dict
             if digest:
                 out.setdefault(_key(sf), []).append(Expectation(
                     digest, f"the previous run's {manifest}",
-                    f"If the upstream file really changed, delete {manifest} to accept the new one; otherwise "
-                    "the copy is corrupt: delete it (see the download cache or mirror) and run again."))
+                    f"If the upstream file really changed, delete {manifest} to accept the new one"))
     return out
 
 
@@ -147,30 +172,30 @@ def _file_expectations(sf: SourceFile, expected: dict[str, list[Expectation]]) -
     return [e for n in names for e in expected.get(n, [])]
 
 
-def _from_mirror(env: FetchEnv, rel: str) -> Path | None:
+def _from_mirror(env: FetchEnv, rel: str) -> Located | None:
     """``<mirror>/<rel>`` as a local file (downloaded to the cache for an http mirror), or None."""
     if env.mirror is None:
         return None
     if not re.match(r"^https?://", env.mirror):
         path = Path(env.mirror).joinpath(*rel.split("/"))
-        return path if path.is_file() else None
+        return Located(path, "mirror", path, cached=False) if path.is_file() else None
     url = f"{env.mirror.rstrip('/')}/{rel}"
     dest = _cache_path(env.cache_dir, url)
-    if dest.is_file():
-        return dest
-    try:
-        return fetch_url(url, dest, policy=env.policy)
-    except NotFound:
-        return None
+    if not dest.is_file():
+        try:
+            fetch_url(url, dest, policy=env.policy)
+        except NotFound:
+            return None
+    return Located(dest, "mirror", dest, cached=True)
 
 
 def _fetch_upstream(env: FetchEnv, spec: DatasetSpec, sf: SourceFile) -> Located:
     dest = _cache_path(env.cache_dir, sf.url)
     if dest.is_file():
         log.info("using cached %s", dest)
-        return Located(dest, "cache")
+        return Located(dest, "cache", dest, cached=True)
     try:
-        return Located(fetch_url(sf.url, dest, policy=env.policy), "network")
+        return Located(fetch_url(sf.url, dest, policy=env.policy), "network", dest, cached=True)
     except Unreachable as exc:
         raise DownloadError(f"{exc}; {_mirror_hint(spec, sf)}") from None
 
@@ -183,34 +208,32 @@ def _locate(env: FetchEnv, spec: DatasetSpec, staging: Path, archives: dict[str,
     for _, _, _, sf in spec.files():
         if sf in located or sf in by_archive.get(sf.url, []):
             continue
-        path = _from_mirror(env, f"{spec.name}/{sf.path}")
-        if path is not None:
-            located[sf] = Located(path, "mirror")
+        found = _from_mirror(env, f"{spec.name}/{sf.path}")
+        if found is not None:
+            located[sf] = found
         elif sf.archive:
             by_archive.setdefault(sf.url, []).append(sf)
         else:
-            path = _from_mirror(env, f"{spec.name}/{sf.url_name}")
-            located[sf] = Located(path, "mirror") if path else _fetch_upstream(env, spec, sf)
+            located[sf] = _from_mirror(env, f"{spec.name}/{sf.url_name}") or _fetch_upstream(env, spec, sf)
+    # fetch every archive before unpacking any, so one bad archive does not hold up the others' downloads
+    wheres = {url: _from_mirror(env, f"{spec.name}/{files[0].url_name}") or _fetch_upstream(env, spec, files[0])
+              for url, files in by_archive.items()}
     for url, files in by_archive.items():
-        first = files[0]
-        path = _from_mirror(env, f"{spec.name}/{first.url_name}")
-        where = Located(path, "mirror") if path else _fetch_upstream(env, spec, first)
-        remedy = (f"delete {where.path} and run again to download it anew" if where.origin != "mirror"
-                  else f"replace the mirror's copy {where.path}")
-        digest, size = _check(where.path, first.url_name, expected.get(first.url_name, []))
+        first, where = files[0], wheres[url]
+        digest, size = _check(where.path, first.url_name, expected.get(first.url_name, []), where.copy)
         archives[url] = {"sha256": digest, "bytes": size, "origin": where.origin}
-        log.info("extracting %d member(s) from %s", len(files), first.url_name)
-        out = extract_members(where.path, [sf.path for sf in files], staging / first.url_name, remedy=remedy)
+        log.info("extracting %d member(s) from %s", len(files), where.path)
+        out = _unpack(where, extract_members, where.path, [sf.path for sf in files], staging / first.url_name)
         for sf in files:
-            located[sf] = Located(out[sf.path], where.origin)
+            located[sf] = dataclasses.replace(where, path=out[sf.path])
     return located
 
 
-def _lines(sf: SourceFile, path: Path, staging: Path) -> Iterator[str]:
+def _lines(sf: SourceFile, loc: Located, staging: Path) -> Iterator[str]:
     """The text lines of one source file (gzip decompressed, SGML parsed as sacreBLEU does)."""
+    path = loc.path
     if sf.fmt == "gzip":
-        plain = staging / "gunzip" / sf.path.removesuffix(".gz")
-        path = gunzip(path, plain, remedy=f"delete {path} (cached or mirrored copy) and run again")
+        path = _unpack(loc, gunzip, path, staging / "gunzip" / sf.path.removesuffix(".gz"))
     lines = read_lines(path)
     try:
         yield from sgml_segments(lines) if sf.fmt == "sgm" else lines
@@ -242,12 +265,12 @@ def _write_split(split: str, corpora: tuple[Corpus, ...], located: dict[SourceFi
             for lang in LANGS:
                 sf = corpus.side(lang)
                 src = located[sf]
-                digest, size = _check(src.path, sf.label, _file_expectations(sf, expected))
-                counts[lang] = _write_side(handles[lang], digests[lang], _lines(sf, src.path, staging))
+                digest, size = _check(src.path, sf.label, _file_expectations(sf, expected), src.copy)
+                counts[lang] = _write_side(handles[lang], digests[lang], _lines(sf, src, staging))
                 entries.append({"split": split, "corpus": corpus.name, "lang": lang, "url": sf.url,
                                 "member": _member(sf), "format": sf.fmt, "sha256": digest, "bytes": size,
                                 "lines": counts[lang]})
-            _check_counts(corpus, counts)
+            _check_counts(corpus, counts, {located[corpus.en].copy, located[corpus.de].copy})
     finally:
         for fh in handles.values():
             fh.close()
@@ -258,16 +281,15 @@ def _write_split(split: str, corpora: tuple[Corpus, ...], located: dict[SourceFi
     return entries, outputs
 
 
-def _check_counts(corpus: Corpus, counts: dict[str, int]) -> None:
+def _check_counts(corpus: Corpus, counts: dict[str, int], copies: set[Path]) -> None:
     en, de = corpus.en, corpus.de
+    fix = f"delete or replace {', '.join(map(str, sorted(copies)))} and run again"
     if counts["en"] != counts["de"]:
         raise DownloadError(f"corpus {corpus.name}: {en.label} has {counts['en']} lines but {de.label} has "
-                            f"{counts['de']}: the files are not aligned; delete the cached/mirrored copies and "
-                            "download again")
+                            f"{counts['de']}: the files are not aligned; {fix}")
     if corpus.lines is not None and counts["en"] != corpus.lines:
         raise DownloadError(f"corpus {corpus.name}: {en.label} and {de.label} have {counts['en']} lines, expected "
-                            f"{corpus.lines}: the download is incomplete or not the expected release; delete "
-                            "the cached/mirrored copies and download again")
+                            f"{corpus.lines}: the copy is incomplete or not the expected release; {fix}")
 
 
 def stage(cfg: DownloadConfig, *, raw_dir: Path, metrics_path: Path, sources: DatasetSpec | None = None) -> None:

@@ -70,6 +70,10 @@ class Unreachable(DownloadError):
         super().__init__(f"{url}: could not download after {attempts} attempt(s): {last}")
 
 
+class CorruptArchive(DownloadError):
+    """A gzip/tar file is truncated or not what its name says."""
+
+
 class _Transient(Exception):
     """A failure worth retrying."""
 
@@ -242,8 +246,8 @@ def fetch_url(url: str, dest: Path, *, policy: RetryPolicy, session: requests.Se
     return dest
 
 
-def _corrupt(path: Path, exc: BaseException, remedy: str) -> DownloadError:
-    return DownloadError(f"{path}: corrupt or truncated archive ({type(exc).__name__}: {exc}); {remedy}")
+def _corrupt(path: Path, exc: BaseException, remedy: str) -> CorruptArchive:
+    return CorruptArchive(f"{path}: corrupt or truncated archive ({type(exc).__name__}: {exc}); {remedy}")
 
 
 def _escapes(name: str) -> bool:
