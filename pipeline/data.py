@@ -46,8 +46,8 @@ def read_manifest(shards_dir: str | Path) -> dict:
         raise DataError(f"{path}: missing; run `dvc repro encode` first") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: not valid JSON ({exc}); {_REMEDY}") from None
-    missing = [k for k in ("spm_sha256", "vocab_size", "splits") if k not in manifest]
-    if not isinstance(manifest, dict) or missing:
+    missing = [k for k in ("spm_sha256", "vocab_size", "splits") if not isinstance(manifest, dict) or k not in manifest]
+    if missing:
         raise DataError(f"{path}: not a shards manifest (missing {missing}); {_REMEDY}")
     return manifest
 

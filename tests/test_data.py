@@ -1,0 +1,122 @@
+"""The shard reader: lengths, fetch and iter_rows agree with the clean text; corrupt inputs are named."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from pipeline.data import ShardSet, read_manifest
+from pipeline.errors import DataError
+from pipeline.textio import read_lines
+from tests.test_bpe_encode import run_bpe, run_encode, synthetic_clean
+
+MAX_LEN = 12
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(clean dir, bpe dir, shards dir) with max_len drops, so train ids have gaps."""
+    root = tmp_path_factory.mktemp("data")
+    clean = synthetic_clean(root, n_train=250, seed=3)
+    bpe_dir = run_bpe(root, clean)
+    return clean, bpe_dir, run_encode(root, clean, bpe_dir, max_len=MAX_LEN, shard_rows=60)
+
+
+@pytest.fixture
+def shards_copy(tmp_path: Path, built: tuple[Path, Path, Path]) -> Path:
+    """A private copy of the shards to damage."""
+    return Path(shutil.copytree(built[2], tmp_path / "shards"))
+
+
+def expected(clean: Path, bpe_dir: Path, split: str) -> dict[int, tuple[list[int], list[int]]]:
+    sp = spm.SentencePieceProcessor(model_file=str(bpe_dir / "spm.model"))
+    src = sp.encode(list(read_lines(clean / f"{split}.en")))
+    tgt = sp.encode(list(read_lines(clean / f"{split}.de")))
+    keep = (lambda a, b: len(a) <= MAX_LEN and len(b) <= MAX_LEN) if split == "train" else (lambda a, b: True)
+    return {i: (a, b) for i, (a, b) in enumerate(zip(src, tgt)) if keep(a, b)}
+
+
+@pytest.mark.parametrize("split", ["train", "valid", "test"])
+def test_reader_agrees_with_clean_text(built: tuple[Path, Path, Path], split: str) -> None:
+    clean, bpe_dir, shards = built
+    want = expected(clean, bpe_dir, split)
+    data = ShardSet(shards, split)
+    assert len(data) == len(want)
+    ids, src_len, tgt_len = data.lengths()
+    assert (ids.dtype, src_len.dtype, tgt_len.dtype) == (np.int64, np.int32, np.int32)
+    assert ids.tolist() == sorted(want)
+    assert src_len.tolist() == [len(want[i][0]) for i in ids.tolist()]
+    assert tgt_len.tolist() == [len(want[i][1]) for i in ids.tolist()]
+    rows = list(data.iter_rows())
+    assert [r[0] for r in rows] == ids.tolist()
+    assert all(r[1].tolist() == want[r[0]][0] and r[2].tolist() == want[r[0]][1] for r in rows)
+    order = np.random.default_rng(0).permutation(ids)[:40].tolist()
+    fetched = data.fetch(order)
+    assert [(s.tolist(), t.tolist()) for s, t in fetched] == [want[i] for i in order]
+    assert all(s.dtype == np.uint16 and t.dtype == np.uint16 for s, t in fetched)
+
+
+def test_fetch_missing_ids(built: tuple[Path, Path, Path]) -> None:
+    clean, bpe_dir, shards = built
+    data = ShardSet(shards, "train")
+    dropped = sorted(set(range(250)) - set(data.lengths()[0].tolist()))
+    assert dropped, "the fixture must drop some pairs"
+    with pytest.raises(KeyError, match="dropped by encode.max_len"):
+        data.fetch([dropped[0]])
+    with pytest.raises(KeyError, match="not in split 'train'"):
+        data.fetch([250])
+    with pytest.raises(KeyError):
+        data.fetch([-1])
+    assert data.fetch([]) == []
+
+
+def test_small_cache_gives_same_rows(built: tuple[Path, Path, Path]) -> None:
+    shards = built[2]
+    full, small = ShardSet(shards, "train"), ShardSet(shards, "train", max_cached_shards=1)
+    ids = full.lengths()[0][::-1].tolist()
+    for a, b in zip(full.fetch(ids), small.fetch(ids)):
+        assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist()
+
+
+def test_check_spm(tmp_path: Path, built: tuple[Path, Path, Path]) -> None:
+    clean, bpe_dir, shards = built
+    ShardSet(shards, "valid").check_spm(bpe_dir / "spm.model")
+    other = run_bpe(tmp_path, clean, "other", vocab_size=90)
+    with pytest.raises(DataError, match=r"encoded with spm\.model sha256 [0-9a-f]{64}, but .*other/spm\.model "
+                                        r"has sha256 [0-9a-f]{64}; rerun `dvc repro encode`"):
+        ShardSet(shards, "valid").check_spm(other / "spm.model")
+
+
+def test_corrupt_shard_is_named(shards_copy: Path) -> None:
+    part = shards_copy / "train" / "part-00001.parquet"
+    part.write_bytes(part.read_bytes()[: len(part.read_bytes()) // 2])
+    data = ShardSet(shards_copy, "train")
+    with pytest.raises(DataError, match=r"train/part-00001\.parquet: corrupt Parquet shard .*rerun `dvc repro encode`"):
+        data.lengths()
+    with pytest.raises(DataError, match=r"part-00001\.parquet: sha256 [0-9a-f]+, manifest says"):
+        data.verify()
+    ShardSet(shards_copy, "valid").verify()
+
+
+def test_missing_shard_and_manifest(shards_copy: Path) -> None:
+    (shards_copy / "test" / "part-00000.parquet").unlink()
+    with pytest.raises(DataError, match=r"test/part-00000\.parquet: missing"):
+        ShardSet(shards_copy, "test").verify()
+    with pytest.raises(DataError, match=r"test/part-00000\.parquet: missing shard"):
+        ShardSet(shards_copy, "test").fetch([0])
+    with pytest.raises(DataError, match=r"no split 'dev'"):
+        ShardSet(shards_copy, "dev")
+    (shards_copy / "manifest.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(DataError, match=r"manifest\.json: not valid JSON"):
+        read_manifest(shards_copy)
+    (shards_copy / "manifest.json").write_text(json.dumps({"splits": {}}), encoding="utf-8")
+    with pytest.raises(DataError, match=r"not a shards manifest"):
+        ShardSet(shards_copy, "train")
+    (shards_copy / "manifest.json").unlink()
+    with pytest.raises(DataError, match=r"manifest\.json: missing; run `dvc repro encode`"):
+        ShardSet(shards_copy, "train")
