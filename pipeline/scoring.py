@@ -58,6 +58,12 @@ def tokenize_for_paper_bleu(lines: Sequence[str], lang: str = "de") -> list[str]
     return [compound_split(tok.tokenize(line, escape=False, return_str=True)) for line in lines]
 
 
+def primary_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    """sacreBLEU BLEU 13a cased (the figure the beam/α grid is chosen by)."""
+    cls, kwargs = SACREBLEU_METRICS["bleu"]
+    return float(cls(**kwargs).corpus_score(list(hyps), [list(refs)]).score)
+
+
 def score_corpus(hyps: Sequence[str], refs: Sequence[str], lang: str = "de") -> dict[str, Any]:
     """Corpus scores of ``hyps`` against one reference per line.
 

@@ -1,0 +1,169 @@
+"""Stage ``evaluate`` end to end on a random tiny model, real BPE and real shards; decoding helpers."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.config import EncodeConfig, EvaluateConfig
+from pipeline.decoding import decode_sources, load_translator, plan_batches, prepare_source
+from pipeline.encode import stage as encode_stage
+from pipeline.errors import DataError
+from pipeline.evaluate import stage
+from pipeline.scoring import METRIC_KEYS, score_files
+from pipeline.textio import count_lines, read_lines, write_lines
+from tests.test_average import CORPUS, make_averaged
+
+VALID = [("Gutach: Increased safety for pedestrians", "Gutach: Noch mehr Sicherheit für Fußgänger"),
+         ("", ""),
+         ("They are not even 100 metres apart.", "Sie stehen keine 100 Meter voneinander entfernt."),
+         ("On Tuesday, the new traffic lights were put into operation.",
+          "Am Dienstag ist die neue Ampel in Betrieb genommen worden."),
+         ("The price is 3.50 euros.", "Der Preis liegt bei 3,50 Euro.")]
+TEST = [("Yesterday, the mayor gave a clear answer to this question.",
+         "Diese Frage hat der Bürgermeister gestern klar beantwortet."),
+        ("Two sets of lights so close to one another: intentional or just a silly error?",
+         "Zwei Anlagen so nah beieinander: Absicht oder Schildbürgerstreich?"),
+        ("", "Leer."),
+        ("the e-mail address is new", "die E-Mail-Adresse ist neu")]
+CFG = EvaluateConfig(beam_sizes=[1, 2], alphas=[0.6, 1.0], max_len_a=1.0, max_len_b=4, max_tokens=40)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """averaged.pt + clean/raw text + shards encoded by the real encode stage."""
+    root = tmp_path_factory.mktemp("eval")
+    make_averaged(root)
+    pairs = {"train": list(zip(CORPUS[0::2], CORPUS[1::2])), "valid": VALID, "test": TEST}
+    for split, rows in pairs.items():
+        for side, lang in ((0, "en"), (1, "de")):
+            write_lines(root / "clean" / f"{split}.{lang}", [r[side] for r in rows])
+            write_lines(root / "raw" / f"{split}.{lang}", [r[side] for r in rows])
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NMT_ENCODE_WORKERS", "1")
+    try:
+        encode_stage(EncodeConfig(max_len=64, shard_rows=2), clean_dir=root / "clean", bpe_dir=root / "bpe",
+                     shards_dir=root / "shards", metrics_path=root / "metrics" / "encode.json")
+    finally:
+        mp.undo()
+    return root
+
+
+def _evaluate(world: Path, out: Path, cfg: EvaluateConfig = CFG) -> dict:
+    stage(cfg, model_dir=world / "model", shards_dir=world / "shards", raw_dir=world / "raw", eval_dir=out / "eval",
+          metrics_path=out / "metrics" / "bleu.json")
+    return json.loads((out / "metrics" / "bleu.json").read_text(encoding="utf-8"))
+
+
+def test_evaluate_end_to_end_keeps_every_line_and_reports_everything(world: Path, tmp_path: Path) -> None:
+    report = _evaluate(world, tmp_path)
+    for split, rows in (("valid", VALID), ("test", TEST)):
+        hyp = tmp_path / "eval" / f"{split}.hyp.de"
+        lines = list(read_lines(hyp))
+        assert len(lines) == len(rows) == count_lines(world / "raw" / f"{split}.de")
+        for (src, _), line in zip(rows, lines):
+            if not src:
+                assert line == ""  # empty source -> empty hypothesis, the line is kept
+        figures = report[split]
+        for key in METRIC_KEYS:
+            assert isinstance(figures[key], float) and key in figures["signatures"]
+        assert figures["signatures"]["bleu"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp")
+        for key in ("sentences", "decode_seconds", "sentences_per_second", "beam", "alpha"):
+            assert key in figures
+        assert figures["sentences"] == len(rows)
+        rescored = score_files(hyp, world / "raw" / f"{split}.de")
+        assert {k: rescored[k] for k in METRIC_KEYS} == {k: figures[k] for k in METRIC_KEYS}
+    assert [(g["beam"], g["alpha"]) for g in report["grid"]] == [(1, 0.6), (1, 1.0), (2, 0.6), (2, 1.0)]
+    best = max(g["bleu"] for g in report["grid"])
+    chosen = report["chosen"]
+    assert next(g for g in report["grid"] if g["bleu"] == best) == next(
+        g for g in report["grid"] if (g["beam"], g["alpha"]) == (chosen["beam"], chosen["alpha"]))
+    assert report["test"]["beam"] == chosen["beam"] and report["test"]["alpha"] == chosen["alpha"]
+    assert report["valid"]["bleu"] == pytest.approx(best)
+
+
+def test_hypotheses_are_reproducible_and_do_not_depend_on_the_batch_budget(world: Path, tmp_path: Path) -> None:
+    _evaluate(world, tmp_path / "a", CFG)
+    _evaluate(world, tmp_path / "b", EvaluateConfig(**{**CFG.__dict__, "max_tokens": 1}))
+    for split in ("valid", "test"):
+        a = (tmp_path / "a" / "eval" / f"{split}.hyp.de").read_bytes()
+        assert a == (tmp_path / "b" / "eval" / f"{split}.hyp.de").read_bytes()
+
+
+def test_reference_line_count_mismatch_is_a_clear_error_and_writes_nothing(world: Path, tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    write_lines(raw / "valid.de", [r[1] for r in VALID])
+    write_lines(raw / "test.de", [r[1] for r in TEST][:-1])
+    with pytest.raises(DataError, match=rf"{raw / 'test.de'} has 3 lines but the test shards in .* hold 4 sentences"):
+        stage(CFG, model_dir=world / "model", shards_dir=world / "shards", raw_dir=raw, eval_dir=tmp_path / "eval",
+              metrics_path=tmp_path / "metrics" / "bleu.json")
+    assert not (tmp_path / "eval").exists() and not (tmp_path / "metrics").exists()
+
+
+def test_shards_from_another_bpe_model_are_refused(world: Path, tmp_path: Path) -> None:
+    manifest = json.loads((world / "shards" / "manifest.json").read_text())
+    shards = tmp_path / "shards"
+    import shutil
+
+    shutil.copytree(world / "shards", shards)
+    (shards / "manifest.json").write_text(json.dumps({**manifest, "spm_sha256": "0" * 64}))
+    with pytest.raises(DataError, match="encoded with spm.model sha256 0{64}, but the model's embedded"):
+        stage(CFG, model_dir=world / "model", shards_dir=shards, raw_dir=world / "raw", eval_dir=tmp_path / "eval",
+              metrics_path=tmp_path / "bleu.json")
+
+
+def test_evaluate_logs_metrics_and_signature_to_mlflow(world: Path, tmp_path: Path, mlflow_sqlite: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    report = _evaluate(world, tmp_path, EvaluateConfig(beam_sizes=[1], alphas=[0.6], max_len_b=2, max_tokens=64))
+    run = MlflowClient(tracking_uri=mlflow_sqlite).get_run(report["mlflow_run_id"])
+    assert run.data.tags["sacrebleu_signature"] == report["test"]["signatures"]["bleu"]
+    assert run.data.metrics["test.bleu"] == pytest.approx(report["test"]["bleu"])
+    assert "test.bleu_tok_split" in run.data.metrics and "valid.chrf2" in run.data.metrics
+
+
+def test_plan_batches_respects_the_budget_and_covers_every_sentence_once() -> None:
+    rng = random.Random(0)
+    lengths = [rng.randint(0, 30) for _ in range(200)]
+    batches = plan_batches(lengths, max_tokens=64)
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == [i for i, n in enumerate(lengths) if n > 0]
+    for batch in batches:
+        longest = max(lengths[i] for i in batch)
+        assert len(batch) == 1 or len(batch) * longest <= 64
+    assert [lengths[i] for i in flat] == sorted((n for n in lengths if n), reverse=True)
+
+
+def test_batched_decoding_restores_order_and_equals_one_at_a_time(world: Path) -> None:
+    translator = load_translator(world / "model" / "averaged.pt", "cpu")
+    translator.model.double()  # float64: batching must not change a single token
+    rng = random.Random(1)
+    vocab = translator.config.vocab_size
+    sources = [prepare_source([rng.randrange(4, vocab) for _ in range(rng.randint(0, 12))], translator.config)[0]
+               for _ in range(16)]
+    kwargs = dict(beam_size=3, alphas=[0.0, 0.6, 2.0], max_len_a=1.0, max_len_b=3)
+    together = decode_sources(translator, sources, max_tokens=200, **kwargs)
+    alone = decode_sources(translator, sources, max_tokens=1, **kwargs)
+    assert together == alone
+    for alpha, hyps in together.items():
+        assert [h for h, s in zip(hyps, sources) if not s] == [[] for s in sources if not s]
+        for i, src in enumerate(sources):
+            if src:
+                x = torch.tensor([src])
+                from model import beam_search
+
+                assert hyps[i] == beam_search(translator.model, x, beam_size=3, alpha=alpha, max_len_a=1.0,
+                                              max_len_b=3)[0]
+
+
+def test_sources_are_truncated_to_max_positions() -> None:
+    from model import TransformerConfig
+
+    cfg = TransformerConfig(vocab_size=50, d_model=8, n_heads=2, d_ff=8, n_layers=1, max_positions=6)
+    assert prepare_source([5] * 10, cfg) == ([5] * 5 + [cfg.eos_id], True)
+    assert prepare_source([5] * 5, cfg) == ([5] * 5 + [cfg.eos_id], False)
+    assert prepare_source([], cfg) == ([], False)
