@@ -1,0 +1,218 @@
+"""Beam search against DESIGN §4: hand-computed toy cases, greedy, batch == one by one, cached == uncached."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from model import Hypothesis, Transformer, TransformerConfig, beam_search, best_hypothesis
+from model.beam import length_penalty, max_length
+
+PAD, A, BOS, EOS, B = 0, 1, 2, 3, 4  # toy vocabulary: V = 5
+
+
+class FixedProbs(nn.Module):
+    """Next-token probabilities looked up by the generated prefix (without BOS); a default otherwise."""
+
+    def __init__(self, table: dict[tuple[int, ...], list[float]], default: list[float]) -> None:
+        super().__init__()
+        self.cfg = SimpleNamespace(pad_id=PAD, bos_id=BOS, eos_id=EOS)
+        self.table, self.default = table, default
+
+    def encode(self, src: Tensor) -> Tensor:
+        return src
+
+    def init_cache(self, enc: Tensor) -> Tensor:
+        return enc.new_zeros(enc.shape[0], 0)
+
+    def decode_step(self, tokens: Tensor, enc: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
+        cache = torch.cat([cache, tokens.view(-1, 1)], dim=1)
+        rows = [self.table.get(tuple(r[1:]), self.default) for r in cache.tolist()]
+        return torch.tensor(rows, dtype=torch.float64).log(), cache
+
+    def reorder_cache(self, cache: Tensor, index: Tensor) -> Tensor:
+        return cache.index_select(0, index)
+
+
+#            pad   a    bos   eos   b
+START = [0.05, 0.45, 0.05, 0.30, 0.15]
+AFTER_A = [0.05, 0.20, 0.05, 0.60, 0.10]
+AFTER_B = [0.05, 0.30, 0.05, 0.50, 0.10]
+SRC = torch.tensor([[A, B, EOS]])
+
+
+def lp_model() -> FixedProbs:
+    return FixedProbs({(): START, (A,): AFTER_A, (B,): AFTER_B}, [0.05, 0.3, 0.05, 0.3, 0.3])
+
+
+def test_hand_computed_beam_two_and_length_penalty_flips_the_winner() -> None:
+    # step 1: candidates a(.45) eos(.30) b(.15): EOS at position 1 < k finishes [] (log .30); live a, b.
+    # step 2: a+eos(.27) a+a(.09) b+eos(.075) a+b(.045, flat 4) | b+a(.045, flat 6): a+eos finishes [a];
+    #         b+eos is 3rd (not among the first k) and is dropped; 2 finished -> done.
+    finished = beam_search(lp_model(), SRC, beam_size=2, max_len_a=0, max_len_b=10, return_finished=True)[0]
+    assert [(h.tokens, h.step, h.order) for h in finished] == [([], 1, 0), ([A], 2, 0)]
+    assert finished[0].score == pytest.approx(math.log(0.30), abs=1e-12)  # pad/bos excluded, no renormalisation
+    assert finished[1].score == pytest.approx(math.log(0.45 * 0.60), abs=1e-12)
+    # alpha = 0: raw scores, [] wins; alpha = 1: log(.27) / (7/6) = -1.122 > log(.3) = -1.204, [a] wins
+    assert beam_search(lp_model(), SRC, beam_size=2, alpha=0.0, max_len_a=0, max_len_b=10) == [[]]
+    assert beam_search(lp_model(), SRC, beam_size=2, alpha=1.0, max_len_a=0, max_len_b=10) == [[A]]
+    assert best_hypothesis(finished, 0.0) == [] and best_hypothesis(finished, 1.0) == [A]
+
+
+def test_greedy_on_toy_model_and_eos_outside_first_k_is_not_finished() -> None:
+    # k = 1: step 1 takes a (EOS is 2nd, outside the first k); step 2 a+eos finishes.
+    finished = beam_search(lp_model(), SRC, beam_size=1, max_len_a=0, max_len_b=10, return_finished=True)[0]
+    assert [(h.tokens, h.step) for h in finished] == [([A], 2)]
+
+
+def test_ties_go_to_the_lower_flat_index() -> None:
+    tie = FixedProbs({(): [0.0, 0.4, 0.0, 0.2, 0.4], (A,): [0, 0, 0, 1, 0], (B,): [0, 0, 0, 1, 0]}, [0, 0, 0, 1, 0])
+    assert beam_search(tie, SRC, beam_size=1, max_len_a=0, max_len_b=5) == [[A]]
+    swapped = FixedProbs({(): [0.0, 0.4, 0.0, 0.2, 0.4]}, [0, 0, 0, 1, 0])
+    fin = beam_search(swapped, SRC, beam_size=2, max_len_a=0, max_len_b=5, return_finished=True)[0]
+    # both [a, eos] and [b, eos] have score log .4 at step 2: candidate order a (flat 3) before b (flat 8)
+    assert [(h.tokens, h.order) for h in fin] == [([A], 0), ([B], 1)]
+    assert beam_search(swapped, SRC, beam_size=2, alpha=0.6, max_len_a=0, max_len_b=5) == [[A]]
+
+
+def test_max_len_finishes_live_hypotheses_as_they_are() -> None:
+    never = FixedProbs({}, [0.0, 0.6, 0.0, 0.1, 0.3])
+    # S = 3 non-pad tokens; max_len = floor(1.0 * 3 - 1) = 2
+    fin = beam_search(never, torch.tensor([[A, B, EOS, PAD]]), beam_size=2, max_len_a=1.0, max_len_b=-1,
+                      return_finished=True)[0]
+    # step 1: a b eos; eos is 3rd -> dropped. step 2: aa ab ba bb (flat 1, 4, 6, 9): eos candidates rank
+    # 5th/6th; at n == max_len the two live ones finish as they are, in candidate order.
+    assert [(h.tokens, h.step, h.order) for h in fin] == [([A, A], 2, 0), ([A, B], 2, 1)]
+    assert fin[0].score == pytest.approx(2 * math.log(0.6))
+    assert fin[1].final_score(0.6) == pytest.approx(math.log(0.18) / length_penalty(2, 0.6))
+
+
+def test_empty_source_and_length_rule() -> None:
+    m = lp_model()
+    src = torch.tensor([[PAD, PAD, PAD], [A, B, EOS]])
+    assert beam_search(m, src, beam_size=2, max_len_a=0, max_len_b=10, alpha=1.0) == [[], [A]]
+    assert beam_search(m, src[:1], beam_size=3) == [[]]
+    assert max_length(0, 1.0, -5) == 1
+    assert max_length(3, 1.1, 0.2) == 3  # floor(3.5)
+    assert max_length(10, 0.3, 0.0) == 3  # float64: 0.3 * 10 = 3.0000000000000004 -> 3
+    with pytest.raises(ValueError, match="beam_size must be >= 1"):
+        beam_search(m, src, beam_size=0)
+
+
+# ---- real (random, tiny, float64) models ---------------------------------------------------
+
+
+def tiny(seed: int, pre_norm: bool = False) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(vocab_size=13, d_model=16, n_heads=2, d_ff=32, n_layers=2, pre_norm=pre_norm,
+                            max_positions=64)
+    m = Transformer(cfg).double().eval()
+    with torch.no_grad():  # sharper, more varied distributions than the default init gives
+        m.embed.weight.mul_(4.0)
+        m.embed.weight[EOS].mul_(3.0)  # so that some hypotheses end with EOS before max_len
+    return m
+
+
+def sources(seed: int, n: int = 5) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    lengths = [1, 4, 2, 7, 3, 5][:n]
+    src = torch.full((n, max(lengths) + 2), PAD)
+    for i, s in enumerate(lengths):
+        src[i, : s - 1] = torch.randint(4, 13, (s - 1,), generator=g)
+        src[i, s - 1] = EOS
+    return src
+
+
+def greedy_reference(m: Transformer, src: Tensor, max_len: int) -> list[int]:
+    """Full recomputation each step, argmax over all ids but PAD and BOS, stop at EOS or max_len."""
+    out = [BOS]
+    for _ in range(max_len):
+        lp = m(src[None], torch.tensor([out]))[0, -1].log_softmax(-1)
+        lp[[PAD, BOS]] = float("-inf")
+        tok = int(lp.argmax())
+        out.append(tok)
+        if tok == EOS:
+            break
+    return [t for t in out[1:] if t != EOS]
+
+
+def reference_beam(m: Transformer, row: Tensor, k: int, a: float, b: float) -> list[tuple[list[int], float, int]]:
+    """DESIGN §4 transcribed literally: one sentence, lists, full decoder recomputation every step."""
+    n_src = int(row.ne(PAD).sum())
+    if n_src == 0:
+        return []
+    live: list[tuple[list[int], float, int]] = [([BOS], 0.0, 0)]  # tokens, score, candidate position
+    finished: list[tuple[int, int, list[int], float]] = []  # step, candidate position, tokens, score
+    max_len = max(1, math.floor(a * n_src + b))
+    for n in range(1, max_len + 1):
+        prefixes = torch.tensor([toks for toks, _, _ in live])
+        lp = m(row[None].expand(len(live), -1), prefixes)[:, -1].log_softmax(-1).tolist()
+        cands = [(s + lp[r][v], r * 13 + v, r, v) for r, (_, s, _) in enumerate(live) for v in range(13)
+                 if v not in (PAD, BOS)]
+        cands.sort(key=lambda c: (-c[0], c[1]))
+        new_live = []
+        for j, (score, _, r, v) in enumerate(cands[: 2 * k]):
+            if v == EOS and j < k:
+                finished.append((n, j, live[r][0][1:], score))
+            elif v != EOS and len(new_live) < k:
+                new_live.append((live[r][0] + [v], score, j))
+        if n == max_len:
+            finished.extend((n, j, toks[1:], s) for toks, s, j in new_live)
+        live = new_live
+        if len(finished) >= k or n == max_len:
+            break
+    # "finished first" = earlier step, then earlier candidate position (a live hypothesis finished by
+    # the max_len rule keeps the position of the candidate it came from)
+    return [(toks, s, n) for n, _, toks, s in sorted(finished, key=lambda f: (f[0], f[1]))]
+
+
+def as_tuples(hyps: list[Hypothesis]) -> list[tuple[list[int], int]]:
+    return [(h.tokens, h.step) for h in hyps]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_one_equals_a_simple_greedy_loop(seed: int) -> None:
+    m, src = tiny(seed), sources(seed)
+    got = beam_search(m, src, beam_size=1, max_len_a=1.0, max_len_b=3)
+    want = [greedy_reference(m, row[row.ne(PAD)], max_length(int(row.ne(PAD).sum()), 1.0, 3)) for row in src]
+    assert got == want
+
+
+@pytest.mark.parametrize(("seed", "k", "pre_norm"), [(0, 2, False), (1, 3, False), (2, 5, True), (3, 4, True)])
+def test_cached_batched_search_equals_uncached_reference(seed: int, k: int, pre_norm: bool) -> None:
+    m, src = tiny(seed, pre_norm), sources(seed)
+    got = beam_search(m, src, beam_size=k, max_len_a=1.2, max_len_b=2, return_finished=True)
+    for row, hyps in zip(src, got):
+        want = reference_beam(m, row, k, 1.2, 2)
+        assert as_tuples(hyps) == [(t, n) for t, _, n in want]
+        assert [h.score for h in hyps] == pytest.approx([s for _, s, _ in want], abs=1e-9)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_batched_equals_one_sentence_at_a_time(k: int) -> None:
+    m, src = tiny(7), sources(7, n=6)
+    batched = beam_search(m, src, beam_size=k, max_len_a=1.0, max_len_b=4, return_finished=True)
+    for row, hyps in zip(src, batched):
+        alone = beam_search(m, row[None, : int(row.ne(PAD).sum())], beam_size=k, max_len_a=1.0, max_len_b=4,
+                            return_finished=True)[0]
+        assert as_tuples(hyps) == as_tuples(alone)
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], abs=1e-12)
+    steps = {h.step for hyps in batched for h in hyps}
+    assert len(steps) > 2, "sentences should finish at different steps for this test to bite"
+    best = beam_search(m, src, beam_size=k, alpha=0.6, max_len_a=1.0, max_len_b=4)
+    assert best == [best_hypothesis(h, 0.6) for h in batched]
+    assert all(BOS not in h and EOS not in h and PAD not in h for h in best)
+
+
+def test_search_restores_training_mode_and_float32_runs() -> None:
+    torch.manual_seed(0)
+    m = Transformer(TransformerConfig(vocab_size=13, d_model=16, n_heads=2, d_ff=32, n_layers=1, max_positions=64))
+    m.train()
+    out = beam_search(m, sources(0), beam_size=3)
+    assert m.training and len(out) == 5
+    with pytest.raises(ValueError, match="exceeds the model's max_positions 64"):
+        beam_search(m, sources(0), beam_size=2, max_len_b=100)
