@@ -19,10 +19,10 @@ import pytest
 
 from pipeline.config import DownloadConfig
 from pipeline.download import main, stage
-from pipeline.errors import ConfigError, DownloadError
+from pipeline.errors import ConfigError, DataError, DownloadError
 from pipeline.sources import MULTI30K_SPEC, STATMT, WMT14, Corpus, DatasetSpec, SourceFile, sgml_segments
 from pipeline.textio import read_lines
-from tests.httpserver import Faults, serve
+from tests.httpserver import serve
 
 SHARED = Path("/work/shared/data")
 ODD = ["carriage\rreturn inside", "next\x85line (NEL)", "line\u2028separator", "para\u2029separator"]
@@ -153,7 +153,7 @@ def test_full_download_over_http(statmt, tmp_path: Path) -> None:
     assert manifest["outputs"]["train.en"]["lines"] == 16
     metrics = json.loads((tmp_path / "metrics" / "download.json").read_text())
     assert metrics["pairs"] == {"train": 16, "valid": 4, "test": 3}
-    assert {s for s, _, _ in faults.log} == {f"/wmt13/training-parallel-europarl-v7.tgz",
+    assert {s for s, _, _ in faults.log} == {"/wmt13/training-parallel-europarl-v7.tgz",
                                              "/wmt13/training-parallel-commoncrawl.tgz",
                                              "/wmt14/training-parallel-nc-v9.tgz", "/wmt14/dev.tgz",
                                              "/wmt14/test-full.tgz"}
@@ -273,6 +273,24 @@ def test_en_de_line_count_mismatch(statmt, tmp_path: Path) -> None:
     assert not (tmp_path / "raw").exists()
 
 
+def test_invalid_utf8_names_the_member_and_line(statmt, tmp_path: Path) -> None:
+    base, _, c, root = statmt
+    bad = _text(c["newstest2013"]["de"][:2]) + b"caf\xe9\n" + _text(c["newstest2013"]["de"][3:])
+    _tgz(root / "wmt14/dev.tgz", {"dev/newstest2013.en": _text(c["newstest2013"]["en"]), "dev/newstest2013.de": bad})
+    with pytest.raises(DataError, match=r"dev.tgz:dev/newstest2013.de: .*newstest2013.de:3: invalid UTF-8"):
+        _run(tmp_path, _spec(base))
+    assert not (tmp_path / "raw").exists()
+
+
+def test_unreadable_previous_manifest_is_named(statmt, tmp_path: Path) -> None:
+    base, _, _, _ = statmt
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw/manifest.json").write_text("{not json")
+    with pytest.raises(DownloadError, match=r"raw/manifest.json: unreadable previous manifest .*delete it"):
+        _run(tmp_path, _spec(base))
+    assert (tmp_path / "raw/manifest.json").read_text() == "{not json"
+
+
 def test_expected_line_count_enforced(statmt, tmp_path: Path) -> None:
     base, _, _, _ = statmt
     with pytest.raises(DownloadError, match=r"corpus commoncrawl: .* have 5 lines, expected 6"):
@@ -360,17 +378,19 @@ def test_corrupt_gzip_source_is_rejected(tmp_path: Path, monkeypatch) -> None:
     mirror.mkdir(parents=True)
     for stem, n in (("train", 3), ("val", 2), ("test_2016_flickr", 2)):
         for lang in ("en", "de"):
-            (mirror / f"{stem}.{lang}.gz").write_bytes(gzip.compress(_text([f"{stem} {lang} {i}" for i in range(n)]),
-                                                                     mtime=0))
-    spec = dataclasses.replace(MULTI30K_SPEC, **{s: tuple(dataclasses.replace(c, lines=None) for c in MULTI30K_SPEC.split(s))
-                                                 for s in ("train", "valid", "test")})
+            lines = [f"{stem} {lang} {i}" for i in range(n)]
+            (mirror / f"{stem}.{lang}.gz").write_bytes(gzip.compress(_text(lines), mtime=0))
+    unchecked = {s: tuple(dataclasses.replace(c, lines=None) for c in MULTI30K_SPEC.split(s))
+                 for s in ("train", "valid", "test")}
+    spec = dataclasses.replace(MULTI30K_SPEC, **unchecked)
     monkeypatch.setenv("NMT_DATA_MIRROR", str(tmp_path / "mirror"))
     cfg = DownloadConfig(dataset="multi30k")
     stage(cfg, raw_dir=tmp_path / "raw", metrics_path=tmp_path / "m.json", sources=spec)
     assert list(read_lines(tmp_path / "raw/valid.de")) == ["val de 0", "val de 1"]
     data = (mirror / "val.de.gz").read_bytes()
     (mirror / "val.de.gz").write_bytes(data[:-12])
-    with pytest.raises(DownloadError, match=r"val.de.gz: corrupt or truncated archive .*replace the mirror's copy .*val.de.gz"):
+    with pytest.raises(DownloadError, match=r"val.de.gz: corrupt or truncated archive .*replace the mirror's copy "
+                                            r".*val.de.gz"):
         stage(cfg, raw_dir=tmp_path / "raw2", metrics_path=tmp_path / "m.json", sources=spec)
     assert not (tmp_path / "raw2").exists()
 
