@@ -205,16 +205,18 @@ def beam_search_finished(
     n_done = torch.zeros(n_sent, dtype=torch.long, device=dev)
     live_ok = (torch.arange(k, device=dev) == 0).expand(n_sent, k)
     scores: Tensor | None = None
+    tok_ok: Tensor | None = None
     hist = _History([], [], [], [], [], [], [], [])
     base = torch.arange(n_sent, device=dev)[:, None] * k
     for n in range(1, max(max_lens) + 1):
         logits, cache = model.decode_step(last, enc, cache)
         lprobs = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
         vocab = lprobs.shape[-1]
-        if scores is None:
+        if scores is None or tok_ok is None:
             scores = lprobs.new_zeros(n_sent, k)
-        tok_ok = torch.ones(vocab, dtype=torch.bool, device=dev)
-        tok_ok[[cfg.pad_id, cfg.bos_id]] = False
+            tok_ok = torch.ones(vocab, dtype=torch.bool, device=dev)
+            tok_ok[cfg.pad_id] = False
+            tok_ok[cfg.bos_id] = False
         valid = (live_ok[:, :, None] & tok_ok).view(n_sent, k * vocab)
         flat = (scores[:, :, None] + lprobs.view(n_sent, k, vocab)).view(n_sent, k * vocab)
         flat = flat.masked_fill(~valid, float("-inf"))
