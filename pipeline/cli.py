@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="write this profile's params.yaml first (demo, tiny, paper)")
     p.add_argument("--force", action="store_true", help="rerun stages even if DVC thinks they are up to date")
     p.set_defaults(func=_cmd_run)
+    from pipeline.translate import add_parser as add_translate_parser
+
+    add_translate_parser(sub)
     return parser
 
 

@@ -1,0 +1,93 @@
+"""``nmt translate`` on a random tiny averaged model: lines kept, bad bytes and long lines survive, PNG drawn."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.decoding import load_translator
+from pipeline.errors import CheckpointError
+from pipeline.textio import read_lines
+from pipeline.translate import read_input, translate_lines
+from tests.test_average import make_averaged
+
+LONG = " ".join(["Gutach Sicherheit für Fußgänger"] * 60)  # far beyond max_positions (64)
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_averaged(tmp_path_factory.mktemp("translate"), seed=3)
+
+
+def _nmt(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", "translate", *args], input=stdin,
+                          capture_output=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_cli_stdin_to_stdout_keeps_every_line(model_file: Path) -> None:
+    stdin = "Gutach: Increased safety\n\nBad ".encode() + b"\xff\xfe bytes\n" + LONG.encode() + b"\nlast, no newline"
+    proc = _nmt("--model", str(model_file), "--beam", "2", "--alpha", "0.6", "--max-tokens", "64", stdin=stdin)
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 0, stderr
+    out = proc.stdout.decode("utf-8").split("\n")
+    assert out[-1] == "" and len(out) - 1 == 5  # one output line per input line, each ended by \n
+    assert out[1] == ""  # an empty line stays empty
+    assert all(line for i, line in enumerate(out[:-1]) if i != 1)
+    assert "1 input line(s) had invalid UTF-8, replaced by U+FFFD: line(s) 3" in stderr
+    assert "1 line(s) longer than the model's max_positions (64 tokens with EOS) were truncated: line(s) 4" in stderr
+
+
+def test_cli_files_and_attention_png(model_file: Path, tmp_path: Path) -> None:
+    src, out, png = tmp_path / "in.en", tmp_path / "out.de", tmp_path / "attn.png"
+    src.write_text("\nThe price is new.\nYesterday, the mayor answered.\n", encoding="utf-8")
+    rc = main(["translate", "--model", str(model_file), "--input", str(src), "--output", str(out), "--beam", "3",
+               "--attention-png", str(png), "--attention-layer", "0"])
+    assert rc == 0
+    lines = list(read_lines(out))
+    assert len(lines) == 3 and lines[0] == "" and lines[1] and lines[2]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+
+
+def test_attention_layer_out_of_range_is_a_clear_error(model_file: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "in.en"
+    src.write_text("Hello.\n", encoding="utf-8")
+    rc = main(["translate", "--model", str(model_file), "--input", str(src), "--output", str(tmp_path / "o"),
+               "--attention-png", str(tmp_path / "a.png"), "--attention-layer", "5"])
+    assert rc == 1
+    assert "--attention-layer 5: the model has 1 decoder layer(s)" in capsys.readouterr().err
+    assert not (tmp_path / "a.png").exists()
+
+
+def test_truncated_model_file_is_a_checkpoint_error_with_path_and_remedy(model_file: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "averaged.pt"
+    data = model_file.read_bytes()
+    broken.write_bytes(data[: len(data) // 3])
+    with pytest.raises(CheckpointError, match=rf"{broken}: cannot be read .*truncated or corrupt: rerun `dvc repro "
+                                              "average`"):
+        load_translator(broken, "cpu")
+    proc = _nmt("--model", str(broken), stdin=b"Hello\n")
+    assert proc.returncode == 1
+    assert f"error: {broken}: cannot be read" in proc.stderr.decode()
+    with pytest.raises(CheckpointError, match="model file not found; run `dvc repro average`"):
+        load_translator(tmp_path / "missing.pt", "cpu")
+
+
+def test_input_is_normalised_like_training_text(model_file: Path) -> None:
+    translator = load_translator(model_file, "cpu")
+    messy = ["  Gutach:\u00a0Increased\tsafety \u200b", "Gutach: Increased safety"]
+    out, sources, _, truncated = translate_lines(translator, messy, beam_size=2, max_len_b=5)
+    assert sources[0] == sources[1] and out[0] == out[1] and not truncated
+    assert out[0]
+
+
+def test_read_input_splits_on_newline_only_and_reports_bad_lines() -> None:
+    lines, bad = read_input(io.BytesIO(b"a\rb\n\n\xc3(\nend"))
+    assert lines == ["a\rb", "", "\ufffd(", "end"] and bad == [3]
+    assert read_input(io.BytesIO(b"")) == ([], [])
+    assert read_input(io.BytesIO(b"\n")) == ([""], [])
