@@ -1,0 +1,237 @@
+"""Benchmark the data stages: pairs/s of ``clean`` and ``encode`` against raw SentencePiece, and peak RSS.
+
+The corpus is Multi30k train grown to ``--copies`` shuffled copies (each with its own seed and a
+numbered token appended, so dedup keeps every copy): 35 copies ≈ 1.0M distinct pairs. The BPE
+model (``--vocab``) is trained once on the original text. Every measurement runs in its own
+subprocess with threads pinned (OMP/MKL/OpenBLAS = 1, ``NMT_ENCODE_WORKERS`` = ``--workers``);
+its peak RSS is sampled from /proc over the whole process tree. The ceiling is raw
+``SentencePieceProcessor.encode`` of the same text (both sides) with the same number of
+processes and no I/O; "threaded" is one process with ``--workers`` SentencePiece threads.
+
+Usage:
+    python benchmarks/encode.py                 # full: 35 copies, RSS at 1x and 8x, 3 repeats
+    python benchmarks/encode.py --quick         # 4 copies, RSS at 1x and 2x
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import gzip
+import json
+import logging
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+DEFAULT_DATA = Path("/work/shared/data/multi30k/data/task1/raw")
+PINNED = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NMT_TRACKING": "off",
+          "NMT_LOG_LEVEL": "WARNING"}
+log = logging.getLogger("bench.encode")
+
+
+def _read_gz(path: Path) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8", newline="\n") as fh:
+        return fh.read().split("\n")[:-1]
+
+
+def build_corpus(data: Path, raw: Path, copies: int) -> int:
+    """Write ``raw/{train,valid,test}.{en,de}``: train = ``copies`` shuffled, numbered copies."""
+    en, de = _read_gz(data / "train.en.gz"), _read_gz(data / "train.de.gz")
+    raw.mkdir(parents=True, exist_ok=True)
+    with open(raw / "train.en", "w", encoding="utf-8") as f_en, open(raw / "train.de", "w", encoding="utf-8") as f_de:
+        for c in range(copies):
+            order = list(range(len(en)))
+            random.Random(c).shuffle(order)
+            f_en.write("".join(f"{en[i]} n{c}\n" for i in order))
+            f_de.write("".join(f"{de[i]} n{c}\n" for i in order))
+    for split in ("valid", "test"):
+        for lang, lines in (("en", en), ("de", de)):
+            (raw / f"{split}.{lang}").write_text("".join(s + "\n" for s in lines[:1000]), encoding="utf-8")
+    return len(en) * copies
+
+
+def train_bpe(data: Path, out: Path, vocab: int) -> None:
+    """Train the BPE model once, on the original (uncopied) Multi30k train text."""
+    from pipeline.bpe import train_model
+    from pipeline.clean import normalize
+    from pipeline.config import BpeConfig
+
+    out.mkdir(parents=True, exist_ok=True)
+    sample = out / "sample.txt"
+    text = [normalize(s) for lang in ("en", "de") for s in _read_gz(data / f"train.{lang}.gz")]
+    sample.write_text("".join(s + "\n" for s in text if s), encoding="utf-8")
+    train_model(sample, out / "spm", BpeConfig(vocab_size=vocab), os.cpu_count() or 1)
+
+
+# ---- measured bodies (run inside a subprocess) ------------------------------------------------------
+
+def _raw_chunk(args: tuple[str, str, int, int, int]) -> float:
+    """Encode lines [start, end) of both clean train files; return seconds spent in ``encode``."""
+    import itertools
+
+    import sentencepiece as spm
+
+    model, clean, start, end, threads = args
+    sp = spm.SentencePieceProcessor(model_file=model)
+    lines = []
+    for lang in ("en", "de"):
+        with open(Path(clean) / f"train.{lang}", encoding="utf-8") as fh:
+            lines.append([s.rstrip("\n") for s in itertools.islice(fh, start, end)])
+    t = time.perf_counter()
+    for side in lines:
+        sp.encode(side, num_threads=threads)
+    return time.perf_counter() - t
+
+
+def measure(kind: str, work: Path, workers: int) -> dict:
+    """One measurement: returns pairs processed and seconds (excluding interpreter start-up)."""
+    from pipeline import clean, encode
+    from pipeline.config import CleanConfig, EncodeConfig
+    from pipeline.textio import count_lines
+
+    if kind == "clean":
+        t = time.perf_counter()
+        clean.stage(CleanConfig(max_ratio=3.0), raw_dir=work / "raw", clean_dir=work / "clean",
+                    metrics_path=work / "metrics" / "clean.json")
+        seconds = time.perf_counter() - t
+        pairs = sum(count_lines(work / "raw" / f"{s}.en") for s in ("train", "valid", "test"))
+        return {"pairs": pairs, "seconds": seconds}
+    if kind == "encode":
+        t = time.perf_counter()
+        encode.stage(EncodeConfig(max_len=256, shard_rows=100_000), clean_dir=work / "clean", bpe_dir=work / "bpe",
+                     shards_dir=work / "shards", metrics_path=work / "metrics" / "encode.json")
+        seconds = time.perf_counter() - t
+        pairs = sum(count_lines(work / "clean" / f"{s}.en") for s in ("train", "valid", "test"))
+        return {"pairs": pairs, "seconds": seconds}
+    n = count_lines(work / "clean" / "train.en")
+    procs, threads = (workers, 1) if kind == "raw_processes" else (1, workers)
+    bounds = [n * i // procs for i in range(procs + 1)]
+    tasks = [(str(work / "bpe" / "spm.model"), str(work / "clean"), a, b, threads) for a, b in zip(bounds, bounds[1:])]
+    with cf.ProcessPoolExecutor(procs) as pool:
+        seconds = max(pool.map(_raw_chunk, tasks))
+    return {"pairs": n, "seconds": seconds}
+
+
+# ---- runner -----------------------------------------------------------------------------------------
+
+def _tree_rss_kib(pid: int) -> tuple[int, int]:
+    """(largest single-process RSS, total RSS) in KiB over ``pid`` and its descendants."""
+    pids, stack = [], [pid]
+    while stack:
+        p = stack.pop()
+        pids.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    stack.extend(int(c) for c in fh.read().split())
+        except OSError:
+            continue
+    sizes = []
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/status") as fh:
+                sizes += [int(line.split()[1]) for line in fh if line.startswith("VmRSS:")]
+        except OSError:
+            pass
+    return (max(sizes, default=0), sum(sizes))
+
+
+def run_measure(kind: str, work: Path, workers: int) -> dict:
+    """Run :func:`measure` in a subprocess, sampling its process tree's RSS every 20 ms."""
+    env = {**os.environ, **PINNED, "NMT_ENCODE_WORKERS": str(workers)}
+    cmd = [sys.executable, __file__, "--measure", kind, "--work", str(work), "--workers", str(workers)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    peak_one = peak_sum = 0
+    while proc.poll() is None:
+        one, total = _tree_rss_kib(proc.pid)
+        peak_one, peak_sum = max(peak_one, one), max(peak_sum, total)
+        time.sleep(0.02)
+    out = proc.stdout.read() if proc.stdout else ""
+    if proc.returncode:
+        raise SystemExit(f"measurement {kind} failed with exit code {proc.returncode}")
+    result = json.loads(out.strip().splitlines()[-1])
+    return {**result, "pairs_per_s": result["pairs"] / result["seconds"],
+            "peak_rss_mib_process": peak_one / 1024, "peak_rss_mib_tree": peak_sum / 1024}
+
+
+def bench_scale(data: Path, root: Path, copies: int, repeats: int, workers: int, vocab_dir: Path) -> dict:
+    """All measurements on one corpus size; medians over ``repeats``."""
+    work = root / f"x{copies}"
+    (work / "bpe").mkdir(parents=True)
+    (work / "bpe" / "spm.model").write_bytes((vocab_dir / "spm.model").read_bytes())
+    pairs = build_corpus(data, work / "raw", copies)
+    out: dict = {"train_pairs_raw": pairs}
+    for kind in ("clean", "encode", "raw_processes", "raw_threads"):
+        runs = [run_measure(kind, work, workers) for _ in range(repeats)]
+        out[kind] = {"pairs_per_s": statistics.median(r["pairs_per_s"] for r in runs),
+                     "pairs": runs[0]["pairs"], "seconds": [round(r["seconds"], 3) for r in runs],
+                     "peak_rss_mib_process": max(r["peak_rss_mib_process"] for r in runs),
+                     "peak_rss_mib_tree": max(r["peak_rss_mib_tree"] for r in runs)}
+        log.info("x%d %s: %.0f pairs/s, peak RSS %.0f MiB (tree %.0f MiB)", copies, kind, out[kind]["pairs_per_s"],
+                 out[kind]["peak_rss_mib_process"], out[kind]["peak_rss_mib_tree"])
+    out["encode_vs_raw"] = out["encode"]["pairs_per_s"] / out["raw_processes"]["pairs_per_s"]
+    out["raw_processes_vs_threads"] = out["raw_processes"]["pairs_per_s"] / out["raw_threads"]["pairs_per_s"]
+    return out
+
+
+def table(results: dict) -> str:
+    """The markdown table of a run."""
+    rows = ["| corpus | train pairs | stage | pairs/s (median) | runs (s) | peak RSS MiB (largest process / tree) |",
+            "|---|---|---|---|---|---|"]
+    for name, res in results["scales"].items():
+        for kind in ("clean", "encode", "raw_processes", "raw_threads"):
+            r = res[kind]
+            rows.append(f"| {name} | {res['train_pairs_raw']:,} | {kind} | {r['pairs_per_s']:,.0f} | "
+                        f"{', '.join(f'{s:.1f}' for s in r['seconds'])} | "
+                        f"{r['peak_rss_mib_process']:.0f} / {r['peak_rss_mib_tree']:.0f} |")
+        rows.append(f"| {name} | | **encode / raw SentencePiece (same processes)** | "
+                    f"**{res['encode_vs_raw']:.2f}x** | | |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse options, run every scale, print the table and write the JSON."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with Multi30k train.{en,de}.gz")
+    p.add_argument("--copies", type=int, default=35, help="copies of Multi30k train at 1x (35 = 1.0M pairs)")
+    p.add_argument("--rss-factor", type=int, default=8, help="second corpus size, as a multiple of --copies")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--quick", action="store_true", help="4 copies, RSS factor 2")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "encode.json")
+    p.add_argument("--measure", help=argparse.SUPPRESS)
+    p.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.measure:
+        print(json.dumps(measure(args.measure, args.work, args.workers)))
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if args.quick:
+        args.copies, args.rss_factor = 4, 2
+    results: dict = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "workers": args.workers,
+                     "cpus": os.cpu_count(), "machine": platform.platform(), "vocab": args.vocab, "scales": {}}
+    with tempfile.TemporaryDirectory(prefix="nmt-bench-encode-") as tmp:
+        root = Path(tmp)
+        train_bpe(args.data, root / "bpe", args.vocab)
+        for factor, repeats in ((1, args.repeats), (args.rss_factor, 1)):
+            copies = args.copies * factor
+            results["scales"][f"{factor}x"] = bench_scale(args.data, root, copies, repeats, args.workers, root / "bpe")
+    text = table(results)
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
