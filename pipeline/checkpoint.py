@@ -141,9 +141,16 @@ def load_tensors(folder: str | Path, name: str, device: torch.device | str = "cp
         raise CheckpointError(f"{folder}: no {DONE} marker; the checkpoint is incomplete and cannot be loaded")
     try:
         return torch.load(folder / name, map_location=device, weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a corrupt file
-        raise CheckpointError(f"{folder / name}: cannot be loaded ({type(exc).__name__}: {exc}); move {folder} "
-                              "away to resume from the previous checkpoint") from None
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a corrupt or unsafe file
+        raise CheckpointError(f"{folder / name}: cannot be loaded with weights_only=True ({_one_line(exc)}); "
+                              f"move {folder} away to resume from the previous checkpoint") from None
+
+
+def _one_line(exc: Exception) -> str:
+    """The informative line of a (often multi-line) torch.load error."""
+    lines = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).splitlines() if ln.strip()]
+    best = next((ln for ln in lines if "Unsupported global" in ln), lines[0] if lines else "")
+    return f"{type(exc).__name__}: {best[:300]}"
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:

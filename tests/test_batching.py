@@ -1,0 +1,114 @@
+"""The batch planner: budgets, determinism, per-epoch shuffles and the rank split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline import batching
+from pipeline.errors import DataError
+
+
+def reference_plan(ids, lengths, max_tokens, seed):
+    """The obviously-correct version: permute, stable sort, add while the padded cost fits."""
+    perm = np.random.default_rng([seed, batching._PLAN_STREAM]).permutation(len(ids))
+    order = sorted(perm.tolist(), key=lambda i: lengths[i])  # Python's sort is stable
+    batches, cur, longest = [], [], 0
+    for i in order:
+        if cur and (len(cur) + 1) * max(longest, lengths[i]) > max_tokens:
+            batches.append(cur)
+            cur, longest = [], 0
+        cur.append(ids[i])
+        longest = max(longest, lengths[i])
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def corpus(n=2000, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = np.sort(rng.choice(n * 2, n, replace=False)).astype(np.int64)  # gaps, like encode.max_len drops
+    src = rng.integers(0, 80, n).astype(np.int32)
+    tgt = rng.integers(0, 80, n).astype(np.int32)
+    return ids, batching.token_lengths(src, tgt), src, tgt
+
+
+@pytest.mark.parametrize("max_tokens", [81, 200, 1000, 4096])
+def test_fast_plan_equals_the_reference(max_tokens):
+    ids, lengths, _, _ = corpus()
+    fast = batching.plan_batches(ids, lengths, max_tokens=max_tokens, seed=7)
+    slow = reference_plan(ids.tolist(), lengths.tolist(), max_tokens, 7)
+    assert [b.tolist() for b in fast] == slow
+
+
+def test_budget_counts_padding_and_every_example_appears_once():
+    ids, lengths, src, tgt = corpus()
+    by_id = dict(zip(ids.tolist(), lengths.tolist()))
+    batches = batching.plan_batches(ids, lengths, max_tokens=500, seed=1)
+    assert all(len(b) * max(by_id[i] for i in b) <= 500 for b in batches)
+    assert sorted(np.concatenate(batches).tolist()) == ids.tolist()
+    assert lengths.tolist() == (np.maximum(src, tgt) + 1).tolist()  # EOS / BOS counted
+
+
+def test_plan_is_deterministic_and_seeded():
+    ids, lengths, _, _ = corpus()
+    a = batching.plan_batches(ids, lengths, max_tokens=300, seed=3)
+    b = batching.plan_batches(ids, lengths, max_tokens=300, seed=3)
+    c = batching.plan_batches(ids, lengths, max_tokens=300, seed=4)
+    assert [x.tolist() for x in a] == [x.tolist() for x in b]
+    assert [x.tolist() for x in a] != [x.tolist() for x in c]  # ties broken by the seeded permutation
+
+
+def test_a_pair_longer_than_the_budget_is_a_clear_error():
+    with pytest.raises(DataError, match=r"example id 11 needs 90 tokens > train.max_tokens \(64\)"):
+        batching.plan_batches(np.array([10, 11]), np.array([5, 90]), max_tokens=64, seed=0)
+
+
+def test_epoch_order_shuffles_per_epoch_deterministically():
+    a0, a1 = batching.epoch_order(50, 1, 0), batching.epoch_order(50, 1, 1)
+    assert sorted(a0.tolist()) == list(range(50))
+    assert a0.tolist() != a1.tolist()
+    assert a0.tolist() == batching.epoch_order(50, 1, 0).tolist()
+
+
+@pytest.mark.parametrize(("n", "world", "accum", "start"), [(13, 2, 1, 0), (13, 2, 3, 0), (40, 3, 2, 7), (5, 4, 2, 0)])
+def test_ranks_get_disjoint_equally_long_slices_covering_the_epoch(n, world, accum, start):
+    plans = [batching.rank_schedule(n, start=start, rank=r, world_size=world, accum=accum) for r in range(world)]
+    assert len({len(p) for p in plans}) == 1  # the same number of steps on every rank
+    assert all(len(step) == accum for p in plans for step in p)
+    got = [g for p in plans for step in p for g in step if g is not None]
+    assert sorted(got) == list(range(start, n))  # disjoint, complete, nothing before start
+    assert len(plans[0]) == batching.steps_in_epoch(n, start, world, accum)
+
+
+def test_accumulation_formula():
+    assert batching.accumulation(25000, 8, 4096) == 1
+    assert batching.accumulation(25000, 1, 4096) == 7
+    assert batching.accumulation(25000, 2, 4096) == 4
+    assert batching.accumulation(100, 4, 4096) == 1
+
+
+def test_collate_follows_the_sequence_conventions():
+    pairs = [(np.array([7, 8], np.uint16), np.array([9], np.uint16)), (np.array([5], np.uint16),
+                                                                          np.array([6, 6, 6], np.uint16))]
+    b = batching.collate(pairs, pad_id=0, bos_id=2, eos_id=3, index=4)
+    assert b.src.tolist() == [[7, 8, 3], [5, 3, 0]]
+    assert b.tgt_in.tolist() == [[2, 9, 0, 0], [2, 6, 6, 6]]
+    assert b.tgt_out.tolist() == [[9, 3, 0, 0], [6, 6, 6, 3]]
+    assert b.n_tokens == 6 == int((b.tgt_out != 0).sum()) and b.index == 4 and b.src.dtype == torch.int64
+
+
+def test_prefetcher_yields_in_order_with_empty_slots_and_reraises_errors():
+    table = {i: (np.array([i + 4], np.uint16), np.array([i + 4, i + 4], np.uint16)) for i in range(10)}
+    fetch = lambda ids: [table[int(i)] for i in ids]  # noqa: E731
+    jobs = [(0, np.array([1, 2])), (1, None), (2, np.array([3]))]
+    pre = batching.Prefetcher(fetch, jobs, pad_id=0, bos_id=2, eos_id=3)
+    got = list(pre)
+    pre.close()
+    assert got[1] is None and [g.index for g in (got[0], got[2])] == [0, 2]
+    assert got[2].src.tolist() == [[7, 3]]
+    bad = batching.Prefetcher(fetch, [(0, np.array([99]))], pad_id=0, bos_id=2, eos_id=3)
+    with pytest.raises(KeyError):
+        list(bad)
+    bad.close()
