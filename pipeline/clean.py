@@ -140,8 +140,8 @@ class DigestSet:
         return result
 
 
-def _raw_files(raw_dir: Path, split: str) -> tuple[Path, Path]:
-    """The aligned pair of raw files of ``split``, checked to exist and to have equal line counts."""
+def _raw_files(raw_dir: Path, split: str) -> tuple[Path, Path, int]:
+    """The aligned raw files of ``split`` and their line count (checked to exist and to agree)."""
     src, tgt = (raw_dir / f"{split}.{lang}" for lang in LANGS)
     for path in (src, tgt):
         if not path.is_file():
@@ -150,7 +150,7 @@ def _raw_files(raw_dir: Path, split: str) -> tuple[Path, Path]:
     if n_src != n_tgt:
         raise DataError(f"{src} has {n_src} lines but {tgt} has {n_tgt}: the files are not aligned; "
                         "fix or re-download them (`dvc repro download`)")
-    return src, tgt
+    return src, tgt, n_src
 
 
 def _pairs(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
@@ -197,7 +197,7 @@ def _filter_batch(cfg: CleanConfig, batch: list[tuple[str, str]], seen: DigestSe
 
 def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path) -> dict:
     """Normalise (and for train, filter) one split into ``out_dir``; return its counts."""
-    src, tgt = _raw_files(raw_dir, split)
+    src, tgt, total = _raw_files(raw_dir, split)
     filtering = split == "train"
     seen = DigestSet() if filtering and cfg.dedup else None
     dropped = dict.fromkeys(RULES, 0)
@@ -215,8 +215,9 @@ def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path) -> d
             f_tgt.write("".join(t + "\n" for _, t in batch))
             if time.monotonic() - last_log > _LOG_EVERY_S:
                 last_log = time.monotonic()
-                log.info("clean %s: %d pairs read, %d kept, %.0f pairs/s", split, n_in, n_out,
-                         n_in / (last_log - start))
+                rate = n_in / (last_log - start)
+                log.info("clean %s: %d/%d pairs read, %d kept, %.0f pairs/s, ETA %.0f s", split, n_in, total,
+                         n_out, rate, (total - n_in) / max(rate, 1e-9))
     counts: dict = {"pairs_in": n_in, "pairs_out": n_out}
     if filtering:
         counts["dropped"] = dropped

@@ -71,6 +71,7 @@ class ShardTask:
     src_offset: int
     tgt_offset: int
     spm_model: str
+    spm_sha256: str
     max_len: int | None  # None: keep every line (valid/test)
     out_path: str
     threads: int
@@ -111,7 +112,8 @@ def _read_block(path: str, offset: int, count: int, first_line: int) -> list[str
 
 
 @functools.lru_cache(maxsize=4)
-def _processor(model_file: str):  # noqa: ANN202 - sentencepiece is imported lazily
+def _processor(model_file: str, sha256: str):  # noqa: ANN202 - sentencepiece is imported lazily
+    """A loaded model, cached per process; keyed by content so a rewritten file is reloaded."""
     import sentencepiece as spm
 
     return spm.SentencePieceProcessor(model_file=model_file)
@@ -136,7 +138,7 @@ def _list_array(flat: np.ndarray, lengths: np.ndarray, keep: np.ndarray | None) 
 
 def encode_shard(task: ShardTask) -> dict:
     """Encode one shard and write it atomically; return its manifest entry (+ ``dropped``)."""
-    sp = _processor(task.spm_model)
+    sp = _processor(task.spm_model, task.spm_sha256)
     vocab = sp.get_piece_size()
     dtype = np.dtype(token_type(vocab).to_pandas_dtype())
     count = task.line_end - task.line_start
@@ -172,7 +174,7 @@ def encode_workers() -> int:
     return int(value)
 
 
-def plan_tasks(cfg: EncodeConfig, clean_dir: Path, spm_model: Path, out_dir: Path,
+def plan_tasks(cfg: EncodeConfig, clean_dir: Path, spm_model: Path, spm_sha256: str, out_dir: Path,
                workers: int) -> tuple[list[ShardTask], dict[str, int]]:
     """Cut every split into shard tasks; return them and each split's line count."""
     specs, lines = [], {}
@@ -190,7 +192,7 @@ def plan_tasks(cfg: EncodeConfig, clean_dir: Path, spm_model: Path, out_dir: Pat
     threads = max(1, (os.cpu_count() or 1) // max(1, min(workers, len(specs))))
     tasks = [ShardTask(split=split, index=k, line_start=k * cfg.shard_rows,
                        line_end=min(n, (k + 1) * cfg.shard_rows), src_path=str(src), tgt_path=str(tgt),
-                       src_offset=so, tgt_offset=to, spm_model=str(spm_model),
+                       src_offset=so, tgt_offset=to, spm_model=str(spm_model), spm_sha256=spm_sha256,
                        max_len=cfg.max_len if split == "train" else None,
                        out_path=str(out_dir / f"{split}/part-{k:05d}.parquet"), threads=threads)
              for split, k, src, tgt, so, to, n in specs if n > k * cfg.shard_rows]
@@ -252,8 +254,9 @@ def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shar
     spm_model = Path(bpe_dir) / "spm.model"
     if not spm_model.is_file():
         raise DataError(f"{spm_model}: missing; run `dvc repro bpe` first")
+    spm_sha256 = sha256_file(spm_model)
     try:
-        vocab_size = _processor(str(spm_model.resolve())).get_piece_size()
+        vocab_size = _processor(str(spm_model.resolve()), spm_sha256).get_piece_size()
     except (OSError, RuntimeError) as exc:
         raise DataError(f"{spm_model}: not a SentencePiece model ({exc}); rerun `dvc repro bpe`") from None
     workers = encode_workers()
@@ -263,10 +266,10 @@ def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shar
         with atomic_path(shards_dir) as tmp:
             for split in SPLITS:
                 (tmp / split).mkdir(parents=True)
-            tasks, lines = plan_tasks(cfg, clean_dir, spm_model.resolve(), tmp, workers)
+            tasks, lines = plan_tasks(cfg, clean_dir, spm_model.resolve(), spm_sha256, tmp, workers)
             results = run_tasks(tasks, workers)
             manifest = build_manifest(tasks, results, lines, vocab_size=vocab_size,
-                                      spm_sha256=sha256_file(spm_model), cfg=cfg)
+                                      spm_sha256=spm_sha256, cfg=cfg)
             write_text(tmp / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         seconds = time.monotonic() - start
         metrics = {split: {k: v for k, v in manifest["splits"][split].items() if k != "shards"} for split in SPLITS}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -184,6 +185,11 @@ def test_encode_bad_inputs(tmp_path: Path, corpus: tuple[Path, Path, Path], monk
     (bad / "test.de").write_bytes(b"x\n" * 29 + b"\xff\n")
     with pytest.raises(DataError, match=r"test\.de:30: invalid UTF-8"):
         run_encode(tmp_path, bad, bpe_dir)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "spm.model").write_bytes(b"not a model")
+    with pytest.raises(DataError, match=r"junk/spm\.model: not a SentencePiece model"):
+        run_encode(tmp_path, clean, tmp_path / "junk")
+    shutil.rmtree(tmp_path / "junk")
     monkeypatch.setenv("NMT_ENCODE_WORKERS", "many")
     with pytest.raises(ConfigError, match="NMT_ENCODE_WORKERS"):
         run_encode(tmp_path, clean, bpe_dir)
