@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -136,6 +136,17 @@ class _History:
     eos_org: list[Tensor]
     eos_score: list[Tensor]
 
+    def append(self, st: _Step, fin_eos: Tensor, fin_live: Tensor) -> None:
+        """Record one step (device tensors; no host sync)."""
+        self.live_org.append(st.live_org)
+        self.live_tok.append(st.live_tok)
+        self.live_pos.append(st.live_pos)
+        self.fin_live.append(fin_live)
+        self.live_score.append(st.live_score)
+        self.fin_eos.append(fin_eos)
+        self.eos_org.append(st.eos_org)
+        self.eos_score.append(st.eos_score)
+
 
 def _rebuild(h: _History, n_sent: int, k: int) -> list[list[Hypothesis]]:
     """Backtrack every finished hypothesis from the host copy of the history."""
@@ -165,6 +176,57 @@ def _rebuild(h: _History, n_sent: int, k: int) -> list[list[Hypothesis]]:
     return result
 
 
+class _Step(NamedTuple):
+    """One step's outcome before the per-sentence done/max_len rules (all [B, k])."""
+
+    eos_first_k: Tensor
+    eos_org: Tensor
+    eos_score: Tensor
+    live_ok: Tensor
+    live_org: Tensor
+    live_tok: Tensor
+    live_score: Tensor
+    live_pos: Tensor
+
+
+def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, tok_ok: Tensor, k: int, eos: int, pad: int) -> _Step:
+    """Rank every extension of the live hypotheses and apply rules (a) and (b) of DESIGN §4.
+
+    Args:
+        scores: [B, k] raw scores of the live slots.
+        lprobs: [B, k, V] next-token log-probabilities.
+        live_ok: [B, k] which slots hold a live hypothesis (a prefix of the slots).
+        tok_ok: [V] tokens that may extend a hypothesis (all but PAD and BOS).
+        k: beam size.
+        eos: EOS id.
+        pad: id fed to empty slots.
+    """
+    n_sent, _, vocab = lprobs.shape
+    valid = (live_ok[:, :, None] & tok_ok).view(n_sent, k * vocab)
+    flat = (scores[:, :, None] + lprobs).view(n_sent, k * vocab).masked_fill(~valid, float("-inf"))
+    index, cand_score, cand_ok = _top_candidates(flat, valid, min(2 * k, k * vocab))
+    origin, token = index // vocab, index % vocab
+    is_eos = token.eq(eos)
+    m = index.shape[1]
+    pos = torch.arange(m, device=index.device).expand(n_sent, m)
+    eos_first_k = (is_eos & cand_ok)[:, :k]
+    ok, (org, tok, live_score, live_pos) = _first_k(
+        ~is_eos & cand_ok, [origin, token, cand_score, pos], k, [0, pad, float("-inf"), m]
+    )
+    return _Step(eos_first_k, origin[:, :k], cand_score[:, :k], ok, org, tok, live_score, live_pos)
+
+
+def _max_lens(src: Tensor, pad: int, a: float, b: float, limit: int | None) -> list[int]:
+    """Per sentence max_len (0 for an empty source), checked against the position table."""
+    max_lens = [max_length(s, a, b) if s > 0 else 0 for s in src.ne(pad).sum(1).tolist()]
+    if limit is not None and max(max_lens, default=0) > limit:
+        raise ValueError(
+            f"max_len {max(max_lens)} exceeds the model's max_positions {limit}: lower max_len_a/max_len_b "
+            "or drop overlong sources"
+        )
+    return max_lens
+
+
 @torch.no_grad()
 def beam_search_finished(
     model: nn.Module, src: Tensor, beam_size: int = 4, max_len_a: float = 1.0, max_len_b: float = 50
@@ -183,78 +245,38 @@ def beam_search_finished(
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    cfg = model.cfg
-    n_sent, k = src.shape[0], beam_size
-    src_lens = src.ne(cfg.pad_id).sum(1).tolist()
-    max_lens = [max_length(s, max_len_a, max_len_b) if s > 0 else 0 for s in src_lens]
-    limit = getattr(cfg, "max_positions", None)
-    if limit is not None and max(max_lens, default=0) > limit:
-        raise ValueError(
-            f"max_len {max(max_lens)} exceeds the model's max_positions {limit}: lower max_len_a/max_len_b "
-            "or drop overlong sources"
-        )
+    cfg, n_sent, k, dev = model.cfg, src.shape[0], beam_size, src.device
+    max_lens = _max_lens(src, cfg.pad_id, max_len_a, max_len_b, getattr(cfg, "max_positions", None))
     if n_sent == 0 or max(max_lens) == 0:
         return [[] for _ in range(n_sent)]
-    dev = src.device
-    rows = torch.arange(n_sent, device=dev).repeat_interleave(k)
-    enc = _select_rows(model.encode(src), rows)
+    enc = _select_rows(model.encode(src), torch.arange(n_sent, device=dev).repeat_interleave(k))
     cache = model.init_cache(enc)
     last = torch.full((n_sent * k,), cfg.bos_id, dtype=torch.long, device=dev)
     max_len_t = torch.tensor(max_lens, device=dev)
-    active = max_len_t > 0
-    n_done = torch.zeros(n_sent, dtype=torch.long, device=dev)
+    active, n_done = max_len_t > 0, torch.zeros(n_sent, dtype=torch.long, device=dev)
     live_ok = (torch.arange(k, device=dev) == 0).expand(n_sent, k)
-    scores: Tensor | None = None
-    tok_ok: Tensor | None = None
-    hist = _History([], [], [], [], [], [], [], [])
     base = torch.arange(n_sent, device=dev)[:, None] * k
+    scores = tok_ok = None
+    hist = _History([], [], [], [], [], [], [], [])
     for n in range(1, max(max_lens) + 1):
         logits, cache = model.decode_step(last, enc, cache)
         lprobs = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-        vocab = lprobs.shape[-1]
         if scores is None or tok_ok is None:
             scores = lprobs.new_zeros(n_sent, k)
-            tok_ok = torch.ones(vocab, dtype=torch.bool, device=dev)
-            tok_ok[cfg.pad_id] = False
-            tok_ok[cfg.bos_id] = False
-        valid = (live_ok[:, :, None] & tok_ok).view(n_sent, k * vocab)
-        flat = (scores[:, :, None] + lprobs.view(n_sent, k, vocab)).view(n_sent, k * vocab)
-        flat = flat.masked_fill(~valid, float("-inf"))
-        index, cand_score, cand_ok = _top_candidates(flat, valid, min(2 * k, k * vocab))
-        origin, token = index // vocab, index % vocab
-        is_eos = token.eq(cfg.eos_id)
-        m = index.shape[1]
-        first_k = torch.arange(m, device=dev)[None, :] < k
-        fin_eos = (is_eos & cand_ok & first_k & active[:, None])[:, :k]
-        pos = torch.arange(m, device=dev).expand(n_sent, m)
-        live_ok, (org, tok, live_score, live_pos) = _first_k(
-            ~is_eos & cand_ok, [origin, token, cand_score, pos], k, [0, cfg.pad_id, float("-inf"), m]
-        )
+            tok_ok = torch.ones(lprobs.shape[-1], dtype=torch.bool, device=dev)
+            tok_ok[cfg.pad_id] = tok_ok[cfg.bos_id] = False
+        st = _extend(scores, lprobs.view(n_sent, k, -1), live_ok, tok_ok, k, cfg.eos_id, cfg.pad_id)
         at_max = max_len_t.eq(n)
-        fin_live = live_ok & (at_max & active)[:, None]
+        fin_eos = st.eos_first_k & active[:, None]
+        fin_live = st.live_ok & (at_max & active)[:, None]
         n_done = n_done + fin_eos.sum(1) + fin_live.sum(1)
-        hist.live_org.append(org)
-        hist.live_tok.append(tok)
-        hist.live_pos.append(live_pos)
-        hist.fin_live.append(fin_live)
-        hist.live_score.append(live_score)
-        hist.fin_eos.append(fin_eos)
-        hist.eos_org.append(_pad_cols(origin, k))
-        hist.eos_score.append(_pad_cols(cand_score, k))
+        hist.append(st, fin_eos, fin_live)
         active = active & ~(at_max | n_done.ge(k))
-        if not bool(active.any()):
+        if not bool(active.any()):  # the one host sync per step
             break
-        cache = model.reorder_cache(cache, (base + org).view(-1))
-        last = tok.reshape(-1)
-        scores = live_score
+        cache = model.reorder_cache(cache, (base + st.live_org).view(-1))
+        last, scores, live_ok = st.live_tok.reshape(-1), st.live_score, st.live_ok
     return _rebuild(hist, n_sent, k)
-
-
-def _pad_cols(x: Tensor, k: int) -> Tensor:
-    """First k columns of x [B, M], padded with zeros when M < k."""
-    if x.shape[1] >= k:
-        return x[:, :k]
-    return torch.cat([x, x.new_zeros(x.shape[0], k - x.shape[1])], dim=1)
 
 
 def beam_search(

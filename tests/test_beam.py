@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import random
+import zlib
 from types import SimpleNamespace
 
 import pytest
@@ -140,8 +142,14 @@ def greedy_reference(m: Transformer, src: Tensor, max_len: int) -> list[int]:
     return [t for t in out[1:] if t != EOS]
 
 
-def reference_beam(m: Transformer, row: Tensor, k: int, a: float, b: float) -> list[tuple[list[int], float, int]]:
-    """DESIGN §4 transcribed literally: one sentence, lists, full decoder recomputation every step."""
+def full_lprobs(m: Transformer, row: Tensor, prefixes: list[list[int]]) -> Tensor:
+    """Next-token log-probabilities [L, V] after each prefix, recomputing the whole decoder."""
+    return m(row[None].expand(len(prefixes), -1), torch.tensor(prefixes))[:, -1].log_softmax(-1)
+
+
+def reference_beam(m: nn.Module, row: Tensor, k: int, a: float, b: float, lprobs_fn=full_lprobs
+                   ) -> list[tuple[list[int], float, int]]:
+    """DESIGN §4 transcribed literally: one sentence, lists, no cache, a full recomputation every step."""
     n_src = int(row.ne(PAD).sum())
     if n_src == 0:
         return []
@@ -149,9 +157,11 @@ def reference_beam(m: Transformer, row: Tensor, k: int, a: float, b: float) -> l
     finished: list[tuple[int, int, list[int], float]] = []  # step, candidate position, tokens, score
     max_len = max(1, math.floor(a * n_src + b))
     for n in range(1, max_len + 1):
-        prefixes = torch.tensor([toks for toks, _, _ in live])
-        lp = m(row[None].expand(len(live), -1), prefixes)[:, -1].log_softmax(-1).tolist()
-        cands = [(s + lp[r][v], r * 13 + v, r, v) for r, (_, s, _) in enumerate(live) for v in range(13)
+        lp = lprobs_fn(m, row, [toks for toks, _, _ in live])
+        vocab = lp.shape[1]
+        # sums in the precision of the log-probabilities (float32 for float32 models)
+        total = (torch.tensor([s for _, s, _ in live], dtype=lp.dtype)[:, None] + lp).tolist()
+        cands = [(total[r][v], r * vocab + v, r, v) for r in range(len(live)) for v in range(vocab)
                  if v not in (PAD, BOS)]
         cands.sort(key=lambda c: (-c[0], c[1]))
         new_live = []
@@ -168,6 +178,50 @@ def reference_beam(m: Transformer, row: Tensor, k: int, a: float, b: float) -> l
     # "finished first" = earlier step, then earlier candidate position (a live hypothesis finished by
     # the max_len rule keeps the position of the candidate it came from)
     return [(toks, s, n) for n, _, toks, s in sorted(finished, key=lambda f: (f[0], f[1]))]
+
+
+class TiedProbs(nn.Module):
+    """V = 7 toy whose next-token weights are small integers drawn from a hash of the prefix: many exact ties."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.cfg = SimpleNamespace(pad_id=PAD, bos_id=BOS, eos_id=EOS)
+        self.seed = seed
+
+    def probs(self, prefix: list[int]) -> list[float]:
+        rng = random.Random(zlib.crc32(repr((self.seed, prefix)).encode()))
+        w = [rng.choice([1, 2, 2, 4]) for _ in range(7)]
+        w[EOS] = rng.choice([0, 1, 4])
+        return [x / sum(w) for x in w]
+
+    def encode(self, src: Tensor) -> Tensor:
+        return src
+
+    def init_cache(self, enc: Tensor) -> Tensor:
+        return enc.new_zeros(enc.shape[0], 0)
+
+    def decode_step(self, tokens: Tensor, enc: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
+        cache = torch.cat([cache, tokens.view(-1, 1)], dim=1)
+        return torch.tensor([self.probs(r) for r in cache.tolist()]).log(), cache
+
+    def reorder_cache(self, cache: Tensor, index: Tensor) -> Tensor:
+        return cache.index_select(0, index)
+
+
+def tied_lprobs(m: TiedProbs, row: Tensor, prefixes: list[list[int]]) -> Tensor:
+    """The same float32 log-probabilities the search sees (log in float32, then log-softmax)."""
+    return torch.tensor([m.probs(p) for p in prefixes]).log().log_softmax(-1)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_exact_ties_in_float32_match_the_literal_rule(seed: int) -> None:
+    m = TiedProbs(seed)
+    src = torch.tensor([[A, EOS, PAD, PAD, PAD], [A, A, A, B, EOS], [PAD] * 5, [B, B, EOS, PAD, PAD]])
+    k = 1 + seed % 4
+    got = beam_search(m, src, beam_size=k, max_len_a=1.0, max_len_b=1, return_finished=True)
+    for row, hyps in zip(src, got):
+        want = reference_beam(m, row, k, 1.0, 1, lprobs_fn=tied_lprobs)
+        assert [(h.tokens, h.score, h.step) for h in hyps] == want
 
 
 def as_tuples(hyps: list[Hypothesis]) -> list[tuple[list[int], int]]:
