@@ -14,7 +14,6 @@ import argparse
 import hashlib
 import io
 import logging
-import re
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 import torch
 
+from pipeline import checkpoint
 from pipeline.config import AverageConfig, Params
 from pipeline.errors import CheckpointError
 from pipeline.stage import read_json, run_cli, write_metrics
@@ -30,21 +30,12 @@ from pipeline.textio import atomic_path
 log = logging.getLogger(__name__)
 
 AVERAGED_NAME = "averaged.pt"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
 
 
 def complete_checkpoints(train_dir: str | Path) -> list[Path]:
     """Checkpoint folders ``step-NNNNNNNN`` under ``train_dir`` that have ``DONE``, oldest step first."""
-    train_dir = Path(train_dir)
-    if not train_dir.is_dir():
-        return []
-    found = []
-    for child in train_dir.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and child.is_dir() and (child / "DONE").is_file():
-            found.append((int(match.group(1)), child))
-    return [path for _, path in sorted(found)]
+    return [folder for _, folder in checkpoint.complete_checkpoints(train_dir)]
 
 
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -121,9 +112,13 @@ def transformer_config(state: dict[str, Any], vocab_size: int, state_path: Path)
     section = (state.get("config") or {}).get("model") if isinstance(state, dict) else None
     if not isinstance(section, dict):
         raise CheckpointError(f"{state_path}: no 'config.model' section; was it written by the train stage?")
+    saved = section.get("vocab_size", vocab_size)
+    if saved != vocab_size:
+        raise CheckpointError(f"{state_path}: the model was trained with vocabulary size {saved}, but spm.model has "
+                              f"{vocab_size} pieces; average with the BPE model the run was trained with")
     known = set(TransformerConfig.__dataclass_fields__)
-    values = {k: v for k, v in section.items() if k in known}
-    values.update({k: v for k, v in SPECIAL_IDS.items() if k in known}, vocab_size=vocab_size)
+    values = {**{k: v for k, v in SPECIAL_IDS.items() if k in known},
+              **{k: v for k, v in section.items() if k in known}, "vocab_size": vocab_size}
     try:
         return TransformerConfig.from_dict(values).to_dict()
     except (TypeError, ValueError) as exc:
@@ -199,7 +194,7 @@ def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, mod
         save_deterministic({"model": weights, "config": config, "spm": spm_bytes}, out)
         metrics = {
             "checkpoints": [p.name for p in chosen],
-            "steps": [int(_STEP_DIR.match(p.name).group(1)) for p in chosen],
+            "steps": [int(p.name.split("-")[1]) for p in chosen],
             "requested": cfg.last_n,
             "used": len(chosen),
             "fewer_than_requested": len(chosen) < cfg.last_n,

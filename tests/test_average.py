@@ -78,7 +78,7 @@ def make_averaged(root: Path, seed: int = 0, **overrides: object) -> Path:
     """A complete ``averaged.pt`` for a random tiny model, built by the average stage itself."""
     spm_model = make_spm(root / "bpe")
     model = tiny_model(spm_vocab_size(spm_model), seed, **overrides)
-    write_checkpoint(root / "train", 10, model.state_dict(), {**TINY_MODEL, **overrides})
+    write_checkpoint(root / "train", 10, model.state_dict(), model.cfg.to_dict())  # as the train stage does
     stage(AverageConfig(last_n=1), train_dir=root / "train", bpe_dir=root / "bpe", model_dir=root / "model",
           metrics_path=root / "metrics" / "average.json")
     return root / "model" / AVERAGED_NAME
@@ -158,11 +158,11 @@ def test_fewer_checkpoints_than_last_n_uses_what_exists_and_says_so(tmp_path: Pa
 
 def test_checkpoints_are_ordered_by_step_not_by_name(tmp_path: Path) -> None:
     for step in (900, 10000, 50):
-        (tmp_path / f"step-{step}").mkdir()
-        (tmp_path / f"step-{step}" / "DONE").touch()
-    (tmp_path / "step-7").mkdir()  # no DONE
+        (tmp_path / f"step-{step:08d}").mkdir()
+        (tmp_path / f"step-{step:08d}" / "DONE").touch()
+    (tmp_path / "step-00000007").mkdir()  # no DONE
     (tmp_path / "other").mkdir()
-    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-50", "step-900", "step-10000"]
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000050", "step-00000900", "step-00010000"]
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -193,6 +193,15 @@ def test_weights_that_do_not_fit_the_config_are_refused(tmp_path: Path, spm_dir:
     with pytest.raises(CheckpointError, match=r"does not fit the model built from state\.json's config"):
         _run(tmp_path, spm_dir, last_n=1)
     assert not (tmp_path / "model" / AVERAGED_NAME).exists()
+
+
+def test_state_json_vocabulary_must_match_spm(tmp_path: Path, spm_dir: Path) -> None:
+    vocab = spm_vocab_size(spm_dir / "spm.model")
+    model = tiny_model(vocab + 8, 1)
+    write_checkpoint(tmp_path / "train", 1, model.state_dict(), model.cfg.to_dict())
+    with pytest.raises(CheckpointError, match=rf"state\.json: the model was trained with vocabulary size {vocab + 8}, "
+                                              rf"but spm\.model has {vocab} pieces"):
+        _run(tmp_path, spm_dir, last_n=1)
 
 
 def test_corrupt_checkpoint_and_no_checkpoint_are_clear_errors(tmp_path: Path, spm_dir: Path) -> None:

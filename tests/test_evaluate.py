@@ -116,14 +116,18 @@ def test_shards_from_another_bpe_model_are_refused(world: Path, tmp_path: Path) 
               metrics_path=tmp_path / "bleu.json")
 
 
-def test_evaluate_logs_metrics_and_signature_to_mlflow(world: Path, tmp_path: Path, mlflow_sqlite: str) -> None:
+def test_evaluate_logs_metrics_and_signature_to_mlflow(world: Path, tmp_path: Path, mlflow_sqlite: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root for a SQLite URI is ./mlruns
 
     report = _evaluate(world, tmp_path, EvaluateConfig(beam_sizes=[1], alphas=[0.6], max_len_b=2, max_tokens=64))
     run = MlflowClient(tracking_uri=mlflow_sqlite).get_run(report["mlflow_run_id"])
     assert run.data.tags["sacrebleu_signature"] == report["test"]["signatures"]["bleu"]
     assert run.data.metrics["test.bleu"] == pytest.approx(report["test"]["bleu"])
     assert "test.bleu_tok_split" in run.data.metrics and "valid.chrf2" in run.data.metrics
+    assert "bleu.json" in [a.path for a in MlflowClient(tracking_uri=mlflow_sqlite).list_artifacts(run.info.run_id)]
 
 
 def test_plan_batches_respects_the_budget_and_covers_every_sentence_once() -> None:
@@ -167,3 +171,26 @@ def test_sources_are_truncated_to_max_positions() -> None:
     assert prepare_source([5] * 10, cfg) == ([5] * 5 + [cfg.eos_id], True)
     assert prepare_source([5] * 5, cfg) == ([5] * 5 + [cfg.eos_id], False)
     assert prepare_source([], cfg) == ([], False)
+
+
+def test_train_average_evaluate_chain_on_real_checkpoints(world: Path, tmp_path: Path) -> None:
+    """The real train stage's checkpoints feed average, whose model file feeds evaluate."""
+    from pipeline.average import stage as average_stage
+    from pipeline.config import AverageConfig, ModelConfig, TrainConfig
+    from pipeline.train import stage as train_stage
+    from tests.test_average import TINY_MODEL
+
+    train_stage(TrainConfig(max_tokens=256, tokens_per_step=256, warmup_steps=2, max_steps=6, save_every_steps=2,
+                            keep_last=3, valid_every_steps=3, log_every_steps=3),
+                model_cfg=ModelConfig(**TINY_MODEL), seed=1, shards_dir=world / "shards",
+                spm_model=world / "bpe" / "spm.model", run_dir=tmp_path / "train",
+                metrics_path=tmp_path / "metrics" / "train.json", plots_path=tmp_path / "plots" / "train.csv",
+                root=tmp_path)
+    average_stage(AverageConfig(last_n=2), train_dir=tmp_path / "train", bpe_dir=world / "bpe",
+                  model_dir=tmp_path / "model", metrics_path=tmp_path / "metrics" / "average.json")
+    averaged = json.loads((tmp_path / "metrics" / "average.json").read_text())
+    assert averaged["checkpoints"] == ["step-00000004", "step-00000006"]
+    stage(EvaluateConfig(beam_sizes=[2], alphas=[0.6], max_len_b=3, max_tokens=64), model_dir=tmp_path / "model",
+          shards_dir=world / "shards", raw_dir=world / "raw", eval_dir=tmp_path / "eval",
+          metrics_path=tmp_path / "metrics" / "bleu.json")
+    assert count_lines(tmp_path / "eval" / "test.hyp.de") == len(TEST)

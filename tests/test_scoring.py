@@ -15,7 +15,8 @@ from pipeline.textio import write_lines
 
 REFS = [
     "Gutach: Noch mehr Sicherheit für Fußgänger",
-    "Sie stehen keine 100 Meter voneinander entfernt: Am Dienstag ist in Gutach die neue B 33-Fußgängerampel in Betrieb genommen worden.",
+    "Sie stehen keine 100 Meter voneinander entfernt: Am Dienstag ist in Gutach die neue B 33-Fußgängerampel "
+    "in Betrieb genommen worden.",
     "Die E-Mail-Adresse lautet \"info@example.de\" – bitte nicht weitergeben!",
     "Zwei Anlagen so nah beieinander: Absicht oder Schildbürgerstreich?",
     "Diese Frage hat Gutachs Bürgermeister gestern klar beantwortet.",
