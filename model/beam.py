@@ -7,7 +7,9 @@ flat index asc) with flat index = live rank × V + token, and the first 2k are t
 an EOS candidate among the first k finishes (final score = score / lp(n), lp(n) = ((5 + n) / 6)^α),
 non-EOS candidates become live until k are live; at n == max_len every live hypothesis finishes as it
 is. A sentence is done with ≥ k finished hypotheses or after max_len. The answer is the best final
-score, ties to the one finished first (earlier step, then earlier candidate position).
+score, ties to the one finished first (earlier step, then earlier candidate position; a hypothesis
+finished by the max_len rule keeps the position of the candidate that made it live, so at the last
+step an EOS candidate and a live one are ordered by candidate position, not by rule).
 
 Pruning uses raw scores only, so the finished set does not depend on α: :func:`beam_search_finished`
 returns it with raw scores and steps, and :func:`best_hypothesis` ranks it for any α.
