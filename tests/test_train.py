@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -182,6 +183,7 @@ def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(workspa
     proc = run_torchrun(data, crash, nproc=2, env={"NMT_FAULT_KILL_AT_STEP": "5"})
     assert proc.returncode != 0
     assert [s for s, _ in checkpoint.complete_checkpoints(crash / "runs")] == [2, 4]
+    _check_world_size_change(data, crash, tmp_path / "one")
     # A folder without DONE (a writer that died) holding garbage: never loaded, deleted on relaunch.
     bogus = crash / "runs" / "step-00000006"
     bogus.mkdir()
@@ -201,6 +203,24 @@ def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(workspa
     assert (ref / "plots" / "train.csv").read_bytes() == (crash / "plots" / "train.csv").read_bytes()
 
 
+def _check_world_size_change(data: dict, crashed: Path, tmp: Path) -> None:
+    """A copy of the crashed 2-rank run resumed by one process: allowed, with a warning."""
+    import logging
+
+    shutil.copytree(crashed, tmp)
+    data = json.loads(json.dumps(data).replace(str(crashed), str(tmp)))
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("pipeline.train").addHandler(handler)
+    try:
+        metrics = run_inprocess(data, tmp)  # one process: accumulation 2 instead of 1
+    finally:
+        logging.getLogger("pipeline.train").removeHandler(handler)
+    assert metrics["resumed_from_step"] == 4 and metrics["accumulation"] == 2 and metrics["step"] == 10
+    assert any("no longer bitwise equal" in r for r in records)
+
+
 def _tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         return {prefix: obj}
@@ -209,3 +229,58 @@ def _tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
     if isinstance(obj, (list, tuple)):
         return {k: v for i, value in enumerate(obj) for k, v in _tensors(value, f"{prefix}[{i}]").items()}
     return {prefix: torch.tensor(float(obj))} if isinstance(obj, (int, float)) else {}
+
+
+def test_resume_under_another_config_is_refused_and_changes_nothing(workspace, tmp_path):
+    run_inprocess(tiny_params(tmp_path, workspace, max_steps=4), tmp_path)
+    before = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    changed = tiny_params(tmp_path, workspace, max_steps=4, lr_scale=3.0)
+    changed["model"]["d_ff"] = 48
+    with pytest.raises(CheckpointError) as err:
+        run_inprocess(changed, tmp_path)
+    msg = str(err.value)
+    assert "train.lr_scale: checkpoint 2.0, now 3.0" in msg and "model.d_ff: checkpoint 32, now 48" in msg
+    assert "step-00000004: cannot resume" in msg and "move" in msg
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == before
+
+
+def test_more_steps_continue_the_same_run(workspace, tmp_path):
+    run_inprocess(tiny_params(tmp_path, workspace, max_steps=4), tmp_path)
+    metrics = run_inprocess(tiny_params(tmp_path, workspace, max_steps=8), tmp_path)
+    assert metrics["resumed_from_step"] == 4 and metrics["step"] == 8 and metrics["epoch"] == 1
+    rows = (tmp_path / "plots" / "train.csv").read_text().splitlines()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == list(range(1, 9))  # no gap, no duplicate
+
+
+def test_non_finite_loss_stops_before_the_optimizer_step(workspace, tmp_path):
+    data = tiny_params(tmp_path, workspace, max_steps=6, lr_scale=1e36, save_every_steps=1)
+    with pytest.raises(PipelineError, match=r"train step (\d+): non-finite .*the optimizer step was not taken\. "
+                                            r"Lower train.lr_scale, set train.clip_norm"):
+        run_inprocess(data, tmp_path)
+    steps = [s for s, _ in checkpoint.complete_checkpoints(tmp_path / "runs")]
+    last = checkpoint.load_tensors(tmp_path / "runs" / f"step-{steps[-1]:08d}", "model.pt")
+    assert all(torch.isfinite(t).all() for t in last.values())  # the bad update was never applied
+    assert not (tmp_path / "metrics" / "train.json").exists()
+
+
+def test_clip_norm_bounds_the_update(workspace, tmp_path):
+    metrics = run_inprocess(tiny_params(tmp_path, workspace, max_steps=2, warmup_steps=1, clip_norm=1e-3), tmp_path)
+    assert metrics["step"] == 2
+
+
+def test_launch_builds_torchrun_commands_from_the_environment(monkeypatch):
+    from pipeline import launch
+
+    monkeypatch.setenv("NMT_NPROC", "4")
+    cmd = launch.torchrun_command(["--params", "p.yaml"])
+    assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=4",
+                       "-m", "pipeline.train", "--params", "p.yaml"]
+    monkeypatch.setenv("NMT_NNODES", "2")
+    monkeypatch.setenv("NMT_NODE_RANK", "1")
+    monkeypatch.setenv("NMT_MASTER_ADDR", "10.0.0.1")
+    assert "--node_rank=1" in launch.torchrun_command([]) and "--master_addr=10.0.0.1" in launch.torchrun_command([])
+    monkeypatch.setenv("NMT_RDZV_ENDPOINT", "10.0.0.1:29400")
+    assert "--rdzv_endpoint=10.0.0.1:29400" in launch.torchrun_command([])
+    monkeypatch.setenv("NMT_NPROC", "zero")
+    with pytest.raises(PipelineError, match=r"NMT_NPROC='zero': expected an integer >= 1"):
+        launch.torchrun_command([])
