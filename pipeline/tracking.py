@@ -98,9 +98,12 @@ def _experiment_id(client: Any, root: Path) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
+    # A SQLite store keeps its artifacts beside the database (never ./mlruns in the cwd);
+    # a tracking server decides for itself.
     location = None
-    if not os.environ.get("MLFLOW_TRACKING_URI"):
-        location = (root.resolve() / ".mlflow" / "artifacts").as_uri()
+    uri = tracking_uri(root)
+    if uri.startswith("sqlite:///"):
+        location = (Path(uri[len("sqlite:///"):]).parent / "artifacts").resolve().as_uri()
     return client.create_experiment(name, artifact_location=location)
 
 
