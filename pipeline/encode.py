@@ -82,14 +82,22 @@ class ShardTask:
 
 
 def _line_offsets(path: Path, every: int) -> tuple[list[int], int]:
-    """Byte offsets of lines 0, every, 2·every, ... of ``path`` and its line count (``\\n`` split)."""
-    offsets, n, pos = [0], 0, 0
+    """Byte offsets of lines 0, every, 2·every, ... of ``path`` and its line count (``\\n`` split).
+
+    Newlines are located with numpy over 16 MiB chunks (no Python loop per line).
+    """
+    offsets, n, pos, last = [0], 0, 0, b"\n"
     with open(path, "rb") as fh:
-        for line in fh:
-            n += 1
-            pos += len(line)
-            if n % every == 0:
-                offsets.append(pos)
+        while chunk := fh.read(1 << 24):
+            newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+            # Line n + j + 1 starts right after the j-th newline of this chunk.
+            first = -(-(n + 1) // every) * every  # smallest multiple of every that is > n
+            for start in range(first, n + len(newlines) + 1, every):
+                offsets.append(pos + int(newlines[start - n - 1]) + 1)
+            n += len(newlines)
+            pos += len(chunk)
+            last = chunk[-1:]
+    n += last != b"\n"  # a final line without newline
     if len(offsets) > 1 and offsets[-1] == pos:  # no line starts at end of file
         offsets.pop()
     return offsets, n

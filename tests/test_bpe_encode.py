@@ -199,3 +199,14 @@ def test_encode_bad_inputs(tmp_path: Path, corpus: tuple[Path, Path, Path], monk
 def test_token_type_widens_for_large_vocab() -> None:
     assert encode.token_type(65536) == pa.uint16()
     assert encode.token_type(65537) == pa.uint32()
+
+
+def test_bpe_bytes_do_not_depend_on_threads_or_paths(tmp_path: Path, corpus: tuple[Path, Path, Path]) -> None:
+    _, clean, first = corpus
+    sample = tmp_path / "elsewhere" / "sample.txt"
+    sample.parent.mkdir()
+    assert bpe.write_sample([clean / "train.en", clean / "train.de"], sample, 10**7, seed=1) == 600
+    for threads in (1, 3):
+        bpe.train_model(sample, tmp_path / f"t{threads}", BpeConfig(vocab_size=80), threads)
+        assert (tmp_path / f"t{threads}.model").read_bytes() == (first / "spm.model").read_bytes()
+        assert (tmp_path / f"t{threads}.vocab").read_bytes() == (first / "spm.vocab").read_bytes()
