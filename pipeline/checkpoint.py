@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,34 @@ MODEL, OPTIM, STATE, DONE = "model.pt", "optim.pt", "state.json", "DONE"
 # train keys that never change the trajectory: resuming with other values is allowed.
 RESUMABLE_TRAIN_KEYS = frozenset({"max_steps", "max_epochs", "max_minutes", "save_every_steps", "keep_last",
                                   "valid_every_steps", "log_every_steps"})
+
+
+@dataclass
+class Progress:
+    """The whole training position (the rest of the randomness is derived from it and the seed)."""
+
+    step: int = 0
+    epoch: int = 0
+    micro: int = 0
+    """Next global micro-batch index in the epoch."""
+    tokens_seen: int = 0
+    """Non-pad target tokens trained on so far."""
+    train_seconds: float = 0.0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """Logged rows (train intervals and validations) up to ``step``: the plots file is rebuilt from it."""
+
+    def state(self, *, world_size: int, config: dict[str, Any], shards_sha256: str,
+              mlflow_run_id: str | None) -> dict[str, Any]:
+        """The ``state.json`` content for this position."""
+        return {"step": self.step, "epoch": self.epoch, "micro_batch": self.micro, "world_size": world_size,
+                "tokens_seen": self.tokens_seen, "train_seconds": round(self.train_seconds, 3), "config": config,
+                "shards_sha256": shards_sha256, "mlflow_run_id": mlflow_run_id, "history": self.history}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Progress:
+        """Inverse of :meth:`state` (the position part)."""
+        return cls(step=state["step"], epoch=state["epoch"], micro=state["micro_batch"],
+                   tokens_seen=state["tokens_seen"], train_seconds=state["train_seconds"], history=state["history"])
 
 
 def step_dir(run_dir: str | Path, step: int) -> Path:

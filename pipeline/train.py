@@ -37,6 +37,7 @@ import torch
 from model import Transformer, TransformerConfig, inverse_sqrt_lr, label_smoothed_nll_loss
 from pipeline import batching, checkpoint, distributed, tracking
 from pipeline.config import ModelConfig, Params, TrainConfig, flatten, section_dict
+from pipeline.checkpoint import Progress
 from pipeline.data import ShardSet
 from pipeline.errors import DataError, PipelineError
 from pipeline.stage import run_cli, stage_parser, write_metrics
@@ -47,18 +48,6 @@ log = logging.getLogger(__name__)
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16, the MFU denominator (notes/anchors-nmt.md §2.4)
 CSV_COLUMNS = ("step", "epoch", "train_loss", "train_nll", "train_ppl", "valid_loss", "valid_nll", "valid_ppl",
                "lr", "grad_norm", "tgt_tokens_per_step")
-
-
-@dataclass
-class Progress:
-    """The whole training position: what a checkpoint's state.json restores."""
-
-    step: int = 0
-    epoch: int = 0
-    micro: int = 0  # next global micro-batch index in the epoch
-    tokens_seen: int = 0
-    train_seconds: float = 0.0
-    history: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -149,9 +138,7 @@ def _resume(run: Run, run_dir: Path) -> tuple[Progress, str | None, int | None]:
                     run.ctx.world_size)
     log.info("resuming from %s (step %d, epoch %d, micro-batch %d)", folder, state["step"], state["epoch"],
              state["micro_batch"])
-    progress = Progress(step=state["step"], epoch=state["epoch"], micro=state["micro_batch"],
-                        tokens_seen=state["tokens_seen"], train_seconds=state["train_seconds"],
-                        history=state["history"])
+    progress = Progress.from_state(state)
     return progress, state.get("mlflow_run_id"), state["world_size"]
 
 
@@ -181,7 +168,8 @@ def _epoch_steps(run: Run, progress: Progress):
 def _train_step(run: Run, micro_batches: list, progress: Progress) -> dict[str, float]:
     """One optimizer step over this rank's micro-batches; returns global step statistics."""
     model, dev = run.model, run.ctx.device
-    stats = torch.zeros(3, dtype=torch.float64, device=dev)  # loss_sum, nll_sum, target tokens
+    sums = torch.zeros(2, dtype=torch.float64, device=dev)  # loss_sum, nll_sum
+    local_tokens = 0
     for batch in micro_batches:
         if batch is None:
             continue
@@ -192,9 +180,10 @@ def _train_step(run: Run, micro_batches: list, progress: Progress) -> dict[str, 
         loss_sum, nll_sum = label_smoothed_nll_loss(logits, b.tgt_out, epsilon=run.cfg.label_smoothing,
                                                     ignore_index=model.cfg.pad_id)
         loss_sum.backward()
-        stats += torch.stack([loss_sum.detach().double(), nll_sum.detach().double(),
-                              torch.tensor(float(b.n_tokens), dtype=torch.float64, device=dev)])
-    distributed.all_reduce_sum(stats)
+        sums += torch.stack([loss_sum.detach(), nll_sum.detach()]).double()
+        local_tokens += b.n_tokens
+    stats = torch.cat([sums, torch.tensor([float(local_tokens)], dtype=torch.float64, device=dev)])
+    distributed.all_reduce_sum(stats)  # the global loss sums and non-pad target tokens of this step
     params = [p for p in model.parameters() if p.requires_grad]
     distributed.all_reduce_grads(params)
     loss_sum, nll_sum, tokens = stats.tolist()
@@ -239,18 +228,12 @@ def validate(run: Run) -> dict[str, float]:
             "valid_ppl": math.exp(min(nll_sum / tokens, 700.0))}
 
 
-def _state(run: Run, progress: Progress, run_id: str | None) -> dict[str, Any]:
-    return {"step": progress.step, "epoch": progress.epoch, "micro_batch": progress.micro,
-            "world_size": run.ctx.world_size, "tokens_seen": progress.tokens_seen,
-            "train_seconds": round(progress.train_seconds, 3), "config": run.config,
-            "shards_sha256": run.shards_sha256, "mlflow_run_id": run_id, "history": progress.history}
-
-
 def _save(run: Run, progress: Progress, run_dir: Path, run_id: str | None) -> None:
     if run.ctx.is_main:
+        state = progress.state(world_size=run.ctx.world_size, config=run.config, shards_sha256=run.shards_sha256,
+                               mlflow_run_id=run_id)
         folder = checkpoint.save(run_dir, progress.step, model_state=run.model.state_dict(),
-                                 optim_state=run.optim.state_dict(), state=_state(run, progress, run_id),
-                                 keep_last=run.cfg.keep_last)
+                                 optim_state=run.optim.state_dict(), state=state, keep_last=run.cfg.keep_last)
         log.info("checkpoint %s", folder)
     distributed.barrier()
 
