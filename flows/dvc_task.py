@@ -1,0 +1,224 @@
+"""Run one ``dvc`` command as a subprocess in its own process group, streaming its output.
+
+Killing only the direct child leaves torchrun workers (grandchildren) running, so the command is
+started with ``start_new_session=True`` and the whole group is ended (SIGTERM, a grace period,
+then SIGKILL) when it times out, when the caller is interrupted (Prefect's SIGTERM bridge raises
+``TerminationSignal`` in the waiting thread, Ctrl-C raises ``KeyboardInterrupt``), and when the
+leader exits while members of its group are still alive. No Prefect import here: the module is
+plain Python and testable on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+log = logging.getLogger(__name__)
+
+TAIL_LINES = 20
+_PROGRESS_EVERY_S = 10.0  # \r-terminated progress updates are logged at most this often
+
+_live_groups: set[int] = set()
+_live_lock = threading.Lock()
+
+# What `dvc repro` prints (dvc/stage/run.py, dvc/stage/cache.py, dvc/stage/__init__.py, DVC 3.67).
+_STATUS_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("ran", r"Running stage '{stage}'"),
+    ("restored", r"Stage '{stage}' is cached - skipping run"),
+    ("restored", r"Restored stage '{stage}' from run-cache"),
+    ("skipped", r"Stage '{stage}' didn't change, skipping"),
+)
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    """What one command did.
+
+    Attributes:
+        args: the command line.
+        returncode: exit status (negative: killed by that signal).
+        duration_s: wall time from start to the group being gone.
+        timed_out: the timeout fired and the group was killed.
+        stdout_lines: every complete stdout line (DVC's own messages are short).
+        stderr_tail: the last ``TAIL_LINES`` lines of stderr.
+    """
+
+    args: tuple[str, ...]
+    returncode: int
+    duration_s: float
+    timed_out: bool
+    stdout_lines: tuple[str, ...] = field(default=())
+    stderr_tail: tuple[str, ...] = field(default=())
+
+
+def stage_status(stage: str, stdout_lines: Sequence[str]) -> str:
+    """Classify what ``dvc repro`` did with ``stage`` from its stdout.
+
+    Returns:
+        ``"ran"``, ``"restored"`` (from the run cache), ``"skipped"`` (unchanged) or ``"unknown"``.
+    """
+    text = "\n".join(stdout_lines)
+    for status, pattern in _STATUS_PATTERNS:
+        if re.search(pattern.format(stage=re.escape(stage)), text):
+            return status
+    return "unknown"
+
+
+def live_process_groups() -> set[int]:
+    """Process-group ids of commands started here that have not been reaped yet."""
+    with _live_lock:
+        return set(_live_groups)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - a foreign process reused the id
+        return False
+    return True
+
+
+def kill_group(pgid: int, proc: subprocess.Popen[bytes] | None = None, grace_s: float = 10.0) -> None:
+    """SIGTERM the whole process group, wait up to ``grace_s``, then SIGKILL what is left.
+
+    ``proc`` (the group leader, our child) is reaped while waiting, so its zombie does not keep the
+    group looking alive.
+    """
+    def signal_group(sig: int) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait_gone(limit_s: float) -> bool:
+        deadline = time.monotonic() + limit_s
+        while True:
+            if proc is not None:
+                proc.poll()
+            if not _group_alive(pgid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+    if proc is not None:
+        proc.poll()
+    if not _group_alive(pgid):
+        return
+    signal_group(signal.SIGTERM)
+    if not wait_gone(grace_s):
+        log.warning("process group %d still alive %.0f s after SIGTERM: sending SIGKILL", pgid, grace_s)
+        signal_group(signal.SIGKILL)
+        wait_gone(5.0)
+
+
+def kill_all_groups(grace_s: float = 10.0) -> None:
+    """End every process group started by :func:`run_in_group` that is still alive."""
+    for pgid in live_process_groups():
+        kill_group(pgid, grace_s=grace_s)
+
+
+def _visible(segment: bytes) -> str:
+    """What a terminal would show for ``segment``: the text after its last carriage return."""
+    return segment.rstrip(b"\r").rsplit(b"\r", 1)[-1].decode("utf-8", "replace")
+
+
+def _pump(stream: IO[bytes], emit: Callable[[str], None]) -> None:
+    """Split ``stream`` into lines on \\n and emit each; \\r progress updates at most every 10 s."""
+    buf = b""
+    last_progress = 0.0
+    while chunk := stream.read1(65536):  # type: ignore[attr-defined]
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            emit(_visible(line))
+        if b"\r" in buf.rstrip(b"\r"):
+            head, _, buf = buf.rstrip(b"\r").rpartition(b"\r")
+            buf = b"\r" + buf
+            now = time.monotonic()
+            if now - last_progress >= _PROGRESS_EVERY_S:
+                last_progress = now
+                emit(_visible(head))
+    if buf.strip(b"\r"):
+        emit(_visible(buf))
+    stream.close()
+
+
+def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str] | None = None,
+                 timeout_s: float | None = None, grace_s: float = 10.0,
+                 logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None) -> ProcessResult:
+    """Run ``args`` in a new session, log each output line, kill the whole group on timeout or interrupt.
+
+    Args:
+        args: command line, e.g. ``["dvc", "repro", "--single-item", "train"]``.
+        cwd: working directory.
+        env: full environment of the child (default: this process's).
+        timeout_s: wall-clock limit; ``None`` or ``<= 0`` means none.
+        grace_s: seconds between SIGTERM and SIGKILL when the group is ended.
+        logger: where stdout/stderr lines go (INFO); default this module's logger.
+
+    Returns:
+        The :class:`ProcessResult`. Any exception raised while waiting (``TerminationSignal``,
+        ``KeyboardInterrupt``) propagates after the group is gone.
+
+    Raises:
+        FileNotFoundError: the executable does not exist.
+    """
+    out = logger or log
+    stdout_lines: list[str] = []
+    stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)
+
+    def on_stdout(line: str) -> None:
+        stdout_lines.append(line)
+        out.info("%s", line)
+
+    def on_stderr(line: str) -> None:
+        stderr_tail.append(line)
+        out.info("%s", line)
+
+    start = time.monotonic()
+    proc = subprocess.Popen(list(args), cwd=cwd, env=dict(env) if env is not None else None,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    pgid = proc.pid  # a new session's leader: its pid is the group id
+    with _live_lock:
+        _live_groups.add(pgid)
+    readers = [threading.Thread(target=_pump, args=(s, f), daemon=True, name=f"pump-{pgid}")
+               for s, f in ((proc.stdout, on_stdout), (proc.stderr, on_stderr))]
+    for t in readers:
+        t.start()
+    timed_out = False
+    deadline = start + timeout_s if timeout_s and timeout_s > 0 else None
+    try:
+        while proc.poll() is None:
+            wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if wait <= 0:
+                timed_out = True
+                out.error("timed out after %.0f s: killing process group %d", timeout_s, pgid)
+                break
+            try:
+                proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        # Reached on normal exit (leftover group members), timeout, and any interrupt.
+        kill_group(pgid, proc, grace_s=grace_s)
+        proc.wait()
+        for t in readers:
+            t.join(timeout=5.0)
+        with _live_lock:
+            _live_groups.discard(pgid)
+    return ProcessResult(args=tuple(args), returncode=proc.returncode, duration_s=time.monotonic() - start,
+                         timed_out=timed_out, stdout_lines=tuple(stdout_lines), stderr_tail=tuple(stderr_tail))

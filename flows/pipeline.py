@@ -1,0 +1,277 @@
+"""The Prefect flow ``wmt14-pipeline``: DVC executes, Prefect sequences.
+
+One task per DVC stage, each running ``dvc repro --single-item <stage>`` in its own process group
+(:mod:`flows.dvc_task`); DVC alone decides what is stale (``cache_policy=NO_CACHE``). The flow
+opens the MLflow parent run, hands its id and the Prefect flow-run id to the stages through the
+subprocess environment only, tags each stage's child run with its dvc.lock md5, and ends with a
+markdown report artifact.
+
+Locally (Prefect's temporary server, no setup)::
+
+    python -m flows.pipeline --profile tiny
+    python -m flows.pipeline --stages train average evaluate --timeout train=86400
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import deployment as deployment_ctx
+from prefect.runtime import flow_run as flow_run_ctx
+from prefect.runtime import task_run as task_run_ctx
+
+from flows.dvc_task import ProcessResult, kill_all_groups, run_in_group, stage_status
+from flows.report import StageOutcome, render_report
+from pipeline import tracking
+from pipeline.config import flatten, load_params, section_dict
+from pipeline.errors import PipelineError
+from pipeline.profiles import write_profile
+from pipeline.runner import stage_lock_md5
+
+log = logging.getLogger(__name__)
+
+FLOW_NAME = "wmt14-pipeline"
+ARTIFACT_KEY = "wmt14-pipeline-report"
+# Retrying helps where failures are transient: the network (download) and lost nodes or NCCL
+# timeouts (train resumes from its last complete checkpoint). Other stages are deterministic.
+DEFAULT_RETRIES: dict[str, int] = {"download": 3, "train": 2}
+DEFAULT_RETRY_DELAY_S: dict[str, float] = {"download": 60.0, "train": 300.0}
+
+
+class StageFailed(PipelineError):
+    """A ``dvc repro`` stage exited non-zero or timed out."""
+
+    def __init__(self, stage: str, result: ProcessResult) -> None:
+        self.stage, self.returncode = stage, result.returncode
+        how = (f"timed out after {result.duration_s:.0f} s (process group killed), exit code {result.returncode}"
+               if result.timed_out else f"failed with exit code {result.returncode}")
+        tail = "\n".join(result.stderr_tail) or "(no stderr)"
+        super().__init__(f"stage '{stage}' {how} after {result.duration_s:.1f} s: `{' '.join(result.args)}`\n"
+                         f"last {len(result.stderr_tail)} lines of stderr:\n{tail}")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Per-run settings shared by every stage task."""
+
+    repo: str
+    force: bool
+    extra_env: dict[str, str]  # only the run's ids: the task builds the full env, so no secrets become inputs
+    grace_s: float
+
+
+def dvc_stages(repo: str | Path) -> list[str]:
+    """Stage names of ``<repo>/dvc.yaml`` in file order (the project's dvc.yaml lists them upstream first)."""
+    path = Path(repo) / "dvc.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: not found; pass --repo pointing at the project checkout") from None
+    stages = data.get("stages") or {}
+    if not isinstance(stages, dict) or not stages:
+        raise PipelineError(f"{path}: no `stages:` mapping")
+    return list(stages)
+
+
+def _select(requested: list[str] | None, known: list[str], repo: str | Path) -> list[str]:
+    if not requested:
+        return known
+    unknown = [s for s in requested if s not in known]
+    if unknown:
+        raise PipelineError(f"{Path(repo) / 'dvc.yaml'}: no stage {', '.join(map(repr, unknown))}; "
+                            f"known: {', '.join(known)}")
+    return [s for s in known if s in requested]  # always in pipeline order
+
+
+@task(name="dvc-repro", cache_policy=NO_CACHE, task_run_name="dvc repro {stage}")
+def repro_stage(stage: str, settings: RunSettings, timeout_s: float | None = None) -> StageOutcome:
+    """Run ``dvc repro --single-item <stage>``; report ran / skipped / restored and its duration.
+
+    Raises:
+        StageFailed: non-zero exit or timeout (stage name, exit code and stderr tail in the message).
+    """
+    logger = get_run_logger()
+    args = ["dvc", "repro", "--single-item", stage] + (["--force"] if settings.force else [])
+    logger.info("%s (timeout %s)", " ".join(args), f"{timeout_s:.0f} s" if timeout_s else "none")
+    try:
+        result = run_in_group(args, cwd=settings.repo, env=_stage_env(settings.extra_env), timeout_s=timeout_s,
+                              grace_s=settings.grace_s, logger=logger)
+    except FileNotFoundError:
+        raise PipelineError("dvc not found on PATH: run `make install` and use .venv/bin/python") from None
+    if result.returncode != 0 or result.timed_out:
+        raise StageFailed(stage, result)
+    status = stage_status(stage, result.stdout_lines)
+    logger.info("stage '%s' %s in %.1f s", stage, status, result.duration_s)
+    return StageOutcome(stage=stage, status=status, duration_s=round(result.duration_s, 2),
+                        attempts=task_run_ctx.run_count or 1)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _tag_stage(repo: Path, metrics_dir: Path | None, stage: str, parent: tracking.StageRun) -> str | None:
+    """Tag ``stage``'s MLflow run (id from its metrics JSON) with its dvc.lock md5; return the run id."""
+    if metrics_dir is None or not tracking.enabled():
+        return None
+    name = "bleu" if stage == "evaluate" else stage
+    run_id = _read_json(repo / metrics_dir / f"{name}.json").get("mlflow_run_id")
+    lock_path = repo / "dvc.lock"
+    if not run_id or not lock_path.is_file():
+        return None
+    lock = yaml.safe_load(lock_path.read_text(encoding="utf-8")) or {}
+    md5 = stage_lock_md5(lock, stage)
+    try:
+        tracking.tag_run(run_id, {"dvc_lock_md5": md5}, repo)
+        parent.set_tags({f"produced_by.{stage}": run_id})
+    except Exception as exc:  # noqa: BLE001 - tracking must never fail the pipeline
+        log.warning("could not tag the MLflow run of stage %s: %s", stage, exc)
+    return run_id
+
+
+def _load_params(repo: Path) -> tuple[dict[str, Any], str, Path | None]:
+    """Flattened params, profile name and metrics dir; empty when the repo has no params.yaml."""
+    path = repo / "params.yaml"
+    if not path.is_file():
+        return {}, "custom", None
+    params = load_params(path)
+    return flatten(section_dict(params)), params.profile, Path(params.paths.metrics)
+
+
+def _run_ids(parent_id: str | None) -> dict[str, str]:
+    """The ids a stage may tag its run with; they reach the stage's environment only."""
+    ids = {"MLFLOW_PARENT_RUN_ID": parent_id or "", "NMT_PREFECT_FLOW_RUN_ID": str(flow_run_ctx.id or "")}
+    return {k: v for k, v in ids.items() if v}
+
+
+def _stage_env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_PARENT_RUN_ID", "NMT_PREFECT_FLOW_RUN_ID"):
+        env.pop(name, None)  # a global MLFLOW_RUN_ID would make every stage resume one run
+    env.update(extra)
+    return env
+
+
+@flow(name=FLOW_NAME)
+def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile: str | None = None,
+                   repo: str = ".", timeouts_s: dict[str, float] | None = None,
+                   retries: dict[str, int] | None = None, retry_delay_s: dict[str, float] | None = None,
+                   kill_grace_s: float = 30.0) -> dict[str, Any]:
+    """Reproduce the DVC stages in order, one task each, under one MLflow parent run.
+
+    Args:
+        stages: stage names to run (default: every stage of dvc.yaml), always in pipeline order.
+            Each runs with ``--single-item``: upstream stages not listed are not checked.
+        force: pass ``--force`` (rerun even when DVC finds the stage up to date).
+        profile: write this profile's params.yaml first (``nmt profile NAME``).
+        repo: the project checkout (where dvc.yaml lives).
+        timeouts_s: wall-clock limit per stage in seconds (missing: none); the group is killed.
+        retries: attempts after a failure per stage (default download 3, train 2, others 0).
+        retry_delay_s: seconds before a retry per stage (default download 60, train 300).
+        kill_grace_s: seconds between SIGTERM and SIGKILL when a stage's group is ended.
+
+    Returns:
+        ``{"stages": [StageOutcome as dict], "mlflow_run_id", "git_commit", "markdown"}``.
+    """
+    logger = get_run_logger()
+    root = Path(repo).resolve()
+    if profile:
+        logger.info("writing params.yaml for profile %s", profile)
+        write_profile(profile, root)
+    selected = _select(stages, dvc_stages(root), root)
+    flat, profile_name, metrics_dir = _load_params(root)
+    retries = {**DEFAULT_RETRIES, **(retries or {})}
+    delays = {**DEFAULT_RETRY_DELAY_S, **(retry_delay_s or {})}
+    timeouts_s = timeouts_s or {}
+    git = tracking.git_tags(root)
+    outcomes: list[StageOutcome] = []
+    tags = {"prefect.flow_run_id": str(flow_run_ctx.id or ""), "prefect.deployment": str(deployment_ctx.name or ""),
+            "profile": profile_name}
+    with tracking.pipeline_run(f"pipeline-{profile_name}", params=flat, root=root, tags=tags) as parent:
+        settings = RunSettings(repo=str(root), force=force, extra_env=_run_ids(parent.run_id), grace_s=kill_grace_s)
+        failure: BaseException | None = None
+        try:
+            for stage in selected:
+                started = time.monotonic()
+                runner = repro_stage.with_options(retries=retries.get(stage, 0),
+                                                  retry_delay_seconds=delays.get(stage, 0.0))
+                try:
+                    outcome = runner(stage, settings, timeouts_s.get(stage))
+                except StageFailed as exc:
+                    outcomes.append(StageOutcome(stage=stage, status=f"failed (exit {exc.returncode})",
+                                                 duration_s=round(time.monotonic() - started, 2),
+                                                 attempts=retries.get(stage, 0) + 1))
+                    failure = exc
+                    raise
+                outcomes.append(outcome)
+                _tag_stage(root, metrics_dir, stage, parent)
+        finally:
+            kill_all_groups(grace_s=kill_grace_s)  # nothing may outlive the flow (cancellation, SIGTERM)
+            bleu = _read_json(root / metrics_dir / "bleu.json") if metrics_dir else {}
+            markdown = render_report(outcomes, bleu=bleu, mlflow_run_id=parent.run_id,
+                                     tracking_uri=tracking.tracking_uri(root) if parent.run_id else None,
+                                     git=git, failure=str(failure) if failure else None)
+            try:
+                create_markdown_artifact(markdown, key=ARTIFACT_KEY, description=f"{FLOW_NAME}: stages, BLEU, lineage")
+            except Exception as exc:  # noqa: BLE001 - the report must not mask the stage's own error
+                logger.warning("could not create the report artifact: %s", exc)
+    return {"stages": [asdict(o) for o in outcomes], "mlflow_run_id": parent.run_id,
+            "git_commit": git.get("git_commit", ""), "markdown": markdown}
+
+
+def _parse_timeouts(items: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        stage, sep, value = item.partition("=")
+        try:
+            out[stage] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not stage:
+            raise PipelineError(f"--timeout {item!r}: expected STAGE=SECONDS, e.g. train=86400")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flows.pipeline``: run the flow once (Prefect's temporary server when no API URL is set)."""
+    parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=wmt14_pipeline.__doc__)
+    parser.add_argument("--stages", nargs="*", help="stages to run (default: all, in pipeline order)")
+    parser.add_argument("--force", action="store_true", help="rerun even if DVC finds the stages up to date")
+    parser.add_argument("--profile", help="write this profile's params.yaml first (tiny, demo, paper)")
+    parser.add_argument("--repo", default=".", help="project checkout holding dvc.yaml (default: .)")
+    parser.add_argument("--timeout", action="append", default=[], metavar="STAGE=SECONDS",
+                        help="per-stage wall-clock limit (repeatable)")
+    parser.add_argument("--retry-delay", action="append", default=[], metavar="STAGE=SECONDS",
+                        help="seconds before retrying a failed stage (repeatable)")
+    parser.add_argument("--kill-grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        report = wmt14_pipeline(stages=args.stages, force=args.force, profile=args.profile, repo=args.repo,
+                                timeouts_s=_parse_timeouts(args.timeout),
+                                retry_delay_s=_parse_timeouts(args.retry_delay), kill_grace_s=args.kill_grace)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(report["markdown"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

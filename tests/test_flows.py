@@ -1,0 +1,276 @@
+"""The Prefect flow against a real Prefect API (test harness) and real ``dvc repro`` in a temp git repo.
+
+The toy dvc.yaml has its own tiny stages (``toy.py`` below), never the ML stages: what is under test
+is the sequencing, status parsing, retries, failures, timeouts, process-group killing and the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.dvc_task import stage_status
+from flows.pipeline import ARTIFACT_KEY, StageFailed, dvc_stages, wmt14_pipeline
+from pipeline.errors import PipelineError
+
+pytestmark = pytest.mark.slow
+
+TOY = textwrap.dedent('''
+    import json, os, subprocess, sys, time
+    from pathlib import Path
+
+    import yaml
+
+    def metrics_dir():
+        return Path(yaml.safe_load(open("params.yaml"))["paths"]["metrics"])
+
+    mode, *args = sys.argv[1:]
+    if mode == "write":                       # write OUT [IN]: OUT = IN + "x"
+        text = Path(args[1]).read_text() if len(args) > 1 else ""
+        Path(args[0]).write_text(text + "x")
+        print(f"wrote {args[0]}")
+        print(f"stage log {args[0]}", file=sys.stderr)
+    elif mode == "flaky":                     # flaky MARKER OUT: fails until MARKER exists
+        if not Path(args[0]).exists():
+            Path(args[0]).write_text("1")
+            print("transient failure", file=sys.stderr)
+            sys.exit(3)
+        Path(args[1]).write_text("ok")
+    elif mode == "fail":                      # fail: 30 stderr lines, exit 7
+        for i in range(30):
+            print(f"err line {i}", file=sys.stderr)
+        sys.exit(7)
+    elif mode == "spawn":                     # spawn PIDFILE: a child sleep, both pids recorded
+        child = subprocess.Popen(["sleep", "60"])
+        tmp = Path(args[0] + ".tmp")
+        tmp.write_text(f"{child.pid} {os.getpid()}")
+        tmp.rename(args[0])
+        time.sleep(60)
+    elif mode == "bleu":                      # bleu OUT: a bleu.json shaped like the evaluate stage's
+        sig = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.1"
+        report = {s: {"bleu": b, "chrf": 50.0, "signatures": {"bleu": sig, "chrf": "chrF2"}}
+                  for s, b in (("valid", 25.25), ("test", 27.31))}
+        report["chosen"] = {"beam": 4, "alpha": 0.6, "chosen_on": "valid"}
+        (metrics_dir() / "bleu.json").parent.mkdir(parents=True, exist_ok=True)
+        (metrics_dir() / "bleu.json").write_text(json.dumps(report))
+        Path(args[0]).write_text("scored")
+    elif mode == "track":                     # track OUT: a child MLflow run like a real stage
+        from pipeline.tracking import stage_run
+        stage = os.environ["DVC_STAGE"]
+        with stage_run(stage) as run:
+            run.set_tags({"seen_flow_run_id": os.environ.get("NMT_PREFECT_FLOW_RUN_ID", "")})
+        metrics_dir().mkdir(parents=True, exist_ok=True)
+        (metrics_dir() / f"{stage}.json").write_text(json.dumps({"mlflow_run_id": run.run_id}))
+        Path(args[0]).write_text("tracked")
+''')
+
+PIPELINE = {
+    "prep": {"cmd": "python toy.py write prep.txt", "deps": ["toy.py"], "outs": ["prep.txt"]},
+    "build": {"cmd": "python toy.py write build.txt prep.txt", "deps": ["toy.py", "prep.txt"],
+              "outs": ["build.txt"]},
+    "score": {"cmd": "python toy.py bleu score.txt", "deps": ["toy.py", "build.txt"], "outs": ["score.txt"]},
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_api() -> Iterator[None]:
+    """One real Prefect API (temporary SQLite) for the whole session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+
+def make_repo(root: Path, stages: dict[str, dict], repo_root: Path) -> Path:
+    """A git + DVC repo with ``toy.py``, the project's params.yaml and profiles, and ``stages``."""
+    repo = root / "toy"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@example.com")
+    _git(repo, "config", "user.name", "test")
+    subprocess.run(["dvc", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["dvc", "config", "core.check_update", "false"], cwd=repo, check=True)
+    (repo / "toy.py").write_text(TOY)
+    shutil.copy(repo_root / "params.yaml", repo / "params.yaml")
+    shutil.copytree(repo_root / "profiles", repo / "profiles")
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "toy pipeline")
+    return repo
+
+
+def _alive(pid: int) -> bool:
+    """A process exists and is not a zombie (an unreaped zombie has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def _wait_dead(pids: list[int], limit_s: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + limit_s
+    while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
+
+
+def _artifact(flow_run_id: object) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[ARTIFACT_KEY])),
+                                     flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    assert len(arts) == 1
+    return str(arts[0].data)
+
+
+def test_status_parsing_matches_dvc_messages() -> None:
+    assert stage_status("a", ["Running stage 'a':", "> python x"]) == "ran"
+    assert stage_status("a", ["Stage 'a' didn't change, skipping"]) == "skipped"
+    assert stage_status("a", ["Stage 'a' is cached - skipping run, checking out outputs"]) == "restored"
+    assert stage_status("a", ["Restored stage 'a' from run-cache"]) == "restored"
+    assert stage_status("a", ["Running stage 'ab':"]) == "unknown"
+
+
+def test_runs_then_skips_then_restores_with_report(tmp_path: Path, repo_root: Path) -> None:
+    repo = make_repo(tmp_path, PIPELINE, repo_root)
+    state = wmt14_pipeline(repo=str(repo), profile="tiny", return_state=True)
+    first = state.result()
+    assert [(s["stage"], s["status"]) for s in first["stages"]] == [("prep", "ran"), ("build", "ran"),
+                                                                    ("score", "ran")]
+    assert (repo / "build.txt").read_text() == "xx"
+    assert yaml.safe_load((repo / "params.yaml").read_text())["profile"] == "tiny"  # nmt profile tiny ran
+    md = _artifact(state.state_details.flow_run_id)
+    assert md == first["markdown"]
+    assert "| prep | ran |" in md and "| score | ran |" in md
+    assert "| test | bleu | 27.31 | `nrefs:1|case:mixed" not in md  # pipes in cells are escaped
+    assert "| test | bleu | 27.31 |" in md and "| valid | chrf | 50.00 |" in md and "Beam 4, alpha 0.6" in md
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    assert first["git_commit"] == commit and f"`{commit}`" in md
+    assert "tracking off" in md
+
+    second = wmt14_pipeline(repo=str(repo), stages=["score", "prep"])  # any order in, pipeline order out
+    assert [(s["stage"], s["status"]) for s in second["stages"]] == [("prep", "skipped"), ("score", "skipped")]
+
+    (repo / "build.txt").unlink()
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    del lock["stages"]["build"]
+    (repo / "dvc.lock").write_text(yaml.safe_dump(lock))
+    third = wmt14_pipeline(repo=str(repo), stages=["build"])
+    assert third["stages"][0]["status"] == "restored"  # DVC's run cache, not Prefect's
+    forced = wmt14_pipeline(repo=str(repo), stages=["build"], force=True)
+    assert forced["stages"][0]["status"] == "ran"
+
+
+def test_unknown_stage_is_named(tmp_path: Path, repo_root: Path) -> None:
+    repo = make_repo(tmp_path, PIPELINE, repo_root)
+    assert dvc_stages(repo) == ["prep", "build", "score"]
+    with pytest.raises(PipelineError, match=r"no stage 'trian'; known: prep, build, score"):
+        wmt14_pipeline(repo=str(repo), stages=["trian"])
+
+
+def test_transient_failure_succeeds_on_retry(tmp_path: Path, repo_root: Path) -> None:
+    stages = {"flaky": {"cmd": "python toy.py flaky marker.txt out.txt", "deps": ["toy.py"], "outs": ["out.txt"]}}
+    repo = make_repo(tmp_path, stages, repo_root)
+    out = wmt14_pipeline(repo=str(repo), retries={"flaky": 1}, retry_delay_s={"flaky": 0})
+    assert out["stages"] == [{"stage": "flaky", "status": "ran", "duration_s": out["stages"][0]["duration_s"],
+                              "attempts": 2}]
+    assert (repo / "out.txt").read_text() == "ok"
+
+
+def test_permanent_failure_names_stage_exit_code_and_stderr_tail(tmp_path: Path, repo_root: Path) -> None:
+    stages = {**{"prep": PIPELINE["prep"]},
+              "broken": {"cmd": "python toy.py fail", "deps": ["prep.txt"], "outs": ["never.txt"]},
+              "after": {"cmd": "python toy.py write after.txt never.txt", "deps": ["never.txt"],
+                        "outs": ["after.txt"]}}
+    repo = make_repo(tmp_path, stages, repo_root)
+    state = wmt14_pipeline(repo=str(repo), return_state=True)
+    assert state.is_failed()
+    with pytest.raises(StageFailed) as info:
+        state.result()
+    msg = str(info.value)
+    assert "stage 'broken' failed with exit code" in msg and info.value.returncode != 0
+    assert "err line 29" in msg and "err line 12" in msg and "err line 9\n" not in msg  # the last ~20 lines
+    assert "exited with 7" in msg  # DVC's own error line carries the command's exit code
+    assert not (repo / "after.txt").exists()  # later stages never ran
+    md = _artifact(state.state_details.flow_run_id)
+    assert "| prep | ran |" in md and "| broken | failed (exit " in md and "after" not in md.split("## BLEU")[0]
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path: Path, repo_root: Path) -> None:
+    stages = {"hang": {"cmd": "python toy.py spawn pids.txt", "deps": ["toy.py"], "outs": ["never.txt"]}}
+    repo = make_repo(tmp_path, stages, repo_root)
+    started = time.monotonic()
+    with pytest.raises(StageFailed, match=r"stage 'hang' timed out after \d+ s \(process group killed\)"):
+        wmt14_pipeline(repo=str(repo), timeouts_s={"hang": 4}, kill_grace_s=2)
+    assert time.monotonic() - started < 30
+    child, stage_pid = map(int, (repo / "pids.txt").read_text().split())
+    assert _wait_dead([child, stage_pid]) == []
+
+
+def test_sigterm_to_the_flow_process_ends_the_stage_group(tmp_path: Path, repo_root: Path) -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    stages = {"hang": {"cmd": "python toy.py spawn pids.txt", "deps": ["toy.py"], "outs": ["never.txt"]}}
+    repo = make_repo(tmp_path, stages, repo_root)
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(repo_root)}
+    proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline", "--repo", str(repo), "--kill-grace", "3"],
+                            cwd=repo_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (repo / "pids.txt").exists():
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            assert time.monotonic() < deadline, "stage never started"
+            time.sleep(0.2)
+        child, stage_pid = map(int, (repo / "pids.txt").read_text().split())
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0].decode()
+        assert proc.returncode != 0, output
+        assert _wait_dead([child, stage_pid]) == [], output
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_tracking_links_parent_child_and_tags_lock_md5(tmp_path: Path, repo_root: Path,
+                                                       mlflow_sqlite: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.runner import stage_lock_md5
+
+    stages = {"tracked": {"cmd": "python toy.py track out.txt", "deps": ["toy.py"], "outs": ["out.txt"]}}
+    repo = make_repo(tmp_path, stages, repo_root)
+    state = wmt14_pipeline(repo=str(repo), return_state=True)
+    out = state.result()
+    client = MlflowClient(tracking_uri=mlflow_sqlite)
+    parent = client.get_run(out["mlflow_run_id"])
+    metrics = json.loads((repo / "metrics" / "paper" / "tracked.json").read_text())
+    child = client.get_run(metrics["mlflow_run_id"])
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    flow_run_id = str(state.state_details.flow_run_id)
+    assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert child.data.tags["dvc_lock_md5"] == stage_lock_md5(lock, "tracked")
+    assert child.data.tags["seen_flow_run_id"] == flow_run_id  # reached the stage through its env
+    assert parent.data.tags["prefect.flow_run_id"] == flow_run_id
+    assert parent.data.tags["produced_by.tracked"] == child.info.run_id
+    assert "MLFLOW_PARENT_RUN_ID" not in os.environ  # only the subprocess saw it
+    assert f"`{parent.info.run_id}`" in out["markdown"]
