@@ -150,15 +150,6 @@ def barrier() -> None:
         dist.barrier()
 
 
-def broadcast_object(obj: object, src: int = 0) -> object:
-    """Rank ``src``'s ``obj`` on every rank (pickled; for small values only)."""
-    if not _active():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
 def shutdown() -> None:
     """Leave the process group if one was joined (safe to call twice)."""
     if dist.is_available() and dist.is_initialized():

@@ -75,7 +75,8 @@ def test_unwrap_strips_ddp_and_compile_prefixes():
 def test_pickled_objects_are_refused(tmp_path):
     folder = _save(tmp_path, 1)
     torch.save({"w": torch.zeros(1), "obj": Path("x")}, folder / "model.pt")  # not weights-only
-    expected = r"model.pt: cannot be loaded with weights_only=True \(UnpicklingError: .*Unsupported global: .*move .* away"
+    expected = (r"model.pt: cannot be loaded with weights_only=True \(UnpicklingError: .*Unsupported global: "
+                r".*move .* away")
     with pytest.raises(CheckpointError, match=expected):
         checkpoint.load_tensors(folder, checkpoint.MODEL)
 

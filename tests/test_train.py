@@ -6,7 +6,6 @@ model is a real tiny SentencePiece model (its piece count is the vocabulary size
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
