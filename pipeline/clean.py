@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "valid", "test")
 LANGS = ("en", "de")
 RULES = ("empty", "too_short", "too_long", "ratio", "copy", "duplicate")
-_BATCH = 65536
+_BATCH = 16384  # pairs per batch: large enough for numpy, small enough to keep RSS flat
 _LOG_EVERY_S = 10.0
 
 
@@ -92,12 +92,14 @@ class DigestSet:
         return self._n
 
     def _grow(self) -> None:
-        keys = self._keys[self._used]
-        cap = 2 * len(self._used)
+        old_keys, old_used = self._keys, self._used
+        cap = 2 * len(old_used)
         self._keys = np.zeros((cap, 2), dtype=np.uint64)
         self._used = np.zeros(cap, dtype=bool)
         self._n = 0
-        self._insert_unique(keys)
+        step = 1 << 18  # rehash in chunks: no full copy of the old keys
+        for i in range(0, len(old_used), step):
+            self._insert_unique(old_keys[i:i + step][old_used[i:i + step]])
 
     def _insert_unique(self, keys: np.ndarray) -> np.ndarray:
         """Insert distinct ``keys`` [m, 2]; return a mask of those that were not present."""
