@@ -277,11 +277,12 @@ def _log_interval(run: Run, progress: Progress, iv: _Interval, last: dict[str, f
     return row
 
 
-def _should_stop(run: Run, progress: Progress, t0: float) -> bool:
+def _should_stop(run: Run, progress: Progress, t0: float, *, timed: bool = True) -> bool:
+    """Whether a limit is reached; the time limit (agreed over ranks) only when ``timed``."""
     cfg = run.cfg
     if progress.step >= cfg.max_steps or (cfg.max_epochs and progress.epoch >= cfg.max_epochs):
         return True
-    if cfg.max_minutes > 0:
+    if timed and cfg.max_minutes > 0:
         elapsed = torch.tensor([time.monotonic() - t0], dtype=torch.float64, device=run.ctx.device)
         return float(distributed.all_reduce_max(elapsed)) >= cfg.max_minutes * 60
     return False
@@ -291,12 +292,12 @@ def fit(run: Run, progress: Progress, *, run_dir: Path, tracker) -> None:
     """Train until max_steps, max_epochs or max_minutes; validate, log and checkpoint on the way."""
     clock = _Clock(t0=time.monotonic(), start_step=progress.step)
     run.model.train()
-    while not _should_stop(run, progress, clock.t0):
+    while not _should_stop(run, progress, clock.t0, timed=False):  # time is checked after each step
         with contextlib.closing(_epoch_steps(run, progress)) as steps:
             for micro_batches in steps:
                 _one_step(run, progress, micro_batches, run_dir=run_dir, tracker=tracker, clock=clock)
                 if _should_stop(run, progress, clock.t0):
-                    break
+                    return
 
 
 @dataclass

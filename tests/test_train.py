@@ -283,3 +283,27 @@ def test_launch_builds_torchrun_commands_from_the_environment(monkeypatch):
     monkeypatch.setenv("NMT_NPROC", "zero")
     with pytest.raises(PipelineError, match=r"NMT_NPROC='zero': expected an integer >= 1"):
         launch.torchrun_command([])
+
+
+@pytest.mark.slow
+def test_mlflow_run_is_continued_on_resume(workspace, tmp_path, mlflow_sqlite):
+    from mlflow.tracking import MlflowClient
+
+    first = run_inprocess(tiny_params(tmp_path, workspace, max_steps=4), tmp_path)
+    second = run_inprocess(tiny_params(tmp_path, workspace, max_steps=6), tmp_path)
+    assert first["mlflow_run_id"] and second["mlflow_run_id"] == first["mlflow_run_id"]
+    client = MlflowClient(mlflow_sqlite)
+    run = client.get_run(first["mlflow_run_id"])
+    assert run.data.params["train.max_tokens"] == "96" and run.data.params["model.vocab_size"] == "60"
+    assert run.info.status == "FINISHED"
+    for key in ("train_loss", "train_ppl", "lr", "grad_norm", "tgt_tokens_per_s", "tgt_tokens_per_step"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == list(range(1, 7)), key
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "valid_loss")] == [3, 4, 6]
+
+
+@pytest.mark.parametrize(("limits", "steps"), [({"max_epochs": 1}, 7), ({"max_minutes": 1e-6}, 1)])
+def test_epoch_and_time_limits_stop_the_run(workspace, tmp_path, limits, steps):
+    # 13 micro-batches per epoch, 2 per step: the first epoch has 7 steps (the last one half empty).
+    metrics = run_inprocess(tiny_params(tmp_path, workspace, max_steps=100, valid_every_steps=50, **limits), tmp_path)
+    assert metrics["step"] == steps and metrics["micro_batches"] == 13
+    assert checkpoint.latest(tmp_path / "runs").name == f"step-{steps:08d}"
