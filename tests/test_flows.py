@@ -274,3 +274,80 @@ def test_tracking_links_parent_child_and_tags_lock_md5(tmp_path: Path, repo_root
     assert parent.data.tags["produced_by.tracked"] == child.info.run_id
     assert "MLFLOW_PARENT_RUN_ID" not in os.environ  # only the subprocess saw it
     assert f"`{parent.info.run_id}`" in out["markdown"]
+
+
+def _read_deployment(name: str) -> object:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_deployment_by_name(f"wmt14-pipeline/{name}")
+
+
+def test_deploy_registers_schedule_pool_limit_and_pull_steps_that_work(tmp_path: Path, repo_root: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.deployments.steps.core import run_steps
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    from flows.deploy import deploy, head_commit
+
+    repo = make_repo(tmp_path, PIPELINE, repo_root)
+    subprocess.run(["dvc", "remote", "add", "-d", "store", str(tmp_path / "dvc-remote")], cwd=repo, check=True)
+    subprocess.run(["dvc", "repro", "-q"], cwd=repo, check=True)
+    subprocess.run(["dvc", "push", "-q"], cwd=repo, check=True)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "lock")
+    commit = head_commit(str(repo))
+    first = deploy(repository=str(repo), commit=commit, name="test-deploy", cron="0 2 * * 6")
+    assert deploy(repository=str(repo), commit=commit, name="test-deploy") == first  # an update, not a copy
+    dep = _read_deployment("test-deploy")
+    assert dep.work_pool_name == "gpu-pool" and dep.entrypoint == "flows/pipeline.py:wmt14_pipeline"
+    assert [s.schedule.cron for s in dep.schedules] == ["0 2 * * 6"]
+    assert dep.global_concurrency_limit.limit == 1
+    assert dep.concurrency_options.collision_strategy.value == "ENQUEUE"
+    assert dep.parameters["profile"] == "paper"
+    with get_client(sync_client=True) as client:
+        assert client.read_work_pool("gpu-pool").type == "process"
+
+    # What a worker does before the flow: clone at the commit, cd into it, dvc pull.
+    work = tmp_path / "worker"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    outputs = run_coro_as_sync(run_steps(dep.pull_steps))
+    clone = Path(outputs["directory"])
+    assert clone.parent == work and Path.cwd() == clone
+    assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True,
+                          check=True).stdout.strip() == commit
+    assert (clone / "build.txt").read_text() == "xx"  # fetched from the DVC remote, not rebuilt
+
+
+def test_prefect_yaml_deploys_the_commit_it_was_run_at(tmp_path: Path, repo_root: Path) -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.deploy import head_commit
+
+    proj = tmp_path / "proj"
+    shutil.copytree(repo_root / "flows", proj / "flows", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(repo_root / "prefect.yaml", proj / "prefect.yaml")
+    _git(proj, "init", "-q")
+    _git(proj, "config", "user.email", "t@example.com")
+    _git(proj, "config", "user.name", "test")
+    _git(proj, "remote", "add", "origin", "https://git.example.com/nmt/wmt14.git")
+    _git(proj, "add", "-A")
+    _git(proj, "commit", "-qm", "deploy me")
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    subprocess.run([prefect, "work-pool", "create", "gpu-pool", "--type", "process", "--overwrite"], cwd=proj,
+                   env=env, check=True, capture_output=True)
+    done = subprocess.run([prefect, "--no-prompt", "deploy", "--all"], cwd=proj, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    dep = _read_deployment("nightly")
+    clone = dep.pull_steps[0]["prefect.deployments.steps.git_clone"]
+    assert clone["repository"] == "https://git.example.com/nmt/wmt14.git"
+    assert clone["commit_sha"] == head_commit(str(proj))
+    assert dep.pull_steps[2]["prefect.deployments.steps.run_shell_script"]["script"] == "dvc pull --allow-missing"
+    assert [(s.schedule.cron, s.schedule.timezone) for s in dep.schedules] == [("0 2 * * 6", "UTC")]
+    assert dep.global_concurrency_limit.limit == 1 and dep.work_pool_name == "gpu-pool"
+    assert dep.parameters["timeouts_s"]["train"] == 172800
+    assert dep.job_variables["env"]["NMT_NPROC"] == "8"
