@@ -103,9 +103,7 @@ def _setup(cfg: TrainConfig, model_cfg: ModelConfig, seed: int, shards_dir: Path
         raise DataError(f"{shards_dir}: the train split is empty; check the clean/encode stages' metrics")
     batches = batching.plan_batches(ids, batching.token_lengths(src_len, tgt_len), max_tokens=cfg.max_tokens,
                                     seed=seed)
-    v_ids, v_src, v_tgt = valid.lengths()
-    valid_batches = batching.plan_batches(v_ids, batching.token_lengths(v_src, v_tgt), max_tokens=cfg.max_tokens,
-                                          seed=None)
+    valid_batches = _valid_plan(valid, cfg.max_tokens, tcfg.max_positions)
     torch.manual_seed(seed)  # identical initial weights on every rank and device
     model = Transformer(tcfg).to(ctx.device)
     fused = {"fused": True} if ctx.device.type == "cuda" else {}
@@ -118,6 +116,18 @@ def _setup(cfg: TrainConfig, model_cfg: ModelConfig, seed: int, shards_dir: Path
                                                                         cfg.max_tokens),
                config={"model": tcfg.to_dict(), "train": section_dict(cfg), "seed": seed}, shards_sha256=sha,
                flops_per_token=flops)
+
+
+def _valid_plan(valid: ShardSet, max_tokens: int, max_positions: int) -> list[np.ndarray]:
+    """Valid batches (never length-filtered upstream): pairs beyond the position table are skipped."""
+    ids, src_len, tgt_len = valid.lengths()
+    lengths = batching.token_lengths(src_len, tgt_len)
+    fits = lengths <= max_positions
+    if not fits.all():
+        log.warning("validation skips %d of %d pairs longer than model.max_positions (%d)", int((~fits).sum()),
+                    len(ids), max_positions)
+    budget = max(max_tokens, int(lengths[fits].max(initial=0)))
+    return batching.plan_batches(ids[fits], lengths[fits], max_tokens=budget, seed=None)
 
 
 def _resume(run: Run, run_dir: Path) -> tuple[Progress, str | None, int | None]:
@@ -198,7 +208,8 @@ def _train_step(run: Run, micro_batches: list, progress: Progress) -> dict[str, 
         raise PipelineError(
             f"train step {step}: non-finite {'loss' if not math.isfinite(loss_sum) else 'gradient norm'} "
             f"(loss sum {loss_sum}, grad norm {norm}); the optimizer step was not taken. Lower train.lr_scale, "
-            f"set train.clip_norm (e.g. 1.0), or check the data; the run resumes from the last checkpoint.")
+            "set train.clip_norm (e.g. 1.0) or check the data, then move paths.train away and retrain "
+            "(checkpoints resume only under the configuration that wrote them).")
     lr = inverse_sqrt_lr(step, model.cfg.d_model, run.cfg.warmup_steps, run.cfg.lr_scale)
     for group in run.optim.param_groups:
         group["lr"] = lr
