@@ -225,7 +225,8 @@ def run_tasks(tasks: list[ShardTask], workers: int) -> list[dict]:
         for i, task in enumerate(tasks):
             progress(i, encode_shard(task))
         return results  # type: ignore[return-value]
-    ctx = multiprocessing.get_context("forkserver")
+    ctx = multiprocessing.get_context("forkserver")  # no fork of a process that may hold tracking threads
+    ctx.set_forkserver_preload(["pipeline.encode"])  # workers fork from a server that imported this module
     with cf.ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx) as pool:
         futures = {pool.submit(encode_shard, t): i for i, t in enumerate(tasks)}
         for fut in cf.as_completed(futures):
@@ -291,6 +292,8 @@ def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shar
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m pipeline.encode [--params params.yaml]``."""
     def body(params: Params, args: argparse.Namespace) -> None:
+        from pipeline.encode import stage  # the importable module (not __main__), so workers can unpickle tasks
+
         stage(params.encode, clean_dir=params.paths.clean, bpe_dir=params.paths.bpe,
               shards_dir=params.paths.shards, metrics_path=Path(params.paths.metrics) / "encode.json")
 
