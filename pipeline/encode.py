@@ -70,6 +70,8 @@ class ShardTask:
     tgt_path: str
     src_offset: int
     tgt_offset: int
+    src_end: int  # byte offset where the next shard starts; -1: end of file
+    tgt_end: int
     spm_model: str
     spm_sha256: str
     max_len: int | None  # None: keep every line (valid/test)
@@ -103,20 +105,25 @@ def _line_offsets(path: Path, every: int) -> tuple[list[int], int]:
     return offsets, n
 
 
-def _read_block(path: str, offset: int, count: int, first_line: int) -> list[str]:
-    """``count`` lines of ``path`` starting at byte ``offset`` (line ``first_line``, 0-based)."""
+def _read_block(path: str, start: int, end: int, count: int, first_line: int) -> list[str]:
+    """The ``count`` lines in bytes ``[start, end)`` of ``path`` (``end`` -1: to EOF), read in one go.
+
+    ``first_line`` (0-based) is the line id at ``start``, for error messages.
+    """
     with open(path, "rb") as fh:
-        fh.seek(offset)
-        raw = list(itertools.islice(fh, count))
+        fh.seek(start)
+        raw = fh.read(end - start if end >= 0 else -1)
     try:
-        return [line.decode("utf-8").removesuffix("\n") for line in raw]
-    except UnicodeDecodeError:
-        for i, line in enumerate(raw):
-            try:
-                line.decode("utf-8")
-            except UnicodeDecodeError:
-                raise DataError(f"{path}:{first_line + i + 1}: invalid UTF-8; rerun `dvc repro clean`") from None
-        raise
+        lines = raw.decode("utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        line = first_line + raw.count(b"\n", 0, exc.start) + 1
+        raise DataError(f"{path}:{line}: invalid UTF-8; rerun `dvc repro clean`") from None
+    if lines and lines[-1] == "":
+        lines.pop()  # the text ends with a newline
+    if len(lines) != count:
+        raise DataError(f"{path}: expected {count} lines from line {first_line + 1}, found {len(lines)}; "
+                        "the file changed during encoding, rerun `dvc repro encode`")
+    return lines
 
 
 @functools.lru_cache(maxsize=4)
@@ -150,10 +157,10 @@ def encode_shard(task: ShardTask) -> dict:
     vocab = sp.get_piece_size()
     dtype = np.dtype(token_type(vocab).to_pandas_dtype())
     count = task.line_end - task.line_start
-    src, src_len = encode_lines(sp, _read_block(task.src_path, task.src_offset, count, task.line_start),
-                                task.threads, dtype)
-    tgt, tgt_len = encode_lines(sp, _read_block(task.tgt_path, task.tgt_offset, count, task.line_start),
-                                task.threads, dtype)
+    src, src_len = encode_lines(
+        sp, _read_block(task.src_path, task.src_offset, task.src_end, count, task.line_start), task.threads, dtype)
+    tgt, tgt_len = encode_lines(
+        sp, _read_block(task.tgt_path, task.tgt_offset, task.tgt_end, count, task.line_start), task.threads, dtype)
     keep = None
     if task.max_len is not None:
         keep = (src_len <= task.max_len) & (tgt_len <= task.max_len)
@@ -195,15 +202,17 @@ def plan_tasks(cfg: EncodeConfig, clean_dir: Path, spm_model: Path, spm_sha256: 
         if n_src != n_tgt:
             raise DataError(f"{src} has {n_src} lines but {tgt} has {n_tgt}: not aligned; rerun `dvc repro clean`")
         lines[split] = n_src
-        for k, (so, to) in enumerate(zip(src_offs, tgt_offs)):
-            specs.append((split, k, src, tgt, so, to, n_src))
+        src_ends, tgt_ends = src_offs[1:] + [-1], tgt_offs[1:] + [-1]
+        for k, offs in enumerate(zip(src_offs, tgt_offs, src_ends, tgt_ends)):
+            specs.append((split, k, src, tgt, offs, n_src))
     threads = max(1, (os.cpu_count() or 1) // max(1, min(workers, len(specs))))
     tasks = [ShardTask(split=split, index=k, line_start=k * cfg.shard_rows,
                        line_end=min(n, (k + 1) * cfg.shard_rows), src_path=str(src), tgt_path=str(tgt),
-                       src_offset=so, tgt_offset=to, spm_model=str(spm_model), spm_sha256=spm_sha256,
+                       src_offset=offs[0], tgt_offset=offs[1], src_end=offs[2], tgt_end=offs[3],
+                       spm_model=str(spm_model), spm_sha256=spm_sha256,
                        max_len=cfg.max_len if split == "train" else None,
                        out_path=str(out_dir / f"{split}/part-{k:05d}.parquet"), threads=threads)
-             for split, k, src, tgt, so, to, n in specs if n > k * cfg.shard_rows]
+             for split, k, src, tgt, offs, n in specs if n > k * cfg.shard_rows]
     return tasks, lines
 
 
