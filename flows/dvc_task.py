@@ -182,11 +182,13 @@ def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str]
 
     def on_stdout(line: str) -> None:
         stdout_lines.append(line)
-        out.info("%s", line)
+        if line.strip():
+            out.info("%s", line)
 
     def on_stderr(line: str) -> None:
-        stderr_tail.append(line)
-        out.info("%s", line)
+        if line.strip():
+            stderr_tail.append(line)
+            out.info("%s", line)
 
     start = time.monotonic()
     proc = subprocess.Popen(list(args), cwd=cwd, env=dict(env) if env is not None else None,

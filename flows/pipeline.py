@@ -168,6 +168,27 @@ def _stage_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def _run_stages(selected: list[str], settings: RunSettings, *, retries: dict[str, int], delays: dict[str, float],
+                timeouts_s: dict[str, float], metrics_dir: Path | None, parent: tracking.StageRun,
+                outcomes: list[StageOutcome]) -> None:
+    """Run the stage tasks in order, appending each outcome (also of the one that fails) to ``outcomes``."""
+    root = Path(settings.repo)
+    for stage in selected:
+        started = time.monotonic()
+        runner = repro_stage.with_options(retries=retries.get(stage, 0), retry_delay_seconds=delays.get(stage, 0.0))
+        try:
+            outcome = runner(stage, settings, timeouts_s.get(stage))
+        except BaseException as exc:
+            failed = exc if isinstance(exc, StageFailed) else None
+            outcomes.append(StageOutcome(
+                stage=stage, status=f"failed (exit {failed.returncode})" if failed else "interrupted",
+                duration_s=round(time.monotonic() - started, 2),
+                attempts=retries.get(stage, 0) + 1 if failed else 1))
+            raise
+        outcomes.append(outcome)
+        _tag_stage(root, metrics_dir, stage, parent)
+
+
 @flow(name=FLOW_NAME)
 def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile: str | None = None,
                    repo: str = ".", timeouts_s: dict[str, float] | None = None,
@@ -198,7 +219,6 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
     flat, profile_name, metrics_dir = _load_params(root)
     retries = {**DEFAULT_RETRIES, **(retries or {})}
     delays = {**DEFAULT_RETRY_DELAY_S, **(retry_delay_s or {})}
-    timeouts_s = timeouts_s or {}
     git = tracking.git_tags(root)
     outcomes: list[StageOutcome] = []
     tags = {"prefect.flow_run_id": str(flow_run_ctx.id or ""), "prefect.deployment": str(deployment_ctx.name or ""),
@@ -207,26 +227,17 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
         settings = RunSettings(repo=str(root), force=force, extra_env=_run_ids(parent.run_id), grace_s=kill_grace_s)
         failure: BaseException | None = None
         try:
-            for stage in selected:
-                started = time.monotonic()
-                runner = repro_stage.with_options(retries=retries.get(stage, 0),
-                                                  retry_delay_seconds=delays.get(stage, 0.0))
-                try:
-                    outcome = runner(stage, settings, timeouts_s.get(stage))
-                except StageFailed as exc:
-                    outcomes.append(StageOutcome(stage=stage, status=f"failed (exit {exc.returncode})",
-                                                 duration_s=round(time.monotonic() - started, 2),
-                                                 attempts=retries.get(stage, 0) + 1))
-                    failure = exc
-                    raise
-                outcomes.append(outcome)
-                _tag_stage(root, metrics_dir, stage, parent)
+            _run_stages(selected, settings, retries=retries, delays=delays, timeouts_s=timeouts_s or {},
+                        metrics_dir=metrics_dir, parent=parent, outcomes=outcomes)
+        except BaseException as exc:  # a stage failed, or SIGTERM/cancellation (TerminationSignal)
+            failure = exc
+            raise
         finally:
             kill_all_groups(grace_s=kill_grace_s)  # nothing may outlive the flow (cancellation, SIGTERM)
             bleu = _read_json(root / metrics_dir / "bleu.json") if metrics_dir else {}
             markdown = render_report(outcomes, bleu=bleu, mlflow_run_id=parent.run_id,
                                      tracking_uri=tracking.tracking_uri(root) if parent.run_id else None,
-                                     git=git, failure=str(failure) if failure else None)
+                                     git=git, failure=str(failure) or type(failure).__name__ if failure else None)
             try:
                 create_markdown_artifact(markdown, key=ARTIFACT_KEY, description=f"{FLOW_NAME}: stages, BLEU, lineage")
             except Exception as exc:  # noqa: BLE001 - the report must not mask the stage's own error

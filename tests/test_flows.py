@@ -14,13 +14,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from flows.dvc_task import stage_status
+from flows.dvc_task import live_process_groups, run_in_group, stage_status
 from flows.pipeline import ARTIFACT_KEY, StageFailed, dvc_stages, wmt14_pipeline
 from pipeline.errors import PipelineError
 
@@ -75,6 +75,8 @@ TOY = textwrap.dedent('''
         Path(args[0]).write_text("tracked")
 ''')
 
+MakeRepo = Callable[[dict[str, dict]], Path]
+
 PIPELINE = {
     "prep": {"cmd": "python toy.py write prep.txt", "deps": ["toy.py"], "outs": ["prep.txt"]},
     "build": {"cmd": "python toy.py write build.txt prep.txt", "deps": ["toy.py", "prep.txt"],
@@ -96,22 +98,33 @@ def _git(repo: Path, *args: str) -> None:
     subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
 
 
-def make_repo(root: Path, stages: dict[str, dict], repo_root: Path) -> Path:
-    """A git + DVC repo with ``toy.py``, the project's params.yaml and profiles, and ``stages``."""
-    repo = root / "toy"
+@pytest.fixture(scope="session")
+def _empty_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty git + DVC repo, made once (``dvc init`` is the slow part) and copied per test."""
+    repo = tmp_path_factory.mktemp("template") / "repo"
     repo.mkdir()
     _git(repo, "init", "-q")
     _git(repo, "config", "user.email", "t@example.com")
     _git(repo, "config", "user.name", "test")
     subprocess.run(["dvc", "init", "-q"], cwd=repo, check=True)
     subprocess.run(["dvc", "config", "core.check_update", "false"], cwd=repo, check=True)
-    (repo / "toy.py").write_text(TOY)
-    shutil.copy(repo_root / "params.yaml", repo / "params.yaml")
-    shutil.copytree(repo_root / "profiles", repo / "profiles")
-    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "toy pipeline")
     return repo
+
+
+@pytest.fixture
+def make_repo(tmp_path: Path, repo_root: Path, _empty_repo: Path) -> MakeRepo:
+    """Build a repo with ``toy.py``, the project's params.yaml and profiles, and the given stages."""
+    def make(stages: dict[str, dict]) -> Path:
+        repo = tmp_path / "toy"
+        shutil.copytree(_empty_repo, repo, symlinks=True)
+        (repo / "toy.py").write_text(TOY)
+        shutil.copy(repo_root / "params.yaml", repo / "params.yaml")
+        shutil.copytree(repo_root / "profiles", repo / "profiles")
+        (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-qm", "toy pipeline")
+        return repo
+    return make
 
 
 def _alive(pid: int) -> bool:
@@ -149,8 +162,19 @@ def test_status_parsing_matches_dvc_messages() -> None:
     assert stage_status("a", ["Running stage 'ab':"]) == "unknown"
 
 
-def test_runs_then_skips_then_restores_with_report(tmp_path: Path, repo_root: Path) -> None:
-    repo = make_repo(tmp_path, PIPELINE, repo_root)
+def test_group_runner_collapses_progress_and_reaps_leftover_members(tmp_path: Path) -> None:
+    script = ("import subprocess, sys; p = subprocess.Popen(['sleep', '60']); print(p.pid); "
+              "sys.stdout.write('10%\\r50%\\r100%\\n'); print('oops', file=sys.stderr)")
+    result = run_in_group([sys.executable, "-c", script], cwd=tmp_path, grace_s=2)
+    assert result.returncode == 0 and not result.timed_out
+    child = int(result.stdout_lines[0])
+    assert result.stdout_lines[1:] == ("100%",) and result.stderr_tail == ("oops",)
+    assert _wait_dead([child]) == []  # the leader exited cleanly; its leftover child is ended too
+    assert live_process_groups() == set()
+
+
+def test_runs_then_skips_then_restores_with_report(make_repo: MakeRepo) -> None:
+    repo = make_repo(PIPELINE)
     state = wmt14_pipeline(repo=str(repo), profile="tiny", return_state=True)
     first = state.result()
     assert [(s["stage"], s["status"]) for s in first["stages"]] == [("prep", "ran"), ("build", "ran"),
@@ -179,28 +203,28 @@ def test_runs_then_skips_then_restores_with_report(tmp_path: Path, repo_root: Pa
     assert forced["stages"][0]["status"] == "ran"
 
 
-def test_unknown_stage_is_named(tmp_path: Path, repo_root: Path) -> None:
-    repo = make_repo(tmp_path, PIPELINE, repo_root)
+def test_unknown_stage_is_named(make_repo: MakeRepo) -> None:
+    repo = make_repo(PIPELINE)
     assert dvc_stages(repo) == ["prep", "build", "score"]
     with pytest.raises(PipelineError, match=r"no stage 'trian'; known: prep, build, score"):
         wmt14_pipeline(repo=str(repo), stages=["trian"])
 
 
-def test_transient_failure_succeeds_on_retry(tmp_path: Path, repo_root: Path) -> None:
+def test_transient_failure_succeeds_on_retry(make_repo: MakeRepo) -> None:
     stages = {"flaky": {"cmd": "python toy.py flaky marker.txt out.txt", "deps": ["toy.py"], "outs": ["out.txt"]}}
-    repo = make_repo(tmp_path, stages, repo_root)
+    repo = make_repo(stages)
     out = wmt14_pipeline(repo=str(repo), retries={"flaky": 1}, retry_delay_s={"flaky": 0})
     assert out["stages"] == [{"stage": "flaky", "status": "ran", "duration_s": out["stages"][0]["duration_s"],
                               "attempts": 2}]
     assert (repo / "out.txt").read_text() == "ok"
 
 
-def test_permanent_failure_names_stage_exit_code_and_stderr_tail(tmp_path: Path, repo_root: Path) -> None:
+def test_permanent_failure_names_stage_exit_code_and_stderr_tail(make_repo: MakeRepo) -> None:
     stages = {**{"prep": PIPELINE["prep"]},
               "broken": {"cmd": "python toy.py fail", "deps": ["prep.txt"], "outs": ["never.txt"]},
               "after": {"cmd": "python toy.py write after.txt never.txt", "deps": ["never.txt"],
                         "outs": ["after.txt"]}}
-    repo = make_repo(tmp_path, stages, repo_root)
+    repo = make_repo(stages)
     state = wmt14_pipeline(repo=str(repo), return_state=True)
     assert state.is_failed()
     with pytest.raises(StageFailed) as info:
@@ -214,9 +238,9 @@ def test_permanent_failure_names_stage_exit_code_and_stderr_tail(tmp_path: Path,
     assert "| prep | ran |" in md and "| broken | failed (exit " in md and "after" not in md.split("## BLEU")[0]
 
 
-def test_timeout_kills_the_whole_process_group(tmp_path: Path, repo_root: Path) -> None:
+def test_timeout_kills_the_whole_process_group(make_repo: MakeRepo) -> None:
     stages = {"hang": {"cmd": "python toy.py spawn pids.txt", "deps": ["toy.py"], "outs": ["never.txt"]}}
-    repo = make_repo(tmp_path, stages, repo_root)
+    repo = make_repo(stages)
     started = time.monotonic()
     with pytest.raises(StageFailed, match=r"stage 'hang' timed out after \d+ s \(process group killed\)"):
         wmt14_pipeline(repo=str(repo), timeouts_s={"hang": 4}, kill_grace_s=2)
@@ -225,11 +249,11 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path, repo_root: Path) 
     assert _wait_dead([child, stage_pid]) == []
 
 
-def test_sigterm_to_the_flow_process_ends_the_stage_group(tmp_path: Path, repo_root: Path) -> None:
+def test_sigterm_to_the_flow_process_ends_the_stage_group(repo_root: Path, make_repo: MakeRepo) -> None:
     from prefect.settings import PREFECT_API_URL
 
     stages = {"hang": {"cmd": "python toy.py spawn pids.txt", "deps": ["toy.py"], "outs": ["never.txt"]}}
-    repo = make_repo(tmp_path, stages, repo_root)
+    repo = make_repo(stages)
     env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(repo_root)}
     proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline", "--repo", str(repo), "--kill-grace", "3"],
                             cwd=repo_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -251,14 +275,13 @@ def test_sigterm_to_the_flow_process_ends_the_stage_group(tmp_path: Path, repo_r
             proc.wait()
 
 
-def test_tracking_links_parent_child_and_tags_lock_md5(tmp_path: Path, repo_root: Path,
-                                                       mlflow_sqlite: str) -> None:
+def test_tracking_links_parent_child_and_tags_lock_md5(make_repo: MakeRepo, mlflow_sqlite: str) -> None:
     from mlflow.tracking import MlflowClient
 
     from pipeline.runner import stage_lock_md5
 
     stages = {"tracked": {"cmd": "python toy.py track out.txt", "deps": ["toy.py"], "outs": ["out.txt"]}}
-    repo = make_repo(tmp_path, stages, repo_root)
+    repo = make_repo(stages)
     state = wmt14_pipeline(repo=str(repo), return_state=True)
     out = state.result()
     client = MlflowClient(tracking_uri=mlflow_sqlite)
@@ -283,7 +306,7 @@ def _read_deployment(name: str) -> object:
         return client.read_deployment_by_name(f"wmt14-pipeline/{name}")
 
 
-def test_deploy_registers_schedule_pool_limit_and_pull_steps_that_work(tmp_path: Path, repo_root: Path,
+def test_deploy_registers_schedule_pool_limit_and_pull_steps_that_work(tmp_path: Path, make_repo: MakeRepo,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect.client.orchestration import get_client
     from prefect.deployments.steps.core import run_steps
@@ -291,7 +314,7 @@ def test_deploy_registers_schedule_pool_limit_and_pull_steps_that_work(tmp_path:
 
     from flows.deploy import deploy, head_commit
 
-    repo = make_repo(tmp_path, PIPELINE, repo_root)
+    repo = make_repo(PIPELINE)
     subprocess.run(["dvc", "remote", "add", "-d", "store", str(tmp_path / "dvc-remote")], cwd=repo, check=True)
     subprocess.run(["dvc", "repro", "-q"], cwd=repo, check=True)
     subprocess.run(["dvc", "push", "-q"], cwd=repo, check=True)
