@@ -261,7 +261,8 @@ def _parse_timeouts(items: list[str]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.pipeline``: run the flow once (Prefect's temporary server when no API URL is set)."""
-    parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=wmt14_pipeline.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", nargs="*", help="stages to run (default: all, in pipeline order)")
     parser.add_argument("--force", action="store_true", help="rerun even if DVC finds the stages up to date")
     parser.add_argument("--profile", help="write this profile's params.yaml first (tiny, demo, paper)")
