@@ -1,0 +1,183 @@
+"""Benchmark one training step: our Transformer vs ``torch.nn.Transformer`` of identical dimensions.
+
+Both models get the same batch (random ids, sentence lengths varied so padding is realistic), the
+same tied embedding + sinusoidal positions + output projection, the same label-smoothed loss
+summed over non-pad targets, Adam, and a full step (forward, loss, backward, optimizer step).
+The baseline uses ``nn.Transformer`` (batch_first, key-padding masks, causal mask) and
+``F.cross_entropy(label_smoothing=...)``. Repeats alternate the two models (A B, B A, ...) so
+that drift on a shared machine hits both; the table reports medians over repeats. Threads are
+pinned (``--threads``, interop 1). CUDA runs use bf16 autocast and fused Adam, as the stage does.
+
+Usage:
+    python benchmarks/train.py                                # CPU, small config
+    python benchmarks/train.py --device cuda --config base    # GPU, the paper's base model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from model import Transformer, TransformerConfig, label_smoothed_nll_loss  # noqa: E402
+
+CONFIGS = {  # dims, vocabulary, and the batch: sentences x max length (lengths vary in [max/2, max])
+    "small": {"d_model": 256, "n_heads": 4, "d_ff": 1024, "n_layers": 3, "vocab_size": 8000, "batch": 48,
+              "max_len": 32},
+    "base": {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6, "vocab_size": 37000, "batch": 256,
+             "max_len": 32},
+}
+EPS = 0.1
+PAD, BOS, EOS = 0, 2, 3
+
+
+class TorchBaseline(nn.Module):
+    """``nn.Transformer`` + tied scaled embeddings, sinusoidal positions and the output projection."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
+        pos = torch.arange(cfg.max_positions).unsqueeze(1)
+        div = torch.exp(torch.arange(0, cfg.d_model, 2) * (-math.log(10000.0) / cfg.d_model))
+        table = torch.zeros(cfg.max_positions, cfg.d_model)
+        table[:, 0::2], table[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
+        self.register_buffer("positions", table, persistent=False)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.core = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.n_layers, cfg.d_ff, cfg.dropout,
+                                   batch_first=True, norm_first=cfg.pre_norm)
+
+    def _emb(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.embed(x) * math.sqrt(self.cfg.d_model) + self.positions[: x.shape[1]])
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """src [B,S], tgt_in [B,T] -> logits [B,T,V]."""
+        t = tgt_in.shape[1]
+        causal = nn.Transformer.generate_square_subsequent_mask(t, device=src.device, dtype=torch.bool)
+        h = self.core(self._emb(src), self._emb(tgt_in), tgt_mask=causal, src_key_padding_mask=src.eq(PAD),
+                      tgt_key_padding_mask=tgt_in.eq(PAD), memory_key_padding_mask=src.eq(PAD), tgt_is_causal=True)
+        return F.linear(h, self.embed.weight)
+
+
+def make_batch(spec: dict, device: torch.device, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """(src, tgt_in, tgt_out) int64 with per-sentence lengths in [max_len/2, max_len], padded."""
+    g = torch.Generator().manual_seed(seed)
+    b, m, v = spec["batch"], spec["max_len"], spec["vocab_size"]
+    src = torch.full((b, m), PAD)
+    tgt_in, tgt_out = torch.full((b, m), PAD), torch.full((b, m), PAD)
+    for i in range(b):
+        ls, lt = (int(torch.randint(m // 2, m, (1,), generator=g)) for _ in range(2))
+        src[i, :ls] = torch.randint(4, v, (ls,), generator=g)
+        src[i, ls] = EOS
+        body = torch.randint(4, v, (lt,), generator=g)
+        tgt_in[i, 0], tgt_in[i, 1:lt + 1] = BOS, body
+        tgt_out[i, :lt], tgt_out[i, lt] = body, EOS
+    return src.to(device), tgt_in.to(device), tgt_out.to(device)
+
+
+def _ours_loss(model, src, tgt_in, tgt_out):
+    return label_smoothed_nll_loss(model(src, tgt_in), tgt_out, epsilon=EPS, ignore_index=PAD)[0]
+
+
+def _torch_loss(model, src, tgt_in, tgt_out):
+    logits = model(src, tgt_in)
+    return F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum",
+                           label_smoothing=EPS)
+
+
+def make_step(model: nn.Module, loss_fn, batch, device: torch.device):
+    """A closure running one full training step; returns nothing (syncs on CUDA)."""
+    fused = {"fused": True} if device.type == "cuda" else {}
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **fused)
+    n_tok = int(batch[2].ne(PAD).sum())
+
+    def step() -> None:
+        ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
+            "cpu", enabled=False)
+        with ctx:
+            loss = loss_fn(model, *batch)
+        (loss / n_tok).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    return step
+
+
+def measure(steps: dict, iters: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds per step for each model, ``repeats`` times, alternating the order."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    names = list(steps)
+    for name in names:  # warm up (allocator, kernels, first-touch)
+        for _ in range(2):
+            steps[name]()
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                steps[name]()
+            times[name].append((time.perf_counter() - t0) / iters)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print a markdown table, write the JSON."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--config", default=None, choices=sorted(CONFIGS), help="default: small on CPU, base on CUDA")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--iters", type=int, default=3, help="steps per timed repeat")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "train.json")
+    args = p.parse_args(argv)
+    name = args.config or ("base" if args.device == "cuda" else "small")
+    spec = CONFIGS[name]
+    torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    device = torch.device(args.device)
+    cfg = TransformerConfig(vocab_size=spec["vocab_size"], d_model=spec["d_model"], n_heads=spec["n_heads"],
+                            d_ff=spec["d_ff"], n_layers=spec["n_layers"], max_positions=256)
+    batch = make_batch(spec, device)
+    torch.manual_seed(0)
+    ours, base = Transformer(cfg).to(device).train(), TorchBaseline(cfg).to(device).train()
+    steps = {"ours": make_step(ours, _ours_loss, batch, device), "nn.Transformer": make_step(base, _torch_loss,
+                                                                                            batch, device)}
+    times = measure(steps, args.iters, args.repeats)
+    n_tok = int(batch[2].ne(PAD).sum())
+    med = {k: statistics.median(v) for k, v in times.items()}
+    rows = [(k, sum(p.numel() for p in m.parameters()), med[k] * 1e3, n_tok / med[k])
+            for k, m in (("ours", ours), ("nn.Transformer", base))]
+    ratio = med["nn.Transformer"] / med["ours"]
+    paired = statistics.median(b / a for a, b in zip(times["ours"], times["nn.Transformer"]))
+    table = ["| model | parameters | step ms (median) | target tok/s (median) |", "|---|---|---|---|"]
+    table += [f"| {k} | {n:,} | {ms:.1f} | {tps:,.0f} |" for k, n, ms, tps in rows]
+    table.append(f"\nratio ours / nn.Transformer (tokens/s): **{ratio:.3f}** (config {name}, {args.device}, "
+                 f"{args.threads} threads, batch {spec['batch']}x{spec['max_len']}, {n_tok} target tokens, "
+                 f"median of {args.repeats} alternating repeats x {args.iters} steps; median of per-repeat "
+                 f"ratios {paired:.3f})")
+    print("\n".join(table))
+    result = {"config": name, "spec": spec, "device": args.device, "threads": args.threads, "target_tokens": n_tok,
+              "repeats": args.repeats, "iters": args.iters, "seconds_per_step": times,
+              "median_seconds_per_step": med, "tgt_tokens_per_s": {k: n_tok / v for k, v in med.items()},
+              "ratio": ratio, "paired_ratio_median": paired, "torch": torch.__version__, "python": platform.python_version(),
+              "machine": platform.machine()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
