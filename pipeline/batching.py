@@ -12,6 +12,7 @@ whole state is ``(epoch, g)``, which is what a checkpoint stores.
 
 from __future__ import annotations
 
+import logging
 import math
 import queue
 import threading
@@ -23,6 +24,7 @@ import torch
 
 from pipeline.errors import DataError
 
+log = logging.getLogger(__name__)
 _PLAN_STREAM = 0x5EED_BA7C
 _EPOCH_STREAM = 0x5EED_E90C
 
@@ -72,6 +74,21 @@ def plan_batches(ids: np.ndarray, lengths: np.ndarray, *, max_tokens: int, seed:
     return batches
 
 
+def valid_plan(ids: np.ndarray, lengths: np.ndarray, *, max_tokens: int, max_positions: int) -> list[np.ndarray]:
+    """Batches of a split that is never length-filtered upstream (valid/test), in length order.
+
+    The budget grows to the longest pair that fits the model; pairs longer than ``max_positions``
+    are skipped with a warning (the model could not embed them).
+    """
+    ids, lengths = np.asarray(ids, np.int64), np.asarray(lengths, np.int64)
+    fits = lengths <= max_positions
+    if not fits.all():
+        log.warning("validation skips %d of %d pairs longer than model.max_positions (%d)", int((~fits).sum()),
+                    len(ids), max_positions)
+    budget = max(max_tokens, int(lengths[fits].max(initial=0)))
+    return plan_batches(ids[fits], lengths[fits], max_tokens=budget, seed=None)
+
+
 def epoch_order(n_batches: int, seed: int, epoch: int) -> np.ndarray:
     """The batch order of ``epoch``: a permutation of ``range(n_batches)`` from (seed, epoch)."""
     return np.random.default_rng([seed, _EPOCH_STREAM, epoch]).permutation(n_batches)
@@ -100,6 +117,29 @@ def rank_schedule(n_batches: int, *, start: int, rank: int, world_size: int, acc
         base = start + s * per_step
         out.append([g if (g := base + a * world_size + rank) < n_batches else None for a in range(accum)])
     return out
+
+
+def epoch_steps(batches: Sequence[np.ndarray], fetch, *, seed: int, epoch: int, start: int, rank: int,
+                world_size: int, accum: int, pin: bool = False, **ids) -> Iterator[list[Batch | None]]:
+    """This rank's micro-batches for each remaining step of ``epoch``, built ahead by a :class:`Prefetcher`.
+
+    Args:
+        batches: the frozen plan; fetch: ``ShardSet.fetch``; start: first global micro-batch index.
+        ids: ``pad_id``, ``bos_id``, ``eos_id`` for :func:`collate`.
+
+    Yields:
+        Lists of ``accum`` entries, each a :class:`Batch` or None (an empty micro-batch).
+    """
+    order = epoch_order(len(batches), seed, epoch)
+    schedule = rank_schedule(len(batches), start=start, rank=rank, world_size=world_size, accum=accum)
+    jobs = [(g, None if g is None else batches[order[g]]) for step in schedule for g in step]
+    pre = Prefetcher(fetch, jobs, pin=pin, **ids)
+    try:
+        items = iter(pre)
+        for _ in schedule:
+            yield [next(items) for _ in range(accum)]
+    finally:
+        pre.close()
 
 
 @dataclass

@@ -103,7 +103,9 @@ def _setup(cfg: TrainConfig, model_cfg: ModelConfig, seed: int, shards_dir: Path
         raise DataError(f"{shards_dir}: the train split is empty; check the clean/encode stages' metrics")
     batches = batching.plan_batches(ids, batching.token_lengths(src_len, tgt_len), max_tokens=cfg.max_tokens,
                                     seed=seed)
-    valid_batches = _valid_plan(valid, cfg.max_tokens, tcfg.max_positions)
+    v_ids, v_src, v_tgt = valid.lengths()
+    valid_batches = batching.valid_plan(v_ids, batching.token_lengths(v_src, v_tgt), max_tokens=cfg.max_tokens,
+                                        max_positions=tcfg.max_positions)
     torch.manual_seed(seed)  # identical initial weights on every rank and device
     model = Transformer(tcfg).to(ctx.device)
     fused = {"fused": True} if ctx.device.type == "cuda" else {}
@@ -116,18 +118,6 @@ def _setup(cfg: TrainConfig, model_cfg: ModelConfig, seed: int, shards_dir: Path
                                                                         cfg.max_tokens),
                config={"model": tcfg.to_dict(), "train": section_dict(cfg), "seed": seed}, shards_sha256=sha,
                flops_per_token=flops)
-
-
-def _valid_plan(valid: ShardSet, max_tokens: int, max_positions: int) -> list[np.ndarray]:
-    """Valid batches (never length-filtered upstream): pairs beyond the position table are skipped."""
-    ids, src_len, tgt_len = valid.lengths()
-    lengths = batching.token_lengths(src_len, tgt_len)
-    fits = lengths <= max_positions
-    if not fits.all():
-        log.warning("validation skips %d of %d pairs longer than model.max_positions (%d)", int((~fits).sum()),
-                    len(ids), max_positions)
-    budget = max(max_tokens, int(lengths[fits].max(initial=0)))
-    return batching.plan_batches(ids[fits], lengths[fits], max_tokens=budget, seed=None)
 
 
 def _resume(run: Run, run_dir: Path) -> tuple[Progress, str | None, int | None]:
@@ -159,20 +149,11 @@ def _autocast(device: torch.device):
 
 
 def _epoch_steps(run: Run, progress: Progress):
-    """Yield the micro-batches (``Batch`` or None) of each remaining step of the current epoch."""
-    order = batching.epoch_order(len(run.batches), run.seed, progress.epoch)
-    schedule = batching.rank_schedule(len(run.batches), start=progress.micro, rank=run.ctx.rank,
-                                      world_size=run.ctx.world_size, accum=run.accum)
-    jobs = [(g, None if g is None else run.batches[order[g]]) for step in schedule for g in step]
     cfg = run.model.cfg
-    pre = batching.Prefetcher(run.train.fetch, jobs, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
-                              pin=run.ctx.device.type == "cuda")
-    try:
-        items = iter(pre)
-        for _ in schedule:
-            yield [next(items) for _ in range(run.accum)]
-    finally:
-        pre.close()
+    return batching.epoch_steps(run.batches, run.train.fetch, seed=run.seed, epoch=progress.epoch,
+                                start=progress.micro, rank=run.ctx.rank, world_size=run.ctx.world_size,
+                                accum=run.accum, pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
+                                pin=run.ctx.device.type == "cuda")
 
 
 def _train_step(run: Run, micro_batches: list, progress: Progress) -> dict[str, float]:

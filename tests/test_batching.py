@@ -112,3 +112,11 @@ def test_prefetcher_yields_in_order_with_empty_slots_and_reraises_errors():
     with pytest.raises(KeyError):
         list(bad)
     bad.close()
+
+
+def test_valid_plan_skips_pairs_beyond_the_position_table_and_fits_long_ones(caplog):
+    ids, lengths = np.arange(6), np.array([3, 12, 5, 40, 9, 7])
+    kept = np.concatenate(batching.valid_plan(ids, lengths, max_tokens=4, max_positions=10))
+    assert sorted(kept.tolist()) == [0, 2, 4, 5] and "validation skips 2 of 6 pairs" in caplog.text
+    full = batching.valid_plan(ids, lengths, max_tokens=4, max_positions=64)  # budget grows to 40
+    assert sorted(np.concatenate(full).tolist()) == list(range(6))

@@ -308,16 +308,3 @@ def test_epoch_and_time_limits_stop_the_run(workspace, tmp_path, limits, steps):
     assert metrics["step"] == steps and metrics["micro_batches"] == 13
     assert checkpoint.latest(tmp_path / "runs").name == f"step-{steps:08d}"
 
-
-def test_validation_skips_pairs_beyond_the_position_table_and_fits_long_ones(workspace, caplog):
-    from pipeline.data import ShardSet
-    from pipeline.train import _valid_plan
-
-    valid = ShardSet(workspace["shards"], "valid")
-    ids, src, tgt = valid.lengths()
-    longest = int(np.maximum(src, tgt).max()) + 1
-    kept = np.concatenate(_valid_plan(valid, 4, 10))
-    assert sorted(kept.tolist()) == ids[np.maximum(src, tgt) + 1 <= 10].tolist()
-    assert "validation skips" in caplog.text
-    assert sorted(np.concatenate(_valid_plan(valid, 4, 128)).tolist()) == ids.tolist()  # budget grows to fit
-    assert longest > 4
