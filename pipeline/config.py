@@ -211,6 +211,11 @@ class Params:
                 f"train.max_tokens ({self.train.max_tokens}) must be >= encode.max_len + 1 ({longest}): "
                 "the longest allowed sentence would not fit in any micro-batch"
             )
+        if self.train.keep_last < self.average.last_n:
+            raise ValueError(
+                f"train.keep_last ({self.train.keep_last}) must be >= average.last_n ({self.average.last_n}): "
+                "averaging needs that many checkpoints"
+            )
         if self.model.max_positions < longest:
             raise ValueError(f"model.max_positions ({self.model.max_positions}) must be >= encode.max_len + 1")
 
