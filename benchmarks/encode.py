@@ -160,6 +160,7 @@ def run_measure(kind: str, work: Path, workers: int) -> dict:
     """Run :func:`measure` in a subprocess, sampling its process tree's RSS every 20 ms."""
     env = {**os.environ, **PINNED, "NMT_ENCODE_WORKERS": str(workers)}
     cmd = [sys.executable, __file__, "--measure", kind, "--work", str(work), "--workers", str(workers)]
+    load_before = os.getloadavg()[0]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     peak_one = peak_sum = 0
     while proc.poll() is None:
@@ -171,6 +172,7 @@ def run_measure(kind: str, work: Path, workers: int) -> dict:
         raise SystemExit(f"measurement {kind} failed with exit code {proc.returncode}")
     result = json.loads(out.strip().splitlines()[-1])
     return {**result, "pairs_per_s": result["pairs"] / result["seconds"],
+            "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "peak_rss_mib_process": peak_one / 1024, "peak_rss_mib_tree": peak_sum / 1024}
 
 
@@ -198,7 +200,7 @@ def bench_scale(data: Path, root: Path, copies: int, repeats: int, workers: int,
     out: dict = {"train_pairs_raw": pairs}
     for kind, rs in runs.items():
         out[kind] = {"pairs_per_s": statistics.median(r["pairs_per_s"] for r in rs), "pairs": rs[0]["pairs"],
-                     "seconds": [round(r["seconds"], 3) for r in rs],
+                     "seconds": [round(r["seconds"], 3) for r in rs], "loadavg_1m": [r["loadavg_1m"] for r in rs],
                      "peak_rss_mib_process": max(r["peak_rss_mib_process"] for r in rs),
                      "peak_rss_mib_tree": max(r["peak_rss_mib_tree"] for r in rs)}
     out["encode_vs_raw"] = statistics.median(e["pairs_per_s"] / r["pairs_per_s"]

@@ -49,17 +49,18 @@ def sha_tree(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def run_bpe(tmp_path: Path, clean: Path, name: str = "bpe", **kw: object) -> Path:
+def run_bpe(tmp_path: Path, clean: Path, name: str = "bpe", **kw: int) -> Path:
     out = tmp_path / name
-    bpe.stage(BpeConfig(vocab_size=kw.pop("vocab_size", 80), **kw), clean_dir=clean, bpe_dir=out,  # type: ignore[arg-type]
-              metrics_path=tmp_path / "metrics" / f"{name}.json")
+    cfg = BpeConfig(vocab_size=kw.pop("vocab_size", 80), **kw)
+    bpe.stage(cfg, clean_dir=clean, bpe_dir=out, metrics_path=tmp_path / "metrics" / f"{name}.json")
     return out
 
 
 def run_encode(tmp_path: Path, clean: Path, bpe_dir: Path, name: str = "shards", **kw: int) -> Path:
     out = tmp_path / name
     cfg = EncodeConfig(max_len=kw.get("max_len", 256), shard_rows=kw.get("shard_rows", 100))
-    encode.stage(cfg, clean_dir=clean, bpe_dir=bpe_dir, shards_dir=out, metrics_path=tmp_path / "metrics" / "encode.json")
+    encode.stage(cfg, clean_dir=clean, bpe_dir=bpe_dir, shards_dir=out,
+                 metrics_path=tmp_path / "metrics" / "encode.json")
     return out
 
 
@@ -162,7 +163,8 @@ def test_max_len_drops_train_only(tmp_path: Path, corpus: tuple[Path, Path, Path
     train = manifest["splits"]["train"]
     assert train["dropped_max_len"] == len(lens["train"]) - len(expected_kept)
     assert train["rows"] == len(expected_kept) and train["lines"] == len(lens["train"])
-    ids = [i for e in train["shards"] for i in pq.read_table(shards / e["path"], columns=["id"]).column("id").to_pylist()]
+    ids = [i for e in train["shards"]
+           for i in pq.read_table(shards / e["path"], columns=["id"]).column("id").to_pylist()]
     assert ids == expected_kept
     assert manifest["splits"]["valid"]["rows"] == len(lens["valid"])
     assert manifest["splits"]["valid"]["dropped_max_len"] == 0
