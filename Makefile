@@ -12,8 +12,10 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 export DVC_NO_ANALYTICS := 1
 export SACREBLEU ?= $(abspath .sacrebleu)
+# Offline machines: use the shared data folder beside the checkout as the download mirror when present.
+export NMT_DATA_MIRROR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 
-.PHONY: install test demo bench clean-venv
+.PHONY: install test demo run bench clean-venv
 
 install: $(VENV)/.installed
 
@@ -27,8 +29,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 test: install
 	$(BIN)/python -m pytest -q tests
 
+# The main job: the whole DAG on the demo profile through the Prefect flow (temporary Prefect server,
+# MLflow in ./.mlflow, no servers to start). Writes params.yaml for `demo`; `nmt profile paper` restores it.
 demo: install
-	$(BIN)/nmt demo
+	$(BIN)/python -m flows.pipeline --profile demo
+
+# The same DAG without Prefect: one MLflow parent run around `dvc repro`.
+run: install
+	$(BIN)/nmt run
 
 bench: install
 	$(BIN)/python benchmarks/encode.py
