@@ -42,7 +42,7 @@ def test_only_distributed_and_tracking_touch_their_libraries(path: Path) -> None
     names = _imports(path)
     if path.name != "distributed.py":
         assert not any(n.startswith("torch.distributed") for n in names), f"{path} imports torch.distributed"
-    if path.name != "tracking.py":
+    if path.name not in ("tracking.py", "mlflow_model.py"):  # mlflow_model.py is the pyfunc MLflow loads
         assert "mlflow" not in _top(names), f"{path} imports mlflow"
     assert not (_top(names) & {"flows", "prefect"}), f"{path} imports flows/prefect"
 
