@@ -1,0 +1,359 @@
+"""Stage ``audit``: a tiny run made by the real stages (clean → bpe → encode → train → average → evaluate)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from pipeline import audit
+from pipeline.audit_paper import PAPER_SETTINGS
+from pipeline.average import stage as average_stage
+from pipeline.bpe import stage as bpe_stage
+from pipeline.clean import stage as clean_stage
+from pipeline.config import BpeConfig, Params, flatten, params_from_dict
+from pipeline.encode import stage as encode_stage
+from pipeline.errors import CheckpointError, DataError, PipelineError
+from pipeline.evaluate import stage as evaluate_stage
+from pipeline.profiles import merged_profile
+from pipeline.runner import stage_lock_md5
+from pipeline.textio import write_lines, write_text
+from pipeline.train import stage as train_stage
+from tests.test_average import CORPUS
+from tests.test_evaluate import TEST, VALID
+
+REPO = Path(__file__).resolve().parents[1]
+PATHS = {name: name for name in ("raw", "clean", "bpe", "shards", "train", "model", "eval", "metrics", "plots",
+                                 "reports")}
+
+
+def profile_params(name: str, root: Path) -> tuple[dict, Params, Path]:
+    """Profile ``name`` with every path relative to ``root``, written as ``root/params.yaml``."""
+    data = merged_profile(name, REPO)
+    data["paths"] = dict(PATHS)
+    path = root / "params.yaml"
+    write_text(path, yaml.safe_dump(data, sort_keys=False))
+    return data, params_from_dict(data), path
+
+
+def _raw(root: Path) -> None:
+    """Raw text plus the manifest and download.json exactly as the download stage writes them."""
+    pairs = {"train": [(f"{en} {i}", f"{de} {i}") for i in range(8) for de, en in zip(CORPUS[0:13:2], CORPUS[1:13:2])],
+             "valid": VALID, "test": TEST}
+    files, outputs = [], {}
+    for split, rows in pairs.items():
+        for side, lang in ((0, "en"), (1, "de")):
+            path = root / "raw" / f"{split}.{lang}"
+            write_lines(path, [r[side] for r in rows])
+            sha = hashlib.sha256(path.read_bytes()).hexdigest()
+            outputs[path.name] = {"sha256": sha, "bytes": path.stat().st_size, "lines": len(rows)}
+            files.append({"split": split, "corpus": f"toy-{split}", "lang": lang, "url": f"https://example.org/{split}."
+                          f"{lang}.gz", "member": None, "format": "gzip", "sha256": sha[::-1], "bytes": 100 + side,
+                          "lines": len(rows)})
+    (root / "raw" / "manifest.json").write_text(json.dumps({"dataset": "multi30k", "files": files,
+                                                            "outputs": outputs}, indent=2, sort_keys=True) + "\n")
+    (root / "metrics").mkdir()
+    (root / "metrics" / "download.json").write_text(json.dumps(
+        {"archives": {}, "dataset": "multi30k", "mlflow_run_id": None, "origins": {},
+         "pairs": {s: len(r) for s, r in pairs.items()}, "seconds": 0.1}, indent=2, sort_keys=True) + "\n")
+
+
+def _dvc_lock(root: Path, data: dict) -> None:
+    """A dvc.lock in DVC 3's format (stage params = the params.yaml sections, md5 per dep/out)."""
+    def entry(deps: list[str], outs: list[str], sections: list[str]) -> dict:
+        md5 = lambda p: hashlib.md5(p.encode()).hexdigest()  # noqa: E731 - stand-in digests
+        return {"cmd": "python -m pipeline.x", "deps": [{"path": p, "hash": "md5", "md5": md5(p), "size": 1}
+                                                        for p in deps],
+                "params": {"params.yaml": {s: copy.deepcopy(data[s]) for s in sections}},
+                "outs": [{"path": p, "hash": "md5", "md5": md5(p) + ".dir", "size": 2, "nfiles": 3} for p in outs]}
+    lock = {"schema": "2.0", "stages": {
+        "download": entry(["pipeline/download.py"], ["raw", "metrics/download.json"], ["download"]),
+        "bpe": entry(["clean"], ["bpe", "metrics/bpe.json"], ["bpe"]),
+        "train": entry(["shards", "bpe"], ["train", "metrics/train.json"], ["seed", "model", "train"])}}
+    (root / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A complete tiny-profile workspace produced by the real stages (~10 s)."""
+    root = tmp_path_factory.mktemp("audit-world")
+    data, p, _ = profile_params("tiny", root)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NMT_ENCODE_WORKERS", "1")
+    mp.setenv("NMT_DEVICE", "cpu")
+    mp.chdir(root)
+    try:
+        _raw(root)
+        clean_stage(p.clean, raw_dir="raw", clean_dir="clean", metrics_path="metrics/clean.json")
+        bpe_stage(BpeConfig(vocab_size=120, input_sentence_size=100000), clean_dir="clean", bpe_dir="bpe",
+                  metrics_path="metrics/bpe.json")
+        encode_stage(p.encode, clean_dir="clean", bpe_dir="bpe", shards_dir="shards",
+                     metrics_path="metrics/encode.json")
+        train_stage(p.train, model_cfg=p.model, seed=p.seed, shards_dir="shards", spm_model="bpe/spm.model",
+                    run_dir="train", metrics_path="metrics/train.json", plots_path="plots/train.csv", root=root)
+        average_stage(p.average, train_dir="train", bpe_dir="bpe", model_dir="model",
+                      metrics_path="metrics/average.json")
+        evaluate_stage(p.evaluate, model_dir="model", shards_dir="shards", raw_dir="raw", eval_dir="eval",
+                       metrics_path="metrics/bleu.json")
+    finally:
+        mp.undo()
+    _dvc_lock(root, data)
+    return root
+
+
+def _audit(root: Path, params: Params, params_file: Path | None = None) -> dict:
+    return audit.stage(params, params_file=params_file or root / "params.yaml", lock_file=root / "dvc.lock",
+                       root=root, md_path=root / "reports" / "audit.md", json_path=root / "reports" / "audit.json")
+
+
+def _copy(world: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    shutil.copytree(world, root)
+    return root
+
+
+def _by_item(report: dict) -> dict[str, dict]:
+    return {i["item"]: i for i in report["configuration"] + report["measured"]}
+
+
+def test_tiny_run_audit_measures_everything_and_names_every_changed_key(world: Path, tmp_path: Path) -> None:
+    root = _copy(world, tmp_path)
+    data, params, _ = profile_params("tiny", root)
+    report = _audit(root, params)
+    assert json.loads((root / "reports" / "audit.json").read_text()) == report
+    md = (root / "reports" / "audit.md").read_text()
+    items = _by_item(report)
+    train = json.loads((root / "metrics" / "train.json").read_text())
+    device_items = () if "device" in train else ("Hardware", "GPU-hours")  # train.json may not record a device
+    assert all(i["verdict"] != "not measured" for i in report["measured"] if i["item"] not in device_items), \
+        [i["item"] for i in report["measured"] if i["verdict"] == "not measured"]
+    # every key the tiny profile changes is listed; each one that changes results is a named deviation
+    changed = {k for k, v in flatten(data).items() if flatten(merged_profile("paper", REPO)).get(k) != v}
+    assert {d["key"] for d in report["profile_differences"]} == changed
+    for diff in report["profile_differences"]:
+        if diff["kind"] != "operational":
+            assert any(dev.startswith(f"{diff['key']} = ") or f"; {diff['key']} = " in dev
+                       for dev in report["deviations"]), diff["key"]
+    assert "model.pre_norm" not in "".join(report["deviations"])  # tiny keeps post-norm
+    assert "train.warmup_steps = 5 (paper: 4000)" in report["deviations"]
+    assert "download.dataset = multi30k (paper: WMT14 EN-DE (~4.5M pairs))" in report["deviations"]
+    assert "bpe.vocab_size = 300 (paper: ~37,000 shared source-target BPE)" in report["deviations"]
+    # parameter count: the averaged model's parameters, the tied embedding once
+    model = torch.load(root / "model" / "averaged.pt", weights_only=True)
+    from model import Transformer, TransformerConfig
+
+    expected = sum(p.numel() for p in Transformer(TransformerConfig.from_dict(model["config"])).parameters())
+    assert items["Parameters"]["run"].startswith(f"{expected:,} ")
+    assert items["Parameters"]["verdict"] == "deviates" and items["Tied embeddings"]["verdict"] == "matches"
+    assert items["Steps trained"]["run"] == "20"
+    assert items["Target tokens trained"]["run"] == f"{train['tokens_seen']:,}"
+    # BLEU: every figure with its signature, beside the paper's; multi30k is not comparable
+    bleu = json.loads((root / "metrics" / "bleu.json").read_text())
+    figures = {(f["set"], f["metric"]): f for f in report["bleu_figures"]}
+    for split in ("test", "valid"):
+        for key, sig in bleu[split]["signatures"].items():
+            assert figures[(split, key)]["score"] == bleu[split][key] and figures[(split, key)]["signature"] == sig
+            assert sig in md
+    tok = items["BLEU, paper's method (tok+split), test"]
+    assert tok["verdict"] == "deviates" and "multi30k test set, not newstest2014" in tok["deviation"]
+    assert "0.7-1.4 points" in md and "tensor2tensor/issues/61" in md and "scaling_nmt/README.md" in md
+    assert items["Lineage consistency"]["verdict"] == "matches", items["Lineage consistency"]["deviation"]
+    assert report["environment"]["torch"] == torch.__version__
+
+
+def test_lineage_repeats_dvc_lock_manifests_params_and_run_ids(world: Path, tmp_path: Path) -> None:
+    root = _copy(world, tmp_path)
+    _, params, params_file = profile_params("tiny", root)
+    lineage = _audit(root, params)["lineage"]
+    lock = yaml.safe_load((root / "dvc.lock").read_text())
+    assert list(lineage["dvc_lock"]) == list(lock["stages"])
+    for name, entry in lock["stages"].items():
+        got = lineage["dvc_lock"][name]
+        assert got["deps"] == [{"path": d["path"], "md5": d["md5"]} for d in entry["deps"]]
+        assert got["outs"] == [{"path": o["path"], "md5": o["md5"]} for o in entry["outs"]]
+        assert got["lock_md5"] == stage_lock_md5(lock, name)
+    raw = json.loads((root / "raw" / "manifest.json").read_text())
+    assert [f["sha256"] for f in lineage["raw_manifest"]["files"]] == [f["sha256"] for f in raw["files"]]
+    assert lineage["raw_manifest"]["outputs"] == raw["outputs"]
+    shards = json.loads((root / "shards" / "manifest.json").read_text())
+    assert lineage["shards_manifest"]["sha256"] == hashlib.sha256((root / "shards" / "manifest.json").read_bytes()
+                                                                  ).hexdigest()
+    for split, info in shards["splits"].items():
+        assert [s["sha256"] for s in lineage["shards_manifest"]["splits"][split]["shards"]] == \
+            [s["sha256"] for s in info["shards"]]
+    assert lineage["params_sha256"] == hashlib.sha256(params_file.read_bytes()).hexdigest()
+    assert set(lineage["mlflow_run_ids"]) >= set(audit.METRICS)
+    assert lineage["git"] == {"commit": None, "dirty": None, "dirty_paths": []}
+    assert lineage["checkpoint_state"] == "train/step-00000020/state.json"
+
+
+def test_stale_and_inconsistent_lineage_is_named(world: Path, tmp_path: Path) -> None:
+    root = _copy(world, tmp_path)
+    data, _, _ = profile_params("tiny", root)
+    data["train"]["warmup_steps"] = 7  # params changed after the run
+    write_text(root / "params.yaml", yaml.safe_dump(data, sort_keys=False))
+    manifest = root / "shards" / "manifest.json"
+    manifest.write_text(manifest.read_text() + " ")
+    item = _by_item(_audit(root, params_from_dict(data)))["Lineage consistency"]
+    assert item["verdict"] == "deviates"
+    assert "dvc.lock stage train ran with other params (train.warmup_steps 5 -> 7)" in item["deviation"]
+    assert "train/step-00000020/state.json was trained on shards manifest" in item["deviation"]
+
+
+@pytest.mark.parametrize("name", ["tiny", "demo"])
+def test_every_key_a_profile_changes_is_named_even_before_anything_ran(tmp_path: Path, name: str) -> None:
+    data, params, _ = profile_params(name, tmp_path)
+    report = _audit(tmp_path, params)
+    paper = flatten(merged_profile("paper", REPO))
+    changed = {k for k, v in flatten(data).items() if paper.get(k) != v}
+    assert {d["key"] for d in report["profile_differences"]} == changed
+    text = "\n".join(report["deviations"])
+    for key in changed:
+        kind = next(d["kind"] for d in report["profile_differences"] if d["key"] == key)
+        assert (kind == "operational") or f"{key} = " in text, key
+    assert all(i["verdict"] == "not measured" for i in report["measured"])
+    assert report["lineage"]["dvc_lock"] is None and report["bleu_figures"] == []
+    md = (tmp_path / "reports" / "audit.md").read_text()
+    assert "Not measured: bleu.json does not exist yet" in md and "Not measured: no dvc.lock." in md
+    if name == "demo":
+        for expected in ("train.lr_scale = 2.0 (paper: lrate", "train.warmup_steps = 200 (paper: 4000)",
+                         "bpe.vocab_size = 8000 (paper: ~37,000", "train.max_minutes = 10.0 (paper: none",
+                         "download.dataset = multi30k (paper: WMT14"):
+            assert expected in text, expected
+
+
+def test_paper_profile_has_no_configuration_deviation(tmp_path: Path) -> None:
+    _, params, _ = profile_params("paper", tmp_path)
+    report = _audit(tmp_path, params)
+    assert [i["item"] for i in report["configuration"] if i["verdict"] != "matches"] == []
+    assert report["deviations"] == [] and [d for d in report["profile_differences"]] == \
+        [d for d in report["profile_differences"] if d["key"].startswith("paths.")]
+    assert {s.name for s in PAPER_SETTINGS} == {i["item"] for i in report["configuration"]}
+    assert "## Deviations\n\n- " not in (tmp_path / "reports" / "audit.md").read_text()
+
+
+def test_missing_optional_inputs_are_not_measured_items(world: Path, tmp_path: Path) -> None:
+    root = _copy(world, tmp_path)
+    _, params, _ = profile_params("tiny", root)
+    (root / "metrics" / "bleu.json").unlink()
+    (root / "model" / "averaged.pt").unlink()
+    items = _by_item(_audit(root, params))
+    assert items["BLEU, sacreBLEU 13a, test"]["verdict"] == "not measured"
+    assert items["Parameters"]["note"].startswith("from average.json")  # falls back to the average stage's count
+    assert items["Tied embeddings"]["verdict"] == "not measured"
+    (root / "metrics" / "average.json").unlink()
+    shutil.rmtree(root / "train")
+    (root / "metrics" / "train.json").unlink()
+    items = _by_item(_audit(root, params))
+    for name in ("Parameters", "Steps trained", "Target tokens trained", "Training time", "Hardware", "GPU-hours"):
+        assert items[name]["verdict"] == "not measured" and items[name]["run"].startswith("not measured"), name
+
+
+def test_audit_is_deterministic(world: Path, tmp_path: Path) -> None:
+    root = _copy(world, tmp_path)
+    _, params, _ = profile_params("tiny", root)
+    _audit(root, params)
+    first = [(root / "reports" / n).read_bytes() for n in ("audit.md", "audit.json")]
+    _audit(root, params)
+    assert [(root / "reports" / n).read_bytes() for n in ("audit.md", "audit.json")] == first
+
+
+@pytest.mark.parametrize(("target", "content", "error", "message"), [
+    ("metrics/train.json", "{not json", PipelineError, "metrics/train.json: not valid JSON"),
+    ("metrics/bleu.json", "[1, 2]", DataError, "metrics/bleu.json: expected a JSON object, got list"),
+    ("shards/manifest.json", "", PipelineError, "shards/manifest.json: not valid JSON"),
+    ("dvc.lock", "stages: [unclosed", PipelineError, "dvc.lock: not valid YAML"),
+    ("model/averaged.pt", "garbage", CheckpointError, "model/averaged.pt: cannot be read"),
+])
+def test_malformed_inputs_are_named_and_nothing_is_written(world: Path, tmp_path: Path, target: str, content: str,
+                                                          error: type, message: str) -> None:
+    root = _copy(world, tmp_path)
+    _, params, _ = profile_params("tiny", root)
+    _audit(root, params)
+    before = [(root / "reports" / n).read_bytes() for n in ("audit.md", "audit.json")]
+    (root / target).write_text(content)
+    with pytest.raises(error, match=message):
+        _audit(root, params)
+    assert [(root / "reports" / n).read_bytes() for n in ("audit.md", "audit.json")] == before
+    assert sorted(p.name for p in (root / "reports").iterdir()) == ["audit.json", "audit.md"]
+
+
+def test_git_commit_and_dirty_flag(world: Path, tmp_path: Path) -> None:
+    root = _copy(world, tmp_path)
+    _, params, _ = profile_params("tiny", root)
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@e"}
+    for args in (["init", "-q"], ["add", "params.yaml", "dvc.lock"], ["commit", "-qm", "x"]):
+        subprocess.run(["git", *args], cwd=root, check=True, env=env)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    (root / "dvc.lock").write_text((root / "dvc.lock").read_text() + "\n")  # dvc repro rewrites it: not dirty
+    assert _audit(root, params)["lineage"]["git"] == {"commit": commit, "dirty": False, "dirty_paths": []}
+    (root / "params.yaml").write_text((root / "params.yaml").read_text() + "\n")
+    assert _audit(root, params)["lineage"]["git"] == {"commit": commit, "dirty": True, "dirty_paths": ["params.yaml"]}
+
+
+def test_bleu_verdicts_on_newstest2014(world: Path, tmp_path: Path) -> None:
+    root = _copy(world, tmp_path)
+    data, _, _ = profile_params("tiny", root)
+    data["download"]["dataset"] = "wmt14"
+    params = params_from_dict(data)
+    path = root / "metrics" / "bleu.json"
+    bleu = json.loads(path.read_text())
+    verdicts = {}
+    for tok, sacre, n in ((27.0, 26.0, 3003), (26.5, 25.5, 3003), (27.5, 26.5, 3000)):
+        bleu["test"].update(bleu_tok_split=tok, bleu=sacre, sentences=n)
+        path.write_text(json.dumps(bleu))
+        items = _by_item(_audit(root, params))
+        verdicts[(tok, n)] = (items["BLEU, paper's method (tok+split), test"], items["BLEU, sacreBLEU 13a, test"])
+    assert [v["verdict"] for v in verdicts[(27.0, 3003)]] == ["matches", "matches"]
+    assert [v["verdict"] for v in verdicts[(26.5, 3003)]] == ["deviates", "deviates"]
+    assert verdicts[(26.5, 3003)][0]["deviation"] == "26.50 (paper: 27.3; matching needs >= 26.8)"
+    assert "test set of 3000 sentences (newstest2014 full: 3,003)" in verdicts[(27.5, 3000)][0]["deviation"]
+
+
+def test_hardware_and_gpu_hours_from_the_recorded_device(world: Path, tmp_path: Path) -> None:
+    root = _copy(world, tmp_path)
+    _, params, _ = profile_params("tiny", root)
+    path = root / "metrics" / "train.json"
+    train = json.loads(path.read_text())
+    path.write_text(json.dumps({**train, "device": "cpu"}))
+    items = _by_item(_audit(root, params))
+    assert items["Hardware"]["run"] == "1 x cpu" and items["Hardware"]["verdict"] == "deviates"
+    assert items["GPU-hours"]["run"] == "not measured (no GPU: trained on cpu)"
+    path.write_text(json.dumps({**train, "device": "cuda", "device_name": "NVIDIA H100", "world_size": 4,
+                                "wall_seconds": 5400.0, "resumed_from_step": None}))
+    items = _by_item(_audit(root, params))
+    assert items["Hardware"]["deviation"] == "4 x NVIDIA H100 (paper: 8 x P100)"
+    assert items["Training time"]["run"] == "1.500 h" and items["GPU-hours"]["run"] == "6.00"
+    path.write_text(json.dumps({**train, "device": "cuda", "device_name": "Tesla P100-SXM2-16GB", "world_size": 8,
+                                "wall_seconds": 999.0, "train_seconds": 12 * 3600, "resumed_from_step": 500}))
+    items = _by_item(_audit(root, params))
+    assert items["Hardware"]["verdict"] == "matches"
+    assert items["Training time"]["note"].startswith("cumulative step time")  # resumed: not one wall-clock
+    assert (items["Training time"]["verdict"], items["GPU-hours"]["verdict"]) == ("matches", "matches")
+
+
+def test_cli_with_params(world: Path, tmp_path: Path) -> None:
+    root = _copy(world, tmp_path)
+    profile_params("tiny", root)
+    (root / "custom.yaml").write_text((root / "params.yaml").read_text())
+    (root / "params.yaml").unlink()
+    cmd = [sys.executable, "-m", "pipeline.audit", "--params", "custom.yaml"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((root / "reports" / "audit.json").read_text())
+    assert report["profile"] == "tiny" and (root / "reports" / "audit.md").is_file()
+    (root / "metrics" / "encode.json").write_text("{")
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 1
+    assert "error: stage audit: metrics/encode.json: not valid JSON" in done.stderr
