@@ -255,7 +255,8 @@ def build_audit(inp: Inputs) -> dict[str, Any]:
     config = configuration_items(inp.params)
     diffs = profile_differences(inp.params, inp.paper_profile)
     measured = measured_items(inp)
-    deviations = [i["deviation"] for i in config + measured if i["verdict"] == "deviates"]
+    deviations = [i["deviation"] for i in config if i["verdict"] == "deviates"]
+    deviations += [f"{i['item']}: {i['deviation']}" for i in measured if i["verdict"] == "deviates"]
     deviations += [d["deviation"] for d in diffs if d["kind"] == "unspecified"]
     items = config + measured
     summary = {v: sum(1 for i in items if i["verdict"] == v) for v in ("matches", "deviates", "not measured")}

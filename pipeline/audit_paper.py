@@ -206,8 +206,8 @@ def _training_items(inp: Inputs) -> list[dict[str, Any]]:
                     ok=None if per_step is None else approx(per_step, PAPER["tokens_per_step"], 0.1),
                     deviation=f"{per_step or 0:,.0f} target tokens per step (paper: ~25,000)"))
     hours, how = _hours(train)
-    out.append(item("Training time", paper="12 h", source="§5.2", note=how,
-                    run=None if hours is None else f"{hours:.3f} h",
+    out.append(item("Training time", paper="12 h", source="§5.2", note=how, run=None if hours is None else
+                    f"{hours:.3f} h" if hours >= 0.1 else f"{hours:.3f} h ({hours * 3600:.1f} s)",
                     ok=None if hours is None else approx(hours, PAPER["wall_clock_hours"], 0.1),
                     deviation=f"{hours or 0:.3f} h (paper: 12 h)"))
     device, world = train.get("device"), train.get("world_size", state.get("world_size"))
@@ -311,6 +311,8 @@ def _lock_param_drift(inp: Inputs) -> list[str]:
     current = flatten(inp.params)
     out = []
     for stage, entry in ((inp.lock or {}).get("stages") or {}).items():
+        if stage == "audit":  # its own entry is the previous audit's, rewritten after this one
+            continue
         recorded = flatten(((entry.get("params") or {}).get("params.yaml")) or {})
         changed = [f"{key} {fmt(recorded[key])} -> {fmt(current.get(key))}" for key in sorted(recorded)
                    if _plain(current.get(key)) != _plain(recorded[key])]

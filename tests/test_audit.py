@@ -78,7 +78,9 @@ def _dvc_lock(root: Path, data: dict) -> None:
     lock = {"schema": "2.0", "stages": {
         "download": entry(["pipeline/download.py"], ["raw", "metrics/download.json"], ["download"]),
         "bpe": entry(["clean"], ["bpe", "metrics/bpe.json"], ["bpe"]),
-        "train": entry(["shards", "bpe"], ["train", "metrics/train.json"], ["seed", "model", "train"])}}
+        "train": entry(["shards", "bpe"], ["train", "metrics/train.json"], ["seed", "model", "train"]),
+        "audit": entry(["metrics/bleu.json"], ["reports/audit.md"], ["train"])}}
+    lock["stages"]["audit"]["params"]["params.yaml"]["train"]["max_steps"] = 999  # the previous audit's params
     (root / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
 
 
