@@ -109,7 +109,10 @@ def dvc_datasets(lock_path: str | Path, wanted: dict[str, tuple[str, str]]) -> l
     try:
         lock = yaml.safe_load(lock_path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
-        raise DataError(f"{lock_path}: not valid YAML ({exc}); restore it with `git checkout dvc.lock`") from None
+        mark = getattr(exc, "problem_mark", None)
+        problem = (getattr(exc, "problem", None) or str(exc).splitlines()[0]) + (
+            f" at line {mark.line + 1}" if mark is not None else "")
+        raise DataError(f"{lock_path}: not valid YAML ({problem}); restore it with `git checkout dvc.lock`") from None
     found: dict[str, tuple[str, dict[str, Any]]] = {}
     for stage_name, entry in (lock.get("stages") or {}).items():
         for out in (entry or {}).get("outs") or []:

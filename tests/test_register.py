@@ -1,0 +1,253 @@
+"""Stage ``register`` against a real MLflow SQLite store: pyfunc logged once, registered, alias moved on valid BLEU.
+
+The model is a random tiny ``averaged.pt`` built by the average stage; the evaluate outputs
+(hypotheses, ``bleu.json``) are written by hand so each test controls which model is better.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import EvaluateConfig
+from pipeline.errors import DataError, PipelineError
+from pipeline.register import DEFAULT_MODEL_NAME, decide, dvc_datasets, main, paired_bootstrap, stage
+from tests.test_average import make_averaged
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = "der Hund sieht die Katze auf dem grünen Rasen vor dem alten Haus am Fluss".split()
+REFS = [" ".join(WORDS[i % 5:i % 5 + 6 + i % 4]) + f" Nummer {i} ." for i in range(40)]
+GOOD = [" ".join(r.split()[:-2]) + " ." for r in REFS]                  # drops one token per line
+BAD = [" ".join(r.split()[1:-3]) for r in REFS]                         # loses much more
+LOCK = {"stages": {"download": {"cmd": "python -m pipeline.download",
+                                "outs": [{"path": "data/x/raw", "hash": "md5", "md5": "a" * 32 + ".dir",
+                                          "size": 10, "nfiles": 6}]},
+                   "encode": {"cmd": "python -m pipeline.encode",
+                              "outs": [{"path": "data/x/shards", "hash": "md5", "md5": "b" * 32 + ".dir"}]}}}
+DATASETS = {"raw": ("data/x/raw", "source"), "shards": ("data/x/shards", "training"),
+            "bpe": ("data/x/bpe", "training")}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_averaged(tmp_path_factory.mktemp("register-model"), seed=5).parent
+
+
+def _write_eval(root: Path, *, valid_bleu: float, test_hyps: list[str]) -> dict[str, Path]:
+    """Evaluate's outputs as the register stage reads them (refs in raw/, hyps in eval/, bleu.json)."""
+    for sub in ("raw", "eval", "metrics"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    for split in ("valid", "test"):
+        (root / "raw" / f"{split}.de").write_text("\n".join(REFS) + "\n", encoding="utf-8")
+    (root / "eval" / "valid.hyp.de").write_text("\n".join(GOOD) + "\n", encoding="utf-8")
+    (root / "eval" / "test.hyp.de").write_text("\n".join(test_hyps) + "\n", encoding="utf-8")
+    report = {"valid": {"bleu": valid_bleu}, "test": {"bleu": valid_bleu - 1, "signatures": {"bleu": "nrefs:1|x"}},
+              "chosen": {"beam": 2, "alpha": 0.8}, "mlflow_run_id": None}
+    (root / "metrics" / "bleu.json").write_text(json.dumps(report), encoding="utf-8")
+    (root / "dvc.lock").write_text(yaml.safe_dump(LOCK), encoding="utf-8")
+    return {"eval_dir": root / "eval", "raw_dir": root / "raw", "bleu_path": root / "metrics" / "bleu.json",
+            "metrics_path": root / "metrics" / "register.json", "lock_path": root / "dvc.lock"}
+
+
+def _register(model_dir: Path, root: Path, *, valid_bleu: float, test_hyps: list[str]) -> dict:
+    paths = _write_eval(root, valid_bleu=valid_bleu, test_hyps=test_hyps)
+    record = stage(EvaluateConfig(max_len_b=10), model_dir=model_dir, dataset_paths=DATASETS, root=root, **paths)
+    assert json.loads(paths["metrics_path"].read_text(encoding="utf-8")) == record
+    return record
+
+
+def _client():
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"], registry_uri=os.environ["MLFLOW_TRACKING_URI"])
+
+
+def test_first_model_takes_the_alias_worse_keeps_it_better_moves_it(model_dir: Path, tmp_path: Path,
+                                                                     mlflow_sqlite: str) -> None:
+    first = _register(model_dir, tmp_path / "a", valid_bleu=20.0, test_hyps=GOOD)
+    assert first["alias_moved"] and first["model_version"] == "1" and first["candidate_version"] == "1"
+    assert first["paired_bootstrap"] is None and first["previous_candidate"] is None
+    client = _client()
+    assert str(client.get_model_version_by_alias(DEFAULT_MODEL_NAME, "candidate").version) == "1"
+    run = client.get_run(first["mlflow_run_id"])
+    assert run.data.tags["stage"] == "register" and run.data.params["register.beam_size"] == "2"
+    assert run.data.tags["dataset.raw.md5"] == "a" * 32 + ".dir"
+    assert {d.dataset.name: d.dataset.digest for d in run.inputs.dataset_inputs} == {
+        "raw": "a" * 32 + ".dir", "shards": "b" * 32 + ".dir"}  # bpe is not in this dvc.lock
+    logged = {a.path for a in client.list_artifacts(first["mlflow_run_id"], "hyps")}
+    assert logged == {"hyps/test.hyp.de", "hyps/valid.hyp.de"}
+    version = client.get_model_version(DEFAULT_MODEL_NAME, "1")
+    assert version.tags["run_id"] == first["mlflow_run_id"] and float(version.tags["valid_bleu"]) == 20.0
+
+    worse = _register(model_dir, tmp_path / "b", valid_bleu=19.5, test_hyps=BAD)
+    assert not worse["alias_moved"] and worse["model_version"] == "2" and worse["candidate_version"] == "1"
+    assert worse["decision"] == "valid BLEU 19.50 <= 20.00 of version 1"
+    bs = worse["paired_bootstrap"]
+    assert bs["candidate_bleu"] > bs["new_bleu"] and 0 < bs["p_value"] <= 0.05 and bs["n_samples"] == 1000
+    assert "bs:1000" in bs["signature"] and not bs["identical_hypotheses"]
+    metrics = client.get_run(worse["mlflow_run_id"]).data.metrics
+    assert metrics["paired_bs_p_value"] == pytest.approx(bs["p_value"]) and metrics["alias_moved"] == 0
+    assert str(client.get_model_version_by_alias(DEFAULT_MODEL_NAME, "candidate").version) == "1"
+
+    better = _register(model_dir, tmp_path / "c", valid_bleu=21.0, test_hyps=GOOD)
+    assert better["alias_moved"] and better["previous_candidate"]["version"] == "1"
+    assert better["paired_bootstrap"]["p_value"] is not None
+    assert str(client.get_model_version_by_alias(DEFAULT_MODEL_NAME, "candidate").version) == better["model_version"]
+
+
+def test_candidate_loads_in_a_fresh_process_and_translates(model_dir: Path, tmp_path: Path,
+                                                           mlflow_sqlite: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NMT_MODEL_NAME", "tiny-translator")
+    record = _register(model_dir, tmp_path, valid_bleu=5.0, test_hyps=GOOD)
+    assert record["model_name"] == "tiny-translator" and record["alias_moved"]
+    script = (
+        "import json, sys, mlflow, pandas as pd\n"
+        "m = mlflow.pyfunc.load_model('models:/tiny-translator@candidate')\n"
+        "a = m.predict(['The dog sees the cat.', '', 'A house by the river.'])\n"
+        "b = m.predict(pd.DataFrame({'src': ['The dog sees the cat.']}), params={'beam_size': 1, 'alpha': 0.0})\n"
+        "import pipeline\n"
+        "print(json.dumps({'a': list(a), 'b': list(b), 'params': str(m.metadata.get_params_schema()),\n"
+        "                  'code': pipeline.__file__}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(out["a"]) == 3 and out["a"][1] == "" and all(isinstance(s, str) for s in out["a"])
+    assert out["a"][0] and len(out["b"]) == 1 and out["b"][0]
+    assert Path(out["code"]).parts[-3:] == ("code", "pipeline", "__init__.py")  # the copy shipped with the model
+    assert "beam_size': long (default: 2)" in out["params"] and "alpha': double (default: 0.8)" in out["params"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"mlflow models serve exited with {proc.returncode}"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} not ready within {seconds} s")
+
+
+@pytest.mark.slow
+def test_served_candidate_answers_invocations(model_dir: Path, tmp_path: Path, mlflow_sqlite: str) -> None:
+    _register(model_dir, tmp_path, valid_bleu=5.0, test_hyps=GOOD)
+    port = _free_port()
+    log_file = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - closed in finally
+    proc = subprocess.Popen(["mlflow", "models", "serve", "--env-manager", "local", "-m",
+                             f"models:/{DEFAULT_MODEL_NAME}@candidate", "-h", "127.0.0.1", "-p", str(port)],
+                            cwd=tmp_path, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}/ping", proc, 90)
+        body = json.dumps({"inputs": ["The dog sees the cat.", ""], "params": {"beam_size": 1}}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            answer = json.loads(response.read())
+        assert len(answer["predictions"]) == 2 and answer["predictions"][0] and answer["predictions"][1] == ""
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
+        log_file.close()
+
+
+def test_tracking_off_writes_a_record_and_logs_nothing(model_dir: Path, tmp_path: Path) -> None:
+    assert os.environ["NMT_TRACKING"] == "off"
+    record = _register(model_dir, tmp_path, valid_bleu=5.0, test_hyps=GOOD)
+    assert record["tracking"] == "off" and record["alias_moved"] is False and record["mlflow_run_id"] is None
+    assert "NMT_TRACKING=off" in record["decision"]
+    assert not (tmp_path / ".mlflow").exists() and not list(tmp_path.rglob("*.db"))
+
+
+def test_cli_reads_paths_from_params(model_dir: Path, tmp_path: Path, repo_root: Path) -> None:
+    from pipeline.profiles import merged_profile
+
+    paths = _write_eval(tmp_path, valid_bleu=5.0, test_hyps=GOOD)
+    params = merged_profile("tiny", repo_root)
+    params["paths"].update(model=str(model_dir), eval=str(paths["eval_dir"]), raw=str(paths["raw_dir"]),
+                           metrics=str(tmp_path / "metrics"))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    assert main(["--params", str(tmp_path / "params.yaml")]) == 0
+    assert json.loads(paths["metrics_path"].read_text(encoding="utf-8"))["tracking"] == "off"
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("no_hyp", r"test\.hyp\.de: not found; run `dvc repro evaluate`"),
+    ("short_hyp", r"test\.hyp\.de has 39 lines but .*test\.de has 40: the hypotheses are from another set"),
+    ("bleu_key", r"bleu\.json: lacks 'chosen' .*rerun `dvc repro evaluate`"),
+    ("no_model", r"averaged\.pt: not found; run `dvc repro average`"),
+])
+def test_bad_inputs_are_clear_errors_and_write_nothing(model_dir: Path, tmp_path: Path, damage: str,
+                                                       message: str) -> None:
+    paths = _write_eval(tmp_path, valid_bleu=5.0, test_hyps=GOOD)
+    if damage == "no_hyp":
+        (paths["eval_dir"] / "test.hyp.de").unlink()
+    elif damage == "short_hyp":
+        (paths["eval_dir"] / "test.hyp.de").write_text("\n".join(GOOD[:-1]) + "\n", encoding="utf-8")
+    elif damage == "bleu_key":
+        paths["bleu_path"].write_text(json.dumps({"valid": {"bleu": 1}, "test": {"bleu": 1}}), encoding="utf-8")
+    elif damage == "no_model":
+        model_dir = tmp_path / "empty"
+    with pytest.raises(PipelineError, match=message):
+        stage(EvaluateConfig(), model_dir=model_dir, dataset_paths=DATASETS, root=tmp_path, **paths)
+    assert not paths["metrics_path"].exists()
+
+
+def test_dvc_datasets_come_from_lock_outs(tmp_path: Path) -> None:
+    lock = tmp_path / "dvc.lock"
+    lock.write_text(yaml.safe_dump(LOCK), encoding="utf-8")
+    found = dvc_datasets(lock, {"raw": ("data/x/raw/", "source"), "bpe": ("data/x/bpe", "training")})
+    assert [(d["name"], d["digest"], d["context"]) for d in found] == [("raw", "a" * 32 + ".dir", "source")]
+    assert json.loads(found[0]["source"]) == {"path": "data/x/raw", "stage": "download", "md5": "a" * 32 + ".dir",
+                                              "lock": "dvc.lock", "size": 10, "nfiles": 6}
+    assert dvc_datasets(tmp_path / "missing.lock", {"raw": ("data/x/raw", "source")}) == []
+    lock.write_text("stages: [unclosed\n", encoding="utf-8")
+    expected = (r"dvc\.lock: not valid YAML \(expected ',' or '\]', but got '<stream end>' at line 2\); "
+                r"restore it with `git checkout dvc\.lock`$")
+    with pytest.raises(DataError, match=expected):
+        dvc_datasets(lock, {})
+
+
+def test_decide_uses_valid_bleu_only_and_refuses_other_references() -> None:
+    refs = {"valid": "v", "test": "t"}
+    holder = {"version": "3", "run_id": "r", "tags": {"valid_bleu": "20.0", "valid_ref_sha256": "v"}}
+    assert decide(20.5, refs, None) == (True, "no version held the alias")
+    assert decide(20.5, refs, holder)[0] and not decide(20.0, refs, holder)[0]
+    moved, why = decide(30.0, {"valid": "other", "test": "t"}, holder)
+    assert not moved and "not comparable" in why and "NMT_MODEL_NAME" in why
+    moved, why = decide(30.0, refs, {**holder, "tags": {"valid_ref_sha256": "v"}})
+    assert not moved and "no valid_bleu tag" in why
+
+
+def test_paired_bootstrap_is_deterministic_and_symmetric_in_its_verdict() -> None:
+    one = paired_bootstrap(BAD, GOOD, REFS)
+    assert one == paired_bootstrap(BAD, GOOD, REFS)
+    other = paired_bootstrap(GOOD, BAD, REFS)
+    assert one["new_bleu"] == other["candidate_bleu"] and one["p_value"] < 0.05 and other["p_value"] < 0.05
+    with pytest.raises(DataError, match="paired bootstrap needs equal lengths: new 39"):
+        paired_bootstrap(BAD[:-1], GOOD, REFS)
