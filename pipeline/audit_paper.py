@@ -313,6 +313,12 @@ def _lock_param_drift(inp: Inputs) -> list[str]:
     for stage, entry in ((inp.lock or {}).get("stages") or {}).items():
         if stage == "audit":  # its own entry is the previous audit's, rewritten after this one
             continue
+        outs = [str(o.get("path")) for o in entry.get("outs") or []]
+        mine = [str(v).rstrip("/") for v in (inp.params.get("paths") or {}).values()]
+        if outs and not any(o == m or o.startswith(m + "/") for o in outs for m in mine):
+            out.append(f"dvc.lock stage {stage} records other paths ({outs[0]}), not this profile's: "
+                       "run `dvc repro` to record this profile's outputs")
+            continue
         recorded = flatten(((entry.get("params") or {}).get("params.yaml")) or {})
         changed = [f"{key} {fmt(recorded[key])} -> {fmt(current.get(key))}" for key in sorted(recorded)
                    if _plain(current.get(key)) != _plain(recorded[key])]

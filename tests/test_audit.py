@@ -209,6 +209,11 @@ def test_stale_and_inconsistent_lineage_is_named(world: Path, tmp_path: Path) ->
     assert item["verdict"] == "deviates"
     assert "dvc.lock stage train ran with other params (train.warmup_steps 5 -> 7)" in item["deviation"]
     assert "train/step-00000020/state.json was trained on shards manifest" in item["deviation"]
+    lock = yaml.safe_load((root / "dvc.lock").read_text())
+    lock["stages"]["bpe"]["outs"] = [{"path": "data/other/bpe", "md5": "0" * 32}]  # another profile's entry
+    (root / "dvc.lock").write_text(yaml.safe_dump(lock))
+    item = _by_item(_audit(root, params_from_dict(data)))["Lineage consistency"]
+    assert "dvc.lock stage bpe records other paths (data/other/bpe), not this profile's" in item["deviation"]
 
 
 @pytest.mark.parametrize("name", ["tiny", "demo"])
