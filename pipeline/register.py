@@ -5,7 +5,9 @@ stage's MLflow run, with ``averaged.pt`` (which embeds the SentencePiece model) 
 as artifacts, the ``pipeline`` and ``model`` sources beside it (so it loads anywhere), string in /
 string out, and ``beam_size`` / ``alpha`` as request params defaulting to the values the evaluate
 stage chose on the valid set. It is registered as a new version of ``wmt14-transformer``
-(``NMT_MODEL_NAME`` overrides the name).
+(``NMT_MODEL_NAME`` overrides the name). DVC reruns the stage only when its inputs change; a rerun
+with the same ``averaged.pt`` (sha256) and the same chosen beam and α (``dvc repro -f``, or an
+evaluate rerun that only changed timings) logs nothing and points register.json at that version.
 
 The alias ``candidate`` moves to the new version only if no version holds it yet, or the new model
 has a higher VALID BLEU than the holder (the test set never chooses). Both models' test
@@ -227,7 +229,7 @@ def _inputs(model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Path, bl
         if n_hyp != n_ref:
             raise DataError(f"{hyps[split]} has {n_hyp} lines but {refs[split]} has {n_ref}: the hypotheses are from "
                             "another set; rerun `dvc repro evaluate`")
-    return {"averaged": averaged, "bleu": bleu, "hyps": hyps, "refs": refs,
+    return {"averaged": averaged, "averaged_sha256": sha256_file(averaged), "bleu": bleu, "hyps": hyps, "refs": refs,
             "ref_sha": {s: sha256_file(refs[s]) for s in SPLITS}}
 
 
@@ -281,12 +283,25 @@ def _log_lineage(run: tracking.StageRun, inputs: dict[str, Any], name: str, lock
     run.log_params({"register.model_name": name, "register.alias": ALIAS, "register.beam_size": bleu["beam"],
                     "register.alpha": bleu["alpha"], "register.bootstrap_samples": BOOTSTRAP_SAMPLES})
     run.set_tags({"evaluate_run_id": bleu["evaluate_run_id"] or "", "sacrebleu_signature": bleu["signature"],
-                  "averaged_sha256": sha256_file(inputs["averaged"]),
+                  "averaged_sha256": inputs["averaged_sha256"],
                   **{f"dataset.{d['name']}.md5": d["digest"] for d in datasets},
                   **{f"{s}_ref_sha256": inputs["ref_sha"][s] for s in SPLITS}})
     for split in SPLITS:
         run.log_artifact(inputs["hyps"][split], HYPS_ARTIFACT_DIR)
     return datasets
+
+
+def _record_only(metrics_path: str | Path, name: str, new: dict[str, Any], decision: str, *,
+                 existing: dict[str, Any] | None = None, holder: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write register.json for a run that logs nothing (tracking off, or this model already registered)."""
+    record = {"tracking": "on" if tracking.enabled() else "off", "model_name": name, "alias": ALIAS,
+              "alias_moved": False, "decision": decision, "new": new,
+              "mlflow_run_id": existing["run_id"] if existing else None,
+              "model_version": existing["version"] if existing else None,
+              "candidate_version": holder["version"] if holder else None}
+    write_metrics(metrics_path, record)
+    log.info("register: %s", decision)
+    return record
 
 
 def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Path,
@@ -316,19 +331,22 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
     new = {"valid_bleu": bleu["valid_bleu"], "test_bleu": bleu["test_bleu"], "beam": bleu["beam"],
            "alpha": bleu["alpha"]}
     if not tracking.enabled():
-        record = {"tracking": "off", "model_name": name, "alias": ALIAS, "alias_moved": False, "mlflow_run_id": None,
-                  "model_version": None, "new": new, "decision": "tracking is off (NMT_TRACKING=off): nothing "
-                  "logged or registered; `dvc repro -f register` with tracking on to register this model"}
-        write_metrics(metrics_path, record)
-        log.info("tracking is off: register.json written, nothing registered")
-        return record
+        return _record_only(metrics_path, name, new, "tracking is off (NMT_TRACKING=off): nothing logged or "
+                            "registered; `dvc repro -f register` with tracking on to register this model")
     holder = tracking.alias_holder(name, ALIAS, root)
+    same = tracking.find_model_versions(name, {"averaged_sha256": inputs["averaged_sha256"], "beam": bleu["beam"],
+                                               "alpha": bleu["alpha"]}, root)
+    if same:
+        return _record_only(metrics_path, name, new, f"this averaged.pt with beam {bleu['beam']}, alpha "
+                            f"{bleu['alpha']} is already version {same[0]['version']}: not logged again",
+                            existing=same[0], holder=holder)
     with tracking.stage_run("register", root=root) as run, tempfile.TemporaryDirectory(prefix="nmt-register-") as tmp:
         work = Path(tmp)
         datasets = _log_lineage(run, inputs, name, lock_path, dataset_paths or {})
         info = _log_model(run, cfg, inputs, name, work, root)
         version = info["version"]
         tracking.tag_model_version(name, version, {"run_id": run.run_id, **new,
+                                                   "averaged_sha256": inputs["averaged_sha256"],
                                                    **{f"{s}_ref_sha256": inputs["ref_sha"][s] for s in SPLITS}}, root)
         bootstrap, not_compared = _compare(holder, inputs, work, root)
         moved, decision = decide(bleu["valid_bleu"], inputs["ref_sha"], holder)

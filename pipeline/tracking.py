@@ -324,3 +324,14 @@ def log_datasets(run: StageRun, datasets: list[dict[str, str]]) -> None:
                            tags=[InputTag("mlflow.data.context", d.get("context", "training"))])
               for d in datasets]
     run._client.log_inputs(run.run_id, datasets=inputs)
+
+
+def find_model_versions(model_name: str, tags: dict[str, Any], root: str | Path = ".") -> list[dict[str, Any]]:
+    """Versions of ``model_name`` whose tags equal all of ``tags`` (newest first): ``{"version", "run_id", "tags"}``."""
+    if not enabled():
+        return []
+    quoted = model_name.replace("'", "\\'")
+    clauses = [f"name = '{quoted}'", *(f"tag.`{k}` = '{str(v)}'" for k, v in tags.items())]
+    found = _client(root).search_model_versions(" and ".join(clauses), order_by=["version_number DESC"])
+    return [{"version": str(mv.version), "run_id": (mv.tags or {}).get("run_id") or mv.run_id,
+             "tags": dict(mv.tags or {})} for mv in found]

@@ -44,7 +44,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_averaged(tmp_path_factory.mktemp("register-model"), seed=5).parent
 
 
-def _write_eval(root: Path, *, valid_bleu: float, test_hyps: list[str]) -> dict[str, Path]:
+def _write_eval(root: Path, *, valid_bleu: float, test_hyps: list[str], alpha: float = 0.8) -> dict[str, Path]:
     """Evaluate's outputs as the register stage reads them (refs in raw/, hyps in eval/, bleu.json)."""
     for sub in ("raw", "eval", "metrics"):
         (root / sub).mkdir(parents=True, exist_ok=True)
@@ -53,15 +53,16 @@ def _write_eval(root: Path, *, valid_bleu: float, test_hyps: list[str]) -> dict[
     (root / "eval" / "valid.hyp.de").write_text("\n".join(GOOD) + "\n", encoding="utf-8")
     (root / "eval" / "test.hyp.de").write_text("\n".join(test_hyps) + "\n", encoding="utf-8")
     report = {"valid": {"bleu": valid_bleu}, "test": {"bleu": valid_bleu - 1, "signatures": {"bleu": "nrefs:1|x"}},
-              "chosen": {"beam": 2, "alpha": 0.8}, "mlflow_run_id": None}
+              "chosen": {"beam": 2, "alpha": alpha}, "mlflow_run_id": None}
     (root / "metrics" / "bleu.json").write_text(json.dumps(report), encoding="utf-8")
     (root / "dvc.lock").write_text(yaml.safe_dump(LOCK), encoding="utf-8")
     return {"eval_dir": root / "eval", "raw_dir": root / "raw", "bleu_path": root / "metrics" / "bleu.json",
             "metrics_path": root / "metrics" / "register.json", "lock_path": root / "dvc.lock"}
 
 
-def _register(model_dir: Path, root: Path, *, valid_bleu: float, test_hyps: list[str]) -> dict:
-    paths = _write_eval(root, valid_bleu=valid_bleu, test_hyps=test_hyps)
+def _register(model_dir: Path, root: Path, *, valid_bleu: float, test_hyps: list[str], alpha: float = 0.8) -> dict:
+    """Run the stage; the same model with another chosen α stands in for another model."""
+    paths = _write_eval(root, valid_bleu=valid_bleu, test_hyps=test_hyps, alpha=alpha)
     record = stage(EvaluateConfig(max_len_b=10), model_dir=model_dir, dataset_paths=DATASETS, root=root, **paths)
     assert json.loads(paths["metrics_path"].read_text(encoding="utf-8")) == record
     return record
@@ -90,7 +91,7 @@ def test_first_model_takes_the_alias_worse_keeps_it_better_moves_it(model_dir: P
     version = client.get_model_version(DEFAULT_MODEL_NAME, "1")
     assert version.tags["run_id"] == first["mlflow_run_id"] and float(version.tags["valid_bleu"]) == 20.0
 
-    worse = _register(model_dir, tmp_path / "b", valid_bleu=19.5, test_hyps=BAD)
+    worse = _register(model_dir, tmp_path / "b", valid_bleu=19.5, test_hyps=BAD, alpha=0.6)
     assert not worse["alias_moved"] and worse["model_version"] == "2" and worse["candidate_version"] == "1"
     assert worse["decision"] == "valid BLEU 19.50 <= 20.00 of version 1"
     bs = worse["paired_bootstrap"]
@@ -100,10 +101,15 @@ def test_first_model_takes_the_alias_worse_keeps_it_better_moves_it(model_dir: P
     assert metrics["paired_bs_p_value"] == pytest.approx(bs["p_value"]) and metrics["alias_moved"] == 0
     assert str(client.get_model_version_by_alias(DEFAULT_MODEL_NAME, "candidate").version) == "1"
 
-    better = _register(model_dir, tmp_path / "c", valid_bleu=21.0, test_hyps=GOOD)
+    better = _register(model_dir, tmp_path / "c", valid_bleu=21.0, test_hyps=GOOD, alpha=1.0)
     assert better["alias_moved"] and better["previous_candidate"]["version"] == "1"
     assert better["paired_bootstrap"]["p_value"] is not None
     assert str(client.get_model_version_by_alias(DEFAULT_MODEL_NAME, "candidate").version) == better["model_version"]
+
+    again = _register(model_dir, tmp_path / "d", valid_bleu=21.0, test_hyps=GOOD, alpha=1.0)  # e.g. dvc repro -f
+    assert again["model_version"] == better["model_version"] and again["mlflow_run_id"] == better["mlflow_run_id"]
+    assert "is already version 3: not logged again" in again["decision"] and not again["alias_moved"]
+    assert len(client.search_model_versions(f"name = '{DEFAULT_MODEL_NAME}'")) == 3
 
 
 def test_candidate_loads_in_a_fresh_process_and_translates(model_dir: Path, tmp_path: Path,
