@@ -304,6 +304,20 @@ def _record_only(metrics_path: str | Path, name: str, new: dict[str, Any], decis
     return record
 
 
+def _log_decision(run: tracking.StageRun, record: dict[str, Any]) -> None:
+    """BLEU of both models, the p-value and the decision, as metrics and tags of the register run."""
+    new, previous, bootstrap = record["new"], record["previous_candidate"] or {}, record["paired_bootstrap"]
+    metrics = {"valid_bleu": new["valid_bleu"], "test_bleu": new["test_bleu"],
+               "alias_moved": int(record["alias_moved"])}
+    if bootstrap:
+        metrics.update(paired_bs_p_value=bootstrap["p_value"], candidate_test_bleu=bootstrap["candidate_bleu"])
+    if "valid_bleu" in previous:
+        metrics["candidate_valid_bleu"] = previous["valid_bleu"]
+    run.log_metrics(metrics)
+    run.set_tags({"register.decision": record["decision"], "register.alias_moved": str(record["alias_moved"]).lower(),
+                  "register.model_version": record["model_version"]})
+
+
 def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Path,
           bleu_path: str | Path, metrics_path: str | Path, lock_path: str | Path = "dvc.lock",
           dataset_paths: dict[str, tuple[str, str]] | None = None, root: str | Path = ".") -> dict[str, Any]:
@@ -361,13 +375,7 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
                   "candidate_version": version if moved else (holder or {}).get("version"),
                   "paired_bootstrap": bootstrap, "paired_bootstrap_skipped": not_compared,
                   "datasets": [{k: d[k] for k in ("name", "digest", "context")} for d in datasets]}
-        run.log_metrics({"valid_bleu": bleu["valid_bleu"], "test_bleu": bleu["test_bleu"], "alias_moved": int(moved),
-                         **({"paired_bs_p_value": bootstrap["p_value"],
-                             "candidate_test_bleu": bootstrap["candidate_bleu"]} if bootstrap else {}),
-                         **({"candidate_valid_bleu": previous["valid_bleu"]}
-                            if previous and "valid_bleu" in previous else {})})
-        run.set_tags({"register.decision": decision, "register.alias_moved": str(moved).lower(),
-                      "register.model_version": version})
+        _log_decision(run, record)
         write_metrics(metrics_path, record)
         run.log_artifact(metrics_path)
     log.info("registered %s version %s (%s); alias %s %s", name, version, decision, ALIAS,
