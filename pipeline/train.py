@@ -345,6 +345,10 @@ def _csv(history: list[dict[str, Any]]) -> str:
     return out.getvalue()
 
 
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
 def _finish(run: Run, progress: Progress, *, run_dir: Path, metrics_path: Path, plots_path: Path, tracker,
             wall: float, resumed_from: int | None) -> dict[str, Any]:
     last_valid = next((h for h in reversed(progress.history) if "valid_loss" in h), None)
@@ -358,7 +362,8 @@ def _finish(run: Run, progress: Progress, *, run_dir: Path, metrics_path: Path, 
                **{k: v for k, v in last_valid.items() if k.startswith("valid_")},
                "train_seconds": round(progress.train_seconds, 3), "wall_seconds": round(wall, 3),
                "tgt_tokens_per_s": progress.tokens_seen / max(progress.train_seconds, 1e-9),
-               "resumed_from_step": resumed_from, "mlflow_run_id": tracker.run_id}
+               "resumed_from_step": resumed_from, "mlflow_run_id": tracker.run_id,
+               "device": run.ctx.device.type, "device_name": _device_name(run.ctx.device)}
     if run.ctx.is_main:
         write_metrics(metrics_path, metrics)
         write_text(plots_path, _csv(progress.history))
