@@ -15,7 +15,6 @@ stage runs) and git. The paper's figures live in :mod:`pipeline.audit_paper` wit
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import platform
@@ -32,7 +31,7 @@ from pipeline.audit_paper import BLEU_GAP, NEUTRAL_KEYS, PAPER, PAPER_SETTINGS, 
 from pipeline.config import Params, flatten, section_dict
 from pipeline.errors import CheckpointError, DataError, PipelineError
 from pipeline.stage import read_json, run_cli, stage_parser
-from pipeline.textio import atomic_path
+from pipeline.textio import atomic_path, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -91,14 +90,6 @@ def read_yaml(path: Path) -> dict[str, Any] | None:
         raise PipelineError(f"{path}: expected a YAML mapping, got {type(data).__name__}")
     return data
 
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def count_parameters(path: Path) -> dict[str, Any] | None:

@@ -10,7 +10,6 @@ SentencePiece's own normalisation is ``identity``: the text is already normalise
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import os
 import sys
@@ -23,21 +22,13 @@ import numpy as np
 from pipeline.config import BpeConfig, Params
 from pipeline.errors import DataError
 from pipeline.stage import run_cli, stage_parser, write_metrics
-from pipeline.textio import atomic_path, count_lines, read_lines
+from pipeline.textio import atomic_path, count_lines, read_lines, sha256_file
 
 log = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIAL_PIECES = {"pad_piece": "<pad>", "unk_piece": "<unk>", "bos_piece": "<s>", "eos_piece": "</s>"}
 
-
-def sha256_file(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def sample_indices(total: int, k: int, seed: int) -> np.ndarray:

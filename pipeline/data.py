@@ -20,17 +20,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import DataError
+from pipeline.textio import sha256_file
 
 log = logging.getLogger(__name__)
 
 _REMEDY = "rerun `dvc repro encode`"
 _COLUMNS = ("id", "src", "tgt", "src_len", "tgt_len")
-
-
-def _sha256(path: Path) -> str:
-    from pipeline.bpe import sha256_file
-
-    return sha256_file(path)
 
 
 def read_manifest(shards_dir: str | Path) -> dict:
@@ -187,7 +182,7 @@ class ShardSet:
         Raises:
             DataError: naming both sha256 values and the remedy.
         """
-        actual = _sha256(Path(spm_model))
+        actual = sha256_file(spm_model)
         expected = self.manifest["spm_sha256"]
         if actual != expected:
             raise DataError(f"{self.root / 'manifest.json'} was encoded with spm.model sha256 {expected}, but "
@@ -204,7 +199,7 @@ class ShardSet:
             path = self._path(k)
             if not path.is_file():
                 problems.append(f"{path}: missing")
-            elif (digest := _sha256(path)) != entry["sha256"]:
+            elif (digest := sha256_file(path)) != entry["sha256"]:
                 problems.append(f"{path}: sha256 {digest}, manifest says {entry['sha256']}")
         if problems:
             raise DataError("shards do not match their manifest: " + "; ".join(problems) + f"; {_REMEDY}")

@@ -31,11 +31,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.bpe import sha256_file
 from pipeline.config import EncodeConfig, Params
 from pipeline.errors import ConfigError, DataError
 from pipeline.stage import run_cli, stage_parser, write_metrics
-from pipeline.textio import atomic_path, write_text
+from pipeline.textio import atomic_path, sha256_file, write_text
 
 log = logging.getLogger(__name__)
 

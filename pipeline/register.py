@@ -24,7 +24,6 @@ The run also records its dataset inputs (raw text, BPE model, shards) with their
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -42,7 +41,7 @@ from pipeline.average import AVERAGED_NAME
 from pipeline.config import EvaluateConfig, Params
 from pipeline.errors import DataError
 from pipeline.stage import read_json, run_cli, write_metrics
-from pipeline.textio import read_lines
+from pipeline.textio import read_lines, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +60,6 @@ def model_name() -> str:
     """The registered model name: ``$NMT_MODEL_NAME`` or ``wmt14-transformer``."""
     return os.environ.get(MODEL_NAME_ENV, "").strip() or DEFAULT_MODEL_NAME
 
-
-def sha256_file(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def read_bleu(path: str | Path) -> dict[str, Any]:

@@ -7,6 +7,7 @@ EN/DE files, so every stage reads lines through :func:`read_lines`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -51,6 +52,15 @@ def count_lines(path: str | Path) -> int:
             n += chunk.count(b"\n")
             last = chunk[-1:]
     return n + (last != b"\n")
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes (read in 1 MiB chunks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _tmp_sibling(path: Path) -> Path:

@@ -135,7 +135,8 @@ def test_tiny_run_audit_measures_everything_and_names_every_changed_key(world: P
     md = (root / "reports" / "audit.md").read_text()
     items = _by_item(report)
     train = json.loads((root / "metrics" / "train.json").read_text())
-    device_items = () if "device" in train else ("Hardware", "GPU-hours")  # train.json may not record a device
+    # GPU-hours exist only for CUDA runs; a CPU run says "not measured" there.
+    device_items = ("GPU-hours",) if train.get("device") == "cpu" else ("Hardware", "GPU-hours")
     assert all(i["verdict"] != "not measured" for i in report["measured"] if i["item"] not in device_items), \
         [i["item"] for i in report["measured"] if i["verdict"] == "not measured"]
     # every key the tiny profile changes is listed; each one that changes results is a named deviation
@@ -232,7 +233,8 @@ def test_every_key_a_profile_changes_is_named_even_before_anything_ran(tmp_path:
     md = (tmp_path / "reports" / "audit.md").read_text()
     assert "Not measured: bleu.json does not exist yet" in md and "Not measured: no dvc.lock." in md
     if name == "demo":
-        for expected in ("train.lr_scale = 2.0 (paper: lrate", "train.warmup_steps = 200 (paper: 4000)",
+        lr_scale = data["train"]["lr_scale"]
+        for expected in (f"train.lr_scale = {lr_scale} (paper: lrate", "train.warmup_steps = 200 (paper: 4000)",
                          "bpe.vocab_size = 8000 (paper: ~37,000", "train.max_minutes = 10.0 (paper: none",
                          "download.dataset = multi30k (paper: WMT14"):
             assert expected in text, expected
