@@ -4,7 +4,10 @@ A folder holds ``model.pt`` (the unwrapped module's state_dict), ``optim.pt``, `
 and ``DONE``, written last. It is assembled under a hidden temporary name and renamed into
 place, so a crash leaves either a complete folder or nothing; a ``step-*`` folder without
 ``DONE`` (from an older or foreign writer) does not exist for the loader and is deleted by
-:func:`clean_incomplete`. Everything is loaded with ``torch.load(weights_only=True)``.
+:func:`clean_incomplete`. ``state.json`` records the byte size of ``model.pt`` and ``optim.pt``,
+so a file truncated after the fact (a full disk, a copy cut short) is named before unpickling.
+Everything is loaded with ``torch.load(weights_only=True)``. Fault-injection points
+(:mod:`pipeline.faults`): ``before_save``, ``mid_save``, ``after_save``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 import torch
 
+from pipeline import faults
 from pipeline.errors import CheckpointError
 from pipeline.textio import atomic_path
 
@@ -44,6 +48,10 @@ class Progress:
     tokens_seen: int = 0
     """Non-pad target tokens trained on so far."""
     train_seconds: float = 0.0
+    oom_skipped: int = 0
+    """Optimizer steps skipped on every rank because one ran out of memory."""
+    oom_last: str | None = None
+    """This rank's last out-of-memory micro-batch shape (not saved)."""
     history: list[dict[str, Any]] = field(default_factory=list)
     """Logged rows (train intervals and validations) up to ``step``: the plots file is rebuilt from it."""
 
@@ -52,13 +60,15 @@ class Progress:
         """The ``state.json`` content for this position."""
         return {"step": self.step, "epoch": self.epoch, "micro_batch": self.micro, "world_size": world_size,
                 "tokens_seen": self.tokens_seen, "train_seconds": round(self.train_seconds, 3), "config": config,
+                "oom_skipped": self.oom_skipped,
                 "shards_sha256": shards_sha256, "mlflow_run_id": mlflow_run_id, "history": self.history}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Progress:
         """Inverse of :meth:`state` (the position part)."""
         return cls(step=state["step"], epoch=state["epoch"], micro=state["micro_batch"],
-                   tokens_seen=state["tokens_seen"], train_seconds=state["train_seconds"], history=state["history"])
+                   tokens_seen=state["tokens_seen"], train_seconds=state["train_seconds"],
+                   oom_skipped=state.get("oom_skipped", 0), history=state["history"])
 
 
 def step_dir(run_dir: str | Path, step: int) -> Path:
@@ -127,17 +137,37 @@ def save(run_dir: str | Path, step: int, *, model_state: dict[str, torch.Tensor]
     final = step_dir(run_dir, step)
     if (final / DONE).is_file():
         return final
+    faults.hit("before_save", step)
     with atomic_path(final) as tmp:
         tmp.mkdir()
         torch.save(unwrap_state_dict(model_state), tmp / MODEL)
+        faults.hit("mid_save", step)
         torch.save(optim_state, tmp / OPTIM)
-        (tmp / STATE).write_text(json.dumps(state, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        files = {name: (tmp / name).stat().st_size for name in (MODEL, OPTIM)}
+        (tmp / STATE).write_text(json.dumps({**state, "files": files}, indent=1, sort_keys=True) + "\n",
+                                 encoding="utf-8")
         for name in (MODEL, OPTIM, STATE):
             _fsync(tmp / name)
         (tmp / DONE).write_text(f"{step}\n", encoding="utf-8")
         _fsync(tmp / DONE)
+    _fsync_dir(final.parent)
+    faults.hit("after_save", step)
     prune(run_dir, keep_last)
     return final
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename inside ``folder`` durable (POSIX; a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def prune(run_dir: str | Path, keep_last: int) -> list[Path]:
@@ -159,8 +189,14 @@ def read_state(folder: str | Path) -> dict[str, Any]:
     try:
         return json.loads((folder / STATE).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{folder / STATE}: unreadable ({exc}); move {folder} away to resume from the "
-                              "previous checkpoint") from None
+        raise CheckpointError(f"{folder / STATE}: unreadable ({exc}); {_remedy(folder)}") from None
+
+
+def _remedy(folder: Path) -> str:
+    """What to do about a corrupt complete checkpoint: delete it, naming the one the run then resumes from."""
+    older = [p for s, p in complete_checkpoints(folder.parent) if p.name < folder.name]
+    then = f"from {older[-1].name}" if older else "from scratch (it is the only checkpoint)"
+    return f"delete the folder {folder} (or move it away) and rerun to resume {then}"
 
 
 def load_tensors(folder: str | Path, name: str, device: torch.device | str = "cpu") -> dict[str, Any]:
@@ -171,8 +207,26 @@ def load_tensors(folder: str | Path, name: str, device: torch.device | str = "cp
     try:
         return torch.load(folder / name, map_location=device, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means a corrupt or unsafe file
+        _check_size(folder, name)
         raise CheckpointError(f"{folder / name}: cannot be loaded with weights_only=True ({_one_line(exc)}); "
-                              f"move {folder} away to resume from the previous checkpoint") from None
+                              f"{_remedy(folder)}") from None
+
+
+def _check_size(folder: Path, name: str) -> None:
+    """Name a file shorter than ``state.json`` recorded (truncated after the checkpoint completed)."""
+    try:
+        recorded = json.loads((folder / STATE).read_text(encoding="utf-8")).get("files", {}).get(name)
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return  # read_state names an unreadable state.json; older checkpoints have no sizes
+    if recorded is None:
+        return
+    try:
+        actual = (folder / name).stat().st_size
+    except OSError:
+        raise CheckpointError(f"{folder / name}: missing although {DONE} exists; {_remedy(folder)}") from None
+    if actual < recorded:
+        raise CheckpointError(f"{folder / name}: truncated ({actual} of the {recorded} bytes written; a full "
+                              f"disk or an interrupted copy?); {_remedy(folder)}")
 
 
 def _one_line(exc: Exception) -> str:

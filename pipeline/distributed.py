@@ -6,16 +6,22 @@ context and every collective here is the identity, so the training code has one 
 
 Environment:
     NMT_DIST_TIMEOUT_S   collective timeout in seconds (default 1800): a rank that waits longer
-                         for its peers fails instead of hanging forever.
+                         for its peers (a hung or dead rank) fails with a :class:`CollectiveError`
+                         naming this variable instead of hanging forever (gloo and NCCL both honour
+                         the process group's timeout); torchrun then stops the job or, with
+                         ``NMT_MAX_RESTARTS``, restarts it from the newest checkpoint.
     NMT_DIST_BACKEND     force ``gloo`` or ``nccl`` (default: nccl on CUDA, else gloo).
 """
 
 from __future__ import annotations
 
+import ctypes
 import datetime
+import functools
 import logging
 import os
-from collections.abc import Iterable
+import signal
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +33,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 1800.0
 _BUCKET_BYTES = 32 << 20
+_PR_SET_PDEATHSIG = 1
+
+
+class CollectiveError(PipelineError):
+    """A collective failed: a peer rank timed out (hung) or died."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,7 @@ def init(device: str | None = None) -> DistContext:
     else:
         dev = torch.device("cpu")
     if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        die_with_parent()
         backend = os.environ.get("NMT_DIST_BACKEND") or ("nccl" if use_cuda else "gloo")
         kwargs = {"device_id": dev} if backend == "nccl" else {}
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s()), **kwargs)
@@ -92,10 +104,54 @@ def init(device: str | None = None) -> DistContext:
     return DistContext(rank=rank, world_size=world, local_rank=local_rank, device=dev)
 
 
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent (the torchrun agent) dies (Linux).
+
+    torchrun starts each worker in its own session, so a SIGKILLed agent (OOM killer, a killed
+    job step) would otherwise leave orphaned workers that go on training and writing checkpoints
+    beside the relaunched job. A no-op where ``prctl`` is unavailable.
+    """
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _collective(fn: Callable) -> Callable:
+    """Turn a timed-out or broken collective into a :class:`CollectiveError` with the remedy."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (RuntimeError, dist.DistError) as exc:
+            text = str(exc)
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            cause = (text.strip().splitlines() or [type(exc).__name__])[0][-200:]
+            resume = ("The job resumes from the newest checkpoint when relaunched (torchrun restarts it by itself "
+                      "up to NMT_MAX_RESTARTS times).")
+            if "timed out" in text.lower() or "timeout" in text.lower():
+                raise CollectiveError(
+                    f"rank {rank}: collective {fn.__name__} timed out after {timeout_s():g} s (NMT_DIST_TIMEOUT_S): "
+                    f"another rank hung or is far behind; check its log. Raise NMT_DIST_TIMEOUT_S if a step, "
+                    f"validation or checkpoint write legitimately takes longer. {resume} [{cause}]") from None
+            if any(w in text.lower() for w in ("closed", "reset by peer", "broken pipe")):
+                raise CollectiveError(f"rank {rank}: collective {fn.__name__} failed: a peer rank died; its log "
+                                      f"names the cause. {resume} [{cause}]") from None
+            raise
+    return wrapper
+
+
 def _active() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+@_collective
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum ``tensor`` over ranks in place (identity when alone); returns it."""
     if _active():
@@ -103,6 +159,7 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+@_collective
 def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
     """Element-wise maximum over ranks in place (identity when alone); returns it."""
     if _active():
@@ -110,6 +167,7 @@ def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+@_collective
 def all_reduce_grads(params: Iterable[torch.nn.Parameter]) -> None:
     """Sum the gradients of ``params`` over ranks, in flat buckets of ~32 MB.
 
@@ -144,6 +202,7 @@ def _reduce_bucket(grads: list[torch.Tensor]) -> None:
         offset += n
 
 
+@_collective
 def barrier() -> None:
     """Wait for every rank (no-op when alone)."""
     if _active():

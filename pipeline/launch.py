@@ -6,6 +6,13 @@ Single node (default):
     NMT_NPROC        processes on this node (default: the number of CUDA GPUs, else 1)
     -> torchrun --standalone --nproc_per_node=N -m pipeline.train [args]
 
+Fault tolerance (every mode):
+    NMT_MAX_RESTARTS  how often torchrun restarts the whole worker group after a rank fails (a crash,
+                      a collective timeout, see NMT_DIST_TIMEOUT_S); each restart resumes from the
+                      newest complete checkpoint. Default 3 on GPU jobs (CUDA available and
+                      NMT_DEVICE not ``cpu``), else 0; ``--max-restarts`` is passed only when > 0.
+                      A deterministic failure (bad config or data) is retried too, so keep it small.
+
 Several nodes (run the same command on every node, e.g. from a Slurm or Kubernetes job):
     NMT_NNODES       number of nodes (> 1 switches to multi-node mode)
     NMT_NODE_RANK    this node's rank, 0 .. NMT_NNODES-1 (static rendezvous), or leave it unset and set
@@ -52,6 +59,15 @@ def default_nproc() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 1
 
 
+def default_max_restarts() -> int:
+    """3 on GPU jobs (transient hardware and network faults are common there), else 0."""
+    if os.environ.get("NMT_DEVICE", "").strip() == "cpu":
+        return 0
+    import torch
+
+    return 3 if torch.cuda.is_available() else 0
+
+
 def torchrun_command(train_args: list[str]) -> list[str]:
     """The full torchrun command line for this node, from the ``NMT_*`` environment.
 
@@ -78,6 +94,10 @@ def torchrun_command(train_args: list[str]) -> list[str]:
         cmd += [f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", f"--node_rank={node_rank}",
                 f"--master_addr={os.environ['NMT_MASTER_ADDR']}",
                 f"--master_port={_env_int('NMT_MASTER_PORT', 29500)}"]
+    restarts = _env_int("NMT_MAX_RESTARTS", -1, minimum=0)
+    restarts = default_max_restarts() if restarts < 0 else restarts
+    if restarts:
+        cmd.append(f"--max-restarts={restarts}")
     return cmd + ["-m", "pipeline.train", *train_args]
 
 

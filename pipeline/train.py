@@ -8,9 +8,13 @@ are sums; after accumulation the gradients are summed over ranks and divided by 
 global number of non-pad target tokens, so the update does not depend on how the tokens fell
 into micro-batches or ranks. A relaunch resumes from the newest complete checkpoint.
 
+Before the first step a pre-flight forward+backward on the plan's largest micro-batch shapes
+fails fast when memory is short (:mod:`pipeline.preflight`); a later out-of-memory error skips
+that optimizer step on every rank and is counted.
+
 Environment: ``NMT_THREADS`` (torch CPU threads), ``NMT_DEVICE`` (``cpu`` forces CPU),
-``NMT_DIST_TIMEOUT_S`` (collective timeout), ``NMT_FAULT_KILL_AT_STEP`` (test hook: every rank
-SIGKILLs itself after that step, to exercise crash recovery).
+``NMT_DIST_TIMEOUT_S`` (collective timeout, :mod:`pipeline.distributed`), ``NMT_FAULT_POINT`` /
+``NMT_FAULT_ONCE`` (fault-injection test hooks, :mod:`pipeline.faults`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ import io
 import logging
 import math
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,7 +38,7 @@ import sentencepiece as spm
 import torch
 
 from model import Transformer, TransformerConfig, inverse_sqrt_lr, label_smoothed_nll_loss
-from pipeline import batching, checkpoint, distributed, tracking
+from pipeline import batching, checkpoint, distributed, faults, preflight, tracking
 from pipeline.config import ModelConfig, Params, TrainConfig, flatten, section_dict
 from pipeline.checkpoint import Progress
 from pipeline.data import ShardSet
@@ -108,6 +111,8 @@ def _setup(cfg: TrainConfig, model_cfg: ModelConfig, seed: int, shards_dir: Path
                                         max_positions=tcfg.max_positions)
     torch.manual_seed(seed)  # identical initial weights on every rank and device
     model = Transformer(tcfg).to(ctx.device)
+    preflight.check(model, preflight.largest_shapes(batches, ids, batching.token_lengths(src_len, tgt_len)),
+                    device=ctx.device, max_tokens=cfg.max_tokens, label_smoothing=cfg.label_smoothing, rank=ctx.rank)
     fused = {"fused": True} if ctx.device.type == "cuda" else {}
     optim = torch.optim.Adam(model.parameters(), lr=0.0, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                              weight_decay=cfg.weight_decay, **fused)
@@ -142,12 +147,6 @@ def _resume(run: Run, run_dir: Path) -> tuple[Progress, str | None, int | None]:
     return progress, state.get("mlflow_run_id"), state["world_size"]
 
 
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 def _epoch_steps(run: Run, progress: Progress):
     cfg = run.model.cfg
     return batching.epoch_steps(run.batches, run.train.fetch, seed=run.seed, epoch=progress.epoch,
@@ -156,35 +155,65 @@ def _epoch_steps(run: Run, progress: Progress):
                                 pin=run.ctx.device.type == "cuda")
 
 
-def _train_step(run: Run, micro_batches: list, progress: Progress) -> dict[str, float]:
-    """One optimizer step over this rank's micro-batches; returns global step statistics."""
-    model, dev = run.model, run.ctx.device
-    sums = torch.zeros(2, dtype=torch.float64, device=dev)  # loss_sum, nll_sum
-    local_tokens = 0
-    for batch in micro_batches:
+def _accumulate(run: Run, micro_batches: list, progress: Progress, step: int) -> tuple[torch.Tensor, str | None]:
+    """Forward+backward of this rank's micro-batches.
+
+    Returns:
+        [4] float64 ``loss_sum, nll_sum, non-pad target tokens, ran out of memory (0/1)``, and the
+        shape of the micro-batch that ran out of memory (None if none did; the rest are not run).
+    """
+    model, dev, rank = run.model, run.ctx.device, run.ctx.rank
+    sums, tokens = torch.zeros(2, dtype=torch.float64, device=dev), 0  # loss_sum, nll_sum; non-pad target tokens
+    oom = None
+    for i, batch in enumerate(micro_batches):
         if batch is None:
             continue
         torch.manual_seed(micro_seed(run.seed, progress.epoch, batch.index))
         b = batch.to(dev)
-        with _autocast(dev):
-            logits = model(b.src, b.tgt_in)
-        loss_sum, nll_sum = label_smoothed_nll_loss(logits, b.tgt_out, epsilon=run.cfg.label_smoothing,
-                                                    ignore_index=model.cfg.pad_id)
-        loss_sum.backward()
+        try:
+            faults.hit("forward", step, rank)
+            with preflight.autocast(dev):
+                logits = model(b.src, b.tgt_in)
+            loss_sum, nll_sum = label_smoothed_nll_loss(logits, b.tgt_out, epsilon=run.cfg.label_smoothing,
+                                                        ignore_index=model.cfg.pad_id)
+            loss_sum.backward()
+        except torch.OutOfMemoryError:
+            oom = f"micro-batch {batch.index}: src {list(b.src.shape)}, tgt {list(b.tgt_in.shape)}"
+            break
         sums += torch.stack([loss_sum.detach(), nll_sum.detach()]).double()
-        local_tokens += b.n_tokens
-    stats = torch.cat([sums, torch.tensor([float(local_tokens)], dtype=torch.float64, device=dev)])
-    distributed.all_reduce_sum(stats)  # the global loss sums and non-pad target tokens of this step
+        tokens += b.n_tokens
+        if i + 1 < len(micro_batches):
+            faults.hit("mid_accum", step, rank)
+    return torch.cat([sums, torch.tensor([float(tokens), float(oom is not None)], dtype=torch.float64,
+                                         device=dev)]), oom
+
+
+def _train_step(run: Run, micro_batches: list, progress: Progress) -> dict[str, float] | None:
+    """One optimizer step over this rank's micro-batches; returns global step statistics.
+
+    Returns None when a rank ran out of memory: every rank then skips the step (the OOM flag
+    travels with the step's statistics, so the ranks stay in lockstep).
+    """
+    model, dev, step = run.model, run.ctx.device, progress.step + 1
+    stats, oom = _accumulate(run, micro_batches, progress, step)
+    faults.hit("collective", step, run.ctx.rank)
+    distributed.all_reduce_sum(stats)  # the global loss sums, non-pad target tokens and OOM ranks of this step
+    loss_sum, nll_sum, tokens, oom_ranks = stats.tolist()
+    if oom_ranks:
+        model.zero_grad(set_to_none=True)
+        preflight.free_memory(dev)
+        if oom:
+            log.warning("train step %d: out of memory on rank %d at %s", step, run.ctx.rank, oom)
+        progress.oom_last = oom or progress.oom_last
+        return None
     params = [p for p in model.parameters() if p.requires_grad]
     distributed.all_reduce_grads(params)
-    loss_sum, nll_sum, tokens = stats.tolist()
     grads = [p.grad for p in params]
     torch._foreach_div_(grads, tokens)
     norm = torch.nn.utils.get_total_norm(grads)
     if run.cfg.clip_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, run.cfg.clip_norm, norm)
     norm = float(norm)
-    step = progress.step + 1
     if not (math.isfinite(loss_sum) and math.isfinite(norm)):
         raise PipelineError(
             f"train step {step}: non-finite {'loss' if not math.isfinite(loss_sum) else 'gradient norm'} "
@@ -207,7 +236,7 @@ def validate(run: Run) -> dict[str, float]:
     stats = torch.zeros(3, dtype=torch.float64, device=dev)
     for ids in run.valid_batches[run.ctx.rank::run.ctx.world_size]:
         b = batching.collate(run.valid.fetch(ids), pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id).to(dev)
-        with _autocast(dev):
+        with preflight.autocast(dev):
             logits = model(b.src, b.tgt_in)
         loss_sum, nll_sum = label_smoothed_nll_loss(logits, b.tgt_out, epsilon=run.cfg.label_smoothing,
                                                     ignore_index=cfg.pad_id)
@@ -297,17 +326,21 @@ class _Clock:
     t0: float
     start_step: int
     interval: _Interval = field(default_factory=lambda: _Interval())
-    fault_step: int = field(default_factory=lambda: int(os.environ.get("NMT_FAULT_KILL_AT_STEP", "0") or 0))
+    oom_streak: int = 0
 
 
 def _one_step(run: Run, progress: Progress, micro_batches: list, *, run_dir: Path, tracker, clock: _Clock) -> None:
     cfg = run.cfg
     step_start = time.monotonic()
     stats = _train_step(run, micro_batches, progress)
-    progress.step += 1
     progress.micro += run.ctx.world_size * run.accum
     if progress.micro >= len(run.batches):  # the epoch's last step (its generator is exhausted)
         progress.epoch, progress.micro = progress.epoch + 1, 0
+    if stats is None:
+        _skipped(run, progress, clock)
+        return
+    clock.oom_streak = 0
+    progress.step += 1
     progress.tokens_seen += int(stats["tokens"])
     progress.train_seconds += time.monotonic() - step_start
     clock.interval.add(stats)
@@ -319,9 +352,17 @@ def _one_step(run: Run, progress: Progress, micro_batches: list, *, run_dir: Pat
         _record_valid(run, progress, tracker)
     if progress.step % cfg.save_every_steps == 0:
         _save(run, progress, run_dir, tracker.run_id)
-    if clock.fault_step and progress.step == clock.fault_step:
-        log.warning("NMT_FAULT_KILL_AT_STEP=%d: killing this process (crash-recovery test hook)", progress.step)
-        os.kill(os.getpid(), signal.SIGKILL)
+    faults.hit("after_step", progress.step, run.ctx.rank)
+
+
+def _skipped(run: Run, progress: Progress, clock: _Clock) -> None:
+    """Count an optimizer step skipped for lack of memory; stop after MAX_OOM_STREAK in a row."""
+    progress.oom_skipped += 1
+    clock.oom_streak += 1
+    log.warning("train step %d skipped on every rank: out of memory (%d skipped so far; lower train.max_tokens "
+                "if this repeats)", progress.step + 1, progress.oom_skipped)
+    if clock.oom_streak >= preflight.MAX_OOM_STREAK:
+        raise preflight.oom_step_error(progress.step + 1, clock.oom_streak, progress.oom_last or "another rank")
 
 
 def _record_valid(run: Run, progress: Progress, tracker) -> dict[str, float]:
@@ -362,7 +403,8 @@ def _finish(run: Run, progress: Progress, *, run_dir: Path, metrics_path: Path, 
                **{k: v for k, v in last_valid.items() if k.startswith("valid_")},
                "train_seconds": round(progress.train_seconds, 3), "wall_seconds": round(wall, 3),
                "tgt_tokens_per_s": progress.tokens_seen / max(progress.train_seconds, 1e-9),
-               "resumed_from_step": resumed_from, "mlflow_run_id": tracker.run_id,
+               "resumed_from_step": resumed_from, "oom_skipped_steps": progress.oom_skipped,
+               "mlflow_run_id": tracker.run_id,
                "device": run.ctx.device.type, "device_name": _device_name(run.ctx.device)}
     if run.ctx.is_main:
         write_metrics(metrics_path, metrics)

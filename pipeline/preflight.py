@@ -1,0 +1,110 @@
+"""Memory: a pre-flight forward+backward on the plan's largest batch shapes, and out-of-memory reports.
+
+Training fails fast, before the first step, when one micro-batch cannot fit: the pre-flight runs
+the worst shapes the batch plan can produce (the most padded tokens, and the longest sequences,
+whose attention costs the most) with synthetic token ids and turns an out-of-memory error into a
+:class:`~pipeline.errors.PipelineError` naming ``train.max_tokens`` and the shape. An
+out-of-memory error later in the run (fragmentation, a co-tenant) skips that optimizer step on
+every rank, as fairseq does, and is counted (``oom_skipped_steps`` in train.json).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from model import Transformer, label_smoothed_nll_loss
+from pipeline import faults
+from pipeline.errors import PipelineError
+
+log = logging.getLogger(__name__)
+
+MAX_OOM_STREAK = 3
+"""Consecutive optimizer steps skipped for lack of memory after which training stops."""
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on CUDA, nothing on CPU (the training and validation precision)."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def largest_shapes(batches: Sequence[np.ndarray], ids: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int]]:
+    """The plan's worst micro-batch shapes ``(sentences, length)``: most tokens, then most attention.
+
+    Args:
+        batches: the frozen plan (arrays of example ids).
+        ids: [N] example ids; lengths: [N] cost lengths (``batching.token_lengths``), aligned.
+
+    Returns:
+        One or two distinct shapes; ``length`` bounds the source (+EOS) and target (+BOS) sides.
+    """
+    order = np.argsort(ids, kind="stable")
+    sorted_ids, sorted_len = np.asarray(ids)[order], np.asarray(lengths)[order]
+    shapes = [(len(b), int(sorted_len[np.searchsorted(sorted_ids, b)].max())) for b in batches if len(b)]
+    most_tokens = max(shapes, key=lambda s: (s[0] * s[1], s[1]))
+    most_attention = max(shapes, key=lambda s: (s[0] * s[1] * s[1], s[0]))
+    return list(dict.fromkeys([most_tokens, most_attention]))
+
+
+def free_memory(device: torch.device) -> None:
+    """Release what a failed step left behind (call outside the ``except`` block)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def check(model: Transformer, shapes: Sequence[tuple[int, int]], *, device: torch.device, max_tokens: int,
+          label_smoothing: float, rank: int = 0) -> None:
+    """Run one forward+backward per shape; leave the model without gradients.
+
+    Raises:
+        PipelineError: out of memory, naming the shape and ``train.max_tokens`` to lower.
+    """
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(0)  # synthetic ids; the global generators are reseeded per micro-batch
+    failed = None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for n, length in shapes:
+        try:
+            faults.hit("preflight", 0, rank)
+            tokens = torch.randint(4, cfg.vocab_size, (3, n, length), generator=gen).to(device)
+            with autocast(device):
+                logits = model(tokens[0], tokens[1])
+            loss, _ = label_smoothed_nll_loss(logits, tokens[2], epsilon=label_smoothing, ignore_index=cfg.pad_id)
+            loss.backward()
+        except torch.OutOfMemoryError as exc:
+            failed = (n, length, str(exc).splitlines()[0][:200] if str(exc) else "")
+            break
+        finally:
+            model.zero_grad(set_to_none=True)
+    free_memory(device)
+    if failed:
+        n, length, cause = failed
+        raise PipelineError(
+            f"pre-flight on {device}: one forward+backward of the largest micro-batch shape of the plan ({n} "
+            f"sentences x {length} tokens, train.max_tokens={max_tokens}) ran out of memory. Lower "
+            f"train.max_tokens (e.g. to {max(length, max_tokens // 2)}); the accumulation grows so that "
+            f"train.tokens_per_step is kept [{cause}]")
+    if device.type == "cuda":
+        peak, total = torch.cuda.max_memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
+        log.info("pre-flight: largest micro-batch shapes %s fit, peak %.2f of %.2f GiB", list(shapes),
+                 peak / 2**30, total / 2**30)
+    else:
+        log.info("pre-flight: largest micro-batch shapes %s fit", list(shapes))
+
+
+def oom_step_error(step: int, streak: int, shape: str) -> PipelineError:
+    """The error once :data:`MAX_OOM_STREAK` consecutive steps ran out of memory."""
+    return PipelineError(
+        f"train step {step}: {streak} consecutive optimizer steps ran out of memory (last: {shape}) and were "
+        f"skipped; lower train.max_tokens (the accumulation grows so that train.tokens_per_step is kept), then "
+        f"rerun: training resumes from the newest checkpoint only under the same train.max_tokens, so move "
+        f"paths.train away first")
