@@ -13,7 +13,6 @@ import argparse
 import logging
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +27,6 @@ log = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIAL_PIECES = {"pad_piece": "<pad>", "unk_piece": "<unk>", "bos_piece": "<s>", "eos_piece": "</s>"}
-
 
 
 def sample_indices(total: int, k: int, seed: int) -> np.ndarray:
@@ -101,7 +99,9 @@ def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, metrics
     """Run the bpe stage: ``<clean_dir>/train.{en,de}`` → ``<bpe_dir>/spm.{model,vocab}``.
 
     Raises:
-        DataError: missing cleaned text, an empty training set, or a vocabulary the text cannot fill.
+        DataError: missing cleaned text, an empty training set, invalid UTF-8 or a NUL byte (file:line),
+            or a vocabulary the text cannot fill.
+        OutputError: the disk filled up while writing (the previous ``bpe_dir`` is kept).
     """
     from pipeline import tracking
 
@@ -112,16 +112,19 @@ def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, metrics
             raise DataError(f"{path}: missing; run `dvc repro clean` first")
     start = time.monotonic()
     threads = os.cpu_count() or 1
-    with tracking.stage_run("bpe") as run, tempfile.TemporaryDirectory(prefix="nmt-bpe-") as work:
+    with tracking.stage_run("bpe") as run:
         run.log_params({f"bpe.{k}": v for k, v in vars(cfg).items()})
-        sample = Path(work) / "sample.txt"
-        n = write_sample(files, sample, cfg.input_sentence_size, cfg.seed)
-        if n == 0:
-            raise DataError(f"{files[0]} and {files[1]} hold no text; rerun `dvc repro clean`")
-        log.info("bpe: training a %d-piece model on %d sentences with %d threads", cfg.vocab_size, n, threads)
         with atomic_path(bpe_dir) as tmp:
             tmp.mkdir()
+            # The sample lives in the temporary output (removed before the rename): a killed run leaves no
+            # gigabyte-sized file in /tmp, only a stale sibling that the next run deletes.
+            sample = tmp / "sample.txt"
+            n = write_sample(files, sample, cfg.input_sentence_size, cfg.seed)
+            if n == 0:
+                raise DataError(f"{files[0]} and {files[1]} hold no text; rerun `dvc repro clean`")
+            log.info("bpe: training a %d-piece model on %d sentences with %d threads", cfg.vocab_size, n, threads)
             train_model(sample, tmp / "spm", cfg, threads)
+            sample.unlink()
         metrics = {"sentences": n, "vocab_size": cfg.vocab_size, "spm_sha256": sha256_file(bpe_dir / "spm.model"),
                    "seconds": round(time.monotonic() - start, 3), "mlflow_run_id": run.run_id}
         run.log_metrics({"sentences": n, "seconds": metrics["seconds"]})

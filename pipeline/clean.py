@@ -152,6 +152,9 @@ def _raw_files(raw_dir: Path, split: str) -> tuple[Path, Path, int]:
     if n_src != n_tgt:
         raise DataError(f"{src} has {n_src} lines but {tgt} has {n_tgt}: the files are not aligned; "
                         "fix or re-download them (`dvc repro download`)")
+    if n_src == 0:
+        need = "nothing to train on" if split == "train" else f"the {split} set is needed for validation and BLEU"
+        raise DataError(f"{src} and {tgt} are empty: {need}; check or rerun the download stage (`dvc repro download`)")
     return src, tgt, n_src
 
 
@@ -231,9 +234,6 @@ def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path) -> d
 def _check_not_empty(cfg: CleanConfig, counts: dict, raw_dir: Path) -> None:
     if counts["pairs_out"]:
         return
-    if not counts["pairs_in"]:
-        raise DataError(f"{raw_dir}/train.en and train.de are empty: nothing to train on; "
-                        "check the download stage (`dvc repro download`)")
     rules = ", ".join(f"{k}={v}" for k, v in counts["dropped"].items() if v)
     raise DataError(
         f"clean: every one of the {counts['pairs_in']} training pairs was dropped ({rules}); loosen "
@@ -245,8 +245,9 @@ def stage(cfg: CleanConfig, *, raw_dir: str | Path, clean_dir: str | Path, metri
     """Run the clean stage: ``raw_dir`` → ``clean_dir`` (atomically) and ``metrics_path``.
 
     Raises:
-        DataError: a missing or misaligned raw file, invalid UTF-8 (file:line), or a training
-            set emptied by the filters (naming the counts per rule and the params to loosen).
+        DataError: a missing, empty or misaligned raw file, invalid UTF-8 or a NUL byte (file:line),
+            or a training set emptied by the filters (naming the counts per rule and the params to loosen).
+        OutputError: the disk filled up while writing (the previous ``clean_dir`` is kept).
     """
     from pipeline import tracking
 

@@ -7,7 +7,8 @@ cache ``$NMT_DOWNLOAD_CACHE``, default ``<repo>/.cache/downloads``). The outputs
 and a network run are byte-identical. The whole raw folder is built under a temporary sibling and
 renamed into place: a failure leaves the previous outputs (or nothing) behind.
 
-Environment: ``NMT_DATA_MIRROR`` (a folder or http(s) base URL), ``NMT_DOWNLOAD_CACHE``,
+Environment: ``NMT_DATA_MIRROR`` (a folder or http(s) base URL; ``user:password@`` in it is sent as
+basic auth and never logged), ``NMT_DOWNLOAD_CACHE``,
 ``NMT_DOWNLOAD_BACKOFF_S`` (first retry delay, default 1 s, doubling).
 """
 
@@ -19,6 +20,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -26,6 +28,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+import requests
 
 from pipeline.config import DownloadConfig, Params
 from pipeline.errors import ConfigError, DataError, DownloadError
@@ -34,7 +39,7 @@ from pipeline.fetch import (CorruptArchive, NotFound, RetryPolicy, Unreachable, 
 from pipeline.fetch import cache_path as _cache_path
 from pipeline.sources import LANGS, SPLITS, Corpus, DatasetSpec, SourceFile, dataset_spec, sgml_segments
 from pipeline.stage import run_cli, stage_parser, write_metrics
-from pipeline.textio import atomic_path, read_lines
+from pipeline.textio import atomic_path, newest_file, pid_alive, read_lines, write_error
 from pipeline.tracking import stage_run
 
 log = logging.getLogger(__name__)
@@ -50,23 +55,62 @@ class FetchEnv:
     mirror: str | None
     cache_dir: Path
     policy: RetryPolicy
+    auth: tuple[str, str] | None = None  # from user:password@ in an http(s) mirror URL; never logged
 
     @classmethod
     def from_env(cls, cfg: DownloadConfig) -> FetchEnv:
-        """Read ``NMT_DATA_MIRROR``, ``NMT_DOWNLOAD_CACHE`` and ``NMT_DOWNLOAD_BACKOFF_S``."""
+        """Read ``NMT_DATA_MIRROR``, ``NMT_DOWNLOAD_CACHE`` and ``NMT_DOWNLOAD_BACKOFF_S``.
+
+        Credentials in an http(s) mirror URL (``https://user:pass@host/data``) are taken out of it
+        and sent as HTTP basic auth, so URLs in logs, errors and cache paths never carry them.
+        """
         mirror = os.environ.get("NMT_DATA_MIRROR", "").strip() or None
         if mirror and mirror.startswith("file://"):
             mirror = mirror[len("file://"):]
-        if mirror and not re.match(r"^https?://", mirror) and not Path(mirror).is_dir():
-            raise DownloadError(f"NMT_DATA_MIRROR={mirror!r} is neither a directory nor an http(s) URL; "
-                                "fix or unset it")
+        auth = None
+        if mirror and re.match(r"^https?://", mirror):
+            mirror, auth = split_userinfo(mirror)
+        elif mirror and not Path(mirror).is_dir():
+            raise DownloadError(f"NMT_DATA_MIRROR={split_userinfo(mirror)[0]!r} is neither a directory nor an "
+                                "http(s) URL; fix or unset it")
         cache = Path(os.environ.get("NMT_DOWNLOAD_CACHE") or REPO_ROOT / ".cache" / "downloads")
         try:
             backoff = float(os.environ.get("NMT_DOWNLOAD_BACKOFF_S", "1.0"))
         except ValueError:
             raise DownloadError("NMT_DOWNLOAD_BACKOFF_S must be a number of seconds") from None
-        return cls(mirror=mirror, cache_dir=cache,
+        return cls(mirror=mirror, cache_dir=cache, auth=auth,
                    policy=RetryPolicy(retries=cfg.retries, timeout_s=cfg.timeout_s, backoff_s=backoff))
+
+
+def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``url`` without its ``user:password@`` part, and the (user, password) it held (None if none)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    user, _, password = userinfo.partition(":")
+    return urlunsplit(parts._replace(netloc=host)), (unquote(user), unquote(password))
+
+
+def _fetch(env: FetchEnv, url: str, dest: Path) -> Path:
+    """:func:`fetch_url` with the mirror's credentials; a full disk names the ``.part`` file being written."""
+    with requests.Session() as session:
+        session.auth = env.auth if env.mirror and url.startswith(env.mirror.rstrip("/") + "/") else None
+        try:
+            return fetch_url(url, dest, policy=env.policy, session=session)
+        except OSError as exc:
+            raise write_error(exc, exc.filename or dest.with_name(dest.name + ".part")) or exc from None
+
+
+def remove_stale_staging(cache_dir: Path) -> None:
+    """Delete ``extract-<pid>-*`` staging folders of killed runs (extracted corpora: gigabytes)."""
+    if not cache_dir.is_dir():
+        return
+    for entry in cache_dir.iterdir():
+        match = re.fullmatch(r"extract-(\d+)-\w+", entry.name)
+        if match and entry.is_dir() and not pid_alive(int(match.group(1))):
+            shutil.rmtree(entry, ignore_errors=True)
+            log.info("removed %s, left behind by an interrupted run", entry)
 
 
 @dataclass(frozen=True)
@@ -124,6 +168,9 @@ def _unpack(loc: Located, fn: Any, *args: Any) -> Any:
         if loc.cached:
             loc.copy.unlink(missing_ok=True)
         raise
+    except OSError as exc:  # the staging copy (last argument) could not be written: disk full...
+        dest = Path(args[-1])
+        raise write_error(exc, exc.filename or (newest_file(dest) if dest.is_dir() else dest)) or exc from None
 
 
 def _expectations(cfg: DownloadConfig, spec: DatasetSpec, raw_dir: Path) -> dict[str, list[Expectation]]:
@@ -183,7 +230,7 @@ def _from_mirror(env: FetchEnv, rel: str) -> Located | None:
     dest = _cache_path(env.cache_dir, url)
     if not dest.is_file():
         try:
-            fetch_url(url, dest, policy=env.policy)
+            _fetch(env, url, dest)
         except NotFound:
             return None
     return Located(dest, "mirror", dest, cached=True)
@@ -195,7 +242,7 @@ def _fetch_upstream(env: FetchEnv, spec: DatasetSpec, sf: SourceFile) -> Located
         log.info("using cached %s", dest)
         return Located(dest, "cache", dest, cached=True)
     try:
-        return Located(fetch_url(sf.url, dest, policy=env.policy), "network", dest, cached=True)
+        return Located(_fetch(env, sf.url, dest), "network", dest, cached=True)
     except Unreachable as exc:
         raise DownloadError(f"{exc}; {_mirror_hint(spec, sf)}") from None
 
@@ -311,9 +358,10 @@ def stage(cfg: DownloadConfig, *, raw_dir: Path, metrics_path: Path, sources: Da
     env = FetchEnv.from_env(cfg)
     expected = _expectations(cfg, spec, raw_dir)
     env.cache_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(env.cache_dir)
     archives: dict[str, dict[str, Any]] = {}
     with stage_run("download", root=REPO_ROOT) as run:
-        with tempfile.TemporaryDirectory(dir=env.cache_dir, prefix="extract-") as tmp:
+        with tempfile.TemporaryDirectory(dir=env.cache_dir, prefix=f"extract-{os.getpid()}-") as tmp:
             staging = Path(tmp)
             located = _locate(env, spec, staging, archives, expected)
             files: list[dict[str, Any]] = []

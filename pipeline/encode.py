@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from pipeline.config import EncodeConfig, Params
 from pipeline.errors import ConfigError, DataError
 from pipeline.stage import run_cli, stage_parser, write_metrics
-from pipeline.textio import atomic_path, sha256_file, write_text
+from pipeline.textio import atomic_path, nul_error, sha256_file, write_text
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,9 @@ def _read_block(path: str, start: int, end: int, count: int, first_line: int) ->
     except UnicodeDecodeError as exc:
         line = first_line + raw.count(b"\n", 0, exc.start) + 1
         raise DataError(f"{path}:{line}: invalid UTF-8; rerun `dvc repro clean`") from None
+    if (nul := raw.find(b"\0")) >= 0:
+        line_start = raw.rfind(b"\n", 0, nul) + 1
+        raise nul_error(path, first_line + raw.count(b"\n", 0, nul) + 1, nul - line_start)
     if lines and lines[-1] == "":
         lines.pop()  # the text ends with a newline
     if len(lines) != count:
@@ -200,6 +203,8 @@ def plan_tasks(cfg: EncodeConfig, clean_dir: Path, spm_model: Path, spm_sha256: 
         (src_offs, n_src), (tgt_offs, n_tgt) = (_line_offsets(p, cfg.shard_rows) for p in (src, tgt))
         if n_src != n_tgt:
             raise DataError(f"{src} has {n_src} lines but {tgt} has {n_tgt}: not aligned; rerun `dvc repro clean`")
+        if n_src == 0:
+            raise DataError(f"{src} and {tgt} are empty: every split needs text; rerun `dvc repro clean`")
         lines[split] = n_src
         src_ends, tgt_ends = src_offs[1:] + [-1], tgt_offs[1:] + [-1]
         for k, offs in enumerate(zip(src_offs, tgt_offs, src_ends, tgt_ends)):
@@ -263,7 +268,9 @@ def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shar
     """Run the encode stage: clean text + ``spm.model`` → ``shards_dir`` (atomically) and metrics.
 
     Raises:
-        DataError: missing inputs, misaligned or invalid clean files, an unreadable BPE model.
+        DataError: missing inputs, empty, misaligned or invalid clean files (bad UTF-8, NUL bytes),
+            an unreadable BPE model.
+        OutputError: the disk filled up while writing (the previous ``shards_dir`` is kept).
     """
     from pipeline import tracking
 

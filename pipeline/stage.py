@@ -8,31 +8,55 @@ A stage module defines ``stage(cfg, *, inputs..., outputs...)`` and a ``main(arg
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
+import re
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import Params, load_params
 from pipeline.errors import PipelineError
-from pipeline.textio import write_text
+from pipeline.textio import public_path, write_error, write_text
 
 log = logging.getLogger(__name__)
 
 
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'\"]+@")
+_SECRET_ENV = re.compile(r"(?i)(PASSWORD|PASSWD|TOKEN|SECRET|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY)")
+
+
+def redact(text: str) -> str:
+    """``text`` without credentials: URL userinfo (``https://user:pass@host``) and secret env values.
+
+    An environment variable counts as secret when its name contains PASSWORD, TOKEN, SECRET,
+    CREDENTIAL, API_KEY, ACCESS_KEY or PRIVATE_KEY; its value (4+ characters) is masked wherever it occurs.
+    """
+    text = _USERINFO.sub(r"\1***@", text)
+    for name, value in os.environ.items():
+        if len(value) >= 4 and _SECRET_ENV.search(name) and value in text:
+            text = text.replace(value, "***")
+    return text
+
+
+class RedactingFormatter(logging.Formatter):
+    """A formatter whose output (message, traceback) goes through :func:`redact`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
 def setup_logging(level: str | None = None) -> None:
-    """Log to stderr with timestamps; level from ``NMT_LOG_LEVEL`` (default INFO)."""
+    """Log to stderr with timestamps, credentials redacted; level from ``NMT_LOG_LEVEL`` (default INFO)."""
     level = level or os.environ.get("NMT_LOG_LEVEL", "INFO")
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
 
 
 def stage_parser(description: str) -> argparse.ArgumentParser:
@@ -42,9 +66,29 @@ def stage_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def os_error_message(exc: OSError) -> str:
+    """One line for an OSError that escaped a stage: what failed on which path, and what to do."""
+    path = public_path(os.fsdecode(exc.filename)) if exc.filename is not None else None
+    disk_full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    if path is not None and disk_full:
+        return str(write_error(exc, path))
+    code = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+    if path is None:
+        hint = ("free space on the disk holding the outputs (or raise the quota or `ulimit -f`)" if disk_full
+                else "see the log above")
+        return f"{exc.strerror or exc} ({code}); {hint}, then rerun the stage"
+    return (f"{path}: {exc.strerror or exc} ({code}); check that it exists and that this user may read and write it "
+            "and its folder, then rerun the stage")
+
+
 def run_cli(name: str, body: Callable[[Params, argparse.Namespace], None], argv: list[str] | None,
             parser: argparse.ArgumentParser | None = None) -> int:
-    """Parse args, load params, run ``body``; map known errors to one line and exit code 1."""
+    """Parse args, load params, run ``body``; map known errors to one line and exit code 1.
+
+    A :class:`~pipeline.errors.PipelineError` or an ``OSError`` (disk full, permission denied...)
+    becomes ``error: stage <name>: <message>``; anything else prints its traceback first (a bug),
+    then the same one line. Everything printed has credentials redacted.
+    """
     setup_logging()
     parser = parser or stage_parser(f"pipeline stage {name}")
     args = parser.parse_args(argv)
@@ -53,13 +97,22 @@ def run_cli(name: str, body: Callable[[Params, argparse.Namespace], None], argv:
         params = load_params(args.params)
         body(params, args)
     except PipelineError as exc:
-        print(f"error: stage {name}: {exc}", file=sys.stderr)
-        return 1
+        return _fail(name, str(exc))
+    except OSError as exc:
+        return _fail(name, os_error_message(exc))
     except KeyboardInterrupt:
         print(f"error: stage {name}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug or an unexpected library failure: keep the traceback, hide secrets
+        print(redact(traceback.format_exc()), file=sys.stderr, end="")
+        return _fail(name, f"unexpected {type(exc).__name__}: {exc}")
     log.info("stage %s finished in %.1f s", name, time.monotonic() - start)
     return 0
+
+
+def _fail(name: str, message: str) -> int:
+    print(redact(f"error: stage {name}: {message}"), file=sys.stderr)
+    return 1
 
 
 def write_metrics(path: str | Path, metrics: dict[str, Any]) -> None:

@@ -7,16 +7,34 @@ EN/DE files, so every stage reads lines through :func:`read_lines`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from pipeline.errors import DataError
+from pipeline.errors import DataError, PipelineError
+
+log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
+# A temporary sibling made by atomic_path: .<name>.<pid>.<8 random chars>.tmp
+_TMP_NAME = re.compile(r"^\.(.+)\.\d+\.[A-Za-z0-9_]{8}\.tmp$")
+_DISK_FULL = {
+    errno.ENOSPC: ("no space left on the device", "free space on the file system holding {folder} (df -h {folder})"),
+    errno.EDQUOT: ("disk quota exceeded", "free space within your quota on {folder} or have it raised"),
+    errno.EFBIG: ("file size limit reached", "raise the file size limit (ulimit -f) or the file system's maximum"),
+}
+_NOT_ALLOWED = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+                errno.EROFS: "read-only file system"}
+
+
+class OutputError(PipelineError):
+    """An output could not be written: disk full, quota, file size limit, permission, read-only disk."""
 
 
 def read_lines(path: str | Path) -> Iterator[str]:
@@ -25,7 +43,7 @@ def read_lines(path: str | Path) -> Iterator[str]:
     A final line without ``\\n`` is still yielded; an empty file yields nothing.
 
     Raises:
-        DataError: invalid UTF-8 (names the file and 1-based line number).
+        DataError: invalid UTF-8 or a NUL byte (names the file and 1-based line number).
     """
     path = Path(path)
     lineno = 0
@@ -35,12 +53,22 @@ def read_lines(path: str | Path) -> Iterator[str]:
             if raw.endswith(b"\n"):
                 raw = raw[:-1]
             try:
-                yield raw.decode("utf-8")
+                line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise DataError(
                     f"{path}:{lineno}: invalid UTF-8 at byte {exc.start} of the line; "
                     "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
                 ) from None
+            if "\0" in line:
+                raise nul_error(path, lineno, raw.index(b"\0"))
+            yield line
+
+
+def nul_error(path: str | Path, lineno: int, byte: int) -> DataError:
+    """The error for a NUL byte in text: valid UTF-8, but the mark of a binary or UTF-16 file."""
+    return DataError(f"{path}:{lineno}: NUL byte at byte {byte} of the line; this is not UTF-8 text (a binary, "
+                     "UTF-16 or corrupt file?): replace the file with the real UTF-8 text "
+                     "(e.g. iconv -f utf-16 -t utf-8)")
 
 
 def count_lines(path: str | Path) -> int:
@@ -64,9 +92,109 @@ def sha256_file(path: str | Path) -> str:
 
 
 def _tmp_sibling(path: Path) -> Path:
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """A fresh ``.<name>.<pid>.<random>.tmp`` beside ``path`` (the pid tells a later run whether it is stale)."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     return Path(name)
+
+
+def public_path(path: str | Path) -> Path:
+    """``path`` with every temporary component (``.<name>.<pid>.<random>.tmp``) shown as ``<name>``.
+
+    Errors name the output a user knows (``data/clean/train.en``), not the sibling being built.
+    """
+    return Path(*(_TMP_NAME.sub(r"\1", part) for part in Path(path).parts))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (zombies included)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temps(path: str | Path) -> list[Path]:
+    """Delete ``.<name>.*.tmp`` siblings of ``path`` left by runs that died (SIGKILL, power loss).
+
+    A sibling whose pid is still alive (a concurrent writer) is kept; one without a pid (an older
+    naming) is stale. Returns what was removed.
+    """
+    path = Path(path)
+    prefix = f".{path.name}."
+    removed = []
+    try:
+        entries = [e for e in os.scandir(path.parent) if e.name.startswith(prefix) and e.name.endswith(".tmp")]
+    except OSError:
+        return []
+    for entry in entries:
+        pid = entry.name[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and (int(pid) == os.getpid() or pid_alive(int(pid))):
+            continue
+        stale = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+        if not os.path.lexists(stale):
+            log.info("removed %s, left behind by an interrupted run", stale)
+            removed.append(stale)
+    return removed
+
+
+def newest_file(tmp: Path) -> Path:
+    """The file under folder ``tmp`` written last (the one a failed buffered write was filling), or ``tmp``."""
+    if not tmp.is_dir():
+        return tmp
+    best: tuple[int, int, str] | None = None
+    for root, _, files in os.walk(tmp):
+        for name in files:
+            try:
+                st = os.stat(os.path.join(root, name))
+            except OSError:
+                continue
+            key = (st.st_mtime_ns, st.st_size, os.path.join(root, name))
+            best = max(best, key) if best else key
+    return Path(best[2]) if best else tmp
+
+
+def write_error(exc: OSError, target: str | Path, output: str | Path | None = None) -> OutputError | None:
+    """A one-line :class:`OutputError` for a failure to write ``target``, or None if ``exc`` is another error.
+
+    Disk full, quota, file size limit, permission denied and read-only file systems are explained
+    with the remedy. ``output``, when given, is the atomic output ``target`` belongs to: the message
+    says it is untouched (absent, or still the previous complete version).
+    """
+    target = public_path(target)
+    code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    if exc.errno in _DISK_FULL:
+        reason, remedy = _DISK_FULL[exc.errno]
+        remedy = remedy.format(folder=target.parent)
+    elif exc.errno in _NOT_ALLOWED:
+        reason = _NOT_ALLOWED[exc.errno]
+        remedy = f"make {target.parent} writable by this user, or point paths.* in params.yaml elsewhere"
+    else:
+        return None
+    message = f"cannot write {target}: {reason} ({code}); {remedy}, then rerun the stage"
+    if output is not None:
+        output = public_path(output)
+        kept = "the previous complete version is kept" if output.exists() else "nothing was written there"
+        message += f" ({output}: {kept})"
+    return OutputError(message)
+
+
+def _as_write_error(exc: OSError, tmp: Path, path: Path) -> OutputError | None:
+    """Translate an error raised while building ``tmp`` (the future ``path``), if it is about writing it."""
+    if exc.filename is not None:
+        failed = Path(os.fsdecode(exc.filename))
+        if failed != tmp and tmp not in failed.parents:
+            return None  # e.g. an input that cannot be read: not ours to explain
+    else:
+        failed = newest_file(tmp)
+    return write_error(exc, path if failed == tmp else path / failed.relative_to(tmp), path)
 
 
 @contextlib.contextmanager
@@ -74,12 +202,22 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary sibling path; on success rename it onto ``path``, on error delete it.
 
     Works for files and directories: the caller creates whatever it likes at the yielded path.
-    An existing directory at ``path`` is removed just before the rename.
+    An existing directory at ``path`` is removed just before the rename. Stale temporary siblings
+    of ``path`` from a killed run are deleted first.
+
+    Raises:
+        OutputError: the disk filled up (or a quota, file size limit or permission stopped a write);
+            names the file being written and the remedy. Nothing was renamed onto ``path``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_sibling(path)
-    tmp.unlink()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if public_path(path.parent) == path.parent:  # a folder we are building holds no stale siblings
+            remove_stale_temps(path)
+        tmp = _tmp_sibling(path)
+        tmp.unlink()
+    except OSError as exc:
+        raise write_error(exc, os.fsdecode(exc.filename or path), path) or exc from None
     try:
         yield tmp
         if tmp.is_dir():
@@ -91,11 +229,14 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
+        failure = _as_write_error(exc, tmp, path) if isinstance(exc, OSError) else None
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             tmp.unlink(missing_ok=True)
+        if failure is not None:
+            raise failure from None
         raise
 
 

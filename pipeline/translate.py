@@ -1,7 +1,7 @@
 """``nmt translate``: one sentence per line from stdin or a file into translations, with one model file.
 
 The input gets the training text's normalisation (:func:`pipeline.clean.normalize`); empty lines
-stay empty; invalid UTF-8 is replaced (U+FFFD) with a warning naming the lines; a sentence longer
+stay empty; invalid UTF-8 and NUL bytes are replaced (U+FFFD) with a warning naming the lines; a sentence longer
 than the model's ``max_positions`` is truncated with a warning instead of crashing. Optionally one
 sentence's cross-attention is drawn as a PNG (one heatmap per head of a decoder layer).
 
@@ -45,6 +45,19 @@ def read_input(stream: BinaryIO) -> tuple[list[str], list[int]]:
             lines.append(chunk.decode("utf-8", errors="replace"))
             bad.append(number)
     return lines, bad
+
+
+def replace_nul(lines: Sequence[str]) -> tuple[list[str], list[int]]:
+    """``lines`` with NUL characters replaced by U+FFFD, and the 1-based numbers of lines that had one.
+
+    NUL is valid UTF-8 but never text: it marks binary input. Replaced, it still yields one output line.
+    """
+    out, numbers = list(lines), []
+    for i, line in enumerate(out):
+        if "\0" in line:
+            out[i] = line.replace("\0", "\ufffd")
+            numbers.append(i + 1)
+    return out, numbers
 
 
 def _which(numbers: Sequence[int], limit: int = 10) -> str:
@@ -149,6 +162,10 @@ def run(args: argparse.Namespace) -> int:
             raise PipelineError(f"{args.input}: cannot be read ({exc.strerror})") from None
     if bad:
         log.warning("%d input line(s) had invalid UTF-8, replaced by U+FFFD: line(s) %s", len(bad), _which(bad))
+    lines, nul = replace_nul(lines)
+    if nul:
+        log.warning("%d input line(s) had NUL bytes (binary input?), replaced by U+FFFD: line(s) %s", len(nul),
+                    _which(nul))
     out, sources, hyps, truncated = translate_lines(
         translator, lines, beam_size=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
         max_len_b=args.max_len_b, max_tokens=args.max_tokens)
