@@ -95,7 +95,7 @@ def _tmp_sibling(path: Path) -> Path:
     """A fresh ``.<name>.<pid>.<random>.tmp`` beside ``path`` (the pid tells a later run whether it is stale)."""
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    return Path(name)
+    return path.parent / Path(name).name  # as relative as ``path``, so errors name paths as configured
 
 
 def public_path(path: str | Path) -> Path:
@@ -107,14 +107,18 @@ def public_path(path: str | Path) -> Path:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists on this machine (zombies included)."""
+    """Whether a process ``pid`` runs on this machine (a zombie, killed but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's live process
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): os.kill's answer stands
+    return state not in ("Z", "X")
 
 
 def remove_stale_temps(path: str | Path) -> list[Path]:
@@ -216,8 +220,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             remove_stale_temps(path)
         tmp = _tmp_sibling(path)
         tmp.unlink()
-    except OSError as exc:
-        raise write_error(exc, os.fsdecode(exc.filename or path), path) or exc from None
+    except OSError as exc:  # the folder or the temporary sibling could not be made
+        failed = public_path(os.fsdecode(exc.filename)) if exc.filename is not None else path
+        raise write_error(exc, path if failed == path.absolute() else failed, path) or exc from None
     try:
         yield tmp
         if tmp.is_dir():

@@ -1,0 +1,329 @@
+"""Faults outside training, on the real stage CLIs: SIGKILL mid-stage, a full disk, a refused write.
+
+A killed ``clean`` or ``encode`` (the stage process alone, or ``dvc repro`` with its whole process
+group) leaves no partial output under the output path, only a temporary sibling that the next run
+deletes; the next run, through real ``dvc repro`` in a temporary git + DVC repo, produces files
+byte-identical to an uninterrupted run. A write that hits the file size limit (``RLIMIT_FSIZE``,
+which fails writes with EFBIG exactly as a full disk fails them with ENOSPC) or a folder the stage
+may not write is one line naming the file, exit code 1, and the previous output untouched.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gzip
+import hashlib
+import os
+import random
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.profiles import deep_merge, write_profile
+from pipeline.textio import atomic_path, remove_stale_temps, write_text
+
+EN = "the a cat dog house garden man woman sits runs sees big small red green near under".split()
+DE = "der die das katze hund haus garten mann frau sitzt läuft sieht groß klein rot grün nahe unter".split()
+STAGES = ("clean", "bpe", "encode")
+
+
+def corpus(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
+    """``n`` distinct synthetic EN/DE pairs (a counter keeps them apart: dedup drops nothing)."""
+    rng = random.Random(seed)
+    lens = [rng.randint(3, 14) for _ in range(n)]
+    return ([" ".join(rng.choices(EN, k=k)) + f" {i}" for i, k in enumerate(lens)],
+            [" ".join(rng.choices(DE, k=k)) + f" {i}" for i, k in enumerate(lens)])
+
+
+def write_raw(raw: Path, n_train: int, seed: int = 0) -> None:
+    """``<raw>/{train,valid,test}.{en,de}`` as the download stage would leave them."""
+    raw.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", 50), ("test", 60)):
+        for lang, lines in zip(("en", "de"), corpus(n, seed + len(split))):
+            (raw / f"{split}.{lang}").write_text("".join(s + "\n" for s in lines), encoding="utf-8")
+
+
+def write_params(root: Path, repo_root: Path, **overrides: dict) -> Path:
+    """The tiny profile as ``<root>/params.yaml`` (paths relative to ``root``), with section overrides."""
+    target = write_profile("tiny", repo_root, root / "params.yaml")
+    if overrides:
+        data = deep_merge(yaml.safe_load(target.read_text(encoding="utf-8")), overrides)
+        target.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return target
+
+
+def sha_tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def temps(root: Path) -> list[str]:
+    """Every temporary sibling (``.<name>.<pid>.<random>.tmp``) anywhere under ``root``."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob(".*.tmp"))
+
+
+def stale_outputs(folder: Path) -> list[str]:
+    """The outputs whose temporary siblings lie directly in ``folder``: ``.clean.123.ab12cd34.tmp`` -> clean."""
+    return sorted(p.name.split(".")[1] for p in folder.glob(".*.tmp"))
+
+
+def fsize_limit(limit: int) -> Callable[[], None]:
+    """A ``preexec_fn`` capping the size of any file the child writes (writes past it fail with EFBIG)."""
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the writer instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def stage_cli(stage: str, cwd: Path, preexec_fn: Callable[[], None] | None = None,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"pipeline.{stage}", "--params", "params.yaml"], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, preexec_fn=preexec_fn,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **(env or {})})
+
+
+def last_line(proc: subprocess.CompletedProcess) -> str:
+    return proc.stderr.strip().splitlines()[-1]
+
+
+def kill_group_when(proc: subprocess.Popen, ready: Callable[[], bool], log: Path, limit_s: float = 90) -> None:
+    """SIGKILL ``proc``'s whole process group as soon as ``ready()``; fail if it ends first."""
+    deadline = time.monotonic() + limit_s
+    while not ready():
+        assert proc.poll() is None, f"finished before it could be killed:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "never reached the point to kill at"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def building(parent: Path, name: str, inner: str, at_least: int) -> Callable[[], bool]:
+    """True once a temporary sibling ``.<name>.*.tmp`` holds ``at_least`` bytes (or files) under ``inner``."""
+    def ready() -> bool:
+        for tmp in parent.glob(f".{name}.*.tmp"):
+            target = tmp / inner
+            try:
+                if target.is_file() and target.stat().st_size >= at_least:
+                    return True
+                if target.is_dir() and len(list(target.glob("*.parquet"))) >= at_least:
+                    return True
+            except OSError:
+                continue
+        return False
+    return ready
+
+
+# --- SIGKILL mid-stage, then dvc repro -------------------------------------------------------------
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def dvc_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A git + DVC repo: this checkout's pipeline package, the real clean/bpe/encode stages, tiny params,
+    and a 200k-pair raw corpus where download would put it."""
+    repo_root = Path(__file__).resolve().parents[1]
+    repo = tmp_path_factory.mktemp("faults") / "template"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@example.com")
+    _git(repo, "config", "user.name", "test")
+    subprocess.run(["dvc", "init", "-q"], cwd=repo, check=True)
+    shutil.copytree(repo_root / "pipeline", repo / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(repo_root / "profiles", repo / "profiles")
+    stages = yaml.safe_load((repo_root / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {s: stages[s] for s in STAGES}}, sort_keys=False))
+    write_params(repo, repo_root)
+    (repo / ".gitignore").write_text("/data/\n/metrics/\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "data stages")
+    write_raw(repo / "data/tiny/raw", 200_000)
+    return repo
+
+
+def _dvc(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": ""}  # the stages import the repo's own copy of pipeline/
+    return subprocess.run(["dvc", *args], cwd=repo, capture_output=True, text=True, timeout=300, env=env)
+
+
+def _outputs(repo: Path) -> dict[str, dict[str, str]]:
+    return {s: sha_tree(repo / "data/tiny" / ("shards" if s == "encode" else s)) for s in STAGES}
+
+
+@pytest.mark.slow
+def test_sigkill_mid_clean_and_mid_encode_then_dvc_repro_is_byte_identical(dvc_template: Path, tmp_path: Path) -> None:
+    reference = shutil.copytree(dvc_template, tmp_path / "reference", symlinks=True)
+    done = _dvc(reference, "repro")
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = _outputs(reference)
+    assert len(expected["encode"]) > 1000  # 1001 shards of 200 rows + manifest: encode takes a while
+
+    repo = shutil.copytree(dvc_template, tmp_path / "repo", symlinks=True)
+    data, log = repo / "data/tiny", tmp_path / "stage.log"
+    env = {**os.environ, "PYTHONPATH": ""}
+    with open(log, "wb") as out:  # 1. the clean stage alone, killed while it writes train.en
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.clean"], cwd=repo, stdout=out, stderr=out, env=env,
+                                start_new_session=True)
+        kill_group_when(proc, building(data, "clean", "train.en", 1 << 20), log)
+    assert not (data / "clean").exists() and not (repo / "metrics/tiny/clean.json").exists()
+    assert stale_outputs(data) == ["clean"]
+
+    with open(log, "wb") as out:  # 2. dvc repro with its whole group (dvc, the stage, its workers) mid-encode
+        proc = subprocess.Popen(["dvc", "repro"], cwd=repo, stdout=out, stderr=out, env=env, start_new_session=True)
+        kill_group_when(proc, building(data, "shards", "train", 20), log)
+    assert "removed" in log.read_text() and "left behind by an interrupted run" in log.read_text()
+    assert not (data / "shards").exists() and not (repo / "metrics/tiny/encode.json").exists()
+    assert stale_outputs(data) == ["shards"]
+    assert _outputs(repo)["clean"] == expected["clean"] and _outputs(repo)["bpe"] == expected["bpe"]
+
+    again = _dvc(repo, "repro")  # 3. the next run cleans up and finishes
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "left behind by an interrupted run" in again.stderr + again.stdout
+    assert _outputs(repo) == expected
+    assert temps(repo / "data") == [] and temps(repo / "metrics") == []
+    status = _dvc(repo, "status")
+    assert "up to date" in status.stdout, status.stdout
+
+
+def test_stale_siblings_of_dead_writers_are_removed_live_ones_kept(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    zombie = subprocess.Popen(["sleep", "30"])
+    zombie.kill()  # killed, not yet reaped: dead too
+    time.sleep(0.2)
+    live = subprocess.Popen(["sleep", "30"])
+    try:
+        names = {f".out.{dead.pid}.abcd1234.tmp": "dir", f".out.{zombie.pid}.efgh5678.tmp": "file",
+                 ".out.k2j4h5g6.tmp": "dir",  # without a pid (older naming): stale
+                 f".out.{live.pid}.wxyz0987.tmp": "dir", f".other.{dead.pid}.abcd1234.tmp": "dir"}
+        for name, kind in names.items():
+            if kind == "dir":
+                (tmp_path / name).mkdir()
+                (tmp_path / name / "part").write_text("partial")
+            else:
+                (tmp_path / name).write_text("partial")
+        write_text(tmp_path / "out", "complete\n")
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            ["out", f".out.{live.pid}.wxyz0987.tmp", f".other.{dead.pid}.abcd1234.tmp"])
+        assert remove_stale_temps(tmp_path / "other") == [tmp_path / f".other.{dead.pid}.abcd1234.tmp"]
+    finally:
+        live.kill()
+        live.wait()
+        zombie.wait()
+    with atomic_path(tmp_path / "out") as tmp:  # the live writer has gone now
+        assert tmp.name.startswith(f".out.{os.getpid()}.")
+        tmp.write_text("again\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+# --- the disk fills up ------------------------------------------------------------------------------
+
+@pytest.fixture
+def workspace(tmp_path: Path, repo_root: Path) -> Path:
+    """tmp_path with tiny params and a 20k-pair raw corpus (train.en ~0.9 MB)."""
+    write_params(tmp_path, repo_root, encode={"shard_rows": 100_000})
+    write_raw(tmp_path / "data/tiny/raw", 20_000)
+    return tmp_path
+
+
+def test_clean_hitting_the_file_size_limit_keeps_the_previous_output(workspace: Path) -> None:
+    first = stage_cli("clean", workspace)
+    assert first.returncode == 0, first.stderr
+    clean, metrics = workspace / "data/tiny/clean", workspace / "metrics/tiny/clean.json"
+    before, metrics_before = sha_tree(clean), metrics.read_bytes()
+    write_raw(workspace / "data/tiny/raw", 20_000, seed=1)  # new input: a successful run would change the output
+    proc = stage_cli("clean", workspace, fsize_limit(256 << 10))
+    assert proc.returncode == 1
+    assert last_line(proc) == (
+        "error: stage clean: cannot write data/tiny/clean/train.en: file size limit reached (EFBIG); raise the file "
+        "size limit (ulimit -f) or the file system's maximum, then rerun the stage (data/tiny/clean: the previous "
+        "complete version is kept)")
+    assert "Traceback" not in proc.stderr
+    assert sha_tree(clean) == before and metrics.read_bytes() == metrics_before
+    assert temps(workspace) == []
+
+
+def test_encode_hitting_the_file_size_limit_in_a_worker_writes_nothing(workspace: Path) -> None:
+    from pipeline import bpe, clean
+    from pipeline.config import load_params
+
+    params, data = load_params(workspace / "params.yaml"), workspace / "data/tiny"
+    clean.stage(params.clean, raw_dir=data / "raw", clean_dir=data / "clean", metrics_path=workspace / "clean.json")
+    bpe.stage(params.bpe, clean_dir=data / "clean", bpe_dir=data / "bpe", metrics_path=workspace / "bpe.json")
+    proc = stage_cli("encode", workspace, fsize_limit(64 << 10), env={"NMT_ENCODE_WORKERS": "2"})
+    assert proc.returncode == 1, proc.stderr
+    assert last_line(proc) == (
+        "error: stage encode: cannot write data/tiny/shards/train/part-00000.parquet: file size limit reached "
+        "(EFBIG); raise the file size limit (ulimit -f) or the file system's maximum, then rerun the stage "
+        "(data/tiny/shards/train/part-00000.parquet: nothing was written there)")
+    assert "Traceback" not in proc.stderr
+    assert not (workspace / "data/tiny/shards").exists() and not (workspace / "metrics/tiny/encode.json").exists()
+    assert temps(workspace) == []
+    assert stage_cli("encode", workspace).returncode == 0  # with room to write, the same inputs go through
+
+
+def _multi30k_mirror(root: Path) -> Path:
+    """A local mirror laid out like the Multi30k repository, with the line counts its spec checks."""
+    folder = root / "multi30k/data/task1/raw"
+    folder.mkdir(parents=True)
+    for stem, n in (("train", 29_000), ("val", 1_014), ("test_2016_flickr", 1_000)):
+        for lang, lines in zip(("en", "de"), corpus(n, seed=len(stem))):
+            text = "".join(s + "\n" for s in lines).encode("utf-8")
+            (folder / f"{stem}.{lang}.gz").write_bytes(gzip.compress(text, mtime=0))
+    return root
+
+
+def test_download_through_a_mirror_hitting_the_file_size_limit(tmp_path: Path, repo_root: Path) -> None:
+    write_params(tmp_path, repo_root)
+    cache = tmp_path / "cache"
+    env = {"NMT_DATA_MIRROR": str(_multi30k_mirror(tmp_path / "mirror")), "NMT_DOWNLOAD_CACHE": str(cache)}
+    proc = stage_cli("download", tmp_path, fsize_limit(256 << 10), env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert re.fullmatch(
+        rf"error: stage download: cannot write {re.escape(str(cache))}/extract-\d+-\w+/gunzip/data/task1/raw/"
+        r"train\.en: file size limit reached \(EFBIG\); raise the file size limit \(ulimit -f\) or the file "
+        r"system's maximum, then rerun the stage", last_line(proc)), last_line(proc)
+    assert not (tmp_path / "data/tiny/raw").exists() and temps(tmp_path) == []
+    assert list(cache.iterdir()) == []  # the staging folder went with the failure
+    ok = stage_cli("download", tmp_path, env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "data/tiny/raw/train.en").read_bytes().count(b"\n") == 29_000
+
+
+# --- a folder the stage may not write ---------------------------------------------------------------
+
+def _without_dac_override() -> None:
+    """As root: drop CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH from the bounding set, so modes apply after exec."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def test_permission_denied_names_the_folder(tmp_path: Path, repo_root: Path) -> None:
+    write_params(tmp_path, repo_root, paths={"clean": "locked/clean"})
+    write_raw(tmp_path / "data/tiny/raw", 100)
+    (tmp_path / "locked").mkdir(mode=0o555)
+    preexec = _without_dac_override if os.geteuid() == 0 else None
+    try:
+        proc = stage_cli("clean", tmp_path, preexec)
+    finally:
+        (tmp_path / "locked").chmod(0o755)
+    if "prctl(PR_CAPBSET_DROP)" in proc.stderr:
+        pytest.skip("running as root without CAP_SETPCAP: cannot make a folder unwritable")
+    assert proc.returncode == 1, proc.stderr
+    assert last_line(proc) == (
+        "error: stage clean: cannot write locked/clean: permission denied (EACCES); make locked writable by this "
+        "user, or point paths.* in params.yaml elsewhere, then rerun the stage (locked/clean: nothing was "
+        "written there)")
+    assert list((tmp_path / "locked").iterdir()) == []
