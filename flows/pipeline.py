@@ -38,7 +38,7 @@ from pipeline import tracking
 from pipeline.config import flatten, load_params, section_dict
 from pipeline.errors import PipelineError
 from pipeline.profiles import write_profile
-from pipeline.runner import stage_lock_md5
+from pipeline.runner import tag_stage_run
 
 log = logging.getLogger(__name__)
 
@@ -128,21 +128,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _tag_stage(repo: Path, metrics_dir: Path | None, stage: str, parent: tracking.StageRun) -> str | None:
     """Tag ``stage``'s MLflow run (id from its metrics JSON) with its dvc.lock md5; return the run id."""
-    if metrics_dir is None or not tracking.enabled():
-        return None
-    name = "bleu" if stage == "evaluate" else stage
-    run_id = _read_json(repo / metrics_dir / f"{name}.json").get("mlflow_run_id")
-    lock_path = repo / "dvc.lock"
-    if not run_id or not lock_path.is_file():
-        return None
-    lock = yaml.safe_load(lock_path.read_text(encoding="utf-8")) or {}
-    md5 = stage_lock_md5(lock, stage)
-    try:
-        tracking.tag_run(run_id, {"dvc_lock_md5": md5}, repo)
-        parent.set_tags({f"produced_by.{stage}": run_id})
-    except Exception as exc:  # noqa: BLE001 - tracking must never fail the pipeline
-        log.warning("could not tag the MLflow run of stage %s: %s", stage, exc)
-    return run_id
+    return None if metrics_dir is None else tag_stage_run(repo, metrics_dir, stage, parent)
 
 
 def _load_params(repo: Path) -> tuple[dict[str, Any], str, Path | None]:

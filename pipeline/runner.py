@@ -32,18 +32,39 @@ def stage_lock_md5(lock: dict, stage: str) -> str:
     return hashlib.md5(json.dumps(entry, sort_keys=True).encode()).hexdigest()  # noqa: S324 - fingerprint
 
 
-def _tag_stage_runs(root: Path, metrics_dir: Path) -> None:
-    lock_path = root / "dvc.lock"
-    if not lock_path.is_file():
-        return
-    lock = yaml.safe_load(lock_path.read_text(encoding="utf-8")) or {}
-    for stage in lock.get("stages", {}):
-        metrics = metrics_dir / f"{stage}.json"
-        if not metrics.is_file():
-            continue
+def stage_metrics_file(metrics_dir: Path, stage: str) -> Path:
+    """The metrics JSON in which ``stage`` records its MLflow run id (evaluate writes bleu.json)."""
+    return metrics_dir / ("bleu.json" if stage == "evaluate" else f"{stage}.json")
+
+
+def tag_stage_run(root: Path, metrics_dir: Path, stage: str,
+                  parent: tracking.StageRun | None = None) -> str | None:
+    """Tag ``stage``'s MLflow run with its dvc.lock md5 (and the parent with ``produced_by.<stage>``).
+
+    Returns:
+        The stage's run id, or None when it has none (tracking off, stage never ran).
+    """
+    lock_path, metrics = root / "dvc.lock", root / stage_metrics_file(metrics_dir, stage)
+    if not (tracking.enabled() and lock_path.is_file() and metrics.is_file()):
+        return None
+    try:
         run_id = json.loads(metrics.read_text(encoding="utf-8")).get("mlflow_run_id")
-        if run_id:
-            tracking.tag_run(run_id, {"dvc_lock_md5": stage_lock_md5(lock, stage)}, root)
+        if not run_id:
+            return None
+        lock = yaml.safe_load(lock_path.read_text(encoding="utf-8")) or {}
+        tracking.tag_run(run_id, {"dvc_lock_md5": stage_lock_md5(lock, stage)}, root)
+        if parent is not None:
+            parent.set_tags({f"produced_by.{stage}": run_id})
+    except Exception as exc:  # noqa: BLE001 - tracking must never fail the pipeline
+        log.warning("could not tag the MLflow run of stage %s: %s", stage, exc)
+        return None
+    return run_id
+
+
+def _stages(root: Path) -> list[str]:
+    lock_path = root / "dvc.lock"
+    lock = yaml.safe_load(lock_path.read_text(encoding="utf-8")) if lock_path.is_file() else None
+    return list((lock or {}).get("stages", {}))
 
 
 def run_pipeline(*, stages: list[str], profile: str | None = None, force: bool = False,
@@ -68,7 +89,8 @@ def run_pipeline(*, stages: list[str], profile: str | None = None, force: bool =
             rc = subprocess.run(cmd, cwd=root, env=env, check=False).returncode
         except FileNotFoundError:
             raise PipelineError("dvc not found on PATH: run `make install` and use .venv/bin/nmt") from None
-        _tag_stage_runs(root, root / params.paths.metrics)
+        for stage in _stages(root):
+            tag_stage_run(root, Path(params.paths.metrics), stage, parent)
         if rc != 0:
             raise PipelineError(f"`{' '.join(cmd)}` failed with exit code {rc}; see the stage output above")
     return rc

@@ -1,0 +1,87 @@
+"""`nmt run`: one MLflow parent run around a real `dvc repro`, stage runs linked and tagged."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.profiles import write_profile
+from pipeline.runner import run_pipeline, stage_lock_md5
+from pipeline.errors import PipelineError
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A stage that behaves like ours: opens its child run, writes its run id into its metrics JSON.
+STAGE_CODE = (
+    "from pipeline.tracking import stage_run; from pipeline.stage import write_metrics; "
+    "from pathlib import Path; import sys\n"
+    "with stage_run('bpe') as run:\n"
+    "    run.log_metrics({'sentences': 3})\n"
+    "    Path('out').mkdir(exist_ok=True); Path('out/x.txt').write_text('x')\n"
+    "    write_metrics('metrics/tiny/bpe.json', {'mlflow_run_id': run.run_id})\n"
+    "sys.exit(int(Path('FAIL').exists()))\n"
+)
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    shutil.copytree(REPO / "profiles", ws / "profiles")
+    write_profile("tiny", REPO, ws / "params.yaml")
+    (ws / "stage.py").write_text(STAGE_CODE)
+    (ws / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"bpe": {
+        "cmd": f"{sys.executable} stage.py", "deps": ["stage.py"], "params": ["bpe"], "outs": ["out"],
+        "metrics": [{"metrics/tiny/bpe.json": {"cache": False}}]}}}))
+    _git(ws, "init", "-q")
+    _git(ws, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "init")
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=ws, check=True)
+    return ws
+
+
+def _runs(uri: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("wmt14-transformer")
+    return client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def test_parent_run_links_stage_runs_and_tags_their_lock_md5(workspace: Path, mlflow_sqlite: str) -> None:
+    assert run_pipeline(stages=[], root=workspace) == 0
+    parent, child = _runs(mlflow_sqlite)
+    assert parent.data.tags["pipeline"] == "true" and parent.data.params["train.max_steps"] == "20"
+    assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    lock = yaml.safe_load((workspace / "dvc.lock").read_text())
+    assert child.data.tags["dvc_lock_md5"] == stage_lock_md5(lock, "bpe") != ""
+    assert parent.data.tags["produced_by.bpe"] == child.info.run_id
+
+    # Second pipeline run: DVC skips the stage, the new parent still points at the run that produced it.
+    assert run_pipeline(stages=[], root=workspace) == 0
+    runs = _runs(mlflow_sqlite)
+    assert len(runs) == 3
+    assert runs[2].data.tags["produced_by.bpe"] == child.info.run_id
+
+
+def test_failing_stage_fails_the_parent_run(workspace: Path, mlflow_sqlite: str) -> None:
+    (workspace / "FAIL").write_text("")
+    with pytest.raises(PipelineError, match=r"`dvc repro` failed with exit code \d+"):
+        run_pipeline(stages=[], root=workspace)
+    parent = next(r for r in _runs(mlflow_sqlite) if r.data.tags.get("pipeline") == "true")
+    assert parent.info.status == "FAILED"
+
+
+def test_tracking_off_runs_without_a_store(workspace: Path) -> None:
+    assert run_pipeline(stages=["bpe"], root=workspace) == 0
+    assert json.loads((workspace / "metrics/tiny/bpe.json").read_text())["mlflow_run_id"] is None
+    assert not (workspace / ".mlflow").exists()
