@@ -103,7 +103,7 @@ def run_cli(name: str, body: Callable[[Params, argparse.Namespace], None], argv:
     except KeyboardInterrupt:
         print(f"error: stage {name}: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # a bug or an unexpected library failure: keep the traceback, hide secrets
+    except Exception as exc:  # noqa: BLE001 - a bug or a library failure: keep the traceback, hide secrets
         print(redact(traceback.format_exc()), file=sys.stderr, end="")
         return _fail(name, f"unexpected {type(exc).__name__}: {exc}")
     log.info("stage %s finished in %.1f s", name, time.monotonic() - start)

@@ -86,7 +86,7 @@ def fsize_limit(limit: int) -> Callable[[], None]:
 
 def stage_cli(stage: str, cwd: Path, preexec_fn: Callable[[], None] | None = None,
               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", f"pipeline.{stage}", "--params", "params.yaml"], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", f"pipeline.{stage}", "--params", "params.yaml"], check=False, cwd=cwd,
                           capture_output=True, text=True, timeout=120, preexec_fn=preexec_fn,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **(env or {})})
 
@@ -153,7 +153,7 @@ def dvc_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _dvc(repo: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": ""}  # the stages import the repo's own copy of pipeline/
-    return subprocess.run(["dvc", *args], cwd=repo, capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run(["dvc", *args], check=False, cwd=repo, capture_output=True, text=True, timeout=300, env=env)
 
 
 def _outputs(repo: Path) -> dict[str, dict[str, str]]:
