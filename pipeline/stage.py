@@ -35,11 +35,11 @@ def redact(text: str) -> str:
     """``text`` without credentials: URL userinfo (``https://user:pass@host``) and secret env values.
 
     An environment variable counts as secret when its name contains PASSWORD, TOKEN, SECRET,
-    CREDENTIAL, API_KEY, ACCESS_KEY or PRIVATE_KEY; its value (4+ characters) is masked wherever it occurs.
+    CREDENTIAL, API_KEY, ACCESS_KEY or PRIVATE_KEY; its value (6+ characters) is masked wherever it occurs.
     """
     text = _USERINFO.sub(r"\1***@", text)
     for name, value in os.environ.items():
-        if len(value) >= 4 and _SECRET_ENV.search(name) and value in text:
+        if len(value) >= 6 and _SECRET_ENV.search(name) and value in text:
             text = text.replace(value, "***")
     return text
 
