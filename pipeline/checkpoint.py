@@ -50,8 +50,8 @@ class Progress:
     train_seconds: float = 0.0
     oom_skipped: int = 0
     """Optimizer steps skipped on every rank because one ran out of memory."""
-    oom_last: str | None = None
-    """This rank's last out-of-memory micro-batch shape (not saved)."""
+    oom_streak: int = 0
+    """Consecutive skipped steps (not saved)."""
     history: list[dict[str, Any]] = field(default_factory=list)
     """Logged rows (train intervals and validations) up to ``step``: the plots file is rebuilt from it."""
 

@@ -99,9 +99,22 @@ def init(device: str | None = None) -> DistContext:
         die_with_parent()
         backend = os.environ.get("NMT_DIST_BACKEND") or ("nccl" if use_cuda else "gloo")
         kwargs = {"device_id": dev} if backend == "nccl" else {}
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s()), **kwargs)
+        timeout = datetime.timedelta(seconds=timeout_s())
+        dist.init_process_group(backend=backend, store=_attempt_store(timeout), rank=rank, world_size=world,
+                                timeout=timeout, **kwargs)
         log.info("rank %d/%d joined the %s process group on %s", rank, world, backend, dev)
     return DistContext(rank=rank, world_size=world, local_rank=local_rank, device=dev)
+
+
+def _attempt_store(timeout: datetime.timedelta) -> dist.Store:
+    """torchrun's store with keys private to this restart attempt (``TORCHELASTIC_RESTART_COUNT``).
+
+    After ``--max-restarts`` brings the workers back, the agent's store still holds the previous
+    attempt's gloo addresses under the same keys; new ranks then connect to dead ports and fail
+    ("Gloo connectFullMesh failed ... Connection refused"). A per-attempt prefix avoids that.
+    """
+    store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+    return dist.PrefixStore(f"nmt/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def die_with_parent() -> None:

@@ -20,6 +20,7 @@ import torch
 
 from model import Transformer, label_smoothed_nll_loss
 from pipeline import faults
+from pipeline.checkpoint import Progress
 from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -101,10 +102,25 @@ def check(model: Transformer, shapes: Sequence[tuple[int, int]], *, device: torc
         log.info("pre-flight: largest micro-batch shapes %s fit", list(shapes))
 
 
-def oom_step_error(step: int, streak: int, shape: str) -> PipelineError:
-    """The error once :data:`MAX_OOM_STREAK` consecutive steps ran out of memory."""
-    return PipelineError(
-        f"train step {step}: {streak} consecutive optimizer steps ran out of memory (last: {shape}) and were "
-        f"skipped; lower train.max_tokens (the accumulation grows so that train.tokens_per_step is kept), then "
-        f"rerun: training resumes from the newest checkpoint only under the same train.max_tokens, so move "
-        f"paths.train away first")
+def skip_step(progress: Progress, oom: str | None, *, rank: int, device: torch.device) -> None:
+    """Count an optimizer step that every rank skips because one ran out of memory.
+
+    Args:
+        progress: the run's position (``oom_skipped`` and ``oom_streak`` are updated).
+        oom: this rank's out-of-memory micro-batch shape, or None when another rank ran out.
+
+    Raises:
+        PipelineError: the :data:`MAX_OOM_STREAK`-th consecutive skip, naming ``train.max_tokens``.
+    """
+    free_memory(device)
+    step = progress.step + 1
+    progress.oom_skipped += 1
+    progress.oom_streak += 1
+    where = f"rank {rank}, {oom}" if oom else "another rank"
+    log.warning("train step %d: out of memory (%s); the step is skipped on every rank (%d skipped so far; lower "
+                "train.max_tokens if this repeats)", step, where, progress.oom_skipped)
+    if progress.oom_streak >= MAX_OOM_STREAK:
+        raise PipelineError(
+            f"train step {step}: {progress.oom_streak} optimizer steps in a row ran out of memory (last: {where}) "
+            f"and were skipped; lower train.max_tokens (the accumulation grows so that train.tokens_per_step is "
+            f"kept) and move paths.train away (a run resumes only under the train.max_tokens it started with)")

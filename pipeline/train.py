@@ -127,8 +127,9 @@ def _setup(cfg: TrainConfig, model_cfg: ModelConfig, seed: int, shards_dir: Path
 
 def _resume(run: Run, run_dir: Path) -> tuple[Progress, str | None, int | None]:
     """Load the newest complete checkpoint (if any); returns progress, MLflow run id, its world size."""
-    if run.ctx.is_main:
+    if run.ctx.is_main:  # a run killed while saving: drop the half-written folder, finish the pruning
         checkpoint.clean_incomplete(run_dir)
+        checkpoint.prune(run_dir, run.cfg.keep_last)
     distributed.barrier()
     folder = checkpoint.latest(run_dir)
     if folder is None:
@@ -201,10 +202,7 @@ def _train_step(run: Run, micro_batches: list, progress: Progress) -> dict[str, 
     loss_sum, nll_sum, tokens, oom_ranks = stats.tolist()
     if oom_ranks:
         model.zero_grad(set_to_none=True)
-        preflight.free_memory(dev)
-        if oom:
-            log.warning("train step %d: out of memory on rank %d at %s", step, run.ctx.rank, oom)
-        progress.oom_last = oom or progress.oom_last
+        preflight.skip_step(progress, oom, rank=run.ctx.rank, device=dev)
         return None
     params = [p for p in model.parameters() if p.requires_grad]
     distributed.all_reduce_grads(params)
@@ -326,7 +324,6 @@ class _Clock:
     t0: float
     start_step: int
     interval: _Interval = field(default_factory=lambda: _Interval())
-    oom_streak: int = 0
 
 
 def _one_step(run: Run, progress: Progress, micro_batches: list, *, run_dir: Path, tracker, clock: _Clock) -> None:
@@ -336,10 +333,9 @@ def _one_step(run: Run, progress: Progress, micro_batches: list, *, run_dir: Pat
     progress.micro += run.ctx.world_size * run.accum
     if progress.micro >= len(run.batches):  # the epoch's last step (its generator is exhausted)
         progress.epoch, progress.micro = progress.epoch + 1, 0
-    if stats is None:
-        _skipped(run, progress, clock)
+    if stats is None:  # skipped for lack of memory
         return
-    clock.oom_streak = 0
+    progress.oom_streak = 0
     progress.step += 1
     progress.tokens_seen += int(stats["tokens"])
     progress.train_seconds += time.monotonic() - step_start
@@ -353,17 +349,6 @@ def _one_step(run: Run, progress: Progress, micro_batches: list, *, run_dir: Pat
     if progress.step % cfg.save_every_steps == 0:
         _save(run, progress, run_dir, tracker.run_id)
     faults.hit("after_step", progress.step, run.ctx.rank)
-
-
-def _skipped(run: Run, progress: Progress, clock: _Clock) -> None:
-    """Count an optimizer step skipped for lack of memory; stop after MAX_OOM_STREAK in a row."""
-    progress.oom_skipped += 1
-    clock.oom_streak += 1
-    log.warning("train step %d skipped on every rank: out of memory (%d skipped so far; lower train.max_tokens "
-                "if this repeats)", progress.step + 1, progress.oom_skipped)
-    if clock.oom_streak >= preflight.MAX_OOM_STREAK:
-        raise preflight.oom_step_error(progress.step + 1, clock.oom_streak, progress.oom_last or "another rank")
-
 
 def _record_valid(run: Run, progress: Progress, tracker) -> dict[str, float]:
     scores = validate(run)

@@ -1,0 +1,203 @@
+"""Training survives faults: kills at named points and at a random time, a crashed or hung rank, OOM, bad files.
+
+Real processes throughout: torchrun with two gloo CPU ranks, faults injected through
+``NMT_FAULT_POINT`` (pipeline/faults.py). Recovery is judged bitwise against one uninterrupted
+2-rank run (checkpoint of the last step: weights, Adam state, history; the plots file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline import batching, checkpoint, faults, launch, preflight
+from pipeline.errors import CheckpointError, ConfigError, PipelineError
+from tests import faultutil as fu
+from tests.test_train import make_workspace, run_inprocess, tiny_params
+
+MAX_STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return make_workspace(tmp_path_factory.mktemp("ws"))
+
+
+def job_params(tmp: Path, ws: dict[str, Path], **train) -> dict:
+    """2 ranks × accumulation 2 (4 micro-batches per step, 13 per epoch): 10 steps span 3 epochs."""
+    return tiny_params(tmp, ws, **({"max_steps": MAX_STEPS, "tokens_per_step": 384, "keep_last": 2,
+                                    "valid_every_steps": 5} | train))
+
+
+@pytest.fixture(scope="module")
+def reference(workspace, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One uninterrupted 2-rank run."""
+    tmp = tmp_path_factory.mktemp("reference")
+    rc, out = fu.run(job_params(tmp, workspace), tmp)
+    assert rc == 0, out[-3000:]
+    assert "accumulation 2" in out and fu.steps(tmp / "runs") == [8, 10]
+    return tmp
+
+
+def _crash(data: dict, tmp: Path, point: str) -> str:
+    rc, out = fu.run(data, tmp, env={"NMT_FAULT_POINT": point})
+    assert rc != 0 and f"NMT_FAULT_POINT={point}:kill" in out, out[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_kills_at_every_named_point_resume_bitwise_equal(workspace, reference, tmp_path):
+    data, runs = job_params(tmp_path, workspace), tmp_path / "runs"
+    _crash(data, tmp_path, "before_save:2")
+    assert fu.steps(runs) == [] and not list(runs.glob(".step-*"))
+    out = _crash(data, tmp_path, "mid_save:4")  # from scratch; dies inside checkpoint 4's write
+    assert "resuming from" not in out and fu.steps(runs) == [2]
+    (half,) = runs.glob(".step-00000004.*.tmp")
+    assert sorted(p.name for p in half.iterdir()) == ["model.pt"]  # no optim.pt, state.json, DONE
+    out = _crash(data, tmp_path, "after_save:6")  # DONE written, not yet pruned
+    assert "resuming from" in out and "step-00000002" in out and "removing incomplete checkpoint" in out
+    assert not half.exists() and fu.steps(runs) == [2, 4, 6]
+    out = _crash(data, tmp_path, "mid_accum:7")  # between the micro-batches of step 7
+    assert "step-00000006 (step 6, epoch 1" in out and fu.steps(runs) == [4, 6]  # pruning finished
+    rc, out = fu.run(data, tmp_path)
+    assert rc == 0 and "resuming from" in out and "step-00000006" in out, out[-3000:]
+    assert fu.steps(runs) == [8, 10]
+    fu.assert_bitwise_equal(reference, tmp_path, MAX_STEPS)
+    assert json.loads((tmp_path / "metrics" / "train.json").read_text())["resumed_from_step"] == 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [20260521])
+def test_process_group_killed_at_a_seeded_random_time(workspace, reference, tmp_path, seed):
+    """SIGKILL of torchrun's whole process group (its ranks die with it) some time after the first checkpoint."""
+    delay = random.Random(seed).uniform(0.0, 1.5)
+    data = job_params(tmp_path, workspace, save_every_steps=1)  # a checkpoint write most of the time
+    job = fu.start(data, tmp_path)
+    assert fu.wait_for(lambda: fu.steps(tmp_path / "runs") or job.poll() is not None, 90), "no checkpoint"
+    time.sleep(delay)
+    with contextlib.suppress(ProcessLookupError):  # (the job may have finished already)
+        os.killpg(job.pid, signal.SIGKILL)
+    fu.finish(job)
+    assert fu.wait_for(lambda: not fu.workers_of(tmp_path / "params.yaml"), 10), "orphaned ranks survived"
+    killed_at = fu.steps(tmp_path / "runs")
+    rc, out = fu.run(data, tmp_path)
+    assert rc == 0, out[-3000:]
+    assert f"step-{killed_at[-1]:08d}" in out and not list((tmp_path / "runs").glob(".step-*"))
+    fu.assert_bitwise_equal(reference, tmp_path, MAX_STEPS)
+
+
+@pytest.mark.slow
+def test_a_rank_crashing_once_is_restarted_by_torchrun(workspace, reference, tmp_path):
+    marker = tmp_path / "crashed-once"
+    env = {"NMT_FAULT_POINT": "after_step:5:exit:1", "NMT_FAULT_ONCE": str(marker), "NMT_MAX_RESTARTS": "1"}
+    rc, out = fu.run(job_params(tmp_path, workspace), tmp_path, env=env)
+    assert rc == 0, out[-3000:]
+    assert marker.exists() and "exit 3" in out and "resuming from" in out and "step-00000004" in out
+    fu.assert_bitwise_equal(reference, tmp_path, MAX_STEPS)
+
+
+@pytest.mark.slow
+def test_a_hung_rank_times_out_with_the_env_var_named_and_the_restart_resumes(workspace, reference, tmp_path):
+    marker = tmp_path / "stalled-once"
+    env = {"NMT_FAULT_POINT": "collective:7:stall:1", "NMT_FAULT_ONCE": str(marker), "NMT_MAX_RESTARTS": "1",
+           "NMT_DIST_TIMEOUT_S": "8"}
+    start = time.monotonic()
+    rc, out = fu.run(job_params(tmp_path, workspace), tmp_path, env=env, timeout=150)
+    assert rc == 0, out[-3000:]
+    assert "error: stage train: rank 0: collective all_reduce_sum timed out after 8 s (NMT_DIST_TIMEOUT_S)" in out
+    assert "resuming from" in out and "step-00000006" in out and marker.exists()
+    assert time.monotonic() - start < 120
+    fu.assert_bitwise_equal(reference, tmp_path, MAX_STEPS)
+
+
+def test_out_of_memory_at_preflight_names_max_tokens_and_the_shape(workspace, tmp_path, monkeypatch):
+    monkeypatch.setenv("NMT_FAULT_POINT", "preflight:0:oom")
+    with pytest.raises(PipelineError) as err:
+        run_inprocess(tiny_params(tmp_path, workspace), tmp_path)
+    msg = str(err.value)
+    assert msg.startswith("pre-flight on cpu: one forward+backward of the largest micro-batch shape of the plan (")
+    assert "train.max_tokens=96) ran out of memory. Lower train.max_tokens" in msg and "injected" in msg
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "metrics").exists()
+
+
+def test_preflight_shapes_are_the_plans_largest():
+    rng = np.random.default_rng(3)
+    ids = np.arange(500) * 2
+    lengths = rng.integers(2, 60, 500)
+    plan = batching.plan_batches(ids, lengths, max_tokens=200, seed=1)
+    shapes = preflight.largest_shapes(plan, ids, lengths)
+    pos = {int(i): int(n) for i, n in zip(ids, lengths)}
+    real = [(len(b), max(pos[int(i)] for i in b)) for b in plan]
+    assert shapes[0] == max(real, key=lambda s: (s[0] * s[1], s[1])) and shapes[0][0] * shapes[0][1] <= 200
+    assert shapes[-1] == max(real, key=lambda s: (s[0] * s[1] ** 2, s[0])) and shapes[-1][1] == lengths.max()
+
+
+def test_an_out_of_memory_step_is_skipped_and_counted(workspace, tmp_path, monkeypatch):
+    monkeypatch.setenv("NMT_FAULT_POINT", "forward:3:oom")
+    monkeypatch.setenv("NMT_FAULT_ONCE", str(tmp_path / "oom-once"))
+    metrics = run_inprocess(tiny_params(tmp_path, workspace), tmp_path)
+    assert metrics["step"] == 6 and metrics["oom_skipped_steps"] == 1
+    assert checkpoint.read_state(tmp_path / "runs" / "step-00000006")["oom_skipped"] == 1
+
+
+def test_repeated_out_of_memory_stops_with_the_shape_and_max_tokens(workspace, tmp_path, monkeypatch):
+    monkeypatch.setenv("NMT_FAULT_POINT", "forward:3:oom")  # no ONCE: step 3 fails every time it is tried
+    with pytest.raises(PipelineError, match=r"train step 3: 3 optimizer steps in a row ran out of memory \(last: "
+                                            r"rank 0, micro-batch \d+: src \[\d+, \d+\], tgt \[\d+, \d+\]\) .*"
+                                            r"lower train.max_tokens"):
+        run_inprocess(tiny_params(tmp_path, workspace), tmp_path)
+    assert fu.steps(tmp_path / "runs") == [2] and not (tmp_path / "metrics" / "train.json").exists()
+
+
+@pytest.mark.slow
+def test_out_of_memory_on_one_rank_skips_the_step_on_both(workspace, tmp_path):
+    env = {"NMT_FAULT_POINT": "forward:3:oom:1", "NMT_FAULT_ONCE": str(tmp_path / "oom-once")}
+    rc, out = fu.run(job_params(tmp_path, workspace, max_steps=4), tmp_path, env=env)
+    assert rc == 0, out[-3000:]
+    assert "train step 3: out of memory (rank 1, micro-batch" in out
+    metrics = json.loads((tmp_path / "metrics" / "train.json").read_text())
+    assert metrics["step"] == 4 and metrics["oom_skipped_steps"] == 1
+
+
+def test_truncated_checkpoint_file_is_named_with_the_remedy(workspace, tmp_path):
+    run_inprocess(tiny_params(tmp_path, workspace, max_steps=4), tmp_path)
+    model = tmp_path / "runs" / "step-00000004" / "model.pt"
+    size = model.stat().st_size
+    model.write_bytes(model.read_bytes()[:size // 2])
+    before = sorted(str(p) for p in (tmp_path / "runs").rglob("*"))
+    with pytest.raises(CheckpointError) as err:
+        run_inprocess(tiny_params(tmp_path, workspace, max_steps=6), tmp_path)
+    assert str(err.value) == (
+        f"{model}: truncated ({size // 2} of the {size} bytes written; a full disk or an interrupted copy?); "
+        f"delete the folder {model.parent} (or move it away) and rerun to resume from step-00000002")
+    assert sorted(str(p) for p in (tmp_path / "runs").rglob("*")) == before
+    shutil.rmtree(model.parent)
+    metrics = run_inprocess(tiny_params(tmp_path, workspace, max_steps=6), tmp_path)
+    assert metrics["resumed_from_step"] == 2 and metrics["step"] == 6
+
+
+def test_fault_specs_and_restart_counts_are_checked(monkeypatch):
+    with pytest.raises(ConfigError, match=r"NMT_FAULT_POINT='mid_sav:4': unknown point 'mid_sav'; one of preflight"):
+        faults.parse("mid_sav:4")
+    with pytest.raises(ConfigError, match=r"(?s)unknown action 'explode'.*step 'x' is not a non-negative integer"):
+        faults.parse("forward:x:explode")
+    assert faults.parse("collective:3:stall:1") == faults.Fault("collective", 3, "stall", 1)
+    monkeypatch.delenv("NMT_FAULT_POINT", raising=False)
+    monkeypatch.setenv("NMT_FAULT_KILL_AT_STEP", "5")
+    assert faults.active() == faults.Fault("after_step", 5)
+    monkeypatch.setenv("NMT_MAX_RESTARTS", "2")
+    assert "--max-restarts=2" in launch.torchrun_command([])
+    monkeypatch.setenv("NMT_MAX_RESTARTS", "0")
+    assert not any(a.startswith("--max-restarts") for a in launch.torchrun_command([]))
+    monkeypatch.setenv("NMT_MAX_RESTARTS", "-1")
+    with pytest.raises(ConfigError, match=r"NMT_MAX_RESTARTS='-1': expected an integer >= 0"):
+        launch.torchrun_command([])
