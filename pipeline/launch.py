@@ -86,8 +86,8 @@ def torchrun_command(train_args: list[str]) -> list[str]:
     else:
         if "NMT_NODE_RANK" not in os.environ or "NMT_MASTER_ADDR" not in os.environ:
             raise ConfigError("environment", [
-                f"NMT_NNODES={nnodes} needs either NMT_RDZV_ENDPOINT (host:port, dynamic rendezvous) or "
-                "NMT_NODE_RANK and NMT_MASTER_ADDR (static rendezvous)"])
+                (f"NMT_NNODES={nnodes} needs either NMT_RDZV_ENDPOINT (host:port, dynamic rendezvous) or "
+                 "NMT_NODE_RANK and NMT_MASTER_ADDR (static rendezvous)")])
         node_rank = _env_int("NMT_NODE_RANK", 0, minimum=0)
         if node_rank >= nnodes:
             raise ConfigError("environment", [f"NMT_NODE_RANK={node_rank} must be < NMT_NNODES={nnodes}"])

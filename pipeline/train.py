@@ -8,9 +8,8 @@ are sums; after accumulation the gradients are summed over ranks and divided by 
 global number of non-pad target tokens, so the update does not depend on how the tokens fell
 into micro-batches or ranks. A relaunch resumes from the newest complete checkpoint.
 
-Before the first step a pre-flight forward+backward on the plan's largest micro-batch shapes
-fails fast when memory is short (:mod:`pipeline.preflight`); a later out-of-memory error skips
-that optimizer step on every rank and is counted.
+A pre-flight on the plan's largest micro-batch shapes fails fast when memory is short; a later
+out-of-memory error skips that optimizer step on every rank and is counted (:mod:`pipeline.preflight`).
 
 Environment: ``NMT_THREADS`` (torch CPU threads), ``NMT_DEVICE`` (``cpu`` forces CPU),
 ``NMT_DIST_TIMEOUT_S`` (collective timeout, :mod:`pipeline.distributed`), ``NMT_FAULT_POINT`` /
@@ -39,8 +38,8 @@ import torch
 
 from model import Transformer, TransformerConfig, inverse_sqrt_lr, label_smoothed_nll_loss
 from pipeline import batching, checkpoint, distributed, faults, preflight, tracking
-from pipeline.config import ModelConfig, Params, TrainConfig, flatten, section_dict
 from pipeline.checkpoint import Progress
+from pipeline.config import ModelConfig, Params, TrainConfig, flatten, section_dict
 from pipeline.data import ShardSet
 from pipeline.errors import DataError, PipelineError
 from pipeline.stage import run_cli, stage_parser, write_metrics
@@ -371,10 +370,6 @@ def _csv(history: list[dict[str, Any]]) -> str:
     return out.getvalue()
 
 
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
 def _finish(run: Run, progress: Progress, *, run_dir: Path, metrics_path: Path, plots_path: Path, tracker,
             wall: float, resumed_from: int | None) -> dict[str, Any]:
     last_valid = next((h for h in reversed(progress.history) if "valid_loss" in h), None)
@@ -389,8 +384,8 @@ def _finish(run: Run, progress: Progress, *, run_dir: Path, metrics_path: Path, 
                "train_seconds": round(progress.train_seconds, 3), "wall_seconds": round(wall, 3),
                "tgt_tokens_per_s": progress.tokens_seen / max(progress.train_seconds, 1e-9),
                "resumed_from_step": resumed_from, "oom_skipped_steps": progress.oom_skipped,
-               "mlflow_run_id": tracker.run_id,
-               "device": run.ctx.device.type, "device_name": _device_name(run.ctx.device)}
+               "mlflow_run_id": tracker.run_id, "device": run.ctx.device.type,
+               "device_name": torch.cuda.get_device_name(run.ctx.device) if run.ctx.device.type == "cuda" else "cpu"}
     if run.ctx.is_main:
         write_metrics(metrics_path, metrics)
         write_text(plots_path, _csv(progress.history))

@@ -201,3 +201,20 @@ def test_fault_specs_and_restart_counts_are_checked(monkeypatch):
     monkeypatch.setenv("NMT_MAX_RESTARTS", "-1")
     with pytest.raises(ConfigError, match=r"NMT_MAX_RESTARTS='-1': expected an integer >= 0"):
         launch.torchrun_command([])
+
+
+@pytest.mark.gpu
+def test_a_real_cuda_out_of_memory_at_preflight_is_named_and_freed():
+    import torch
+
+    from model import Transformer, TransformerConfig
+
+    dev = torch.device("cuda")
+    model = Transformer(TransformerConfig(vocab_size=32000, d_model=256, n_heads=4, d_ff=1024, n_layers=1)).to(dev)
+    base = torch.cuda.memory_allocated(dev)
+    with pytest.raises(PipelineError, match=r"\(4096 sentences x 1024 tokens, train.max_tokens=4194304\) ran out of "
+                                            r"memory\. Lower train.max_tokens"):
+        preflight.check(model, [(4096, 1024)], device=dev, max_tokens=4096 * 1024, label_smoothing=0.1)
+    assert torch.cuda.memory_allocated(dev) <= base + (64 << 20)  # nothing of the failed attempt is kept
+    preflight.check(model, [(8, 64)], device=dev, max_tokens=512, label_smoothing=0.1)  # the next shape fits
+    assert all(p.grad is None for p in model.parameters())
