@@ -231,7 +231,7 @@ def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path) -> d
     return counts
 
 
-def _check_not_empty(cfg: CleanConfig, counts: dict, raw_dir: Path) -> None:
+def _check_not_empty(cfg: CleanConfig, counts: dict) -> None:
     if counts["pairs_out"]:
         return
     rules = ", ".join(f"{k}={v}" for k, v in counts["dropped"].items() if v)
@@ -263,7 +263,7 @@ def stage(cfg: CleanConfig, *, raw_dir: str | Path, clean_dir: str | Path, metri
             for split in SPLITS:
                 metrics[split] = clean_split(cfg, split, raw_dir, tmp)
                 if split == "train":
-                    _check_not_empty(cfg, metrics[split], raw_dir)
+                    _check_not_empty(cfg, metrics[split])
         metrics["seconds"] = round(time.monotonic() - start, 3)
         metrics["mlflow_run_id"] = run.run_id
         run.log_metrics({f"{s}.{k}": v for s in SPLITS for k, v in metrics[s].items() if k != "dropped"}
