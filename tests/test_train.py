@@ -271,6 +271,7 @@ def test_launch_builds_torchrun_commands_from_the_environment(monkeypatch):
     from pipeline import launch
 
     monkeypatch.setenv("NMT_NPROC", "4")
+    monkeypatch.setenv("NMT_MAX_RESTARTS", "0")  # else --max-restarts=3 on a CUDA machine
     cmd = launch.torchrun_command(["--params", "p.yaml"])
     assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=4",
                        "-m", "pipeline.train", "--params", "p.yaml"]
