@@ -32,3 +32,7 @@ class DownloadError(PipelineError):
 
 class CheckpointError(PipelineError):
     """A checkpoint is missing, incomplete, corrupt or from another configuration."""
+
+
+class OutputError(PipelineError):
+    """An output could not be written: disk full, quota, file size limit, permission, read-only disk."""

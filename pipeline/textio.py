@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from pipeline.errors import DataError, PipelineError
+from pipeline.errors import DataError, OutputError
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +31,6 @@ _DISK_FULL = {
 }
 _NOT_ALLOWED = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
                 errno.EROFS: "read-only file system"}
-
-
-class OutputError(PipelineError):
-    """An output could not be written: disk full, quota, file size limit, permission, read-only disk."""
 
 
 def read_lines(path: str | Path) -> Iterator[str]:
