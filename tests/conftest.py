@@ -35,6 +35,19 @@ os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get(
 REPO = Path(__file__).resolve().parents[1]
 
 
+def shared_data() -> Path:
+    """The real EN-DE data folder (read-only), if this machine has one: ``$NMT_SHARED_DATA``, else
+    ``shared/data`` beside the checkout (as in CI), else /work/shared/data. Tests that need it skip
+    when it is absent, so a fresh clone anywhere still passes."""
+    for candidate in (os.environ.get("NMT_SHARED_DATA"), REPO.parent / "shared" / "data", "/work/shared/data"):
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return REPO / "no-shared-data"
+
+
+SHARED = shared_data()
+
+
 @pytest.fixture
 def repo_root() -> Path:
     """The repository root (to read params.yaml, profiles/ and dvc.yaml)."""

@@ -22,9 +22,9 @@ from pipeline.download import main, stage
 from pipeline.errors import ConfigError, DataError, DownloadError
 from pipeline.sources import MULTI30K_SPEC, STATMT, WMT14, Corpus, DatasetSpec, SourceFile, sgml_segments
 from pipeline.textio import read_lines
+from tests.conftest import SHARED
 from tests.httpserver import serve
 
-SHARED = Path("/work/shared/data")
 ODD = ["carriage\rreturn inside", "next\x85line (NEL)", "line\u2028separator", "para\u2029separator"]
 
 
@@ -395,7 +395,7 @@ def test_corrupt_gzip_source_is_rejected(tmp_path: Path, monkeypatch) -> None:
     assert not (tmp_path / "raw2").exists()
 
 
-@pytest.mark.skipif(not (SHARED / "wmt14/test-full").is_dir(), reason="needs /work/shared/data")
+@pytest.mark.skipif(not (SHARED / "wmt14/test-full").is_dir(), reason="needs the shared data folder")
 def test_sgml_parser_matches_sacrebleu_text_of_newstest2014() -> None:
     for sgm, txt in (("newstest2014-deen-src.en.sgm", "newstest2014.en"),
                      ("newstest2014-deen-ref.de.sgm", "newstest2014.de")):
@@ -404,7 +404,7 @@ def test_sgml_parser_matches_sacrebleu_text_of_newstest2014() -> None:
         assert got == list(read_lines(SHARED / "wmt14/test-full-txt" / txt))
 
 
-@pytest.mark.skipif(not (SHARED / "wmt14/dev").is_dir(), reason="needs /work/shared/data")
+@pytest.mark.skipif(not (SHARED / "wmt14/dev").is_dir(), reason="needs the shared data folder")
 def test_wmt14_valid_and_test_from_the_shared_mirror(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("NMT_DATA_MIRROR", str(SHARED))
     stand_in = Corpus(name="newstest2012", lines=3003,
@@ -416,7 +416,7 @@ def test_wmt14_valid_and_test_from_the_shared_mirror(tmp_path: Path, monkeypatch
     assert (raw / "test.de").read_bytes() == (SHARED / "wmt14/test-full-txt/newstest2014.de").read_bytes()
 
 
-@pytest.mark.skipif(not (SHARED / "multi30k").is_dir(), reason="needs /work/shared/data")
+@pytest.mark.skipif(not (SHARED / "multi30k").is_dir(), reason="needs the shared data folder")
 def test_cli_multi30k_from_the_shared_mirror(tmp_path: Path, monkeypatch, capsys) -> None:
     params = (Path(__file__).resolve().parents[1] / "params.yaml").read_text(encoding="utf-8")
     params = params.replace("dataset: wmt14", "dataset: multi30k").replace("raw: data/wmt14/raw", "raw: raw") \
