@@ -31,8 +31,9 @@ test: install
 
 # The main job: the whole DAG on the demo profile through the Prefect flow (temporary Prefect server,
 # MLflow in ./.mlflow, no servers to start). Writes params.yaml for `demo`; `nmt profile paper` restores it.
+# One torch thread per process: on a 2-core machine with anything else busy, 2 threads ran ~5x slower.
 demo: install
-	$(BIN)/python -m flows.pipeline --profile demo
+	NMT_THREADS=$${NMT_THREADS:-1} OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m flows.pipeline --profile demo
 
 # The same DAG without Prefect: one MLflow parent run around `dvc repro`.
 run: install

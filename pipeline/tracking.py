@@ -133,6 +133,9 @@ def stage_run(stage: str, *, root: str | Path = ".", resume_run_id: str | None =
         parent = os.environ.get("MLFLOW_PARENT_RUN_ID")
         if parent:
             tags["mlflow.parentRunId"] = parent
+        flow_run = os.environ.get("NMT_PREFECT_FLOW_RUN_ID")
+        if flow_run:
+            tags["prefect.flow_run_id"] = flow_run
         run_id = client.create_run(_experiment_id(client, root), tags=tags, run_name=stage).info.run_id
     handle = StageRun(client, run_id)
     status = "FAILED"
