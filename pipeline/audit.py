@@ -10,6 +10,12 @@ Inputs: params.yaml, ``profiles/paper.yaml`` (to name every key a profile change
 metrics JSON, the raw and shards manifests, the newest checkpoint's ``state.json``,
 ``averaged.pt`` (parameter count), ``dvc.lock`` (read, not a dependency: DVC rewrites it when this
 stage runs) and git. The paper's figures live in :mod:`pipeline.audit_paper` with their sources.
+The replay items (:mod:`pipeline.audit_replay`) also read the hypothesis files, the valid/test
+references and the previous ``audit.json``.
+
+The stage logs itself as MLflow child run ``audit`` (both reports as artifacts, the verdict counts,
+parameter count and test BLEU as metrics) and writes that run id to ``<paths.metrics>/audit.json``,
+never into the report, which stays a function of its inputs.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import yaml
 from pipeline.audit_paper import BLEU_GAP, NEUTRAL_KEYS, PAPER, PAPER_SETTINGS, bleu_figures, fmt, measured_items
 from pipeline.config import Params, flatten, section_dict
 from pipeline.errors import CheckpointError, DataError, PipelineError
-from pipeline.stage import read_json, run_cli, stage_parser
+from pipeline.stage import read_json, run_cli, stage_parser, write_metrics
 from pipeline.textio import atomic_path, sha256_file
 
 log = logging.getLogger(__name__)
@@ -57,6 +63,7 @@ class Inputs:
     lock: dict[str, Any] | None
     git: dict[str, Any]
     environment: dict[str, Any] = field(default_factory=dict)
+    replay: dict[str, Any] = field(default_factory=dict)
 
 
 def read_optional_json(path: Path) -> dict[str, Any] | None:
@@ -158,9 +165,27 @@ def environment(metrics: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
             "train_world_size": train.get("world_size"), "evaluate_device": bleu.get("device")}
 
 
-def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Path) -> Inputs:
-    """Read every input the audit uses (missing ones become None; malformed ones raise, naming the file)."""
+def previous_replay(path: Path | None) -> dict[str, Any] | None:
+    """The ``replay`` section of the previous ``audit.json`` (None if absent, unreadable or of another format)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = read_optional_json(path)
+    except PipelineError as exc:  # the audit's own output, replaced by this run: not worth failing for
+        log.warning("ignoring the previous audit: %s", exc)
+        return None
+    section = (data or {}).get("replay")
+    return section if isinstance(section, dict) else None
+
+
+def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Path,
+                previous_audit: Path | None = None) -> Inputs:
+    """Read every input the audit uses (missing ones become None; malformed ones raise, naming the file).
+
+    ``previous_audit`` is the audit.json this run replaces (its replay record is compared with now).
+    """
     from pipeline import checkpoint
+    from pipeline.audit_replay import replay
 
     paths = params.paths
     raw_params = section_dict(params)
@@ -172,6 +197,7 @@ def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Pat
     profile_file = root / PAPER_PROFILE
     if not profile_file.is_file():  # a workspace without profiles/: use the one beside this code
         profile_file = Path(__file__).resolve().parents[1] / PAPER_PROFILE
+    lock = read_yaml(lock_file)
     return Inputs(
         params=raw_params, params_sha256=sha256_file(params_file), paper_profile=read_yaml(profile_file),
         metrics=metrics, raw_manifest=read_optional_json(root / paths.raw / "manifest.json"),
@@ -179,8 +205,10 @@ def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Pat
         shards_manifest_sha256=sha256_file(shards_manifest_path) if shards_manifest_path.is_file() else None,
         state={k: v for k, v in state.items() if k != "history"} if state else None,
         state_path=str(Path(paths.train) / newest.name / checkpoint.STATE) if newest is not None else None,
-        model=count_parameters(root / paths.model / "averaged.pt"), lock=read_yaml(lock_file),
-        git=git_state(root), environment=environment(metrics))
+        model=count_parameters(root / paths.model / "averaged.pt"), lock=lock,
+        git=git_state(root), environment=environment(metrics),
+        replay=replay(params=raw_params, bleu=metrics["bleu"], lock=lock, root=root,
+                      previous=previous_replay(previous_audit)))
 
 
 def configuration_items(params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -249,18 +277,36 @@ def build_audit(inp: Inputs) -> dict[str, Any]:
     deviations = [i["deviation"] for i in config if i["verdict"] == "deviates"]
     deviations += [f"{i['item']}: {i['deviation']}" for i in measured if i["verdict"] == "deviates"]
     deviations += [d["deviation"] for d in diffs if d["kind"] == "unspecified"]
-    items = config + measured
+    replayed = inp.replay.get("items", [])
+    deviations += [f"{i['item']}: {i['deviation']}" for i in replayed if i["verdict"] == "deviates"]
+    items = config + measured + replayed
     summary = {v: sum(1 for i in items if i["verdict"] == v) for v in ("matches", "deviates", "not measured")}
     return {"format": FORMAT, "profile": inp.params.get("profile"), "dataset": (inp.params.get("download") or {})
             .get("dataset"), "summary": summary, "configuration": config, "measured": measured,
             "profile_differences": diffs, "deviations": deviations, "bleu_gap": BLEU_GAP, "paper": PAPER,
-            "bleu_figures": bleu_figures(inp.metrics.get("bleu")),
+            "bleu_figures": bleu_figures(inp.metrics.get("bleu")), "replay": inp.replay,
             "lineage": lineage(inp), "environment": inp.environment}
 
 
+def tracking_metrics(audit: dict[str, Any], inp: Inputs) -> dict[str, float]:
+    """The numbers the audit logs to MLflow: verdict counts, parameter count, test BLEU, replay outcome."""
+    summary, out = audit["summary"], {}
+    out.update(matches=summary["matches"], deviates=summary["deviates"], not_measured=summary["not measured"])
+    parameters = inp.model["total"] if inp.model else (inp.metrics.get("average") or {}).get("parameters")
+    if parameters is not None:
+        out["parameters"] = int(parameters)
+    for f in audit["bleu_figures"]:
+        if f["set"] == "test" and f["metric"] in ("bleu", "bleu_tok_split"):
+            out[f"test_{f['metric']}"] = f["score"]
+    replayed = [i for i in audit["replay"].get("items", []) if i["verdict"] != "not measured"]
+    if replayed:
+        out["replay_identical"] = float(all(i["verdict"] == "matches" for i in replayed))
+    return out
+
+
 def stage(params: Params, *, params_file: str | Path, lock_file: str | Path, root: str | Path,
-          md_path: str | Path, json_path: str | Path) -> dict[str, Any]:
-    """Write the replication audit (``audit.md`` and ``audit.json``, both atomically).
+          md_path: str | Path, json_path: str | Path, metrics_path: str | Path | None = None) -> dict[str, Any]:
+    """Write the replication audit (``audit.md`` and ``audit.json``, both atomically) and log it to MLflow.
 
     Args:
         params: the loaded params (``paths`` says where every input lives, relative to ``root``); they
@@ -268,7 +314,9 @@ def stage(params: Params, *, params_file: str | Path, lock_file: str | Path, roo
         params_file: the params.yaml they were loaded from (its sha256 goes into the lineage).
         lock_file: ``dvc.lock`` (optional: without it lineage is "not measured").
         root: the workspace the ``paths`` are relative to (git is asked there).
-        md_path: ``audit.md``. json_path: ``audit.json``.
+        md_path: ``audit.md``. json_path: ``audit.json`` (an existing one is the previous audit the
+            replay compares with before it is replaced).
+        metrics_path: the stage's metrics JSON (MLflow run id, verdict counts); None writes none.
 
     Returns:
         The audit mapping written to ``json_path``.
@@ -277,14 +325,26 @@ def stage(params: Params, *, params_file: str | Path, lock_file: str | Path, roo
         PipelineError: an input exists but is malformed (names the file).
     """
     from pipeline.audit_render import render_markdown
+    from pipeline.tracking import stage_run
 
-    inp = load_inputs(params, params_file=Path(params_file), lock_file=Path(lock_file), root=Path(root))
+    inp = load_inputs(params, params_file=Path(params_file), lock_file=Path(lock_file), root=Path(root),
+                      previous_audit=Path(json_path))
     audit = build_audit(inp)
     text_json = json.dumps(audit, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     text_md = render_markdown(audit)
-    with atomic_path(json_path) as tmp_json, atomic_path(md_path) as tmp_md:
-        tmp_json.write_text(text_json, encoding="utf-8")
-        tmp_md.write_text(text_md, encoding="utf-8")
+    numbers = tracking_metrics(audit, inp)
+    with stage_run("audit", root=root) as run:
+        with atomic_path(json_path) as tmp_json, atomic_path(md_path) as tmp_md:
+            tmp_json.write_text(text_json, encoding="utf-8")
+            tmp_md.write_text(text_md, encoding="utf-8")
+        run.log_metrics(numbers)
+        run.set_tags({"profile": audit["profile"], "dataset": audit["dataset"],
+                      "audit_json_sha256": sha256_file(json_path)})
+        run.log_artifact(md_path)
+        run.log_artifact(json_path)
+        if metrics_path is not None:
+            write_metrics(metrics_path, {**numbers, "mlflow_run_id": run.run_id, "report": str(json_path),
+                                         "report_sha256": sha256_file(json_path)})
     log.info("audit: %d match, %d deviate, %d not measured -> %s", audit["summary"]["matches"],
              audit["summary"]["deviates"], audit["summary"]["not measured"], md_path)
     return audit
@@ -294,7 +354,7 @@ def _body(params: Params, args: argparse.Namespace) -> None:
     root = Path(args.root)
     reports = root / params.paths.reports
     stage(params, params_file=args.params, lock_file=args.lock, root=root, md_path=reports / "audit.md",
-          json_path=reports / "audit.json")
+          json_path=reports / "audit.json", metrics_path=root / params.paths.metrics / "audit.json")
 
 
 def main(argv: list[str] | None = None) -> int:

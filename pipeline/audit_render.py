@@ -27,7 +27,7 @@ def _items(items: list[dict[str, Any]]) -> list[str]:
 
 def _verdicts(audit: dict[str, Any]) -> list[str]:
     lines = ["## Verdicts", ""]
-    for i in audit["configuration"] + audit["measured"]:
+    for i in audit["configuration"] + audit["measured"] + audit["replay"].get("items", []):
         text = f" {i['deviation']}" if i["deviation"] else f" {i['run']}" if i["verdict"] == "matches" else ""
         lines.append(f"- {i['item']}: {i['verdict']}" + (f" —{text}" if text.strip() else ""))
     return lines + [""]
@@ -55,6 +55,20 @@ def _bleu(audit: dict[str, Any]) -> list[str]:
     lines += [f"Paper: {PAPER['bleu_en_de']} ({PAPER['bleu_method']}).", "", gap["explanation"], ""]
     lines += [f"- {e['figures']} ({e['source']})" for e in gap["evidence"]]
     return lines + [""]
+
+
+def _replay(replay: dict[str, Any]) -> list[str]:
+    lines = ["## Replay", "",
+             "Are bleu.json's figures what the hypothesis files on disk score, are those files what dvc.lock "
+             "recorded for the evaluate stage, and did the previous evaluation of the same model give the same "
+             "BLEU? (`dvc repro -f evaluate` followed by `dvc repro audit` checks a forced re-evaluation.)", ""]
+    lines += _items(replay.get("items", []))
+    if replay.get("hypotheses_md5"):
+        lines += [f"Hypotheses directory md5 (as DVC computes it): `{replay['eval_dir_md5']}`", ""]
+        sha = replay["record"]["hypotheses_sha256"]
+        lines += _table(("file", "md5", "sha256"), [(rel, md5, sha.get(rel) or "")
+                                                     for rel, md5 in replay["hypotheses_md5"].items()])
+    return lines
 
 
 def _lineage(lin: dict[str, Any]) -> list[str]:
@@ -108,7 +122,7 @@ def render_markdown(audit: dict[str, Any]) -> str:
     lines += [f"- {d}" for d in audit["deviations"]] or ["None."]
     lines += ["", "## Configuration (Table 3 and §3-§6)", ""] + _items(audit["configuration"])
     lines += ["## Measured", ""] + _items(audit["measured"])
-    lines += _verdicts(audit) + _differences(audit) + _bleu(audit)
+    lines += _verdicts(audit) + _differences(audit) + _bleu(audit) + _replay(audit["replay"])
     env = audit["environment"]
     lines += ["## Environment", ""] + _table(("what", "value"), [(k, "not measured" if v is None else v)
                                                                    for k, v in env.items()])
