@@ -59,9 +59,9 @@ def _bleu(audit: dict[str, Any]) -> list[str]:
 
 def _replay(replay: dict[str, Any]) -> list[str]:
     lines = ["## Replay", "",
-             "Are bleu.json's figures what the hypothesis files on disk score, are those files what dvc.lock "
-             "recorded for the evaluate stage, and did the previous evaluation of the same model give the same "
-             "BLEU? (`dvc repro -f evaluate` followed by `dvc repro audit` checks a forced re-evaluation.)", ""]
+             ("Are bleu.json's figures what the hypothesis files on disk score, are those files what dvc.lock "
+              "recorded for the evaluate stage, and did the previous evaluation of the same model give the same "
+              "BLEU? (`dvc repro -f evaluate` followed by `dvc repro audit` checks a forced re-evaluation.)"), ""]
     lines += _items(replay.get("items", []))
     if replay.get("hypotheses_md5"):
         lines += [f"Hypotheses directory md5 (as DVC computes it): `{replay['eval_dir_md5']}`", ""]
@@ -106,8 +106,8 @@ def _lineage(lin: dict[str, Any]) -> list[str]:
     lines += ["### Shards manifest", ""]
     if shards is None:
         return lines + ["Not measured: no shards manifest.", ""]
-    lines += [f"manifest sha256 `{shards['sha256']}`, spm.model sha256 `{shards['spm_sha256']}`, "
-              f"vocabulary {shards['vocab_size']}", ""]
+    lines += [(f"manifest sha256 `{shards['sha256']}`, spm.model sha256 `{shards['spm_sha256']}`, "
+               f"vocabulary {shards['vocab_size']}"), ""]
     return lines + _table(("shard", "rows", "sha256"), [(s["path"], s["rows"], s["sha256"])
                                                          for info in shards["splits"].values() for s in info["shards"]])
 
@@ -116,8 +116,8 @@ def render_markdown(audit: dict[str, Any]) -> str:
     """The whole report as markdown (deterministic for a given audit mapping)."""
     s = audit["summary"]
     lines = [f"# Replication audit: profile {audit['profile']} (dataset {audit['dataset']})", "",
-             f"Against {PAPER['reference']}, Transformer base on WMT14 EN-DE. "
-             f"{s['matches']} items match, {s['deviates']} deviate, {s['not measured']} not measured.", ""]
+             (f"Against {PAPER['reference']}, Transformer base on WMT14 EN-DE. "
+              f"{s['matches']} items match, {s['deviates']} deviate, {s['not measured']} not measured."), ""]
     lines += ["## Deviations", ""]
     lines += [f"- {d}" for d in audit["deviations"]] or ["None."]
     lines += ["", "## Configuration (Table 3 and §3-§6)", ""] + _items(audit["configuration"])

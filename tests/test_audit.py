@@ -70,7 +70,7 @@ def _raw(root: Path) -> None:
 def _dvc_lock(root: Path, data: dict) -> None:
     """A dvc.lock in DVC 3's format (stage params = the params.yaml sections, md5 per dep/out)."""
     def entry(deps: list[str], outs: list[str], sections: list[str]) -> dict:
-        md5 = lambda p: hashlib.md5(p.encode()).hexdigest()  # noqa: E731 - stand-in digests
+        md5 = lambda p: hashlib.md5(p.encode()).hexdigest()  # stand-in digests
         return {"cmd": "python -m pipeline.x", "deps": [{"path": p, "hash": "md5", "md5": md5(p), "size": 1}
                                                         for p in deps],
                 "params": {"params.yaml": {s: copy.deepcopy(data[s]) for s in sections}},
@@ -312,7 +312,7 @@ def test_git_commit_and_dirty_flag(world: Path, tmp_path: Path) -> None:
            "GIT_COMMITTER_EMAIL": "t@e"}
     for args in (["init", "-q"], ["add", "params.yaml", "dvc.lock"], ["commit", "-qm", "x"]):
         subprocess.run(["git", *args], cwd=root, check=True, env=env)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
     (root / "dvc.lock").write_text((root / "dvc.lock").read_text() + "\n")  # dvc repro rewrites it: not dirty
     assert _audit(root, params)["lineage"]["git"] == {"commit": commit, "dirty": False, "dirty_paths": []}
     (root / "params.yaml").write_text((root / "params.yaml").read_text() + "\n")
@@ -367,11 +367,13 @@ def test_cli_with_params(world: Path, tmp_path: Path) -> None:
     (root / "params.yaml").unlink()
     cmd = [sys.executable, "-m", "pipeline.audit", "--params", "custom.yaml"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     report = json.loads((root / "reports" / "audit.json").read_text())
     assert report["profile"] == "tiny" and (root / "reports" / "audit.md").is_file()
+    metrics = json.loads((root / "metrics" / "audit.json").read_text())  # the stage's own metrics file
+    assert metrics["mlflow_run_id"] is None and metrics["matches"] == report["summary"]["matches"]
     (root / "metrics" / "encode.json").write_text("{")
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env, timeout=120, check=False)
     assert done.returncode == 1
     assert "error: stage audit: metrics/encode.json: not valid JSON" in done.stderr
