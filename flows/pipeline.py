@@ -3,8 +3,11 @@
 One task per DVC stage, each running ``dvc repro --single-item <stage>`` in its own process group
 (:mod:`flows.dvc_task`); DVC alone decides what is stale (``cache_policy=NO_CACHE``). The flow
 opens the MLflow parent run, hands its id and the Prefect flow-run id to the stages through the
-subprocess environment only, tags each stage's child run with its dvc.lock md5, and ends with a
-markdown report artifact.
+subprocess environment only, tags each stage's child run with its dvc.lock md5 (and the parent with
+the md5 of the whole dvc.lock it ended at), and ends with a markdown report: stage statuses, the
+BLEU table, the replication audit (``<paths.reports>/audit.md``, also attached as its own artifact
+``wmt14-audit``), the MLflow parent run (with the ``mlflow ui`` command for a local store) and the
+registered model version and alias from ``<paths.metrics>/register.json``.
 
 Locally (Prefect's temporary server, no setup)::
 
@@ -15,6 +18,7 @@ Locally (Prefect's temporary server, no setup)::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -33,9 +37,9 @@ from prefect.runtime import flow_run as flow_run_ctx
 from prefect.runtime import task_run as task_run_ctx
 
 from flows.dvc_task import ProcessResult, kill_all_groups, run_in_group, stage_status
-from flows.report import StageOutcome, render_report
+from flows.report import AUDIT_ARTIFACT_KEY, StageOutcome, render_report
 from pipeline import tracking
-from pipeline.config import flatten, load_params, section_dict
+from pipeline.config import PathsConfig, flatten, load_params, section_dict
 from pipeline.errors import PipelineError
 from pipeline.profiles import write_profile
 from pipeline.runner import tag_stage_run
@@ -131,13 +135,60 @@ def _tag_stage(repo: Path, metrics_dir: Path | None, stage: str, parent: trackin
     return None if metrics_dir is None else tag_stage_run(repo, metrics_dir, stage, parent)
 
 
-def _load_params(repo: Path) -> tuple[dict[str, Any], str, Path | None]:
-    """Flattened params, profile name and metrics dir; empty when the repo has no params.yaml."""
+def _load_params(repo: Path) -> tuple[dict[str, Any], str, PathsConfig | None]:
+    """Flattened params, profile name and output paths; empty when the repo has no params.yaml."""
     path = repo / "params.yaml"
     if not path.is_file():
         return {}, "custom", None
     params = load_params(path)
-    return flatten(section_dict(params)), params.profile, Path(params.paths.metrics)
+    return flatten(section_dict(params)), params.profile, params.paths
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _lock_md5(root: Path) -> str:
+    """md5 of ``dvc.lock`` as the run left it (empty when there is none)."""
+    try:
+        return hashlib.md5((root / "dvc.lock").read_bytes()).hexdigest()  # noqa: S324 - a fingerprint
+    except OSError:
+        return ""
+
+
+def _finish(root: Path, paths: PathsConfig | None, outcomes: list[StageOutcome], parent: tracking.StageRun,
+            git: dict[str, str], failure: BaseException | None) -> str:
+    """Tag the parent with the final dvc.lock md5; write the report (and the audit) as Prefect artifacts.
+
+    Returns:
+        The report markdown (also printed by ``python -m flows.pipeline``).
+    """
+    logger = get_run_logger()
+    lock_md5 = _lock_md5(root)
+    if lock_md5:
+        try:
+            parent.set_tags({"dvc_lock_md5": lock_md5})
+        except Exception as exc:  # noqa: BLE001 - tracking must never fail the pipeline
+            logger.warning("could not tag the parent run with the dvc.lock md5: %s", exc)
+    audit_path = f"{paths.reports}/audit.md" if paths else None
+    audit_md = _read_text(root / audit_path) if audit_path else None
+    markdown = render_report(
+        outcomes, bleu=_read_json(root / paths.metrics / "bleu.json") if paths else {}, mlflow_run_id=parent.run_id,
+        tracking_uri=tracking.tracking_uri(root) if parent.run_id else None, git=git,
+        failure=(str(failure) or type(failure).__name__) if failure else None, audit_path=audit_path,
+        audit_md=audit_md, register=_read_json(root / paths.metrics / "register.json") if paths else {})
+    artifacts = [(markdown, ARTIFACT_KEY, f"{FLOW_NAME}: stages, BLEU, audit, lineage")]
+    if audit_md is not None:
+        artifacts.append((audit_md, AUDIT_ARTIFACT_KEY, f"{FLOW_NAME}: the run beside the paper ({audit_path})"))
+    for text, key, description in artifacts:
+        try:
+            create_markdown_artifact(text, key=key, description=description)
+        except Exception as exc:  # noqa: BLE001 - the report must not mask the stage's own error
+            logger.warning("could not create the %s artifact: %s", key, exc)
+    return markdown
 
 
 def _run_ids(parent_id: str | None) -> dict[str, str]:
@@ -202,7 +253,7 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
         logger.info("writing params.yaml for profile %s", profile)
         write_profile(profile, root)
     selected = _select(stages, dvc_stages(root), root)
-    flat, profile_name, metrics_dir = _load_params(root)
+    flat, profile_name, paths = _load_params(root)
     retries = {**DEFAULT_RETRIES, **(retries or {})}
     delays = {**DEFAULT_RETRY_DELAY_S, **(retry_delay_s or {})}
     git = tracking.git_tags(root)
@@ -214,20 +265,13 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
         failure: BaseException | None = None
         try:
             _run_stages(selected, settings, retries=retries, delays=delays, timeouts_s=timeouts_s or {},
-                        metrics_dir=metrics_dir, parent=parent, outcomes=outcomes)
+                        metrics_dir=Path(paths.metrics) if paths else None, parent=parent, outcomes=outcomes)
         except BaseException as exc:  # a stage failed, or SIGTERM/cancellation (TerminationSignal)
             failure = exc
             raise
         finally:
             kill_all_groups(grace_s=kill_grace_s)  # nothing may outlive the flow (cancellation, SIGTERM)
-            bleu = _read_json(root / metrics_dir / "bleu.json") if metrics_dir else {}
-            markdown = render_report(outcomes, bleu=bleu, mlflow_run_id=parent.run_id,
-                                     tracking_uri=tracking.tracking_uri(root) if parent.run_id else None,
-                                     git=git, failure=str(failure) or type(failure).__name__ if failure else None)
-            try:
-                create_markdown_artifact(markdown, key=ARTIFACT_KEY, description=f"{FLOW_NAME}: stages, BLEU, lineage")
-            except Exception as exc:  # noqa: BLE001 - the report must not mask the stage's own error
-                logger.warning("could not create the report artifact: %s", exc)
+            markdown = _finish(root, paths, outcomes, parent, git, failure)
     return {"stages": [asdict(o) for o in outcomes], "mlflow_run_id": parent.run_id,
             "git_commit": git.get("git_commit", ""), "markdown": markdown}
 

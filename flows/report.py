@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 _SETS = ("valid", "test")
+AUDIT_ARTIFACT_KEY = "wmt14-audit"
+AUDIT_LINES = 12  # deviations quoted in the run report; the rest stay in audit.md
 
 
 @dataclass(frozen=True)
@@ -67,18 +69,92 @@ def mlflow_link(tracking_uri: str | None, run_id: str) -> str:
     return f"`{run_id}`{where}"
 
 
+def mlflow_ui_hint(tracking_uri: str | None) -> str | None:
+    """How to browse a local store: the ``mlflow ui`` command (None for a server, which is its own UI)."""
+    if not tracking_uri or tracking_uri.startswith(("http://", "https://")):
+        return None
+    return f"`.venv/bin/mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1` (then http://127.0.0.1:5000)"
+
+
+def audit_deviations(audit_md: str) -> list[str]:
+    """The bullet lines of the ``## Deviations`` section of ``audit.md`` (empty when it has none)."""
+    bullets: list[str] = []
+    inside = False
+    for line in audit_md.splitlines():
+        if line.startswith("## "):
+            if inside:
+                break
+            inside = line.strip().lower() == "## deviations"
+        elif inside and line.startswith("- "):
+            bullets.append(line)
+    return bullets
+
+
+def audit_section(audit_path: str, audit_md: str | None, max_lines: int = AUDIT_LINES) -> list[str]:
+    """Markdown lines: where the audit report is, its summary line and its first deviations."""
+    if audit_md is None:
+        return ["## Replication audit", "", f"No `{audit_path}` yet (the `audit` stage writes it).", ""]
+    lines = ["## Replication audit", "", f"Report: `{audit_path}` (also the `{AUDIT_ARTIFACT_KEY}` artifact)."]
+    summary = next((ln for ln in audit_md.splitlines()[1:] if ln.strip() and not ln.startswith("#")), "")
+    if summary:
+        lines += ["", summary]
+    bullets = audit_deviations(audit_md)
+    if bullets:
+        lines += ["", "Deviations from the paper:", "", *bullets[:max_lines]]
+        if len(bullets) > max_lines:
+            lines.append(f"- ... and {len(bullets) - max_lines} more in `{audit_path}`")
+    return lines + [""]
+
+
+def registry_lines(register: Mapping[str, Any]) -> list[str]:
+    """Markdown bullets from ``register.json``: registered version, alias holder and the decision."""
+    name, version = register.get("model_name"), register.get("model_version")
+    if not (name and version):
+        reason = register.get("decision") or register.get("tracking")
+        return [f"- registered model: none ({_cell(reason)})"] if reason else []
+    alias = register.get("alias") or "candidate"
+    holder = register.get("candidate_version")
+    moved = "moved to this version" if register.get("alias_moved") else "not moved"
+    lines = [f"- registered model: `models:/{name}/{version}`",
+             f"- alias `{alias}`: {moved} (held by version {holder}: `models:/{name}@{alias}`)"
+             if holder else f"- alias `{alias}`: {moved}"]
+    if register.get("decision"):
+        lines.append(f"- decision: {_cell(register['decision'])}")
+    return lines
+
+
 def render_report(outcomes: Sequence[StageOutcome], *, bleu: Mapping[str, Any], mlflow_run_id: str | None,
-                  tracking_uri: str | None, git: Mapping[str, str], failure: str | None = None) -> str:
-    """The whole report: stage table, BLEU (if any), MLflow parent run, git commit, failure (if any)."""
+                  tracking_uri: str | None, git: Mapping[str, str], failure: str | None = None,
+                  audit_path: str | None = None, audit_md: str | None = None,
+                  register: Mapping[str, Any] | None = None) -> str:
+    """The whole report: stages, BLEU, the audit, lineage (git, MLflow, registry), failure (if any).
+
+    Args:
+        outcomes: one per stage task that started.
+        bleu: ``bleu.json`` (empty: not scored yet).
+        mlflow_run_id: the parent run (None: tracking off).
+        tracking_uri: the MLflow store (a server gets a link, a local store the ``mlflow ui`` command).
+        git: ``git_commit`` and ``git_dirty``.
+        failure: the error that ended the run.
+        audit_path: ``<paths.reports>/audit.md`` relative to the repository (None: no audit section).
+        audit_md: its text (None: not written yet).
+        register: ``register.json`` (None or empty: no registry lines).
+    """
     lines = ["# wmt14-pipeline", "", "## Stages", "", *stage_table(outcomes), ""]
     table = bleu_table(bleu)
     lines += ["## BLEU", "", *table, ""] if table else ["## BLEU", "", "No `bleu.json` yet.", ""]
+    if audit_path:
+        lines += audit_section(audit_path, audit_md)
     lines += ["## Lineage", ""]
     commit = git.get("git_commit") or "unknown (not a git checkout)"
     dirty = " (uncommitted changes)" if git.get("git_dirty") == "true" else ""
     lines.append(f"- git commit: `{commit}`{dirty}")
     run = mlflow_link(tracking_uri, mlflow_run_id) if mlflow_run_id else "tracking off (`NMT_TRACKING=off`)"
     lines.append(f"- MLflow parent run: {run}")
+    hint = mlflow_ui_hint(tracking_uri) if mlflow_run_id else None
+    if hint:
+        lines.append(f"- MLflow UI: {hint}")
+    lines += registry_lines(register or {})
     if failure:
         lines += ["", "## Failure", "", "```", failure, "```"]
     return "\n".join(lines) + "\n"
