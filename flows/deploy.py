@@ -23,7 +23,10 @@ from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
 
-ENTRYPOINT = "flows/pipeline.py:wmt14_pipeline"
+# A module path, not ``flows/pipeline.py:...``: Prefect loads a script path as a module named after the
+# file's stem ("pipeline") whose submodules resolve in the script's folder and the cwd, so the flow's
+# own ``from pipeline.profiles import ...`` would find profiles/ (YAML) instead of the package.
+ENTRYPOINT = "flows.pipeline:wmt14_pipeline"
 FLOW_NAME = "wmt14-pipeline"  # = flows.pipeline.FLOW_NAME (not imported: keeps this module light)
 DEFAULT_POOL = "gpu-pool"
 DEFAULT_CRON = "0 2 * * 6"  # Saturdays 02:00: a paper run takes about half a day on 8 GPUs

@@ -154,7 +154,7 @@ def _read_text(path: Path) -> str | None:
 def _lock_md5(root: Path) -> str:
     """md5 of ``dvc.lock`` as the run left it (empty when there is none)."""
     try:
-        return hashlib.md5((root / "dvc.lock").read_bytes()).hexdigest()  # noqa: S324 - a fingerprint
+        return hashlib.md5((root / "dvc.lock").read_bytes()).hexdigest()  # a fingerprint, not security
     except OSError:
         return ""
 

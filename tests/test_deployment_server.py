@@ -1,0 +1,202 @@
+"""The deployment against a real ``prefect server start``: the scheduler fills a cron schedule, a real
+``prefect worker start --run-once`` on the process pool clones the deployed commit, pulls from the
+DVC remote and runs ``wmt14-pipeline`` to completion.
+
+The deployed repository is a toy one (this checkout's ``flows/``, ``pipeline/`` and ``profiles/``
+with a one-stage dvc.yaml and a local DVC remote), registered with ``python -m flows.deploy``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from flows.deploy import DEFAULT_POOL, FLOW_NAME
+from flows.pipeline import ARTIFACT_KEY
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+DEPLOYMENT = "every-minute"
+STAGES = {"hello": {"cmd": "python -c \"open('hello.txt', 'w').write('hi')\"", "outs": ["hello.txt"]}}
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running Prefect server: its API URL and the environment its clients use."""
+
+    url: str
+    env: dict[str, str]
+    log: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _healthy(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """SIGTERM the process group we started, SIGKILL it if it is still there after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=grace_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``prefect server start`` on a free loopback port with its own PREFECT_HOME; always stopped."""
+    home = tmp_path_factory.mktemp("prefect-server")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(home / "home"), "PREFECT_API_URL": url,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true",
+           "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1", "NMT_TRACKING": "off",
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    log = home / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
+                                 "--no-ui"], env=env, cwd=home, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not _healthy(url):
+            assert proc.poll() is None, f"prefect server exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"prefect server not healthy in 90 s:\n{log.read_text()[-3000:]}"
+            time.sleep(0.5)
+        yield Server(url=url, env=env, log=log)
+    finally:
+        _stop_group(proc)
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _toy_repository(dest: Path, remote: Path) -> str:
+    """A committed git + DVC repo with the flow code and one stage pushed to a local remote; its commit."""
+    dest.mkdir(parents=True)
+    for folder in ("flows", "pipeline", "profiles"):
+        shutil.copytree(REPO / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "params.yaml", dest / "params.yaml")
+    (dest / "dvc.yaml").write_text(yaml.safe_dump({"stages": STAGES}, sort_keys=False))
+    _git(dest, "init", "-q")
+    _git(dest, "config", "user.email", "t@example.com")
+    _git(dest, "config", "user.name", "test")
+    for args in (["init", "-q"], ["config", "core.check_update", "false"], ["remote", "add", "-d", "store", str(remote)],
+                 ["repro", "-q"], ["push", "-q"]):
+        subprocess.run([str(BIN / "dvc"), *args], cwd=dest, check=True, capture_output=True)
+    _git(dest, "add", "-A")
+    _git(dest, "commit", "-qm", "toy pipeline, pushed to the DVC remote")
+    return _git(dest, "rev-parse", "HEAD")
+
+
+@contextlib.contextmanager
+def _client(server: Server) -> Iterator[Any]:
+    """A sync Prefect client for this server (whatever API another fixture may have set in-process)."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: server.url}), get_client(sync_client=True) as client:
+        yield client
+
+
+def _runs(server: Server, deployment_id: Any) -> list[Any]:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with _client(server) as client:
+        return client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+                                     sort=FlowRunSort.EXPECTED_START_TIME_ASC)
+
+
+def test_scheduler_fills_the_cron_schedule_and_a_worker_runs_a_scheduled_run(server: Server,
+                                                                              tmp_path: Path) -> None:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
+    from prefect.states import Scheduled
+
+    started, deployed_at = time.monotonic(), datetime.now(UTC)
+    commit = _toy_repository(tmp_path / "toy", tmp_path / "dvc-remote")
+    done = subprocess.run([sys.executable, "-m", "flows.deploy", "--repository", str(tmp_path / "toy"), "--commit",
+                           commit, "--name", DEPLOYMENT, "--cron", "* * * * *"], cwd=REPO, env=server.env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    deployment_id = done.stdout.strip().splitlines()[-1]
+    with _client(server) as client:
+        dep = client.read_deployment_by_name(f"{FLOW_NAME}/{DEPLOYMENT}")
+    assert str(dep.id) == deployment_id and dep.work_pool_name == DEFAULT_POOL
+    assert [s.schedule.cron for s in dep.schedules] == ["* * * * *"]
+
+    # The scheduler service (loop 1 s here, 60 s by default) creates the upcoming runs by itself.
+    deadline = time.monotonic() + 60
+    while len(scheduled := [r for r in _runs(server, dep.id) if r.auto_scheduled]) < 2:
+        assert time.monotonic() < deadline, f"no scheduled runs after 60 s:\n{server.log.read_text()[-3000:]}"
+        time.sleep(0.5)
+    times = [r.expected_start_time for r in scheduled]
+    assert all(r.state.is_scheduled() for r in scheduled)
+    assert all(t.second == 0 and t.microsecond == 0 for t in times) and len(set(times)) == len(times)
+    assert times[0] >= deployed_at.replace(second=0, microsecond=0)
+
+    # The worker takes the first scheduled run: when it is due within 20 s, wait for it; otherwise move
+    # it to now rather than wait up to a minute. Either way the next one is 40+ s away: not due yet.
+    chosen = scheduled[0]
+    wait_s = (chosen.expected_start_time - datetime.now(UTC)).total_seconds()
+    if wait_s < 20:
+        time.sleep(max(wait_s, 0) + 0.5)
+    else:
+        with _client(server) as client:
+            client.set_flow_run_state(chosen.id, Scheduled(scheduled_time=datetime.now(UTC)), force=True)
+    work = tmp_path / "worker"
+    work.mkdir()
+    worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", DEFAULT_POOL, "--type", "process",
+                               "--run-once", "--prefetch-seconds", "0"], cwd=work, env=server.env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output = worker.communicate(timeout=150)[0].decode(errors="replace")
+    finally:
+        _stop_group(worker, grace_s=5)
+    assert worker.returncode == 0, output[-4000:]
+
+    runs = {r.id: r for r in _runs(server, dep.id)}
+    assert runs[chosen.id].state.is_completed(), f"{runs[chosen.id].state}\n{output[-4000:]}"
+    later = [r for r in runs.values() if r.auto_scheduled and r.expected_start_time > datetime.now(UTC)]
+    assert later and all(r.state.is_scheduled() for r in later)  # --run-once took only what was due
+    with _client(server) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[ARTIFACT_KEY])),
+                                     flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[chosen.id])))
+    assert len(arts) == 1
+    report = str(arts[0].data)
+    assert "| hello | skipped |" in report  # the pull step fetched hello.txt from the DVC remote
+    assert f"`{commit}`" in report  # the worker ran the deployed commit
+    print(f"\ndeployment test: {time.monotonic() - started:.0f} s after the server was healthy")
