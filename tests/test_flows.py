@@ -324,7 +324,7 @@ def test_deploy_registers_schedule_pool_limit_and_pull_steps_that_work(tmp_path:
     first = deploy(repository=str(repo), commit=commit, name="test-deploy", cron="0 2 * * 6")
     assert deploy(repository=str(repo), commit=commit, name="test-deploy") == first  # an update, not a copy
     dep = _read_deployment("test-deploy")
-    assert dep.work_pool_name == "gpu-pool" and dep.entrypoint == "flows/pipeline.py:wmt14_pipeline"
+    assert dep.work_pool_name == "gpu-pool" and dep.entrypoint == "flows.pipeline:wmt14_pipeline"
     assert [s.schedule.cron for s in dep.schedules] == ["0 2 * * 6"]
     assert dep.global_concurrency_limit.limit == 1
     assert dep.concurrency_options.collision_strategy.value == "ENQUEUE"
