@@ -30,6 +30,8 @@ import yaml
 
 from pipeline.profiles import deep_merge, write_profile
 from pipeline.textio import atomic_path, remove_stale_temps, write_text
+from tests.repoutil import git as _git
+from tests.repoutil import init_git_dvc
 
 EN = "the a cat dog house garden man woman sits runs sees big small red green near under".split()
 DE = "der die das katze hund haus garten mann frau sitzt läuft sieht groß klein rot grün nahe unter".split()
@@ -124,10 +126,6 @@ def building(parent: Path, name: str, inner: str, at_least: int) -> Callable[[],
 
 # --- SIGKILL mid-stage, then dvc repro -------------------------------------------------------------
 
-def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def dvc_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A git + DVC repo: this checkout's pipeline package, the real clean/bpe/encode stages, tiny params,
@@ -135,10 +133,7 @@ def dvc_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo_root = Path(__file__).resolve().parents[1]
     repo = tmp_path_factory.mktemp("faults") / "template"
     repo.mkdir()
-    _git(repo, "init", "-q")
-    _git(repo, "config", "user.email", "t@example.com")
-    _git(repo, "config", "user.name", "test")
-    subprocess.run(["dvc", "init", "-q"], cwd=repo, check=True)
+    init_git_dvc(repo)
     shutil.copytree(repo_root / "pipeline", repo / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(repo_root / "profiles", repo / "profiles")
     stages = yaml.safe_load((repo_root / "dvc.yaml").read_text(encoding="utf-8"))["stages"]

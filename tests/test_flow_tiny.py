@@ -31,6 +31,8 @@ from pipeline.config import flatten
 from pipeline.profiles import merged_profile, write_profile
 from pipeline.runner import stage_lock_md5, stage_metrics_file
 from tests.mirror import write_multi30k_mirror
+from tests.repoutil import git as _git
+from tests.repoutil import init_git_dvc
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ("tests.prefect_fixtures",)
@@ -52,10 +54,6 @@ class TinyRuns:
     seconds: tuple[float, float]
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
-
-
 def code_folders(dvc_yaml: Path) -> list[str]:
     """Top-level folders holding the dependencies dvc.yaml names (templated data paths left out)."""
     stages = yaml.safe_load(dvc_yaml.read_text(encoding="utf-8"))["stages"]
@@ -70,11 +68,7 @@ def make_project(dest: Path) -> Path:
     for folder in {*code_folders(REPO / "dvc.yaml"), "profiles"}:
         shutil.copytree(REPO / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
     write_profile("tiny", dest)
-    _git(dest, "init", "-q")
-    _git(dest, "config", "user.email", "t@example.com")
-    _git(dest, "config", "user.name", "test")
-    subprocess.run(["dvc", "init", "-q"], cwd=dest, check=True)
-    subprocess.run(["dvc", "config", "core.check_update", "false"], cwd=dest, check=True)
+    init_git_dvc(dest)
     _git(dest, "add", "-A")
     _git(dest, "commit", "-qm", "tiny project")
     return dest

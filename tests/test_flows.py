@@ -23,6 +23,8 @@ import yaml
 from flows.dvc_task import live_process_groups, run_in_group, stage_status
 from flows.pipeline import ARTIFACT_KEY, StageFailed, dvc_stages, wmt14_pipeline
 from pipeline.errors import PipelineError
+from tests.repoutil import git as _git
+from tests.repoutil import init_git_dvc
 
 pytestmark = pytest.mark.slow
 
@@ -94,20 +96,12 @@ def prefect_api() -> Iterator[None]:
         yield
 
 
-def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
-
-
 @pytest.fixture(scope="session")
 def _empty_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An empty git + DVC repo, made once (``dvc init`` is the slow part) and copied per test."""
     repo = tmp_path_factory.mktemp("template") / "repo"
     repo.mkdir()
-    _git(repo, "init", "-q")
-    _git(repo, "config", "user.email", "t@example.com")
-    _git(repo, "config", "user.name", "test")
-    subprocess.run(["dvc", "init", "-q"], cwd=repo, check=True)
-    subprocess.run(["dvc", "config", "core.check_update", "false"], cwd=repo, check=True)
+    init_git_dvc(repo)
     return repo
 
 

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from pipeline.errors import PipelineError
 from pipeline.profiles import write_profile
 from pipeline.runner import run_pipeline, stage_lock_md5
-from pipeline.errors import PipelineError
+from tests.repoutil import git, init_git_dvc
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,10 +29,6 @@ STAGE_CODE = (
 )
 
 
-def _git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
-
-
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "ws"
@@ -43,9 +39,8 @@ def workspace(tmp_path: Path) -> Path:
     (ws / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"bpe": {
         "cmd": f"{sys.executable} stage.py", "deps": ["stage.py"], "params": ["bpe"], "outs": ["out"],
         "metrics": [{"metrics/tiny/bpe.json": {"cache": False}}]}}}))
-    _git(ws, "init", "-q")
-    _git(ws, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "init")
-    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=ws, check=True)
+    init_git_dvc(ws)
+    git(ws, "commit", "-q", "--allow-empty", "-m", "init")
     return ws
 
 
