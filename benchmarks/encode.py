@@ -65,8 +65,8 @@ def build_corpus(data: Path, raw: Path, copies: int) -> int:
 def train_bpe(data: Path, out: Path, vocab: int) -> None:
     """Train the BPE model once, on the original (uncopied) Multi30k train text."""
     from pipeline.bpe import train_model
-    from pipeline.clean import normalize
-    from pipeline.config import BpeConfig
+    from pipeline.core.config import BpeConfig
+    from pipeline.data.normalize import normalize
 
     out.mkdir(parents=True, exist_ok=True)
     sample = out / "sample.txt"
@@ -106,8 +106,8 @@ def _raw_chunk(args: tuple[str, str, int, int, int]) -> float:
 def measure(kind: str, work: Path, workers: int) -> dict:
     """One measurement: returns pairs processed and seconds (excluding interpreter start-up)."""
     from pipeline import clean, encode
-    from pipeline.config import CleanConfig, EncodeConfig
-    from pipeline.textio import count_lines
+    from pipeline.core.config import CleanConfig, EncodeConfig
+    from pipeline.core.textio import count_lines
 
     if kind == "clean":
         t = time.perf_counter()

@@ -19,13 +19,13 @@ import sys
 from typing import Any
 from uuid import UUID
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 log = logging.getLogger(__name__)
 
 # A module path, not ``flows/pipeline.py:...``: Prefect loads a script path as a module named after the
 # file's stem ("pipeline") whose submodules resolve in the script's folder and the cwd, so the flow's
-# own ``from pipeline.profiles import ...`` would find profiles/ (YAML) instead of the package.
+# own ``from pipeline.project.profiles import ...`` would find profiles/ (YAML) instead of the package.
 ENTRYPOINT = "flows.pipeline:wmt14_pipeline"
 FLOW_NAME = "wmt14-pipeline"  # = flows.pipeline.FLOW_NAME (not imported: keeps this module light)
 DEFAULT_POOL = "gpu-pool"

@@ -7,7 +7,7 @@ subprocess environment only, tags each stage's child run with its dvc.lock md5 (
 the md5 of the whole dvc.lock it ended at), and ends with a markdown report: stage statuses, the
 BLEU table, the replication audit (``<paths.reports>/audit.md``, also attached as its own artifact
 ``wmt14-audit``), the MLflow parent run (with the ``mlflow ui`` command for a local store) and the
-registered model version and alias from ``<paths.metrics>/register.json``.
+registered model version and alias from ``<paths.metrics>/register.details.json``.
 
 Locally (Prefect's temporary server, no setup)::
 
@@ -38,11 +38,12 @@ from prefect.runtime import task_run as task_run_ctx
 
 from flows.dvc_task import ProcessResult, kill_all_groups, run_in_group, stage_status
 from flows.report import AUDIT_ARTIFACT_KEY, StageOutcome, render_report
-from pipeline import tracking
-from pipeline.config import PathsConfig, flatten, load_params, section_dict
-from pipeline.errors import PipelineError
-from pipeline.profiles import write_profile
-from pipeline.runner import tag_stage_run
+from pipeline.core import stages as stage_table
+from pipeline.core import tracking
+from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
+from pipeline.core.errors import PipelineError
+from pipeline.project.profiles import write_profile
+from pipeline.project.runner import tag_stage_run
 
 log = logging.getLogger(__name__)
 
@@ -176,10 +177,12 @@ def _finish(root: Path, paths: PathsConfig | None, outcomes: list[StageOutcome],
     audit_path = f"{paths.reports}/audit.md" if paths else None
     audit_md = _read_text(root / audit_path) if audit_path else None
     markdown = render_report(
-        outcomes, bleu=_read_json(root / paths.metrics / "bleu.json") if paths else {}, mlflow_run_id=parent.run_id,
+        outcomes, bleu=_read_json(stage_table.details_file(root / paths.metrics, "evaluate")) if paths else {},
+        mlflow_run_id=parent.run_id,
         tracking_uri=tracking.tracking_uri(root) if parent.run_id else None, git=git,
         failure=(str(failure) or type(failure).__name__) if failure else None, audit_path=audit_path,
-        audit_md=audit_md, register=_read_json(root / paths.metrics / "register.json") if paths else {})
+        audit_md=audit_md,
+        register=_read_json(stage_table.details_file(root / paths.metrics, "register")) if paths else {})
     artifacts = [(markdown, ARTIFACT_KEY, f"{FLOW_NAME}: stages, BLEU, audit, lineage")]
     if audit_md is not None:
         artifacts.append((audit_md, AUDIT_ARTIFACT_KEY, f"{FLOW_NAME}: the run beside the paper ({audit_path})"))

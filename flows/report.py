@@ -40,7 +40,7 @@ def stage_table(outcomes: Sequence[StageOutcome]) -> list[str]:
 
 
 def bleu_table(bleu: Mapping[str, Any]) -> list[str]:
-    """Markdown rows from ``bleu.json``: every scored figure per set with its sacreBLEU signature."""
+    """Markdown rows from ``evaluate.details.json``: every scored figure per set with its sacreBLEU signature."""
     rows = ["| set | metric | score | signature |", "|---|---|---:|---|"]
     for name in _SETS:
         figures = bleu.get(name)
@@ -107,7 +107,7 @@ def audit_section(audit_path: str, audit_md: str | None, max_lines: int = AUDIT_
 
 
 def registry_lines(register: Mapping[str, Any]) -> list[str]:
-    """Markdown bullets from ``register.json``: registered version, alias holder and the decision."""
+    """Markdown bullets from ``register.details.json``: registered version, alias holder and the decision."""
     name, version = register.get("model_name"), register.get("model_version")
     if not (name and version):
         reason = register.get("decision") or register.get("tracking")
@@ -131,18 +131,18 @@ def render_report(outcomes: Sequence[StageOutcome], *, bleu: Mapping[str, Any], 
 
     Args:
         outcomes: one per stage task that started.
-        bleu: ``bleu.json`` (empty: not scored yet).
+        bleu: ``evaluate.details.json`` (empty: not scored yet).
         mlflow_run_id: the parent run (None: tracking off).
         tracking_uri: the MLflow store (a server gets a link, a local store the ``mlflow ui`` command).
         git: ``git_commit`` and ``git_dirty``.
         failure: the error that ended the run.
         audit_path: ``<paths.reports>/audit.md`` relative to the repository (None: no audit section).
         audit_md: its text (None: not written yet).
-        register: ``register.json`` (None or empty: no registry lines).
+        register: ``register.details.json`` (None or empty: no registry lines).
     """
     lines = ["# wmt14-pipeline", "", "## Stages", "", *stage_table(outcomes), ""]
     table = bleu_table(bleu)
-    lines += ["## BLEU", "", *table, ""] if table else ["## BLEU", "", "No `bleu.json` yet.", ""]
+    lines += ["## BLEU", "", *table, ""] if table else ["## BLEU", "", "No `evaluate.details.json` yet.", ""]
     if audit_path:
         lines += audit_section(audit_path, audit_md)
     lines += ["## Lineage", ""]

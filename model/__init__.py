@@ -1,13 +1,32 @@
 """Pure-PyTorch Transformer for NMT: the network, the loss, the schedule and beam search.
 
-Nothing here knows about files, ranks, DVC, Prefect or MLflow.
+Nothing here knows about files, ranks, DVC, Prefect or MLflow. Names are imported on first use
+(PEP 562), so ``from model.config import TransformerConfig`` (what params.yaml validates into) does
+not import torch: the pipeline's configuration and the Prefect flows stay torch-free.
 """
 
-from model.beam import Hypothesis, beam_search, beam_search_finished, best_hypothesis, length_penalty, max_length
-from model.config import TransformerConfig
-from model.loss import label_smoothed_nll_loss, label_smoothed_nll_loss_chunked
-from model.schedule import inverse_sqrt_lr
-from model.transformer import DecoderCache, EncoderOut, Transformer
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: Public name -> the module defining it.
+_LAZY = {
+    "DecoderCache": "model.transformer",
+    "EncoderOut": "model.transformer",
+    "Hypothesis": "model.beam",
+    "Transformer": "model.transformer",
+    "TransformerConfig": "model.config",
+    "autocast": "model.precision",
+    "beam_search": "model.beam",
+    "beam_search_finished": "model.beam",
+    "best_hypothesis": "model.beam",
+    "inverse_sqrt_lr": "model.schedule",
+    "label_smoothed_nll_loss": "model.loss",
+    "label_smoothed_nll_loss_chunked": "model.loss",
+    "length_penalty": "model.beam",
+    "max_length": "model.beam",
+}
 
 __all__ = [
     "DecoderCache",
@@ -15,6 +34,7 @@ __all__ = [
     "Hypothesis",
     "Transformer",
     "TransformerConfig",
+    "autocast",
     "beam_search",
     "beam_search_finished",
     "best_hypothesis",
@@ -24,3 +44,23 @@ __all__ = [
     "length_penalty",
     "max_length",
 ]
+
+if TYPE_CHECKING:
+    from model.beam import Hypothesis, beam_search, beam_search_finished, best_hypothesis, length_penalty, max_length
+    from model.config import TransformerConfig
+    from model.loss import label_smoothed_nll_loss, label_smoothed_nll_loss_chunked
+    from model.precision import autocast
+    from model.schedule import inverse_sqrt_lr
+    from model.transformer import DecoderCache, EncoderOut, Transformer
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'model' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

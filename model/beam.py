@@ -1,4 +1,5 @@
-"""Batched beam search with a GNMT length penalty, exactly as DESIGN §4 specifies.
+"""Batched beam search with a GNMT length penalty, by an exact rule (below) that two correct
+implementations agree on token for token.
 
 Rows are (sentence × beam); the decoder cache is reordered by beam origin every step. Per step n
 (tokens generated so far, including this one) every live hypothesis is extended by every token but
@@ -192,7 +193,7 @@ class _Step(NamedTuple):
 
 
 def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, tok_ok: Tensor, k: int, eos: int, pad: int) -> _Step:
-    """Rank every extension of the live hypotheses and apply rules (a) and (b) of DESIGN §4.
+    """Rank every extension of the live hypotheses; EOS candidates among the first k finish, others stay live.
 
     Args:
         scores: [B, k] raw scores of the live slots.
@@ -290,7 +291,7 @@ def beam_search(
     max_len_b: float = 50,
     return_finished: bool = False,
 ) -> list[list[int]] | list[list[Hypothesis]]:
-    """Translate a batch with beam search (DESIGN §4).
+    """Translate a batch with beam search (the rule in this module's docstring).
 
     Args:
         model: a :class:`~model.transformer.Transformer` (or anything with the same decoding methods).

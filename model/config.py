@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+#: Special token ids, defined once: the BPE model is trained with them and the network uses them.
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+#: ``field`` metadata of values that are not settings: they come from the BPE model, never from params.
+DERIVED = "derived"
 
 
 @dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
     """Dimensions and special token ids of the encoder-decoder Transformer.
 
-    The defaults are the paper's base model except ``vocab_size``, which comes from the BPE model.
+    The defaults are the paper's base model. ``vocab_size`` and the special ids are derived from the
+    BPE model (``0`` = not known yet, as in params.yaml's ``model`` section, which validates into
+    this class); :meth:`with_vocab` fills it in before a :class:`~model.Transformer` is built.
     """
 
-    vocab_size: int
-    """Size of the shared source/target vocabulary (the BPE model's piece count)."""
+    vocab_size: int = field(default=0, metadata={DERIVED: "the BPE model's piece count"})
+    """Size of the shared source/target vocabulary (the BPE model's piece count; 0 = not known yet)."""
     d_model: int = 512
     """Width of embeddings and residual stream."""
     n_heads: int = 8
@@ -34,16 +42,18 @@ class TransformerConfig:
     """LayerNorm before each sublayer (plus a final LayerNorm per stack) instead of after (paper)."""
     max_positions: int = 1024
     """Longest sequence the sinusoidal position table covers."""
-    pad_id: int = 0
+    pad_id: int = field(default=PAD_ID, metadata={DERIVED: "the BPE model's pad id"})
     """Padding id: masked in attention, zero embedding row, ignored by the loss."""
-    bos_id: int = 2
+    bos_id: int = field(default=BOS_ID, metadata={DERIVED: "the BPE model's bos id"})
     """Beginning-of-sentence id: first decoder input token."""
-    eos_id: int = 3
+    eos_id: int = field(default=EOS_ID, metadata={DERIVED: "the BPE model's eos id"})
     """End-of-sentence id: appended to sources and targets."""
 
     def __post_init__(self) -> None:
         problems = []
-        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_positions"):
+        if not isinstance(self.vocab_size, int) or isinstance(self.vocab_size, bool) or self.vocab_size < 0:
+            problems.append(f"vocab_size must be an int >= 0 (0 = not known yet), got {self.vocab_size!r}")
+        for name in ("d_model", "n_heads", "d_ff", "n_layers", "max_positions"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 problems.append(f"{name} must be a positive int, got {value!r}")
@@ -55,7 +65,8 @@ class TransformerConfig:
                 problems.append(f"{name} must be in [0, 1), got {value!r}")
         ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
         for name, value in ids.items():
-            if not isinstance(value, int) or not 0 <= value < (self.vocab_size if not problems else 1 << 62):
+            bound = self.vocab_size if not problems and self.vocab_size > 0 else 1 << 62
+            if not isinstance(value, int) or not 0 <= value < bound:
                 problems.append(f"{name} must be an int in [0, vocab_size), got {value!r}")
         if len(set(ids.values())) != 3:
             problems.append(f"pad_id, bos_id and eos_id must differ, got {ids}")
@@ -66,6 +77,14 @@ class TransformerConfig:
     def head_dim(self) -> int:
         """Width of one attention head."""
         return self.d_model // self.n_heads
+
+    def with_vocab(self, vocab_size: int) -> TransformerConfig:
+        """This config with ``vocab_size`` set (from the BPE model)."""
+        return dataclasses.replace(self, vocab_size=vocab_size)
+
+    def settings(self) -> dict[str, Any]:
+        """The fields that are settings (params.yaml's ``model`` section): the derived ones left out."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if DERIVED not in f.metadata}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of all fields (JSON/``torch.save(weights_only=True)`` friendly)."""

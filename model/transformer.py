@@ -58,6 +58,9 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
+        if cfg.vocab_size < 1:
+            raise ValueError("TransformerConfig.vocab_size is 0 (not known yet): set it from the BPE model with "
+                             "cfg.with_vocab(n) before building the model")
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         self.register_buffer("positions", sinusoid_table(cfg.max_positions, cfg.d_model), persistent=False)

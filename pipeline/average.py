@@ -12,25 +12,23 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipeline import checkpoint
-from pipeline.config import AverageConfig, Params
-from pipeline.errors import CheckpointError
-from pipeline.stage import read_json, run_cli, write_metrics
-from pipeline.textio import atomic_path
+from model.config import TransformerConfig
+from pipeline.core import torchfile
+from pipeline.core.config import AverageConfig, Params
+from pipeline.core.errors import CheckpointError
+from pipeline.core.stage import read_json, stage_main
+from pipeline.inference import model_file
+from pipeline.training import checkpoint
 
 log = logging.getLogger(__name__)
 
-AVERAGED_NAME = "averaged.pt"
-SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
 
 
 def complete_checkpoints(train_dir: str | Path) -> list[Path]:
@@ -44,15 +42,8 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     Raises:
         CheckpointError: the file is missing, truncated or not a state_dict of tensors.
     """
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing although DONE exists; delete the folder {path.parent}") from None
-    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/UnpicklingError/KeyError...
-        raise CheckpointError(
-            f"{path}: cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-            f"the file is truncated or corrupt: delete the folder {path.parent} and rerun"
-        ) from None
+    state = torchfile.load(path, remedy=f"the file is truncated or corrupt: delete the folder {path.parent} and rerun",
+                           missing=f"missing although DONE exists; delete the folder {path.parent}")
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: not a state_dict of tensors; was it written by the train stage?")
     return state
@@ -101,14 +92,12 @@ def average_state_dicts(paths: list[Path]) -> dict[str, torch.Tensor]:
             for k, v in sums.items()}
 
 
-def transformer_config(state: dict[str, Any], vocab_size: int, state_path: Path) -> dict[str, Any]:
-    """The model's ``TransformerConfig`` as a dict, from ``state.json``'s resolved config and the vocabulary.
+def transformer_config(state: dict[str, Any], vocab_size: int, state_path: Path) -> TransformerConfig:
+    """The model's config, from ``state.json``'s resolved config and the vocabulary of ``spm.model``.
 
     Raises:
         CheckpointError: ``state.json`` holds no ``config.model`` section, or the model rejects it.
     """
-    from model import TransformerConfig
-
     section = (state.get("config") or {}).get("model") if isinstance(state, dict) else None
     if not isinstance(section, dict):
         raise CheckpointError(f"{state_path}: no 'config.model' section; was it written by the train stage?")
@@ -117,39 +106,29 @@ def transformer_config(state: dict[str, Any], vocab_size: int, state_path: Path)
         raise CheckpointError(f"{state_path}: the model was trained with vocabulary size {saved}, but spm.model has "
                               f"{vocab_size} pieces; average with the BPE model the run was trained with")
     known = set(TransformerConfig.__dataclass_fields__)
-    values = {**{k: v for k, v in SPECIAL_IDS.items() if k in known},
-              **{k: v for k, v in section.items() if k in known}, "vocab_size": vocab_size}
     try:
-        return TransformerConfig.from_dict(values).to_dict()
+        return TransformerConfig.from_dict({**{k: v for k, v in section.items() if k in known},
+                                            "vocab_size": vocab_size})
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{state_path}: its model config is not valid for this code: {exc}") from None
 
 
-def _check_loads(config: dict[str, Any], weights: dict[str, torch.Tensor], where: Path) -> None:
+def _check_loads(config: TransformerConfig, weights: dict[str, torch.Tensor], where: Path) -> None:
     """The averaged weights must fit the model built from ``config`` (shapes checked on the meta device)."""
-    from model import Transformer, TransformerConfig
+    from model import Transformer
 
     with torch.device("meta"):
-        expected = Transformer(TransformerConfig.from_dict(config)).state_dict()
+        expected = Transformer(config).state_dict()
     for key in sorted(set(expected) | set(weights)):
         if key not in weights or key not in expected or expected[key].shape != weights[key].shape:
             raise CheckpointError(
                 f"{where}: key {key!r} does not fit the model built from state.json's config "
-                f"(vocabulary {config.get('vocab_size')} from spm.model); were the checkpoints trained with "
+                f"(vocabulary {config.vocab_size} from spm.model); were the checkpoints trained with "
                 "this BPE model and code?"
             )
 
 
-def save_deterministic(obj: Any, path: str | Path) -> None:
-    """``torch.save`` into memory (fixed archive name, so equal objects give equal bytes), write atomically."""
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(buffer.getvalue())
-
-
-def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, model_dir: str | Path,
-          metrics_path: str | Path) -> None:
+def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, model_dir: str | Path) -> dict:
     """Average the last ``cfg.last_n`` complete checkpoints of ``train_dir`` into ``model_dir/averaged.pt``.
 
     Args:
@@ -157,13 +136,15 @@ def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, mod
         train_dir: ``paths.train`` with ``step-NNNNNNNN/{model.pt,state.json,DONE}`` folders.
         bpe_dir: ``paths.bpe`` holding ``spm.model`` (embedded in the output).
         model_dir: ``paths.model``; receives ``averaged.pt``.
-        metrics_path: the stage's metrics JSON (checkpoints used, whether fewer than requested).
+
+    Returns:
+        The checkpoints and steps used, how many were requested, the BPE model's sha256 and the
+        parameter count.
 
     Raises:
         CheckpointError: no complete checkpoint, unreadable or mismatched checkpoints.
     """
-    start = time.monotonic()
-    from pipeline.tracking import stage_run
+    from pipeline.core import tracking
 
     available = complete_checkpoints(train_dir)
     if not available:
@@ -189,35 +170,32 @@ def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, mod
     config = transformer_config(state, vocab_size, newest)
     weights = average_state_dicts([p / "model.pt" for p in chosen])
     _check_loads(config, weights, chosen[-1] / "model.pt")
-    out = Path(model_dir) / AVERAGED_NAME
-    with stage_run("average") as run:
-        save_deterministic({"model": weights, "config": config, "spm": spm_bytes}, out)
-        metrics = {
-            "checkpoints": [p.name for p in chosen],
-            "steps": [int(p.name.split("-")[1]) for p in chosen],
-            "requested": cfg.last_n,
-            "used": len(chosen),
-            "fewer_than_requested": len(chosen) < cfg.last_n,
-            "spm_sha256": hashlib.sha256(spm_bytes).hexdigest(),
-            "parameters": int(sum(v.numel() for v in weights.values() if v.is_floating_point())),
-            "seconds": round(time.monotonic() - start, 3),
-            "mlflow_run_id": run.run_id,
-        }
-        run.log_params({"average.last_n": cfg.last_n, "average.checkpoints": ",".join(metrics["checkpoints"])})
-        run.log_metrics({"checkpoints_used": len(chosen), "last_step": metrics["steps"][-1]})
-        write_metrics(metrics_path, metrics)
+    out = model_file.path_in(model_dir)
+    model_file.save(out, weights=weights, config=config, spm=spm_bytes)
+    metrics = {
+        "checkpoints": [p.name for p in chosen],
+        "steps": [int(p.name.split("-")[1]) for p in chosen],
+        "requested": cfg.last_n,
+        "used": len(chosen),
+        "fewer_than_requested": len(chosen) < cfg.last_n,
+        "spm_sha256": hashlib.sha256(spm_bytes).hexdigest(),
+        "parameters": int(sum(v.numel() for v in weights.values() if v.is_floating_point())),
+    }
+    run = tracking.current()
+    run.log_params({"average.checkpoints": ",".join(metrics["checkpoints"])})
+    run.log_metrics({"checkpoints_used": len(chosen), "last_step": metrics["steps"][-1]})
     log.info("wrote %s (%d checkpoints, last step %d)", out, len(chosen), metrics["steps"][-1])
+    return metrics
 
 
-def _body(params: Params, args: argparse.Namespace) -> None:
+def _run(params: Params, args: argparse.Namespace) -> dict:
     paths = params.paths
-    stage(params.average, train_dir=paths.train, bpe_dir=paths.bpe, model_dir=paths.model,
-          metrics_path=Path(paths.metrics) / "average.json")
+    return stage(params.average, train_dir=paths.train, bpe_dir=paths.bpe, model_dir=paths.model)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipeline.average``."""
-    return run_cli("average", _body, argv)
+    return stage_main("average", _run, argv)
 
 
 if __name__ == "__main__":

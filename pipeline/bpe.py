@@ -13,19 +13,18 @@ import argparse
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import BpeConfig, Params
-from pipeline.errors import DataError
-from pipeline.stage import run_cli, stage_parser, write_metrics
-from pipeline.textio import atomic_path, count_lines, read_lines, sha256_file
+from model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from pipeline.core.config import BpeConfig, Params
+from pipeline.core.errors import DataError
+from pipeline.core.stage import stage_main
+from pipeline.core.textio import atomic_path, count_lines, read_lines, sha256_file
 
 log = logging.getLogger(__name__)
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIAL_PIECES = {"pad_piece": "<pad>", "unk_piece": "<unk>", "bos_piece": "<s>", "eos_piece": "</s>"}
 
 
@@ -95,49 +94,47 @@ def _canonicalise(model_file: Path) -> None:
     model_file.write_bytes(proto.SerializeToString(deterministic=True))
 
 
-def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, metrics_path: str | Path) -> None:
+def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path) -> dict:
     """Run the bpe stage: ``<clean_dir>/train.{en,de}`` → ``<bpe_dir>/spm.{model,vocab}``.
+
+    Returns:
+        The sample's sentence count, the vocabulary size and the model's sha256.
 
     Raises:
         DataError: missing cleaned text, an empty training set, invalid UTF-8 or a NUL byte (file:line),
             or a vocabulary the text cannot fill.
         OutputError: the disk filled up while writing (the previous ``bpe_dir`` is kept).
     """
-    from pipeline import tracking
+    from pipeline.core import tracking
 
     clean_dir, bpe_dir = Path(clean_dir), Path(bpe_dir)
     files = [clean_dir / "train.en", clean_dir / "train.de"]
     for path in files:
         if not path.is_file():
             raise DataError(f"{path}: missing; run `dvc repro clean` first")
-    start = time.monotonic()
     threads = os.cpu_count() or 1
-    with tracking.stage_run("bpe") as run:
-        run.log_params({f"bpe.{k}": v for k, v in vars(cfg).items()})
-        with atomic_path(bpe_dir) as tmp:
-            tmp.mkdir()
-            # The sample lives in the temporary output (removed before the rename): a killed run leaves no
-            # gigabyte-sized file in /tmp, only a stale sibling that the next run deletes.
-            sample = tmp / "sample.txt"
-            n = write_sample(files, sample, cfg.input_sentence_size, cfg.seed)
-            if n == 0:
-                raise DataError(f"{files[0]} and {files[1]} hold no text; rerun `dvc repro clean`")
-            log.info("bpe: training a %d-piece model on %d sentences with %d threads", cfg.vocab_size, n, threads)
-            train_model(sample, tmp / "spm", cfg, threads)
-            sample.unlink()
-        metrics = {"sentences": n, "vocab_size": cfg.vocab_size, "spm_sha256": sha256_file(bpe_dir / "spm.model"),
-                   "seconds": round(time.monotonic() - start, 3), "mlflow_run_id": run.run_id}
-        run.log_metrics({"sentences": n, "seconds": metrics["seconds"]})
-    write_metrics(metrics_path, metrics)
+    with atomic_path(bpe_dir) as tmp:
+        tmp.mkdir()
+        # The sample lives in the temporary output (removed before the rename): a killed run leaves no
+        # gigabyte-sized file in /tmp, only a stale sibling that the next run deletes.
+        sample = tmp / "sample.txt"
+        n = write_sample(files, sample, cfg.input_sentence_size, cfg.seed)
+        if n == 0:
+            raise DataError(f"{files[0]} and {files[1]} hold no text; rerun `dvc repro clean`")
+        log.info("bpe: training a %d-piece model on %d sentences with %d threads", cfg.vocab_size, n, threads)
+        train_model(sample, tmp / "spm", cfg, threads)
+        sample.unlink()
+    tracking.current().log_metrics({"sentences": n})
+    return {"sentences": n, "vocab_size": cfg.vocab_size, "spm_sha256": sha256_file(bpe_dir / "spm.model")}
+
+
+def _run(params: Params, args: argparse.Namespace) -> dict:
+    return stage(params.bpe, clean_dir=params.paths.clean, bpe_dir=params.paths.bpe)
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m pipeline.bpe [--params params.yaml]``."""
-    def body(params: Params, args: argparse.Namespace) -> None:
-        stage(params.bpe, clean_dir=params.paths.clean, bpe_dir=params.paths.bpe,
-              metrics_path=Path(params.paths.metrics) / "bpe.json")
-
-    return run_cli("bpe", body, argv, stage_parser("train the joint SentencePiece BPE model"))
+    return stage_main("bpe", _run, argv)
 
 
 if __name__ == "__main__":

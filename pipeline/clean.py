@@ -18,16 +18,16 @@ import itertools
 import logging
 import sys
 import time
-import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import CleanConfig, Params
-from pipeline.errors import DataError
-from pipeline.stage import run_cli, stage_parser, write_metrics
-from pipeline.textio import atomic_path, count_lines, read_lines
+from pipeline.core.config import CleanConfig, Params
+from pipeline.core.errors import DataError
+from pipeline.core.stage import stage_main
+from pipeline.core.textio import atomic_path, count_lines, read_lines
+from pipeline.data.normalize import normalize
 
 log = logging.getLogger(__name__)
 
@@ -36,34 +36,6 @@ LANGS = ("en", "de")
 RULES = ("empty", "too_short", "too_long", "ratio", "copy", "duplicate")
 _BATCH = 16384  # pairs per batch: large enough for numpy, small enough to keep RSS flat
 _LOG_EVERY_S = 10.0
-
-
-def _strip_controls(text: str) -> str:
-    """Drop Cc/Cf characters; whitespace controls (tab, CR, U+0085, ...) become a space."""
-    out = []
-    for ch in text:
-        cat = unicodedata.category(ch)
-        if cat == "Cc":
-            if ch.isspace():
-                out.append(" ")
-        elif cat != "Cf":
-            out.append(ch)
-    return "".join(out)
-
-
-def normalize(text: str) -> str:
-    """Normalise one sentence: controls removed, Unicode NFC, whitespace collapsed and stripped.
-
-    Control characters (categories Cc and Cf) are deleted, except that whitespace controls
-    (tab, CR, VT, FF, U+0085, ...) become a space so words stay apart. Every run of whitespace
-    (including NBSP, U+2028, U+2029) becomes one ASCII space; leading/trailing whitespace goes.
-    Idempotent: ``normalize(normalize(s)) == normalize(s)``.
-    """
-    if not text.isprintable():  # fast path: plain printable text has no controls or odd spaces
-        text = _strip_controls(text)
-    if not text.isascii():
-        text = unicodedata.normalize("NFC", text)
-    return " ".join(text.split())
 
 
 def _n_words(line: str) -> int:
@@ -241,43 +213,42 @@ def _check_not_empty(cfg: CleanConfig, counts: dict) -> None:
         f"clean.drop_copies={cfg.drop_copies} or clean.dedup={cfg.dedup} in params.yaml")
 
 
-def stage(cfg: CleanConfig, *, raw_dir: str | Path, clean_dir: str | Path, metrics_path: str | Path) -> None:
-    """Run the clean stage: ``raw_dir`` → ``clean_dir`` (atomically) and ``metrics_path``.
+def stage(cfg: CleanConfig, *, raw_dir: str | Path, clean_dir: str | Path) -> dict:
+    """Run the clean stage: ``raw_dir`` → ``clean_dir`` (atomically).
+
+    Returns:
+        Per split ``pairs_in`` and ``pairs_out``, and for train the pairs ``dropped`` per rule.
 
     Raises:
         DataError: a missing, empty or misaligned raw file, invalid UTF-8 or a NUL byte (file:line),
             or a training set emptied by the filters (naming the counts per rule and the params to loosen).
         OutputError: the disk filled up while writing (the previous ``clean_dir`` is kept).
     """
-    from pipeline import tracking
+    from pipeline.core import tracking
 
     raw_dir, clean_dir = Path(raw_dir), Path(clean_dir)
     for split in SPLITS:  # fail before writing anything
         _raw_files(raw_dir, split)
-    start = time.monotonic()
-    with tracking.stage_run("clean") as run:
-        run.log_params({f"clean.{k}": v for k, v in vars(cfg).items()})
-        metrics: dict = {}
-        with atomic_path(clean_dir) as tmp:
-            tmp.mkdir()
-            for split in SPLITS:
-                metrics[split] = clean_split(cfg, split, raw_dir, tmp)
-                if split == "train":
-                    _check_not_empty(cfg, metrics[split])
-        metrics["seconds"] = round(time.monotonic() - start, 3)
-        metrics["mlflow_run_id"] = run.run_id
-        run.log_metrics({f"{s}.{k}": v for s in SPLITS for k, v in metrics[s].items() if k != "dropped"}
-                        | {f"train.dropped.{k}": v for k, v in metrics["train"]["dropped"].items()})
-    write_metrics(metrics_path, metrics)
+    metrics: dict = {}
+    with atomic_path(clean_dir) as tmp:
+        tmp.mkdir()
+        for split in SPLITS:
+            metrics[split] = clean_split(cfg, split, raw_dir, tmp)
+            if split == "train":
+                _check_not_empty(cfg, metrics[split])
+    tracking.current().log_metrics(
+        {f"{s}.{k}": v for s in SPLITS for k, v in metrics[s].items() if k != "dropped"}
+        | {f"train.dropped.{k}": v for k, v in metrics["train"]["dropped"].items()})
+    return metrics
+
+
+def _run(params: Params, args: argparse.Namespace) -> dict:
+    return stage(params.clean, raw_dir=params.paths.raw, clean_dir=params.paths.clean)
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m pipeline.clean [--params params.yaml]``."""
-    def body(params: Params, args: argparse.Namespace) -> None:
-        stage(params.clean, raw_dir=params.paths.raw, clean_dir=params.paths.clean,
-              metrics_path=Path(params.paths.metrics) / "clean.json")
-
-    return run_cli("clean", body, argv, stage_parser("normalise all splits, filter training pairs"))
+    return stage_main("clean", _run, argv)
 
 
 if __name__ == "__main__":

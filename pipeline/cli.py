@@ -6,14 +6,15 @@ import argparse
 import logging
 import sys
 
-from pipeline.errors import PipelineError
-from pipeline.stage import setup_logging
+from pipeline.core.errors import PipelineError
+from pipeline.core.stage import setup_logging
+from pipeline.core.stages import NAMES
 
 log = logging.getLogger("nmt")
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from pipeline.profiles import profile_names, write_profile
+    from pipeline.project.profiles import profile_names, write_profile
 
     if args.name is None:
         print("\n".join(profile_names()))
@@ -24,8 +25,11 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from pipeline.runner import run_pipeline
+    from pipeline.core import stages
+    from pipeline.project.runner import run_pipeline
 
+    for name in args.stages:  # refused before anything runs or any MLflow run is opened
+        stages.get(name)
     return run_pipeline(stages=args.stages, profile=args.profile, force=args.force)
 
 
@@ -37,11 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?")
     p.set_defaults(func=_cmd_profile)
     p = sub.add_parser("run", help="dvc repro under one MLflow parent run (optionally switching profile first)")
-    p.add_argument("stages", nargs="*", help="stages to reproduce (default: the whole DAG)")
+    p.add_argument("stages", nargs="*", help=f"stages to reproduce (default: the whole DAG): {', '.join(NAMES)}")
     p.add_argument("--profile", help="write this profile's params.yaml first (demo, tiny, paper)")
     p.add_argument("--force", action="store_true", help="rerun stages even if DVC thinks they are up to date")
     p.set_defaults(func=_cmd_run)
-    from pipeline.translate import add_parser as add_translate_parser
+    from pipeline.inference.translate import add_parser as add_translate_parser
 
     add_translate_parser(sub)
     return parser

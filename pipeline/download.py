@@ -9,7 +9,7 @@ renamed into place: a failure leaves the previous outputs (or nothing) behind.
 
 Environment: ``NMT_DATA_MIRROR`` (a folder or http(s) base URL; ``user:password@`` in it is sent as
 basic auth and never logged), ``NMT_DOWNLOAD_CACHE``,
-``NMT_DOWNLOAD_BACKOFF_S`` (first retry delay, default 1 s, doubling).
+``NMT_DOWNLOAD_BACKOFF_S`` (first retry delay, default 1 s, doubling); parsed in :mod:`pipeline.core.env`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import re
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,19 +31,27 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
 
-from pipeline.config import DownloadConfig, Params
-from pipeline.errors import ConfigError, DataError, DownloadError
-from pipeline.fetch import (CorruptArchive, NotFound, RetryPolicy, Unreachable, extract_members, fetch_url, gunzip,
-                            sha256_file)
-from pipeline.fetch import cache_path as _cache_path
-from pipeline.sources import LANGS, SPLITS, Corpus, DatasetSpec, SourceFile, dataset_spec, sgml_segments
-from pipeline.stage import run_cli, stage_parser, write_metrics
-from pipeline.textio import atomic_path, newest_file, pid_alive, read_lines, write_error
-from pipeline.tracking import stage_run
+from pipeline.core import tracking
+from pipeline.core.config import DownloadConfig, Params
+from pipeline.core.env import settings as env_settings
+from pipeline.core.errors import ConfigError, DataError, DownloadError
+from pipeline.core.stage import stage_main
+from pipeline.core.textio import atomic_path, newest_file, pid_alive, read_lines, write_error
+from pipeline.data.fetch import (
+    CorruptArchive,
+    NotFound,
+    RetryPolicy,
+    Unreachable,
+    extract_members,
+    fetch_url,
+    gunzip,
+    sha256_file,
+)
+from pipeline.data.fetch import cache_path as _cache_path
+from pipeline.data.sources import LANGS, SPLITS, Corpus, DatasetSpec, SourceFile, dataset_spec, sgml_segments
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = "manifest.json"
 
 
@@ -63,23 +70,21 @@ class FetchEnv:
 
         Credentials in an http(s) mirror URL (``https://user:pass@host/data``) are taken out of it
         and sent as HTTP basic auth, so URLs in logs, errors and cache paths never carry them.
+
+        Raises:
+            ConfigError: a malformed ``NMT_*`` variable (named, with what is expected).
+            DownloadError: the mirror is neither an existing folder nor an http(s) URL.
         """
-        mirror = os.environ.get("NMT_DATA_MIRROR", "").strip() or None
-        if mirror and mirror.startswith("file://"):
-            mirror = mirror[len("file://"):]
+        env = env_settings()
+        mirror = env.data_mirror  # a file:// prefix is already stripped
         auth = None
         if mirror and re.match(r"^https?://", mirror):
             mirror, auth = split_userinfo(mirror)
         elif mirror and not Path(mirror).is_dir():
             raise DownloadError(f"NMT_DATA_MIRROR={split_userinfo(mirror)[0]!r} is neither a directory nor an "
                                 "http(s) URL; fix or unset it")
-        cache = Path(os.environ.get("NMT_DOWNLOAD_CACHE") or REPO_ROOT / ".cache" / "downloads")
-        try:
-            backoff = float(os.environ.get("NMT_DOWNLOAD_BACKOFF_S", "1.0"))
-        except ValueError:
-            raise DownloadError("NMT_DOWNLOAD_BACKOFF_S must be a number of seconds") from None
-        return cls(mirror=mirror, cache_dir=cache, auth=auth,
-                   policy=RetryPolicy(retries=cfg.retries, timeout_s=cfg.timeout_s, backoff_s=backoff))
+        return cls(mirror=mirror, cache_dir=env.download_cache, auth=auth,
+                   policy=RetryPolicy(retries=cfg.retries, timeout_s=cfg.timeout_s, backoff_s=env.download_backoff_s))
 
 
 def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
@@ -304,7 +309,7 @@ def _write_split(split: str, corpora: tuple[Corpus, ...], located: dict[SourceFi
     """Write ``<split>.{en,de}``: the corpora concatenated, each checked; return manifest entries."""
     entries: list[dict[str, Any]] = []
     outputs: dict[str, Any] = {}
-    handles = {lang: open(out_dir / f"{split}.{lang}", "wb") for lang in LANGS}
+    handles = {lang: open(out_dir / f"{split}.{lang}", "wb") for lang in LANGS}  # noqa: SIM115 - closed below
     digests = {lang: hashlib.sha256() for lang in LANGS}
     try:
         for corpus in corpora:
@@ -339,57 +344,56 @@ def _check_counts(corpus: Corpus, counts: dict[str, int], copies: set[Path]) -> 
                             f"{corpus.lines}: the copy is incomplete or not the expected release; {fix}")
 
 
-def stage(cfg: DownloadConfig, *, raw_dir: Path, metrics_path: Path, sources: DatasetSpec | None = None) -> None:
-    """Download ``cfg.dataset`` (or ``sources``) into ``raw_dir`` and write ``metrics_path``.
+def stage(cfg: DownloadConfig, *, raw_dir: Path, sources: DatasetSpec | None = None) -> dict:
+    """Download ``cfg.dataset`` (or ``sources``) into ``raw_dir``.
 
     Args:
         cfg: the ``download`` section (dataset, retries, timeout, sha256 pins).
         raw_dir: output folder: ``{train,valid,test}.{en,de}`` and ``manifest.json``.
-        metrics_path: the stage's metrics JSON (counts, seconds, MLflow run id).
-        sources: the dataset table; default :func:`pipeline.sources.dataset_spec` of ``cfg.dataset``.
+        sources: the dataset table; default :func:`pipeline.data.sources.dataset_spec` of ``cfg.dataset``.
+
+    Returns:
+        The dataset, pairs per split, where each file came from, and the archives' sizes and sha256s.
 
     Raises:
         DownloadError: unreachable/missing source, corrupt archive, checksum or line-count mismatch.
         ConfigError: bad ``download.sha256`` entries.
     """
-    t0 = time.monotonic()
-    raw_dir, metrics_path = Path(raw_dir), Path(metrics_path)
+    raw_dir = Path(raw_dir)
     spec = sources or dataset_spec(cfg.dataset)
     env = FetchEnv.from_env(cfg)
     expected = _expectations(cfg, spec, raw_dir)
     env.cache_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(env.cache_dir)
     archives: dict[str, dict[str, Any]] = {}
-    with stage_run("download", root=REPO_ROOT) as run:
-        with tempfile.TemporaryDirectory(dir=env.cache_dir, prefix=f"extract-{os.getpid()}-") as tmp:
-            staging = Path(tmp)
-            located = _locate(env, spec, staging, archives, expected)
-            files: list[dict[str, Any]] = []
-            outputs: dict[str, Any] = {}
-            with atomic_path(raw_dir) as out_dir:
-                out_dir.mkdir()
-                for split in SPLITS:
-                    entries, outs = _write_split(split, spec.split(split), located, out_dir, staging, expected)
-                    files += entries
-                    outputs.update(outs)
-                manifest = {"dataset": spec.name, "files": files, "outputs": outputs}
-                (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n",
-                                                encoding="utf-8")
-        pairs = {split: outputs[f"{split}.en"]["lines"] for split in SPLITS}
-        run.log_metrics({f"{split}_pairs": n for split, n in pairs.items()})
-        metrics = {"dataset": spec.name, "pairs": pairs, "seconds": round(time.monotonic() - t0, 3),
-                   "origins": {_key(sf): loc.origin for sf, loc in sorted(located.items(), key=lambda x: _key(x[0]))},
-                   "archives": archives, "mlflow_run_id": run.run_id}
-        write_metrics(metrics_path, metrics)
+    with tempfile.TemporaryDirectory(dir=env.cache_dir, prefix=f"extract-{os.getpid()}-") as tmp:
+        staging = Path(tmp)
+        located = _locate(env, spec, staging, archives, expected)
+        files: list[dict[str, Any]] = []
+        outputs: dict[str, Any] = {}
+        with atomic_path(raw_dir) as out_dir:
+            out_dir.mkdir()
+            for split in SPLITS:
+                entries, outs = _write_split(split, spec.split(split), located, out_dir, staging, expected)
+                files += entries
+                outputs.update(outs)
+            manifest = {"dataset": spec.name, "files": files, "outputs": outputs}
+            (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    pairs = {split: outputs[f"{split}.en"]["lines"] for split in SPLITS}
+    tracking.current().log_metrics({f"{split}_pairs": n for split, n in pairs.items()})
     log.info("download: %s", ", ".join(f"{s} {n} pairs" for s, n in pairs.items()))
+    return {"dataset": spec.name, "pairs": pairs,
+            "origins": {_key(sf): loc.origin for sf, loc in sorted(located.items(), key=lambda x: _key(x[0]))},
+            "archives": archives}
+
+
+def _run(params: Params, _args: Any) -> dict:
+    return stage(params.download, raw_dir=Path(params.paths.raw))
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m pipeline.download [--params params.yaml]``."""
-    def body(params: Params, _args: Any) -> None:
-        stage(params.download, raw_dir=Path(params.paths.raw),
-              metrics_path=Path(params.paths.metrics) / "download.json")
-    return run_cli("download", body, argv, stage_parser("Download the dataset's parallel text into paths.raw"))
+    return stage_main("download", _run, argv)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ line is an empty list). One process-pool task encodes one shard with SentencePie
 without a Python loop per token. The whole shards directory is built under a temporary sibling
 and renamed into place; writer options are fixed, so reruns give byte-identical files.
 
-Environment: ``NMT_ENCODE_WORKERS`` (processes; default ``os.cpu_count()``).
+Environment: ``NMT_ENCODE_WORKERS`` (processes; default ``os.cpu_count()``), parsed in :mod:`pipeline.core.env`.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.config import EncodeConfig, Params
-from pipeline.errors import ConfigError, DataError
-from pipeline.stage import run_cli, stage_parser, write_metrics
-from pipeline.textio import atomic_path, nul_error, sha256_file, write_text
+from pipeline.core import env
+from pipeline.core.config import EncodeConfig, Params
+from pipeline.core.errors import DataError
+from pipeline.core.stage import stage_main
+from pipeline.core.textio import atomic_path, nul_error, sha256_file, write_text
 
 log = logging.getLogger(__name__)
 
@@ -129,14 +130,14 @@ def _read_block(path: str, start: int, end: int, count: int, first_line: int) ->
 
 
 @functools.lru_cache(maxsize=4)
-def _processor(model_file: str, sha256: str):  # noqa: ANN202 - sentencepiece is imported lazily
+def _processor(model_file: str, sha256: str):  # sentencepiece is imported lazily: no return annotation
     """A loaded model, cached per process; keyed by content so a rewritten file is reloaded."""
     import sentencepiece as spm
 
     return spm.SentencePieceProcessor(model_file=model_file)
 
 
-def encode_lines(sp, lines: list[str], threads: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+def encode_lines(sp, lines: list[str], threads: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """Batch-encode ``lines``; return (flat ids [total] ``dtype``, lengths [len(lines)] int64)."""
     ids = sp.encode(lines, num_threads=threads)
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
@@ -182,13 +183,12 @@ def encode_shard(task: ShardTask) -> dict:
 
 
 def encode_workers() -> int:
-    """Worker processes: ``NMT_ENCODE_WORKERS`` or ``os.cpu_count()``."""
-    value = os.environ.get("NMT_ENCODE_WORKERS", "").strip()
-    if not value:
-        return os.cpu_count() or 1
-    if not value.isdigit() or int(value) < 1:
-        raise ConfigError("environment", [f"NMT_ENCODE_WORKERS: expected an integer >= 1, got {value!r}"])
-    return int(value)
+    """Worker processes: ``NMT_ENCODE_WORKERS`` or ``os.cpu_count()``.
+
+    Raises:
+        ConfigError: a malformed ``NMT_*`` variable (named, with what is expected).
+    """
+    return env.settings().encode_workers or os.cpu_count() or 1
 
 
 def plan_tasks(cfg: EncodeConfig, clean_dir: Path, spm_model: Path, spm_sha256: str, out_dir: Path,
@@ -263,16 +263,18 @@ def build_manifest(tasks: list[ShardTask], results: list[dict], lines: dict[str,
             "splits": splits}
 
 
-def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shards_dir: str | Path,
-          metrics_path: str | Path) -> None:
-    """Run the encode stage: clean text + ``spm.model`` → ``shards_dir`` (atomically) and metrics.
+def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shards_dir: str | Path) -> dict:
+    """Run the encode stage: clean text + ``spm.model`` → ``shards_dir`` (atomically).
+
+    Returns:
+        Per split the manifest's rows and token counts; the workers, vocabulary size and pairs/s.
 
     Raises:
         DataError: missing inputs, empty, misaligned or invalid clean files (bad UTF-8, NUL bytes),
             an unreadable BPE model.
         OutputError: the disk filled up while writing (the previous ``shards_dir`` is kept).
     """
-    from pipeline import tracking
+    from pipeline.core import tracking
 
     clean_dir, shards_dir = Path(clean_dir), Path(shards_dir)
     spm_model = Path(bpe_dir) / "spm.model"
@@ -285,34 +287,32 @@ def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shar
         raise DataError(f"{spm_model}: not a SentencePiece model ({exc}); rerun `dvc repro bpe`") from None
     workers = encode_workers()
     start = time.monotonic()
-    with tracking.stage_run("encode") as run:
-        run.log_params({f"encode.{k}": v for k, v in vars(cfg).items()})
-        with atomic_path(shards_dir) as tmp:
-            for split in SPLITS:
-                (tmp / split).mkdir(parents=True)
-            tasks, lines = plan_tasks(cfg, clean_dir, spm_model.resolve(), spm_sha256, tmp, workers)
-            results = run_tasks(tasks, workers)
-            manifest = build_manifest(tasks, results, lines, vocab_size=vocab_size,
-                                      spm_sha256=spm_sha256, cfg=cfg)
-            write_text(tmp / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-        seconds = time.monotonic() - start
-        metrics = {split: {k: v for k, v in manifest["splits"][split].items() if k != "shards"} for split in SPLITS}
-        metrics |= {"seconds": round(seconds, 3), "workers": workers, "vocab_size": vocab_size,
-                    "pairs_per_s": round(sum(lines.values()) / max(seconds, 1e-9), 1), "mlflow_run_id": run.run_id}
-        run.log_metrics({f"{s}.{k}": v for s in SPLITS for k, v in metrics[s].items()})
+    with atomic_path(shards_dir) as tmp:
+        for split in SPLITS:
+            (tmp / split).mkdir(parents=True)
+        tasks, lines = plan_tasks(cfg, clean_dir, spm_model.resolve(), spm_sha256, tmp, workers)
+        results = run_tasks(tasks, workers)
+        manifest = build_manifest(tasks, results, lines, vocab_size=vocab_size, spm_sha256=spm_sha256, cfg=cfg)
+        write_text(tmp / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    seconds = time.monotonic() - start
+    metrics = {split: {k: v for k, v in manifest["splits"][split].items() if k != "shards"} for split in SPLITS}
+    metrics |= {"workers": workers, "vocab_size": vocab_size,
+                "pairs_per_s": round(sum(lines.values()) / max(seconds, 1e-9), 1)}
+    tracking.current().log_metrics({f"{s}.{k}": v for s in SPLITS for k, v in metrics[s].items()})
     log.info("encode: %s", {s: metrics[s]["rows"] for s in SPLITS})
-    write_metrics(metrics_path, metrics)
+    return metrics
+
+
+def _run(params: Params, args: argparse.Namespace) -> dict:
+    from pipeline.encode import stage  # the importable module (not __main__), so workers can unpickle tasks
+
+    return stage(params.encode, clean_dir=params.paths.clean, bpe_dir=params.paths.bpe,
+                 shards_dir=params.paths.shards)
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m pipeline.encode [--params params.yaml]``."""
-    def body(params: Params, args: argparse.Namespace) -> None:
-        from pipeline.encode import stage  # the importable module (not __main__), so workers can unpickle tasks
-
-        stage(params.encode, clean_dir=params.paths.clean, bpe_dir=params.paths.bpe,
-              shards_dir=params.paths.shards, metrics_path=Path(params.paths.metrics) / "encode.json")
-
-    return run_cli("encode", body, argv, stage_parser("encode cleaned text into Parquet shards"))
+    return stage_main("encode", _run, argv)
 
 
 if __name__ == "__main__":

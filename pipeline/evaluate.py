@@ -5,7 +5,7 @@ from its finished set, valid BLEU (13a cased) reported for the whole grid; the t
 decoded once with the chosen (beam, α). Hypotheses are detokenised with the model's own
 SentencePiece model and scored against the untouched ``<paths.raw>/{valid,test}.de`` (never
 cleaned or BPE-decoded text) with sacreBLEU's five figures and the paper's tokenized,
-compound-split BLEU (:mod:`pipeline.scoring`). Every line of both sets is kept: an empty source
+compound-split BLEU (:mod:`pipeline.inference.scoring`). Every line of both sets is kept: an empty source
 gives an empty hypothesis line.
 """
 
@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.average import AVERAGED_NAME
-from pipeline.config import EvaluateConfig, Params, section_dict
-from pipeline.data import ShardSet
-from pipeline.decoding import Translator, decode_sources, detokenize, load_translator, prepare_source
-from pipeline.errors import DataError
-from pipeline.scoring import METRIC_KEYS, primary_bleu, score_files
-from pipeline.stage import run_cli, write_metrics
-from pipeline.textio import read_lines, write_lines
+from pipeline.core.config import EvaluateConfig, Params
+from pipeline.core.errors import DataError
+from pipeline.core.stage import stage_main
+from pipeline.core.textio import read_lines, write_lines
+from pipeline.data.shards import ShardSet
+from pipeline.inference import model_file
+from pipeline.inference.decoding import Translator, decode_sources, detokenize, load_translator, prepare_source
+from pipeline.inference.scoring import METRIC_KEYS, primary_bleu, score_files
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +109,8 @@ def _set_report(hyp_path: Path, ref_path: Path, *, seconds: float, beam: int, al
 
 
 def stage(cfg: EvaluateConfig, *, model_dir: str | Path, shards_dir: str | Path, raw_dir: str | Path,
-          eval_dir: str | Path, metrics_path: str | Path) -> None:
-    """Decode valid (grid) and test (chosen beam, α), write hypotheses and ``bleu.json``.
+          eval_dir: str | Path) -> dict:
+    """Decode valid (grid) and test (chosen beam, α), write the hypotheses, score them.
 
     Args:
         cfg: the ``evaluate`` section.
@@ -118,59 +118,59 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, shards_dir: str | Path,
         shards_dir: ``paths.shards`` (valid and test splits are decoded).
         raw_dir: ``paths.raw`` holding the untouched references ``{valid,test}.de``.
         eval_dir: ``paths.eval``; receives ``{valid,test}.hyp.de``.
-        metrics_path: ``bleu.json`` (per set: every figure and signature; the grid; the MLflow run id).
+
+    Returns:
+        Per set every figure and signature, the grid, the chosen beam and α, the device.
 
     Raises:
         CheckpointError: unreadable model file. DataError: shards/references that disagree.
     """
-    from pipeline.tracking import stage_run
+    from pipeline.core import tracking
 
-    translator = load_translator(Path(model_dir) / AVERAGED_NAME)
+    translator = load_translator(model_file.path_in(model_dir))
     log.info("evaluating on %s", translator.device)
     data = {}
     for split in SETS:
         sources, truncated = load_sources(shards_dir, split, translator)
         data[split] = (sources, truncated, *_references(raw_dir, split, len(sources), shards_dir))
-    with stage_run("evaluate") as run:
-        run.log_params({f"evaluate.{k}": v for k, v in section_dict(cfg).items()})
-        sources, truncated, ref_path, refs = data["valid"]
-        grid, chosen, valid_text = choose_on_valid(cfg, translator, sources, refs)
-        beam, alpha = chosen["beam"], chosen["alpha"]
-        hyp_paths = {split: Path(eval_dir) / f"{split}.hyp.{TARGET_LANG}" for split in SETS}
-        write_lines(hyp_paths["valid"], valid_text)
-        report = {"valid": _set_report(hyp_paths["valid"], ref_path, seconds=chosen["decode_seconds"], beam=beam,
-                                       alpha=alpha, truncated=truncated)}
-        sources, truncated, ref_path, _ = data["test"]
-        start = time.monotonic()
-        hyps = decode_sources(translator, sources, beam_size=beam, alphas=[alpha], max_len_a=cfg.max_len_a,
-                              max_len_b=cfg.max_len_b, max_tokens=cfg.max_tokens, label="test")[alpha]
-        seconds = time.monotonic() - start
-        write_lines(hyp_paths["test"], detokenize(translator, hyps))
-        report["test"] = _set_report(hyp_paths["test"], ref_path, seconds=seconds, beam=beam, alpha=alpha,
-                                     truncated=truncated)
-        report.update(grid=grid, chosen={"beam": beam, "alpha": alpha, "chosen_on": "valid"},
-                      device=str(translator.device), mlflow_run_id=run.run_id)
-        run.log_metrics({f"{split}.{key}": report[split][key] for split in SETS
-                         for key in (*METRIC_KEYS, "sentences_per_second", "decode_seconds")})
-        run.log_metrics({f"grid.beam{e['beam']}.alpha{e['alpha']:g}.valid_bleu": e["bleu"] for e in grid})
-        run.set_tags({"sacrebleu_signature": report["test"]["signatures"]["bleu"],
-                      **{f"signature.{k}": v for k, v in report["test"]["signatures"].items()},
-                      "chosen_beam": beam, "chosen_alpha": alpha})
-        write_metrics(metrics_path, report)
-        run.log_artifact(metrics_path)
+    run = tracking.current()
+    sources, truncated, ref_path, refs = data["valid"]
+    grid, chosen, valid_text = choose_on_valid(cfg, translator, sources, refs)
+    beam, alpha = chosen["beam"], chosen["alpha"]
+    hyp_paths = {split: Path(eval_dir) / f"{split}.hyp.{TARGET_LANG}" for split in SETS}
+    write_lines(hyp_paths["valid"], valid_text)
+    report = {"valid": _set_report(hyp_paths["valid"], ref_path, seconds=chosen["decode_seconds"], beam=beam,
+                                   alpha=alpha, truncated=truncated)}
+    sources, truncated, ref_path, _ = data["test"]
+    start = time.monotonic()
+    hyps = decode_sources(translator, sources, beam_size=beam, alphas=[alpha], max_len_a=cfg.max_len_a,
+                          max_len_b=cfg.max_len_b, max_tokens=cfg.max_tokens, label="test")[alpha]
+    seconds = time.monotonic() - start
+    write_lines(hyp_paths["test"], detokenize(translator, hyps))
+    report["test"] = _set_report(hyp_paths["test"], ref_path, seconds=seconds, beam=beam, alpha=alpha,
+                                 truncated=truncated)
+    report.update(grid=grid, chosen={"beam": beam, "alpha": alpha, "chosen_on": "valid"},
+                  device=str(translator.device))
+    run.log_metrics({f"{split}.{key}": report[split][key] for split in SETS
+                     for key in (*METRIC_KEYS, "sentences_per_second", "decode_seconds")})
+    run.log_metrics({f"grid.beam{e['beam']}.alpha{e['alpha']:g}.valid_bleu": e["bleu"] for e in grid})
+    run.set_tags({"sacrebleu_signature": report["test"]["signatures"]["bleu"],
+                  **{f"signature.{k}": v for k, v in report["test"]["signatures"].items()},
+                  "chosen_beam": beam, "chosen_alpha": alpha})
     log.info("test BLEU %.2f (%s), valid %.2f; beam %d, alpha %g", report["test"]["bleu"],
              report["test"]["signatures"]["bleu"], report["valid"]["bleu"], beam, alpha)
+    return report
 
 
-def _body(params: Params, args: argparse.Namespace) -> None:
+def _run(params: Params, args: argparse.Namespace) -> dict:
     paths = params.paths
-    stage(params.evaluate, model_dir=paths.model, shards_dir=paths.shards, raw_dir=paths.raw, eval_dir=paths.eval,
-          metrics_path=Path(paths.metrics) / "bleu.json")
+    return stage(params.evaluate, model_dir=paths.model, shards_dir=paths.shards, raw_dir=paths.raw,
+                 eval_dir=paths.eval)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipeline.evaluate``."""
-    return run_cli("evaluate", _body, argv)
+    return stage_main("evaluate", _run, argv)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ Several nodes (run the same command on every node, e.g. from a Slurm or Kubernet
 
 Every node must see the same repository, params.yaml, shards and ``paths.train`` (a shared file
 system): rank 0 writes the checkpoints and every rank reads the newest one on resume.
-``python -m pipeline.launch --dry-run`` prints the command instead of running it.
+``python -m pipeline.launch --dry-run`` prints the command instead of running it. The variables are
+parsed and checked, all at once, in :mod:`pipeline.core.env`.
 """
 
 from __future__ import annotations
@@ -33,23 +34,11 @@ import os
 import shlex
 import sys
 
-from pipeline.errors import ConfigError, PipelineError
-from pipeline.stage import setup_logging
+from pipeline.core import env
+from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.core.stage import setup_logging
 
 log = logging.getLogger(__name__)
-
-
-def _env_int(name: str, default: int, minimum: int = 1) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise ConfigError(f"environment {name}", [f"{name}={raw!r}: expected an integer >= {minimum}"])
-    return value
 
 
 def default_nproc() -> int:
@@ -61,7 +50,7 @@ def default_nproc() -> int:
 
 def default_max_restarts() -> int:
     """3 on GPU jobs (transient hardware and network faults are common there), else 0."""
-    if os.environ.get("NMT_DEVICE", "").strip() == "cpu":
+    if env.settings().device == "cpu":
         return 0
     import torch
 
@@ -69,33 +58,30 @@ def default_max_restarts() -> int:
 
 
 def torchrun_command(train_args: list[str]) -> list[str]:
-    """The full torchrun command line for this node, from the ``NMT_*`` environment.
+    """The full torchrun command line for this node, from the ``NMT_*`` environment (:mod:`pipeline.core.env`).
 
     Raises:
-        ConfigError: a malformed ``NMT_*`` variable (named, with what is expected).
+        ConfigError: a malformed ``NMT_*`` variable (named, with what is expected), or an incomplete
+            multi-node setup.
     """
-    nproc = _env_int("NMT_NPROC", 0) or default_nproc()
-    nnodes = _env_int("NMT_NNODES", 1)
+    s = env.settings()
+    nproc, nnodes = s.nproc or default_nproc(), s.nnodes
     cmd = [sys.executable, "-m", "torch.distributed.run"]  # == torchrun, from this interpreter
     if nnodes == 1:
         cmd += ["--standalone", "--nnodes=1", f"--nproc_per_node={nproc}"]
-    elif os.environ.get("NMT_RDZV_ENDPOINT"):
+    elif s.rdzv_endpoint:
         cmd += [f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
-                f"--rdzv_endpoint={os.environ['NMT_RDZV_ENDPOINT']}",
-                f"--rdzv_id={os.environ.get('NMT_RDZV_ID', 'nmt-train')}"]
+                f"--rdzv_endpoint={s.rdzv_endpoint}", f"--rdzv_id={s.rdzv_id}"]
     else:
-        if "NMT_NODE_RANK" not in os.environ or "NMT_MASTER_ADDR" not in os.environ:
-            raise ConfigError("environment", [
+        if s.node_rank is None or s.master_addr is None:
+            raise ConfigError(env.SOURCE, [
                 (f"NMT_NNODES={nnodes} needs either NMT_RDZV_ENDPOINT (host:port, dynamic rendezvous) or "
                  "NMT_NODE_RANK and NMT_MASTER_ADDR (static rendezvous)")])
-        node_rank = _env_int("NMT_NODE_RANK", 0, minimum=0)
-        if node_rank >= nnodes:
-            raise ConfigError("environment", [f"NMT_NODE_RANK={node_rank} must be < NMT_NNODES={nnodes}"])
-        cmd += [f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", f"--node_rank={node_rank}",
-                f"--master_addr={os.environ['NMT_MASTER_ADDR']}",
-                f"--master_port={_env_int('NMT_MASTER_PORT', 29500)}"]
-    restarts = _env_int("NMT_MAX_RESTARTS", -1, minimum=0)
-    restarts = default_max_restarts() if restarts < 0 else restarts
+        if s.node_rank >= nnodes:
+            raise ConfigError(env.SOURCE, [f"NMT_NODE_RANK={s.node_rank} must be < NMT_NNODES={nnodes}"])
+        cmd += [f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", f"--node_rank={s.node_rank}",
+                f"--master_addr={s.master_addr}", f"--master_port={s.master_port}"]
+    restarts = default_max_restarts() if s.max_restarts is None else s.max_restarts
     if restarts:
         cmd.append(f"--max-restarts={restarts}")
     return cmd + ["-m", "pipeline.train", *train_args]

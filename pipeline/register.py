@@ -1,13 +1,13 @@
 """Stage ``register``: log the averaged model once as an MLflow pyfunc translator and maybe move ``candidate``.
 
-After ``evaluate``: the model file is logged "from code" (:mod:`pipeline.mlflow_model`) into this
+After ``evaluate``: the model file is logged "from code" (:mod:`pipeline.inference.mlflow_model`) into this
 stage's MLflow run, with ``averaged.pt`` (which embeds the SentencePiece model) and ``spm.model``
 as artifacts, the ``pipeline`` and ``model`` sources beside it (so it loads anywhere), string in /
 string out, and ``beam_size`` / ``alpha`` as request params defaulting to the values the evaluate
 stage chose on the valid set. It is registered as a new version of ``wmt14-transformer``
 (``NMT_MODEL_NAME`` overrides the name). DVC reruns the stage only when its inputs change; a rerun
 with the same ``averaged.pt`` (sha256) and the same chosen beam and α (``dvc repro -f``, or an
-evaluate rerun that only changed timings) logs nothing and points register.json at that version.
+evaluate rerun that only changed timings) logs nothing and points its record at that version.
 
 The alias ``candidate`` moves to the new version only if no version holds it yet, or the new model
 has a higher VALID BLEU than the holder (the test set never chooses). Both models' test
@@ -17,8 +17,8 @@ p-value is logged and recorded beside the decision. Models scored against other 
 (another dataset or profile) are not comparable: the alias stays and the record says why.
 
 The run also records its dataset inputs (raw text, BPE model, shards) with their dvc.lock md5s.
-``<paths.metrics>/register.json`` holds the run id, version, decision, p-value and both BLEUs. With
-``NMT_TRACKING=off`` nothing is logged and register.json says so.
+``<paths.metrics>/register.details.json`` holds the run id, version, decision, p-value and both BLEUs.
+With ``NMT_TRACKING=off`` nothing is logged and the record says so.
 """
 
 from __future__ import annotations
@@ -36,34 +36,37 @@ from typing import Any
 
 import yaml
 
-from pipeline import tracking
-from pipeline.average import AVERAGED_NAME
-from pipeline.config import EvaluateConfig, Params
-from pipeline.errors import DataError
-from pipeline.stage import read_json, run_cli, write_metrics
-from pipeline.textio import read_lines, sha256_file
+from pipeline.core import env, stages, tracking
+from pipeline.core.config import EvaluateConfig, Params
+from pipeline.core.errors import DataError
+from pipeline.core.stage import read_json, stage_main
+from pipeline.core.textio import read_lines, sha256_file
+from pipeline.inference import model_file
 
 log = logging.getLogger(__name__)
 
 MODEL_NAME_ENV = "NMT_MODEL_NAME"
-DEFAULT_MODEL_NAME = "wmt14-transformer"
+DEFAULT_MODEL_NAME = env.Settings.model_name
 ALIAS = "candidate"
 HYPS_ARTIFACT_DIR = "hyps"
 BOOTSTRAP_SAMPLES = 1000
-MODEL_FILE = Path(__file__).with_name("mlflow_model.py")
+MODEL_FILE = Path(__file__).resolve().parent / "inference" / "mlflow_model.py"
 #: what the served model imports (versions pinned from this environment).
 REQUIREMENTS = ("mlflow", "torch", "sentencepiece", "numpy", "pandas", "pyyaml")
 SPLITS = ("valid", "test")
+#: Packages copied whole into the logged model (so it loads outside this checkout): all of their
+#: files are this stage's code deps.
+CODE_PACKAGES = ("pipeline", "model")
 
 
 def model_name() -> str:
     """The registered model name: ``$NMT_MODEL_NAME`` or ``wmt14-transformer``."""
-    return os.environ.get(MODEL_NAME_ENV, "").strip() or DEFAULT_MODEL_NAME
+    return env.settings().model_name
 
 
 
 def read_bleu(path: str | Path) -> dict[str, Any]:
-    """The figures register needs from evaluate's ``bleu.json``.
+    """The figures register needs from evaluate's ``evaluate.details.json``.
 
     Returns:
         ``{"valid_bleu", "test_bleu", "beam", "alpha", "signature", "evaluate_run_id"}``.
@@ -186,11 +189,12 @@ def _requirements() -> list[str]:
 
 
 def _code_copies(work: Path) -> list[str]:
-    """Copies of the ``pipeline`` and ``model`` sources (no bytecode) to ship beside the model."""
-    import model
+    """Copies of the :data:`CODE_PACKAGES` sources (no bytecode) to ship beside the model."""
+    import importlib
 
     dirs = []
-    for package in (Path(__file__).resolve().parent, Path(model.__file__).resolve().parent):
+    for name in CODE_PACKAGES:
+        package = Path(importlib.import_module(name).__file__).resolve().parent
         dst = work / "code" / package.name
         shutil.copytree(package, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         dirs.append(str(dst))
@@ -202,11 +206,11 @@ def _inputs(model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Path, bl
 
     Raises:
         CheckpointError: no ``averaged.pt``. DataError: a hypothesis or reference file missing, or
-            hypotheses that do not cover their reference line for line; bad ``bleu.json``.
+            hypotheses that do not cover their reference line for line; bad ``evaluate.details.json``.
     """
-    from pipeline.errors import CheckpointError
+    from pipeline.core.errors import CheckpointError
 
-    averaged = Path(model_dir) / AVERAGED_NAME
+    averaged = model_file.path_in(model_dir)
     if not averaged.is_file():
         raise CheckpointError(f"{averaged}: not found; run `dvc repro average`")
     bleu = read_bleu(bleu_path)
@@ -227,12 +231,8 @@ def _inputs(model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Path, bl
 def _log_model(run: tracking.StageRun, cfg: EvaluateConfig, inputs: dict[str, Any], name: str,
                work: Path, root: str | Path) -> dict[str, Any]:
     """Log and register the pyfunc translator; returns ``{"model_uri", "model_id", "version"}``."""
-    import torch
-
     spm_path = work / "spm.model"
-    blob = torch.load(inputs["averaged"], map_location="cpu", weights_only=True, mmap=True)
-    spm_path.write_bytes(blob["spm"])
-    del blob
+    spm_path.write_bytes(model_file.load(inputs["averaged"], mmap=True).spm)
     bleu = inputs["bleu"]
     info = tracking.log_pyfunc_model(
         run, python_model=MODEL_FILE, artifacts={"averaged": str(inputs["averaged"]), "spm": str(spm_path)},
@@ -282,15 +282,14 @@ def _log_lineage(run: tracking.StageRun, inputs: dict[str, Any], name: str, lock
     return datasets
 
 
-def _record_only(metrics_path: str | Path, name: str, new: dict[str, Any], decision: str, *,
-                 existing: dict[str, Any] | None = None, holder: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write register.json for a run that logs nothing (tracking off, or this model already registered)."""
+def _record_only(name: str, new: dict[str, Any], decision: str, *, existing: dict[str, Any] | None = None,
+                 holder: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The record of a run that logs nothing (tracking off, or this model already registered)."""
     record = {"tracking": "on" if tracking.enabled() else "off", "model_name": name, "alias": ALIAS,
               "alias_moved": False, "decision": decision, "new": new,
               "mlflow_run_id": existing["run_id"] if existing else None,
               "model_version": existing["version"] if existing else None,
               "candidate_version": holder["version"] if holder else None}
-    write_metrics(metrics_path, record)
     log.info("register: %s", decision)
     return record
 
@@ -310,23 +309,22 @@ def _log_decision(run: tracking.StageRun, record: dict[str, Any]) -> None:
 
 
 def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Path,
-          bleu_path: str | Path, metrics_path: str | Path, lock_path: str | Path = "dvc.lock",
+          bleu_path: str | Path, lock_path: str | Path = "dvc.lock",
           dataset_paths: dict[str, tuple[str, str]] | None = None, root: str | Path = ".") -> dict[str, Any]:
-    """Log and register the averaged model; move ``candidate`` if it wins on valid BLEU; write register.json.
+    """Log and register the averaged model; move ``candidate`` if it wins on valid BLEU.
 
     Args:
         cfg: the ``evaluate`` section (the served model decodes with its length and batch limits).
         model_dir: ``paths.model`` holding ``averaged.pt``.
         eval_dir: ``paths.eval`` holding ``{valid,test}.hyp.de``.
         raw_dir: ``paths.raw`` holding the references ``{valid,test}.de``.
-        bleu_path: evaluate's ``bleu.json`` (valid/test BLEU, chosen beam and α).
-        metrics_path: ``register.json``, written atomically.
+        bleu_path: evaluate's ``evaluate.details.json`` (valid/test BLEU, chosen beam and α).
         lock_path: ``dvc.lock`` (dataset md5s).
         dataset_paths: dataset name → (DVC out path, MLflow context) to record as inputs.
         root: repository root (default MLflow store).
 
     Returns:
-        The register.json record.
+        The decision record: run id, version, decision, p-value and both BLEUs.
 
     Raises:
         CheckpointError, DataError: missing or inconsistent inputs (nothing is logged then).
@@ -336,16 +334,17 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
     new = {"valid_bleu": bleu["valid_bleu"], "test_bleu": bleu["test_bleu"], "beam": bleu["beam"],
            "alpha": bleu["alpha"]}
     if not tracking.enabled():
-        return _record_only(metrics_path, name, new, "tracking is off (NMT_TRACKING=off): nothing logged or "
+        return _record_only(name, new, "tracking is off (NMT_TRACKING=off): nothing logged or "
                             "registered; `dvc repro -f register` with tracking on to register this model")
     holder = tracking.alias_holder(name, ALIAS, root)
     same = tracking.find_model_versions(name, {"averaged_sha256": inputs["averaged_sha256"], "beam": bleu["beam"],
                                                "alpha": bleu["alpha"]}, root)
     if same:
-        return _record_only(metrics_path, name, new, f"this averaged.pt with beam {bleu['beam']}, alpha "
+        return _record_only(name, new, f"this averaged.pt with beam {bleu['beam']}, alpha "
                             f"{bleu['alpha']} is already version {same[0]['version']}: not logged again",
                             existing=same[0], holder=holder)
-    with tracking.stage_run("register", root=root) as run, tempfile.TemporaryDirectory(prefix="nmt-register-") as tmp:
+    run = tracking.current()
+    with tempfile.TemporaryDirectory(prefix="nmt-register-") as tmp:
         work = Path(tmp)
         datasets = _log_lineage(run, inputs, name, lock_path, dataset_paths or {})
         info = _log_model(run, cfg, inputs, name, work, root)
@@ -367,24 +366,22 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
                   "paired_bootstrap": bootstrap, "paired_bootstrap_skipped": not_compared,
                   "datasets": [{k: d[k] for k in ("name", "digest", "context")} for d in datasets]}
         _log_decision(run, record)
-        write_metrics(metrics_path, record)
-        run.log_artifact(metrics_path)
     log.info("registered %s version %s (%s); alias %s %s", name, version, decision, ALIAS,
              "moved" if moved else "kept")
     return record
 
 
-def _body(params: Params, args: argparse.Namespace) -> None:
+def _run(params: Params, args: argparse.Namespace) -> dict:
     paths = params.paths
-    stage(params.evaluate, model_dir=paths.model, eval_dir=paths.eval, raw_dir=paths.raw,
-          bleu_path=Path(paths.metrics) / "bleu.json", metrics_path=Path(paths.metrics) / "register.json",
-          dataset_paths={"raw": (paths.raw, "source"), "bpe": (paths.bpe, "training"),
-                         "shards": (paths.shards, "training")})
+    return stage(params.evaluate, model_dir=paths.model, eval_dir=paths.eval, raw_dir=paths.raw,
+                 bleu_path=stages.details_file(paths.metrics, "evaluate"),
+                 dataset_paths={"raw": (paths.raw, "source"), "bpe": (paths.bpe, "training"),
+                                "shards": (paths.shards, "training")})
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipeline.register``."""
-    return run_cli("register", _body, argv)
+    return stage_main("register", _run, argv)
 
 
 if __name__ == "__main__":

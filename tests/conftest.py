@@ -9,9 +9,12 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.paths import REPO
 
 _HOME = Path(tempfile.mkdtemp(prefix="nmt-tests-"))
 os.environ.update(
@@ -32,21 +35,6 @@ os.environ.pop("NMT_DATA_MIRROR", None)
 # Subprocesses (dvc, torchrun, python -m pipeline.*) must find this interpreter's tools first.
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def shared_data() -> Path:
-    """The real EN-DE data folder (read-only), if this machine has one: ``$NMT_SHARED_DATA``, else
-    ``shared/data`` beside the checkout (as in CI), else /work/shared/data. Tests that need it skip
-    when it is absent, so a fresh clone anywhere still passes."""
-    for candidate in (os.environ.get("NMT_SHARED_DATA"), REPO.parent / "shared" / "data", "/work/shared/data"):
-        if candidate and Path(candidate).is_dir():
-            return Path(candidate)
-    return REPO / "no-shared-data"
-
-
-SHARED = shared_data()
-
 
 @pytest.fixture
 def repo_root() -> Path:
@@ -61,6 +49,41 @@ def mlflow_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("NMT_TRACKING", "on")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """One real Prefect API (temporary SQLite database) for the rest of the session.
+
+    Session-scoped, so the harness (temporary SQLite database and server, ~10 s to start) is paid
+    once per session, whichever modules ask for it.
+    """
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="module")
+def eval_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The evaluate stage's world: averaged.pt + clean/raw text + shards encoded by the real encode stage.
+
+    Built once per test module that asks for it (test_evaluate, test_bad_input).
+    """
+    from tests.helpers.eval_world import build_eval_world
+
+    return build_eval_world(tmp_path_factory.mktemp("eval"))
+
+
+@pytest.fixture(scope="module")
+def audit_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A complete tiny-profile workspace produced by the real stages (~10 s), with a stand-in dvc.lock.
+
+    Built once per test module that asks for it (test_audit, test_audit_replay).
+    """
+    from tests.helpers.audit_world import build_audit_world
+
+    return build_audit_world(tmp_path_factory.mktemp("audit-world"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

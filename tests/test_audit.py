@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
@@ -16,105 +15,22 @@ import torch
 import yaml
 
 from pipeline import audit
-from pipeline.audit_paper import PAPER_SETTINGS
-from pipeline.average import stage as average_stage
-from pipeline.bpe import stage as bpe_stage
-from pipeline.clean import stage as clean_stage
-from pipeline.config import BpeConfig, Params, flatten, params_from_dict
-from pipeline.encode import stage as encode_stage
-from pipeline.errors import CheckpointError, DataError, PipelineError
-from pipeline.evaluate import stage as evaluate_stage
-from pipeline.profiles import merged_profile
-from pipeline.runner import stage_lock_md5
-from pipeline.textio import write_lines, write_text
-from pipeline.train import stage as train_stage
-from tests.test_average import CORPUS
-from tests.test_evaluate import TEST, VALID
+from pipeline.auditing.paper import PAPER_SETTINGS
+from pipeline.core import stages
+from pipeline.core.config import Params, flatten, params_from_dict
+from pipeline.core.errors import CheckpointError, DataError, PipelineError
+from pipeline.core.textio import write_text
+from pipeline.project.profiles import merged_profile
+from tests.helpers.audit_world import profile_params
 
 REPO = Path(__file__).resolve().parents[1]
-PATHS = {name: name for name in ("raw", "clean", "bpe", "shards", "train", "model", "eval", "metrics", "plots",
-                                 "reports")}
-
-
-def profile_params(name: str, root: Path) -> tuple[dict, Params, Path]:
-    """Profile ``name`` with every path relative to ``root``, written as ``root/params.yaml``."""
-    data = merged_profile(name, REPO)
-    data["paths"] = dict(PATHS)
-    path = root / "params.yaml"
-    write_text(path, yaml.safe_dump(data, sort_keys=False))
-    return data, params_from_dict(data), path
-
-
-def _raw(root: Path) -> None:
-    """Raw text plus the manifest and download.json exactly as the download stage writes them."""
-    pairs = {"train": [(f"{en} {i}", f"{de} {i}") for i in range(8) for de, en in zip(CORPUS[0:13:2], CORPUS[1:13:2])],
-             "valid": VALID, "test": TEST}
-    files, outputs = [], {}
-    for split, rows in pairs.items():
-        for side, lang in ((0, "en"), (1, "de")):
-            path = root / "raw" / f"{split}.{lang}"
-            write_lines(path, [r[side] for r in rows])
-            sha = hashlib.sha256(path.read_bytes()).hexdigest()
-            outputs[path.name] = {"sha256": sha, "bytes": path.stat().st_size, "lines": len(rows)}
-            files.append({"split": split, "corpus": f"toy-{split}", "lang": lang, "url": f"https://example.org/{split}."
-                          f"{lang}.gz", "member": None, "format": "gzip", "sha256": sha[::-1], "bytes": 100 + side,
-                          "lines": len(rows)})
-    (root / "raw" / "manifest.json").write_text(json.dumps({"dataset": "multi30k", "files": files,
-                                                            "outputs": outputs}, indent=2, sort_keys=True) + "\n")
-    (root / "metrics").mkdir()
-    (root / "metrics" / "download.json").write_text(json.dumps(
-        {"archives": {}, "dataset": "multi30k", "mlflow_run_id": None, "origins": {},
-         "pairs": {s: len(r) for s, r in pairs.items()}, "seconds": 0.1}, indent=2, sort_keys=True) + "\n")
-
-
-def _dvc_lock(root: Path, data: dict) -> None:
-    """A dvc.lock in DVC 3's format (stage params = the params.yaml sections, md5 per dep/out)."""
-    def entry(deps: list[str], outs: list[str], sections: list[str]) -> dict:
-        md5 = lambda p: hashlib.md5(p.encode()).hexdigest()  # stand-in digests
-        return {"cmd": "python -m pipeline.x", "deps": [{"path": p, "hash": "md5", "md5": md5(p), "size": 1}
-                                                        for p in deps],
-                "params": {"params.yaml": {s: copy.deepcopy(data[s]) for s in sections}},
-                "outs": [{"path": p, "hash": "md5", "md5": md5(p) + ".dir", "size": 2, "nfiles": 3} for p in outs]}
-    lock = {"schema": "2.0", "stages": {
-        "download": entry(["pipeline/download.py"], ["raw", "metrics/download.json"], ["download"]),
-        "bpe": entry(["clean"], ["bpe", "metrics/bpe.json"], ["bpe"]),
-        "train": entry(["shards", "bpe"], ["train", "metrics/train.json"], ["seed", "model", "train"]),
-        "audit": entry(["metrics/bleu.json"], ["reports/audit.md"], ["train"])}}
-    lock["stages"]["audit"]["params"]["params.yaml"]["train"]["max_steps"] = 999  # the previous audit's params
-    (root / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A complete tiny-profile workspace produced by the real stages (~10 s)."""
-    root = tmp_path_factory.mktemp("audit-world")
-    data, p, _ = profile_params("tiny", root)
-    mp = pytest.MonkeyPatch()
-    mp.setenv("NMT_ENCODE_WORKERS", "1")
-    mp.setenv("NMT_DEVICE", "cpu")
-    mp.chdir(root)
-    try:
-        _raw(root)
-        clean_stage(p.clean, raw_dir="raw", clean_dir="clean", metrics_path="metrics/clean.json")
-        bpe_stage(BpeConfig(vocab_size=120, input_sentence_size=100000), clean_dir="clean", bpe_dir="bpe",
-                  metrics_path="metrics/bpe.json")
-        encode_stage(p.encode, clean_dir="clean", bpe_dir="bpe", shards_dir="shards",
-                     metrics_path="metrics/encode.json")
-        train_stage(p.train, model_cfg=p.model, seed=p.seed, shards_dir="shards", spm_model="bpe/spm.model",
-                    run_dir="train", metrics_path="metrics/train.json", plots_path="plots/train.csv", root=root)
-        average_stage(p.average, train_dir="train", bpe_dir="bpe", model_dir="model",
-                      metrics_path="metrics/average.json")
-        evaluate_stage(p.evaluate, model_dir="model", shards_dir="shards", raw_dir="raw", eval_dir="eval",
-                       metrics_path="metrics/bleu.json")
-    finally:
-        mp.undo()
-    _dvc_lock(root, data)
-    return root
 
 
 def _audit(root: Path, params: Params, params_file: Path | None = None) -> dict:
-    return audit.stage(params, params_file=params_file or root / "params.yaml", lock_file=root / "dvc.lock",
-                       root=root, md_path=root / "reports" / "audit.md", json_path=root / "reports" / "audit.json")
+    """Run the audit stage; return the audit it wrote (the stage itself returns its metrics)."""
+    audit.stage(params, params_file=params_file or root / "params.yaml", lock_file=root / "dvc.lock",
+                root=root, md_path=root / "reports" / "audit.md", json_path=root / "reports" / "audit.json")
+    return json.loads((root / "reports" / "audit.json").read_text(encoding="utf-8"))
 
 
 def _copy(world: Path, tmp_path: Path) -> Path:
@@ -127,14 +43,14 @@ def _by_item(report: dict) -> dict[str, dict]:
     return {i["item"]: i for i in report["configuration"] + report["measured"]}
 
 
-def test_tiny_run_audit_measures_everything_and_names_every_changed_key(world: Path, tmp_path: Path) -> None:
-    root = _copy(world, tmp_path)
+def test_tiny_run_audit_measures_everything_and_names_every_changed_key(audit_world: Path, tmp_path: Path) -> None:
+    root = _copy(audit_world, tmp_path)
     data, params, _ = profile_params("tiny", root)
     report = _audit(root, params)
     assert json.loads((root / "reports" / "audit.json").read_text()) == report
     md = (root / "reports" / "audit.md").read_text()
     items = _by_item(report)
-    train = json.loads((root / "metrics" / "train.json").read_text())
+    train = json.loads((root / "metrics" / "train.details.json").read_text())
     # GPU-hours exist only for CUDA runs; a CPU run says "not measured" there.
     device_items = ("GPU-hours",) if train.get("device") == "cpu" else ("Hardware", "GPU-hours")
     assert all(i["verdict"] != "not measured" for i in report["measured"] if i["item"] not in device_items), \
@@ -160,7 +76,7 @@ def test_tiny_run_audit_measures_everything_and_names_every_changed_key(world: P
     assert items["Steps trained"]["run"] == "20"
     assert items["Target tokens trained"]["run"] == f"{train['tokens_seen']:,}"
     # BLEU: every figure with its signature, beside the paper's; multi30k is not comparable
-    bleu = json.loads((root / "metrics" / "bleu.json").read_text())
+    bleu = json.loads((root / "metrics" / "evaluate.details.json").read_text())
     figures = {(f["set"], f["metric"]): f for f in report["bleu_figures"]}
     for split in ("test", "valid"):
         for key, sig in bleu[split]["signatures"].items():
@@ -173,17 +89,17 @@ def test_tiny_run_audit_measures_everything_and_names_every_changed_key(world: P
     assert report["environment"]["torch"] == torch.__version__
 
 
-def test_lineage_repeats_dvc_lock_manifests_params_and_run_ids(world: Path, tmp_path: Path) -> None:
-    root = _copy(world, tmp_path)
+def test_lineage_repeats_dvc_lock_manifests_params_and_run_ids(audit_world: Path, tmp_path: Path) -> None:
+    root = _copy(audit_world, tmp_path)
     _, params, params_file = profile_params("tiny", root)
     lineage = _audit(root, params)["lineage"]
     lock = yaml.safe_load((root / "dvc.lock").read_text())
-    assert list(lineage["dvc_lock"]) == list(lock["stages"])
+    assert sorted(lineage["dvc_lock"]) == sorted(lock["stages"])
     for name, entry in lock["stages"].items():
         got = lineage["dvc_lock"][name]
         assert got["deps"] == [{"path": d["path"], "md5": d["md5"]} for d in entry["deps"]]
         assert got["outs"] == [{"path": o["path"], "md5": o["md5"]} for o in entry["outs"]]
-        assert got["lock_md5"] == stage_lock_md5(lock, name)
+        assert got["lock_md5"] == stages.lock_md5(lock, name)
     raw = json.loads((root / "raw" / "manifest.json").read_text())
     assert [f["sha256"] for f in lineage["raw_manifest"]["files"]] == [f["sha256"] for f in raw["files"]]
     assert lineage["raw_manifest"]["outputs"] == raw["outputs"]
@@ -194,13 +110,13 @@ def test_lineage_repeats_dvc_lock_manifests_params_and_run_ids(world: Path, tmp_
         assert [s["sha256"] for s in lineage["shards_manifest"]["splits"][split]["shards"]] == \
             [s["sha256"] for s in info["shards"]]
     assert lineage["params_sha256"] == hashlib.sha256(params_file.read_bytes()).hexdigest()
-    assert set(lineage["mlflow_run_ids"]) >= set(audit.METRICS)
+    assert set(lineage["mlflow_run_ids"]) >= set(stages.NAMES) - {"register", "audit"}
     assert lineage["git"] == {"commit": None, "dirty": None, "dirty_paths": []}
     assert lineage["checkpoint_state"] == "train/step-00000020/state.json"
 
 
-def test_stale_and_inconsistent_lineage_is_named(world: Path, tmp_path: Path) -> None:
-    root = _copy(world, tmp_path)
+def test_stale_and_inconsistent_lineage_is_named(audit_world: Path, tmp_path: Path) -> None:
+    root = _copy(audit_world, tmp_path)
     data, _, _ = profile_params("tiny", root)
     data["train"]["warmup_steps"] = 7  # params changed after the run
     write_text(root / "params.yaml", yaml.safe_dump(data, sort_keys=False))
@@ -231,7 +147,7 @@ def test_every_key_a_profile_changes_is_named_even_before_anything_ran(tmp_path:
     assert all(i["verdict"] == "not measured" for i in report["measured"])
     assert report["lineage"]["dvc_lock"] is None and report["bleu_figures"] == []
     md = (tmp_path / "reports" / "audit.md").read_text()
-    assert "Not measured: bleu.json does not exist yet" in md and "Not measured: no dvc.lock." in md
+    assert "Not measured: evaluate.details.json does not exist yet" in md and "Not measured: no dvc.lock." in md
     if name == "demo":
         lr_scale = data["train"]["lr_scale"]
         for expected in (f"train.lr_scale = {lr_scale} (paper: lrate", "train.warmup_steps = 200 (paper: 4000)",
@@ -250,27 +166,27 @@ def test_paper_profile_has_no_configuration_deviation(tmp_path: Path) -> None:
     assert "## Deviations\n\n- " not in (tmp_path / "reports" / "audit.md").read_text()
 
 
-def test_missing_optional_inputs_are_not_measured_items(world: Path, tmp_path: Path) -> None:
-    root = _copy(world, tmp_path)
+def test_missing_optional_inputs_are_not_measured_items(audit_world: Path, tmp_path: Path) -> None:
+    root = _copy(audit_world, tmp_path)
     _, params, _ = profile_params("tiny", root)
-    (root / "metrics" / "bleu.json").unlink()
+    (root / "metrics" / "evaluate.details.json").unlink()
     (root / "model" / "averaged.pt").unlink()
     items = _by_item(_audit(root, params))
     assert items["BLEU, sacreBLEU 13a, test"]["verdict"] == "not measured"
-    assert items["Parameters"]["note"].startswith("from average.json")  # falls back to the average stage's count
+    assert items["Parameters"]["note"].startswith("from average.details.json")  # falls back to the average stage's count
     assert items["Tied embeddings"]["verdict"] == "not measured"
-    (root / "metrics" / "average.json").unlink()
+    (root / "metrics" / "average.details.json").unlink()
     shutil.rmtree(root / "train")
-    (root / "metrics" / "train.json").unlink()
+    (root / "metrics" / "train.details.json").unlink()
     items = _by_item(_audit(root, params))
     for name in ("Parameters", "Steps trained", "Target tokens trained", "Training time", "Hardware", "GPU-hours"):
         assert items[name]["verdict"] == "not measured" and items[name]["run"].startswith("not measured"), name
 
 
-def test_audit_is_deterministic(world: Path, tmp_path: Path) -> None:
+def test_audit_is_deterministic(audit_world: Path, tmp_path: Path) -> None:
     """Same inputs, same bytes. The previous audit.json is an input too (the replay compares with it):
     the second audit says "replayed", and from then on an unchanged workspace reproduces its report."""
-    root = _copy(world, tmp_path)
+    root = _copy(audit_world, tmp_path)
     _, params, _ = profile_params("tiny", root)
     names = ("audit.md", "audit.json")
     _audit(root, params)
@@ -286,15 +202,16 @@ def test_audit_is_deterministic(world: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("target", "content", "error", "message"), [
-    ("metrics/train.json", "{not json", PipelineError, "metrics/train.json: not valid JSON"),
-    ("metrics/bleu.json", "[1, 2]", DataError, "metrics/bleu.json: expected a JSON object, got list"),
+    ("metrics/train.details.json", "{not json", PipelineError, "metrics/train.details.json: not valid JSON"),
+    ("metrics/evaluate.details.json", "[1, 2]", DataError,
+     "metrics/evaluate.details.json: expected a JSON object, got list"),
     ("shards/manifest.json", "", PipelineError, "shards/manifest.json: not valid JSON"),
     ("dvc.lock", "stages: [unclosed", PipelineError, "dvc.lock: not valid YAML"),
     ("model/averaged.pt", "garbage", CheckpointError, "model/averaged.pt: cannot be read"),
 ])
-def test_malformed_inputs_are_named_and_nothing_is_written(world: Path, tmp_path: Path, target: str, content: str,
-                                                          error: type, message: str) -> None:
-    root = _copy(world, tmp_path)
+def test_malformed_inputs_are_named_and_nothing_is_written(audit_world: Path, tmp_path: Path, target: str, content: str,
+                                                                error: type, message: str) -> None:
+    root = _copy(audit_world, tmp_path)
     _, params, _ = profile_params("tiny", root)
     _audit(root, params)
     before = [(root / "reports" / n).read_bytes() for n in ("audit.md", "audit.json")]
@@ -305,8 +222,8 @@ def test_malformed_inputs_are_named_and_nothing_is_written(world: Path, tmp_path
     assert sorted(p.name for p in (root / "reports").iterdir()) == ["audit.json", "audit.md"]
 
 
-def test_git_commit_and_dirty_flag(world: Path, tmp_path: Path) -> None:
-    root = _copy(world, tmp_path)
+def test_git_commit_and_dirty_flag(audit_world: Path, tmp_path: Path) -> None:
+    root = _copy(audit_world, tmp_path)
     _, params, _ = profile_params("tiny", root)
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@e"}
@@ -319,12 +236,12 @@ def test_git_commit_and_dirty_flag(world: Path, tmp_path: Path) -> None:
     assert _audit(root, params)["lineage"]["git"] == {"commit": commit, "dirty": True, "dirty_paths": ["params.yaml"]}
 
 
-def test_bleu_verdicts_on_newstest2014(world: Path, tmp_path: Path) -> None:
-    root = _copy(world, tmp_path)
+def test_bleu_verdicts_on_newstest2014(audit_world: Path, tmp_path: Path) -> None:
+    root = _copy(audit_world, tmp_path)
     data, _, _ = profile_params("tiny", root)
     data["download"]["dataset"] = "wmt14"
     params = params_from_dict(data)
-    path = root / "metrics" / "bleu.json"
+    path = root / "metrics" / "evaluate.details.json"
     bleu = json.loads(path.read_text())
     verdicts = {}
     for tok, sacre, n in ((27.0, 26.0, 3003), (26.5, 25.5, 3003), (27.5, 26.5, 3000)):
@@ -338,10 +255,10 @@ def test_bleu_verdicts_on_newstest2014(world: Path, tmp_path: Path) -> None:
     assert "test set of 3000 sentences (newstest2014 full: 3,003)" in verdicts[(27.5, 3000)][0]["deviation"]
 
 
-def test_hardware_and_gpu_hours_from_the_recorded_device(world: Path, tmp_path: Path) -> None:
-    root = _copy(world, tmp_path)
+def test_hardware_and_gpu_hours_from_the_recorded_device(audit_world: Path, tmp_path: Path) -> None:
+    root = _copy(audit_world, tmp_path)
     _, params, _ = profile_params("tiny", root)
-    path = root / "metrics" / "train.json"
+    path = root / "metrics" / "train.details.json"
     train = json.loads(path.read_text())
     path.write_text(json.dumps({**train, "device": "cpu"}))
     items = _by_item(_audit(root, params))
@@ -360,8 +277,8 @@ def test_hardware_and_gpu_hours_from_the_recorded_device(world: Path, tmp_path: 
     assert (items["Training time"]["verdict"], items["GPU-hours"]["verdict"]) == ("matches", "matches")
 
 
-def test_cli_with_params(world: Path, tmp_path: Path) -> None:
-    root = _copy(world, tmp_path)
+def test_cli_with_params(audit_world: Path, tmp_path: Path) -> None:
+    root = _copy(audit_world, tmp_path)
     profile_params("tiny", root)
     (root / "custom.yaml").write_text((root / "params.yaml").read_text())
     (root / "params.yaml").unlink()
@@ -371,9 +288,10 @@ def test_cli_with_params(world: Path, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     report = json.loads((root / "reports" / "audit.json").read_text())
     assert report["profile"] == "tiny" and (root / "reports" / "audit.md").is_file()
-    metrics = json.loads((root / "metrics" / "audit.json").read_text())  # the stage's own metrics file
-    assert metrics["mlflow_run_id"] is None and metrics["matches"] == report["summary"]["matches"]
-    (root / "metrics" / "encode.json").write_text("{")
+    metrics = json.loads((root / "metrics" / "audit.json").read_text())  # the stage's own metrics: numbers
+    assert metrics["matches"] == report["summary"]["matches"] and "mlflow_run_id" not in metrics
+    assert json.loads((root / "metrics" / "audit.details.json").read_text())["mlflow_run_id"] is None
+    (root / "metrics" / "encode.details.json").write_text("{")
     done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env, timeout=120, check=False)
     assert done.returncode == 1
-    assert "error: stage audit: metrics/encode.json: not valid JSON" in done.stderr
+    assert "error: stage audit: metrics/encode.details.json: not valid JSON" in done.stderr

@@ -1,6 +1,6 @@
 """Audit replay and audit tracking: rescored BLEU, dvc.lock's hypotheses md5, the previous evaluation, MLflow.
 
-The workspace is the tiny run that ``tests/test_audit.py`` builds with the real stages.
+The workspace is the tiny run that the ``audit_world`` fixture (tests/conftest.py) builds with the real stages.
 """
 
 from __future__ import annotations
@@ -17,28 +17,33 @@ import pytest
 import yaml
 
 from pipeline import audit
-from pipeline.audit_replay import ITEM_LOCK, ITEM_PREVIOUS, ITEM_RESCORED, dvc_dir_md5
-from pipeline.config import params_from_dict
+from pipeline.auditing.replay import ITEM_LOCK, ITEM_PREVIOUS, ITEM_RESCORED, dvc_dir_md5
+from pipeline.core.config import params_from_dict
+from pipeline.core.stage import run_stage
 from pipeline.evaluate import stage as evaluate_stage
-from tests.test_audit import REPO, profile_params, world  # noqa: F401 - world is a fixture
+from tests.helpers.paths import REPO
 
-#: What the audit stage needs in dvc.yaml for the replay (applied here until dvc.yaml has it; then a no-op).
-REPLAY_DEPS = ("pipeline/audit_replay.py", "pipeline/scoring.py", "pipeline/tracking.py", "${paths.raw}/valid.de",
-               "${paths.raw}/test.de", "${paths.eval}")
-REPORT, METRICS = "${paths.reports}/audit.json", "${paths.metrics}/audit.json"
+#: What the audit stage needs in dvc.yaml for the replay.
+REPLAY_DEPS = ("pipeline/auditing", "pipeline/inference/scoring.py", "${paths.raw}/valid.de", "${paths.raw}/test.de",
+               "${paths.eval}")
+REPORT = "${paths.reports}/audit.json"
 
 
-def _copy(world: Path, tmp_path: Path) -> Path:  # noqa: F811
+def _copy(world: Path, tmp_path: Path) -> Path:
     root = tmp_path / "ws"
     shutil.copytree(world, root)
     (root / "dvc.lock").unlink()  # test_audit's stand-in lock: here DVC writes the real one
     return root
 
 
-def _audit(root: Path, params_file: str = "params.yaml", **kwargs: object) -> dict:
+def _audit(root: Path, params_file: str = "params.yaml") -> dict:
+    """The audit stage under its wrapper (metrics in ``<root>/metrics``); returns the audit it wrote."""
     params = params_from_dict(yaml.safe_load((root / params_file).read_text()))
-    return audit.stage(params, params_file=root / params_file, lock_file=root / "dvc.lock", root=root,
-                       md_path=root / "reports" / "audit.md", json_path=root / "reports" / "audit.json", **kwargs)
+    run_stage("audit", lambda: audit.stage(params, params_file=root / params_file, lock_file=root / "dvc.lock",
+                                           root=root, md_path=root / "reports" / "audit.md",
+                                           json_path=root / "reports" / "audit.json"),
+              params=params, metrics_dir=root / "metrics", root=root)
+    return json.loads((root / "reports" / "audit.json").read_text(encoding="utf-8"))
 
 
 def _replay(report: dict) -> dict[str, dict]:
@@ -48,23 +53,24 @@ def _replay(report: dict) -> dict[str, dict]:
 def _evaluate(root: Path) -> None:
     params = params_from_dict(yaml.safe_load((root / "params.yaml").read_text()))
     p = params.paths
-    evaluate_stage(params.evaluate, model_dir=root / p.model, shards_dir=root / p.shards, raw_dir=root / p.raw,
-                   eval_dir=root / p.eval, metrics_path=root / p.metrics / "bleu.json")
+    run_stage("evaluate", lambda: evaluate_stage(params.evaluate, model_dir=root / p.model, shards_dir=root / p.shards,
+                                                 raw_dir=root / p.raw, eval_dir=root / p.eval),
+              params=params, metrics_dir=root / p.metrics, root=root)
 
 
 # --- without DVC ---------------------------------------------------------------------------------
 
-def test_reevaluation_is_replayed_exactly(world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
-    root = _copy(world, tmp_path)
+def test_reevaluation_is_replayed_exactly(audit_world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _copy(audit_world, tmp_path)
     monkeypatch.setenv("NMT_DEVICE", "cpu")
     first = _audit(root)
     items = _replay(first)
     assert items[ITEM_RESCORED]["run"] == "reproduced exactly" and items[ITEM_RESCORED]["verdict"] == "matches"
     assert items[ITEM_LOCK]["run"] == "not measured (no dvc.lock)"
     assert items[ITEM_PREVIOUS]["run"] == "not measured (no previous audit recorded an evaluation)"
-    bleu_before = (root / "metrics" / "bleu.json").read_text()
+    bleu_before = (root / "metrics" / "evaluate.details.json").read_text()
     _evaluate(root)  # the real stage again, on the same model
-    assert (root / "metrics" / "bleu.json").read_text() != bleu_before  # timings differ...
+    assert (root / "metrics" / "evaluate.details.json").read_text() != bleu_before  # timings differ...
     second = _audit(root)
     items = _replay(second)
     assert items[ITEM_RESCORED]["run"] == "reproduced exactly"
@@ -74,10 +80,10 @@ def test_reevaluation_is_replayed_exactly(world: Path, tmp_path: Path, monkeypat
     assert "## Replay" in md and "replayed: identical to the previous evaluation" in md
 
 
-def test_tampered_hypotheses_differ_and_the_figure_is_named(world: Path, tmp_path: Path) -> None:  # noqa: F811
-    root = _copy(world, tmp_path)
+def test_tampered_hypotheses_differ_and_the_figure_is_named(audit_world: Path, tmp_path: Path) -> None:
+    root = _copy(audit_world, tmp_path)
     _audit(root)
-    bleu = json.loads((root / "metrics" / "bleu.json").read_text())
+    bleu = json.loads((root / "metrics" / "evaluate.details.json").read_text())
     shutil.copyfile(root / "raw" / "test.de", root / "eval" / "test.hyp.de")  # a perfect "translation"
     report = _audit(root)
     items = _replay(report)
@@ -90,9 +96,9 @@ def test_tampered_hypotheses_differ_and_the_figure_is_named(world: Path, tmp_pat
     assert f"{ITEM_RESCORED}: differs: test.bleu" in "\n".join(report["deviations"])
 
 
-def test_edited_bleu_json_and_truncated_hypotheses_are_named(world: Path, tmp_path: Path) -> None:  # noqa: F811
-    root = _copy(world, tmp_path)
-    path = root / "metrics" / "bleu.json"
+def test_edited_evaluate_details_and_truncated_hypotheses_are_named(audit_world: Path, tmp_path: Path) -> None:
+    root = _copy(audit_world, tmp_path)
+    path = root / "metrics" / "evaluate.details.json"
     bleu = json.loads(path.read_text())
     bleu["valid"]["chrf2"] += 1e-9
     path.write_text(json.dumps(bleu))
@@ -107,8 +113,8 @@ def test_edited_bleu_json_and_truncated_hypotheses_are_named(world: Path, tmp_pa
     assert run == f"not measured (missing {root / 'eval' / 'test.hyp.de'})"
 
 
-def test_previous_audit_of_another_model_or_params_is_not_compared(world: Path, tmp_path: Path) -> None:  # noqa: F811
-    root = _copy(world, tmp_path)
+def test_previous_audit_of_another_model_or_params_is_not_compared(audit_world: Path, tmp_path: Path) -> None:
+    root = _copy(audit_world, tmp_path)
     report_path = root / "reports" / "audit.json"
     _audit(root)
     saved = json.loads(report_path.read_text())
@@ -139,21 +145,17 @@ def _dvc(repo: Path, *args: str) -> str:
 
 
 def _audit_stage(stages: dict) -> dict:
-    """The audit stage of dvc.yaml with what the replay needs (see REPLAY_DEPS)."""
+    """The audit stage of dvc.yaml, checked to hold what the replay needs."""
     st = copy.deepcopy(stages["audit"])
-    st["deps"] += [d for d in REPLAY_DEPS if d not in st["deps"]]
-    for out in st["outs"]:
-        if isinstance(out, dict) and REPORT in out:
-            out[REPORT]["persist"] = True  # DVC deletes outs before a run: keep the previous audit
-    if not any(isinstance(m, dict) and METRICS in m for m in st.get("metrics", [])):
-        st.setdefault("metrics", []).append({METRICS: {"cache": False}})
+    assert set(REPLAY_DEPS) <= set(st["deps"]), set(REPLAY_DEPS) - set(st["deps"])
+    assert any(isinstance(o, dict) and REPORT in o and o[REPORT].get("persist") for o in st["outs"])  # previous audit
     return st
 
 
 @pytest.fixture
-def dvc_repo(world: Path, tmp_path: Path) -> Path:  # noqa: F811
+def dvc_repo(audit_world: Path, tmp_path: Path) -> Path:
     """The tiny run as a git + DVC repo whose dvc.yaml holds the real evaluate and audit stages."""
-    repo = _copy(world, tmp_path)
+    repo = _copy(audit_world, tmp_path)
     (repo / "runs").mkdir()
     shutil.move(repo / "model", repo / "runs" / "model")  # `model` is the package's folder here
     data = yaml.safe_load((repo / "params.yaml").read_text())
@@ -174,7 +176,7 @@ def dvc_repo(world: Path, tmp_path: Path) -> Path:  # noqa: F811
 
 @pytest.mark.slow
 def test_dvc_repro_force_evaluate_reproduces_bleu_exactly_and_the_audit_says_so(dvc_repo: Path) -> None:
-    report_path, bleu_path = dvc_repo / "reports" / "audit.json", dvc_repo / "metrics" / "bleu.json"
+    report_path, bleu_path = dvc_repo / "reports" / "audit.json", dvc_repo / "metrics" / "evaluate.details.json"
     _dvc(dvc_repo, "repro", "audit")
     first = json.loads(report_path.read_text())
     lock = yaml.safe_load((dvc_repo / "dvc.lock").read_text())
@@ -195,8 +197,9 @@ def test_dvc_repro_force_evaluate_reproduces_bleu_exactly_and_the_audit_says_so(
     for split in ("valid", "test"):
         assert {k: bleu_after[split][k] for k in second["replay"]["record"]["figures"][split]} == \
             {k: bleu_before[split][k] for k in first["replay"]["record"]["figures"][split]}
-    metrics = json.loads((dvc_repo / "metrics" / "audit.json").read_text())
+    metrics = json.loads((dvc_repo / "metrics" / "audit.details.json").read_text())
     assert metrics["mlflow_run_id"] is None and metrics["replay_identical"] == 1.0  # tracking is off in tests
+    assert json.loads((dvc_repo / "metrics" / "audit.json").read_text())["replay_identical"] == 1.0  # numbers only
 
     hyp = dvc_repo / "eval" / "valid.hyp.de"  # tampered after DVC recorded it
     hyp.write_text(hyp.read_text() + "extra\n")
@@ -212,34 +215,34 @@ def test_dvc_repro_force_evaluate_reproduces_bleu_exactly_and_the_audit_says_so(
 
 # --- MLflow ----------------------------------------------------------------------------------------
 
-def test_audit_logs_a_child_run_with_reports_and_counts(world: Path, tmp_path: Path, mlflow_sqlite: str,  # noqa: F811
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_audit_logs_a_child_run_with_reports_and_counts(audit_world: Path, tmp_path: Path, mlflow_sqlite: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow.tracking import MlflowClient
 
-    from pipeline.tracking import pipeline_run
+    from pipeline.core.tracking import pipeline_run
 
-    root = _copy(world, tmp_path)
+    root = _copy(audit_world, tmp_path)
     monkeypatch.chdir(tmp_path)
     with pipeline_run("pipeline", params={}, root=root) as parent:
         monkeypatch.setenv("MLFLOW_PARENT_RUN_ID", parent.run_id)
-        report = _audit(root, metrics_path=root / "metrics" / "audit.json")
-    metrics = json.loads((root / "metrics" / "audit.json").read_text())
+        report = _audit(root)
+    metrics = json.loads((root / "metrics" / "audit.details.json").read_text())
     client = MlflowClient(tracking_uri=mlflow_sqlite)
     run = client.get_run(metrics["mlflow_run_id"])
     assert run.info.status == "FINISHED" and run.info.run_name == "audit"
     assert run.data.tags["mlflow.parentRunId"] == parent.run_id and run.data.tags["stage"] == "audit"
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"audit.md", "audit.json"}
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"audit.md", "audit.json", "audit.details.json"}
     summary = report["summary"]
     assert {k: run.data.metrics[k] for k in ("matches", "deviates", "not_measured")} == \
         {"matches": summary["matches"], "deviates": summary["deviates"], "not_measured": summary["not measured"]}
-    bleu = json.loads((root / "metrics" / "bleu.json").read_text())
+    bleu = json.loads((root / "metrics" / "evaluate.details.json").read_text())
     assert run.data.metrics["test_bleu"] == bleu["test"]["bleu"]
-    assert run.data.metrics["parameters"] == json.loads((root / "metrics" / "average.json").read_text())["parameters"]
+    assert run.data.metrics["parameters"] == json.loads((root / "metrics" / "average.details.json").read_text())["parameters"]
     assert metrics["report_sha256"] == run.data.tags["audit_json_sha256"]
 
     tracked = (root / "reports" / "audit.json").read_bytes()  # no run id in the report: same bytes untracked
     shutil.rmtree(root / "reports")
     monkeypatch.setenv("NMT_TRACKING", "off")
-    _audit(root, metrics_path=root / "metrics" / "audit.json")
+    _audit(root)
     assert (root / "reports" / "audit.json").read_bytes() == tracked
-    assert json.loads((root / "metrics" / "audit.json").read_text())["mlflow_run_id"] is None
+    assert json.loads((root / "metrics" / "audit.details.json").read_text())["mlflow_run_id"] is None

@@ -1,87 +1,19 @@
-"""Stage ``average``: the mean of the last N complete checkpoints; clear errors for bad ones.
-
-Also home of the tiny-model helpers that test_evaluate and test_translate import (a real
-SentencePiece model trained by the bpe stage's trainer, a random tiny Transformer).
-"""
+"""Stage ``average``: the mean of the last N complete checkpoints; clear errors for bad ones."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from model import Transformer, TransformerConfig
-from pipeline.average import AVERAGED_NAME, average_state_dicts, complete_checkpoints, stage
-from pipeline.bpe import train_model
-from pipeline.config import AverageConfig, BpeConfig
-from pipeline.errors import CheckpointError
-
-TINY_MODEL = {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1, "dropout": 0.0, "attn_dropout": 0.0,
-              "ffn_dropout": 0.0, "pre_norm": False, "max_positions": 64}
-CORPUS = [
-    "Gutach: Noch mehr Sicherheit für Fußgänger",
-    "Gutach: Increased safety for pedestrians",
-    "Sie stehen keine 100 Meter voneinander entfernt.",
-    "They are not even 100 metres apart.",
-    "Am Dienstag ist die neue Ampel in Betrieb genommen worden.",
-    "On Tuesday, the new traffic lights were put into operation.",
-    "Zwei Anlagen so nah beieinander: Absicht oder Schildbürgerstreich?",
-    "Two sets of lights so close to one another: intentional or just a silly error?",
-    "Diese Frage hat der Bürgermeister gestern klar beantwortet.",
-    "Yesterday, the mayor gave a clear answer to this question.",
-    "Der Preis liegt bei 3,50 Euro, die E-Mail-Adresse ist neu.",
-    "The price is 3.50 euros, the e-mail address is new.",
-    "Öl, Ärger, Übung, Straße; quick brown fox jumps over the lazy dog QXZJVWY!",
-] * 4
-
-
-def make_spm(directory: Path, vocab_size: int = 120) -> Path:
-    """Train a real joint BPE model (pad=0 unk=1 bos=2 eos=3) on :data:`CORPUS`; returns spm.model."""
-    directory.mkdir(parents=True, exist_ok=True)
-    sample = directory / "sample.txt"
-    sample.write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
-    train_model(sample, directory / "spm", BpeConfig(vocab_size=vocab_size, input_sentence_size=0), 1)
-    sample.unlink()
-    return directory / "spm.model"
-
-
-def spm_vocab_size(spm_model: Path) -> int:
-    import sentencepiece as spm
-
-    return spm.SentencePieceProcessor(model_file=str(spm_model)).get_piece_size()
-
-
-def tiny_model(vocab_size: int, seed: int, **overrides: object) -> Transformer:
-    """A random tiny Transformer (deterministic for a seed)."""
-    torch.manual_seed(seed)
-    cfg = TransformerConfig(vocab_size=vocab_size, **{**TINY_MODEL, **overrides})
-    return Transformer(cfg).eval()
-
-
-def write_checkpoint(train_dir: Path, step: int, state_dict: dict[str, torch.Tensor],
-                     model_section: dict | None = None, done: bool = True) -> Path:
-    """A checkpoint folder as the train stage writes it (model.pt, state.json, DONE last)."""
-    folder = train_dir / f"step-{step:08d}"
-    folder.mkdir(parents=True)
-    torch.save(state_dict, folder / "model.pt")
-    state = {"step": step, "config": {"model": model_section or TINY_MODEL, "train": {}, "seed": 1}}
-    (folder / "state.json").write_text(json.dumps(state), encoding="utf-8")
-    if done:
-        (folder / "DONE").write_text("", encoding="utf-8")
-    return folder
-
-
-def make_averaged(root: Path, seed: int = 0, **overrides: object) -> Path:
-    """A complete ``averaged.pt`` for a random tiny model, built by the average stage itself."""
-    spm_model = make_spm(root / "bpe")
-    model = tiny_model(spm_vocab_size(spm_model), seed, **overrides)
-    write_checkpoint(root / "train", 10, model.state_dict(), model.cfg.to_dict())  # as the train stage does
-    stage(AverageConfig(last_n=1), train_dir=root / "train", bpe_dir=root / "bpe", model_dir=root / "model",
-          metrics_path=root / "metrics" / "average.json")
-    return root / "model" / AVERAGED_NAME
+from pipeline.average import average_state_dicts, complete_checkpoints, stage
+from pipeline.core.config import AverageConfig
+from pipeline.core.errors import CheckpointError
+from pipeline.inference.model_file import NAME as AVERAGED_NAME
+from tests.helpers.models import TINY_MODEL, make_spm, spm_vocab_size, tiny_model, write_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +24,9 @@ def spm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(tmp_path: Path, spm_dir: Path, last_n: int) -> tuple[dict, dict]:
-    stage(AverageConfig(last_n=last_n), train_dir=tmp_path / "train", bpe_dir=spm_dir,
-          model_dir=tmp_path / "model", metrics_path=tmp_path / "metrics" / "average.json")
-    out = torch.load(tmp_path / "model" / AVERAGED_NAME, map_location="cpu", weights_only=True)
-    return out, json.loads((tmp_path / "metrics" / "average.json").read_text())
+    metrics = stage(AverageConfig(last_n=last_n), train_dir=tmp_path / "train", bpe_dir=spm_dir,
+                    model_dir=tmp_path / "model")
+    return torch.load(tmp_path / "model" / AVERAGED_NAME, map_location="cpu", weights_only=True), metrics
 
 
 def test_two_checkpoints_average_to_their_mean_and_file_is_self_contained(tmp_path: Path, spm_dir: Path) -> None:

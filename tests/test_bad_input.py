@@ -23,14 +23,14 @@ import yaml
 from pipeline import bpe, encode
 from pipeline.clean import main as clean_main
 from pipeline.cli import main as nmt_main
-from pipeline.config import BpeConfig, EncodeConfig
-from pipeline.errors import DataError
+from pipeline.core.config import BpeConfig, EncodeConfig
+from pipeline.core.errors import DataError
+from pipeline.core.stage import run_stage
 from pipeline.evaluate import main as evaluate_main
-from pipeline.profiles import merged_profile
-from tests.test_average import make_averaged
-from tests.test_bpe_encode import synthetic_clean
-from tests.test_clean import write_raw
-from tests.test_evaluate import world  # noqa: F401 - the evaluate stage's fixture (model, raw, shards)
+from pipeline.project.profiles import merged_profile
+from tests.helpers.bpe_encode import synthetic_clean
+from tests.helpers.clean import write_raw
+from tests.helpers.models import make_averaged
 
 NUL_REMEDY = ("this is not UTF-8 text (a binary, UTF-16 or corrupt file?): replace the file with the real UTF-8 "
               "text (e.g. iconv -f utf-16 -t utf-8)")
@@ -103,7 +103,7 @@ def text(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("bad")
     clean = synthetic_clean(root, n_train=200)
     out = root / "bpe"
-    bpe.stage(BpeConfig(vocab_size=80), clean_dir=clean, bpe_dir=out, metrics_path=root / "bpe.json")
+    bpe.stage(BpeConfig(vocab_size=80), clean_dir=clean, bpe_dir=out)
     return clean, out
 
 
@@ -124,8 +124,9 @@ def test_bpe_rejects_bad_training_text(tmp_path: Path, text: tuple[Path, Path], 
     if not data:
         (clean / "train.en").write_bytes(b"")
     with pytest.raises(DataError, match=re.escape(message)):
-        bpe.stage(BpeConfig(vocab_size=80), clean_dir=clean, bpe_dir=tmp_path / "bpe", metrics_path=tmp_path / "m.json")
-    assert written(tmp_path, "bpe", "m.json") == []
+        run_stage("bpe", lambda: bpe.stage(BpeConfig(vocab_size=80), clean_dir=clean, bpe_dir=tmp_path / "bpe"),
+                  metrics_dir=tmp_path)
+    assert written(tmp_path, "bpe", "bpe.json", "bpe.details.json") == []
 
 
 def test_encode_rejects_nul_bytes_and_empty_splits(tmp_path: Path, text: tuple[Path, Path],
@@ -137,27 +138,27 @@ def test_encode_rejects_nul_bytes_and_empty_splits(tmp_path: Path, text: tuple[P
     damaged = damaged_copy(clean, tmp_path, "test.de", b"\n".join(lines))
     cfg = EncodeConfig(max_len=64, shard_rows=4)  # line 7 is the 3rd line of the 2nd shard of test
     with pytest.raises(DataError, match=re.escape(f"{damaged}/test.de:7: NUL byte at byte 0 of the line; {NUL_REMEDY}")):
-        encode.stage(cfg, clean_dir=damaged, bpe_dir=bpe_dir, shards_dir=tmp_path / "shards",
-                     metrics_path=tmp_path / "encode.json")
-    assert written(tmp_path, "shards", "encode.json") == []
+        run_stage("encode", lambda: encode.stage(cfg, clean_dir=damaged, bpe_dir=bpe_dir, shards_dir=tmp_path / "shards"),
+                  metrics_dir=tmp_path)
+    assert written(tmp_path, "shards", "encode.json", "encode.details.json") == []
     for lang in ("en", "de"):
         (damaged / f"valid.{lang}").write_bytes(b"")
     (damaged / "test.de").write_bytes((clean / "test.de").read_bytes())
     with pytest.raises(DataError, match=re.escape(f"{damaged}/valid.en and {damaged}/valid.de are empty: every split "
                                                   "needs text; rerun `dvc repro clean`")):
-        encode.stage(cfg, clean_dir=damaged, bpe_dir=bpe_dir, shards_dir=tmp_path / "shards",
-                     metrics_path=tmp_path / "encode.json")
-    assert written(tmp_path, "shards", "encode.json") == []
+        run_stage("encode", lambda: encode.stage(cfg, clean_dir=damaged, bpe_dir=bpe_dir, shards_dir=tmp_path / "shards"),
+                  metrics_dir=tmp_path)
+    assert written(tmp_path, "shards", "encode.json", "encode.details.json") == []
 
 
 # --- shards seen by a later stage ------------------------------------------------------------------
 
-def test_corrupt_shard_through_the_evaluate_cli(world: Path, tmp_path: Path, repo_root: Path,  # noqa: F811
+def test_corrupt_shard_through_the_evaluate_cli(eval_world: Path, tmp_path: Path, repo_root: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    shards = Path(shutil.copytree(world / "shards", tmp_path / "shards"))
+    shards = Path(shutil.copytree(eval_world / "shards", tmp_path / "shards"))
     part = shards / "valid" / "part-00001.parquet"
     part.write_bytes(part.read_bytes()[:40])
-    params = params_file(tmp_path, repo_root, model=world / "model", raw=world / "raw", shards=shards)
+    params = params_file(tmp_path, repo_root, model=eval_world / "model", raw=eval_world / "raw", shards=shards)
     assert evaluate_main(["--params", str(params)]) == 1
     assert re.fullmatch(rf"error: stage evaluate: {re.escape(str(part))}: corrupt Parquet shard \(.+\); .*"
                         r"`dvc repro encode`.*", stage_error(capsys))

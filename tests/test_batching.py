@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import batching
-from pipeline.errors import DataError
+from pipeline.core.errors import DataError
+from pipeline.data import batching
 
 
 def reference_plan(ids, lengths, max_tokens, seed):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import shutil
 from pathlib import Path
 
@@ -15,53 +14,15 @@ import pytest
 import sentencepiece as spm
 
 from pipeline import bpe, encode
-from pipeline.config import BpeConfig, EncodeConfig
-from pipeline.errors import ConfigError, DataError
-from pipeline.textio import read_lines
-
-EN = "the a cat dog house garden man woman sits runs sees big small red green near under".split()
-DE = "der die das katze hund haus garten mann frau sitzt läuft sieht groß klein rot grün nahe unter".split()
-
-
-def synthetic_clean(root: Path, n_train: int = 300, seed: int = 0) -> Path:
-    """Write ``<root>/clean/{train,valid,test}.{en,de}`` of synthetic sentences; return the dir."""
-    rng = random.Random(seed)
-    clean = root / "clean"
-    clean.mkdir(parents=True)
-
-    def sentence(words: list[str], k: int) -> str:
-        return " ".join(rng.choice(words) for _ in range(k))
-
-    sizes = {"train": n_train, "valid": 25, "test": 30}
-    for split, n in sizes.items():
-        lens = [rng.randint(1, 12) for _ in range(n)]
-        en = [sentence(EN, k) for k in lens]
-        de = [sentence(DE, k + rng.randint(0, 2)) for k in lens]
-        if split != "train":
-            en[3] = de[5] = ""  # valid/test keep empty lines
-        (clean / f"{split}.en").write_text("".join(s + "\n" for s in en), encoding="utf-8")
-        (clean / f"{split}.de").write_text("".join(s + "\n" for s in de), encoding="utf-8")
-    return clean
+from pipeline.core.config import BpeConfig
+from pipeline.core.errors import ConfigError, DataError
+from pipeline.core.textio import read_lines
+from tests.helpers.bpe_encode import run_bpe, run_encode, synthetic_clean
 
 
 def sha_tree(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def run_bpe(tmp_path: Path, clean: Path, name: str = "bpe", **kw: int) -> Path:
-    out = tmp_path / name
-    cfg = BpeConfig(vocab_size=kw.pop("vocab_size", 80), **kw)
-    bpe.stage(cfg, clean_dir=clean, bpe_dir=out, metrics_path=tmp_path / "metrics" / f"{name}.json")
-    return out
-
-
-def run_encode(tmp_path: Path, clean: Path, bpe_dir: Path, name: str = "shards", **kw: int) -> Path:
-    out = tmp_path / name
-    cfg = EncodeConfig(max_len=kw.get("max_len", 256), shard_rows=kw.get("shard_rows", 100))
-    encode.stage(cfg, clean_dir=clean, bpe_dir=bpe_dir, shards_dir=out,
-                 metrics_path=tmp_path / "metrics" / "encode.json")
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +42,7 @@ def test_bpe_is_deterministic_with_fixed_special_ids(tmp_path: Path, corpus: tup
     assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (0, 1, 2, 3)
     assert [sp.id_to_piece(i) for i in range(4)] == ["<pad>", "<unk>", "<s>", "</s>"]
     assert sp.get_piece_size() == 80
-    metrics = json.loads((tmp_path / "metrics" / "again.json").read_text())
+    metrics = json.loads((tmp_path / "metrics" / "again" / "bpe.details.json").read_text())
     assert metrics["sentences"] == 600 and metrics["spm_sha256"] == sha_tree(first)["spm.model"]
 
 
@@ -90,7 +51,7 @@ def test_bpe_sample_is_seeded(tmp_path: Path, corpus: tuple[Path, Path, Path]) -
     a = run_bpe(tmp_path, clean, "a", input_sentence_size=200, seed=7)
     b = run_bpe(tmp_path, clean, "b", input_sentence_size=200, seed=7)
     assert sha_tree(a) == sha_tree(b)
-    assert json.loads((tmp_path / "metrics" / "a.json").read_text())["sentences"] == 200
+    assert json.loads((tmp_path / "metrics" / "a" / "bpe.json").read_text())["sentences"] == 200
     idx = bpe.sample_indices(1000, 100, seed=3)
     assert len(set(idx.tolist())) == 100 and (np.diff(idx) > 0).all()
     assert (idx == bpe.sample_indices(1000, 100, seed=3)).all()

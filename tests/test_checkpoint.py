@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import checkpoint
-from pipeline.errors import CheckpointError
+from pipeline.core.errors import CheckpointError
+from pipeline.training import checkpoint
 
 CONFIG = {"model": {"d_model": 16, "n_layers": 1, "vocab_size": 60}, "train": {"lr_scale": 1.0, "max_steps": 10},
           "seed": 1}

@@ -12,24 +12,16 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.clean import DigestSet, normalize, pair_digest, stage
-from pipeline.config import CleanConfig
-from pipeline.errors import DataError
-from pipeline.textio import read_lines
-
-
-def write_raw(raw: Path, splits: dict[str, list[tuple[str, str]]]) -> None:
-    """Write ``<raw>/<split>.{en,de}`` from pairs (bytes written exactly, each line + ``\\n``)."""
-    raw.mkdir(parents=True, exist_ok=True)
-    for split, pairs in splits.items():
-        for side, lang in enumerate(("en", "de")):
-            (raw / f"{split}.{lang}").write_bytes("".join(p[side] + "\n" for p in pairs).encode("utf-8"))
+from pipeline.clean import DigestSet, pair_digest, stage
+from pipeline.core.config import CleanConfig
+from pipeline.core.errors import DataError
+from pipeline.core.textio import read_lines
+from pipeline.data.normalize import normalize
+from tests.helpers.clean import write_raw
 
 
 def run_clean(tmp_path: Path, cfg: CleanConfig | None = None) -> dict:
-    stage(cfg or CleanConfig(), raw_dir=tmp_path / "raw", clean_dir=tmp_path / "clean",
-          metrics_path=tmp_path / "metrics" / "clean.json")
-    return json.loads((tmp_path / "metrics" / "clean.json").read_text())
+    return stage(cfg or CleanConfig(), raw_dir=tmp_path / "raw", clean_dir=tmp_path / "clean")
 
 
 def clean_pairs(tmp_path: Path, split: str) -> list[tuple[str, str]]:
@@ -176,7 +168,7 @@ def test_digest_set_matches_python_set() -> None:
 
 
 def test_cli_one_line_error(tmp_path: Path, repo_root: Path) -> None:
-    from pipeline.profiles import merged_profile
+    from pipeline.project.profiles import merged_profile
 
     params = merged_profile("tiny", repo_root)
     params["paths"] = {k: str(tmp_path / k) for k in params["paths"]}
@@ -185,7 +177,9 @@ def test_cli_one_line_error(tmp_path: Path, repo_root: Path) -> None:
     ok = subprocess.run([sys.executable, "-m", "pipeline.clean", "--params", str(tmp_path / "params.yaml")],
                         cwd=repo_root, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
-    assert (tmp_path / "metrics" / "clean.json").is_file()
+    metrics = json.loads((tmp_path / "metrics" / "clean.json").read_text())  # numbers only
+    assert metrics["train"]["pairs_out"] == 1 and "mlflow_run_id" not in metrics
+    assert json.loads((tmp_path / "metrics" / "clean.details.json").read_text())["mlflow_run_id"] is None
     (tmp_path / "raw" / "valid.de").write_text("", encoding="utf-8")
     bad = subprocess.run([sys.executable, "-m", "pipeline.clean", "--params", str(tmp_path / "params.yaml")],
                          cwd=repo_root, capture_output=True, text=True)

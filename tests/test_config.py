@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import Params, flatten, load_params, params_from_dict, section_dict
-from pipeline.errors import ConfigError
-from pipeline.profiles import deep_merge, merged_profile, profile_names, write_profile
+from pipeline.core.config import Params, flatten, load_params, params_from_dict, section_dict
+from pipeline.core.errors import ConfigError
+from pipeline.project.profiles import deep_merge, merged_profile, profile_names, write_profile
 
 
 def _paper(repo_root: Path) -> dict:
@@ -49,7 +49,7 @@ def test_every_bad_key_is_named_in_one_error(repo_root: Path) -> None:
     [
         ("train", "warmup_steps", 200000, "train.warmup_steps (200000) must be >= 1 and < train.max_steps"),
         ("train", "max_tokens", 100, "train.max_tokens (100) must be >= encode.max_len + 1 (257)"),
-        ("model", "n_heads", 7, "model.d_model (512) must be divisible by model.n_heads (7)"),
+        ("model", "n_heads", 7, "model: invalid TransformerConfig: d_model (512) must be divisible by n_heads (7)"),
         ("download", "dataset", "wmt15", "download.dataset: 'wmt15' is not one of ['wmt14', 'multi30k']"),
         ("clean", "max_ratio", 0.5, "clean.max_ratio must be >= 1.0"),
     ],
@@ -61,6 +61,19 @@ def test_impossible_combinations_are_refused(repo_root: Path, section: str, key:
     with pytest.raises(ConfigError, match=r".*") as info:
         params_from_dict(data)
     assert expected in str(info.value)
+
+
+def test_the_model_section_is_the_networks_own_config(repo_root: Path) -> None:
+    """params.yaml's model section validates into model.TransformerConfig; derived fields are not params."""
+    from model import TransformerConfig
+
+    params = params_from_dict(_paper(repo_root))
+    assert isinstance(params.model, TransformerConfig) and params.model.vocab_size == 0
+    data = _paper(repo_root)
+    data["model"]["vocab_size"] = 37000
+    with pytest.raises(ConfigError) as info:
+        params_from_dict(data)
+    assert "model.vocab_size: not a setting (it is the BPE model's piece count); remove it" in str(info.value)
 
 
 def test_missing_and_malformed_files(tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from pipeline.data import ShardSet, read_manifest
-from pipeline.errors import DataError
-from pipeline.textio import read_lines
-from tests.test_bpe_encode import run_bpe, run_encode, synthetic_clean
+from pipeline.core.errors import DataError
+from pipeline.core.textio import read_lines
+from pipeline.data.shards import ShardSet, read_manifest
+from tests.helpers.bpe_encode import run_bpe, run_encode, synthetic_clean
 
 MAX_LEN = 12
 

@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import DownloadConfig
+from pipeline.core.config import DownloadConfig
+from pipeline.core.errors import ConfigError, DataError, DownloadError
+from pipeline.core.stage import run_stage
+from pipeline.core.textio import read_lines
+from pipeline.data.sources import MULTI30K_SPEC, STATMT, WMT14, Corpus, DatasetSpec, SourceFile, sgml_segments
 from pipeline.download import main, stage
-from pipeline.errors import ConfigError, DataError, DownloadError
-from pipeline.sources import MULTI30K_SPEC, STATMT, WMT14, Corpus, DatasetSpec, SourceFile, sgml_segments
-from pipeline.textio import read_lines
-from tests.conftest import SHARED
-from tests.httpserver import serve
+from tests.helpers.httpserver import serve
+from tests.helpers.paths import SHARED
 
 ODD = ["carriage\rreturn inside", "next\x85line (NEL)", "line\u2028separator", "para\u2029separator"]
 
@@ -103,8 +104,8 @@ def _spec(base: str, **line_overrides: int | None) -> DatasetSpec:
 
 def _run(tmp: Path, spec: DatasetSpec, **cfg: object) -> Path:
     raw = tmp / "raw"
-    stage(DownloadConfig(dataset="wmt14", **{"retries": 2, "timeout_s": 5.0, **cfg}), raw_dir=raw,
-          metrics_path=tmp / "metrics" / "download.json", sources=spec)
+    run_stage("download", lambda: stage(DownloadConfig(dataset="wmt14", **{"retries": 2, "timeout_s": 5.0, **cfg}),
+                                        raw_dir=raw, sources=spec), metrics_dir=tmp / "metrics")
     return raw
 
 
@@ -151,7 +152,7 @@ def test_full_download_over_http(statmt, tmp_path: Path) -> None:
     assert first["url"] == f"{base}/wmt13/training-parallel-europarl-v7.tgz"
     assert (first["member"], first["lines"]) == ("training/europarl-v7.de-en.en", 8)
     assert manifest["outputs"]["train.en"]["lines"] == 16
-    metrics = json.loads((tmp_path / "metrics" / "download.json").read_text())
+    metrics = json.loads((tmp_path / "metrics" / "download.details.json").read_text())
     assert metrics["pairs"] == {"train": 16, "valid": 4, "test": 3}
     assert {s for s, _, _ in faults.log} == {"/wmt13/training-parallel-europarl-v7.tgz",
                                              "/wmt13/training-parallel-commoncrawl.tgz",
@@ -351,7 +352,7 @@ def test_mirror_dir_and_http_give_identical_bytes(statmt, tmp_path: Path, monkey
     monkeypatch.setenv("NMT_DOWNLOAD_CACHE", str(tmp_path / "cache-mirror"))
     assert _outputs(_run(tmp_path / "dir", _spec(base))) == via_http
     assert len(faults.log) == n_requests  # no network
-    origins = json.loads((tmp_path / "dir/metrics/download.json").read_text())["origins"]
+    origins = json.loads((tmp_path / "dir/metrics/download.details.json").read_text())["origins"]
     assert set(origins.values()) == {"mirror"}
     # the same mirror over HTTP (extracted members found there first, archives otherwise)
     with serve(mirror) as (mirror_url, mirror_faults):
@@ -385,13 +386,13 @@ def test_corrupt_gzip_source_is_rejected(tmp_path: Path, monkeypatch) -> None:
     spec = dataclasses.replace(MULTI30K_SPEC, **unchecked)
     monkeypatch.setenv("NMT_DATA_MIRROR", str(tmp_path / "mirror"))
     cfg = DownloadConfig(dataset="multi30k")
-    stage(cfg, raw_dir=tmp_path / "raw", metrics_path=tmp_path / "m.json", sources=spec)
+    stage(cfg, raw_dir=tmp_path / "raw", sources=spec)
     assert list(read_lines(tmp_path / "raw/valid.de")) == ["val de 0", "val de 1"]
     data = (mirror / "val.de.gz").read_bytes()
     (mirror / "val.de.gz").write_bytes(data[:-12])
     with pytest.raises(DownloadError, match=r"val.de.gz: corrupt or truncated archive .*replace the mirror's copy "
                                             r".*val.de.gz"):
-        stage(cfg, raw_dir=tmp_path / "raw2", metrics_path=tmp_path / "m.json", sources=spec)
+        stage(cfg, raw_dir=tmp_path / "raw2", sources=spec)
     assert not (tmp_path / "raw2").exists()
 
 
@@ -428,7 +429,7 @@ def test_cli_multi30k_from_the_shared_mirror(tmp_path: Path, monkeypatch, capsys
     manifest = json.loads((tmp_path / "raw/manifest.json").read_text())
     assert manifest["outputs"]["train.en"]["lines"] == 29000
     assert manifest["files"][0]["sha256"] == "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f"
-    assert json.loads((tmp_path / "metrics/download.json").read_text())["pairs"] == {
+    assert json.loads((tmp_path / "metrics/download.json").read_text())["pairs"] == {  # numbers: DVC metrics
         "train": 29000, "valid": 1014, "test": 1000}
     monkeypatch.setenv("NMT_DATA_MIRROR", str(tmp_path / "absent"))
     assert main(["--params", "params.yaml"]) == 1

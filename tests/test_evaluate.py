@@ -9,62 +9,31 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.config import EncodeConfig, EvaluateConfig
-from pipeline.decoding import decode_sources, load_translator, plan_batches, prepare_source
-from pipeline.encode import stage as encode_stage
-from pipeline.errors import DataError
+from pipeline.core.config import EvaluateConfig
+from pipeline.core.errors import DataError
+from pipeline.core.stage import run_stage
+from pipeline.core.textio import count_lines, read_lines, write_lines
 from pipeline.evaluate import stage
-from pipeline.scoring import METRIC_KEYS, score_files
-from pipeline.textio import count_lines, read_lines, write_lines
-from tests.test_average import CORPUS, make_averaged
+from pipeline.inference.decoding import decode_sources, load_translator, plan_batches, prepare_source
+from pipeline.inference.scoring import METRIC_KEYS, score_files
+from tests.helpers.eval_world import TEST, VALID
 
-VALID = [("Gutach: Increased safety for pedestrians", "Gutach: Noch mehr Sicherheit für Fußgänger"),
-         ("", ""),
-         ("They are not even 100 metres apart.", "Sie stehen keine 100 Meter voneinander entfernt."),
-         ("On Tuesday, the new traffic lights were put into operation.",
-          "Am Dienstag ist die neue Ampel in Betrieb genommen worden."),
-         ("The price is 3.50 euros.", "Der Preis liegt bei 3,50 Euro.")]
-TEST = [("Yesterday, the mayor gave a clear answer to this question.",
-         "Diese Frage hat der Bürgermeister gestern klar beantwortet."),
-        ("Two sets of lights so close to one another: intentional or just a silly error?",
-         "Zwei Anlagen so nah beieinander: Absicht oder Schildbürgerstreich?"),
-        ("", "Leer."),
-        ("the e-mail address is new", "die E-Mail-Adresse ist neu")]
 CFG = EvaluateConfig(beam_sizes=[1, 2], alphas=[0.6, 1.0], max_len_a=1.0, max_len_b=4, max_tokens=40)
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """averaged.pt + clean/raw text + shards encoded by the real encode stage."""
-    root = tmp_path_factory.mktemp("eval")
-    make_averaged(root)
-    pairs = {"train": list(zip(CORPUS[0::2], CORPUS[1::2])), "valid": VALID, "test": TEST}
-    for split, rows in pairs.items():
-        for side, lang in ((0, "en"), (1, "de")):
-            write_lines(root / "clean" / f"{split}.{lang}", [r[side] for r in rows])
-            write_lines(root / "raw" / f"{split}.{lang}", [r[side] for r in rows])
-    mp = pytest.MonkeyPatch()
-    mp.setenv("NMT_ENCODE_WORKERS", "1")
-    try:
-        encode_stage(EncodeConfig(max_len=64, shard_rows=2), clean_dir=root / "clean", bpe_dir=root / "bpe",
-                     shards_dir=root / "shards", metrics_path=root / "metrics" / "encode.json")
-    finally:
-        mp.undo()
-    return root
-
-
 def _evaluate(world: Path, out: Path, cfg: EvaluateConfig = CFG) -> dict:
-    stage(cfg, model_dir=world / "model", shards_dir=world / "shards", raw_dir=world / "raw", eval_dir=out / "eval",
-          metrics_path=out / "metrics" / "bleu.json")
-    return json.loads((out / "metrics" / "bleu.json").read_text(encoding="utf-8"))
+    """The evaluate stage under its wrapper; returns ``evaluate.details.json`` as written."""
+    run_stage("evaluate", lambda: stage(cfg, model_dir=world / "model", shards_dir=world / "shards",
+                                        raw_dir=world / "raw", eval_dir=out / "eval"), metrics_dir=out / "metrics")
+    return json.loads((out / "metrics" / "evaluate.details.json").read_text(encoding="utf-8"))
 
 
-def test_evaluate_end_to_end_keeps_every_line_and_reports_everything(world: Path, tmp_path: Path) -> None:
-    report = _evaluate(world, tmp_path)
+def test_evaluate_end_to_end_keeps_every_line_and_reports_everything(eval_world: Path, tmp_path: Path) -> None:
+    report = _evaluate(eval_world, tmp_path)
     for split, rows in (("valid", VALID), ("test", TEST)):
         hyp = tmp_path / "eval" / f"{split}.hyp.de"
         lines = list(read_lines(hyp))
-        assert len(lines) == len(rows) == count_lines(world / "raw" / f"{split}.de")
+        assert len(lines) == len(rows) == count_lines(eval_world / "raw" / f"{split}.de")
         for (src, _), line in zip(rows, lines):
             if not src:
                 assert line == ""  # empty source -> empty hypothesis, the line is kept
@@ -75,7 +44,7 @@ def test_evaluate_end_to_end_keeps_every_line_and_reports_everything(world: Path
         for key in ("sentences", "decode_seconds", "sentences_per_second", "beam", "alpha"):
             assert key in figures
         assert figures["sentences"] == len(rows)
-        rescored = score_files(hyp, world / "raw" / f"{split}.de")
+        rescored = score_files(hyp, eval_world / "raw" / f"{split}.de")
         assert {k: rescored[k] for k in METRIC_KEYS} == {k: figures[k] for k in METRIC_KEYS}
     assert [(g["beam"], g["alpha"]) for g in report["grid"]] == [(1, 0.6), (1, 1.0), (2, 0.6), (2, 1.0)]
     best = max(g["bleu"] for g in report["grid"])
@@ -86,48 +55,49 @@ def test_evaluate_end_to_end_keeps_every_line_and_reports_everything(world: Path
     assert report["valid"]["bleu"] == pytest.approx(best)
 
 
-def test_hypotheses_are_reproducible_and_do_not_depend_on_the_batch_budget(world: Path, tmp_path: Path) -> None:
-    _evaluate(world, tmp_path / "a", CFG)
-    _evaluate(world, tmp_path / "b", EvaluateConfig(**{**CFG.__dict__, "max_tokens": 1}))
+def test_hypotheses_are_reproducible_and_do_not_depend_on_the_batch_budget(eval_world: Path, tmp_path: Path) -> None:
+    _evaluate(eval_world, tmp_path / "a", CFG)
+    _evaluate(eval_world, tmp_path / "b", EvaluateConfig(**{**CFG.__dict__, "max_tokens": 1}))
     for split in ("valid", "test"):
         a = (tmp_path / "a" / "eval" / f"{split}.hyp.de").read_bytes()
         assert a == (tmp_path / "b" / "eval" / f"{split}.hyp.de").read_bytes()
 
 
-def test_reference_line_count_mismatch_is_a_clear_error_and_writes_nothing(world: Path, tmp_path: Path) -> None:
+def test_reference_line_count_mismatch_is_a_clear_error_and_writes_nothing(eval_world: Path, tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     write_lines(raw / "valid.de", [r[1] for r in VALID])
     write_lines(raw / "test.de", [r[1] for r in TEST][:-1])
     with pytest.raises(DataError, match=rf"{raw / 'test.de'} has 3 lines but the test shards in .* hold 4 sentences"):
-        stage(CFG, model_dir=world / "model", shards_dir=world / "shards", raw_dir=raw, eval_dir=tmp_path / "eval",
-              metrics_path=tmp_path / "metrics" / "bleu.json")
-    assert not (tmp_path / "eval").exists() and not (tmp_path / "metrics").exists()
+        stage(CFG, model_dir=eval_world / "model", shards_dir=eval_world / "shards", raw_dir=raw,
+              eval_dir=tmp_path / "eval")
+    assert not (tmp_path / "eval").exists()
 
 
-def test_shards_from_another_bpe_model_are_refused(world: Path, tmp_path: Path) -> None:
-    manifest = json.loads((world / "shards" / "manifest.json").read_text())
+def test_shards_from_another_bpe_model_are_refused(eval_world: Path, tmp_path: Path) -> None:
+    manifest = json.loads((eval_world / "shards" / "manifest.json").read_text())
     shards = tmp_path / "shards"
     import shutil
 
-    shutil.copytree(world / "shards", shards)
+    shutil.copytree(eval_world / "shards", shards)
     (shards / "manifest.json").write_text(json.dumps({**manifest, "spm_sha256": "0" * 64}))
     with pytest.raises(DataError, match="encoded with spm.model sha256 0{64}, but the model's embedded"):
-        stage(CFG, model_dir=world / "model", shards_dir=shards, raw_dir=world / "raw", eval_dir=tmp_path / "eval",
-              metrics_path=tmp_path / "bleu.json")
+        stage(CFG, model_dir=eval_world / "model", shards_dir=shards, raw_dir=eval_world / "raw",
+              eval_dir=tmp_path / "eval")
 
 
-def test_evaluate_logs_metrics_and_signature_to_mlflow(world: Path, tmp_path: Path, mlflow_sqlite: str,
+def test_evaluate_logs_metrics_and_signature_to_mlflow(eval_world: Path, tmp_path: Path, mlflow_sqlite: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow.tracking import MlflowClient
 
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root for a SQLite URI is ./mlruns
 
-    report = _evaluate(world, tmp_path, EvaluateConfig(beam_sizes=[1], alphas=[0.6], max_len_b=2, max_tokens=64))
+    report = _evaluate(eval_world, tmp_path, EvaluateConfig(beam_sizes=[1], alphas=[0.6], max_len_b=2, max_tokens=64))
     run = MlflowClient(tracking_uri=mlflow_sqlite).get_run(report["mlflow_run_id"])
     assert run.data.tags["sacrebleu_signature"] == report["test"]["signatures"]["bleu"]
     assert run.data.metrics["test.bleu"] == pytest.approx(report["test"]["bleu"])
     assert "test.bleu_tok_split" in run.data.metrics and "valid.chrf2" in run.data.metrics
-    assert "bleu.json" in [a.path for a in MlflowClient(tracking_uri=mlflow_sqlite).list_artifacts(run.info.run_id)]
+    artifacts = [a.path for a in MlflowClient(tracking_uri=mlflow_sqlite).list_artifacts(run.info.run_id)]
+    assert "evaluate.details.json" in artifacts
 
 
 def test_plan_batches_respects_the_budget_and_covers_every_sentence_once() -> None:
@@ -142,8 +112,8 @@ def test_plan_batches_respects_the_budget_and_covers_every_sentence_once() -> No
     assert [lengths[i] for i in flat] == sorted((n for n in lengths if n), reverse=True)
 
 
-def test_batched_decoding_restores_order_and_equals_one_at_a_time(world: Path) -> None:
-    translator = load_translator(world / "model" / "averaged.pt", "cpu")
+def test_batched_decoding_restores_order_and_equals_one_at_a_time(eval_world: Path) -> None:
+    translator = load_translator(eval_world / "model" / "averaged.pt", "cpu")
     translator.model.double()  # float64: batching must not change a single token
     rng = random.Random(1)
     vocab = translator.config.vocab_size
@@ -173,24 +143,22 @@ def test_sources_are_truncated_to_max_positions() -> None:
     assert prepare_source([], cfg) == ([], False)
 
 
-def test_train_average_evaluate_chain_on_real_checkpoints(world: Path, tmp_path: Path) -> None:
+def test_train_average_evaluate_chain_on_real_checkpoints(eval_world: Path, tmp_path: Path) -> None:
     """The real train stage's checkpoints feed average, whose model file feeds evaluate."""
+    from model import TransformerConfig
     from pipeline.average import stage as average_stage
-    from pipeline.config import AverageConfig, ModelConfig, TrainConfig
+    from pipeline.core.config import AverageConfig, TrainConfig
     from pipeline.train import stage as train_stage
-    from tests.test_average import TINY_MODEL
+    from tests.helpers.models import TINY_MODEL
 
     train_stage(TrainConfig(max_tokens=256, tokens_per_step=256, warmup_steps=2, max_steps=6, save_every_steps=2,
                             keep_last=3, valid_every_steps=3, log_every_steps=3),
-                model_cfg=ModelConfig(**TINY_MODEL), seed=1, shards_dir=world / "shards",
-                spm_model=world / "bpe" / "spm.model", run_dir=tmp_path / "train",
-                metrics_path=tmp_path / "metrics" / "train.json", plots_path=tmp_path / "plots" / "train.csv",
-                root=tmp_path)
-    average_stage(AverageConfig(last_n=2), train_dir=tmp_path / "train", bpe_dir=world / "bpe",
-                  model_dir=tmp_path / "model", metrics_path=tmp_path / "metrics" / "average.json")
-    averaged = json.loads((tmp_path / "metrics" / "average.json").read_text())
+                model_cfg=TransformerConfig(**TINY_MODEL), seed=1, shards_dir=eval_world / "shards",
+                spm_model=eval_world / "bpe" / "spm.model", run_dir=tmp_path / "train",
+                plots_path=tmp_path / "plots" / "train.csv")
+    averaged = average_stage(AverageConfig(last_n=2), train_dir=tmp_path / "train", bpe_dir=eval_world / "bpe",
+                             model_dir=tmp_path / "model")
     assert averaged["checkpoints"] == ["step-00000004", "step-00000006"]
     stage(EvaluateConfig(beam_sizes=[2], alphas=[0.6], max_len_b=3, max_tokens=64), model_dir=tmp_path / "model",
-          shards_dir=world / "shards", raw_dir=world / "raw", eval_dir=tmp_path / "eval",
-          metrics_path=tmp_path / "metrics" / "bleu.json")
+          shards_dir=eval_world / "shards", raw_dir=eval_world / "raw", eval_dir=tmp_path / "eval")
     assert count_lines(tmp_path / "eval" / "test.hyp.de") == len(TEST)

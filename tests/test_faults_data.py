@@ -11,10 +11,8 @@ may not write is one line naming the file, exit code 1, and the previous output 
 from __future__ import annotations
 
 import ctypes
-import gzip
 import hashlib
 import os
-import random
 import re
 import resource
 import shutil
@@ -28,39 +26,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.profiles import deep_merge, write_profile
-from pipeline.textio import atomic_path, remove_stale_temps, write_text
-from tests.repoutil import git as _git
-from tests.repoutil import init_git_dvc
+from pipeline.core.textio import atomic_path, remove_stale_temps, write_text
+from tests.helpers.data_faults import multi30k_mirror, write_params, write_raw
+from tests.helpers.repoutil import git as _git
+from tests.helpers.repoutil import init_git_dvc
 
-EN = "the a cat dog house garden man woman sits runs sees big small red green near under".split()
-DE = "der die das katze hund haus garten mann frau sitzt läuft sieht groß klein rot grün nahe unter".split()
 STAGES = ("clean", "bpe", "encode")
-
-
-def corpus(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
-    """``n`` distinct synthetic EN/DE pairs (a counter keeps them apart: dedup drops nothing)."""
-    rng = random.Random(seed)
-    lens = [rng.randint(3, 14) for _ in range(n)]
-    return ([" ".join(rng.choices(EN, k=k)) + f" {i}" for i, k in enumerate(lens)],
-            [" ".join(rng.choices(DE, k=k)) + f" {i}" for i, k in enumerate(lens)])
-
-
-def write_raw(raw: Path, n_train: int, seed: int = 0) -> None:
-    """``<raw>/{train,valid,test}.{en,de}`` as the download stage would leave them."""
-    raw.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", n_train), ("valid", 50), ("test", 60)):
-        for lang, lines in zip(("en", "de"), corpus(n, seed + len(split))):
-            (raw / f"{split}.{lang}").write_text("".join(s + "\n" for s in lines), encoding="utf-8")
-
-
-def write_params(root: Path, repo_root: Path, **overrides: dict) -> Path:
-    """The tiny profile as ``<root>/params.yaml`` (paths relative to ``root``), with section overrides."""
-    target = write_profile("tiny", repo_root, root / "params.yaml")
-    if overrides:
-        data = deep_merge(yaml.safe_load(target.read_text(encoding="utf-8")), overrides)
-        target.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    return target
 
 
 def sha_tree(root: Path) -> dict[str, str]:
@@ -128,13 +99,14 @@ def building(parent: Path, name: str, inner: str, at_least: int) -> Callable[[],
 
 @pytest.fixture(scope="module")
 def dvc_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A git + DVC repo: this checkout's pipeline package, the real clean/bpe/encode stages, tiny params,
+    """A git + DVC repo: this checkout's packages, the real clean/bpe/encode stages, tiny params,
     and a 200k-pair raw corpus where download would put it."""
     repo_root = Path(__file__).resolve().parents[1]
     repo = tmp_path_factory.mktemp("faults") / "template"
     repo.mkdir()
     init_git_dvc(repo)
-    shutil.copytree(repo_root / "pipeline", repo / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("pipeline", "model"):  # the stages import model.config (the params' model section)
+        shutil.copytree(repo_root / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(repo_root / "profiles", repo / "profiles")
     stages = yaml.safe_load((repo_root / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
     (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {s: stages[s] for s in STAGES}}, sort_keys=False))
@@ -250,11 +222,11 @@ def test_clean_hitting_the_file_size_limit_keeps_the_previous_output(workspace: 
 
 def test_encode_hitting_the_file_size_limit_in_a_worker_writes_nothing(workspace: Path) -> None:
     from pipeline import bpe, clean
-    from pipeline.config import load_params
+    from pipeline.core.config import load_params
 
     params, data = load_params(workspace / "params.yaml"), workspace / "data/tiny"
-    clean.stage(params.clean, raw_dir=data / "raw", clean_dir=data / "clean", metrics_path=workspace / "clean.json")
-    bpe.stage(params.bpe, clean_dir=data / "clean", bpe_dir=data / "bpe", metrics_path=workspace / "bpe.json")
+    clean.stage(params.clean, raw_dir=data / "raw", clean_dir=data / "clean")
+    bpe.stage(params.bpe, clean_dir=data / "clean", bpe_dir=data / "bpe")
     proc = stage_cli("encode", workspace, fsize_limit(64 << 10), env={"NMT_ENCODE_WORKERS": "2"})
     assert proc.returncode == 1, proc.stderr
     assert last_line(proc) == (
@@ -267,21 +239,10 @@ def test_encode_hitting_the_file_size_limit_in_a_worker_writes_nothing(workspace
     assert stage_cli("encode", workspace).returncode == 0  # with room to write, the same inputs go through
 
 
-def _multi30k_mirror(root: Path) -> Path:
-    """A local mirror laid out like the Multi30k repository, with the line counts its spec checks."""
-    folder = root / "multi30k/data/task1/raw"
-    folder.mkdir(parents=True)
-    for stem, n in (("train", 29_000), ("val", 1_014), ("test_2016_flickr", 1_000)):
-        for lang, lines in zip(("en", "de"), corpus(n, seed=len(stem))):
-            text = "".join(s + "\n" for s in lines).encode("utf-8")
-            (folder / f"{stem}.{lang}.gz").write_bytes(gzip.compress(text, mtime=0))
-    return root
-
-
 def test_download_through_a_mirror_hitting_the_file_size_limit(tmp_path: Path, repo_root: Path) -> None:
     write_params(tmp_path, repo_root)
     cache = tmp_path / "cache"
-    env = {"NMT_DATA_MIRROR": str(_multi30k_mirror(tmp_path / "mirror")), "NMT_DOWNLOAD_CACHE": str(cache)}
+    env = {"NMT_DATA_MIRROR": str(multi30k_mirror(tmp_path / "mirror")), "NMT_DOWNLOAD_CACHE": str(cache)}
     proc = stage_cli("download", tmp_path, fsize_limit(256 << 10), env=env)
     assert proc.returncode == 1, proc.stderr
     assert re.fullmatch(

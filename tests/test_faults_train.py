@@ -19,10 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import batching, checkpoint, faults, launch, preflight
-from pipeline.errors import CheckpointError, ConfigError, PipelineError
-from tests import faultutil as fu
-from tests.test_train import make_workspace, run_inprocess, tiny_params
+from pipeline import launch
+from pipeline.core.errors import CheckpointError, ConfigError, PipelineError
+from pipeline.data import batching
+from pipeline.training import checkpoint, faults, preflight
+from tests.helpers import faultutil as fu
+from tests.helpers.train import make_workspace, run_inprocess, tiny_params
 
 MAX_STEPS = 10
 

@@ -2,7 +2,7 @@
 
 A temporary git + DVC repository holds this checkout's dvc.yaml, profiles and the code folders
 its stages depend on, with the tiny profile as params.yaml. Data comes from a synthetic
-Multi30k-shaped mirror (``tests/mirror.py``), MLflow writes to a temporary SQLite store and
+Multi30k-shaped mirror (``tests/helpers/mirror.py``), MLflow writes to a temporary SQLite store and
 Prefect is the test harness's temporary API. The flow runs twice: in-process (everything runs),
 then as ``python -m flows.pipeline`` (everything is skipped; what it prints is the run's report).
 The assertions share those two runs.
@@ -27,15 +27,14 @@ import yaml
 
 from flows.pipeline import ARTIFACT_KEY, dvc_stages, wmt14_pipeline
 from flows.report import AUDIT_ARTIFACT_KEY
-from pipeline.config import flatten
-from pipeline.profiles import merged_profile, write_profile
-from pipeline.runner import stage_lock_md5, stage_metrics_file
-from tests.mirror import write_multi30k_mirror
-from tests.repoutil import git as _git
-from tests.repoutil import init_git_dvc
+from pipeline.core import stages
+from pipeline.core.config import flatten
+from pipeline.project.profiles import merged_profile, write_profile
+from tests.helpers.mirror import write_multi30k_mirror
+from tests.helpers.repoutil import git as _git
+from tests.helpers.repoutil import init_git_dvc
 
 pytestmark = pytest.mark.slow
-pytest_plugins = ("tests.prefect_fixtures",)
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_NAME = "wmt14-transformer"
@@ -168,10 +167,10 @@ def test_mlflow_parent_per_flow_run_and_one_child_per_stage_that_ran(tiny: TinyR
     repo, metrics_dir = tiny.repo, Path(_params(tiny.repo)["paths"]["metrics"])
     lock = yaml.safe_load((repo / "dvc.lock").read_text(encoding="utf-8"))
     head = _git(repo, "rev-parse", "HEAD")
-    # Which stages open a run: those whose metrics JSON records one (audit writes reports only).
+    # Which stages open a run: those whose details JSON records one.
     recorded = {}
     for stage in dvc_stages(repo):
-        path = repo / stage_metrics_file(metrics_dir, stage)
+        path = repo / stages.details_file(metrics_dir, stage)
         run_id = json.loads(path.read_text()).get("mlflow_run_id") if path.is_file() else None
         if run_id:
             recorded[stage] = run_id
@@ -191,7 +190,7 @@ def test_mlflow_parent_per_flow_run_and_one_child_per_stage_that_ran(tiny: TinyR
         assert parent.data.tags["profile"] == "tiny"
     for child in (r for r in runs if r.data.tags.get("mlflow.parentRunId") == tiny.first["mlflow_run_id"]):
         stage = child.data.tags["stage"]
-        assert child.data.tags["dvc_lock_md5"] == stage_lock_md5(lock, stage) != ""
+        assert child.data.tags["dvc_lock_md5"] == stages.lock_md5(lock, stage) != ""
         assert child.data.tags["git_commit"] == head and child.data.tags["git_dirty"] == "false"
         assert child.data.tags["prefect.flow_run_id"] == tiny.first_id
     # Both runs end at the same dvc.lock (the second changed nothing).
@@ -205,7 +204,7 @@ def test_mlflow_parent_per_flow_run_and_one_child_per_stage_that_ran(tiny: TinyR
 
 
 def test_registered_candidate_translates_from_a_fresh_process_elsewhere(tiny: TinyRuns, tmp_path: Path) -> None:
-    register = json.loads((tiny.repo / _params(tiny.repo)["paths"]["metrics"] / "register.json").read_text())
+    register = json.loads((tiny.repo / _params(tiny.repo)["paths"]["metrics"] / "register.details.json").read_text())
     assert register["alias_moved"] and register["model_name"] == MODEL_NAME
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -248,7 +247,7 @@ def test_report_and_artifacts_point_at_audit_mlflow_ui_and_registry(tiny: TinyRu
     params = _params(tiny.repo)
     audit_rel = f"{params['paths']['reports']}/audit.md"
     audit_md = (tiny.repo / audit_rel).read_text(encoding="utf-8")
-    register = json.loads((tiny.repo / params["paths"]["metrics"] / "register.json").read_text())
+    register = json.loads((tiny.repo / params["paths"]["metrics"] / "register.details.json").read_text())
     for md, flow_run_id in ((tiny.first["markdown"], tiny.first_id), (tiny.second_stdout, tiny.second_id)):
         assert "## BLEU" in md and "| test | bleu |" in md
         assert f"Report: `{audit_rel}`" in md

@@ -22,9 +22,9 @@ import yaml
 
 from flows.dvc_task import live_process_groups, run_in_group, stage_status
 from flows.pipeline import ARTIFACT_KEY, StageFailed, dvc_stages, wmt14_pipeline
-from pipeline.errors import PipelineError
-from tests.repoutil import git as _git
-from tests.repoutil import init_git_dvc
+from pipeline.core.errors import PipelineError
+from tests.helpers.repoutil import git as _git
+from tests.helpers.repoutil import init_git_dvc
 
 pytestmark = pytest.mark.slow
 
@@ -59,21 +59,21 @@ TOY = textwrap.dedent('''
         tmp.write_text(f"{child.pid} {os.getpid()}")
         tmp.rename(args[0])
         time.sleep(60)
-    elif mode == "bleu":                      # bleu OUT: a bleu.json shaped like the evaluate stage's
+    elif mode == "bleu":                      # bleu OUT: evaluate.details.json shaped like the evaluate stage's
         sig = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.1"
         report = {s: {"bleu": b, "chrf": 50.0, "signatures": {"bleu": sig, "chrf": "chrF2"}}
                   for s, b in (("valid", 25.25), ("test", 27.31))}
         report["chosen"] = {"beam": 4, "alpha": 0.6, "chosen_on": "valid"}
-        (metrics_dir() / "bleu.json").parent.mkdir(parents=True, exist_ok=True)
-        (metrics_dir() / "bleu.json").write_text(json.dumps(report))
+        (metrics_dir() / "evaluate.details.json").parent.mkdir(parents=True, exist_ok=True)
+        (metrics_dir() / "evaluate.details.json").write_text(json.dumps(report))
         Path(args[0]).write_text("scored")
     elif mode == "track":                     # track OUT: a child MLflow run like a real stage
-        from pipeline.tracking import stage_run
+        from pipeline.core.tracking import stage_run
         stage = os.environ["DVC_STAGE"]
         with stage_run(stage) as run:
             run.set_tags({"seen_flow_run_id": os.environ.get("NMT_PREFECT_FLOW_RUN_ID", "")})
         metrics_dir().mkdir(parents=True, exist_ok=True)
-        (metrics_dir() / f"{stage}.json").write_text(json.dumps({"mlflow_run_id": run.run_id}))
+        (metrics_dir() / f"{stage}.details.json").write_text(json.dumps({"mlflow_run_id": run.run_id}))
         Path(args[0]).write_text("tracked")
 ''')
 
@@ -272,7 +272,7 @@ def test_sigterm_to_the_flow_process_ends_the_stage_group(repo_root: Path, make_
 def test_tracking_links_parent_child_and_tags_lock_md5(make_repo: MakeRepo, mlflow_sqlite: str) -> None:
     from mlflow.tracking import MlflowClient
 
-    from pipeline.runner import stage_lock_md5
+    from pipeline.core.stages import lock_md5
 
     stages = {"tracked": {"cmd": "python toy.py track out.txt", "deps": ["toy.py"], "outs": ["out.txt"]}}
     repo = make_repo(stages)
@@ -280,12 +280,12 @@ def test_tracking_links_parent_child_and_tags_lock_md5(make_repo: MakeRepo, mlfl
     out = state.result()
     client = MlflowClient(tracking_uri=mlflow_sqlite)
     parent = client.get_run(out["mlflow_run_id"])
-    metrics = json.loads((repo / "metrics" / "paper" / "tracked.json").read_text())
+    metrics = json.loads((repo / "metrics" / "paper" / "tracked.details.json").read_text())
     child = client.get_run(metrics["mlflow_run_id"])
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
     flow_run_id = str(state.state_details.flow_run_id)
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
-    assert child.data.tags["dvc_lock_md5"] == stage_lock_md5(lock, "tracked")
+    assert child.data.tags["dvc_lock_md5"] == lock_md5(lock, "tracked")
     assert child.data.tags["seen_flow_run_id"] == flow_run_id  # reached the stage through its env
     assert parent.data.tags["prefect.flow_run_id"] == flow_run_id
     assert parent.data.tags["produced_by.tracked"] == child.info.run_id

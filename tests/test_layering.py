@@ -1,4 +1,4 @@
-"""Imports point one way (DESIGN §1): flows -> (subprocess) dvc -> pipeline -> model -> torch."""
+"""Imports point one way (README, Layout): flows -> (subprocess) dvc -> pipeline -> model -> torch."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_only_distributed_and_tracking_touch_their_libraries(path: Path) -> None
 
 
 def test_tracking_imports_no_torch() -> None:
-    assert "torch" not in _top(_imports(REPO / "pipeline" / "tracking.py"))
+    assert "torch" not in _top(_imports(REPO / "pipeline" / "core" / "tracking.py"))
 
 
 @pytest.mark.parametrize("path", _modules("flows"), ids=lambda p: p.name)

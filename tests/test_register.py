@@ -1,7 +1,7 @@
 """Stage ``register`` against a real MLflow SQLite store: pyfunc logged once, registered, alias moved on valid BLEU.
 
 The model is a random tiny ``averaged.pt`` built by the average stage; the evaluate outputs
-(hypotheses, ``bleu.json``) are written by hand so each test controls which model is better.
+(hypotheses, ``evaluate.details.json``) are written by hand so each test controls which model is better.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import EvaluateConfig
-from pipeline.errors import DataError, PipelineError
+from pipeline.core.config import EvaluateConfig
+from pipeline.core.errors import DataError, PipelineError
+from pipeline.core.stage import run_stage
 from pipeline.register import DEFAULT_MODEL_NAME, decide, dvc_datasets, main, paired_bootstrap, stage
-from tests.test_average import make_averaged
+from tests.helpers.models import make_averaged
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = "der Hund sieht die Katze auf dem grünen Rasen vor dem alten Haus am Fluss".split()
@@ -45,7 +46,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _write_eval(root: Path, *, valid_bleu: float, test_hyps: list[str], alpha: float = 0.8) -> dict[str, Path]:
-    """Evaluate's outputs as the register stage reads them (refs in raw/, hyps in eval/, bleu.json)."""
+    """Evaluate's outputs as the register stage reads them (refs in raw/, hyps in eval/, evaluate.details.json)."""
     for sub in ("raw", "eval", "metrics"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     for split in ("valid", "test"):
@@ -54,17 +55,23 @@ def _write_eval(root: Path, *, valid_bleu: float, test_hyps: list[str], alpha: f
     (root / "eval" / "test.hyp.de").write_text("\n".join(test_hyps) + "\n", encoding="utf-8")
     report = {"valid": {"bleu": valid_bleu}, "test": {"bleu": valid_bleu - 1, "signatures": {"bleu": "nrefs:1|x"}},
               "chosen": {"beam": 2, "alpha": alpha}, "mlflow_run_id": None}
-    (root / "metrics" / "bleu.json").write_text(json.dumps(report), encoding="utf-8")
+    (root / "metrics" / "evaluate.details.json").write_text(json.dumps(report), encoding="utf-8")
     (root / "dvc.lock").write_text(yaml.safe_dump(LOCK), encoding="utf-8")
-    return {"eval_dir": root / "eval", "raw_dir": root / "raw", "bleu_path": root / "metrics" / "bleu.json",
-            "metrics_path": root / "metrics" / "register.json", "lock_path": root / "dvc.lock"}
+    return {"eval_dir": root / "eval", "raw_dir": root / "raw", "bleu_path": root / "metrics" / "evaluate.details.json",
+            "lock_path": root / "dvc.lock"}
+
+
+def _details(root: Path) -> Path:
+    return root / "metrics" / "register.details.json"
 
 
 def _register(model_dir: Path, root: Path, *, valid_bleu: float, test_hyps: list[str], alpha: float = 0.8) -> dict:
     """Run the stage; the same model with another chosen α stands in for another model."""
     paths = _write_eval(root, valid_bleu=valid_bleu, test_hyps=test_hyps, alpha=alpha)
-    record = stage(EvaluateConfig(max_len_b=10), model_dir=model_dir, dataset_paths=DATASETS, root=root, **paths)
-    assert json.loads(paths["metrics_path"].read_text(encoding="utf-8")) == record
+    record = run_stage("register", lambda: stage(EvaluateConfig(max_len_b=10), model_dir=model_dir,
+                                                 dataset_paths=DATASETS, root=root, **paths),
+                       metrics_dir=root / "metrics", root=root)
+    assert json.loads(_details(root).read_text(encoding="utf-8")) == record
     return record
 
 
@@ -191,7 +198,7 @@ def test_tracking_off_writes_a_record_and_logs_nothing(model_dir: Path, tmp_path
 
 
 def test_cli_reads_paths_from_params(model_dir: Path, tmp_path: Path, repo_root: Path) -> None:
-    from pipeline.profiles import merged_profile
+    from pipeline.project.profiles import merged_profile
 
     paths = _write_eval(tmp_path, valid_bleu=5.0, test_hyps=GOOD)
     params = merged_profile("tiny", repo_root)
@@ -199,13 +206,13 @@ def test_cli_reads_paths_from_params(model_dir: Path, tmp_path: Path, repo_root:
                            metrics=str(tmp_path / "metrics"))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     assert main(["--params", str(tmp_path / "params.yaml")]) == 0
-    assert json.loads(paths["metrics_path"].read_text(encoding="utf-8"))["tracking"] == "off"
+    assert json.loads(_details(tmp_path).read_text(encoding="utf-8"))["tracking"] == "off"
 
 
 @pytest.mark.parametrize("damage, message", [
     ("no_hyp", r"test\.hyp\.de: not found; run `dvc repro evaluate`"),
     ("short_hyp", r"test\.hyp\.de has 39 lines but .*test\.de has 40: the hypotheses are from another set"),
-    ("bleu_key", r"bleu\.json: lacks 'chosen' .*rerun `dvc repro evaluate`"),
+    ("bleu_key", r"evaluate\.details\.json: lacks 'chosen' .*rerun `dvc repro evaluate`"),
     ("no_model", r"averaged\.pt: not found; run `dvc repro average`"),
 ])
 def test_bad_inputs_are_clear_errors_and_write_nothing(model_dir: Path, tmp_path: Path, damage: str,
@@ -220,8 +227,9 @@ def test_bad_inputs_are_clear_errors_and_write_nothing(model_dir: Path, tmp_path
     elif damage == "no_model":
         model_dir = tmp_path / "empty"
     with pytest.raises(PipelineError, match=message):
-        stage(EvaluateConfig(), model_dir=model_dir, dataset_paths=DATASETS, root=tmp_path, **paths)
-    assert not paths["metrics_path"].exists()
+        run_stage("register", lambda: stage(EvaluateConfig(), model_dir=model_dir, dataset_paths=DATASETS,
+                                            root=tmp_path, **paths), metrics_dir=tmp_path / "metrics", root=tmp_path)
+    assert not _details(tmp_path).exists() and not (tmp_path / "metrics" / "register.json").exists()
 
 
 def test_dvc_datasets_come_from_lock_outs(tmp_path: Path) -> None:

@@ -10,22 +10,26 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.errors import PipelineError
-from pipeline.profiles import write_profile
-from pipeline.runner import run_pipeline, stage_lock_md5
-from tests.repoutil import git, init_git_dvc
+from pipeline.core import stages
+from pipeline.core.errors import PipelineError
+from pipeline.project.profiles import write_profile
+from pipeline.project.runner import run_pipeline
+from tests.helpers.repoutil import git, init_git_dvc
 
 REPO = Path(__file__).resolve().parents[1]
 
-# A stage that behaves like ours: opens its child run, writes its run id into its metrics JSON.
+# A stage that behaves like ours: runs under the stage wrapper, which opens its child run and writes
+# its run id into <stage>.details.json.
 STAGE_CODE = (
-    "from pipeline.tracking import stage_run; from pipeline.stage import write_metrics; "
+    "from pipeline.core import tracking; from pipeline.core.stage import run_stage; "
     "from pathlib import Path; import sys\n"
-    "with stage_run('bpe') as run:\n"
-    "    run.log_metrics({'sentences': 3})\n"
+    "def body():\n"
+    "    tracking.current().log_metrics({'sentences': 3})\n"
     "    Path('out').mkdir(exist_ok=True); Path('out/x.txt').write_text('x')\n"
-    "    write_metrics('metrics/tiny/bpe.json', {'mlflow_run_id': run.run_id})\n"
-    "sys.exit(int(Path('FAIL').exists()))\n"
+    "    if Path('FAIL').exists():\n"
+    "        sys.exit(1)\n"
+    "    return {'sentences': 3}\n"
+    "run_stage('bpe', body, metrics_dir='metrics/tiny')\n"
 )
 
 
@@ -37,7 +41,8 @@ def workspace(tmp_path: Path) -> Path:
     write_profile("tiny", REPO, ws / "params.yaml")
     (ws / "stage.py").write_text(STAGE_CODE)
     (ws / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"bpe": {
-        "cmd": f"{sys.executable} stage.py", "deps": ["stage.py"], "params": ["bpe"], "outs": ["out"],
+        "cmd": f"{sys.executable} stage.py", "deps": ["stage.py"], "params": ["bpe"],
+        "outs": ["out", {"metrics/tiny/bpe.details.json": {"cache": False}}],
         "metrics": [{"metrics/tiny/bpe.json": {"cache": False}}]}}}))
     init_git_dvc(ws)
     git(ws, "commit", "-q", "--allow-empty", "-m", "init")
@@ -58,7 +63,7 @@ def test_parent_run_links_stage_runs_and_tags_their_lock_md5(workspace: Path, ml
     assert parent.data.tags["pipeline"] == "true" and parent.data.params["train.max_steps"] == "20"
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
     lock = yaml.safe_load((workspace / "dvc.lock").read_text())
-    assert child.data.tags["dvc_lock_md5"] == stage_lock_md5(lock, "bpe") != ""
+    assert child.data.tags["dvc_lock_md5"] == stages.lock_md5(lock, "bpe") != ""
     assert parent.data.tags["produced_by.bpe"] == child.info.run_id
 
     # Second pipeline run: DVC skips the stage, the new parent still points at the run that produced it.
@@ -78,5 +83,7 @@ def test_failing_stage_fails_the_parent_run(workspace: Path, mlflow_sqlite: str)
 
 def test_tracking_off_runs_without_a_store(workspace: Path) -> None:
     assert run_pipeline(stages=["bpe"], root=workspace) == 0
-    assert json.loads((workspace / "metrics/tiny/bpe.json").read_text())["mlflow_run_id"] is None
+    assert json.loads((workspace / "metrics/tiny/bpe.details.json").read_text())["mlflow_run_id"] is None
+    assert json.loads((workspace / "metrics/tiny/bpe.json").read_text()) == {"sentences": 3,
+                                                                             "seconds": pytest.approx(0, abs=60)}
     assert not (workspace / ".mlflow").exists()

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import DataError
-from pipeline.scoring import METRIC_KEYS, compound_split, score_corpus, score_files, tokenize_for_paper_bleu
-from pipeline.textio import write_lines
+from pipeline.core.errors import DataError
+from pipeline.core.textio import write_lines
+from pipeline.inference.scoring import METRIC_KEYS, compound_split, score_corpus, score_files, tokenize_for_paper_bleu
 
 REFS = [
     "Gutach: Noch mehr Sicherheit für Fußgänger",

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.stage import redact
-from tests.test_faults_data import _multi30k_mirror, write_params, write_raw
+from pipeline.core.stage import redact
+from tests.helpers.data_faults import multi30k_mirror, write_params, write_raw
 
 REPO = Path(__file__).resolve().parents[1]
 ALL_INTERFACES = re.compile(r"0\.0\.0\.0|\bINADDR_ANY\b|--host[ =]+::|bind\(\(\s*['\"]{2}")
@@ -172,7 +172,7 @@ def _files_holding(root: Path, secret: str) -> list[str]:
 
 def test_mirror_credentials_are_sent_but_never_printed_or_stored(tmp_path: Path, repo_root: Path) -> None:
     write_params(tmp_path / "work", repo_root)
-    mirror = _multi30k_mirror(tmp_path / "mirror")
+    mirror = multi30k_mirror(tmp_path / "mirror")
     cache = tmp_path / "work" / "cache"
     with basic_auth_server(mirror, "alice", SECRET) as (url, seen):
         host = url.removeprefix("http://")

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
-from pipeline.decoding import load_translator
-from pipeline.errors import CheckpointError
-from pipeline.textio import read_lines
-from pipeline.translate import read_input, translate_lines
-from tests.test_average import make_averaged
+from pipeline.core.errors import CheckpointError
+from pipeline.core.textio import read_lines
+from pipeline.inference.decoding import load_translator
+from pipeline.inference.translate import read_input, translate_lines
+from tests.helpers.models import make_averaged
 
 LONG = " ".join(["Gutach Sicherheit für Fußgänger"] * 60)  # far beyond max_positions (64)
 

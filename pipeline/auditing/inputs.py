@@ -1,0 +1,158 @@
+"""What the audit reads: params, the paper profile, the stages' metrics, manifests, the newest
+checkpoint's state, ``averaged.pt``, ``dvc.lock``, git and the environment (:class:`Inputs`)."""
+
+from __future__ import annotations
+
+import logging
+import platform
+import subprocess
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.core import stages
+from pipeline.core.config import Params, section_dict
+from pipeline.core.errors import DataError, PipelineError
+from pipeline.core.stage import read_json
+from pipeline.core.textio import sha256_file
+from pipeline.inference import model_file
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+PAPER_PROFILE = Path("profiles") / "paper.yaml"
+
+
+@dataclass
+class Inputs:
+    """Everything the audit reads; ``None`` marks an input that does not exist (yet)."""
+
+    params: dict[str, Any]
+    params_sha256: str
+    paper_profile: dict[str, Any] | None
+    metrics: dict[str, dict[str, Any] | None]
+    raw_manifest: dict[str, Any] | None
+    shards_manifest: dict[str, Any] | None
+    shards_manifest_sha256: str | None
+    state: dict[str, Any] | None
+    state_path: str | None
+    model: dict[str, Any] | None
+    lock: dict[str, Any] | None
+    git: dict[str, Any]
+    environment: dict[str, Any] = field(default_factory=dict)
+    replay: dict[str, Any] = field(default_factory=dict)
+
+
+def read_optional_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object, or None when the file does not exist.
+
+    Raises:
+        PipelineError: the file exists but is not valid JSON or not an object (names the file).
+    """
+    if not path.is_file():
+        return None
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: expected a JSON object, got {type(data).__name__}; "
+                        "delete it and rerun the stage that writes it")
+    return data
+
+
+def read_yaml(path: Path) -> dict[str, Any] | None:
+    """A YAML mapping, or None when the file does not exist.
+
+    Raises:
+        PipelineError: the file exists but is not a valid YAML mapping (names the file).
+    """
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise PipelineError(f"{path}: not valid YAML ({exc}); restore it from git or rerun `dvc repro`") from None
+    if not isinstance(data, dict):
+        raise PipelineError(f"{path}: expected a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+
+def git_state(root: Path) -> dict[str, Any]:
+    """Commit and dirty flag of ``root`` (tracked files; dvc.lock ignored: DVC rewrites it mid-run)."""
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True,
+                                  timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {"commit": None, "dirty": None, "dirty_paths": []}
+    status = git("status", "--porcelain", "--untracked-files=no") or ""
+    paths = sorted(line[3:] for line in status.splitlines() if line[3:] and line[3:] != "dvc.lock")
+    return {"commit": commit.strip(), "dirty": bool(paths), "dirty_paths": paths}
+
+
+def environment(metrics: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+    """Versions of the audit's environment and the devices the stages recorded."""
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+    train, bleu = metrics.get("train") or {}, metrics.get("evaluate") or {}
+    return {"python": platform.python_version(), "torch": version("torch"), "sacrebleu": version("sacrebleu"),
+            "sentencepiece": version("sentencepiece"), "dvc": version("dvc"), "mlflow": version("mlflow"),
+            "train_device": train.get("device"), "train_device_name": train.get("device_name"),
+            "train_world_size": train.get("world_size"), "evaluate_device": bleu.get("device")}
+
+
+def previous_replay(path: Path | None) -> dict[str, Any] | None:
+    """The ``replay`` section of the previous ``audit.json`` (None if absent, unreadable or of another format)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = read_optional_json(path)
+    except PipelineError as exc:  # the audit's own output, replaced by this run: not worth failing for
+        log.warning("ignoring the previous audit: %s", exc)
+        return None
+    section = (data or {}).get("replay")
+    return section if isinstance(section, dict) else None
+
+
+def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Path,
+                previous_audit: Path | None = None) -> Inputs:
+    """Read every input the audit uses (missing ones become None; malformed ones raise, naming the file).
+
+    ``previous_audit`` is the audit.json this run replaces (its replay record is compared with now).
+    """
+    from pipeline.auditing.replay import replay
+    from pipeline.training import checkpoint
+
+    paths = params.paths
+    raw_params = section_dict(params)
+    metrics = {name: read_optional_json(stages.details_file(root / paths.metrics, name)) for name in stages.NAMES
+               if name not in ("register", "audit")}
+    shards_manifest_path = root / paths.shards / "manifest.json"
+    newest = checkpoint.latest(root / paths.train)
+    state_path = newest / checkpoint.STATE if newest is not None else None
+    state = read_optional_json(state_path) if state_path is not None else None
+    profile_file = root / PAPER_PROFILE
+    if not profile_file.is_file():  # a workspace without profiles/: use the one beside this code
+        profile_file = Path(__file__).resolve().parents[2] / PAPER_PROFILE
+    lock = read_yaml(lock_file)
+    return Inputs(
+        params=raw_params, params_sha256=sha256_file(params_file), paper_profile=read_yaml(profile_file),
+        metrics=metrics, raw_manifest=read_optional_json(root / paths.raw / "manifest.json"),
+        shards_manifest=read_optional_json(shards_manifest_path),
+        shards_manifest_sha256=sha256_file(shards_manifest_path) if shards_manifest_path.is_file() else None,
+        state={k: v for k, v in state.items() if k != "history"} if state else None,
+        state_path=str(Path(paths.train) / newest.name / checkpoint.STATE) if newest is not None else None,
+        model=model_file.describe(model_file.path_in(root / paths.model)), lock=lock,
+        git=git_state(root), environment=environment(metrics),
+        replay=replay(params=raw_params, bleu=metrics["evaluate"], lock=lock, root=root,
+                      previous=previous_replay(previous_audit)))
+
+

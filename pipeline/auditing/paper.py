@@ -1,0 +1,346 @@
+"""The paper's base configuration and results as constants (with sources), and the audit's verdicts.
+
+Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762 (sections cited as §). Every
+item is ``{"item", "paper", "run", "verdict", "deviation", "note", "source"}``; ``verdict`` is
+``matches``, ``deviates`` (``deviation`` names it) or ``not measured``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.auditing.inputs import Inputs
+
+ARXIV = "Vaswani et al. 2017, arXiv:1706.03762"
+PAPER: dict[str, Any] = {
+    "reference": ARXIV,
+    "dataset": "WMT 2014 English-German, about 4.5M sentence pairs (§5.1)",
+    "train_pairs": 4_500_000,
+    "parameters": 65_000_000,
+    "steps": 100_000,
+    "tokens_per_step": 25_000,
+    "target_tokens": 100_000 * 25_000,
+    "wall_clock_hours": 12.0,
+    "gpus": 8,
+    "gpu": "NVIDIA P100",
+    "gpu_hours": 96.0,
+    "step_seconds": 0.4,
+    "bleu_en_de": 27.3,
+    "bleu_method": "Moses-tokenised, compound-split (##AT##-##AT##), multi-bleu.perl; newstest2014 (3,003 lines)",
+    "test_sentences": 3003,
+}
+#: 27.3 on the paper's metric ≈ this range in sacreBLEU 13a cased: tokenised, compound-split BLEU runs
+#: 0.7-1.4 above sacreBLEU on the same outputs (Post 2018, "A Call for Clarity in Reporting BLEU Scores",
+#: https://aclanthology.org/W18-6319, shows gaps up to 1.8 between common configurations).
+SACREBLEU_EQUIVALENT = (25.9, 26.6)
+BLEU_TOLERANCE = 0.5
+BLEU_GAP = {
+    "explanation": (
+        "The paper's 27.3 was computed on Moses-tokenised, compound-split text (hyphens between word characters "
+        "become ##AT##-##AT##) with multi-bleu.perl (L. Kaiser, https://github.com/tensorflow/tensor2tensor/issues/61;"
+        " tensor2tensor utils/get_ende_bleu.sh). sacreBLEU 13a scores detokenised text with its own tokeniser and "
+        "gives 0.7-1.4 points less on the same outputs. bleu_tok_split reproduces the paper's procedure "
+        "(sacremoses tokens, compound split, sacreBLEU tokenize=none, no smoothing) and is the figure to set beside "
+        "27.3; 27.3 corresponds to about 25.9-26.6 sacreBLEU 13a cased on wmt14/full."),
+    "evidence": [
+        {"figures": "fairseq big, same outputs: 29.29 tokenised+split vs 28.6 sacreBLEU 13a (gap 0.7)",
+         "source": "facebookresearch/fairseq examples/scaling_nmt/README.md"},
+        {"figures": "sgrvinod base, same outputs: 26.49 get_ende_bleu.sh vs 25.1 sacreBLEU 13a (gap 1.4)",
+         "source": "sgrvinod/a-PyTorch-Tutorial-to-Transformers README.md"},
+        {"figures": "compound splitting alone: +0.7-1 BLEU",
+         "source": "https://github.com/tensorflow/tensor2tensor/issues/317"},
+        {"figures": "common BLEU configurations differ by up to 1.8 points",
+         "source": "Post 2018, A Call for Clarity in Reporting BLEU Scores, https://aclanthology.org/W18-6319"},
+    ],
+}
+#: params whose value never changes results (placement, logging, retries, decoding batch budget).
+NEUTRAL_KEYS = frozenset({"profile", "paths", "seed", "download.retries", "download.timeout_s", "download.sha256",
+                          "encode.shard_rows", "train.keep_last", "train.valid_every_steps", "train.log_every_steps",
+                          "evaluate.max_tokens"})
+
+
+def fmt(value: Any) -> str:
+    """A value as params.yaml would spell it (``true``, ``[1, 4]``, ``multi30k``, ``1e-09``)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10_000:
+        return f"{value:,}"
+    return json.dumps(value)
+
+
+def millions(n: float) -> str:
+    """``63.1M``; small counts keep three decimals (``0.031M``)."""
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e6:.3f}M"
+
+
+def approx(run: float, paper: float, rel: float) -> bool:
+    """Whether ``run`` is within ``rel`` (relative) of ``paper``."""
+    return abs(run - paper) <= rel * abs(paper)
+
+
+def item(name: str, *, paper: str, run: str | None, ok: bool | None, deviation: str = "", note: str = "",
+         source: str = "") -> dict[str, Any]:
+    """One audit line; ``ok`` None means not measured (``run`` then says why)."""
+    verdict = "not measured" if ok is None else "matches" if ok else "deviates"
+    return {"item": name, "paper": paper, "run": run if run is not None else "not measured", "verdict": verdict,
+            "deviation": deviation if verdict == "deviates" else "", "note": note, "source": source}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A paper setting: the params key(s) it maps to and how a value is judged."""
+
+    name: str
+    keys: tuple[str, ...]
+    paper: tuple[Any, ...]
+    text: str
+    source: str
+    rel: float = 0.0
+    derive: Callable[[dict[str, Any]], Any] | None = None
+
+    def check(self, flat: dict[str, Any]) -> dict[str, Any]:
+        """The item for flattened params ``flat``; a deviation names each differing key."""
+        if self.derive is not None:
+            value = self.derive(flat)
+            ok = value == self.paper[0]
+            label = f"{self.keys[0]} / {self.keys[1]} = {fmt(value)}"
+            return item(self.name, paper=self.text, run=f"{fmt(value)} (d_model / n_heads)", ok=ok, source=self.source,
+                        deviation=f"{label} (paper: {self.text})")
+        bad = []
+        for key, expected in zip(self.keys, self.paper):
+            value = flat.get(key)
+            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+            same = approx(value, expected, self.rel) if numeric and self.rel else value == expected
+            if not same:
+                bad.append(f"{key} = {fmt(value)}")
+        run = ", ".join(f"{k.split('.')[-1]} {fmt(flat.get(k))}" for k in self.keys)
+        return item(self.name, paper=self.text, run=run, ok=not bad, source=self.source,
+                    deviation=f"{'; '.join(bad)} (paper: {self.text})")
+
+
+def _d_k(flat: dict[str, Any]) -> int:
+    return flat["model.d_model"] // flat["model.n_heads"]
+
+
+S = Setting
+PAPER_SETTINGS: tuple[Setting, ...] = (
+    S("Dataset", ("download.dataset",), ("wmt14",), "WMT14 EN-DE (~4.5M pairs)", "§5.1"),
+    S("Shared BPE vocabulary", ("bpe.vocab_size",), (37000,), "~37,000 shared source-target BPE", "§5.1", rel=0.05),
+    S("Layers N (encoder, decoder)", ("model.n_layers",), (6,), "6", "Table 3 (base)"),
+    S("d_model", ("model.d_model",), (512,), "512", "Table 3 (base)"),
+    S("d_ff", ("model.d_ff",), (2048,), "2048", "Table 3 (base)"),
+    S("Attention heads h", ("model.n_heads",), (8,), "8", "Table 3 (base)"),
+    S("d_k = d_v", ("model.d_model", "model.n_heads"), (64,), "64", "Table 3 (base)", derive=_d_k),
+    S("Residual dropout P_drop", ("model.dropout",), (0.1,), "0.1", "§5.4, Table 3"),
+    S("Normalisation", ("model.pre_norm",), (False,), "post-norm, LayerNorm(x + Sublayer(x))", "§3.1"),
+    S("Label smoothing ε_ls", ("train.label_smoothing",), (0.1,), "0.1", "§5.4, Table 3"),
+    S("Adam β1, β2, ε", ("train.adam_beta1", "train.adam_beta2", "train.adam_eps"), (0.9, 0.98, 1e-9),
+      "0.9, 0.98, 1e-9", "§5.3"),
+    S("Weight decay", ("train.weight_decay",), (0.0,), "none (plain Adam)", "§5.3"),
+    S("Gradient clipping", ("train.clip_norm",), (0.0,), "none", "§5.3 (none described)"),
+    S("Learning-rate formula", ("train.lr_scale",), (1.0,),
+      "lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), scale 1.0", "§5.3, eq. 3"),
+    S("Warmup steps", ("train.warmup_steps",), (4000,), "4000", "§5.3"),
+    S("Tokens per step", ("train.tokens_per_step",), (25000,), "~25,000 source + ~25,000 target tokens",
+      "§5.1", rel=0.1),
+    S("Training steps", ("train.max_steps",), (100_000,), "100,000", "§5.2, Table 3"),
+    S("Epoch / time limit", ("train.max_epochs", "train.max_minutes"), (0, 0.0), "none: 100,000 steps", "§5.2"),
+    S("Checkpoint interval", ("train.save_every_steps",), (1500,),
+      "every 10 minutes (~1,500 steps at 0.4 s/step)", "§6.1, §5.2", rel=0.5),
+    S("Checkpoints averaged", ("average.last_n",), (5,), "last 5", "§6.1"),
+    S("Beam size", ("evaluate.beam_sizes",), ([4],), "4", "§6.1"),
+    S("Length penalty α", ("evaluate.alphas",), ([0.6],), "0.6", "§6.1"),
+    S("Maximum output length", ("evaluate.max_len_a", "evaluate.max_len_b"), (1.0, 50), "input length + 50",
+      "§6.1"),
+)
+
+
+def _model_items(inp: Inputs) -> list[dict[str, Any]]:
+    model, avg = inp.model, inp.metrics.get("average") or {}
+    paper_n = PAPER["parameters"]
+    if model is not None:
+        n, where = model["total"], "averaged.pt state_dict (tied embedding counted once)"
+    elif "parameters" in avg:
+        n, where = int(avg["parameters"]), "average.details.json"
+    else:
+        n, where = None, ""
+    params = item("Parameters", paper="65M (Table 3)", run=None if n is None else f"{n:,} ({millions(n)})",
+                  ok=None if n is None else approx(n, paper_n, 0.05), source="Table 3",
+                  deviation=f"{millions(n or 0)} parameters (paper: 65M)",
+                  note=f"from {where}; within 5% counts as matching (37k BPE base = 63.1M)" if n else "")
+    tied = item("Tied embeddings", paper="source, target and pre-softmax weights shared", source="§3.4",
+                run=None if model is None else "one shared embedding" if model["tied"] else "separate matrices",
+                ok=None if model is None else model["tied"], deviation="embeddings are not tied (paper: shared)")
+    pos = item("Positions", paper="sinusoidal (fixed)", source="§3.5",
+               run=None if model is None else "learned" if model["learned_positions"] else "sinusoidal buffer",
+               ok=None if model is None else not model["learned_positions"],
+               deviation="learned positions (paper: sinusoidal)")
+    return [params, tied, pos]
+
+
+def _hours(train: dict[str, Any]) -> tuple[float | None, str]:
+    if train.get("resumed_from_step") is None and "wall_seconds" in train:
+        return train["wall_seconds"] / 3600, "wall-clock of the training stage"
+    if "train_seconds" in train:
+        return train["train_seconds"] / 3600, "cumulative step time (resumed run; excludes restarts)"
+    return None, ""
+
+
+def _training_items(inp: Inputs) -> list[dict[str, Any]]:
+    train = inp.metrics.get("train") or {}
+    state = inp.state or {}
+    steps = train.get("step", state.get("step"))
+    tokens = train.get("tokens_seen", state.get("tokens_seen"))
+    out = [item("Steps trained", paper="100,000", run=None if steps is None else f"{steps:,}",
+                ok=None if steps is None else steps == PAPER["steps"], source="§5.2",
+                deviation=f"{steps or 0:,} steps (paper: 100,000)")]
+    per_step = tokens / steps if tokens is not None and steps else None
+    out.append(item("Target tokens trained", paper="~2.5B (100k steps x ~25k)", source="§5.1-5.2",
+                    run=None if tokens is None else f"{tokens:,}",
+                    deviation=f"{tokens or 0:,} target tokens (paper: ~2.5B)",
+                    ok=None if tokens is None else approx(tokens, PAPER["target_tokens"], 0.1)))
+    out.append(item("Target tokens per step", paper="~25,000", source="§5.1", note="non-pad target tokens",
+                    run=None if per_step is None else f"{per_step:,.0f}",
+                    ok=None if per_step is None else approx(per_step, PAPER["tokens_per_step"], 0.1),
+                    deviation=f"{per_step or 0:,.0f} target tokens per step (paper: ~25,000)"))
+    hours, how = _hours(train)
+    out.append(item("Training time", paper="12 h", source="§5.2", note=how, run=None if hours is None else
+                    f"{hours:.3f} h" if hours >= 0.1 else f"{hours:.3f} h ({hours * 3600:.1f} s)",
+                    ok=None if hours is None else approx(hours, PAPER["wall_clock_hours"], 0.1),
+                    deviation=f"{hours or 0:.3f} h (paper: 12 h)"))
+    device, world = train.get("device"), train.get("world_size", state.get("world_size"))
+    name = train.get("device_name") or device
+    hw = None if device is None else f"{world} x {name}"
+    out.append(item("Hardware", paper="8 x NVIDIA P100", source="§5.2", run=hw, deviation=f"{hw} (paper: 8 x P100)",
+                    ok=None if device is None else world == 8 and "P100" in str(name),
+                    note="" if device else "train.json records no device"))
+    gpu_h = hours * world if hours is not None and world and str(device).startswith("cuda") else None
+    why = None if gpu_h is not None else ("no GPU: trained on " + str(device)) if device else None
+    out.append(item("GPU-hours", paper="96 P100-hours (8 x 12 h)", source="§5.2",
+                    run=f"{gpu_h:.2f}" if gpu_h is not None else why and f"not measured ({why})",
+                    ok=None if gpu_h is None else approx(gpu_h, PAPER["gpu_hours"], 0.1),
+                    deviation=f"{gpu_h or 0:.2f} GPU-hours on {name} (paper: 96 P100-hours)",
+                    note="wall-clock x world size; different GPUs: hours, not work"))
+    return out
+
+
+def _data_items(inp: Inputs) -> list[dict[str, Any]]:
+    download, clean = inp.metrics.get("download") or {}, inp.metrics.get("clean") or {}
+    pairs = (download.get("pairs") or {}).get("train")
+    kept = (clean.get("train") or {}).get("pairs_out")
+    rows = ((inp.shards_manifest or {}).get("splits") or {}).get("train", {}).get("rows")
+    note = ", ".join(f"{label} {n:,}" for label, n in (("after clean", kept), ("in shards", rows)) if n is not None)
+    out = [item("Training pairs (downloaded)", paper="~4.5M", source="§5.1", note=note,
+                run=None if pairs is None else f"{pairs:,}", deviation=f"{pairs or 0:,} training pairs (paper: ~4.5M)",
+                ok=None if pairs is None else approx(pairs, PAPER["train_pairs"], 0.05))]
+    vocab = (inp.metrics.get("bpe") or {}).get("vocab_size") or (inp.shards_manifest or {}).get("vocab_size")
+    out.append(item("BPE vocabulary (built)", paper="~37,000", source="§5.1",
+                    run=None if vocab is None else f"{vocab:,}",
+                    ok=None if vocab is None else approx(vocab, 37000, 0.05),
+                    deviation=f"{vocab or 0:,} BPE pieces (paper: ~37,000)"))
+    return out
+
+
+def _bleu_items(inp: Inputs) -> list[dict[str, Any]]:
+    bleu = inp.metrics.get("evaluate")
+    test = (bleu or {}).get("test") or {}
+    wmt = (inp.params.get("download") or {}).get("dataset") == "wmt14"
+    n = test.get("sentences")
+    comparable = wmt and n == PAPER["test_sentences"]
+    why = (f"{(inp.params.get('download') or {}).get('dataset')} test set, not newstest2014" if not wmt else
+           f"test set of {n} sentences (newstest2014 full: 3,003)")
+    out = []
+    for key, paper, floor, label, source in (
+            ("bleu_tok_split", "27.3", PAPER["bleu_en_de"] - BLEU_TOLERANCE, "BLEU, paper's method (tok+split)",
+             "Table 2; tensor2tensor#61"),
+            ("bleu", "~25.9-26.6 (= 27.3 on the paper's metric)", SACREBLEU_EQUIVALENT[0], "BLEU, sacreBLEU 13a",
+             "Post 2018, aclanthology.org/W18-6319")):
+        score = test.get(key)
+        sig = (test.get("signatures") or {}).get(key, "")
+        dev = (f"{score:.2f} on the {why}: not comparable with the paper's {paper}" if not comparable else
+               f"{score:.2f} (paper: {paper}; matching needs >= {floor:.1f})") if score is not None else ""
+        out.append(item(f"{label}, test", paper=paper, run=None if score is None else f"{score:.2f}",
+                        ok=None if score is None else comparable and score >= floor, deviation=dev, source=source,
+                        note=f"signature {sig}" if sig else ""))
+    if bleu is not None:
+        chosen = bleu.get("chosen") or {}
+        ok = chosen.get("beam") == 4 and chosen.get("alpha") == 0.6
+        out.append(item("Decoding used", paper="beam 4, α 0.6", source="§6.1", ok=ok,
+                        run=f"beam {chosen.get('beam')}, α {chosen.get('alpha')} (chosen on valid)",
+                        deviation=f"beam {chosen.get('beam')}, α {chosen.get('alpha')} (paper: beam 4, α 0.6)"))
+    return out
+
+
+def _lineage_items(inp: Inputs) -> list[dict[str, Any]]:
+    checks: list[str] = []
+    spm = {name: (inp.metrics.get(name) or {}).get("spm_sha256") for name in ("bpe", "average")}
+    spm["shards manifest"] = (inp.shards_manifest or {}).get("spm_sha256")
+    known = {k: v for k, v in spm.items() if v}
+    if len(set(known.values())) > 1:
+        checks.append("spm.model sha256 differs: " + ", ".join(f"{k} {v[:12]}" for k, v in sorted(known.items())))
+    if inp.state and inp.shards_manifest_sha256 and inp.state.get("shards_sha256") != inp.shards_manifest_sha256:
+        checks.append(f"{inp.state_path} was trained on shards manifest {str(inp.state.get('shards_sha256'))[:12]}, "
+                      f"the shards manifest is now {inp.shards_manifest_sha256[:12]}")
+    steps = (inp.metrics.get("average") or {}).get("steps")
+    if steps and inp.state and steps[-1] != inp.state.get("step"):
+        checks.append(f"averaged.pt ends at step {steps[-1]} but the newest checkpoint is step {inp.state.get('step')}")
+    checks += _lock_param_drift(inp)
+    measured = inp.lock is not None or bool(known) or inp.state is not None
+    return [item("Lineage consistency", paper="-", ok=None if not measured else not checks,
+                 run=None if not measured else "consistent" if not checks else f"{len(checks)} problem(s)",
+                 deviation="; ".join(checks), source="dvc.lock, manifests, metrics",
+                 note="spm.model, shards, checkpoints and dvc.lock params agree with each other and params.yaml")]
+
+
+def _plain(value: Any) -> Any:
+    """PyYAML reads ``1e-09`` (no dot) as a string where DVC meant a float: compare as numbers."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _lock_param_drift(inp: Inputs) -> list[str]:
+    """Per dvc.lock stage, the params it recorded that differ from params.yaml (its outputs are stale)."""
+    from pipeline.core.config import flatten
+
+    current = flatten(inp.params)
+    out = []
+    for stage, entry in ((inp.lock or {}).get("stages") or {}).items():
+        if stage == "audit":  # its own entry is the previous audit's, rewritten after this one
+            continue
+        outs = [str(o.get("path")) for o in entry.get("outs") or []]
+        mine = [str(v).rstrip("/") for v in (inp.params.get("paths") or {}).values()]
+        if outs and not any(o == m or o.startswith(m + "/") for o in outs for m in mine):
+            out.append(f"dvc.lock stage {stage} records other paths ({outs[0]}), not this profile's: "
+                       "run `dvc repro` to record this profile's outputs")
+            continue
+        recorded = flatten(((entry.get("params") or {}).get("params.yaml")) or {})
+        changed = [f"{key} {fmt(recorded[key])} -> {fmt(current.get(key))}" for key in sorted(recorded)
+                   if _plain(current.get(key)) != _plain(recorded[key])]
+        if changed:
+            out.append(f"dvc.lock stage {stage} ran with other params ({', '.join(changed)}): its outputs are "
+                       f"stale, run `dvc repro`")
+    return out
+
+
+def bleu_figures(bleu: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Every figure of evaluate.details.json with its signature, test first (empty when not measured)."""
+    rows = []
+    for split in ("test", "valid"):
+        figures = (bleu or {}).get(split) or {}
+        for key, sig in sorted((figures.get("signatures") or {}).items()):
+            if isinstance(figures.get(key), (int, float)):
+                rows.append({"set": split, "metric": key, "score": float(figures[key]), "signature": sig})
+    return rows
+
+
+def measured_items(inp: Inputs) -> list[dict[str, Any]]:
+    """Items measured from the run's outputs (each "not measured" while its input is missing)."""
+    return _model_items(inp) + _training_items(inp) + _data_items(inp) + _bleu_items(inp) + _lineage_items(inp)

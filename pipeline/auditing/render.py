@@ -1,0 +1,129 @@
+"""``audit.md``: the audit mapping (see :func:`pipeline.auditing.report.build_audit`) as markdown tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.auditing.paper import PAPER, fmt
+
+_MARK = {"matches": "matches", "deviates": "**deviates**", "not measured": "*not measured*"}
+
+
+def _cell(value: Any) -> str:
+    text = value if isinstance(value, str) else fmt(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _items(items: list[dict[str, Any]]) -> list[str]:
+    rows = [(i["item"], i["paper"], i["run"], _MARK[i["verdict"]], i["note"], i["source"]) for i in items]
+    return _table(("item", "paper", "this run", "verdict", "note", "source"), rows)
+
+
+def _verdicts(audit: dict[str, Any]) -> list[str]:
+    lines = ["## Verdicts", ""]
+    for i in audit["configuration"] + audit["measured"] + audit["replay"].get("items", []):
+        text = f" {i['deviation']}" if i["deviation"] else f" {i['run']}" if i["verdict"] == "matches" else ""
+        lines.append(f"- {i['item']}: {i['verdict']}" + (f" —{text}" if text.strip() else ""))
+    return lines + [""]
+
+
+def _differences(audit: dict[str, Any]) -> list[str]:
+    diffs = audit["profile_differences"]
+    lines = ["## Keys that differ from profiles/paper.yaml", ""]
+    if not diffs:
+        return lines + ["None: this is the paper profile.", ""]
+    kinds = {"paper": "paper setting (see above)", "unspecified": "deviation (the paper is silent)",
+             "operational": "operational (results unchanged)"}
+    rows = [(d["key"], d["paper_profile"], d["run"], kinds[d["kind"]]) for d in diffs]
+    return lines + _table(("key", "paper profile", "this run", "kind"), rows)
+
+
+def _bleu(audit: dict[str, Any]) -> list[str]:
+    lines = ["## BLEU in every signature", ""]
+    if audit["bleu_figures"]:
+        lines += [f"- {f['set']} `{f['metric']}` = {f['score']:.2f}, signature `{f['signature']}`"
+                  for f in audit["bleu_figures"]] + [""]
+    else:
+        lines += ["Not measured: evaluate.details.json does not exist yet (run `dvc repro evaluate`).", ""]
+    gap = audit["bleu_gap"]
+    lines += [f"Paper: {PAPER['bleu_en_de']} ({PAPER['bleu_method']}).", "", gap["explanation"], ""]
+    lines += [f"- {e['figures']} ({e['source']})" for e in gap["evidence"]]
+    return lines + [""]
+
+
+def _replay(replay: dict[str, Any]) -> list[str]:
+    lines = ["## Replay", "",
+             ("Are evaluate.details.json's figures what the hypothesis files on disk score, are those files what dvc.lock "
+              "recorded for the evaluate stage, and did the previous evaluation of the same model give the same "
+              "BLEU? (`dvc repro -f evaluate` followed by `dvc repro audit` checks a forced re-evaluation.)"), ""]
+    lines += _items(replay.get("items", []))
+    if replay.get("hypotheses_md5"):
+        lines += [f"Hypotheses directory md5 (as DVC computes it): `{replay['eval_dir_md5']}`", ""]
+        sha = replay["record"]["hypotheses_sha256"]
+        lines += _table(("file", "md5", "sha256"), [(rel, md5, sha.get(rel) or "")
+                                                     for rel, md5 in replay["hypotheses_md5"].items()])
+    return lines
+
+
+def _lineage(lin: dict[str, Any]) -> list[str]:
+    git = lin["git"]
+    lines = ["## Lineage", "", f"- params.yaml sha256 `{lin['params_sha256']}`",
+             f"- git commit `{git['commit']}`, dirty: {fmt(git['dirty'])}" if git["commit"] else
+             "- git commit: not measured (not a git checkout)"]
+    if git.get("dirty_paths"):
+        lines.append("  - modified: " + ", ".join(f"`{p}`" for p in git["dirty_paths"]))
+    lines += [f"- newest checkpoint: `{lin['checkpoint_state']}`" if lin["checkpoint_state"] else
+              "- newest checkpoint: not measured", ""]
+    runs = lin["mlflow_run_ids"]
+    lines += ["### MLflow run ids", ""]
+    lines += _table(("stage", "run id"), [(k, v or "none (tracking off)") for k, v in runs.items()])
+    lines += ["### dvc.lock", ""]
+    if lin["dvc_lock"] is None:
+        lines += ["Not measured: no dvc.lock.", ""]
+    else:
+        rows = [(name, f"{kind} {e['path']}", e["md5"]) for name, st in lin["dvc_lock"].items()
+                for kind in ("deps", "outs") for e in st[kind]]
+        rows += [(name, "stage entry md5 (MLflow tag dvc_lock_md5)", st["lock_md5"]) for name, st in
+                 lin["dvc_lock"].items()]
+        lines += _table(("stage", "path", "md5"), rows)
+    raw = lin["raw_manifest"]
+    lines += ["### Raw data manifest", ""]
+    if raw is None:
+        lines += ["Not measured: no raw manifest.", ""]
+    else:
+        lines += _table(("split", "lang", "url", "member", "sha256", "lines"),
+                        [(f["split"], f["lang"], f["url"], f["member"] or "", f["sha256"], f["lines"])
+                         for f in raw["files"]])
+        lines += _table(("output", "sha256", "lines"), [(k, v.get("sha256"), v.get("lines"))
+                                                        for k, v in sorted((raw["outputs"] or {}).items())])
+    shards = lin["shards_manifest"]
+    lines += ["### Shards manifest", ""]
+    if shards is None:
+        return lines + ["Not measured: no shards manifest.", ""]
+    lines += [(f"manifest sha256 `{shards['sha256']}`, spm.model sha256 `{shards['spm_sha256']}`, "
+               f"vocabulary {shards['vocab_size']}"), ""]
+    return lines + _table(("shard", "rows", "sha256"), [(s["path"], s["rows"], s["sha256"])
+                                                         for info in shards["splits"].values() for s in info["shards"]])
+
+
+def render_markdown(audit: dict[str, Any]) -> str:
+    """The whole report as markdown (deterministic for a given audit mapping)."""
+    s = audit["summary"]
+    lines = [f"# Replication audit: profile {audit['profile']} (dataset {audit['dataset']})", "",
+             (f"Against {PAPER['reference']}, Transformer base on WMT14 EN-DE. "
+              f"{s['matches']} items match, {s['deviates']} deviate, {s['not measured']} not measured."), ""]
+    lines += ["## Deviations", ""]
+    lines += [f"- {d}" for d in audit["deviations"]] or ["None."]
+    lines += ["", "## Configuration (Table 3 and §3-§6)", ""] + _items(audit["configuration"])
+    lines += ["## Measured", ""] + _items(audit["measured"])
+    lines += _verdicts(audit) + _differences(audit) + _bleu(audit) + _replay(audit["replay"])
+    env = audit["environment"]
+    lines += ["## Environment", ""] + _table(("what", "value"), [(k, "not measured" if v is None else v)
+                                                                   for k, v in env.items()])
+    return "\n".join(lines + _lineage(audit["lineage"])).rstrip("\n") + "\n"

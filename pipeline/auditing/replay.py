@@ -1,0 +1,206 @@
+"""Audit replay: do the hypothesis files on disk still give evaluate.details.json's figures, are they the files
+dvc.lock recorded, and did the previous evaluation of the same model give the same BLEU?
+
+Three items, each ``matches`` / ``deviates`` / ``not measured`` like every audit item:
+
+- **rescored**: ``<paths.eval>/{valid,test}.hyp.de`` rescored against ``<paths.raw>/{valid,test}.de``
+  with :mod:`pipeline.inference.scoring`; every figure, the sentence count and every signature must equal
+  evaluate.details.json's exactly (floats compared with ``==``: JSON round-trips them exactly).
+- **dvc.lock**: the md5 DVC records for the evaluate stage's ``${paths.eval}`` output, recomputed
+  here the way DVC 3 does it for a directory (md5 of each file's bytes; the md5 of
+  ``json.dumps(sorted [{"md5", "relpath"}], sort_keys=True)`` plus ``.dir``). On a mismatch the
+  directory's manifest in the default DVC cache (``.dvc/cache/files/md5/``), when present, names
+  the files that changed.
+- **previous**: ``audit.json`` keeps a ``replay.record`` (averaged.pt, reference and hypothesis
+  sha256s, the evaluate params that change results, evaluate.details.json's figures). The next audit reads the
+  previous report before replacing it: for the same model, references and params, the figures
+  and hypotheses must be identical. The previous report is an input, so the first audit after an
+  evaluation differs from the second; from then on an unchanged workspace reproduces its report
+  byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline.auditing.paper import NEUTRAL_KEYS, item
+from pipeline.core.config import flatten
+from pipeline.core.errors import PipelineError
+from pipeline.core.textio import sha256_file
+from pipeline.inference.scoring import METRIC_KEYS, score_files
+
+SETS = ("valid", "test")
+TARGET_LANG = "de"
+FIGURES = (*METRIC_KEYS, "sentences")
+HYPOTHESES = {split: f"{split}.hyp.{TARGET_LANG}" for split in SETS}
+DVC_CACHE = Path(".dvc") / "cache" / "files" / "md5"
+ITEM_RESCORED = "Replay: evaluate.details.json rescored from the hypothesis files"
+ITEM_LOCK = "Replay: hypothesis files vs dvc.lock"
+ITEM_PREVIOUS = "Replay: BLEU vs the previous evaluation of this model"
+_SOURCE = "pipeline/audit_replay.py"
+
+
+def file_md5(path: Path) -> str:
+    """md5 of a file's bytes (DVC 3's ``hash: md5``; no dos2unix)."""
+    digest = hashlib.md5()  # DVC's content address, not security
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def dvc_dir_md5(directory: Path) -> tuple[str, dict[str, str]]:
+    """DVC 3's md5 of a directory output and the md5 of each file in it.
+
+    Returns:
+        ``("<md5>.dir", {relpath: md5})`` with ``/``-separated relative paths in sorted order.
+    """
+    files = {p.relative_to(directory).as_posix(): file_md5(p) for p in sorted(directory.rglob("*")) if p.is_file()}
+    manifest = sorted(({"md5": md5, "relpath": rel} for rel, md5 in files.items()), key=lambda e: e["relpath"])
+    blob = json.dumps(manifest, sort_keys=True).encode("utf-8")
+    return hashlib.md5(blob).hexdigest() + ".dir", files
+
+
+def _figures(report: dict[str, Any]) -> dict[str, Any]:
+    return {key: report.get(key) for key in FIGURES} | {"signatures": dict(report.get("signatures") or {})}
+
+
+def _differences(recorded: dict[str, Any], now: dict[str, Any], split: str) -> list[str]:
+    """``"<split>.<figure> <recorded> vs <now>"`` for every figure or signature that is not identical."""
+    out = [f"{split}.{key} {recorded.get(key)!r} vs {now.get(key)!r}" for key in FIGURES
+           if recorded.get(key) != now.get(key)]
+    sig_a, sig_b = recorded.get("signatures") or {}, now.get("signatures") or {}
+    out += [f"{split} signature {key} {sig_a.get(key)!r} vs {sig_b.get(key)!r}" for key in sorted(set(sig_a) | set(sig_b))
+            if sig_a.get(key) != sig_b.get(key)]
+    return out
+
+
+def rescore(bleu: dict[str, Any] | None, eval_dir: Path, raw_dir: Path) -> tuple[dict[str, Any], dict | None]:
+    """The rescoring item and the rescored figures per set (None when not measured)."""
+    def not_measured(why: str) -> tuple[dict[str, Any], None]:
+        return item(ITEM_RESCORED, paper="-", run=f"not measured ({why})", ok=None, source=_SOURCE), None
+
+    if bleu is None:
+        return not_measured("no evaluate.details.json: run `dvc repro evaluate`")
+    pairs = {split: (eval_dir / HYPOTHESES[split], raw_dir / f"{split}.{TARGET_LANG}") for split in SETS}
+    missing = [str(p) for pair in pairs.values() for p in pair if not p.is_file()]
+    if missing:
+        return not_measured(f"missing {', '.join(missing)}")
+    rescored, diffs = {}, []
+    for split, (hyp, ref) in pairs.items():
+        try:
+            rescored[split] = _figures(score_files(hyp, ref, TARGET_LANG))
+        except PipelineError as exc:  # a truncated or corrupted hypothesis file is what this item reports
+            diffs.append(f"{split}: cannot be rescored: {exc}")
+            continue
+        diffs += _differences(_figures(bleu.get(split) or {}), rescored[split], split)
+    note = "evaluate.details.json vs rescored; floats compared exactly"
+    return item(ITEM_RESCORED, paper="-", run="reproduced exactly" if not diffs else "differs", ok=not diffs,
+                deviation="differs: " + "; ".join(diffs), note=note, source=_SOURCE), rescored
+
+
+def _lock_out(lock: dict[str, Any] | None, eval_path: str) -> tuple[dict[str, Any] | None, str]:
+    """dvc.lock's entry for the evaluate stage's ``eval_path`` output, or None and why not."""
+    if lock is None:
+        return None, "no dvc.lock"
+    entry = (lock.get("stages") or {}).get("evaluate")
+    if entry is None:
+        return None, "dvc.lock has no evaluate stage: run `dvc repro evaluate`"
+    want = eval_path.rstrip("/").removeprefix("./")
+    for out in entry.get("outs") or []:
+        if str(out.get("path", "")).rstrip("/").removeprefix("./") == want:
+            return out, ""
+    paths = ", ".join(str(o.get("path")) for o in entry.get("outs") or []) or "none"
+    return None, f"dvc.lock's evaluate stage records outs {paths}, not {want}: run `dvc repro evaluate`"
+
+
+def _cache_manifest(root: Path, dir_md5: str) -> dict[str, str] | None:
+    """``{relpath: md5}`` from the DVC cache's ``.dir`` manifest, or None when it is absent or unreadable."""
+    path = root / DVC_CACHE / dir_md5[:2] / dir_md5[2:]
+    try:
+        return {e["relpath"]: e["md5"] for e in json.loads(path.read_text(encoding="utf-8"))}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def lock_check(lock: dict[str, Any] | None, root: Path, eval_path: str,
+               current: tuple[str, dict[str, str]] | None) -> dict[str, Any]:
+    """The dvc.lock item: the hypotheses directory's DVC md5 now vs the one the evaluate stage recorded."""
+    out, why = _lock_out(lock, eval_path)
+    if current is None:
+        why = f"{eval_path} does not exist"
+    if out is None or current is None:
+        return item(ITEM_LOCK, paper="-", run=f"not measured ({why})", ok=None, source=_SOURCE)
+    recorded, (now, files) = str(out.get("md5")), current
+    note = "md5 recomputed the way DVC 3 hashes a directory"
+    if recorded == now:
+        return item(ITEM_LOCK, paper="-", run=f"identical (md5 {now})", ok=True, note=note, source=_SOURCE)
+    manifest = _cache_manifest(root, recorded)
+    if manifest is None:
+        detail = "no manifest of the recorded md5 in .dvc/cache to name the files"
+    else:
+        changed = sorted(rel for rel in set(manifest) | set(files) if manifest.get(rel) != files.get(rel))
+        detail = "changed: " + ", ".join(changed)
+    return item(ITEM_LOCK, paper="-", run=f"differs (md5 {now})", ok=False, note=note, source=_SOURCE,
+                deviation=f"differs: {eval_path} md5 {now} vs {recorded} in dvc.lock ({detail})")
+
+
+def record(params: dict[str, Any], bleu: dict[str, Any] | None, model_path: Path, eval_dir: Path,
+           raw_dir: Path) -> dict[str, Any]:
+    """What the next audit compares against: model, references, hypotheses, evaluate params, figures."""
+    def sha(path: Path) -> str | None:
+        return sha256_file(path) if path.is_file() else None
+
+    evaluate = {k: v for k, v in flatten({"evaluate": params.get("evaluate") or {}}).items() if k not in NEUTRAL_KEYS}
+    return {"model_sha256": sha(model_path), "evaluate_params": evaluate,
+            "references_sha256": {s: sha(raw_dir / f"{s}.{TARGET_LANG}") for s in SETS},
+            "hypotheses_sha256": {name: sha(eval_dir / name) for name in HYPOTHESES.values()},
+            "figures": None if bleu is None else {s: _figures(bleu.get(s) or {}) for s in SETS}}
+
+
+def previous_check(now: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+    """The previous-evaluation item: same model, references and params → identical figures and hypotheses."""
+    def not_measured(why: str) -> dict[str, Any]:
+        return item(ITEM_PREVIOUS, paper="-", run=f"not measured ({why})", ok=None, source=_SOURCE)
+
+    if now["figures"] is None or now["model_sha256"] is None:
+        return not_measured("no evaluate.details.json or no averaged.pt")
+    before = (previous or {}).get("record")
+    if not isinstance(before, dict) or before.get("figures") is None:
+        return not_measured("no previous audit recorded an evaluation")
+    for key, what in (("model_sha256", "another averaged model"), ("references_sha256", "other references"),
+                      ("evaluate_params", "other evaluate params")):
+        if before.get(key) != now[key]:
+            return not_measured(f"the previous audit recorded {what}")
+    diffs = [d for s in SETS for d in _differences(before["figures"].get(s) or {}, now["figures"][s], s)]
+    hyp_before, hyp_now = before.get("hypotheses_sha256") or {}, now["hypotheses_sha256"]
+    diffs += [f"{name} sha256 {hyp_before.get(name)} vs {hyp_now[name]}" for name in sorted(hyp_now)
+              if hyp_before.get(name) != hyp_now[name]]
+    return item(ITEM_PREVIOUS, paper="-", run="differs" if diffs else "replayed: identical to the previous evaluation",
+                ok=not diffs, deviation="differs: " + "; ".join(diffs), source=_SOURCE,
+                note=f"same averaged.pt (sha256 {now['model_sha256'][:12]}), references and evaluate params")
+
+
+def replay(*, params: dict[str, Any], bleu: dict[str, Any] | None, lock: dict[str, Any] | None, root: Path,
+           previous: dict[str, Any] | None) -> dict[str, Any]:
+    """The audit's ``replay`` section: ``{"items", "record", "rescored", "eval_dir_md5", "hypotheses_md5"}``.
+
+    Args:
+        params: the params mapping (its ``paths`` are relative to ``root``).
+        bleu: evaluate.details.json (None when it does not exist).
+        lock: dvc.lock (None when it does not exist).
+        root: the workspace.
+        previous: the previous audit.json's ``replay`` section (None when there is none).
+    """
+    paths = params.get("paths") or {}
+    eval_dir, raw_dir = root / paths["eval"], root / paths["raw"]
+    model_path = root / paths["model"] / "averaged.pt"
+    rescored_item, rescored = rescore(bleu, eval_dir, raw_dir)
+    current = dvc_dir_md5(eval_dir) if eval_dir.is_dir() else None
+    now = record(params, bleu, model_path, eval_dir, raw_dir)
+    items = [rescored_item, lock_check(lock, root, str(paths["eval"]), current), previous_check(now, previous)]
+    return {"items": items, "record": now, "rescored": rescored,
+            "eval_dir_md5": current[0] if current else None, "hypotheses_md5": current[1] if current else None}

@@ -1,0 +1,106 @@
+"""The audit as one mapping: the paper's settings, the measured items, profile differences, lineage."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pipeline.auditing.inputs import FORMAT, Inputs
+from pipeline.auditing.paper import BLEU_GAP, NEUTRAL_KEYS, PAPER, PAPER_SETTINGS, bleu_figures, fmt, measured_items
+from pipeline.core.config import flatten
+
+log = logging.getLogger(__name__)
+
+def configuration_items(params: dict[str, Any]) -> list[dict[str, Any]]:
+    """One item per paper setting (Table 3 and §3-§6), from the params."""
+    flat = flatten(params)
+    return [setting.check(flat) for setting in PAPER_SETTINGS]
+
+
+def profile_differences(params: dict[str, Any], paper_profile: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Every params key whose value differs from ``profiles/paper.yaml``, each classified.
+
+    ``kind`` is ``paper`` (a paper setting: also a configuration item), ``unspecified`` (the paper
+    is silent but results change) or ``operational`` (paths, logging, retries: results do not change).
+    """
+    if paper_profile is None:
+        return []
+    flat, ref = flatten(params), flatten(paper_profile)
+    paper_keys = {key for setting in PAPER_SETTINGS for key in setting.keys}
+    out = []
+    for key in sorted(set(flat) | set(ref)):
+        if key in flat and key in ref and flat[key] == ref[key]:
+            continue
+        neutral = key in NEUTRAL_KEYS or key.split(".")[0] in NEUTRAL_KEYS
+        kind = "paper" if key in paper_keys else "operational" if neutral else "unspecified"
+        out.append({"key": key, "paper_profile": ref.get(key), "run": flat.get(key), "kind": kind,
+                    "deviation": f"{key} = {fmt(flat.get(key))} (paper profile: {fmt(ref.get(key))})"})
+    return out
+
+
+def lineage(inp: Inputs) -> dict[str, Any]:
+    """dvc.lock hashes per stage, the manifests' sha256s, params.yaml, git and MLflow run ids."""
+    from pipeline.core.stages import lock_md5
+
+    stages = {}
+    for name, entry in ((inp.lock or {}).get("stages") or {}).items():
+        stages[name] = {"cmd": entry.get("cmd"), "lock_md5": lock_md5(inp.lock, name),
+                        "deps": [{"path": d.get("path"), "md5": d.get("md5")} for d in entry.get("deps") or []],
+                        "outs": [{"path": o.get("path"), "md5": o.get("md5")} for o in entry.get("outs") or []]}
+    raw = inp.raw_manifest
+    shards = inp.shards_manifest
+    run_ids = {name: m.get("mlflow_run_id") for name, m in inp.metrics.items() if m is not None}
+    if inp.state is not None:
+        run_ids["train (state.json)"] = inp.state.get("mlflow_run_id")
+    return {
+        "params_sha256": inp.params_sha256, "git": inp.git, "dvc_lock": stages if inp.lock is not None else None,
+        "raw_manifest": None if raw is None else {
+            "dataset": raw.get("dataset"),
+            "files": [{k: f.get(k) for k in ("split", "lang", "url", "member", "sha256", "bytes", "lines")}
+                      for f in raw.get("files") or []],
+            "outputs": raw.get("outputs")},
+        "shards_manifest": None if shards is None else {
+            "sha256": inp.shards_manifest_sha256, "spm_sha256": shards.get("spm_sha256"),
+            "vocab_size": shards.get("vocab_size"),
+            "splits": {split: {"rows": info.get("rows"), "shards": [{k: s.get(k) for k in ("path", "rows", "sha256")}
+                                                                     for s in info.get("shards") or []]}
+                       for split, info in (shards.get("splits") or {}).items()}},
+        "checkpoint_state": inp.state_path, "mlflow_run_ids": run_ids,
+    }
+
+
+def build_audit(inp: Inputs) -> dict[str, Any]:
+    """The whole audit as one JSON-able mapping (the markdown is rendered from it)."""
+    config = configuration_items(inp.params)
+    diffs = profile_differences(inp.params, inp.paper_profile)
+    measured = measured_items(inp)
+    deviations = [i["deviation"] for i in config if i["verdict"] == "deviates"]
+    deviations += [f"{i['item']}: {i['deviation']}" for i in measured if i["verdict"] == "deviates"]
+    deviations += [d["deviation"] for d in diffs if d["kind"] == "unspecified"]
+    replayed = inp.replay.get("items", [])
+    deviations += [f"{i['item']}: {i['deviation']}" for i in replayed if i["verdict"] == "deviates"]
+    items = config + measured + replayed
+    summary = {v: sum(1 for i in items if i["verdict"] == v) for v in ("matches", "deviates", "not measured")}
+    return {"format": FORMAT, "profile": inp.params.get("profile"), "dataset": (inp.params.get("download") or {})
+            .get("dataset"), "summary": summary, "configuration": config, "measured": measured,
+            "profile_differences": diffs, "deviations": deviations, "bleu_gap": BLEU_GAP, "paper": PAPER,
+            "bleu_figures": bleu_figures(inp.metrics.get("evaluate")), "replay": inp.replay,
+            "lineage": lineage(inp), "environment": inp.environment}
+
+
+def tracking_metrics(audit: dict[str, Any], inp: Inputs) -> dict[str, float]:
+    """The numbers the audit logs to MLflow: verdict counts, parameter count, test BLEU, replay outcome."""
+    summary, out = audit["summary"], {}
+    out.update(matches=summary["matches"], deviates=summary["deviates"], not_measured=summary["not measured"])
+    parameters = inp.model["total"] if inp.model else (inp.metrics.get("average") or {}).get("parameters")
+    if parameters is not None:
+        out["parameters"] = int(parameters)
+    for f in audit["bleu_figures"]:
+        if f["set"] == "test" and f["metric"] in ("bleu", "bleu_tok_split"):
+            out[f"test_{f['metric']}"] = f["score"]
+    replayed = [i for i in audit["replay"].get("items", []) if i["verdict"] != "not measured"]
+    if replayed:
+        out["replay_identical"] = float(all(i["verdict"] == "matches" for i in replayed))
+    return out
+
+

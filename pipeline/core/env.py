@@ -1,0 +1,296 @@
+"""Every ``NMT_*`` environment variable the project reads: one typed, documented table, read once.
+
+Machine-dependent settings (process counts, devices, mirrors, caches, test hooks) live in the
+environment, never in params.yaml, so moving between machines never invalidates a DVC stage.
+:class:`Settings` lists each variable with its type, default and meaning; :func:`settings` reads
+them all at once, validates them and raises one :class:`~pipeline.core.errors.ConfigError` naming
+every bad variable, its value and what is expected (the same one-line-per-problem style as
+params.yaml). A variable that is unset or blank takes its default.
+
+The parsed table is cached per distinct set of ``NMT_*`` values: a process reads and validates its
+environment once, and a changed variable (a test's ``monkeypatch.setenv``) is seen on the next call.
+``settings.cache_clear()`` empties the cache; ``settings(environ)`` reads a mapping instead of
+``os.environ``. :func:`markdown_rows` renders the table for the README. No torch, no mlflow here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.errors import ConfigError
+
+SOURCE = "environment"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_DOWNLOAD_CACHE = REPO_ROOT / ".cache" / "downloads"
+TRACKING_OFF = ("off", "0", "false", "no")
+FAULT_POINTS = ("preflight", "forward", "mid_accum", "collective", "before_save", "mid_save", "after_save",
+                "after_step")
+FAULT_ACTIONS = ("kill", "exit", "stall", "oom")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One parsed ``NMT_FAULT_POINT`` (see :mod:`pipeline.training.faults`)."""
+
+    point: str
+    step: int
+    action: str = "kill"
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class Parser:
+    """Turns a variable's (stripped, non-empty) text into its value.
+
+    Attributes:
+        kind: the accepted values in words (the table's type column).
+        fn: the conversion; it raises ``ValueError`` whose arguments are each one problem
+            (``"expected an integer >= 1"``) about the value.
+    """
+
+    kind: str
+    fn: Callable[[str], Any]
+
+    def __call__(self, raw: str) -> Any:
+        return self.fn(raw)
+
+
+def integer(minimum: int, maximum: int | None = None) -> Parser:
+    """An integer in ``[minimum, maximum]`` (no upper bound when ``maximum`` is None)."""
+    expected = f"an integer >= {minimum}" if maximum is None else f"an integer in {minimum}..{maximum}"
+
+    def parse(raw: str) -> int:
+        value = int(raw) if re.fullmatch(r"[+-]?[0-9]+", raw) else minimum - 1
+        if value < minimum or (maximum is not None and value > maximum):
+            raise ValueError(f"expected {expected}")
+        return value
+    return Parser(f"integer >= {minimum}" if maximum is None else f"integer {minimum}..{maximum}", parse)
+
+
+def seconds(*, positive: bool) -> Parser:
+    """A finite number of seconds, > 0 (``positive``) or >= 0."""
+    bound = "> 0" if positive else ">= 0"
+
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = float("nan")
+        if not math.isfinite(value) or not (value > 0 if positive else value >= 0):
+            raise ValueError(f"expected a number of seconds {bound}")
+        return value
+    return Parser(f"seconds {bound}", parse)
+
+
+def choice(*choices: str) -> Parser:
+    """One of ``choices`` (case-sensitive, as the code compares them)."""
+    def parse(raw: str) -> str:
+        if raw not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return raw
+    return Parser(" or ".join(f"`{c}`" for c in choices), parse)
+
+
+def _mirror(raw: str) -> str:
+    return raw.removeprefix("file://")
+
+
+def _fault(raw: str) -> Fault:
+    """``<point>:<step>[:<action>[:<rank>]]``; every problem of the spec is reported."""
+    parts = raw.split(":")
+    if not 2 <= len(parts) <= 4:
+        raise ValueError("expected <point>:<step>[:<action>[:<rank>]]")
+    problems = []
+    if parts[0] not in FAULT_POINTS:
+        problems.append(f"unknown point {parts[0]!r}; one of {', '.join(FAULT_POINTS)}")
+    if len(parts) > 2 and parts[2] not in FAULT_ACTIONS:
+        problems.append(f"unknown action {parts[2]!r}; one of {', '.join(FAULT_ACTIONS)}")
+    for label, value in (("step", parts[1]), ("rank", parts[3] if len(parts) > 3 else "0")):
+        if not re.fullmatch(r"[0-9]+", value):
+            problems.append(f"{label} {value!r} is not a non-negative integer")
+    if problems:
+        raise ValueError(*problems)
+    return Fault(point=parts[0], step=int(parts[1]), action=parts[2] if len(parts) > 2 else "kill",
+                 rank=int(parts[3]) if len(parts) > 3 else None)
+
+
+TEXT = Parser("text", str)
+PATH = Parser("path", Path)
+MIRROR = Parser("folder or http(s) URL", _mirror)
+SWITCH = Parser("on/off", lambda raw: raw.lower() not in TRACKING_OFF)
+LEVEL = Parser("logging level", str.upper)
+FAULT_SPEC = Parser("`<point>:<step>[:<action>[:<rank>]]`", _fault)
+
+
+def meta(name: str, parse: Parser, doc: str, shown: str | None = None) -> dict[str, Any]:
+    """The metadata of a :class:`Settings` field: which variable it is read from, and how.
+
+    Args:
+        name: the variable (``NMT_...``).
+        parse: how its text becomes the value.
+        doc: one line: what it does.
+        shown: the default as the README shows it (default: derived from the field's default).
+    """
+    return {"env": name, "parse": parse, "doc": doc, "shown": shown}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Every ``NMT_*`` variable, parsed. A field's default is the value when its variable is unset or blank."""
+
+    # Launch (pipeline/launch.py): torchrun's command line.
+    nproc: int | None = field(default=None, metadata=meta(
+        "NMT_NPROC", integer(1), "training processes on this node (torchrun `--nproc_per_node`)",
+        shown="number of CUDA GPUs, else 1"))
+    nnodes: int = field(default=1, metadata=meta(
+        "NMT_NNODES", integer(1), "number of nodes; > 1 switches to a multi-node torchrun job"))
+    node_rank: int | None = field(default=None, metadata=meta(
+        "NMT_NODE_RANK", integer(0), "this node's rank, 0 .. NMT_NNODES-1 (static rendezvous, with NMT_MASTER_ADDR)"))
+    master_addr: str | None = field(default=None, metadata=meta(
+        "NMT_MASTER_ADDR", TEXT, "node 0's address (static multi-node rendezvous)"))
+    master_port: int = field(default=29500, metadata=meta(
+        "NMT_MASTER_PORT", integer(1, 65535), "a free port on node 0 (static multi-node rendezvous)"))
+    rdzv_endpoint: str | None = field(default=None, metadata=meta(
+        "NMT_RDZV_ENDPOINT", TEXT, "`host:port` of the c10d rendezvous (dynamic multi-node rendezvous; "
+        "wins over NMT_NODE_RANK)"))
+    rdzv_id: str = field(default="nmt-train", metadata=meta(
+        "NMT_RDZV_ID", TEXT, "job id shared by the nodes of a dynamic rendezvous"))
+    max_restarts: int | None = field(default=None, metadata=meta(
+        "NMT_MAX_RESTARTS", integer(0), "how often torchrun restarts the worker group after a rank fails; "
+        "each restart resumes from the newest checkpoint", shown="3 on GPU jobs, else 0"))
+    # Training (pipeline/train.py, pipeline/training/).
+    device: str | None = field(default=None, metadata=meta(
+        "NMT_DEVICE", choice("cpu", "cuda"), "training device; `cpu` forces CPU (and no restarts by default)",
+        shown="CUDA when available"))
+    threads: int | None = field(default=None, metadata=meta(
+        "NMT_THREADS", integer(1), "torch CPU threads per training process", shown="torch's default"))
+    dist_timeout_s: float = field(default=1800.0, metadata=meta(
+        "NMT_DIST_TIMEOUT_S", seconds(positive=True), "collective timeout: a rank that waits longer for its "
+        "peers fails, naming this variable"))
+    dist_backend: str | None = field(default=None, metadata=meta(
+        "NMT_DIST_BACKEND", choice("gloo", "nccl"), "process-group backend", shown="`nccl` on CUDA, else `gloo`"))
+    # Fault injection (pipeline/training/faults.py): test hooks, unset in normal runs.
+    fault_point: Fault | None = field(default=None, metadata=meta(
+        "NMT_FAULT_POINT", FAULT_SPEC, "test hook: kill, crash or stall training at a named point "
+        "(pipeline/training/faults.py)"))
+    fault_once: Path | None = field(default=None, metadata=meta(
+        "NMT_FAULT_ONCE", PATH, "test hook: fire the fault only if this file does not exist (it is created "
+        "just before firing)"))
+    fault_kill_at_step: int = field(default=0, metadata=meta(
+        "NMT_FAULT_KILL_AT_STEP", integer(0), "test hook: older spelling of NMT_FAULT_POINT=after_step:<n>; "
+        "0 = off"))
+    # Data (pipeline/download.py, pipeline/encode.py).
+    data_mirror: str | None = field(default=None, metadata=meta(
+        "NMT_DATA_MIRROR", MIRROR, "looked up before the upstream URLs (`user:password@` in a URL is sent as "
+        "basic auth, never logged)"))
+    download_cache: Path = field(default=DEFAULT_DOWNLOAD_CACHE, metadata=meta(
+        "NMT_DOWNLOAD_CACHE", PATH, "cache of upstream downloads", shown="`<repo>/.cache/downloads`"))
+    download_backoff_s: float = field(default=1.0, metadata=meta(
+        "NMT_DOWNLOAD_BACKOFF_S", seconds(positive=False), "first retry delay of a failed download (doubling)"))
+    encode_workers: int | None = field(default=None, metadata=meta(
+        "NMT_ENCODE_WORKERS", integer(1), "encode worker processes", shown="`os.cpu_count()`"))
+    # Tracking and logging (pipeline/core/, pipeline/register.py).
+    tracking: bool = field(default=True, metadata=meta(
+        "NMT_TRACKING", SWITCH, "MLflow tracking; `off`, `0`, `false` or `no` turns every tracking call into "
+        "a no-op"))
+    log_level: str = field(default="INFO", metadata=meta(
+        "NMT_LOG_LEVEL", LEVEL, "logging level of every stage (an unknown name means INFO)"))
+    model_name: str = field(default="wmt14-transformer", metadata=meta(
+        "NMT_MODEL_NAME", TEXT, "name of the registered MLflow model (stage register)"))
+    prefect_flow_run_id: str | None = field(default=None, metadata=meta(
+        "NMT_PREFECT_FLOW_RUN_ID", TEXT, "set by the Prefect flow for its stages: tags each stage's MLflow run "
+        "with the flow run"))
+
+    @property
+    def fault(self) -> Fault | None:
+        """The configured fault: ``NMT_FAULT_POINT``, else ``NMT_FAULT_KILL_AT_STEP`` (> 0), else None."""
+        if self.fault_point is not None:
+            return self.fault_point
+        return Fault("after_step", self.fault_kill_at_step) if self.fault_kill_at_step else None
+
+
+FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(Settings)
+NAMES: tuple[str, ...] = tuple(f.metadata["env"] for f in FIELDS)
+
+
+def _problems(name: str, raw: str, exc: ValueError) -> list[str]:
+    """One line per problem of ``exc`` (a parser's ``ValueError``), naming the variable and its value."""
+    return [f"{name}={raw!r}: {problem}" for problem in exc.args]
+
+
+def _snapshot(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple((name, environ[name]) for name in NAMES if name in environ)
+
+
+@functools.lru_cache(maxsize=32)
+def _parse(snapshot: tuple[tuple[str, str], ...]) -> Settings:
+    raw_values = dict(snapshot)
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for f in FIELDS:
+        name = f.metadata["env"]
+        raw = raw_values.get(name, "").strip()
+        if not raw:
+            continue
+        try:
+            values[f.name] = f.metadata["parse"](raw)
+        except ValueError as exc:
+            problems.extend(_problems(name, raw, exc))
+    if problems:
+        raise ConfigError(SOURCE, problems)
+    return Settings(**values)
+
+
+def settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Every ``NMT_*`` variable of ``environ`` (default ``os.environ``), parsed and validated.
+
+    Raises:
+        ConfigError: one line per bad variable, naming it, its value and what is expected.
+    """
+    return _parse(_snapshot(os.environ if environ is None else environ))
+
+
+settings.cache_clear = _parse.cache_clear  # type: ignore[attr-defined]
+
+
+def parse_fault(spec: str) -> Fault:
+    """Parse one ``NMT_FAULT_POINT`` spec.
+
+    Raises:
+        ConfigError: naming ``NMT_FAULT_POINT``, each bad part and the accepted values.
+    """
+    try:
+        return _fault(spec.strip())
+    except ValueError as exc:
+        raise ConfigError(SOURCE, _problems("NMT_FAULT_POINT", spec.strip(), exc)) from None
+
+
+def _shown_default(f: dataclasses.Field) -> str:
+    """The default as Markdown: the field's ``shown`` text, else its value in backticks."""
+    if f.metadata["shown"] is not None:
+        return f.metadata["shown"]
+    if f.default is None:
+        return "unset"
+    if isinstance(f.default, bool):
+        return "`on`" if f.default else "`off`"
+    return f"`{f.default:g}`" if isinstance(f.default, float) else f"`{f.default}`"
+
+
+def markdown_rows() -> list[str]:
+    """The table as Markdown (``Variable | Type | Default | Meaning``), header rows first."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    rows = ["| Variable | Type | Default | Meaning |", "|---|---|---|---|"]
+    for f in FIELDS:
+        rows.append(f"| `{f.metadata['env']}` | {cell(f.metadata['parse'].kind)} | {cell(_shown_default(f))} | "
+                    f"{cell(f.metadata['doc'])} |")
+    return rows

@@ -1,0 +1,193 @@
+"""What every stage shares: logging, params loading, the bookkeeping wrapper, one-line errors.
+
+A stage module defines ``stage(cfg, *, input and output paths) -> dict`` (its typed params section
+in, its figures out: no MLflow, timing or metrics files) and ``main(argv)``, which calls
+:func:`stage_main`. ``python -m pipeline.<stage>`` then loads params.yaml and runs the stage under
+:func:`run_stage`, the one place that opens the stage's MLflow run (:func:`pipeline.core.tracking.current`
+inside the stage), logs its params sections, times it and writes ``<stage>.json`` (numbers) and
+``<stage>.details.json`` (everything, with the run id); a
+:class:`~pipeline.core.errors.PipelineError` becomes one clear line on stderr and exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import logging
+import os
+import re
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipeline.core import env, stages, tracking
+from pipeline.core.config import Params, flatten, load_params, section_dict
+from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.core.textio import public_path, write_error, write_text
+
+log = logging.getLogger(__name__)
+
+
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'\"]+@")
+_SECRET_ENV = re.compile(r"(?i)(PASSWORD|PASSWD|TOKEN|SECRET|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY)")
+
+
+def redact(text: str) -> str:
+    """``text`` without credentials: URL userinfo (``https://user:pass@host``) and secret env values.
+
+    An environment variable counts as secret when its name contains PASSWORD, TOKEN, SECRET,
+    CREDENTIAL, API_KEY, ACCESS_KEY or PRIVATE_KEY; its value (6+ characters) is masked wherever it occurs.
+    """
+    text = _USERINFO.sub(r"\1***@", text)
+    for name, value in os.environ.items():
+        if len(value) >= 6 and _SECRET_ENV.search(name) and value in text:
+            text = text.replace(value, "***")
+    return text
+
+
+class RedactingFormatter(logging.Formatter):
+    """A formatter whose output (message, traceback) goes through :func:`redact`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
+def setup_logging(level: str | None = None) -> None:
+    """Log to stderr with timestamps, credentials redacted; level from ``NMT_LOG_LEVEL`` (default INFO).
+
+    A malformed ``NMT_*`` variable is not reported here (INFO is used): the stage reports it as its error.
+    """
+    if not level:
+        try:
+            level = env.settings().log_level
+        except ConfigError:
+            level = "INFO"
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
+
+
+def stage_parser(description: str) -> argparse.ArgumentParser:
+    """An argument parser with the options every stage accepts."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    return parser
+
+
+def os_error_message(exc: OSError) -> str:
+    """One line for an OSError that escaped a stage: what failed on which path, and what to do."""
+    path = public_path(os.fsdecode(exc.filename)) if exc.filename is not None else None
+    disk_full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    if path is not None and disk_full:
+        return str(write_error(exc, path))
+    code = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+    if path is None:
+        hint = ("free space on the disk holding the outputs (or raise the quota or `ulimit -f`)" if disk_full
+                else "see the log above")
+        return f"{exc.strerror or exc} ({code}); {hint}, then rerun the stage"
+    return (f"{path}: {exc.strerror or exc} ({code}); check that it exists and that this user may read and write it "
+            "and its folder, then rerun the stage")
+
+
+def run_cli(name: str, body: Callable[[Params, argparse.Namespace], None], argv: list[str] | None,
+            parser: argparse.ArgumentParser | None = None) -> int:
+    """Parse args, load params, run ``body``; map known errors to one line and exit code 1.
+
+    A :class:`~pipeline.core.errors.PipelineError` or an ``OSError`` (disk full, permission denied...)
+    becomes ``error: stage <name>: <message>``; anything else prints its traceback first (a bug),
+    then the same one line. Everything printed has credentials redacted. The ``NMT_*`` environment
+    (:mod:`pipeline.core.env`) is checked first, so a bad variable fails the stage before any work.
+    """
+    setup_logging()
+    parser = parser or stage_parser(f"pipeline stage {name}")
+    args = parser.parse_args(argv)
+    start = time.monotonic()
+    try:
+        env.settings()
+        params = load_params(args.params)
+        body(params, args)
+    except PipelineError as exc:
+        return _fail(name, str(exc))
+    except OSError as exc:
+        return _fail(name, os_error_message(exc))
+    except KeyboardInterrupt:
+        print(f"error: stage {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a bug or a library failure: keep the traceback, hide secrets
+        print(redact(traceback.format_exc()), file=sys.stderr, end="")
+        return _fail(name, f"unexpected {type(exc).__name__}: {exc}")
+    log.info("stage %s finished in %.1f s", name, time.monotonic() - start)
+    return 0
+
+
+def _fail(name: str, message: str) -> int:
+    print(redact(f"error: stage {name}: {message}"), file=sys.stderr)
+    return 1
+
+
+def write_metrics(path: str | Path, metrics: dict[str, Any]) -> None:
+    """Write a stage's metrics JSON atomically (sorted keys, trailing newline)."""
+    write_text(path, json.dumps(metrics, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def read_json(path: str | Path) -> Any:
+    """Read a JSON file, naming it in the error if it is missing or malformed."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: not found; run the upstream stage first (dvc repro)") from None
+    except json.JSONDecodeError as exc:
+        raise PipelineError(f"{path}: not valid JSON ({exc}); delete it and rerun the stage that writes it") from None
+
+
+def run_stage(name: str, body: Callable[[], dict[str, Any]], *, metrics_dir: str | Path,
+              params: Params | None = None, root: str | Path = ".") -> dict[str, Any]:
+    """Run one stage's ``body`` with its bookkeeping: the one wrapper every stage goes through.
+
+    Opens the stage's MLflow run (lazily: it exists once something is logged; ``body`` reaches it
+    through :func:`pipeline.core.tracking.current`), queues the stage table's params sections of
+    ``params`` as its params, times ``body``, logs the seconds, and on rank 0 (``RANK`` unset or 0)
+    writes ``<stage>.json`` (the numbers of the record) and ``<stage>.details.json`` (the whole record
+    plus ``seconds`` and ``mlflow_run_id``; also the run's artifact), each atomically.
+
+    Returns:
+        The details record.
+    """
+    spec = stages.get(name)
+    active = os.environ.get("RANK", "0") in ("", "0")
+    start = time.monotonic()
+    with tracking.stage_run(name, root=root, active=active) as run:
+        if params is not None:
+            run.queue_params(flatten({s: section_dict(getattr(params, s)) for s in spec.sections}))
+        record = body()
+        seconds = round(time.monotonic() - start, 3)
+        if run.opened:
+            run.log_metrics({"stage_seconds": seconds})
+        # A stage that logged nothing keeps the run id it reports (register points at an existing model's run).
+        details = {**record, "seconds": seconds,
+                   "mlflow_run_id": run.run_id if run.opened else record.get("mlflow_run_id")}
+        if active:
+            write_metrics(stages.metrics_file(metrics_dir, name), stages.numbers(details))
+            write_metrics(stages.details_file(metrics_dir, name), details)
+            if run.opened:
+                run.log_artifact(stages.details_file(metrics_dir, name))
+    return details
+
+
+def stage_main(name: str, body: Callable[[Params, argparse.Namespace], dict[str, Any]], argv: list[str] | None,
+               parser: argparse.ArgumentParser | None = None) -> int:
+    """``python -m pipeline.<name>``: :func:`run_cli` around :func:`run_stage` of ``body(params, args)``.
+
+    The metrics files go to ``<paths.metrics>`` (under ``--root`` when the stage's parser has one).
+    """
+    def run(params: Params, args: argparse.Namespace) -> None:
+        root = Path(getattr(args, "root", "."))
+        run_stage(name, lambda: body(params, args), params=params, metrics_dir=root / params.paths.metrics,
+                  root=root)
+
+    return run_cli(name, run, argv, parser or stage_parser(stages.get(name).summary))

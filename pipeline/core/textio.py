@@ -1,0 +1,258 @@
+"""UTF-8 text split on ``\\n`` only, and atomic output paths.
+
+``str.splitlines`` also splits on ``\\r``, U+0085, U+2028/2029 and would misalign parallel
+EN/DE files, so every stage reads lines through :func:`read_lines`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from pipeline.core.errors import DataError, OutputError
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 1 << 20
+# A temporary sibling made by atomic_path: .<name>.<pid>.<8 random chars>.tmp
+_TMP_NAME = re.compile(r"^\.(.+)\.\d+\.[A-Za-z0-9_]{8}\.tmp$")
+_DISK_FULL = {
+    errno.ENOSPC: ("no space left on the device", "free space on the file system holding {folder} (df -h {folder})"),
+    errno.EDQUOT: ("disk quota exceeded", "free space within your quota on {folder} or have it raised"),
+    errno.EFBIG: ("file size limit reached", "raise the file size limit (ulimit -f) or the file system's maximum"),
+}
+_NOT_ALLOWED = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+                errno.EROFS: "read-only file system"}
+
+
+def read_lines(path: str | Path) -> Iterator[str]:
+    """Yield the lines of a UTF-8 file, split on ``\\n`` only, without the newline.
+
+    A final line without ``\\n`` is still yielded; an empty file yields nothing.
+
+    Raises:
+        DataError: invalid UTF-8 or a NUL byte (names the file and 1-based line number).
+    """
+    path = Path(path)
+    lineno = 0
+    with open(path, "rb") as fh:
+        for raw in fh:  # binary iteration splits on b"\n" only
+            lineno += 1
+            if raw.endswith(b"\n"):
+                raw = raw[:-1]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{path}:{lineno}: invalid UTF-8 at byte {exc.start} of the line; "
+                    "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                ) from None
+            if "\0" in line:
+                raise nul_error(path, lineno, raw.index(b"\0"))
+            yield line
+
+
+def nul_error(path: str | Path, lineno: int, byte: int) -> DataError:
+    """The error for a NUL byte in text: valid UTF-8, but the mark of a binary or UTF-16 file."""
+    return DataError(f"{path}:{lineno}: NUL byte at byte {byte} of the line; this is not UTF-8 text (a binary, "
+                     "UTF-16 or corrupt file?): replace the file with the real UTF-8 text "
+                     "(e.g. iconv -f utf-16 -t utf-8)")
+
+
+def count_lines(path: str | Path) -> int:
+    """Number of lines as :func:`read_lines` would yield them (a last line without ``\\n`` counts)."""
+    n = 0
+    last = b"\n"
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            n += chunk.count(b"\n")
+            last = chunk[-1:]
+    return n + (last != b"\n")
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes (read in 1 MiB chunks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _tmp_sibling(path: Path) -> Path:
+    """A fresh ``.<name>.<pid>.<random>.tmp`` beside ``path`` (the pid tells a later run whether it is stale)."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return path.parent / Path(name).name  # as relative as ``path``, so errors name paths as configured
+
+
+def public_path(path: str | Path) -> Path:
+    """``path`` with every temporary component (``.<name>.<pid>.<random>.tmp``) shown as ``<name>``.
+
+    Errors name the output a user knows (``data/clean/train.en``), not the sibling being built.
+    """
+    return Path(*(_TMP_NAME.sub(r"\1", part) for part in Path(path).parts))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (a zombie, killed but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): os.kill's answer stands
+    return state not in ("Z", "X")
+
+
+def remove_stale_temps(path: str | Path) -> list[Path]:
+    """Delete ``.<name>.*.tmp`` siblings of ``path`` left by runs that died (SIGKILL, power loss).
+
+    A sibling whose pid is still alive (a concurrent writer) is kept; one without a pid (an older
+    naming) is stale. Returns what was removed.
+    """
+    path = Path(path)
+    prefix = f".{path.name}."
+    removed = []
+    try:
+        entries = [e for e in os.scandir(path.parent) if e.name.startswith(prefix) and e.name.endswith(".tmp")]
+    except OSError:
+        return []
+    for entry in entries:
+        pid = entry.name[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and (int(pid) == os.getpid() or pid_alive(int(pid))):
+            continue
+        stale = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+        if not os.path.lexists(stale):
+            log.info("removed %s, left behind by an interrupted run", stale)
+            removed.append(stale)
+    return removed
+
+
+def newest_file(tmp: Path) -> Path:
+    """The file under folder ``tmp`` written last (the one a failed buffered write was filling), or ``tmp``."""
+    if not tmp.is_dir():
+        return tmp
+    best: tuple[int, int, str] | None = None
+    for root, _, files in os.walk(tmp):
+        for name in files:
+            try:
+                st = os.stat(os.path.join(root, name))
+            except OSError:
+                continue
+            key = (st.st_mtime_ns, st.st_size, os.path.join(root, name))
+            best = max(best, key) if best else key
+    return Path(best[2]) if best else tmp
+
+
+def write_error(exc: OSError, target: str | Path, output: str | Path | None = None) -> OutputError | None:
+    """A one-line :class:`OutputError` for a failure to write ``target``, or None if ``exc`` is another error.
+
+    Disk full, quota, file size limit, permission denied and read-only file systems are explained
+    with the remedy. ``output``, when given, is the atomic output ``target`` belongs to: the message
+    says it is untouched (absent, or still the previous complete version).
+    """
+    target = public_path(target)
+    code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    if exc.errno in _DISK_FULL:
+        reason, remedy = _DISK_FULL[exc.errno]
+        remedy = remedy.format(folder=target.parent)
+    elif exc.errno in _NOT_ALLOWED:
+        reason = _NOT_ALLOWED[exc.errno]
+        remedy = f"make {target.parent} writable by this user, or point paths.* in params.yaml elsewhere"
+    else:
+        return None
+    message = f"cannot write {target}: {reason} ({code}); {remedy}, then rerun the stage"
+    if output is not None:
+        output = public_path(output)
+        kept = "the previous complete version is kept" if output.exists() else "nothing was written there"
+        message += f" ({output}: {kept})"
+    return OutputError(message)
+
+
+def _as_write_error(exc: OSError, tmp: Path, path: Path) -> OutputError | None:
+    """Translate an error raised while building ``tmp`` (the future ``path``), if it is about writing it."""
+    if exc.filename is not None:
+        failed = Path(os.fsdecode(exc.filename))
+        if failed != tmp and tmp not in failed.parents:
+            return None  # e.g. an input that cannot be read: not ours to explain
+    else:
+        failed = newest_file(tmp)
+    return write_error(exc, path if failed == tmp else path / failed.relative_to(tmp), path)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling path; on success rename it onto ``path``, on error delete it.
+
+    Works for files and directories: the caller creates whatever it likes at the yielded path.
+    An existing directory at ``path`` is removed just before the rename. Stale temporary siblings
+    of ``path`` from a killed run are deleted first.
+
+    Raises:
+        OutputError: the disk filled up (or a quota, file size limit or permission stopped a write);
+            names the file being written and the remedy. Nothing was renamed onto ``path``.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if public_path(path.parent) == path.parent:  # a folder we are building holds no stale siblings
+            remove_stale_temps(path)
+        tmp = _tmp_sibling(path)
+        tmp.unlink()
+    except OSError as exc:  # the folder or the temporary sibling could not be made
+        failed = public_path(os.fsdecode(exc.filename)) if exc.filename is not None else path
+        raise write_error(exc, path if failed == path.absolute() else failed, path) or exc from None
+    try:
+        yield tmp
+        if tmp.is_dir():
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+        if tmp.is_file():
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        failure = _as_write_error(exc, tmp, path) if isinstance(exc, OSError) else None
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        if failure is not None:
+            raise failure from None
+        raise
+
+
+def write_lines(path: str | Path, lines: Iterable[str]) -> int:
+    """Write ``lines`` as UTF-8, each followed by ``\\n``, atomically; return the count."""
+    n = 0
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as fh:
+        for line in lines:
+            fh.write(line)
+            fh.write("\n")
+            n += 1
+    return n
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` as UTF-8 atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")

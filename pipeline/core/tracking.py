@@ -1,0 +1,395 @@
+"""MLflow, behind one small interface. The only module that imports ``mlflow``; no torch here.
+
+Environment:
+    NMT_TRACKING=off          disable tracking (every call becomes a no-op; run ids are None)
+    MLFLOW_TRACKING_URI       a server or store; default ``sqlite:///<root>/.mlflow/mlflow.db``
+    MLFLOW_EXPERIMENT_NAME    default ``wmt14-transformer``
+    MLFLOW_PARENT_RUN_ID      set by whoever starts a pipeline run; stage runs become its children
+    NMT_PREFECT_FLOW_RUN_ID   set by the Prefect flow; stage runs are tagged with it
+``NMT_*`` variables are parsed in :mod:`pipeline.core.env`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pipeline.core import env
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EXPERIMENT = "wmt14-transformer"
+_CURRENT: contextvars.ContextVar[StageRun | None] = contextvars.ContextVar("nmt_stage_run", default=None)
+
+
+def enabled() -> bool:
+    """Whether tracking is on (``NMT_TRACKING`` not in off/0/false/no).
+
+    Raises:
+        ConfigError: a malformed ``NMT_*`` variable (named, with what is expected).
+    """
+    return env.settings().tracking
+
+
+def tracking_uri(root: str | Path = ".") -> str:
+    """The tracking URI: ``MLFLOW_TRACKING_URI`` or the local SQLite store under ``root``."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    store = Path(root).resolve() / ".mlflow"
+    store.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{store / 'mlflow.db'}"
+
+
+def git_tags(root: str | Path = ".") -> dict[str, str]:
+    """Git commit and dirty flag of ``root`` (empty values outside a git checkout)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True,
+                                  timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    commit = git("rev-parse", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower() if commit else ""}
+
+
+class StageRun:
+    """A handle on one MLflow run; every method is a no-op when tracking is off.
+
+    A stage's handle (from :func:`stage_run`) opens its run on first use, so a stage that logs
+    nothing leaves no run behind; params given to :meth:`queue_params` are logged when a new run
+    opens (not when a run is continued with :meth:`resume`).
+    """
+
+    def __init__(self, client: Any = None, run_id: str | None = None,
+                 opener: Callable[[str | None], tuple[Any, str]] | None = None) -> None:
+        self._client, self._run_id, self._opener = client, run_id, opener
+        self._resume_id: str | None = None
+        self._queued: dict[str, Any] = {}
+
+    @property
+    def opened(self) -> bool:
+        """Whether the run exists (a lazy stage run that nothing used has not been created)."""
+        return self._client is not None
+
+    @property
+    def run_id(self) -> str | None:
+        """The run's id (opens a lazy run); None when tracking is off."""
+        self._live()
+        return self._run_id
+
+    def resume(self, run_id: str | None) -> None:
+        """Continue ``run_id`` (a resumed training) instead of creating a run; call before any logging."""
+        if self._opener is not None and run_id:
+            self._resume_id = run_id
+
+    def queue_params(self, params: dict[str, Any]) -> None:
+        """Params to log once a new run opens."""
+        self._queued.update(params)
+
+    def _live(self) -> bool:
+        if self._client is None and self._opener is not None:
+            opener, self._opener = self._opener, None
+            self._client, self._run_id = opener(self._resume_id)
+            if self._resume_id is None and self._queued:
+                self.log_params(self._queued)
+        return self._client is not None
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        """Log params (values stringified, 500-char limit respected) in batches."""
+        if not self._live():
+            return
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:500]) for k, v in sorted(params.items())]
+        for i in range(0, len(items), 100):
+            self._client.log_batch(self._run_id, params=items[i:i + 100])
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Log numeric metrics at ``step`` (non-numbers are skipped)."""
+        if not self._live():
+            return
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if items:
+            self._client.log_batch(self._run_id, metrics=items)
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        """Set string tags."""
+        if self._live():
+            for k, v in tags.items():
+                self._client.set_tag(self._run_id, k, str(v))
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """Upload a file or directory as an artifact."""
+        if self._live():
+            self._client.log_artifact(self._run_id, str(path), artifact_path)
+
+
+def _experiment_id(client: Any, root: Path) -> str:
+    name = os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    # A SQLite store keeps its artifacts beside the database (never ./mlruns in the cwd);
+    # a tracking server decides for itself.
+    location = None
+    uri = tracking_uri(root)
+    if uri.startswith("sqlite:///"):
+        location = (Path(uri[len("sqlite:///"):]).parent / "artifacts").resolve().as_uri()
+    return client.create_experiment(name, artifact_location=location)
+
+
+@contextlib.contextmanager
+def stage_run(stage: str, *, root: str | Path = ".", resume_run_id: str | None = None,
+              active: bool = True) -> Iterator[StageRun]:
+    """The MLflow run of one stage, opened on first use; yields a :class:`StageRun` (also :func:`current`).
+
+    Args:
+        stage: stage name, used as run name and ``stage`` tag.
+        root: repository root (for the default store and git tags).
+        resume_run_id: continue this run (a resumed training) instead of creating one.
+        active: False on non-zero ranks: yields a no-op handle.
+    """
+    if not (active and enabled()):
+        handle = StageRun()
+    else:
+        handle = StageRun(opener=lambda resume: _open_stage_run(stage, Path(root), resume))
+        handle.resume(resume_run_id)
+    token = _CURRENT.set(handle)
+    status = "FAILED"
+    try:
+        yield handle
+        status = "FINISHED"
+    finally:
+        _CURRENT.reset(token)
+        if handle.opened and handle._client is not None:
+            try:
+                handle._client.set_terminated(handle._run_id, status=status)
+            except Exception as exc:  # noqa: BLE001 - tracking must never mask the stage's own error
+                log.warning("could not close MLflow run %s: %s", handle._run_id, exc)
+
+
+def _open_stage_run(stage: str, root: Path, resume_run_id: str | None) -> tuple[Any, str]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri(root))
+    if resume_run_id:
+        client.update_run(resume_run_id, status="RUNNING")
+        return client, resume_run_id
+    tags = {"stage": stage, "mlflow.runName": stage, **git_tags(root)}
+    parent = os.environ.get("MLFLOW_PARENT_RUN_ID")
+    if parent:
+        tags["mlflow.parentRunId"] = parent
+    flow_run = env.settings().prefect_flow_run_id
+    if flow_run:
+        tags["prefect.flow_run_id"] = flow_run
+    return client, client.create_run(_experiment_id(client, root), tags=tags, run_name=stage).info.run_id
+
+
+def current() -> StageRun:
+    """The run of the stage being executed (inside :func:`stage_run`), else a no-op handle."""
+    return _CURRENT.get() or StageRun()
+
+
+@contextlib.contextmanager
+def pipeline_run(name: str, *, params: dict[str, Any], root: str | Path = ".",
+                 tags: dict[str, str] | None = None) -> Iterator[StageRun]:
+    """Open the parent run of one pipeline run; stage runs find it via ``MLFLOW_PARENT_RUN_ID``.
+
+    Logs the flattened params once and ``params.yaml`` as an artifact. The caller exports
+    ``MLFLOW_PARENT_RUN_ID`` only to the child processes it starts (never globally).
+    """
+    if not enabled():
+        yield StageRun()
+        return
+    from mlflow.tracking import MlflowClient
+
+    root = Path(root)
+    client = MlflowClient(tracking_uri=tracking_uri(root))
+    all_tags = {"mlflow.runName": name, "pipeline": "true", **git_tags(root), **(tags or {})}
+    run_id = client.create_run(_experiment_id(client, root), tags=all_tags, run_name=name).info.run_id
+    handle = StageRun(client, run_id)
+    handle.log_params(params)
+    if (root / "params.yaml").is_file():
+        handle.log_artifact(root / "params.yaml")
+    status = "FAILED"
+    try:
+        yield handle
+        status = "FINISHED"
+    finally:
+        if (root / "dvc.lock").is_file():
+            try:
+                handle.log_artifact(root / "dvc.lock")
+            except Exception as exc:  # noqa: BLE001
+                log.warning("could not log dvc.lock: %s", exc)
+        client.set_terminated(run_id, status=status)
+
+
+def tag_run(run_id: str, tags: dict[str, str], root: str | Path = ".") -> None:
+    """Set tags on an existing run (e.g. a stage's dvc.lock md5 once DVC has written it)."""
+    if enabled() and run_id:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri(root))
+        for k, v in tags.items():
+            client.set_tag(run_id, k, str(v))
+
+
+# --- model lineage: the pyfunc translator, the registry alias, dataset inputs (stage `register`) ---
+
+
+def _client(root: str | Path = ".") -> Any:
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri(root)
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+@contextlib.contextmanager
+def _fluent_tracking_uri(uri: str) -> Iterator[None]:
+    """Point MLflow's fluent API at ``uri`` for a block; restore its URI and ``MLFLOW_TRACKING_URI`` after.
+
+    (``mlflow.set_tracking_uri`` also writes the environment variable, and unsets it when restoring None.)
+    """
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    saved_env = os.environ.get("MLFLOW_TRACKING_URI")
+    saved = getattr(utils, "_tracking_uri", None)
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(saved)
+        if saved_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved_env
+
+
+def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict[str, str],
+                     code_paths: list[str] | None = None, model_config: dict[str, Any] | None = None,
+                     params: dict[str, int | float] | None = None, registered_model_name: str | None = None,
+                     pip_requirements: list[str] | None = None, name: str = "translator",
+                     root: str | Path = ".") -> dict[str, Any] | None:
+    """Log a models-from-code pyfunc (one string column in, one string per row out) into ``run``; maybe register.
+
+    Args:
+        run: an open stage run (a no-op handle gives None).
+        python_model: the model file MLflow executes (it ends with ``mlflow.models.set_model(...)``).
+        artifacts: name → local file, copied into the model (``context.artifacts``).
+        code_paths: local packages copied beside the model so it loads outside this checkout.
+        model_config: ``context.model_config`` of the loaded model.
+        params: inference params with their defaults (name → int or float), part of the signature.
+        registered_model_name: register a new version of this model.
+        pip_requirements: the model's requirements (given, so MLflow does not load the model to infer them).
+        name: the logged model's name.
+        root: repository root (default store).
+
+    Returns:
+        ``{"model_uri", "model_id", "version"}`` (version None when not registered), or None when off.
+    """
+    if not run._live():
+        return None
+    import mlflow
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    specs = [ParamSpec(k, "long" if isinstance(v, int) and not isinstance(v, bool) else "double", v)
+             for k, v in (params or {}).items()]
+    signature = ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]),
+                               params=ParamSchema(specs) if specs else None)
+    uri = tracking_uri(root)
+    # The fluent API logs into the active run: make the stage's run active against this store for
+    # the call only (the registry follows the tracking URI unless MLFLOW_REGISTRY_URI says otherwise).
+    with _fluent_tracking_uri(uri), mlflow.start_run(run_id=run.run_id):
+        info = mlflow.pyfunc.log_model(
+            name=name, python_model=str(python_model), artifacts=artifacts, code_paths=code_paths,
+            model_config=model_config, signature=signature, registered_model_name=registered_model_name,
+            pip_requirements=pip_requirements)
+    version = getattr(info, "registered_model_version", None)
+    return {"model_uri": info.model_uri, "model_id": getattr(info, "model_id", None),
+            "version": str(version) if version is not None else None}
+
+
+def alias_holder(model_name: str, alias: str, root: str | Path = ".") -> dict[str, Any] | None:
+    """The model version holding ``alias``: ``{"version", "run_id", "tags"}``, or None (no model, no alias)."""
+    if not enabled():
+        return None
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mv = _client(root).get_model_version_by_alias(model_name, alias)
+    except MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+            return None
+        raise
+    tags = dict(mv.tags or {})
+    return {"version": str(mv.version), "run_id": tags.get("run_id") or mv.run_id, "tags": tags}
+
+
+def set_alias(model_name: str, alias: str, version: str, root: str | Path = ".") -> None:
+    """Point ``alias`` of ``model_name`` at ``version``."""
+    if enabled():
+        _client(root).set_registered_model_alias(model_name, alias, str(version))
+
+
+def tag_model_version(model_name: str, version: str, tags: dict[str, Any], root: str | Path = ".") -> None:
+    """Set string tags on one registered model version."""
+    if enabled():
+        client = _client(root)
+        for key, value in tags.items():
+            client.set_model_version_tag(model_name, str(version), key, str(value))
+
+
+def download_run_artifact(run_id: str, artifact_path: str, dst_dir: str | Path,
+                          root: str | Path = ".") -> Path | None:
+    """Fetch one artifact of a run into ``dst_dir``; None when tracking is off or the artifact is absent."""
+    if not enabled():
+        return None
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path, dst_path=str(dst_dir),
+                                                    tracking_uri=tracking_uri(root))
+    except (MlflowException, OSError) as exc:
+        log.warning("run %s has no artifact %s: %s", run_id, artifact_path, exc)
+        return None
+    return Path(local)
+
+
+def log_datasets(run: StageRun, datasets: list[dict[str, str]]) -> None:
+    """Record dataset inputs of ``run`` (each ``{"name", "digest", "source", "context"}``; source type ``dvc``)."""
+    if not datasets or not run._live():
+        return
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    inputs = [DatasetInput(Dataset(name=d["name"], digest=d["digest"][:36], source_type="dvc", source=d["source"]),
+                           tags=[InputTag("mlflow.data.context", d.get("context", "training"))])
+              for d in datasets]
+    run._client.log_inputs(run.run_id, datasets=inputs)
+
+
+def find_model_versions(model_name: str, tags: dict[str, Any], root: str | Path = ".") -> list[dict[str, Any]]:
+    """Versions of ``model_name`` whose tags equal all of ``tags`` (newest first): ``{"version", "run_id", "tags"}``."""
+    if not enabled():
+        return []
+    quoted = model_name.replace("'", "\\'")
+    clauses = [f"name = '{quoted}'", *(f"tag.`{k}` = '{v!s}'" for k, v in tags.items())]
+    found = _client(root).search_model_versions(" and ".join(clauses), order_by=["version_number DESC"])
+    return [{"version": str(mv.version), "run_id": (mv.tags or {}).get("run_id") or mv.run_id,
+             "tags": dict(mv.tags or {})} for mv in found]

@@ -1,0 +1,324 @@
+"""Getting bytes onto the disk reliably: HTTP with resume and retries, archives with integrity checks.
+
+:func:`fetch_url` streams a URL into a cache file through ``<name>.part``: an interrupted transfer
+resumes with an HTTP ``Range`` request (a server that ignores it and answers 200 restarts the file
+cleanly), transient failures (connection errors, timeouts, 5xx/429, truncated bodies) are retried with
+exponential backoff, and the file is renamed into place only once complete.
+:func:`extract_members` and :func:`gunzip` read archives completely, so a truncated or corrupt file is
+an error naming it (never a silently short corpus), and refuse tar members that would escape their
+folder.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import logging
+import os
+import posixpath
+import re
+import shutil
+import sys
+import tarfile
+import time
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import requests
+import urllib3
+
+from pipeline.core.errors import DownloadError
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 1 << 20
+_LOG_EVERY_S = 15.0
+_PERMANENT_REQUEST_ERRORS = (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
+                             requests.exceptions.InvalidSchema)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """How hard to try: ``retries`` failed attempts in a row after the first, backoff doubling."""
+
+    retries: int = 5
+    timeout_s: float = 60.0
+    backoff_s: float = 1.0
+    max_backoff_s: float = 60.0
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait after the ``failures``-th failure in a row (1-based)."""
+        return min(self.max_backoff_s, self.backoff_s * 2 ** (failures - 1))
+
+
+class NotFound(DownloadError):
+    """The server answered 404/410 for ``url``."""
+
+    def __init__(self, url: str, status: int) -> None:
+        self.url = url
+        super().__init__(f"{url}: HTTP {status} (not found); check the URL or the mirror's layout")
+
+
+class Unreachable(DownloadError):
+    """Every attempt at ``url`` failed with a transient error."""
+
+    def __init__(self, url: str, attempts: int, last: str) -> None:
+        self.url = url
+        super().__init__(f"{url}: could not download after {attempts} attempt(s): {last}")
+
+
+class CorruptArchive(DownloadError):
+    """A gzip/tar file is truncated or not what its name says."""
+
+
+class _Transient(Exception):
+    """A failure worth retrying."""
+
+
+def sha256_file(path: str | Path) -> tuple[str, int]:
+    """The sha256 hex digest and size in bytes of ``path``."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def cache_path(cache_dir: Path, url: str) -> Path:
+    """Where ``url`` is cached: ``<cache_dir>/<host>/<url path>`` (readable, collision-free)."""
+    parts = urlsplit(url)
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", parts.netloc) or "local"
+    comps = [c for c in parts.path.split("/") if c not in ("", ".", "..")] or ["index"]
+    return cache_dir.joinpath(host, *comps)
+
+
+class _Progress:
+    """A tqdm bar on a terminal, else a log line every ``_LOG_EVERY_S`` with rate and ETA."""
+
+    def __init__(self, label: str, total: int | None, done: int) -> None:
+        self.label, self.total, self.done = label, total, done
+        self.start_done, self.t0 = done, time.monotonic()
+        self.last_log = self.t0
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=done, unit="B", unit_scale=True, desc=label, leave=False)
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+            return
+        now = time.monotonic()
+        if now - self.last_log >= _LOG_EVERY_S:
+            self.last_log = now
+            rate = (self.done - self.start_done) / max(now - self.t0, 1e-9)
+            if self.total:
+                eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+                log.info("%s: %.1f/%.1f MB (%.0f%%), %.2f MB/s, ETA %.0f s", self.label, self.done / 1e6,
+                         self.total / 1e6, 100.0 * self.done / self.total, rate / 1e6, eta)
+            else:
+                log.info("%s: %.1f MB, %.2f MB/s", self.label, self.done / 1e6, rate / 1e6)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _content_range(value: str | None) -> tuple[int | None, int | None]:
+    """(first byte, total) from a ``Content-Range: bytes a-b/total`` header (None where absent)."""
+    match = re.fullmatch(r"\s*bytes\s+(?:(\d+)-\d+|\*)/(\d+|\*)\s*", value or "")
+    if not match:
+        return None, None
+    first = int(match.group(1)) if match.group(1) else None
+    total = int(match.group(2)) if match.group(2) != "*" else None
+    return first, total
+
+
+def _open(session: requests.Session, url: str, part: Path, timeout: float) -> tuple[requests.Response, int,
+                                                                                       int | None]:
+    """Send the (range) request; return the response, the offset to write at and the total size."""
+    have = part.stat().st_size if part.exists() else 0
+    headers = {"Accept-Encoding": "identity"}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    resp = session.get(url, headers=headers, stream=True, timeout=timeout, allow_redirects=True)
+    status = resp.status_code
+    if status in (404, 410):
+        resp.close()
+        raise NotFound(url, status)
+    if status == 416:  # our range starts at or past the end: complete already, or a stale part
+        _, total = _content_range(resp.headers.get("Content-Range"))
+        resp.close()
+        if total is not None and total == have:
+            return resp, -1, total
+        part.unlink(missing_ok=True)
+        raise _Transient(f"HTTP 416 for a resume at byte {have}; restarting from scratch")
+    if status >= 500 or status in (408, 429):
+        resp.close()
+        raise _Transient(f"HTTP {status}")
+    if status == 206:
+        first, total = _content_range(resp.headers.get("Content-Range"))
+        if first != have:
+            resp.close()
+            part.unlink(missing_ok=True)
+            raise _Transient(f"server resumed at byte {first}, not {have}; restarting from scratch")
+        return resp, have, total
+    if status == 200:
+        if have:
+            log.info("%s: server ignored the Range request; restarting the transfer", url)
+        length = resp.headers.get("Content-Length")
+        return resp, 0, int(length) if length and length.isdigit() else None
+    resp.close()
+    raise DownloadError(f"{url}: HTTP {status} {resp.reason}; check the URL (or NMT_DATA_MIRROR)")
+
+
+def _attempt(session: requests.Session, url: str, part: Path, timeout: float, label: str) -> None:
+    """One try at completing ``part``; raises :class:`_Transient` for anything worth retrying."""
+    try:
+        resp, offset, total = _open(session, url, part, timeout)
+    except _PERMANENT_REQUEST_ERRORS as exc:
+        raise DownloadError(f"{url}: not a valid URL ({exc})") from None
+    except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
+        raise _Transient(f"{type(exc).__name__}: {exc}") from None
+    if offset < 0:
+        return
+    progress = _Progress(label, total, offset)
+    try:
+        with resp, open(part, "r+b" if offset else "wb") as fh:
+            fh.seek(offset)
+            fh.truncate()
+            for chunk in resp.raw.stream(_CHUNK, decode_content=False):
+                fh.write(chunk)
+                progress.update(len(chunk))
+    except (requests.RequestException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+        raise _Transient(f"transfer interrupted at byte {progress.done}: {type(exc).__name__}") from None
+    finally:
+        progress.close()
+    size = part.stat().st_size
+    if total is not None and size != total:
+        raise _Transient(f"truncated body: {size} of {total} bytes")
+
+
+def fetch_url(url: str, dest: Path, *, policy: RetryPolicy, session: requests.Session | None = None) -> Path:
+    """Download ``url`` to ``dest`` (via ``dest.part``, resumable); return ``dest``.
+
+    A failed attempt that added bytes does not count against ``policy.retries``; ``retries`` failures
+    in a row without progress (plus the first) give up.
+
+    Raises:
+        NotFound: HTTP 404/410 (names the URL).
+        Unreachable: every attempt failed with a transient error.
+        DownloadError: another HTTP error (names the URL and status).
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    own = session is None
+    session = session or requests.Session()
+    failures = attempts = 0
+    try:
+        while True:
+            before = part.stat().st_size if part.exists() else 0
+            attempts += 1
+            try:
+                _attempt(session, url, part, policy.timeout_s, dest.name)
+                break
+            except _Transient as exc:
+                now = part.stat().st_size if part.exists() else 0
+                failures = 0 if now > before else failures + 1
+                if failures > policy.retries:
+                    raise Unreachable(url, attempts, str(exc)) from None
+                delay = policy.delay(max(failures, 1))
+                log.warning("%s: %s; retrying in %.2g s (%d/%d failures in a row, %d bytes kept)", url, exc,
+                            delay, failures, policy.retries, now)
+                time.sleep(delay)
+    finally:
+        if own:
+            session.close()
+    os.replace(part, dest)
+    log.info("downloaded %s (%d bytes)", url, dest.stat().st_size)
+    return dest
+
+
+def _corrupt(path: Path, exc: BaseException, remedy: str) -> CorruptArchive:
+    return CorruptArchive(f"{path}: corrupt or truncated archive ({type(exc).__name__}: {exc}); {remedy}")
+
+
+def _escapes(name: str) -> bool:
+    """Whether the relative path ``name`` points outside the folder it is extracted into."""
+    if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
+        return True
+    return posixpath.normpath(name).split("/", 1)[0] == ".."
+
+
+def _check_member(info: tarfile.TarInfo, archive: Path) -> str:
+    """Refuse members that would escape the target folder; return the normalised name."""
+    if _escapes(info.name):
+        raise DownloadError(f"{archive}: member {info.name!r} points outside the archive's folder; refusing "
+                            "to use this archive (delete it and check where it came from)")
+    if info.issym() or info.islnk():
+        base = posixpath.dirname(info.name) if info.issym() else ""
+        if info.linkname.startswith("/") or _escapes(posixpath.join(base, info.linkname)):
+            raise DownloadError(f"{archive}: link {info.name!r} -> {info.linkname!r} points outside the archive's "
+                                "folder; refusing to use this archive (delete it and check where it came from)")
+    if info.isdev():
+        raise DownloadError(f"{archive}: member {info.name!r} is a device file; refusing to use this archive")
+    return posixpath.normpath(info.name)
+
+
+def extract_members(archive: Path, members: Iterable[str], dest: Path, *, remedy: str) -> dict[str, Path]:
+    """Read the whole tar(.gz) ``archive`` and copy ``members`` to ``dest/<member>``.
+
+    Every member is checked (no absolute paths, no ``..``, no links or devices pointing out), and
+    the archive is read to its end so that truncation is detected.
+
+    Args:
+        archive: a local ``.tar``/``.tgz`` file.
+        members: member paths to extract (a leading ``./`` in the archive is ignored).
+        dest: folder to extract into.
+        remedy: what to tell the user when the archive is corrupt (e.g. which cached copy to delete).
+
+    Returns:
+        member path -> extracted file.
+    """
+    wanted = {posixpath.normpath(m) for m in members}
+    found: dict[str, Path] = {}
+    try:
+        with tarfile.open(archive, mode="r|*") as tar:
+            for info in tar:
+                name = _check_member(info, archive)
+                if name not in wanted:
+                    continue
+                if not info.isfile():
+                    raise DownloadError(f"{archive}: member {name!r} is not a regular file")
+                target = dest.joinpath(*name.split("/"))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                src = tar.extractfile(info)
+                assert src is not None  # a regular file always has data
+                with src, open(target, "wb") as fh:
+                    shutil.copyfileobj(src, fh, _CHUNK)
+                found[name] = target
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise _corrupt(archive, exc, remedy) from None
+    missing = sorted(wanted - set(found))
+    if missing:
+        raise DownloadError(f"{archive}: no member(s) {missing}; the archive is not the expected one or is "
+                            f"incomplete: {remedy}")
+    return found
+
+
+def gunzip(src: Path, dest: Path, *, remedy: str) -> Path:
+    """Decompress the gzip file ``src`` into ``dest`` completely (truncation is an error)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with gzip.open(src, "rb") as fin, open(dest, "wb") as fout:
+            shutil.copyfileobj(fin, fout, _CHUNK)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise _corrupt(src, exc, remedy) from None
+    return dest

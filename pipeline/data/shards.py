@@ -1,0 +1,205 @@
+"""Reading the encode stage's Parquet shards: :class:`ShardSet` and :func:`read_manifest`.
+
+A split's shards hold contiguous line-id ranges in order (``line_start``/``line_end`` in the
+manifest), so the shard of an id is found by binary search without opening any file. Token
+payloads are decoded lazily, one shard at a time, into flat numpy arrays (values + offsets) and
+cached; :meth:`ShardSet.lengths` reads only the small length columns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.core.errors import DataError
+from pipeline.core.textio import sha256_file
+
+log = logging.getLogger(__name__)
+
+_REMEDY = "rerun `dvc repro encode`"
+_COLUMNS = ("id", "src", "tgt", "src_len", "tgt_len")
+
+
+def read_manifest(shards_dir: str | Path) -> dict:
+    """Parse ``<shards_dir>/manifest.json``.
+
+    Raises:
+        DataError: missing, not JSON, or without the keys the reader needs.
+    """
+    path = Path(shards_dir) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing; run `dvc repro encode` first") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: not valid JSON ({exc}); {_REMEDY}") from None
+    missing = [k for k in ("spm_sha256", "vocab_size", "splits") if not isinstance(manifest, dict) or k not in manifest]
+    if missing:
+        raise DataError(f"{path}: not a shards manifest (missing {missing}); {_REMEDY}")
+    return manifest
+
+
+@dataclass(frozen=True)
+class _Shard:
+    """One decoded shard: ids [n] int64, flat tokens and offsets [n + 1] per side."""
+
+    ids: np.ndarray
+    src: np.ndarray
+    src_off: np.ndarray
+    tgt: np.ndarray
+    tgt_off: np.ndarray
+
+    def row(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return (self.src[self.src_off[i]:self.src_off[i + 1]], self.tgt[self.tgt_off[i]:self.tgt_off[i + 1]])
+
+
+def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(values, offsets [n + 1] int64) of a list column."""
+    arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    values = arr.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
+    return values, offsets - offsets[0]
+
+
+class ShardSet:
+    """The shards of one split (``train``, ``valid`` or ``test``).
+
+    Args:
+        shards_dir: the encode stage's output directory (holding ``manifest.json``).
+        split: which split to read.
+        max_cached_shards: keep at most this many decoded shards (least recently used first out);
+            None caches every shard touched by :meth:`fetch`.
+
+    Raises:
+        DataError: a missing/corrupt manifest or an unknown split.
+    """
+
+    def __init__(self, shards_dir: str | Path, split: str, *, max_cached_shards: int | None = None) -> None:
+        self.root = Path(shards_dir)
+        self.split = split
+        self.manifest = read_manifest(self.root)
+        if split not in self.manifest["splits"]:
+            raise DataError(f"{self.root / 'manifest.json'}: no split {split!r} "
+                            f"(has {sorted(self.manifest['splits'])}); {_REMEDY}")
+        self._info = self.manifest["splits"][split]
+        self._shards = self._info["shards"]
+        self._starts = np.array([s["line_start"] for s in self._shards], dtype=np.int64)
+        self._ends = np.array([s["line_end"] for s in self._shards], dtype=np.int64)
+        self._cache: OrderedDict[int, _Shard] = OrderedDict()
+        self._max_cached = max_cached_shards
+        self._lengths: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return int(self._info["rows"])
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the BPE vocabulary the shards were encoded with."""
+        return int(self.manifest["vocab_size"])
+
+    def _path(self, k: int) -> Path:
+        return self.root / self._shards[k]["path"]
+
+    def _read(self, k: int, columns: Sequence[str]) -> pa.Table:
+        path = self._path(k)
+        try:
+            table = pq.read_table(path, columns=list(columns))
+        except FileNotFoundError:
+            raise DataError(f"{path}: missing shard listed in {self.root / 'manifest.json'}; {_REMEDY}") from None
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"{path}: corrupt Parquet shard ({exc}); {_REMEDY}") from None
+        if table.num_rows != self._shards[k]["rows"]:
+            raise DataError(f"{path}: {table.num_rows} rows, the manifest says {self._shards[k]['rows']}; {_REMEDY}")
+        return table
+
+    def _decode(self, k: int) -> _Shard:
+        table = self._read(k, _COLUMNS)
+        src, src_off = _flat(table.column("src"))
+        tgt, tgt_off = _flat(table.column("tgt"))
+        return _Shard(table.column("id").to_numpy(), src, src_off, tgt, tgt_off)
+
+    def _shard(self, k: int) -> _Shard:
+        shard = self._cache.get(k)
+        if shard is None:
+            shard = self._cache[k] = self._decode(k)
+            if self._max_cached is not None and len(self._cache) > self._max_cached:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(k)
+        return shard
+
+    def lengths(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids [n] int64, src_len [n] int32, tgt_len [n] int32) of every row, in id order (no EOS)."""
+        if self._lengths is None:
+            parts = [self._read(k, ("id", "src_len", "tgt_len")) for k in range(len(self._shards))]
+            cols = [[p.column(c).to_numpy() for p in parts] for c in ("id", "src_len", "tgt_len")]
+            dtypes = (np.int64, np.int32, np.int32)
+            self._lengths = tuple(np.concatenate(c).astype(d, copy=False) if c else np.zeros(0, d)
+                                  for c, d in zip(cols, dtypes))  # type: ignore[assignment]
+        return self._lengths  # type: ignore[return-value]
+
+    def fetch(self, ids: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Token arrays (src, tgt) of the rows ``ids``, in that order (uint16/uint32, no BOS/EOS).
+
+        Raises:
+            KeyError: an id not in this split (out of range, or dropped by ``encode.max_len``).
+        """
+        want = np.asarray(ids, dtype=np.int64)
+        which = np.searchsorted(self._ends, want, side="right")
+        out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(want)
+        for k in np.unique(which):
+            sel = np.flatnonzero(which == k)
+            if k >= len(self._shards) or (want[sel] < self._starts[k]).any():
+                raise KeyError(f"ids {want[sel][:5].tolist()} are not in split {self.split!r}")
+            shard = self._shard(int(k))
+            pos = np.minimum(np.searchsorted(shard.ids, want[sel]), max(len(shard.ids) - 1, 0))
+            bad = shard.ids[pos] != want[sel] if len(shard.ids) else np.ones(len(sel), dtype=bool)
+            if bad.any():
+                raise KeyError(f"ids {want[sel][bad][:5].tolist()} are not in split {self.split!r} "
+                               "(dropped by encode.max_len?)")
+            for i, p in zip(sel.tolist(), pos.tolist()):
+                out[i] = shard.row(p)
+        return out  # type: ignore[return-value]
+
+    def iter_rows(self) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Stream (id, src, tgt) over every row in id order, one decoded shard in memory at a time."""
+        for k in range(len(self._shards)):
+            shard = self._cache.get(k) or self._decode(k)
+            for i, row_id in enumerate(shard.ids.tolist()):
+                yield (row_id, *shard.row(i))
+
+    def check_spm(self, spm_model: str | Path) -> None:
+        """Refuse shards encoded with another BPE model.
+
+        Raises:
+            DataError: naming both sha256 values and the remedy.
+        """
+        actual = sha256_file(spm_model)
+        expected = self.manifest["spm_sha256"]
+        if actual != expected:
+            raise DataError(f"{self.root / 'manifest.json'} was encoded with spm.model sha256 {expected}, but "
+                            f"{spm_model} has sha256 {actual}; {_REMEDY} (or `dvc repro` to rebuild both)")
+
+    def verify(self) -> None:
+        """Check every shard file of this split against the sha256 recorded in the manifest.
+
+        Raises:
+            DataError: listing each missing or modified shard.
+        """
+        problems = []
+        for k, entry in enumerate(self._shards):
+            path = self._path(k)
+            if not path.is_file():
+                problems.append(f"{path}: missing")
+            elif (digest := sha256_file(path)) != entry["sha256"]:
+                problems.append(f"{path}: sha256 {digest}, manifest says {entry['sha256']}")
+        if problems:
+            raise DataError("shards do not match their manifest: " + "; ".join(problems) + f"; {_REMEDY}")

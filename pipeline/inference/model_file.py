@@ -1,0 +1,118 @@
+"""``averaged.pt``, the one file a translation needs: its only writer and reader.
+
+The file holds ``{"model": state_dict, "config": TransformerConfig as dict, "spm": spm.model bytes}``
+and loads with ``torch.load(weights_only=True)``. The average stage :func:`save`\\ s it; decoding,
+``nmt translate``, the MLflow translator, register and the audit :func:`load` or :func:`describe` it.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model import TransformerConfig
+from pipeline.core import torchfile
+from pipeline.core.errors import CheckpointError
+from pipeline.core.textio import atomic_path
+
+NAME = "averaged.pt"
+KEYS = ("model", "config", "spm")
+REMEDY = "rerun `dvc repro average` (or copy the file again)"
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """The contents of an ``averaged.pt``."""
+
+    weights: dict[str, torch.Tensor]
+    config: TransformerConfig
+    spm: bytes
+
+
+def path_in(model_dir: str | Path) -> Path:
+    """Where the average stage writes the file inside ``paths.model``."""
+    return Path(model_dir) / NAME
+
+
+def save(path: str | Path, *, weights: dict[str, torch.Tensor], config: TransformerConfig, spm: bytes) -> None:
+    """Write the file atomically; equal contents give equal bytes (``torch.save`` into memory first)."""
+    buffer = io.BytesIO()
+    torch.save({"model": weights, "config": config.to_dict(), "spm": spm}, buffer)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(buffer.getvalue())
+
+
+def _read(path: Path, *, mmap: bool = False) -> dict[str, Any]:
+    blob = torchfile.load(path, mmap=mmap, remedy=f"the file is truncated or corrupt: {REMEDY}",
+                          missing="model file not found; run `dvc repro average` or pass --model")
+    if not isinstance(blob, dict) or not set(KEYS) <= set(blob):
+        raise CheckpointError(f"{path}: not an averaged model (needs keys {', '.join(KEYS)}); {REMEDY}")
+    state = blob["model"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: no 'model' state_dict of tensors; was it written by the average stage?")
+    return blob
+
+
+def load(path: str | Path, *, mmap: bool = False) -> ModelFile:
+    """Read and check the file (weights not yet fitted to a model: see :func:`build_model`).
+
+    Raises:
+        CheckpointError: missing, truncated or corrupt file, or not the average stage's format (names the
+            path and the remedy).
+    """
+    path = Path(path)
+    blob = _read(path, mmap=mmap)
+    try:
+        config = TransformerConfig.from_dict(blob["config"])
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: its config does not fit this code ({exc}); {REMEDY}") from None
+    return ModelFile(weights=blob["model"], config=config, spm=blob["spm"])
+
+
+def build_model(mf: ModelFile, path: str | Path) -> torch.nn.Module:
+    """The :class:`model.Transformer` of ``mf`` with its weights loaded (on CPU, train mode).
+
+    Raises:
+        CheckpointError: the weights do not fit the config (names ``path``).
+    """
+    from model import Transformer
+
+    try:
+        model = Transformer(mf.config)
+        model.load_state_dict(mf.weights)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: its weights, config or BPE model do not fit this code ({exc}); "
+                              f"{REMEDY}") from None
+    return model
+
+
+def describe(path: str | Path) -> dict[str, Any] | None:
+    """Parameter statistics (floating tensors; a tensor shared by two keys counts once), or None if absent.
+
+    Returns:
+        ``{"total", "embedding", "tied", "learned_positions", "vocab_size", "d_model"}``.
+
+    Raises:
+        CheckpointError: unreadable file or not the average stage's format (names the file).
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    state = _read(path)["model"]
+    seen, total = set(), 0
+    for tensor in state.values():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if tensor.is_floating_point() and key not in seen:
+            seen.add(key)
+            total += tensor.numel()
+    embed = state.get("embed.weight")
+    shape = tuple(embed.shape) if embed is not None else None
+    same_shape = sum(1 for v in state.values() if shape is not None and tuple(v.shape) == shape)
+    return {"total": total, "embedding": int(embed.numel()) if embed is not None else 0,
+            "tied": embed is not None and same_shape == 1,
+            "learned_positions": any("position" in k for k in state),
+            "vocab_size": shape[0] if shape else None, "d_model": shape[1] if shape else None}

@@ -1,0 +1,227 @@
+"""Process groups and collectives. The only module that imports ``torch.distributed``.
+
+Under ``torchrun`` (env ``WORLD_SIZE``/``RANK``/``LOCAL_RANK`` set) :func:`init` opens a process
+group: NCCL when CUDA is available, gloo on CPU. Without torchrun it returns a single-process
+context and every collective here is the identity, so the training code has one path.
+
+Environment:
+    NMT_DIST_TIMEOUT_S   collective timeout in seconds (default 1800): a rank that waits longer
+                         for its peers (a hung or dead rank) fails with a :class:`CollectiveError`
+                         naming this variable instead of hanging forever (gloo and NCCL both honour
+                         the process group's timeout); torchrun then stops the job or, with
+                         ``NMT_MAX_RESTARTS``, restarts it from the newest checkpoint.
+    NMT_DIST_BACKEND     force ``gloo`` or ``nccl`` (default: nccl on CUDA, else gloo).
+Both are parsed and checked with every other ``NMT_*`` variable in :mod:`pipeline.core.env`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import functools
+import logging
+import os
+import signal
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from pipeline.core import env
+from pipeline.core.errors import PipelineError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = env.Settings.dist_timeout_s
+_BUCKET_BYTES = 32 << 20
+_PR_SET_PDEATHSIG = 1
+
+
+class CollectiveError(PipelineError):
+    """A collective failed: a peer rank timed out (hung) or died."""
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process stands: rank, world size and its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0 (the one process that writes files and logs to MLflow)."""
+        return self.rank == 0
+
+
+def timeout_s() -> float:
+    """The collective timeout from ``NMT_DIST_TIMEOUT_S`` (seconds, > 0).
+
+    Raises:
+        ConfigError: a malformed ``NMT_*`` variable (named, with what is expected).
+    """
+    return env.settings().dist_timeout_s
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise PipelineError(f"environment {name}={raw!r}: expected an integer (set by torchrun)") from None
+
+
+def init(device: str | None = None) -> DistContext:
+    """Join the process group torchrun prepared (or run alone without it).
+
+    Args:
+        device: ``"cuda"`` or ``"cpu"``; default CUDA when available.
+
+    Returns:
+        The :class:`DistContext` of this process; on CUDA its device is ``cuda:<LOCAL_RANK>``.
+    """
+    world = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    use_cuda = torch.cuda.is_available() if device is None else device == "cuda"
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    else:
+        dev = torch.device("cpu")
+    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        die_with_parent()
+        backend = env.settings().dist_backend or ("nccl" if use_cuda else "gloo")
+        kwargs = {"device_id": dev} if backend == "nccl" else {}
+        timeout = datetime.timedelta(seconds=timeout_s())
+        dist.init_process_group(backend=backend, store=_attempt_store(timeout), rank=rank, world_size=world,
+                                timeout=timeout, **kwargs)
+        log.info("rank %d/%d joined the %s process group on %s", rank, world, backend, dev)
+    return DistContext(rank=rank, world_size=world, local_rank=local_rank, device=dev)
+
+
+def _attempt_store(timeout: datetime.timedelta) -> dist.Store:
+    """torchrun's store with keys private to this restart attempt (``TORCHELASTIC_RESTART_COUNT``).
+
+    After ``--max-restarts`` brings the workers back, the agent's store still holds the previous
+    attempt's gloo addresses under the same keys; new ranks then connect to dead ports and fail
+    ("Gloo connectFullMesh failed ... Connection refused"). A per-attempt prefix avoids that.
+    """
+    store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+    return dist.PrefixStore(f"nmt/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent (the torchrun agent) dies (Linux).
+
+    torchrun starts each worker in its own session, so a SIGKILLed agent (OOM killer, a killed
+    job step) would otherwise leave orphaned workers that go on training and writing checkpoints
+    beside the relaunched job. A no-op where ``prctl`` is unavailable.
+    """
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _collective(fn: Callable) -> Callable:
+    """Turn a timed-out or broken collective into a :class:`CollectiveError` with the remedy."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (RuntimeError, dist.DistError) as exc:
+            text = str(exc)
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            cause = (text.strip().splitlines() or [type(exc).__name__])[0][-200:]
+            resume = ("The job resumes from the newest checkpoint when relaunched (torchrun restarts it by itself "
+                      "up to NMT_MAX_RESTARTS times).")
+            if "timed out" in text.lower() or "timeout" in text.lower():
+                raise CollectiveError(
+                    f"rank {rank}: collective {fn.__name__} timed out after {timeout_s():g} s (NMT_DIST_TIMEOUT_S): "
+                    f"another rank hung or is far behind; check its log. Raise NMT_DIST_TIMEOUT_S if a step, "
+                    f"validation or checkpoint write legitimately takes longer. {resume} [{cause}]") from None
+            if any(w in text.lower() for w in ("closed", "reset by peer", "broken pipe")):
+                raise CollectiveError(f"rank {rank}: collective {fn.__name__} failed: a peer rank died; its log "
+                                      f"names the cause. {resume} [{cause}]") from None
+            raise
+    return wrapper
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+@_collective
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over ranks in place (identity when alone); returns it."""
+    if _active():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+@_collective
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    """Element-wise maximum over ranks in place (identity when alone); returns it."""
+    if _active():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
+@_collective
+def all_reduce_grads(params: Iterable[torch.nn.Parameter]) -> None:
+    """Sum the gradients of ``params`` over ranks, in flat buckets of ~32 MB.
+
+    A parameter without a gradient contributes zeros (its ``.grad`` is created), so every rank
+    issues the same collectives even when it had no micro-batch in this step.
+    """
+    params = [p for p in params if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if not _active():
+        return
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for p in params:
+        bucket.append(p.grad)
+        size += p.grad.numel() * p.grad.element_size()
+        if size >= _BUCKET_BYTES:
+            _reduce_bucket(bucket)
+            bucket, size = [], 0
+    if bucket:
+        _reduce_bucket(bucket)
+
+
+def _reduce_bucket(grads: list[torch.Tensor]) -> None:
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for g in grads:
+        n = g.numel()
+        g.copy_(flat[offset:offset + n].view_as(g))
+        offset += n
+
+
+@_collective
+def barrier() -> None:
+    """Wait for every rank (no-op when alone)."""
+    if _active():
+        dist.barrier()
+
+
+def shutdown() -> None:
+    """Leave the process group if one was joined (safe to call twice)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

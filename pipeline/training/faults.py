@@ -1,0 +1,104 @@
+"""Fault injection for the crash-recovery tests: named points in training that can kill, crash or stall.
+
+Unset (the normal case) every :func:`hit` is one cached read of :func:`pipeline.core.env.settings`
+and returns. Set::
+
+    NMT_FAULT_POINT=<point>:<step>[:<action>[:<rank>]]     e.g. mid_save:4  or  collective:3:stall:1
+    NMT_FAULT_ONCE=<file>       fire only if <file> does not exist (it is created just before firing),
+                                so a job restarted by torchrun does not hit the same fault again
+
+Points (``step`` is the optimizer step being run or just finished):
+    preflight      inside the pre-flight forward/backward on the largest batch shape (step 0)
+    forward        before each micro-batch's forward of ``step``
+    mid_accum      between two micro-batches of ``step`` (gradients partly accumulated)
+    collective     before the gradient all-reduce of ``step``
+    before_save    rank 0, before checkpoint ``step`` is written
+    mid_save       rank 0, after ``model.pt`` of checkpoint ``step``, before optim.pt/state.json/DONE
+    after_save     rank 0, after checkpoint ``step`` has its DONE marker, before older ones are pruned
+    after_step     after ``step`` completed (validation and checkpoint included)
+Actions: ``kill`` (SIGKILL this process, the default), ``exit`` (die at once with exit code 3),
+``stall`` (sleep forever: a hung rank), ``oom`` (raise ``torch.OutOfMemoryError``). ``rank``
+restricts the fault to one rank (default: every rank that reaches the point).
+``NMT_FAULT_KILL_AT_STEP=<n>`` is the older spelling of ``after_step:<n>``. The variables are parsed
+and checked in :mod:`pipeline.core.env` (which defines :class:`Fault` and the points and actions).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+from pipeline.core import env
+from pipeline.core.env import FAULT_ACTIONS as ACTIONS
+from pipeline.core.env import FAULT_POINTS as POINTS
+from pipeline.core.env import Fault
+from pipeline.core.env import parse_fault as parse
+from pipeline.training.hooks import Hooks
+
+__all__ = ["ACTIONS", "ENV", "EXIT_CODE", "LEGACY_ENV", "ONCE_ENV", "POINTS", "Fault", "FaultHooks", "Hooks", "active",
+           "from_env", "hit", "parse"]
+
+log = logging.getLogger(__name__)
+
+ENV, ONCE_ENV, LEGACY_ENV = "NMT_FAULT_POINT", "NMT_FAULT_ONCE", "NMT_FAULT_KILL_AT_STEP"
+EXIT_CODE = 3
+
+
+def active() -> Fault | None:
+    """The fault configured in the environment, or None (the normal case).
+
+    Raises:
+        ConfigError: a malformed ``NMT_*`` variable (named, with what is expected).
+    """
+    return env.settings().fault
+
+
+class FaultHooks(Hooks):  # the default Hooks (pipeline/training/hooks.py) do nothing
+    """Fires the fault configured in the environment (``NMT_FAULT_POINT``, ``NMT_FAULT_ONCE``)."""
+
+    def at(self, point: str, step: int, rank: int = 0) -> None:
+        """Fire the configured fault if it names ``point`` at ``step`` (and this ``rank``)."""
+        hit(point, step, rank)
+
+
+def from_env() -> Hooks:
+    """:class:`FaultHooks` when a fault is configured, else the no-op :class:`Hooks`.
+
+    Raises:
+        ConfigError: a malformed ``NMT_FAULT_*`` variable (named, with what is expected).
+    """
+    return FaultHooks() if active() is not None else Hooks()
+
+
+def hit(point: str, step: int, rank: int = 0) -> None:
+    """Fire the configured fault if it names ``point`` at ``step`` (and this ``rank``); else return."""
+    settings = env.settings()
+    fault = settings.fault
+    if fault is None or fault.point != point or fault.step != step or fault.rank not in (None, rank):
+        return
+    if settings.fault_once is not None:
+        try:
+            Path(settings.fault_once).touch(exist_ok=False)
+        except FileExistsError:
+            return
+    _fire(fault, rank)
+
+
+def _fire(fault: Fault, rank: int) -> None:
+    what = f"{ENV}={fault.point}:{fault.step}:{fault.action} on rank {rank} (fault-injection hook)"
+    if fault.action == "oom":
+        import torch
+
+        raise torch.OutOfMemoryError(f"injected allocation failure: {what}")
+    log.warning("%s: %s", what, {"kill": "SIGKILL", "exit": f"exit {EXIT_CODE}", "stall": "stalling"}[fault.action])
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    if fault.action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif fault.action == "exit":
+        os._exit(EXIT_CODE)
+    while True:  # stall: a rank that never reaches its next collective
+        time.sleep(3600)

@@ -1,0 +1,124 @@
+"""What training reports: progress lines, MLflow curves, the ``train.csv`` plot file, throughput and MFU.
+
+:class:`TrainLog` sums the steps since its last line and, every ``train.log_every_steps``, logs
+loss, perplexity, learning rate, gradient norm, target tokens per second and (on CUDA) MFU: model
+FLOPs utilisation, the matmul FLOPs of the trained tokens (:func:`train_flops_per_target_token`)
+over the GPUs' dense bf16 peak.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+import time
+from typing import Any
+
+from model import TransformerConfig
+from pipeline.training.state import TrainState
+
+log = logging.getLogger(__name__)
+
+PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (NVIDIA H100 datasheet), the MFU denominator
+CSV_COLUMNS = ("step", "epoch", "train_loss", "train_nll", "train_ppl", "valid_loss", "valid_nll", "valid_ppl",
+               "lr", "grad_norm", "tgt_tokens_per_step")
+
+
+def train_flops_per_target_token(cfg: TransformerConfig, src_len: float, tgt_len: float) -> float:
+    """Matmul FLOPs of one training step per target token: 2 per multiply-add, training = 3 × forward.
+
+    Counted layer by layer for the paper's architecture (self- and cross-attention projections, FFN,
+    attention scores and weighted sums, the tied output projection), the convention of the MFU
+    definition in Chowdhery et al. 2022 (PaLM, arXiv:2204.02311, Appendix B). ``src_len``/``tgt_len``
+    are mean sequence lengths (with EOS/BOS); source terms are scaled by source tokens per target token.
+    """
+    d, f, n, v = cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.vocab_size
+    per_src = n * (8 * d * d + 4 * d * f + 4 * src_len * d) + n * 4 * d * d
+    per_tgt = n * (12 * d * d + 4 * d * f + 4 * tgt_len * d + 4 * src_len * d) + 2 * d * v
+    return 3.0 * (per_src * src_len / tgt_len + per_tgt)
+
+
+def perplexity(nll_per_token: float) -> float:
+    """exp(NLL), capped so that a diverged run still logs a number."""
+    return math.exp(min(nll_per_token, 700.0))
+
+
+class TrainLog:
+    """Interval sums between log lines, and the line itself (stdout, MLflow, ``state.history``).
+
+    Args:
+        tracker: the stage's MLflow run handle (``log_metrics``).
+        max_steps, max_minutes: the run's limits (for the ETA).
+        flops_per_token: training FLOPs per target token; ``peak_flops``: the devices' total peak,
+            or 0 when MFU is not meaningful (CPU).
+        start_step: the step the run (re)started at.
+    """
+
+    def __init__(self, tracker: Any, *, max_steps: int, max_minutes: float, flops_per_token: float,
+                 peak_flops: float, start_step: int) -> None:
+        self.tracker, self.max_steps, self.max_minutes = tracker, max_steps, max_minutes
+        self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
+        self.t0, self.start_step = time.monotonic(), start_step
+        self._reset()
+
+    def _reset(self) -> None:
+        self.loss = self.nll = self.tokens = 0.0
+        self.steps = 0
+        self.since = time.monotonic()
+
+    def add(self, stats: dict[str, float]) -> None:
+        """Add one optimizer step's global sums (``loss_sum``, ``nll_sum``, ``tokens``)."""
+        self.loss += stats["loss_sum"]
+        self.nll += stats["nll_sum"]
+        self.tokens += stats["tokens"]
+        self.steps += 1
+
+    def elapsed(self) -> float:
+        """Seconds since the run (re)started."""
+        return time.monotonic() - self.t0
+
+    def line(self, state: TrainState, last: dict[str, float]) -> dict[str, Any]:
+        """Log the interval ending at ``state.step`` (``last``: that step's lr and grad norm); return its row."""
+        tok = max(self.tokens, 1.0)
+        row = {"step": state.step, "epoch": state.epoch, "train_loss": self.loss / tok, "train_nll": self.nll / tok,
+               "train_ppl": perplexity(self.nll / tok), "lr": last["lr"], "grad_norm": last["grad_norm"],
+               "tgt_tokens_per_step": self.tokens / self.steps}
+        rate = self.tokens / max(time.monotonic() - self.since, 1e-9)
+        extra = {"tgt_tokens_per_s": rate}
+        if self.peak_flops:
+            extra["mfu"] = rate * self.flops_per_token / self.peak_flops
+        eta = self.elapsed() / max(state.step - self.start_step, 1) * (self.max_steps - state.step)
+        if self.max_minutes > 0:
+            eta = min(eta, max(0.0, self.max_minutes * 60 - self.elapsed()))
+        log.info("step %d/%d epoch %d | loss %.4f nll %.4f ppl %.2f | lr %.3g | gnorm %.3f | %.0f tgt tok/s%s | "
+                 "%.0f tok/step | ETA %s", state.step, self.max_steps, state.epoch, row["train_loss"],
+                 row["train_nll"], row["train_ppl"], row["lr"], row["grad_norm"], rate,
+                 f" | MFU {extra['mfu']:.1%}" if "mfu" in extra else "", row["tgt_tokens_per_step"],
+                 time.strftime("%H:%M:%S", time.gmtime(eta)) if eta < 86400 else f"{eta / 3600:.1f} h")
+        self.tracker.log_metrics({k: v for k, v in {**row, **extra}.items() if k not in ("step", "epoch")},
+                                 step=state.step)
+        state.history.append(row)
+        self._reset()
+        return row
+
+
+def log_valid(tracker: Any, state: TrainState, scores: dict[str, float]) -> None:
+    """Log a validation at ``state.step`` (progress line, MLflow, ``state.history``)."""
+    log.info("step %d valid | loss %.4f nll %.4f ppl %.2f", state.step, scores["valid_loss"],
+             scores["valid_nll"], scores["valid_ppl"])
+    tracker.log_metrics(scores, step=state.step)
+    state.history.append({"step": state.step, "epoch": state.epoch, **scores})
+
+
+def history_csv(history: list[dict[str, Any]]) -> str:
+    """``train.csv``: one row per logged step (train interval and validation merged), fixed columns."""
+    rows: dict[int, dict[str, Any]] = {}
+    for entry in history:
+        rows.setdefault(entry["step"], {}).update(entry)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for step in sorted(rows):
+        writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in rows[step].items()})
+    return out.getvalue()

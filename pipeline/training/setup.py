@@ -1,0 +1,132 @@
+"""Everything a training run builds once (:class:`Trainer`), and resuming it from the newest checkpoint."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sentencepiece as spm
+import torch
+
+from model import Transformer, TransformerConfig
+from pipeline.core.config import TrainConfig, section_dict
+from pipeline.core.errors import DataError
+from pipeline.data import batching
+from pipeline.data.shards import ShardSet
+from pipeline.training import checkpoint, distributed, preflight
+from pipeline.training.faults import Hooks
+from pipeline.training.logs import train_flops_per_target_token
+from pipeline.training.state import TrainState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Trainer:
+    """The fixed parts of a run: config, process group, model, optimizer, data and its batch plan."""
+
+    cfg: TrainConfig
+    seed: int
+    ctx: distributed.DistContext
+    model: Transformer
+    optim: torch.optim.Optimizer
+    train: ShardSet
+    valid: ShardSet
+    batches: list[np.ndarray]
+    """The frozen plan of training micro-batches (example ids), shuffled per epoch."""
+    valid_batches: list[np.ndarray]
+    accum: int
+    """Micro-batches per rank per optimizer step."""
+    config: dict[str, Any]
+    """The resolved model + train + seed config (checkpoints refuse to resume under another)."""
+    shards_sha256: str
+    flops_per_token: float
+    hooks: Hooks
+
+
+def vocab_size(spm_model: Path) -> int:
+    """Piece count of the SentencePiece model (the vocabulary size)."""
+    if not Path(spm_model).is_file():
+        raise DataError(f"{spm_model}: BPE model not found; run the bpe stage first (dvc repro bpe)")
+    return spm.SentencePieceProcessor(model_file=str(spm_model)).get_piece_size()
+
+
+def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir: Path, spm_model: Path,
+          ctx: distributed.DistContext, hooks: Hooks) -> Trainer:
+    """Plan the batches, build the model (same initial weights on every rank), check memory, make Adam.
+
+    Raises:
+        DataError: an empty train split or a BPE model that does not match the shards.
+        PipelineError: the largest micro-batch does not fit in memory (pre-flight).
+    """
+    train, valid = ShardSet(shards_dir, "train"), ShardSet(shards_dir, "valid")
+    train.check_spm(spm_model)
+    tcfg = model_cfg.with_vocab(vocab_size(spm_model))
+    ids, src_len, tgt_len = train.lengths()
+    if len(ids) == 0:
+        raise DataError(f"{shards_dir}: the train split is empty; check the clean/encode stages' metrics")
+    lengths = batching.token_lengths(src_len, tgt_len)
+    batches = batching.plan_batches(ids, lengths, max_tokens=cfg.max_tokens, seed=seed)
+    v_ids, v_src, v_tgt = valid.lengths()
+    valid_batches = batching.valid_plan(v_ids, batching.token_lengths(v_src, v_tgt), max_tokens=cfg.max_tokens,
+                                        max_positions=tcfg.max_positions)
+    torch.manual_seed(seed)  # identical initial weights on every rank and device
+    model = Transformer(tcfg).to(ctx.device)
+    preflight.check(model, preflight.largest_shapes(batches, ids, lengths), device=ctx.device,
+                    max_tokens=cfg.max_tokens, label_smoothing=cfg.label_smoothing, rank=ctx.rank, hooks=hooks)
+    fused = {"fused": True} if ctx.device.type == "cuda" else {}
+    optim = torch.optim.Adam(model.parameters(), lr=0.0, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+                             weight_decay=cfg.weight_decay, **fused)
+    sha = hashlib.sha256((Path(shards_dir) / "manifest.json").read_bytes()).hexdigest()
+    flops = train_flops_per_target_token(tcfg, float(src_len.mean()) + 1, float(tgt_len.mean()) + 1)
+    return Trainer(cfg=cfg, seed=seed, ctx=ctx, model=model, optim=optim, train=train, valid=valid, batches=batches,
+                   valid_batches=valid_batches,
+                   accum=batching.accumulation(cfg.tokens_per_step, ctx.world_size, cfg.max_tokens),
+                   config={"model": tcfg.to_dict(), "train": section_dict(cfg), "seed": seed}, shards_sha256=sha,
+                   flops_per_token=flops, hooks=hooks)
+
+
+def resume(tr: Trainer, run_dir: Path) -> tuple[TrainState, str | None, int | None]:
+    """Load the newest complete checkpoint (if any).
+
+    Returns:
+        The state to continue from, the MLflow run id to continue, and the world size that saved it
+        (None when starting fresh).
+
+    Raises:
+        CheckpointError: a checkpoint from another config or shards, or a corrupt file (named).
+    """
+    if tr.ctx.is_main:  # a run killed while saving: drop the half-written folder, finish the pruning
+        checkpoint.clean_incomplete(run_dir)
+        checkpoint.prune(run_dir, tr.cfg.keep_last)
+    distributed.barrier()
+    folder = checkpoint.latest(run_dir)
+    if folder is None:
+        return TrainState(), None, None
+    saved = checkpoint.read_state(folder)
+    checkpoint.check_resumable(folder, saved, config=tr.config, shards_sha256=tr.shards_sha256)
+    tr.model.load_state_dict(checkpoint.load_tensors(folder, checkpoint.MODEL))
+    tr.optim.load_state_dict(checkpoint.load_tensors(folder, checkpoint.OPTIM))
+    if saved["world_size"] != tr.ctx.world_size:
+        log.warning("resuming %s saved by %d processes on %d: the run continues from the same micro-batch but "
+                    "is no longer bitwise equal to an uninterrupted one", folder, saved["world_size"],
+                    tr.ctx.world_size)
+    log.info("resuming from %s (step %d, epoch %d, micro-batch %d)", folder, saved["step"], saved["epoch"],
+             saved["micro_batch"])
+    return TrainState.from_json(saved), saved.get("mlflow_run_id"), saved["world_size"]
+
+
+def save(tr: Trainer, state: TrainState, run_dir: Path, run_id: str | None) -> None:
+    """Checkpoint ``state`` (rank 0 writes; every rank waits for it)."""
+    if tr.ctx.is_main:
+        meta = state.to_json(world_size=tr.ctx.world_size, config=tr.config, shards_sha256=tr.shards_sha256,
+                             mlflow_run_id=run_id)
+        folder = checkpoint.save(run_dir, state.step, model_state=tr.model.state_dict(),
+                                 optim_state=tr.optim.state_dict(), state=meta, keep_last=tr.cfg.keep_last,
+                                 hooks=tr.hooks)
+        log.info("checkpoint %s", folder)
+    distributed.barrier()

@@ -1,0 +1,108 @@
+"""The audit stage's world: a tiny run made by the real stages (clean → bpe → encode → train → average →
+evaluate) on raw text written as the download stage writes it, with a stand-in dvc.lock.
+
+:func:`build_audit_world` is what the ``audit_world`` fixture (tests/conftest.py) returns.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.average import stage as average_stage
+from pipeline.bpe import stage as bpe_stage
+from pipeline.clean import stage as clean_stage
+from pipeline.core import stages
+from pipeline.core.config import BpeConfig, Params, params_from_dict
+from pipeline.core.stage import run_stage, write_metrics
+from pipeline.core.textio import write_lines, write_text
+from pipeline.encode import stage as encode_stage
+from pipeline.evaluate import stage as evaluate_stage
+from pipeline.project.profiles import merged_profile
+from pipeline.train import stage as train_stage
+from tests.helpers.eval_world import TEST, VALID
+from tests.helpers.models import CORPUS
+from tests.helpers.paths import REPO
+
+PATHS = {name: name for name in ("raw", "clean", "bpe", "shards", "train", "model", "eval", "metrics", "plots",
+                                 "reports")}
+
+
+def profile_params(name: str, root: Path) -> tuple[dict, Params, Path]:
+    """Profile ``name`` with every path relative to ``root``, written as ``root/params.yaml``."""
+    data = merged_profile(name, REPO)
+    data["paths"] = dict(PATHS)
+    path = root / "params.yaml"
+    write_text(path, yaml.safe_dump(data, sort_keys=False))
+    return data, params_from_dict(data), path
+
+
+def _raw(root: Path) -> None:
+    """Raw text plus the manifest and download's metrics exactly as the download stage writes them."""
+    pairs = {"train": [(f"{en} {i}", f"{de} {i}") for i in range(8) for de, en in zip(CORPUS[0:13:2], CORPUS[1:13:2])],
+             "valid": VALID, "test": TEST}
+    files, outputs = [], {}
+    for split, rows in pairs.items():
+        for side, lang in ((0, "en"), (1, "de")):
+            path = root / "raw" / f"{split}.{lang}"
+            write_lines(path, [r[side] for r in rows])
+            sha = hashlib.sha256(path.read_bytes()).hexdigest()
+            outputs[path.name] = {"sha256": sha, "bytes": path.stat().st_size, "lines": len(rows)}
+            files.append({"split": split, "corpus": f"toy-{split}", "lang": lang, "url": f"https://example.org/{split}."
+                          f"{lang}.gz", "member": None, "format": "gzip", "sha256": sha[::-1], "bytes": 100 + side,
+                          "lines": len(rows)})
+    (root / "raw" / "manifest.json").write_text(json.dumps({"dataset": "multi30k", "files": files,
+                                                            "outputs": outputs}, indent=2, sort_keys=True) + "\n")
+    (root / "metrics").mkdir()
+    record = {"archives": {}, "dataset": "multi30k", "mlflow_run_id": None, "origins": {},
+              "pairs": {s: len(r) for s, r in pairs.items()}, "seconds": 0.1}
+    write_metrics(stages.details_file(root / "metrics", "download"), record)
+    write_metrics(stages.metrics_file(root / "metrics", "download"), stages.numbers(record))
+
+
+def _dvc_lock(root: Path, data: dict) -> None:
+    """A dvc.lock in DVC 3's format (stage params = the params.yaml sections, md5 per dep/out)."""
+    def entry(deps: list[str], outs: list[str], sections: list[str]) -> dict:
+        md5 = lambda p: hashlib.md5(p.encode()).hexdigest()  # stand-in digests
+        return {"cmd": "python -m pipeline.x", "deps": [{"path": p, "hash": "md5", "md5": md5(p), "size": 1}
+                                                        for p in deps],
+                "params": {"params.yaml": {s: copy.deepcopy(data[s]) for s in sections}},
+                "outs": [{"path": p, "hash": "md5", "md5": md5(p) + ".dir", "size": 2, "nfiles": 3} for p in outs]}
+    lock = {"schema": "2.0", "stages": {
+        "download": entry(["pipeline/download.py"], ["raw", "metrics/download.json"], ["download"]),
+        "bpe": entry(["clean"], ["bpe", "metrics/bpe.json"], ["bpe"]),
+        "train": entry(["shards", "bpe"], ["train", "metrics/train.json"], ["seed", "model", "train"]),
+        "audit": entry(["metrics/evaluate.details.json"], ["reports/audit.md"], ["train"])}}
+    lock["stages"]["audit"]["params"]["params.yaml"]["train"]["max_steps"] = 999  # the previous audit's params
+    (root / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
+
+
+def build_audit_world(root: Path) -> Path:
+    """A complete tiny-profile workspace under ``root``, produced by the real stages (~10 s)."""
+    data, p, _ = profile_params("tiny", root)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NMT_ENCODE_WORKERS", "1")
+    mp.setenv("NMT_DEVICE", "cpu")
+    mp.chdir(root)
+    try:
+        _raw(root)
+        for name, body in (
+                ("clean", lambda: clean_stage(p.clean, raw_dir="raw", clean_dir="clean")),
+                ("bpe", lambda: bpe_stage(BpeConfig(vocab_size=120, input_sentence_size=100000), clean_dir="clean",
+                                          bpe_dir="bpe")),
+                ("encode", lambda: encode_stage(p.encode, clean_dir="clean", bpe_dir="bpe", shards_dir="shards")),
+                ("train", lambda: train_stage(p.train, model_cfg=p.model, seed=p.seed, shards_dir="shards",
+                                              spm_model="bpe/spm.model", run_dir="train", plots_path="plots/train.csv")),
+                ("average", lambda: average_stage(p.average, train_dir="train", bpe_dir="bpe", model_dir="model")),
+                ("evaluate", lambda: evaluate_stage(p.evaluate, model_dir="model", shards_dir="shards", raw_dir="raw",
+                                                    eval_dir="eval"))):
+            run_stage(name, body, params=p, metrics_dir="metrics", root=root)
+    finally:
+        mp.undo()
+    _dvc_lock(root, data)
+    return root

@@ -1,0 +1,48 @@
+"""The evaluate stage's world: a random tiny averaged model, clean/raw text and real shards.
+
+:func:`build_eval_world` is what the ``eval_world`` fixture (tests/conftest.py) returns.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.config import EncodeConfig
+from pipeline.core.stage import run_stage
+from pipeline.core.textio import write_lines
+from pipeline.encode import stage as encode_stage
+from tests.helpers.models import CORPUS, make_averaged
+
+VALID = [("Gutach: Increased safety for pedestrians", "Gutach: Noch mehr Sicherheit für Fußgänger"),
+         ("", ""),
+         ("They are not even 100 metres apart.", "Sie stehen keine 100 Meter voneinander entfernt."),
+         ("On Tuesday, the new traffic lights were put into operation.",
+          "Am Dienstag ist die neue Ampel in Betrieb genommen worden."),
+         ("The price is 3.50 euros.", "Der Preis liegt bei 3,50 Euro.")]
+TEST = [("Yesterday, the mayor gave a clear answer to this question.",
+         "Diese Frage hat der Bürgermeister gestern klar beantwortet."),
+        ("Two sets of lights so close to one another: intentional or just a silly error?",
+         "Zwei Anlagen so nah beieinander: Absicht oder Schildbürgerstreich?"),
+        ("", "Leer."),
+        ("the e-mail address is new", "die E-Mail-Adresse ist neu")]
+
+
+def build_eval_world(root: Path) -> Path:
+    """averaged.pt + clean/raw text + shards encoded by the real encode stage, under ``root``."""
+    make_averaged(root)
+    pairs = {"train": list(zip(CORPUS[0::2], CORPUS[1::2])), "valid": VALID, "test": TEST}
+    for split, rows in pairs.items():
+        for side, lang in ((0, "en"), (1, "de")):
+            write_lines(root / "clean" / f"{split}.{lang}", [r[side] for r in rows])
+            write_lines(root / "raw" / f"{split}.{lang}", [r[side] for r in rows])
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NMT_ENCODE_WORKERS", "1")
+    try:
+        run_stage("encode", lambda: encode_stage(EncodeConfig(max_len=64, shard_rows=2), clean_dir=root / "clean",
+                                                 bpe_dir=root / "bpe", shards_dir=root / "shards"),
+                  metrics_dir=root / "metrics")
+    finally:
+        mp.undo()
+    return root

@@ -1,0 +1,118 @@
+"""Helpers of the fault-injection tests: torchrun jobs as real process trees, and bitwise comparisons."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from pipeline.training import checkpoint
+from tests.helpers.paths import REPO
+
+
+def job_env(nproc: int, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a CPU torchrun job (one thread per rank, no fault unless ``env`` sets one)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("NMT_FAULT")}
+    return {**base, "NMT_NPROC": str(nproc), "NMT_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "NMT_THREADS": "1",
+            "NMT_MAX_RESTARTS": "0", **(env or {})}
+
+
+def write_params(data: dict, tmp: Path) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    params = tmp / "params.yaml"
+    params.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return params
+
+
+def start(data: dict, tmp: Path, nproc: int = 2, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``python -m pipeline.launch`` (torchrun) in its own process group; stdout+stderr to ``tmp/job-N.log``."""
+    params = write_params(data, tmp)
+    n = len(list(tmp.glob("job-*.log")))
+    log = open(tmp / f"job-{n}.log", "w", encoding="utf-8")  # noqa: SIM115 - closed by finish()
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.launch", "--params", str(params)], cwd=REPO,
+                            env=job_env(nproc, env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log_path = tmp / f"job-{n}.log"  # type: ignore[attr-defined]
+    proc.log_file = log  # type: ignore[attr-defined]
+    return proc
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
+    """Wait for a job (killing its process group past ``timeout``); returns its exit code and output."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        raise
+    finally:
+        proc.log_file.close()  # type: ignore[attr-defined]
+    return proc.returncode, proc.log_path.read_text(encoding="utf-8")  # type: ignore[attr-defined]
+
+
+def run(data: dict, tmp: Path, nproc: int = 2, env: dict[str, str] | None = None,
+        timeout: float = 120) -> tuple[int, str]:
+    """Run a torchrun job to its end; returns its exit code and output."""
+    return finish(start(data, tmp, nproc, env), timeout)
+
+
+def workers_of(params: Path) -> list[int]:
+    """Pids of live processes whose command line names ``params`` (the launcher and its ranks)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            status = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if str(params).encode() in cmdline and status.split(")")[-1].split()[0] != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until true or ``timeout`` seconds passed; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+def steps(run_dir: Path) -> list[int]:
+    """Steps of the complete checkpoints under ``run_dir``."""
+    return [s for s, _ in checkpoint.complete_checkpoints(run_dir)]
+
+
+def tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor (and number) of a nested state dict, by dotted path."""
+    if isinstance(obj, torch.Tensor):
+        return {prefix: obj}
+    if isinstance(obj, dict):
+        return {k: v for key, value in obj.items() for k, v in tensors(value, f"{prefix}.{key}").items()}
+    if isinstance(obj, (list, tuple)):
+        return {k: v for i, value in enumerate(obj) for k, v in tensors(value, f"{prefix}[{i}]").items()}
+    return {prefix: torch.tensor(float(obj))} if isinstance(obj, (int, float)) else {}
+
+
+def assert_bitwise_equal(ref: Path, other: Path, step: int) -> None:
+    """Checkpoint ``step`` (weights, Adam state, logged history) and the plots file are identical."""
+    a, b = checkpoint.step_dir(ref / "runs", step), checkpoint.step_dir(other / "runs", step)
+    for name in (checkpoint.MODEL, checkpoint.OPTIM):
+        ta = tensors(torch.load(a / name, weights_only=True))
+        tb = tensors(torch.load(b / name, weights_only=True))
+        assert ta.keys() == tb.keys() and len(ta) > 5, name
+        different = [k for k in ta if not torch.equal(ta[k], tb[k])]
+        assert not different, f"{name}: {different[:5]}"
+    sa, sb = (json.loads((d / checkpoint.STATE).read_text()) for d in (a, b))
+    for key in ("step", "epoch", "micro_batch", "tokens_seen", "history", "files"):
+        assert sa[key] == sb[key], key
+    assert (ref / "plots" / "train.csv").read_bytes() == (other / "plots" / "train.csv").read_bytes()

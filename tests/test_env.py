@@ -1,0 +1,279 @@
+"""The ``NMT_*`` environment table: complete, documented, validated at once, read by every call site."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.core import env
+from pipeline.core.env import Fault, Settings, settings
+from pipeline.core.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+NAME = re.compile(r"NMT_[A-Z][A-Z0-9_]*")
+MENTION = re.compile(r"NMT_[A-Z][A-Z0-9_]*\*?")  # NMT_FAULT_* is a wildcard, not a variable
+
+
+def _source_names(exclude: Path | None = None) -> dict[str, set[str]]:
+    """Every ``NMT_*`` name in a string literal (docstrings and f-string parts included) of pipeline/ and flows/,
+    and every attribute name read there (under ``"."``: ``settings().threads`` reads ``.threads``)."""
+    found: dict[str, set[str]] = {}
+    for package in ("pipeline", "flows"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            if path == exclude:
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    for name in MENTION.findall(node.value):
+                        if not name.endswith("*"):
+                            found.setdefault(name, set()).add(str(path.relative_to(REPO)))
+                elif isinstance(node, ast.Attribute):
+                    found.setdefault("." + node.attr, set()).add(str(path.relative_to(REPO)))
+    return found
+
+
+def test_every_variable_in_the_source_is_in_the_table() -> None:
+    missing = {name: where for name, where in _source_names().items() if name.startswith("NMT_")
+               and name not in env.NAMES}
+    assert not missing, f"NMT_* variables read or named in the code but absent from pipeline/core/env.py: {missing}"
+
+
+def test_every_variable_in_the_table_is_used_somewhere_else() -> None:
+    used = _source_names(exclude=REPO / "pipeline" / "core" / "env.py")
+    stale = [f.metadata["env"] for f in env.FIELDS if f.metadata["env"] not in used and "." + f.name not in used]
+    assert not stale, f"in pipeline/core/env.py but neither named nor read anywhere else: {stale}"
+
+
+def test_every_variable_is_typed_and_documented_once() -> None:
+    assert len(env.NAMES) == len(set(env.NAMES)) >= 23
+    hints = {f.name: f.type for f in dataclasses.fields(Settings)}
+    for f in env.FIELDS:
+        meta = f.metadata
+        assert NAME.fullmatch(meta["env"]), f.name
+        assert isinstance(meta["parse"], env.Parser) and meta["parse"].kind, f.name
+        assert meta["doc"] and "\n" not in meta["doc"] and len(meta["doc"]) < 140, f.name
+        assert hints[f.name], f.name
+
+
+def test_defaults_when_unset_or_blank() -> None:
+    s = settings({})
+    assert s == Settings()
+    assert (s.nproc, s.nnodes, s.node_rank, s.master_addr, s.master_port) == (None, 1, None, None, 29500)
+    assert (s.rdzv_endpoint, s.rdzv_id, s.max_restarts, s.device, s.threads) == (None, "nmt-train", None, None, None)
+    assert (s.dist_timeout_s, s.dist_backend, s.fault, s.fault_once) == (1800.0, None, None, None)
+    assert (s.data_mirror, s.download_cache, s.download_backoff_s) == (None, REPO / ".cache" / "downloads", 1.0)
+    assert (s.encode_workers, s.tracking, s.log_level, s.model_name) == (None, True, "INFO", "wmt14-transformer")
+    assert s.prefect_flow_run_id is None
+    assert settings({name: "  " for name in env.NAMES}) == Settings()  # blank = unset
+    assert settings({"PATH": "/bin", "NMT_UNKNOWN": "x"}) == Settings()  # other variables are not ours
+
+
+def test_good_values_are_parsed_to_their_types(tmp_path: Path) -> None:
+    s = settings({
+        "NMT_NPROC": "4", "NMT_NNODES": " 2 ", "NMT_NODE_RANK": "0", "NMT_MASTER_ADDR": "10.0.0.1",
+        "NMT_MASTER_PORT": "29501", "NMT_RDZV_ENDPOINT": "node0:29400", "NMT_RDZV_ID": "job", "NMT_MAX_RESTARTS": "0",
+        "NMT_DEVICE": "cpu", "NMT_THREADS": "1", "NMT_DIST_TIMEOUT_S": "8", "NMT_DIST_BACKEND": "gloo",
+        "NMT_FAULT_POINT": "collective:3:stall:1", "NMT_FAULT_ONCE": str(tmp_path / "once"),
+        "NMT_DATA_MIRROR": f"file://{tmp_path}", "NMT_DOWNLOAD_CACHE": str(tmp_path / "cache"),
+        "NMT_DOWNLOAD_BACKOFF_S": "0", "NMT_ENCODE_WORKERS": "2", "NMT_TRACKING": "off", "NMT_LOG_LEVEL": "debug",
+        "NMT_MODEL_NAME": " tiny ", "NMT_PREFECT_FLOW_RUN_ID": "abc"})
+    assert (s.nproc, s.nnodes, s.node_rank, s.master_addr, s.master_port) == (4, 2, 0, "10.0.0.1", 29501)
+    assert (s.rdzv_endpoint, s.rdzv_id, s.max_restarts, s.device, s.threads) == ("node0:29400", "job", 0, "cpu", 1)
+    assert (s.dist_timeout_s, s.dist_backend) == (8.0, "gloo")
+    assert s.fault == Fault("collective", 3, "stall", 1) and s.fault_once == tmp_path / "once"
+    assert (s.data_mirror, s.download_cache, s.download_backoff_s) == (str(tmp_path), tmp_path / "cache", 0.0)
+    assert (s.encode_workers, s.tracking, s.log_level, s.model_name) == (2, False, "DEBUG", "tiny")
+    assert s.prefect_flow_run_id == "abc"
+
+
+@pytest.mark.parametrize("value", ["off", "0", "false", "no", "OFF", " No "])
+def test_tracking_off_spellings(value: str) -> None:
+    assert settings({"NMT_TRACKING": value}).tracking is False
+
+
+@pytest.mark.parametrize("value", ["on", "1", "true", "yes", "anything"])
+def test_tracking_stays_on_otherwise(value: str) -> None:
+    assert settings({"NMT_TRACKING": value}).tracking is True
+
+
+def test_legacy_fault_spelling() -> None:
+    assert settings({"NMT_FAULT_KILL_AT_STEP": "5"}).fault == Fault("after_step", 5)
+    assert settings({"NMT_FAULT_KILL_AT_STEP": "0"}).fault is None
+    both = {"NMT_FAULT_KILL_AT_STEP": "5", "NMT_FAULT_POINT": "mid_save:4"}
+    assert settings(both).fault == Fault("mid_save", 4)
+
+
+def test_bad_values_give_one_error_naming_each_variable() -> None:
+    bad = {"NMT_NPROC": "zero", "NMT_NNODES": "0", "NMT_NODE_RANK": "-1", "NMT_MASTER_PORT": "70000",
+           "NMT_MAX_RESTARTS": "-1", "NMT_DEVICE": "gpu", "NMT_THREADS": "1.5", "NMT_DIST_TIMEOUT_S": "0",
+           "NMT_DIST_BACKEND": "mpi", "NMT_FAULT_POINT": "mid_sav:x", "NMT_FAULT_KILL_AT_STEP": "soon",
+           "NMT_DOWNLOAD_BACKOFF_S": "-1", "NMT_ENCODE_WORKERS": "many", "NMT_TRACKING": "off"}
+    with pytest.raises(ConfigError) as err:
+        settings(bad)
+    problems = err.value.problems
+    assert err.value.source == "environment"
+    assert problems == [
+        "NMT_NPROC='zero': expected an integer >= 1",
+        "NMT_NNODES='0': expected an integer >= 1",
+        "NMT_NODE_RANK='-1': expected an integer >= 0",
+        "NMT_MASTER_PORT='70000': expected an integer in 1..65535",
+        "NMT_MAX_RESTARTS='-1': expected an integer >= 0",
+        "NMT_DEVICE='gpu': expected one of cpu, cuda",
+        "NMT_THREADS='1.5': expected an integer >= 1",
+        "NMT_DIST_TIMEOUT_S='0': expected a number of seconds > 0",
+        "NMT_DIST_BACKEND='mpi': expected one of gloo, nccl",
+        ("NMT_FAULT_POINT='mid_sav:x': unknown point 'mid_sav'; one of preflight, forward, mid_accum, collective, "
+         "before_save, mid_save, after_save, after_step"),
+        "NMT_FAULT_POINT='mid_sav:x': step 'x' is not a non-negative integer",
+        "NMT_FAULT_KILL_AT_STEP='soon': expected an integer >= 0",
+        "NMT_DOWNLOAD_BACKOFF_S='-1': expected a number of seconds >= 0",
+        "NMT_ENCODE_WORKERS='many': expected an integer >= 1",
+    ]
+    assert str(err.value).startswith("environment: 14 problem(s) in the configuration:\n  - NMT_NPROC='zero'")
+
+
+@pytest.mark.parametrize("name, value", [("NMT_DIST_TIMEOUT_S", "nan"), ("NMT_DIST_TIMEOUT_S", "inf"),
+                                         ("NMT_DOWNLOAD_BACKOFF_S", "soon"), ("NMT_NPROC", "2_0"),
+                                         ("NMT_FAULT_POINT", "forward"), ("NMT_FAULT_POINT", "forward:1:kill:0:x")])
+def test_more_bad_values(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^environment: 1 problem\(s\).*\n  - {name}='{re.escape(value)}': "):
+        settings({name: value})
+
+
+def test_parse_fault_names_the_variable() -> None:
+    assert env.parse_fault("forward:3") == Fault("forward", 3)
+    with pytest.raises(ConfigError, match=r"NMT_FAULT_POINT='forward:1:explode': unknown action 'explode'"):
+        env.parse_fault("forward:1:explode")
+    with pytest.raises(ConfigError, match=r"NMT_FAULT_POINT='': expected <point>:<step>"):
+        env.parse_fault("")
+
+
+def test_read_once_per_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NMT_NPROC", "3")
+    first = settings()
+    assert settings() is first and first.nproc == 3  # cached
+    monkeypatch.setenv("NMT_NPROC", "5")
+    assert settings().nproc == 5  # a changed variable is seen
+    settings.cache_clear()
+    assert settings().nproc == 5 and settings({"NMT_NPROC": "7"}).nproc == 7
+
+
+def test_markdown_table_has_one_row_per_variable() -> None:
+    rows = env.markdown_rows()
+    assert rows[0] == "| Variable | Type | Default | Meaning |" and rows[1] == "|---|---|---|---|"
+    assert [re.match(r"\| `(NMT_\w+)` \|", row).group(1) for row in rows[2:]] == list(env.NAMES)
+    for row in rows:
+        assert len(re.findall(r"(?<!\\)\|", row)) == 5, row  # four cells; a | in a cell is escaped
+    assert "| `NMT_TRACKING` | on/off | `on` |" in "\n".join(rows)
+
+
+def test_env_module_imports_no_torch_or_mlflow() -> None:
+    tree = ast.parse((REPO / "pipeline" / "core" / "env.py").read_text(encoding="utf-8"))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert not imported & {"torch", "mlflow", "prefect", "yaml"}
+    code = "import sys, pipeline.core.env as e; e.settings(); print(sorted({'torch', 'mlflow'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# The call sites read the table: bad values are reported as ConfigError naming the variable.
+
+
+def test_launch_reads_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline import launch
+
+    for name in env.NAMES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NMT_NPROC", "2")
+    monkeypatch.setenv("NMT_DEVICE", "cpu")
+    assert "--nproc_per_node=2" in launch.torchrun_command([])
+    assert not any(a.startswith("--max-restarts") for a in launch.torchrun_command([]))  # cpu: 0 restarts
+    monkeypatch.setenv("NMT_NNODES", "2")
+    with pytest.raises(ConfigError, match=r"NMT_NNODES=2 needs either NMT_RDZV_ENDPOINT"):
+        launch.torchrun_command([])
+    monkeypatch.setenv("NMT_NODE_RANK", "2")
+    monkeypatch.setenv("NMT_MASTER_ADDR", "10.0.0.1")
+    with pytest.raises(ConfigError, match=r"NMT_NODE_RANK=2 must be < NMT_NNODES=2"):
+        launch.torchrun_command([])
+    monkeypatch.setenv("NMT_NODE_RANK", "1")
+    assert launch.torchrun_command([])[3:8] == ["--nnodes=2", "--nproc_per_node=2", "--node_rank=1",
+                                                "--master_addr=10.0.0.1", "--master_port=29500"]
+    monkeypatch.setenv("NMT_RDZV_ENDPOINT", "node0:29400")
+    monkeypatch.setenv("NMT_RDZV_ID", "job7")
+    assert "--rdzv_id=job7" in launch.torchrun_command([])
+    monkeypatch.setenv("NMT_MASTER_PORT", "http")
+    with pytest.raises(ConfigError, match=r"NMT_MASTER_PORT='http': expected an integer in 1..65535"):
+        launch.torchrun_command([])
+
+
+def test_stage_modules_read_the_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pipeline import encode
+    from pipeline.core import tracking
+    from pipeline.training import faults
+
+    monkeypatch.setenv("NMT_ENCODE_WORKERS", "3")
+    assert encode.encode_workers() == 3
+    monkeypatch.setenv("NMT_TRACKING", "No")
+    assert tracking.enabled() is False
+    monkeypatch.setenv("NMT_FAULT_POINT", "after_step:5:exit")
+    monkeypatch.setenv("NMT_FAULT_ONCE", str(tmp_path / "once"))
+    (tmp_path / "once").touch()  # already fired: hit() returns
+    faults.hit("after_step", 5)
+    assert faults.active() == Fault("after_step", 5, "exit")
+    monkeypatch.setenv("NMT_ENCODE_WORKERS", "0")
+    with pytest.raises(ConfigError, match=r"NMT_ENCODE_WORKERS='0': expected an integer >= 1"):
+        encode.encode_workers()
+    with pytest.raises(ConfigError, match=r"NMT_ENCODE_WORKERS='0'"):  # every read checks the whole table
+        tracking.enabled()
+
+
+def test_download_reads_the_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pipeline.core.config import DownloadConfig
+    from pipeline.download import FetchEnv
+
+    cfg = DownloadConfig(dataset="multi30k", retries=1, timeout_s=5.0)
+    monkeypatch.setenv("NMT_DATA_MIRROR", f"file://{tmp_path}")
+    monkeypatch.setenv("NMT_DOWNLOAD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("NMT_DOWNLOAD_BACKOFF_S", "0.5")
+    fetch_env = FetchEnv.from_env(cfg)
+    assert (fetch_env.mirror, fetch_env.cache_dir, fetch_env.policy.backoff_s) == (str(tmp_path), tmp_path / "cache",
+                                                                                    0.5)
+    monkeypatch.setenv("NMT_DOWNLOAD_BACKOFF_S", "fast")
+    with pytest.raises(ConfigError, match=r"NMT_DOWNLOAD_BACKOFF_S='fast': expected a number of seconds >= 0"):
+        FetchEnv.from_env(cfg)
+
+
+def test_distributed_timeout_reads_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.training import distributed
+
+    monkeypatch.setenv("NMT_DIST_TIMEOUT_S", "8")
+    assert distributed.timeout_s() == 8.0
+    monkeypatch.setenv("NMT_DIST_TIMEOUT_S", "-3")
+    with pytest.raises(ConfigError, match=r"NMT_DIST_TIMEOUT_S='-3': expected a number of seconds > 0"):
+        distributed.timeout_s()
+
+
+def test_a_stage_reports_a_bad_environment_as_one_error(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.core.stage import run_cli, setup_logging
+
+    monkeypatch.setenv("NMT_NPROC", "zero")
+    monkeypatch.setenv("NMT_THREADS", "-2")
+    setup_logging()  # logging still comes up (INFO) with a bad environment
+    called = []
+    assert run_cli("demo", lambda params, args: called.append(params), ["--params", "absent.yaml"]) == 1
+    assert not called
+    assert capsys.readouterr().err == (
+        "error: stage demo: environment: 2 problem(s) in the configuration:\n"
+        "  - NMT_NPROC='zero': expected an integer >= 1\n"
+        "  - NMT_THREADS='-2': expected an integer >= 1\n")
