@@ -55,3 +55,98 @@ def test_tracking_imports_no_torch() -> None:
 def test_flows_never_import_torch_or_model(path: Path) -> None:
     names = _top(_imports(path))
     assert not (names & {"torch", "model"}), f"{path} imports {names & {'torch', 'model'}}"
+
+
+# --- subpackages and cycles --------------------------------------------------------------------------
+
+#: What each subpackage of pipeline/ may import (besides itself); the stage entry points and cli.py at
+#: the top of pipeline/ may import any of them. core reads params into model.config's TransformerConfig.
+ALLOWED = {
+    "core": {"model"},
+    "data": {"core"},
+    "training": {"core", "data", "model"},
+    "inference": {"core", "data", "model"},
+    "auditing": {"core", "inference", "training", "model"},
+    "project": {"core"},
+}
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """Project modules ``path`` imports when it runs (module or function level; not ``if TYPE_CHECKING``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: set[str] = set()
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        todo.extend(ast.iter_child_nodes(node))
+    return {n for n in names if n.split(".")[0] in ("pipeline", "model", "flows") and _module_path(n) is not None}
+
+
+def _module_path(name: str) -> Path | None:
+    base = REPO.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+
+
+@pytest.mark.parametrize("path", _modules("pipeline"), ids=lambda p: str(p.relative_to(REPO)))
+def test_subpackages_import_only_what_they_may(path: Path) -> None:
+    parts = path.relative_to(REPO / "pipeline").parts
+    if len(parts) == 1:
+        return  # a stage entry point or cli.py
+    own = parts[0]
+    for name in _runtime_imports(path):
+        pieces = name.split(".")
+        target = "model" if pieces[0] == "model" else pieces[1] if len(pieces) > 1 else "pipeline"
+        if target in (own, "pipeline"):
+            continue
+        assert target in ALLOWED[own], f"{path.relative_to(REPO)} imports {name}: pipeline/{own} may import " \
+                                       f"only {sorted(ALLOWED[own])}"
+        assert not (pieces[0] == "pipeline" and len(pieces) == 2 and (REPO / "pipeline" / f"{pieces[1]}.py").is_file()), \
+            f"{path.relative_to(REPO)} imports the stage entry point {name}"
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``graph`` (module -> modules it imports) as a path ``[a, b, ..., a]``, or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ()) - {node}):  # a module importing itself by name is no cycle
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt, [*path, nxt])):
+                return found
+        state[node] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module, [module])):
+            return found
+    return None
+
+
+def test_no_module_imports_another_in_a_cycle() -> None:
+    graph = {_module_name(p): {n for n in _runtime_imports(p) if p.name != "__init__.py" or
+                               not n.startswith(_module_name(p) + ".")}
+             for package in ("pipeline", "model", "flows") for p in _modules(package)}
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"a", "b"}, "b": set()}) is None
