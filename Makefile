@@ -35,7 +35,7 @@ test: install
 demo: install
 	NMT_THREADS=$${NMT_THREADS:-1} OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m flows.pipeline --profile demo
 
-# The same DAG without Prefect: one MLflow parent run around `dvc repro`.
+# The whole DAG on the current params.yaml through the Prefect flow (`nmt run` = python -m flows.pipeline).
 run: install
 	$(BIN)/nmt run
 

@@ -1,55 +1,71 @@
-"""Register the ``wmt14-pipeline`` deployment with a Prefect server (the Python twin of prefect.yaml).
+"""Register a deployment of ``prefect.yaml`` with a Prefect server from Python (``prefect deploy`` without the CLI).
 
-A cron schedule, a *process* work pool served by one worker per GPU node, at most one flow run at a
-time (a run holds the GPUs and writes the DVC remote), and pull steps that check out the deployed
-commit and ``dvc pull`` what the remote already has::
+``prefect.yaml`` is the one definition of the deployments (schedule, work pool, concurrency, parameters,
+job environment, pull steps); this module reads it and registers one of them through the API, filling
+in what ``prefect deploy`` would compute at deploy time (the repository URL and commit the workers
+clone) and any override given on the command line::
 
     export PREFECT_API_URL=http://prefect.internal:4200/api
-    python -m flows.deploy --repository https://git.example.com/nmt/wmt14.git --cron "0 2 * * 6"
-
-``prefect deploy --all`` with ``prefect.yaml`` registers the same deployment.
+    python -m flows.deploy --repository https://git.example.com/nmt/wmt14.git [--cron "0 2 * * 6"]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 from uuid import UUID
+
+import yaml
 
 from pipeline.core.errors import PipelineError
 
 log = logging.getLogger(__name__)
 
-# A module path, not ``flows/pipeline.py:...``: Prefect loads a script path as a module named after the
-# file's stem ("pipeline") whose submodules resolve in the script's folder and the cwd, so the flow's
-# own ``from pipeline.project.profiles import ...`` would find profiles/ (YAML) instead of the package.
-ENTRYPOINT = "flows.pipeline:wmt14_pipeline"
+PREFECT_YAML = Path(__file__).resolve().parents[1] / "prefect.yaml"
 FLOW_NAME = "wmt14-pipeline"  # = flows.pipeline.FLOW_NAME (not imported: keeps this module light)
-DEFAULT_POOL = "gpu-pool"
-DEFAULT_CRON = "0 2 * * 6"  # Saturdays 02:00: a paper run takes about half a day on 8 GPUs
-DEFAULT_PARAMETERS: dict[str, Any] = {"profile": "paper", "timeouts_s": {"download": 6 * 3600, "train": 48 * 3600}}
+DEFAULT_SPEC = "nightly"
+DEFAULT_POOL = "gpu-pool"  # = prefect.yaml's work pool (checked by a test)
 
 
-def pull_steps(repository: str, commit: str | None = None, branch: str | None = None) -> list[dict[str, Any]]:
-    """Steps a worker runs before the flow: clone at ``commit``, enter the clone, fetch DVC outputs.
+def deployment_spec(name: str = DEFAULT_SPEC, path: Path = PREFECT_YAML) -> tuple[dict[str, Any], list[Any]]:
+    """The deployment ``name`` of ``prefect.yaml`` and the file's pull steps.
 
-    ``dvc pull --allow-missing`` restores whatever the remote holds (upstream stages then show as
-    skipped) and leaves the rest for ``dvc repro`` to build.
+    Raises:
+        PipelineError: no such file or deployment (the known ones are named).
     """
-    clone: dict[str, Any] = {"id": "clone", "repository": repository}
-    if commit:
-        clone["commit_sha"] = commit
-    if branch:
-        clone["branch"] = branch
-    return [
-        {"prefect.deployments.steps.git_clone": clone},
-        {"prefect.deployments.steps.set_working_directory": {"directory": "{{ clone.directory }}"}},
-        {"prefect.deployments.steps.run_shell_script": {"script": "dvc pull --allow-missing",
-                                                         "stream_output": True}},
-    ]
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise PipelineError(f"{path}: cannot be read ({exc}); restore it from git") from None
+    specs = {d.get("name"): d for d in data.get("deployments") or []}
+    if name not in specs:
+        raise PipelineError(f"{path}: no deployment {name!r}; known: {', '.join(map(str, specs))}")
+    return copy.deepcopy(specs[name]), copy.deepcopy(data.get("pull") or [])
+
+
+def pull_steps(template: list[Any], repository: str, commit: str | None = None,
+               branch: str | None = None) -> list[dict[str, Any]]:
+    """``prefect.yaml``'s pull steps with the clone's repository and commit filled in.
+
+    The file's ``{{ origin.stdout }}`` / ``{{ commit.stdout }}`` come from its build steps, which only
+    ``prefect deploy`` runs; here they are ``repository`` and ``commit`` (no commit: the branch head).
+    """
+    steps = copy.deepcopy(template)
+    for step in steps:
+        for key, args in step.items():
+            if key.endswith(".git_clone"):
+                args["repository"] = repository
+                args.pop("commit_sha", None)
+                if commit:
+                    args["commit_sha"] = commit
+                if branch:
+                    args["branch"] = branch
+    return steps
 
 
 def head_commit(repo: str = ".") -> str:
@@ -78,19 +94,18 @@ def _ensure_process_pool(client: Any, name: str) -> None:
                                                description="GPU nodes: one `prefect worker start --limit 1` each"))
 
 
-def deploy(*, repository: str, commit: str | None = None, branch: str | None = None, name: str = "nightly",
-           cron: str = DEFAULT_CRON, timezone: str = "UTC", work_pool: str = DEFAULT_POOL,
-           parameters: dict[str, Any] | None = None, paused: bool = False) -> UUID:
-    """Create or update the deployment on the Prefect API in ``PREFECT_API_URL``.
+def deploy(*, repository: str, commit: str | None = None, branch: str | None = None, spec: str = DEFAULT_SPEC,
+           name: str | None = None, cron: str | None = None, work_pool: str | None = None,
+           parameters: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+           paused: bool = False) -> UUID:
+    """Create or update deployment ``spec`` of ``prefect.yaml`` on the Prefect API in ``PREFECT_API_URL``.
 
     Args:
-        repository: git URL the workers clone.
-        commit: pin this commit (default: the branch head at run time).
-        branch: branch to clone.
-        name: deployment name (``wmt14-pipeline/<name>``).
-        cron: schedule; ``timezone`` applies to it.
-        work_pool: a process pool, created if missing.
-        parameters: flow parameters (default: paper profile, download/train timeouts).
+        repository: git URL the workers clone. commit: pin this commit (default: the branch head at run
+            time). branch: branch to clone.
+        spec: which deployment of ``prefect.yaml``; name: register it under this name (default: ``spec``).
+        cron, work_pool: override the file's schedule and pool (the pool is created if missing).
+        parameters: flow parameters merged over the file's. env: job environment merged over the file's.
         paused: register without activating the schedule.
 
     Returns:
@@ -101,45 +116,63 @@ def deploy(*, repository: str, commit: str | None = None, branch: str | None = N
     from prefect.client.schemas.objects import ConcurrencyLimitStrategy, ConcurrencyOptions
     from prefect.client.schemas.schedules import CronSchedule
 
+    dep, pull = deployment_spec(spec)
+    pool = dict(dep.get("work_pool") or {})
+    job_variables = copy.deepcopy(pool.get("job_variables") or {})
+    job_variables["env"] = {**job_variables.get("env", {}), **(env or {})}
+    schedules = [DeploymentScheduleCreate(schedule=CronSchedule(cron=cron or s["cron"], timezone=s.get("timezone")),
+                                          active=s.get("active", True)) for s in dep.get("schedules") or []]
+    limit = dep.get("concurrency_limit") or {}
     with get_client(sync_client=True) as client:
-        _ensure_process_pool(client, work_pool)
-        flow_id = client.create_flow_from_name(FLOW_NAME)
+        _ensure_process_pool(client, work_pool or pool.get("name", DEFAULT_POOL))
         deployment_id = client.create_deployment(
-            flow_id=flow_id, name=name, entrypoint=ENTRYPOINT, work_pool_name=work_pool,
-            parameters=parameters if parameters is not None else DEFAULT_PARAMETERS,
-            schedules=[DeploymentScheduleCreate(schedule=CronSchedule(cron=cron, timezone=timezone), active=True)],
-            # One run at a time: a run owns the GPUs and pushes to the DVC remote; extra runs wait.
-            concurrency_limit=1,
-            concurrency_options=ConcurrencyOptions(collision_strategy=ConcurrencyLimitStrategy.ENQUEUE),
-            pull_steps=pull_steps(repository, commit, branch), paused=paused, tags=["gpu", "wmt14"],
-            description="WMT14 EN-DE Transformer: dvc repro stage by stage (flows/pipeline.py)",
-            enforce_parameter_schema=False)
-    log.info("deployment %s/%s (%s) on pool %s, cron %r %s", FLOW_NAME, name, deployment_id, work_pool, cron,
-             timezone)
+            flow_id=client.create_flow_from_name(FLOW_NAME), name=name or spec, entrypoint=dep["entrypoint"],
+            work_pool_name=work_pool or pool.get("name", DEFAULT_POOL), work_queue_name=pool.get("work_queue_name"),
+            parameters={**(dep.get("parameters") or {}), **(parameters or {})}, job_variables=job_variables,
+            schedules=schedules, concurrency_limit=limit.get("limit"),
+            concurrency_options=ConcurrencyOptions(collision_strategy=ConcurrencyLimitStrategy(
+                limit.get("collision_strategy", "ENQUEUE"))) if limit else None,
+            pull_steps=pull_steps(pull, repository, commit, branch), paused=paused, tags=dep.get("tags") or [],
+            description=dep.get("description"), enforce_parameter_schema=False)
+    log.info("deployment %s/%s (%s) from %s:%s on pool %s", FLOW_NAME, name or spec, deployment_id, PREFECT_YAML.name,
+             spec, work_pool or pool.get("name"))
     return deployment_id
 
 
+def _pairs(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise PipelineError(f"--env {item!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m flows.deploy``: register the deployment (needs ``PREFECT_API_URL``)."""
+    """``python -m flows.deploy``: register a deployment of prefect.yaml (needs ``PREFECT_API_URL``)."""
     parser = argparse.ArgumentParser(prog="python -m flows.deploy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repository", required=True, help="git URL the GPU workers clone")
     parser.add_argument("--commit", help="commit to pin (default: this checkout's HEAD)")
     parser.add_argument("--branch", help="branch to clone")
     parser.add_argument("--no-pin", action="store_true", help="run the branch head instead of a pinned commit")
-    parser.add_argument("--name", default="nightly")
-    parser.add_argument("--cron", default=DEFAULT_CRON)
-    parser.add_argument("--timezone", default="UTC")
-    parser.add_argument("--pool", default=DEFAULT_POOL)
-    parser.add_argument("--profile", default="paper")
+    parser.add_argument("--spec", default=DEFAULT_SPEC, help="deployment of prefect.yaml (default: nightly)")
+    parser.add_argument("--name", help="register under this name (default: the spec's)")
+    parser.add_argument("--cron", help="override prefect.yaml's schedule")
+    parser.add_argument("--pool", help="override prefect.yaml's work pool")
+    parser.add_argument("--profile", help="override the profile parameter")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="override or add a job environment variable (repeatable)")
     parser.add_argument("--paused", action="store_true", help="register with the schedule off")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         commit = None if args.no_pin else (args.commit or head_commit())
-        deployment_id = deploy(repository=args.repository, commit=commit, branch=args.branch, name=args.name,
-                               cron=args.cron, timezone=args.timezone, work_pool=args.pool,
-                               parameters={**DEFAULT_PARAMETERS, "profile": args.profile}, paused=args.paused)
+        deployment_id = deploy(repository=args.repository, commit=commit, branch=args.branch, spec=args.spec,
+                               name=args.name, cron=args.cron, work_pool=args.pool,
+                               parameters={"profile": args.profile} if args.profile else None,
+                               env=_pairs(args.env), paused=args.paused)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -43,7 +43,6 @@ from pipeline.core import tracking
 from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
 from pipeline.core.errors import PipelineError
 from pipeline.project.profiles import write_profile
-from pipeline.project.runner import tag_stage_run
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +131,24 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _tag_stage(repo: Path, metrics_dir: Path | None, stage: str, parent: tracking.StageRun) -> str | None:
-    """Tag ``stage``'s MLflow run (id from its metrics JSON) with its dvc.lock md5; return the run id."""
-    return None if metrics_dir is None else tag_stage_run(repo, metrics_dir, stage, parent)
+    """Tag ``stage``'s MLflow run (its id from ``<stage>.details.json``) with its dvc.lock md5, and the
+    parent with ``produced_by.<stage>`` (also for a stage DVC skipped); return the run id."""
+    if metrics_dir is None:
+        return None
+    lock_path, details = repo / "dvc.lock", repo / stage_table.details_file(metrics_dir, stage)
+    if not (tracking.enabled() and lock_path.is_file() and details.is_file()):
+        return None
+    try:
+        run_id = json.loads(details.read_text(encoding="utf-8")).get("mlflow_run_id")
+        if not run_id:
+            return None
+        lock = yaml.safe_load(lock_path.read_text(encoding="utf-8")) or {}
+        tracking.tag_run(run_id, {"dvc_lock_md5": stage_table.lock_md5(lock, stage)}, repo)
+        parent.set_tags({f"produced_by.{stage}": run_id})
+    except Exception as exc:  # noqa: BLE001 - tracking must never fail the pipeline
+        log.warning("could not tag the MLflow run of stage %s: %s", stage, exc)
+        return None
+    return run_id
 
 
 def _load_params(repo: Path) -> tuple[dict[str, Any], str, PathsConfig | None]:

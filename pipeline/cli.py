@@ -1,4 +1,4 @@
-"""The ``nmt`` command: profiles, and (as later stages land) translate and the demo."""
+"""The ``nmt`` command: profiles, the whole pipeline (through the Prefect flow) and translate."""
 
 from __future__ import annotations
 
@@ -25,12 +25,17 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    """The Prefect flow ``wmt14-pipeline`` (flows/pipeline.py), the one whole-pipeline runner, in a subprocess."""
+    import subprocess
+
     from pipeline.core import stages
-    from pipeline.project.runner import run_pipeline
 
     for name in args.stages:  # refused before anything runs or any MLflow run is opened
         stages.get(name)
-    return run_pipeline(stages=args.stages, profile=args.profile, force=args.force)
+    cmd = [sys.executable, "-m", "flows.pipeline"] + (["--stages", *args.stages] if args.stages else [])
+    cmd += (["--profile", args.profile] if args.profile else []) + (["--force"] if args.force else [])
+    log.info("%s", " ".join(cmd[1:]))
+    return subprocess.run(cmd, check=False).returncode
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="write params.yaml for a profile (no name: list profiles)")
     p.add_argument("name", nargs="?")
     p.set_defaults(func=_cmd_profile)
-    p = sub.add_parser("run", help="dvc repro under one MLflow parent run (optionally switching profile first)")
-    p.add_argument("stages", nargs="*", help=f"stages to reproduce (default: the whole DAG): {', '.join(NAMES)}")
+    p = sub.add_parser("run", help="the Prefect flow: each stage's `dvc repro --single-item` under one MLflow "
+                                   "parent run (python -m flows.pipeline)")
+    p.add_argument("stages", nargs="*", help=f"stages to run, in pipeline order (default: all): {', '.join(NAMES)}")
     p.add_argument("--profile", help="write this profile's params.yaml first (demo, tiny, paper)")
     p.add_argument("--force", action="store_true", help="rerun stages even if DVC thinks they are up to date")
     p.set_defaults(func=_cmd_run)

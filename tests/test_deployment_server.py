@@ -149,7 +149,8 @@ def test_scheduler_fills_the_cron_schedule_and_a_worker_runs_a_scheduled_run(ser
     started, deployed_at = time.monotonic(), datetime.now(UTC)
     commit = _toy_repository(tmp_path / "toy", tmp_path / "dvc-remote")
     done = subprocess.run([sys.executable, "-m", "flows.deploy", "--repository", str(tmp_path / "toy"), "--commit",
-                           commit, "--name", DEPLOYMENT, "--cron", "* * * * *"], cwd=REPO, env=server.env,
+                           commit, "--name", DEPLOYMENT, "--cron", "* * * * *",
+                           "--env", "MLFLOW_TRACKING_URI=", "--env", "NMT_NPROC=1"], cwd=REPO, env=server.env,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     deployment_id = done.stdout.strip().splitlines()[-1]

@@ -291,6 +291,38 @@ def test_tracking_links_parent_child_and_tags_lock_md5(make_repo: MakeRepo, mlfl
     assert parent.data.tags["produced_by.tracked"] == child.info.run_id
     assert "MLFLOW_PARENT_RUN_ID" not in os.environ  # only the subprocess saw it
     assert f"`{parent.info.run_id}`" in out["markdown"]
+    # A second pipeline run: DVC skips the stage, the new parent still points at the run that produced it.
+    again = client.get_run(wmt14_pipeline(repo=str(repo))["mlflow_run_id"])
+    assert again.info.run_id != parent.info.run_id and again.data.tags["produced_by.tracked"] == child.info.run_id
+
+
+def test_a_failing_stage_fails_the_parent_run(make_repo: MakeRepo, mlflow_sqlite: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    repo = make_repo({"broken": {"cmd": "python toy.py fail", "deps": ["toy.py"], "outs": ["never.txt"]}})
+    state = wmt14_pipeline(repo=str(repo), return_state=True)
+    assert state.is_failed()
+    client = MlflowClient(tracking_uri=mlflow_sqlite)
+    parents = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
+               if r.data.tags.get("pipeline") == "true"]
+    assert [p.info.status for p in parents] == ["FAILED"]
+
+
+def test_nmt_run_is_the_flow(make_repo: MakeRepo) -> None:
+    """``nmt run`` runs this flow (the one whole-pipeline runner) in a subprocess; tracking off leaves no store."""
+    from prefect.settings import PREFECT_API_URL
+
+    repo = make_repo(PIPELINE)
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    nmt = [sys.executable, "-m", "pipeline.cli", "run"]
+    done = subprocess.run([*nmt, "--force"], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert all(f"| {stage} | ran |" in done.stdout for stage in PIPELINE), done.stdout  # the flow's report
+    assert (repo / "build.txt").read_text() == "xx" and not (repo / ".mlflow").exists()
+    bad = subprocess.run([*nmt, "bogus"], cwd=repo, env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.strip().endswith("error: no stage 'bogus'; known stages: download, "
+                                                               "clean, bpe, encode, train, average, evaluate, "
+                                                               "register, audit")
 
 
 def _read_deployment(name: str) -> object:
@@ -306,7 +338,7 @@ def test_deploy_registers_schedule_pool_limit_and_pull_steps_that_work(tmp_path:
     from prefect.deployments.steps.core import run_steps
     from prefect.utilities.asyncutils import run_coro_as_sync
 
-    from flows.deploy import deploy, head_commit
+    from flows.deploy import DEFAULT_POOL, deploy, deployment_spec, head_commit
 
     repo = make_repo(PIPELINE)
     subprocess.run(["dvc", "remote", "add", "-d", "store", str(tmp_path / "dvc-remote")], cwd=repo, check=True)
@@ -323,6 +355,11 @@ def test_deploy_registers_schedule_pool_limit_and_pull_steps_that_work(tmp_path:
     assert dep.global_concurrency_limit.limit == 1
     assert dep.concurrency_options.collision_strategy.value == "ENQUEUE"
     assert dep.parameters["profile"] == "paper"
+    # Everything else comes from prefect.yaml, the one definition of the deployment.
+    spec, _ = deployment_spec("nightly")
+    assert dep.parameters == spec["parameters"] and sorted(dep.tags) == sorted(spec["tags"])
+    assert dep.job_variables == spec["work_pool"]["job_variables"] and dep.entrypoint == spec["entrypoint"]
+    assert dep.work_pool_name == spec["work_pool"]["name"] == DEFAULT_POOL
     with get_client(sync_client=True) as client:
         assert client.read_work_pool("gpu-pool").type == "process"
 
