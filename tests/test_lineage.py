@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.paths import REPO
+
 PACKAGES = ("pipeline", "model", "flows")
 _MODULE_NAME = re.compile(r"^(?:pipeline|model)(?:\.\w+)*$")
 

@@ -27,10 +27,10 @@ import yaml
 
 from flows.deploy import DEFAULT_POOL, FLOW_NAME
 from flows.pipeline import ARTIFACT_KEY
+from tests.helpers.paths import REPO
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DEPLOYMENT = "every-minute"
 STAGES = {"hello": {"cmd": "python -c \"open('hello.txt', 'w').write('hi')\"", "outs": ["hello.txt"]}}

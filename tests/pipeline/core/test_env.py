@@ -14,8 +14,8 @@ import pytest
 from pipeline.core import env
 from pipeline.core.env import Fault, Settings, settings
 from pipeline.core.errors import ConfigError
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"NMT_[A-Z][A-Z0-9_]*")
 MENTION = re.compile(r"NMT_[A-Z][A-Z0-9_]*\*?")  # NMT_FAULT_* is a wildcard, not a variable
 

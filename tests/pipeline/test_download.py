@@ -24,7 +24,7 @@ from pipeline.core.textio import read_lines
 from pipeline.data.sources import MULTI30K_SPEC, STATMT, WMT14, Corpus, DatasetSpec, SourceFile, sgml_segments
 from pipeline.download import main, stage
 from tests.helpers.httpserver import serve
-from tests.helpers.paths import SHARED
+from tests.helpers.paths import REPO, SHARED
 
 ODD = ["carriage\rreturn inside", "next\x85line (NEL)", "line\u2028separator", "para\u2029separator"]
 
@@ -419,7 +419,7 @@ def test_wmt14_valid_and_test_from_the_shared_mirror(tmp_path: Path, monkeypatch
 
 @pytest.mark.skipif(not (SHARED / "multi30k").is_dir(), reason="needs the shared data folder")
 def test_cli_multi30k_from_the_shared_mirror(tmp_path: Path, monkeypatch, capsys) -> None:
-    params = (Path(__file__).resolve().parents[1] / "params.yaml").read_text(encoding="utf-8")
+    params = (REPO / "params.yaml").read_text(encoding="utf-8")
     params = params.replace("dataset: wmt14", "dataset: multi30k").replace("raw: data/wmt14/raw", "raw: raw") \
         .replace("metrics: metrics/paper", "metrics: metrics")
     (tmp_path / "params.yaml").write_text(params, encoding="utf-8")

@@ -22,8 +22,7 @@ from pipeline.core.errors import CheckpointError, DataError, PipelineError
 from pipeline.core.textio import write_text
 from pipeline.project.profiles import merged_profile
 from tests.helpers.audit_world import profile_params
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.paths import REPO
 
 
 def _audit(root: Path, params: Params, params_file: Path | None = None) -> dict:

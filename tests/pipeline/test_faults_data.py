@@ -28,6 +28,7 @@ import yaml
 
 from pipeline.core.textio import atomic_path, remove_stale_temps, write_text
 from tests.helpers.data_faults import multi30k_mirror, write_params, write_raw
+from tests.helpers.paths import REPO
 from tests.helpers.repoutil import git as _git
 from tests.helpers.repoutil import init_git_dvc
 
@@ -61,7 +62,7 @@ def stage_cli(stage: str, cwd: Path, preexec_fn: Callable[[], None] | None = Non
               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", f"pipeline.{stage}", "--params", "params.yaml"], check=False, cwd=cwd,
                           capture_output=True, text=True, timeout=120, preexec_fn=preexec_fn,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **(env or {})})
+                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
 
 
 def last_line(proc: subprocess.CompletedProcess) -> str:
@@ -101,7 +102,7 @@ def building(parent: Path, name: str, inner: str, at_least: int) -> Callable[[],
 def dvc_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A git + DVC repo: this checkout's packages, the real clean/bpe/encode stages, tiny params,
     and a 200k-pair raw corpus where download would put it."""
-    repo_root = Path(__file__).resolve().parents[1]
+    repo_root = REPO
     repo = tmp_path_factory.mktemp("faults") / "template"
     repo.mkdir()
     init_git_dvc(repo)

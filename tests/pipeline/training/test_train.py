@@ -21,9 +21,8 @@ import yaml
 from pipeline.core import stages
 from pipeline.core.errors import CheckpointError, PipelineError
 from pipeline.training import checkpoint
+from tests.helpers.paths import REPO
 from tests.helpers.train import make_workspace, run_inprocess, tiny_params
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def run_torchrun(data: dict, tmp: Path, nproc: int, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -15,6 +15,7 @@ from pipeline.core.textio import read_lines
 from pipeline.inference.decoding import load_translator
 from pipeline.inference.translate import read_input, translate_lines
 from tests.helpers.models import make_averaged
+from tests.helpers.paths import REPO
 
 LONG = " ".join(["Gutach Sicherheit für Fußgänger"] * 60)  # far beyond max_positions (64)
 
@@ -26,7 +27,7 @@ def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _nmt(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipeline.cli", "translate", *args], input=stdin,
-                          capture_output=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+                          capture_output=True, timeout=120, cwd=REPO)
 
 
 def test_cli_stdin_to_stdout_keeps_every_line(model_file: Path) -> None:

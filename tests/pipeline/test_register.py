@@ -26,7 +26,6 @@ from pipeline.core.stage import run_stage
 from pipeline.register import DEFAULT_MODEL_NAME, decide, dvc_datasets, main, paired_bootstrap, stage
 from tests.helpers.models import make_averaged
 
-REPO = Path(__file__).resolve().parents[1]
 WORDS = "der Hund sieht die Katze auf dem grünen Rasen vor dem alten Haus am Fluss".split()
 REFS = [" ".join(WORDS[i % 5:i % 5 + 6 + i % 4]) + f" Nummer {i} ." for i in range(40)]
 GOOD = [" ".join(r.split()[:-2]) + " ." for r in REFS]                  # drops one token per line

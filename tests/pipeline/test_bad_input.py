@@ -31,6 +31,7 @@ from pipeline.project.profiles import merged_profile
 from tests.helpers.bpe_encode import synthetic_clean
 from tests.helpers.clean import write_raw
 from tests.helpers.models import make_averaged
+from tests.helpers.paths import REPO
 
 NUL_REMEDY = ("this is not UTF-8 text (a binary, UTF-16 or corrupt file?): replace the file with the real UTF-8 "
               "text (e.g. iconv -f utf-16 -t utf-8)")
@@ -175,7 +176,7 @@ def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _translate(model: Path, stdin: bytes) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipeline.cli", "translate", "--model", str(model), "--beam", "2",
                            "--max-len-b", "5"], check=False, input=stdin, capture_output=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=REPO)
 
 
 def test_translate_empty_input_gives_empty_output(model_file: Path, tmp_path: Path) -> None:

@@ -31,12 +31,12 @@ from pipeline.core import stages
 from pipeline.core.config import flatten
 from pipeline.project.profiles import merged_profile, write_profile
 from tests.helpers.mirror import write_multi30k_mirror
+from tests.helpers.paths import REPO
 from tests.helpers.repoutil import git as _git
 from tests.helpers.repoutil import init_git_dvc
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 MODEL_NAME = "wmt14-transformer"
 
 
