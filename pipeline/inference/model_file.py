@@ -91,7 +91,8 @@ def build_model(mf: ModelFile, path: str | Path) -> torch.nn.Module:
 
 
 def describe(path: str | Path) -> dict[str, Any] | None:
-    """Parameter statistics (floating tensors; a tensor shared by two keys counts once), or None if absent.
+    """Parameter statistics (floating tensors; a tensor shared by two keys counts once) and the file's
+    vocabulary size and width (from its config), or None if the file is absent.
 
     Returns:
         ``{"total", "embedding", "tied", "learned_positions", "vocab_size", "d_model"}``.
@@ -102,7 +103,8 @@ def describe(path: str | Path) -> dict[str, Any] | None:
     path = Path(path)
     if not path.is_file():
         return None
-    state = _read(path)["model"]
+    blob = _read(path)
+    state, config = blob["model"], blob["config"] if isinstance(blob["config"], dict) else {}
     seen, total = set(), 0
     for tensor in state.values():
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
@@ -115,4 +117,4 @@ def describe(path: str | Path) -> dict[str, Any] | None:
     return {"total": total, "embedding": int(embed.numel()) if embed is not None else 0,
             "tied": embed is not None and same_shape == 1,
             "learned_positions": any("position" in k for k in state),
-            "vocab_size": shape[0] if shape else None, "d_model": shape[1] if shape else None}
+            "vocab_size": config.get("vocab_size"), "d_model": config.get("d_model")}
