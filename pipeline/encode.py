@@ -1,4 +1,4 @@
-"""Stage ``encode``: cleaned text → BPE ids in Parquet shards (DESIGN §2) plus ``manifest.json``.
+"""Stage ``encode``: cleaned text → BPE ids in Parquet shards plus ``manifest.json``.
 
 Each split's clean files are cut into shards of ``encode.shard_rows`` consecutive lines; shard
 ``k`` covers line ids ``[k * shard_rows, (k + 1) * shard_rows)``. Training pairs longer than
@@ -52,7 +52,9 @@ def token_type(vocab_size: int) -> pa.DataType:
 
 
 def shard_schema(vocab_size: int) -> pa.Schema:
-    """The shard schema of DESIGN §2 for a vocabulary of ``vocab_size`` ids."""
+    """The shard schema for ``vocab_size`` ids: ``id`` int64 (the line index in the clean file), ``src`` and
+    ``tgt`` lists of token ids (uint16 up to 65,536 ids, else uint32), ``src_len`` and ``tgt_len`` int32; no
+    BOS/EOS stored (:mod:`pipeline.data.shards` reads it)."""
     tok = pa.list_(token_type(vocab_size))
     return pa.schema([("id", pa.int64()), ("src", tok), ("tgt", tok), ("src_len", pa.int32()),
                       ("tgt_len", pa.int32())])
