@@ -107,19 +107,21 @@ def measure(kind: str, work: Path, workers: int) -> dict:
     """One measurement: returns pairs processed and seconds (excluding interpreter start-up)."""
     from pipeline import clean, encode
     from pipeline.core.config import CleanConfig, EncodeConfig
+    from pipeline.core.stage import run_stage
     from pipeline.core.textio import count_lines
 
     if kind == "clean":
         t = time.perf_counter()
-        clean.stage(CleanConfig(max_ratio=3.0), raw_dir=work / "raw", clean_dir=work / "clean",
-                    metrics_path=work / "metrics" / "clean.json")
+        run_stage("clean", lambda: clean.stage(CleanConfig(max_ratio=3.0), raw_dir=work / "raw",
+                                               clean_dir=work / "clean"), metrics_dir=work / "metrics")
         seconds = time.perf_counter() - t
         pairs = sum(count_lines(work / "raw" / f"{s}.en") for s in ("train", "valid", "test"))
         return {"pairs": pairs, "seconds": seconds}
     if kind == "encode":
         t = time.perf_counter()
-        encode.stage(EncodeConfig(max_len=256, shard_rows=SHARD_ROWS), clean_dir=work / "clean", bpe_dir=work / "bpe",
-                     shards_dir=work / "shards", metrics_path=work / "metrics" / "encode.json")
+        run_stage("encode", lambda: encode.stage(EncodeConfig(max_len=256, shard_rows=SHARD_ROWS),
+                                                 clean_dir=work / "clean", bpe_dir=work / "bpe",
+                                                 shards_dir=work / "shards"), metrics_dir=work / "metrics")
         seconds = time.perf_counter() - t
         pairs = sum(count_lines(work / "clean" / f"{s}.en") for s in ("train", "valid", "test"))
         return {"pairs": pairs, "seconds": seconds}
