@@ -149,11 +149,11 @@ def run_stage(name: str, body: Callable[[], dict[str, Any]], *, metrics_dir: str
               params: Params | None = None, root: str | Path = ".") -> dict[str, Any]:
     """Run one stage's ``body`` with its bookkeeping: the one wrapper every stage goes through.
 
-    Opens the stage's MLflow run (lazily: it exists once something is logged; ``body`` reaches it
-    through :func:`pipeline.core.tracking.current`), queues the stage table's params sections of
-    ``params`` as its params, times ``body``, logs the seconds, and on rank 0 (``RANK`` unset or 0)
-    writes ``<stage>.json`` (the numbers of the record) and ``<stage>.details.json`` (the whole record
-    plus ``seconds`` and ``mlflow_run_id``; also the run's artifact), each atomically.
+    Opens the stage's MLflow run (at the start, or on first use for the table's ``lazy_run`` stages;
+    ``body`` reaches it through :func:`pipeline.core.tracking.current`), queues the table's params
+    sections of ``params`` as its params, times ``body``, logs the seconds, and on rank 0 (``RANK``
+    unset or 0) writes ``<stage>.json`` (the numbers of the record) and ``<stage>.details.json`` (the
+    whole record plus ``seconds`` and ``mlflow_run_id``; also the run's artifact), each atomically.
 
     Returns:
         The details record.
@@ -164,6 +164,8 @@ def run_stage(name: str, body: Callable[[], dict[str, Any]], *, metrics_dir: str
     with tracking.stage_run(name, root=root, active=active) as run:
         if params is not None:
             run.queue_params(flatten({s: section_dict(getattr(params, s)) for s in spec.sections}))
+        if not spec.lazy_run:
+            run.run_id  # noqa: B018 - open it now, so the run's duration is the stage's
         record = body()
         seconds = round(time.monotonic() - start, 3)
         if run.opened:

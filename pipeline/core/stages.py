@@ -27,12 +27,15 @@ class Stage:
         module: what ``dvc.yaml`` runs (``python -m <module>``).
         sections: the params.yaml sections its MLflow run logs as params.
         summary: one line for ``--help`` and reports.
+        lazy_run: open the MLflow run on first use, not at the start: train first finds the run it
+            continues in its checkpoint; register logs only a model it has not registered yet.
     """
 
     name: str
     module: str
     sections: tuple[str, ...]
     summary: str
+    lazy_run: bool = False
 
 
 STAGES: tuple[Stage, ...] = (
@@ -41,10 +44,10 @@ STAGES: tuple[Stage, ...] = (
     Stage("bpe", "pipeline.bpe", ("bpe",), "train the joint SentencePiece BPE model"),
     Stage("encode", "pipeline.encode", ("encode",), "encode cleaned text into Parquet shards"),
     Stage("train", "pipeline.launch", ("seed", "model", "train"),
-          "train the Transformer with torchrun (resumes from the newest checkpoint)"),
+          "train the Transformer with torchrun (resumes from the newest checkpoint)", lazy_run=True),
     Stage("average", "pipeline.average", ("average",), "average the last checkpoints into averaged.pt"),
     Stage("evaluate", "pipeline.evaluate", ("evaluate",), "beam-decode valid and test, score with sacreBLEU"),
-    Stage("register", "pipeline.register", (), "log and register the averaged model in MLflow"),
+    Stage("register", "pipeline.register", (), "log and register the averaged model in MLflow", lazy_run=True),
     Stage("audit", "pipeline.audit", (), "this run beside the paper, line by line, with its lineage"),
 )
 NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
