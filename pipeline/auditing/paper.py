@@ -7,10 +7,11 @@ item is ``{"item", "paper", "run", "verdict", "deviation", "note", "source"}``; 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from pipeline.auditing.items import fmt, item
 
 if TYPE_CHECKING:
     from pipeline.auditing.inputs import Inputs
@@ -57,21 +58,6 @@ BLEU_GAP = {
          "source": "Post 2018, A Call for Clarity in Reporting BLEU Scores, https://aclanthology.org/W18-6319"},
     ],
 }
-#: params whose value never changes results (placement, logging, retries, decoding batch budget).
-NEUTRAL_KEYS = frozenset({"profile", "paths", "seed", "download.retries", "download.timeout_s", "download.sha256",
-                          "encode.shard_rows", "train.keep_last", "train.valid_every_steps", "train.log_every_steps",
-                          "evaluate.max_tokens"})
-
-
-def fmt(value: Any) -> str:
-    """A value as params.yaml would spell it (``true``, ``[1, 4]``, ``multi30k``, ``1e-09``)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10_000:
-        return f"{value:,}"
-    return json.dumps(value)
-
-
 def millions(n: float) -> str:
     """``63.1M``; small counts keep three decimals (``0.031M``)."""
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e6:.3f}M"
@@ -80,14 +66,6 @@ def millions(n: float) -> str:
 def approx(run: float, paper: float, rel: float) -> bool:
     """Whether ``run`` is within ``rel`` (relative) of ``paper``."""
     return abs(run - paper) <= rel * abs(paper)
-
-
-def item(name: str, *, paper: str, run: str | None, ok: bool | None, deviation: str = "", note: str = "",
-         source: str = "") -> dict[str, Any]:
-    """One audit line; ``ok`` None means not measured (``run`` then says why)."""
-    verdict = "not measured" if ok is None else "matches" if ok else "deviates"
-    return {"item": name, "paper": paper, "run": run if run is not None else "not measured", "verdict": verdict,
-            "deviation": deviation if verdict == "deviates" else "", "note": note, "source": source}
 
 
 @dataclass(frozen=True)

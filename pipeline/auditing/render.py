@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.auditing.paper import PAPER, fmt
+from pipeline.auditing.items import fmt
+from pipeline.auditing.paper import PAPER
 
 _MARK = {"matches": "matches", "deviates": "**deviates**", "not measured": "*not measured*"}
 

@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.auditing.paper import NEUTRAL_KEYS, item
+from pipeline.auditing.items import NEUTRAL_KEYS, item
 from pipeline.core.config import flatten
 from pipeline.core.errors import PipelineError
 from pipeline.core.textio import sha256_file

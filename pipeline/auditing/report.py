@@ -6,7 +6,8 @@ import logging
 from typing import Any
 
 from pipeline.auditing.inputs import FORMAT, Inputs
-from pipeline.auditing.paper import BLEU_GAP, NEUTRAL_KEYS, PAPER, PAPER_SETTINGS, bleu_figures, fmt, measured_items
+from pipeline.auditing.items import NEUTRAL_KEYS, fmt
+from pipeline.auditing.paper import BLEU_GAP, PAPER, PAPER_SETTINGS, bleu_figures, measured_items
 from pipeline.core.config import flatten
 
 log = logging.getLogger(__name__)
