@@ -165,7 +165,7 @@ def run_stage(name: str, body: Callable[[], dict[str, Any]], *, metrics_dir: str
         if params is not None:
             run.queue_params(flatten({s: section_dict(getattr(params, s)) for s in spec.sections}))
         if not spec.lazy_run:
-            run.run_id  # noqa: B018 - open it now, so the run's duration is the stage's
+            run.open()  # now, so that the run's duration is the stage's
         record = body()
         seconds = round(time.monotonic() - start, 3)
         if run.opened:

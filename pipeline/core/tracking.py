@@ -85,6 +85,10 @@ class StageRun:
         self._live()
         return self._run_id
 
+    def open(self) -> None:
+        """Create (or continue) the run now rather than on first use."""
+        self._live()
+
     def resume(self, run_id: str | None) -> None:
         """Continue ``run_id`` (a resumed training) instead of creating a run; call before any logging."""
         if self._opener is not None and run_id:
@@ -175,7 +179,7 @@ def stage_run(stage: str, *, root: str | Path = ".", resume_run_id: str | None =
         status = "FINISHED"
     finally:
         _CURRENT.reset(token)
-        if handle.opened and handle._client is not None:
+        if handle.opened:
             try:
                 handle._client.set_terminated(handle._run_id, status=status)
             except Exception as exc:  # noqa: BLE001 - tracking must never mask the stage's own error

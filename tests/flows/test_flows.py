@@ -214,7 +214,7 @@ def test_transient_failure_succeeds_on_retry(make_repo: MakeRepo) -> None:
 
 
 def test_permanent_failure_names_stage_exit_code_and_stderr_tail(make_repo: MakeRepo) -> None:
-    stages = {**{"prep": PIPELINE["prep"]},
+    stages = {"prep": PIPELINE["prep"],
               "broken": {"cmd": "python toy.py fail", "deps": ["prep.txt"], "outs": ["never.txt"]},
               "after": {"cmd": "python toy.py write after.txt never.txt", "deps": ["never.txt"],
                         "outs": ["after.txt"]}}
@@ -405,3 +405,14 @@ def test_prefect_yaml_deploys_the_commit_it_was_run_at(tmp_path: Path, repo_root
     assert dep.global_concurrency_limit.limit == 1 and dep.work_pool_name == "gpu-pool"
     assert dep.parameters["timeouts_s"]["train"] == 172800
     assert dep.job_variables["env"]["NMT_NPROC"] == "8"
+
+
+def test_deploy_refuses_bad_overrides_and_unknown_deployments(capsys: pytest.CaptureFixture[str]) -> None:
+    """One clear line each, before anything reaches the Prefect API."""
+    from flows.deploy import main
+
+    assert main(["--repository", "x", "--commit", "abc", "--env", "NO_EQUALS_SIGN"]) == 1
+    assert capsys.readouterr().err.strip() == "error: --env 'NO_EQUALS_SIGN': expected KEY=VALUE"
+    assert main(["--repository", "x", "--commit", "abc", "--spec", "weekly"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and err.endswith("prefect.yaml: no deployment 'weekly'; known: nightly")
