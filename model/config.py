@@ -82,10 +82,6 @@ class TransformerConfig:
         """This config with ``vocab_size`` set (from the BPE model)."""
         return dataclasses.replace(self, vocab_size=vocab_size)
 
-    def settings(self) -> dict[str, Any]:
-        """The fields that are settings (params.yaml's ``model`` section): the derived ones left out."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if DERIVED not in f.metadata}
-
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of all fields (JSON/``torch.save(weights_only=True)`` friendly)."""
         return dataclasses.asdict(self)

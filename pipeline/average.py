@@ -30,7 +30,6 @@ from pipeline.training import checkpoint
 log = logging.getLogger(__name__)
 
 
-
 def complete_checkpoints(train_dir: str | Path) -> list[Path]:
     """Checkpoint folders ``step-NNNNNNNN`` under ``train_dir`` that have ``DONE``, oldest step first."""
     return [folder for _, folder in checkpoint.complete_checkpoints(train_dir)]

@@ -45,7 +45,7 @@ def _n_words(line: str) -> int:
 
 def pair_digest(src: str, tgt: str) -> bytes:
     """16-byte digest of a normalised pair (``\\n`` cannot occur inside a line: unambiguous)."""
-    return hashlib.blake2b(f"{src}\n{tgt}".encode("utf-8"), digest_size=16).digest()
+    return hashlib.blake2b(f"{src}\n{tgt}".encode(), digest_size=16).digest()
 
 
 class DigestSet:

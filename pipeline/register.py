@@ -64,7 +64,6 @@ def model_name() -> str:
     return env.settings().model_name
 
 
-
 def read_bleu(path: str | Path) -> dict[str, Any]:
     """The figures register needs from evaluate's ``evaluate.details.json``.
 

@@ -78,7 +78,6 @@ def read_yaml(path: Path) -> dict[str, Any] | None:
     return data
 
 
-
 def git_state(root: Path) -> dict[str, Any]:
     """Commit and dirty flag of ``root`` (tracked files; dvc.lock ignored: DVC rewrites it mid-run)."""
     def git(*args: str) -> str | None:

@@ -21,7 +21,6 @@ def fmt(value: Any) -> str:
     return json.dumps(value)
 
 
-
 def item(name: str, *, paper: str, run: str | None, ok: bool | None, deviation: str = "", note: str = "",
          source: str = "") -> dict[str, Any]:
     """One audit line; ``ok`` None means not measured (``run`` then says why)."""

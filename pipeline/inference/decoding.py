@@ -24,7 +24,6 @@ from pipeline.inference import model_file
 log = logging.getLogger(__name__)
 
 
-
 @dataclass
 class Translator:
     """A loaded ``averaged.pt``: the model in eval mode on ``device`` and its SentencePiece model."""

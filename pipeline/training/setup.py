@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 from model import Transformer, TransformerConfig
 from pipeline.core.config import TrainConfig, section_dict
 from pipeline.core.errors import DataError
+from pipeline.core.textio import sha256_file
 from pipeline.data import batching
 from pipeline.data.shards import ShardSet
 from pipeline.training import checkpoint, distributed, preflight
@@ -81,7 +81,7 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
     fused = {"fused": True} if ctx.device.type == "cuda" else {}
     optim = torch.optim.Adam(model.parameters(), lr=0.0, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                              weight_decay=cfg.weight_decay, **fused)
-    sha = hashlib.sha256((Path(shards_dir) / "manifest.json").read_bytes()).hexdigest()
+    sha = sha256_file(Path(shards_dir) / "manifest.json")
     flops = train_flops_per_target_token(tcfg, float(src_len.mean()) + 1, float(tgt_len.mean()) + 1)
     return Trainer(cfg=cfg, seed=seed, ctx=ctx, model=model, optim=optim, train=train, valid=valid, batches=batches,
                    valid_batches=valid_batches,
