@@ -19,6 +19,9 @@ The model needs four methods (``Transformer`` has them; tests use toy modules):
 ``encode(src) -> enc`` (a tensor or tuple of tensors, batch on dim 0), ``init_cache(enc) -> cache``,
 ``decode_step(tokens [B], enc, cache) -> (logits [B, V], cache)`` and
 ``reorder_cache(cache, index [B']) -> cache``; plus ``cfg`` with ``pad_id``, ``bos_id``, ``eos_id``.
+``decode_step``'s logits must be computed in fp32 or wider even under bf16 autocast (the
+Transformer's output projection disables autocast): bf16 logits, cast up here, would already be
+rounded to 8 significant bits, with artificial ties between candidates.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
+
+from model.precision import wide
 
 
 @dataclass(frozen=True)
@@ -263,7 +268,7 @@ def beam_search_finished(
     hist = _History([], [], [], [], [], [], [], [])
     for n in range(1, max(max_lens) + 1):
         logits, cache = model.decode_step(last, enc, cache)
-        lprobs = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+        lprobs = torch.log_softmax(wide(logits), dim=-1)  # fp32 logits stay fp32 (no-op cast)
         if scores is None or tok_ok is None:
             scores = lprobs.new_zeros(n_sent, k)
             tok_ok = torch.ones(lprobs.shape[-1], dtype=torch.bool, device=dev)

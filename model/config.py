@@ -32,12 +32,17 @@ class TransformerConfig:
     """Hidden width of the position-wise feed-forward network."""
     n_layers: int = 6
     """Layers in the encoder and (separately) in the decoder."""
+    # Dropout as in the paper: §5.4 ("Residual Dropout") applies P_drop = 0.1 to each sub-layer's output
+    # and to the embedding + positional-encoding sums, nowhere else. Reference implementations agree:
+    # tensor2tensor's transformer_base_v1 (attention_dropout 0.0, relu_dropout 0.0; v2 raised both to
+    # 0.1) and fairseq's transformer_wmt_en_de (= base_architecture: attention_dropout 0.0,
+    # activation_dropout 0.0, dropout 0.1).
     dropout: float = 0.1
-    """Dropout on embeddings+positions and on every residual branch."""
-    attn_dropout: float = 0.1
-    """Dropout on attention probabilities."""
-    ffn_dropout: float = 0.1
-    """Dropout on the feed-forward hidden activation."""
+    """Dropout on embeddings+positions and on every residual branch (the paper's P_drop)."""
+    attn_dropout: float = 0.0
+    """Dropout on attention probabilities (0 in the paper; an extension)."""
+    ffn_dropout: float = 0.0
+    """Dropout on the feed-forward hidden activation (0 in the paper; an extension)."""
     pre_norm: bool = False
     """LayerNorm before each sublayer (plus a final LayerNorm per stack) instead of after (paper)."""
     max_positions: int = 1024

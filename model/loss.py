@@ -7,15 +7,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-
-def _wide(x: Tensor) -> Tensor:
-    """Cast to fp32, or keep a wider dtype (float64)."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+from model.precision import wide
 
 
 def _sums(logits: Tensor, target: Tensor, epsilon: float, ignore_index: int) -> tuple[Tensor, Tensor]:
     """(loss_sum, nll_sum) of logits [N, V] against target [N] in fp32 (or wider)."""
-    lprobs = F.log_softmax(_wide(logits), dim=-1)
+    lprobs = F.log_softmax(wide(logits), dim=-1)
     keep = target.ne(ignore_index)
     safe = target.masked_fill(~keep, 0).unsqueeze(-1)
     nll = -lprobs.gather(-1, safe).squeeze(-1)

@@ -1,6 +1,9 @@
 """The precision the network runs at on a device: bf16 autocast on CUDA, fp32 elsewhere.
 
 Training, validation, the memory pre-flight and decoding all enter :func:`autocast`, so they agree.
+Scores are the exception: the loss's log-softmax runs on fp32 (or wider) copies of the logits, and
+decoding's output projection and log-softmax run in fp32 whatever the autocast state (bf16 keeps 8
+significant bits, which would round nearby logits to one value: artificial ties between candidates).
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch import Tensor
 
 
 def autocast(device: torch.device) -> contextlib.AbstractContextManager:
@@ -15,3 +19,16 @@ def autocast(device: torch.device) -> contextlib.AbstractContextManager:
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def wide_dtype(*tensors: Tensor) -> torch.dtype:
+    """fp32, or the widest floating dtype among ``tensors`` when that is wider (float64)."""
+    dtype = torch.float32
+    for t in tensors:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def wide(x: Tensor) -> Tensor:
+    """Cast to fp32, or keep a wider dtype (float64)."""
+    return x.to(wide_dtype(x))

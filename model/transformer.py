@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from model.config import TransformerConfig
 from model.layers import DecoderLayer, EncoderLayer, key_mask, sinusoid_table
+from model.precision import wide_dtype
 
 
 class EncoderOut(NamedTuple):
@@ -118,8 +119,35 @@ class Transformer(nn.Module):
         return self.decode(tgt_in, self.encode(src))
 
     def project(self, hidden: Tensor) -> Tensor:
-        """Output projection with the shared embedding matrix: [..., d] -> [..., V] logits."""
+        """Output projection with the shared embedding matrix, in the ambient (autocast) precision.
+
+        Training's path: under bf16 autocast the logits are bf16 and the loss widens them itself.
+
+        Args:
+            hidden: [..., d] decoder output.
+
+        Returns:
+            [..., V] logits.
+        """
         return F.linear(hidden, self.embed.weight)
+
+    def project_wide(self, hidden: Tensor) -> Tensor:
+        """Output projection in fp32 (or wider) with autocast disabled: decoding's scores.
+
+        The hidden state may be bf16 (the decoder runs under the caller's autocast); it and the
+        embedding matrix are cast up to fp32 (float64 stays float64) before the matmul, so the logits
+        are not rounded to bf16's 8 significant bits.
+
+        Args:
+            hidden: [..., d] decoder output, any floating dtype.
+
+        Returns:
+            [..., V] logits in fp32, or float64 when ``hidden`` or the weights are float64.
+        """
+        weight = self.embed.weight
+        dtype = wide_dtype(hidden, weight)
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            return F.linear(hidden.to(dtype), weight.to(dtype))
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Logits of the next token at every target position.
@@ -129,7 +157,7 @@ class Transformer(nn.Module):
             tgt_in: [B, T] int64 decoder input (BOS + target ids), right-padded with ``pad_id``.
 
         Returns:
-            [B, T, V] logits.
+            [B, T, V] logits in the ambient precision (bf16 under autocast; the loss widens them).
         """
         return self.project(self.features(src, tgt_in))
 
@@ -145,7 +173,11 @@ class Transformer(nn.Module):
         return DecoderCache([empty] * n, [empty] * n, [k for k, _ in cross], [v for _, v in cross])
 
     def decode_step(self, tokens: Tensor, enc: EncoderOut, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
-        """Feed one token per row and get the next-token logits.
+        """Feed one token per row and get the next-token logits, computed in fp32.
+
+        The decoder layers run in the ambient precision (bf16 under the caller's autocast, like the
+        cache); the output projection runs in fp32 with autocast disabled (:meth:`project_wide`), so
+        the logits that beam search ranks are fp32 even when decoding under bf16 autocast.
 
         Args:
             tokens: [B] or [B, 1] int64, the last token of every row (BOS first).
@@ -153,7 +185,7 @@ class Transformer(nn.Module):
             cache: from :meth:`init_cache` or a previous ``decode_step``.
 
         Returns:
-            (logits [B, V], the extended cache).
+            (logits [B, V] in fp32, or float64 for a float64 model; the extended cache).
         """
         if tokens.dim() == 1:
             tokens = tokens.unsqueeze(1)
@@ -163,7 +195,7 @@ class Transformer(nn.Module):
             x, k, v = layer.step(x, cache.self_k[i], cache.self_v[i], cache.cross_k[i], cache.cross_v[i], enc.attn_mask)
             new_k.append(k)
             new_v.append(v)
-        logits = self.project(self.dec_norm(x))[:, 0]
+        logits = self.project_wide(self.dec_norm(x))[:, 0]
         return logits, DecoderCache(new_k, new_v, cache.cross_k, cache.cross_v)
 
     @staticmethod

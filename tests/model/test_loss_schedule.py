@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -112,8 +113,8 @@ def test_schedule_formula_and_peak_at_warmup() -> None:
     values = [inverse_sqrt_lr(s, d, w) for s in range(1, 3 * w)]
     peak = max(range(len(values)), key=values.__getitem__) + 1
     assert peak == w
-    assert all(a < b for a, b in zip(values[: w - 1], values[1:w]))
-    assert all(a > b for a, b in zip(values[w - 1 :], values[w:]))
+    assert all(a < b for a, b in itertools.pairwise(values[:w]))
+    assert all(a > b for a, b in itertools.pairwise(values[w - 1 :]))
 
 
 def test_schedule_rejects_step_zero() -> None:

@@ -13,7 +13,8 @@ PAD, BOS, EOS = 0, 2, 3
 
 
 def tiny_cfg(**kw: object) -> TransformerConfig:
-    base = dict(vocab_size=23, d_model=16, n_heads=4, d_ff=32, n_layers=2, max_positions=64)
+    base: dict[str, object] = {"vocab_size": 23, "d_model": 16, "n_heads": 4, "d_ff": 32, "n_layers": 2,
+                               "max_positions": 64}
     base.update(kw)
     return TransformerConfig(**base)  # type: ignore[arg-type]
 
