@@ -3,7 +3,7 @@
 Every unknown, missing or mistyped key is collected and reported together in one
 :class:`ConfigError` that names each key by its dotted path. Cross-field rules live in
 ``__post_init__`` of the section they concern (they run only once the types are right).
-Derived values (vocabulary size, gradient accumulation) are computed elsewhere, never stored. The
+Derived values (vocabulary size, forward passes per step) are computed elsewhere, never stored. The
 ``model`` section validates into the network's own :class:`model.config.TransformerConfig` (its
 derived fields, the vocabulary size and special ids, are not params).
 """
@@ -23,6 +23,9 @@ from model.config import DERIVED, TransformerConfig
 from pipeline.core.errors import ConfigError
 
 DATASETS = ("wmt14", "multi30k")
+#: Keys that left params.yaml for an ``NMT_*`` variable (pipeline/core/env.py): a params file that
+#: still has one fails naming the variable.
+MOVED_TO_ENV = {"train.max_tokens": "NMT_MAX_TOKENS"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,7 +110,6 @@ class EncodeConfig:
 class TrainConfig:
     """Stage ``train``: batching, optimiser, schedule, stopping, checkpoints."""
 
-    max_tokens: int = 8192
     tokens_per_step: int = 25000
     lr_scale: float = 1.0
     warmup_steps: int = 4000
@@ -126,8 +128,8 @@ class TrainConfig:
     log_every_steps: int = 100
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1 or self.tokens_per_step < 1:
-            raise ValueError("train.max_tokens and train.tokens_per_step must be >= 1")
+        if self.tokens_per_step < 1:
+            raise ValueError("train.tokens_per_step must be >= 1")
         if self.max_steps < 1:
             raise ValueError("train.max_steps must be >= 1")
         if self.warmup_steps < 1 or self.warmup_steps >= self.max_steps:
@@ -187,10 +189,10 @@ class Params:
 
     def __post_init__(self) -> None:
         longest = self.encode.max_len + 1  # + EOS / BOS
-        if self.train.max_tokens < longest:
+        if self.train.tokens_per_step < longest:
             raise ValueError(
-                f"train.max_tokens ({self.train.max_tokens}) must be >= encode.max_len + 1 ({longest}): "
-                "the longest allowed sentence would not fit in any micro-batch"
+                f"train.tokens_per_step ({self.train.tokens_per_step}) must be >= encode.max_len + 1 ({longest}): "
+                "the longest allowed target would not fit in any step"
             )
         if self.train.keep_last < self.average.last_n:
             raise ValueError(
@@ -250,7 +252,10 @@ def _build(cls: type, data: Any, prefix: str, errors: list[str]) -> Any:
     fields = {name: f for name, f in every.items() if DERIVED not in f.metadata}
     dotted = (prefix + ".") if prefix else ""
     for key in sorted(set(data) - set(fields)):
-        if key in every:
+        if f"{dotted}{key}" in MOVED_TO_ENV:
+            errors.append(f"{dotted}{key}: moved to the environment variable {MOVED_TO_ENV[dotted + key]} "
+                          "(hardware, not a result-changing param); delete the key")
+        elif key in every:
             errors.append(f"{dotted}{key}: not a setting (it is {every[key].metadata[DERIVED]}); remove it")
         else:
             errors.append(f"{dotted}{key}: unknown key (known keys here: {', '.join(fields)})")

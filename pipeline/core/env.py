@@ -172,6 +172,9 @@ class Settings:
         shown="CUDA when available"))
     threads: int | None = field(default=None, metadata=meta(
         "NMT_THREADS", integer(1), "torch CPU threads per training process", shown="torch's default"))
+    max_tokens: int | None = field(default=None, metadata=meta(
+        "NMT_MAX_TOKENS", integer(1), "padded tokens per forward pass of a training process (memory only: a step "
+        "trains the same pairs in more passes)", shown="8192 on CUDA, 4096 on CPU"))
     dist_timeout_s: float = field(default=1800.0, metadata=meta(
         "NMT_DIST_TIMEOUT_S", seconds(positive=True), "collective timeout: a rank that waits longer for its "
         "peers fails, naming this variable"))
@@ -215,6 +218,16 @@ class Settings:
         if self.fault_point is not None:
             return self.fault_point
         return Fault("after_step", self.fault_kill_at_step) if self.fault_kill_at_step else None
+
+
+#: ``NMT_MAX_TOKENS`` when unset, per device type: fixed, never derived from free memory, so a
+#: machine's budget does not depend on what else runs on it.
+DEFAULT_MAX_TOKENS: dict[str, int] = {"cuda": 8192, "cpu": 4096}
+
+
+def max_tokens(device_type: str) -> int:
+    """The per-forward token budget on ``device_type`` (``cuda``/``cpu``): ``NMT_MAX_TOKENS`` or the default."""
+    return settings().max_tokens or DEFAULT_MAX_TOKENS.get(device_type, DEFAULT_MAX_TOKENS["cpu"])
 
 
 FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(Settings)

@@ -1,19 +1,22 @@
-"""Token-budget batches: planned once, shuffled per epoch, sliced per rank, prefetched.
+"""Global batches: the pairs of each optimizer step depend on the data, the seed, the epoch and the step only.
 
-The plan (fairseq's ``ordered_indices`` + ``batch_by_size``): a seeded permutation of the ids,
-stable-sorted by length (the longer of source+EOS and BOS+target), packed greedily so that
-``sentences × longest <= max_tokens`` (padding counts). The list of batches is then frozen.
-Each epoch shuffles the batch list with (seed, epoch). Global micro-batch ``g`` of an epoch is
-``order[g]``; optimizer step ``s`` of the epoch consumes ``g = s·W·A ... (s+1)·W·A - 1``, rank
-``r`` running ``g = s·W·A + a·W + r`` for ``a < A``. Indices past the end of the epoch are
-empty micro-batches (``None``), so every rank runs the same number of steps. The iterator's
-whole state is ``(epoch, g)``, which is what a checkpoint stores.
+The plan (fairseq's ``ordered_indices`` + ``batch_by_size``, with the budget counted in non-pad
+target tokens as in the paper's §5.1): a seeded permutation of the ids, stable-sorted by length
+(the longer of source+EOS and BOS+target), cut greedily into *global batches* of at most
+``train.tokens_per_step`` non-pad target tokens (target + EOS). The list is frozen; each epoch
+shuffles it with (seed, epoch), and step ``s`` of an epoch trains global batch ``order[s]``.
+
+Rank ``r`` of ``W`` takes every ``W``-th pair of that batch (pairs ``r, r+W, ...``, so the shares
+have similar lengths) and splits its share into forward passes of at most ``max_tokens`` padded
+tokens (sentences × longest): the device's memory budget (``NMT_MAX_TOKENS``), not a param. Losses
+are summed and the gradient divided by the step's global token count, so the number of processes
+and the memory budget only decide who computes which pairs, never which pairs a step trains. The
+iterator's whole state is ``(epoch, position in the epoch)``, which is what a checkpoint stores.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -34,17 +37,78 @@ def token_lengths(src_len: np.ndarray, tgt_len: np.ndarray) -> np.ndarray:
     return np.maximum(np.asarray(src_len, np.int64), np.asarray(tgt_len, np.int64)) + 1
 
 
-def plan_batches(ids: np.ndarray, lengths: np.ndarray, *, max_tokens: int, seed: int | None) -> list[np.ndarray]:
-    """Pack ``ids`` into micro-batches of at most ``max_tokens`` padded tokens.
+@dataclass(frozen=True)
+class GlobalBatch:
+    """The pairs of one optimizer step, shortest first.
+
+    Attributes:
+        ids: [n] int64 example ids.
+        lengths: [n] int64 cost lengths (:func:`token_lengths`), aligned with ``ids``.
+        tgt_tokens: non-pad target tokens of the batch (targets + EOS).
+    """
+
+    ids: np.ndarray
+    lengths: np.ndarray
+    tgt_tokens: int
+
+    def share(self, rank: int, world_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rank ``rank``'s pairs: every ``world_size``-th one from ``rank`` (ids, lengths; shortest first)."""
+        return self.ids[rank::world_size], self.lengths[rank::world_size]
+
+
+def plan_global_batches(ids: np.ndarray, lengths: np.ndarray, tgt_tokens: np.ndarray, *, tokens_per_step: int,
+                        seed: int) -> list[GlobalBatch]:
+    """Cut the length-sorted ids into global batches of at most ``tokens_per_step`` target tokens.
+
+    Args:
+        ids: [N] int64 example ids.
+        lengths: [N] cost lengths (:func:`token_lengths`), aligned with ``ids``.
+        tgt_tokens: [N] non-pad target tokens per pair (target length + 1 for EOS).
+        tokens_per_step: the budget of one optimizer step (``train.tokens_per_step``).
+        seed: seed of the permutation that breaks ties between equal lengths.
+
+    Returns:
+        The frozen batch list, shortest pairs first; each batch is as full as the next pair allows.
+
+    Raises:
+        DataError: one pair alone has more target tokens than ``tokens_per_step``.
+    """
+    ids, lengths, tgt_tokens = (np.asarray(a, np.int64) for a in (ids, lengths, tgt_tokens))
+    if not ids.shape == lengths.shape == tgt_tokens.shape:
+        raise ValueError(f"ids {ids.shape}, lengths {lengths.shape} and tgt_tokens {tgt_tokens.shape} differ")
+    if len(ids) and tgt_tokens.max() > tokens_per_step:
+        worst = int(np.argmax(tgt_tokens))
+        raise DataError(f"example id {ids[worst]} has {tgt_tokens[worst]} target tokens > train.tokens_per_step "
+                        f"({tokens_per_step}): no step could hold it; raise train.tokens_per_step or lower "
+                        "encode.max_len and rerun encode")
+    perm = np.random.default_rng([seed, _PLAN_STREAM]).permutation(len(ids))
+    order = perm[np.argsort(lengths[perm], kind="stable")]
+    cum = np.cumsum(tgt_tokens[order])
+    batches: list[GlobalBatch] = []
+    start, n = 0, len(order)
+    while start < n:
+        before = int(cum[start - 1]) if start else 0
+        end = max(start + 1, int(np.searchsorted(cum, before + tokens_per_step, side="right")))
+        chosen = order[start:end]
+        batches.append(GlobalBatch(ids[chosen], lengths[chosen], int(cum[end - 1]) - before))
+        start = end
+    return batches
+
+
+def plan_batches(ids: np.ndarray, lengths: np.ndarray, *, max_tokens: int, seed: int | None,
+                 budget: str = "NMT_MAX_TOKENS") -> list[np.ndarray]:
+    """Pack ``ids`` into forward passes of at most ``max_tokens`` padded tokens (sentences × longest).
 
     Args:
         ids: [N] int64 example ids.
         lengths: [N] cost lengths (see :func:`token_lengths`), aligned with ``ids``.
-        max_tokens: budget per micro-batch, counting padding (sentences × longest).
+        max_tokens: budget per forward pass, counting padding.
         seed: seed of the tie-breaking permutation; ``None`` keeps id order among equal lengths.
+        budget: the setting ``max_tokens`` comes from, named in the error.
 
     Returns:
-        The frozen batch list (shortest sentences first), each an int64 array of ids.
+        The batches (shortest sentences first), each an int64 array of ids; greedy on sorted
+        lengths, so as few as the budget allows.
 
     Raises:
         DataError: a single pair is longer than ``max_tokens``.
@@ -55,8 +119,8 @@ def plan_batches(ids: np.ndarray, lengths: np.ndarray, *, max_tokens: int, seed:
         raise ValueError(f"ids {ids.shape} and lengths {lengths.shape} differ in shape")
     if len(ids) and lengths.max() > max_tokens:
         worst = int(np.argmax(lengths))
-        raise DataError(f"example id {ids[worst]} needs {lengths[worst]} tokens > train.max_tokens ({max_tokens}); "
-                        "raise train.max_tokens or lower encode.max_len and rerun encode")
+        raise DataError(f"example id {ids[worst]} needs {lengths[worst]} tokens > {budget} ({max_tokens}); "
+                        f"raise {budget} or lower encode.max_len and rerun encode")
     perm = (np.random.default_rng([seed, _PLAN_STREAM]).permutation(len(ids)) if seed is not None
             else np.arange(len(ids)))
     order = perm[np.argsort(lengths[perm], kind="stable")]
@@ -72,6 +136,30 @@ def plan_batches(ids: np.ndarray, lengths: np.ndarray, *, max_tokens: int, seed:
         batches.append(ids[order[start:start + size]])
         start += size
     return batches
+
+
+def forward_passes(batch: GlobalBatch, *, rank: int, world_size: int, max_tokens: int) -> list[np.ndarray]:
+    """Rank ``rank``'s share of ``batch`` split into forward passes of <= ``max_tokens`` padded tokens.
+
+    Returns:
+        Id arrays, one per forward pass; empty when the batch has fewer pairs than ranks.
+    """
+    ids, lengths = batch.share(rank, world_size)
+    return plan_batches(ids, lengths, max_tokens=max_tokens, seed=None) if len(ids) else []
+
+
+def forward_shapes(plan: Sequence[GlobalBatch], *, rank: int, world_size: int,
+                   max_tokens: int) -> list[tuple[int, int]]:
+    """Every forward-pass shape ``(sentences, longest)`` rank ``rank`` runs over one epoch of ``plan``."""
+    shapes = []
+    for batch in plan:
+        ids, lengths = batch.share(rank, world_size)
+        if not len(ids):
+            continue
+        where = {int(i): int(n) for i, n in zip(ids, lengths)}
+        for chunk in plan_batches(ids, lengths, max_tokens=max_tokens, seed=None):
+            shapes.append((len(chunk), max(where[int(i)] for i in chunk)))
+    return shapes
 
 
 def valid_plan(ids: np.ndarray, lengths: np.ndarray, *, max_tokens: int, max_positions: int) -> list[np.ndarray]:
@@ -94,50 +182,29 @@ def epoch_order(n_batches: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, _EPOCH_STREAM, epoch]).permutation(n_batches)
 
 
-def accumulation(tokens_per_step: int, world_size: int, max_tokens: int) -> int:
-    """Micro-batches per rank per optimizer step: ceil(tokens_per_step / (world_size × max_tokens))."""
-    return max(1, math.ceil(tokens_per_step / (world_size * max_tokens)))
-
-
-def steps_in_epoch(n_batches: int, start: int, world_size: int, accum: int) -> int:
-    """Optimizer steps needed to consume global micro-batches ``start .. n_batches - 1``."""
-    return math.ceil(max(0, n_batches - start) / (world_size * accum))
-
-
-def rank_schedule(n_batches: int, *, start: int, rank: int, world_size: int, accum: int) -> list[list[int | None]]:
-    """Global micro-batch indices that ``rank`` runs, per optimizer step, from ``start`` to the epoch end.
-
-    Returns:
-        One list of ``accum`` entries per step; ``None`` marks an empty micro-batch past the end.
-        Every rank gets the same number of steps and the ranks' indices are disjoint.
-    """
-    per_step = world_size * accum
-    out = []
-    for s in range(steps_in_epoch(n_batches, start, world_size, accum)):
-        base = start + s * per_step
-        out.append([g if (g := base + a * world_size + rank) < n_batches else None for a in range(accum)])
-    return out
-
-
-def epoch_steps(batches: Sequence[np.ndarray], fetch, *, seed: int, epoch: int, start: int, rank: int,
-                world_size: int, accum: int, pin: bool = False, **ids) -> Iterator[list[Batch | None]]:
-    """This rank's micro-batches for each remaining step of ``epoch``, built ahead by a :class:`Prefetcher`.
+def epoch_steps(plan: Sequence[GlobalBatch], fetch, *, seed: int, epoch: int, start: int, rank: int,
+                world_size: int, max_tokens: int, pin: bool = False, **ids) -> Iterator[list[Batch]]:
+    """This rank's forward passes for each remaining step of ``epoch``, built ahead by a :class:`Prefetcher`.
 
     Args:
-        batches: the frozen plan; fetch: ``ShardSet.fetch``; start: first global micro-batch index.
+        plan: the frozen global batches; fetch: ``ShardSet.fetch``; start: the epoch position to
+            resume at (steps already taken in this epoch).
+        max_tokens: padded tokens per forward pass (this device's memory budget).
         ids: ``pad_id``, ``bos_id``, ``eos_id`` for :func:`collate`.
 
     Yields:
-        Lists of ``accum`` entries, each a :class:`Batch` or None (an empty micro-batch).
+        One list per step: this rank's :class:`Batch` es (``index`` = epoch position, ``forward`` =
+        pass number); empty when the global batch has fewer pairs than ranks.
     """
-    order = epoch_order(len(batches), seed, epoch)
-    schedule = rank_schedule(len(batches), start=start, rank=rank, world_size=world_size, accum=accum)
-    jobs = [(g, None if g is None else batches[order[g]]) for step in schedule for g in step]
+    order = epoch_order(len(plan), seed, epoch)
+    passes = [forward_passes(plan[order[p]], rank=rank, world_size=world_size, max_tokens=max_tokens)
+              for p in range(start, len(plan))]
+    jobs = [((p, f), chunk) for p, chunks in zip(range(start, len(plan)), passes) for f, chunk in enumerate(chunks)]
     pre = Prefetcher(fetch, jobs, pin=pin, **ids)
     try:
         items = iter(pre)
-        for _ in schedule:
-            yield [next(items) for _ in range(accum)]
+        for chunks in passes:
+            yield [next(items) for _ in chunks]
     finally:
         pre.close()
 
@@ -151,7 +218,8 @@ class Batch:
         tgt_in: [B, T] int64 BOS + target ids, padded.
         tgt_out: [B, T] int64 target ids + EOS, padded (the loss target).
         n_tokens: non-pad target tokens (``(tgt_out != pad).sum()``).
-        index: global micro-batch index in the epoch (``-1`` for validation).
+        index: position of its global batch in the epoch (``-1`` for validation).
+        forward: which of this rank's forward passes of that step it is.
     """
 
     src: torch.Tensor
@@ -159,16 +227,22 @@ class Batch:
     tgt_out: torch.Tensor
     n_tokens: int
     index: int = -1
+    forward: int = 0
+
+    @property
+    def padded_tgt(self) -> int:
+        """Target slots including padding (``B × T``)."""
+        return int(self.tgt_out.numel())
 
     def to(self, device: torch.device) -> Batch:
         """The same batch on ``device`` (non-blocking from pinned memory)."""
         nb = device.type == "cuda"
         return Batch(self.src.to(device, non_blocking=nb), self.tgt_in.to(device, non_blocking=nb),
-                     self.tgt_out.to(device, non_blocking=nb), self.n_tokens, self.index)
+                     self.tgt_out.to(device, non_blocking=nb), self.n_tokens, self.index, self.forward)
 
 
 def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, pad_id: int, bos_id: int, eos_id: int,
-            index: int = -1, pin: bool = False) -> Batch:
+            index: int = -1, forward: int = 0, pin: bool = False) -> Batch:
     """Pad ``(src, tgt)`` id arrays into a :class:`Batch` (source = ids + EOS, decoder input = BOS + ids, target = ids + EOS)."""
     b = len(pairs)
     s_max = max(len(s) for s, _ in pairs) + 1
@@ -188,7 +262,7 @@ def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, pad_id: int, bos_
     tensors = [torch.from_numpy(a) for a in (src, tgt_in, tgt_out)]
     if pin:
         tensors = [t.pin_memory() for t in tensors]
-    return Batch(*tensors, n_tokens=n_tokens, index=index)
+    return Batch(*tensors, n_tokens=n_tokens, index=index, forward=forward)
 
 
 class Prefetcher:
@@ -196,14 +270,14 @@ class Prefetcher:
 
     Args:
         fetch: maps a sequence of ids to ``(src, tgt)`` arrays (``ShardSet.fetch``).
-        jobs: ``(global index, ids or None)`` in the order they will be consumed.
+        jobs: ``((epoch position, forward pass), ids)`` in the order they will be consumed.
         depth: batches built ahead.
         collate_kw: keyword arguments of :func:`collate` (pad/bos/eos ids, pin).
 
-    Iterating yields ``Batch`` or ``None`` (an empty micro-batch) in job order.
+    Iterating yields one ``Batch`` per job, in job order.
     """
 
-    def __init__(self, fetch, jobs: Sequence[tuple[int, np.ndarray | None]], *, depth: int = 2,
+    def __init__(self, fetch, jobs: Sequence[tuple[tuple[int, int], np.ndarray]], *, depth: int = 2,
                  **collate_kw) -> None:
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
@@ -214,8 +288,8 @@ class Prefetcher:
 
     def _work(self, fetch, jobs, collate_kw) -> None:
         try:
-            for g, ids in jobs:
-                item = None if ids is None else collate(fetch(ids), index=g, **collate_kw)
+            for (position, forward), ids in jobs:
+                item = collate(fetch(ids), index=position, forward=forward, **collate_kw)
                 while not self._stop.is_set():
                     try:
                         self._queue.put(item, timeout=0.1)
@@ -227,7 +301,7 @@ class Prefetcher:
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, re-raised there
             self._queue.put(exc)
 
-    def __iter__(self) -> Iterator[Batch | None]:
+    def __iter__(self) -> Iterator[Batch]:
         for _ in range(self._n):
             item = self._queue.get()
             if isinstance(item, BaseException):

@@ -184,7 +184,7 @@ def all_reduce_grads(params: Iterable[torch.nn.Parameter]) -> None:
     """Sum the gradients of ``params`` over ranks, in flat buckets of ~32 MB.
 
     A parameter without a gradient contributes zeros (its ``.grad`` is created), so every rank
-    issues the same collectives even when it had no micro-batch in this step.
+    issues the same collectives even when it had no forward pass in this step.
     """
     params = [p for p in params if p.requires_grad]
     for p in params:

@@ -9,8 +9,8 @@ and returns. Set::
 
 Points (``step`` is the optimizer step being run or just finished):
     preflight      inside the pre-flight forward/backward on the largest batch shape (step 0)
-    forward        before each micro-batch's forward of ``step``
-    mid_accum      between two micro-batches of ``step`` (gradients partly accumulated)
+    forward        before each forward pass of ``step``
+    mid_accum      between two forward passes of ``step`` (gradients partly accumulated)
     collective     before the gradient all-reduce of ``step``
     before_save    rank 0, before checkpoint ``step`` is written
     mid_save       rank 0, after ``model.pt`` of checkpoint ``step``, before optim.pt/state.json/DONE

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (NVIDIA H100 datasheet), the MFU denominator
 CSV_COLUMNS = ("step", "epoch", "train_loss", "train_nll", "train_ppl", "valid_loss", "valid_nll", "valid_ppl",
-               "lr", "grad_norm", "tgt_tokens_per_step")
+               "lr", "grad_norm", "tgt_tokens_per_step", "forwards_per_step")
 
 
 def train_flops_per_target_token(cfg: TransformerConfig, src_len: float, tgt_len: float) -> float:
@@ -63,12 +63,13 @@ class TrainLog:
         self._reset()
 
     def _reset(self) -> None:
-        self.loss = self.nll = self.tokens = 0.0
+        self.loss = self.nll = self.tokens = self.forwards = 0.0
         self.steps = 0
         self.since = time.monotonic()
 
     def add(self, stats: dict[str, float]) -> None:
-        """Add one optimizer step's global sums (``loss_sum``, ``nll_sum``, ``tokens``)."""
+        """Add one optimizer step's global sums (``loss_sum``, ``nll_sum``, ``tokens``) and ``forwards``."""
+        self.forwards += stats.get("forwards", 0.0)
         self.loss += stats["loss_sum"]
         self.nll += stats["nll_sum"]
         self.tokens += stats["tokens"]
@@ -83,7 +84,7 @@ class TrainLog:
         tok = max(self.tokens, 1.0)
         row = {"step": state.step, "epoch": state.epoch, "train_loss": self.loss / tok, "train_nll": self.nll / tok,
                "train_ppl": perplexity(self.nll / tok), "lr": last["lr"], "grad_norm": last["grad_norm"],
-               "tgt_tokens_per_step": self.tokens / self.steps}
+               "tgt_tokens_per_step": self.tokens / self.steps, "forwards_per_step": self.forwards / self.steps}
         rate = self.tokens / max(time.monotonic() - self.since, 1e-9)
         extra = {"tgt_tokens_per_s": rate}
         if self.peak_flops:
@@ -92,10 +93,10 @@ class TrainLog:
         if self.max_minutes > 0:
             eta = min(eta, max(0.0, self.max_minutes * 60 - self.elapsed()))
         log.info("step %d/%d epoch %d | loss %.4f nll %.4f ppl %.2f | lr %.3g | gnorm %.3f | %.0f tgt tok/s%s | "
-                 "%.0f tok/step | ETA %s", state.step, self.max_steps, state.epoch, row["train_loss"],
+                 "%.0f tok/step in %.1f passes | ETA %s", state.step, self.max_steps, state.epoch, row["train_loss"],
                  row["train_nll"], row["train_ppl"], row["lr"], row["grad_norm"], rate,
                  f" | MFU {extra['mfu']:.1%}" if "mfu" in extra else "", row["tgt_tokens_per_step"],
-                 time.strftime("%H:%M:%S", time.gmtime(eta)) if eta < 86400 else f"{eta / 3600:.1f} h")
+                 row["forwards_per_step"], time.strftime("%H:%M:%S", time.gmtime(eta)) if eta < 86400 else f"{eta / 3600:.1f} h")
         self.tracker.log_metrics({k: v for k, v in {**row, **extra}.items() if k not in ("step", "epoch")},
                                  step=state.step)
         state.history.append(row)

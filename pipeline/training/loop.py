@@ -1,15 +1,22 @@
-"""The training loop: the Transformer on token-budget batches, on one or many processes (torchrun).
+"""The training loop: the Transformer on global batches, on one or many processes (torchrun).
 
 ``python -m pipeline.launch`` starts ``torchrun -m pipeline.train``; run alone, that module trains
-in a single process. Each optimizer step (:func:`train_step`, read it top to bottom) runs
-``A = ceil(tokens_per_step / (world × max_tokens))`` micro-batches per rank; before each one the
-global torch (and CUDA) generators are reseeded from (seed, epoch, global micro-batch index), so
-dropout does not depend on which rank ran it. Losses are sums; after accumulation the gradients are
-summed over ranks and divided by the step's global number of non-pad target tokens, so the update
-does not depend on how the tokens fell into micro-batches or ranks. A relaunch resumes from the
-newest complete checkpoint (:mod:`pipeline.training.setup`).
+in a single process. Each optimizer step (:func:`train_step`, read it top to bottom) trains one
+global batch of about ``train.tokens_per_step`` non-pad target tokens, the same pairs whatever the
+number of processes (:mod:`pipeline.data.batching`): each rank runs its share in as many forward
+passes as ``NMT_MAX_TOKENS`` needs. Before each forward pass the global torch (and CUDA)
+generators are reseeded from (seed, epoch, step of the epoch, rank, forward pass), so dropout is
+reproducible. Losses are sums; after the passes the gradients are summed over ranks and divided by
+the step's global number of non-pad target tokens, so the update does not depend on how the pairs
+fell into passes or ranks (with dropout 0 it is the same gradient up to float rounding). A
+relaunch resumes from the newest complete checkpoint (:mod:`pipeline.training.setup`), also on
+another number of processes or another budget.
 
-A pre-flight on the plan's largest micro-batch shapes fails fast when memory is short; a later
+``train.max_steps`` and ``train.max_epochs`` end a run. ``train.max_minutes`` only pauses it: the
+run validates, checkpoints and fails (:mod:`pipeline.training.pause`: exit 1, so DVC records nothing),
+and rerunning resumes toward ``max_steps``; no wall clock decides which model a finished run produces.
+
+A pre-flight on the largest forward-pass shapes fails fast when memory is short; a later
 out-of-memory error skips that optimizer step on every rank and is counted (:mod:`pipeline.training.preflight`).
 Fault injection for the crash tests reaches the loop only through its ``hooks``
 (:mod:`pipeline.training.faults`; a no-op unless ``NMT_FAULT_POINT`` is set).
@@ -33,7 +40,7 @@ from pipeline.core.config import TrainConfig
 from pipeline.core.errors import PipelineError
 from pipeline.core.textio import write_text
 from pipeline.data import batching
-from pipeline.training import distributed, faults, preflight, setup
+from pipeline.training import distributed, faults, pause, preflight, setup
 from pipeline.training.logs import PEAK_FLOPS, TrainLog, history_csv, log_valid, perplexity
 from pipeline.training.setup import Trainer
 from pipeline.training.state import TrainState
@@ -41,32 +48,32 @@ from pipeline.training.state import TrainState
 log = logging.getLogger(__name__)
 
 
-def micro_seed(seed: int, epoch: int, index: int) -> int:
-    """The torch seed of global micro-batch ``index`` of ``epoch``."""
-    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1, dtype=np.uint64)[0] >> 1)
+def forward_seed(seed: int, epoch: int, position: int, rank: int, forward: int) -> int:
+    """The torch seed of one forward pass: (seed, epoch, step of the epoch, rank, pass on that rank)."""
+    entropy = [seed, epoch, position, rank, forward]
+    return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-def train_step(tr: Trainer, micro_batches: list, state: TrainState) -> dict[str, float] | None:
-    """One optimizer step: accumulate → all-reduce → divide by the global token count → clip → finite
-    check → learning rate → Adam step.
+def train_step(tr: Trainer, passes: list[batching.Batch], state: TrainState) -> dict[str, float] | None:
+    """One optimizer step: forward passes → all-reduce → divide by the global token count → clip →
+    finite check → learning rate → Adam step.
 
     Args:
-        tr: the run. micro_batches: this rank's share of the step (``None`` for an empty slot).
+        tr: the run. passes: this rank's share of the step's global batch (possibly empty).
         state: the position before the step (not changed here).
 
     Returns:
-        The step's global ``loss_sum``, ``nll_sum``, ``tokens``, ``lr`` and ``grad_norm``; None when a
-        rank ran out of memory (every rank then skips the step: the OOM flag travels with the sums).
+        The step's global ``loss_sum``, ``nll_sum``, ``tokens``, ``forwards`` (busiest rank), ``lr``
+        and ``grad_norm``; None when a rank ran out of memory (every rank then skips the step: the
+        OOM flag travels with the sums).
 
     Raises:
         PipelineError: a non-finite loss or gradient norm (the step is not taken).
     """
     model, dev, rank, step = tr.model, tr.ctx.device, tr.ctx.rank, state.step + 1
     sums, tokens, oom = torch.zeros(2, dtype=torch.float64, device=dev), 0, None  # loss_sum, nll_sum
-    for i, batch in enumerate(micro_batches):  # 1. forward + backward of this rank's micro-batches (sums)
-        if batch is None:
-            continue
-        torch.manual_seed(micro_seed(tr.seed, state.epoch, batch.index))
+    for i, batch in enumerate(passes):  # 1. forward + backward of this rank's share (sums)
+        torch.manual_seed(forward_seed(tr.seed, state.epoch, batch.index, rank, batch.forward))
         b = batch.to(dev)
         try:
             tr.hooks.at("forward", step, rank)
@@ -76,16 +83,18 @@ def train_step(tr: Trainer, micro_batches: list, state: TrainState) -> dict[str,
                                                         ignore_index=model.cfg.pad_id)
             loss_sum.backward()
         except torch.OutOfMemoryError:
-            oom = f"micro-batch {batch.index}: src {list(b.src.shape)}, tgt {list(b.tgt_in.shape)}"
+            oom = f"forward pass {batch.forward}: src {list(b.src.shape)}, tgt {list(b.tgt_in.shape)}"
             break
         sums += torch.stack([loss_sum.detach(), nll_sum.detach()]).double()
         tokens += b.n_tokens
-        if i + 1 < len(micro_batches):
+        if i + 1 < len(passes):
             tr.hooks.at("mid_accum", step, rank)
     stats = torch.cat([sums, torch.tensor([float(tokens), float(oom is not None)], dtype=torch.float64, device=dev)])
     tr.hooks.at("collective", step, rank)
     distributed.all_reduce_sum(stats)  # 2. the global loss sums, non-pad target tokens and OOM ranks
     loss_sum, nll_sum, tokens, oom_ranks = stats.tolist()
+    forwards = float(distributed.all_reduce_max(torch.tensor([float(len(passes))], dtype=torch.float64,
+                                                                device=dev)))
     if oom_ranks:
         model.zero_grad(set_to_none=True)
         preflight.skip_step(state, oom, rank=rank, device=dev)
@@ -109,7 +118,8 @@ def train_step(tr: Trainer, micro_batches: list, state: TrainState) -> dict[str,
         group["lr"] = lr
     tr.optim.step()  # 7. Adam step
     tr.optim.zero_grad(set_to_none=True)
-    return {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": tokens, "lr": lr, "grad_norm": norm}
+    return {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": tokens, "forwards": forwards, "lr": lr,
+            "grad_norm": norm}
 
 
 @torch.no_grad()
@@ -132,42 +142,51 @@ def validate(tr: Trainer) -> dict[str, float]:
     return {"valid_loss": loss_sum / tokens, "valid_nll": nll_sum / tokens, "valid_ppl": perplexity(nll_sum / tokens)}
 
 
-def _should_stop(tr: Trainer, state: TrainState, elapsed: float, *, timed: bool = True) -> bool:
-    """Whether a limit is reached; the time limit (agreed over ranks) only when ``timed``."""
-    cfg = tr.cfg
-    if state.step >= cfg.max_steps or (cfg.max_epochs and state.epoch >= cfg.max_epochs):
-        return True
-    if timed and cfg.max_minutes > 0:
-        seconds = torch.tensor([elapsed], dtype=torch.float64, device=tr.ctx.device)
-        return float(distributed.all_reduce_max(seconds)) >= cfg.max_minutes * 60
-    return False
+def _finished(tr: Trainer, state: TrainState) -> bool:
+    """Whether ``train.max_steps`` or ``train.max_epochs`` is reached (the run's end)."""
+    return state.step >= tr.cfg.max_steps or bool(tr.cfg.max_epochs and state.epoch >= tr.cfg.max_epochs)
 
 
-def fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> None:
-    """Train until max_steps, max_epochs or max_minutes; validate, log and checkpoint on the way."""
+def _out_of_time(tr: Trainer, elapsed: float) -> bool:
+    """Whether ``train.max_minutes`` (> 0) is used up on any rank (agreed over ranks)."""
+    if tr.cfg.max_minutes <= 0:
+        return False
+    seconds = torch.tensor([elapsed], dtype=torch.float64, device=tr.ctx.device)
+    return float(distributed.all_reduce_max(seconds)) >= tr.cfg.max_minutes * 60
+
+
+def fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> bool:
+    """Train until max_steps or max_epochs; validate, log and checkpoint on the way.
+
+    Returns:
+        True when the run ended, False when ``train.max_minutes`` paused it first.
+    """
     cfg, model_cfg = tr.cfg, tr.model.cfg
     peak = PEAK_FLOPS * tr.ctx.world_size if tr.ctx.device.type == "cuda" else 0.0
     logs = TrainLog(tracker, max_steps=cfg.max_steps, max_minutes=cfg.max_minutes,
                     flops_per_token=tr.flops_per_token, peak_flops=peak, start_step=state.step)
     tr.model.train()
-    while not _should_stop(tr, state, logs.elapsed(), timed=False):  # time is checked after each step
-        steps = batching.epoch_steps(tr.batches, tr.train.fetch, seed=tr.seed, epoch=state.epoch, start=state.micro,
-                                     rank=tr.ctx.rank, world_size=tr.ctx.world_size, accum=tr.accum,
+    while not _finished(tr, state):  # time is checked after each step
+        steps = batching.epoch_steps(tr.plan, tr.train.fetch, seed=tr.seed, epoch=state.epoch, start=state.position,
+                                     rank=tr.ctx.rank, world_size=tr.ctx.world_size, max_tokens=tr.max_tokens,
                                      pad_id=model_cfg.pad_id, bos_id=model_cfg.bos_id, eos_id=model_cfg.eos_id,
                                      pin=tr.ctx.device.type == "cuda")
         with contextlib.closing(steps):
-            for micro_batches in steps:
+            for passes in steps:
                 started = time.monotonic()
-                stats = train_step(tr, micro_batches, state)
-                state.advance(tr.ctx.world_size * tr.accum, len(tr.batches))
+                stats = train_step(tr, passes, state)
+                state.advance(len(tr.plan))
                 if stats is not None:  # None: skipped for lack of memory
-                    state.oom_streak, state.step = 0, state.step + 1
-                    state.tokens_seen += int(stats["tokens"])
+                    state.oom_streak = 0
+                    state.count(int(stats["tokens"]), int(stats["forwards"]))
                     state.train_seconds += time.monotonic() - started
                     logs.add(stats)
                     _after_step(tr, state, stats, logs, run_dir=run_dir, tracker=tracker)
-                if _should_stop(tr, state, logs.elapsed()):
-                    return
+                if _finished(tr, state):
+                    return True
+                if _out_of_time(tr, logs.elapsed()):
+                    return False
+    return True
 
 
 def _after_step(tr: Trainer, state: TrainState, stats: dict[str, float], logs: TrainLog, *, run_dir: Path,
@@ -193,7 +212,8 @@ def _finish(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any, wall
     last_train = next((h for h in reversed(state.history) if "train_loss" in h), {})
     dev = tr.ctx.device
     return {"step": state.step, "epoch": state.epoch, "tokens_seen": state.tokens_seen,
-            "world_size": tr.ctx.world_size, "accumulation": tr.accum, "micro_batches": len(tr.batches),
+            "world_size": tr.ctx.world_size, "max_tokens": tr.max_tokens, "global_batches": len(tr.plan),
+            **state.batch_stats(),
             **{k: v for k, v in last_train.items() if k.startswith("train_")},
             **{k: v for k, v in last_valid.items() if k.startswith("valid_")},
             "train_seconds": round(state.train_seconds, 3), "wall_seconds": round(wall, 3),
@@ -227,20 +247,25 @@ def train(cfg: TrainConfig, *, model_cfg: TransformerConfig, seed: int, shards_d
     if not ctx.is_main:
         logging.getLogger().setLevel(logging.WARNING)
     try:
+        pause.check_restart(run_dir, is_main=ctx.is_main)
         tr = setup.build(cfg, model_cfg, seed, Path(shards_dir), Path(spm_model), ctx, hooks or faults.from_env())
         state, run_id, saved_world = setup.resume(tr, Path(run_dir))
         resumed_from = state.step if saved_world is not None else None
-        log.info("training on %d process(es) (%s), %d micro-batches of <= %d tokens per epoch, accumulation %d",
-                 ctx.world_size, ctx.device, len(tr.batches), cfg.max_tokens, tr.accum)
+        log.info("training on %d process(es) (%s): %d global batches of <= %d target tokens per epoch, forward "
+                 "passes of <= %d padded tokens (NMT_MAX_TOKENS)", ctx.world_size, ctx.device, len(tr.plan),
+                 cfg.tokens_per_step, tr.max_tokens)
         tracker = tracking.current()
         tracker.resume(run_id)  # a resumed run continues its MLflow run: curves without gaps or duplicates
         tracker.queue_params({"model.vocab_size": tr.model.cfg.vocab_size})
-        tracker.set_tags({"world_size": ctx.world_size, "accumulation": tr.accum, "device": ctx.device.type})
-        fit(tr, state, run_dir=Path(run_dir), tracker=tracker)
+        tracker.set_tags({"world_size": ctx.world_size, "max_tokens": tr.max_tokens, "device": ctx.device.type})
+        ended = fit(tr, state, run_dir=Path(run_dir), tracker=tracker)
         metrics = _finish(tr, state, run_dir=Path(run_dir), tracker=tracker, wall=time.monotonic() - wall0,
                           resumed_from=resumed_from)
         if ctx.is_main:
             write_text(plots_path, history_csv(state.history))
+        if not ended:
+            raise pause.pause(run_dir, max_minutes=cfg.max_minutes, step=state.step, max_steps=cfg.max_steps,
+                              is_main=ctx.is_main)
         return metrics
     finally:
         distributed.shutdown()

@@ -12,8 +12,9 @@ import sentencepiece as spm
 import torch
 
 from model import Transformer, TransformerConfig
+from pipeline.core import env
 from pipeline.core.config import TrainConfig, section_dict
-from pipeline.core.errors import DataError
+from pipeline.core.errors import ConfigError, DataError
 from pipeline.core.textio import sha256_file
 from pipeline.data import batching
 from pipeline.data.shards import ShardSet
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Trainer:
-    """The fixed parts of a run: config, process group, model, optimizer, data and its batch plan."""
+    """The fixed parts of a run: config, process group, model, optimizer, data and its global batches."""
 
     cfg: TrainConfig
     seed: int
@@ -36,11 +37,11 @@ class Trainer:
     optim: torch.optim.Optimizer
     train: ShardSet
     valid: ShardSet
-    batches: list[np.ndarray]
-    """The frozen plan of training micro-batches (example ids), shuffled per epoch."""
+    plan: list[batching.GlobalBatch]
+    """The frozen global batches (one per optimizer step), shuffled per epoch."""
     valid_batches: list[np.ndarray]
-    accum: int
-    """Micro-batches per rank per optimizer step."""
+    max_tokens: int
+    """This process's padded tokens per forward pass (``NMT_MAX_TOKENS``): memory, not what is trained."""
     config: dict[str, Any]
     """The resolved model + train + seed config (checkpoints refuse to resume under another)."""
     shards_sha256: str
@@ -55,37 +56,68 @@ def vocab_size(spm_model: Path) -> int:
     return spm.SentencePieceProcessor(model_file=str(spm_model)).get_piece_size()
 
 
+def check_budget(max_tokens: int, ids: np.ndarray, lengths: np.ndarray) -> None:
+    """Refuse a per-forward budget that cannot hold the longest training pair.
+
+    Raises:
+        ConfigError: naming ``NMT_MAX_TOKENS``, the pair and the least budget that works.
+    """
+    worst = int(np.argmax(lengths))
+    if lengths[worst] > max_tokens:
+        raise ConfigError(env.SOURCE, [(
+            f"NMT_MAX_TOKENS={max_tokens}: training pair id {ids[worst]} alone needs {lengths[worst]} padded tokens "
+            f"per forward pass; set NMT_MAX_TOKENS >= {lengths[worst]} (or lower encode.max_len and rerun encode)")])
+
+
+def plan(cfg: TrainConfig, train: ShardSet, *, seed: int, world_size: int) -> list[batching.GlobalBatch]:
+    """The run's global batches from the train split's lengths (independent of ``world_size``).
+
+    Raises:
+        DataError: an empty split, or a pair longer than ``train.tokens_per_step``.
+    """
+    ids, src_len, tgt_len = train.lengths()
+    if len(ids) == 0:
+        raise DataError(f"{train.root}: the train split is empty; check the clean/encode stages' metrics")
+    batches = batching.plan_global_batches(ids, batching.token_lengths(src_len, tgt_len), np.asarray(tgt_len) + 1,
+                                           tokens_per_step=cfg.tokens_per_step, seed=seed)
+    smallest = min(len(b.ids) for b in batches)
+    if smallest < world_size:
+        log.warning("the smallest global batch has %d pairs for %d processes: some ranks idle on such steps "
+                    "(train.tokens_per_step %d)", smallest, world_size, cfg.tokens_per_step)
+    return batches
+
+
 def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir: Path, spm_model: Path,
           ctx: distributed.DistContext, hooks: Hooks) -> Trainer:
-    """Plan the batches, build the model (same initial weights on every rank), check memory, make Adam.
+    """Plan the global batches, build the model (same initial weights on every rank), check memory, make Adam.
 
     Raises:
         DataError: an empty train split or a BPE model that does not match the shards.
-        PipelineError: the largest micro-batch does not fit in memory (pre-flight).
+        ConfigError: ``NMT_MAX_TOKENS`` smaller than the longest pair.
+        PipelineError: the largest forward pass does not fit in memory (pre-flight).
     """
     train, valid = ShardSet(shards_dir, "train"), ShardSet(shards_dir, "valid")
     train.check_spm(spm_model)
     tcfg = model_cfg.with_vocab(vocab_size(spm_model))
-    ids, src_len, tgt_len = train.lengths()
-    if len(ids) == 0:
-        raise DataError(f"{shards_dir}: the train split is empty; check the clean/encode stages' metrics")
-    lengths = batching.token_lengths(src_len, tgt_len)
-    batches = batching.plan_batches(ids, lengths, max_tokens=cfg.max_tokens, seed=seed)
+    batches = plan(cfg, train, seed=seed, world_size=ctx.world_size)
+    max_tokens = env.max_tokens(ctx.device.type)
+    check_budget(max_tokens, np.concatenate([b.ids for b in batches]), np.concatenate([b.lengths for b in batches]))
     v_ids, v_src, v_tgt = valid.lengths()
-    valid_batches = batching.valid_plan(v_ids, batching.token_lengths(v_src, v_tgt), max_tokens=cfg.max_tokens,
+    valid_batches = batching.valid_plan(v_ids, batching.token_lengths(v_src, v_tgt), max_tokens=max_tokens,
                                         max_positions=tcfg.max_positions)
     torch.manual_seed(seed)  # identical initial weights on every rank and device
     model = Transformer(tcfg).to(ctx.device)
-    preflight.check(model, preflight.largest_shapes(batches, ids, lengths), device=ctx.device,
-                    max_tokens=cfg.max_tokens, label_smoothing=cfg.label_smoothing, rank=ctx.rank, hooks=hooks)
+    shapes = batching.forward_shapes(batches, rank=ctx.rank, world_size=ctx.world_size, max_tokens=max_tokens)
+    preflight.check(model, preflight.largest_shapes(shapes), device=ctx.device, max_tokens=max_tokens,
+                    label_smoothing=cfg.label_smoothing, rank=ctx.rank, hooks=hooks)
     fused = {"fused": True} if ctx.device.type == "cuda" else {}
     optim = torch.optim.Adam(model.parameters(), lr=0.0, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                              weight_decay=cfg.weight_decay, **fused)
     sha = sha256_file(Path(shards_dir) / "manifest.json")
+    _, src_len, tgt_len = train.lengths()
     flops = train_flops_per_target_token(tcfg, float(src_len.mean()) + 1, float(tgt_len.mean()) + 1)
-    return Trainer(cfg=cfg, seed=seed, ctx=ctx, model=model, optim=optim, train=train, valid=valid, batches=batches,
-                   valid_batches=valid_batches,
-                   accum=batching.accumulation(cfg.tokens_per_step, ctx.world_size, cfg.max_tokens),
+    return Trainer(cfg=cfg, seed=seed, ctx=ctx, model=model, optim=optim, train=train, valid=valid, plan=batches,
+                   valid_batches=valid_batches, max_tokens=max_tokens,
                    config={"model": tcfg.to_dict(), "train": section_dict(cfg), "seed": seed}, shards_sha256=sha,
                    flops_per_token=flops, hooks=hooks)
 
@@ -112,11 +144,11 @@ def resume(tr: Trainer, run_dir: Path) -> tuple[TrainState, str | None, int | No
     tr.model.load_state_dict(checkpoint.load_tensors(folder, checkpoint.MODEL))
     tr.optim.load_state_dict(checkpoint.load_tensors(folder, checkpoint.OPTIM))
     if saved["world_size"] != tr.ctx.world_size:
-        log.warning("resuming %s saved by %d processes on %d: the run continues from the same micro-batch but "
+        log.warning("resuming %s saved by %d processes on %d: the run continues with the same global batches but "
                     "is no longer bitwise equal to an uninterrupted one", folder, saved["world_size"],
                     tr.ctx.world_size)
-    log.info("resuming from %s (step %d, epoch %d, micro-batch %d)", folder, saved["step"], saved["epoch"],
-             saved["micro_batch"])
+    log.info("resuming from %s (step %d, epoch %d, position %d of %d)", folder, saved["step"], saved["epoch"],
+             saved["position"], len(tr.plan))
     return TrainState.from_json(saved), saved.get("mlflow_run_id"), saved["world_size"]
 
 

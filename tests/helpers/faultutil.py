@@ -17,10 +17,14 @@ from tests.helpers.paths import REPO
 
 
 def job_env(nproc: int, env: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a CPU torchrun job (one thread per rank, no fault unless ``env`` sets one)."""
+    """The environment of a CPU torchrun job (one thread per rank, no fault unless ``env`` sets one).
+
+    ``NMT_MAX_TOKENS=96`` splits each rank's share of a step into several forward passes, so the
+    points between passes (``mid_accum``) are reached.
+    """
     base = {k: v for k, v in os.environ.items() if not k.startswith("NMT_FAULT")}
     return {**base, "NMT_NPROC": str(nproc), "NMT_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "NMT_THREADS": "1",
-            "NMT_MAX_RESTARTS": "0", **(env or {})}
+            "NMT_MAX_RESTARTS": "0", "NMT_MAX_TOKENS": "96", **(env or {})}
 
 
 def write_params(data: dict, tmp: Path) -> Path:
@@ -113,6 +117,6 @@ def assert_bitwise_equal(ref: Path, other: Path, step: int) -> None:
         different = [k for k in ta if not torch.equal(ta[k], tb[k])]
         assert not different, f"{name}: {different[:5]}"
     sa, sb = (json.loads((d / checkpoint.STATE).read_text()) for d in (a, b))
-    for key in ("step", "epoch", "micro_batch", "tokens_seen", "history", "files"):
+    for key in ("step", "epoch", "position", "tokens_seen", "history", "files"):
         assert sa[key] == sb[key], key
     assert (ref / "plots" / "train.csv").read_bytes() == (other / "plots" / "train.csv").read_bytes()

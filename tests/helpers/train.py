@@ -86,7 +86,7 @@ def tiny_params(tmp: Path, ws: dict[str, Path], **train) -> dict:
     data["paths"].update(shards=str(ws["shards"]), bpe=str(ws["spm"].parent), train=str(tmp / "runs"),
                          metrics=str(tmp / "metrics"), plots=str(tmp / "plots"))
     data["model"].update(d_model=16, n_heads=2, d_ff=32, n_layers=1, max_positions=128)
-    data["train"].update(dict(max_tokens=96, tokens_per_step=192, warmup_steps=2, max_steps=6, save_every_steps=2,
+    data["train"].update(dict(tokens_per_step=192, warmup_steps=2, max_steps=6, save_every_steps=2,
                               keep_last=10, valid_every_steps=3, log_every_steps=1, lr_scale=2.0) | train)
     return data
 

@@ -28,7 +28,7 @@ def test_params_yaml_is_the_paper_profile(repo_root: Path) -> None:
 
 def test_every_bad_key_is_named_in_one_error(repo_root: Path) -> None:
     data = _paper(repo_root)
-    data["train"]["max_tokens"] = "lots"        # wrong type
+    data["train"]["tokens_per_step"] = "lots"   # wrong type
     data["train"]["warmup"] = 10                # unknown key
     del data["model"]["d_model"]                # missing key
     data["clean"]["dedup"] = 1                  # int is not bool
@@ -37,7 +37,7 @@ def test_every_bad_key_is_named_in_one_error(repo_root: Path) -> None:
     with pytest.raises(ConfigError) as info:
         params_from_dict(data, "params.yaml")
     msg = str(info.value)
-    for key in ("train.max_tokens", "train.warmup: unknown key", "model.d_model: missing key", "clean.dedup",
+    for key in ("train.tokens_per_step", "train.warmup: unknown key", "model.d_model: missing key", "clean.dedup",
                 "evaluate.beam_sizes[1]", "mystery: unknown key"):
         assert key in msg, (key, msg)
     assert len(info.value.problems) == 6
@@ -48,7 +48,8 @@ def test_every_bad_key_is_named_in_one_error(repo_root: Path) -> None:
     ("section", "key", "value", "expected"),
     [
         ("train", "warmup_steps", 200000, "train.warmup_steps (200000) must be >= 1 and < train.max_steps"),
-        ("train", "max_tokens", 100, "train.max_tokens (100) must be >= encode.max_len + 1 (257)"),
+        ("train", "tokens_per_step", 100, "train.tokens_per_step (100) must be >= encode.max_len + 1 (257)"),
+        ("train", "max_tokens", 8192, "train.max_tokens: moved to the environment variable NMT_MAX_TOKENS"),
         ("model", "n_heads", 7, "model: invalid TransformerConfig: d_model (512) must be divisible by n_heads (7)"),
         ("download", "dataset", "wmt15", "download.dataset: 'wmt15' is not one of ['wmt14', 'multi30k']"),
         ("clean", "max_ratio", 0.5, "clean.max_ratio must be >= 1.0"),
@@ -89,7 +90,7 @@ def test_ints_are_accepted_for_floats_and_flatten(repo_root: Path) -> None:
     p = load_params(repo_root / "params.yaml")
     assert isinstance(p.train.max_minutes, float)
     flat = flatten({"train": section_dict(p.train), "seed": 1})
-    assert flat["train.max_tokens"] == 8192 and flat["seed"] == 1
+    assert flat["train.tokens_per_step"] == 25000 and flat["seed"] == 1
 
 
 def test_profiles_merge_and_validate(repo_root: Path, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The batch planner: budgets, determinism, per-epoch shuffles and the rank split."""
+"""The batch planner: global batches, forward-pass budgets, determinism, per-epoch shuffles, the rank split."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_plan_is_deterministic_and_seeded():
 
 
 def test_a_pair_longer_than_the_budget_is_a_clear_error():
-    with pytest.raises(DataError, match=r"example id 11 needs 90 tokens > train.max_tokens \(64\)"):
+    with pytest.raises(DataError, match=r"example id 11 needs 90 tokens > NMT_MAX_TOKENS \(64\); raise NMT_MAX_TOKENS"):
         batching.plan_batches(np.array([10, 11]), np.array([5, 90]), max_tokens=64, seed=0)
 
 
@@ -72,21 +72,53 @@ def test_epoch_order_shuffles_per_epoch_deterministically():
     assert a0.tolist() == batching.epoch_order(50, 1, 0).tolist()
 
 
-@pytest.mark.parametrize(("n", "world", "accum", "start"), [(13, 2, 1, 0), (13, 2, 3, 0), (40, 3, 2, 7), (5, 4, 2, 0)])
-def test_ranks_get_disjoint_equally_long_slices_covering_the_epoch(n, world, accum, start):
-    plans = [batching.rank_schedule(n, start=start, rank=r, world_size=world, accum=accum) for r in range(world)]
-    assert len({len(p) for p in plans}) == 1  # the same number of steps on every rank
-    assert all(len(step) == accum for p in plans for step in p)
-    got = [g for p in plans for step in p for g in step if g is not None]
-    assert sorted(got) == list(range(start, n))  # disjoint, complete, nothing before start
-    assert len(plans[0]) == batching.steps_in_epoch(n, start, world, accum)
+def reference_global_plan(ids, lengths, tgt_tokens, budget, seed):
+    """The obviously-correct version: permute, stable sort, add while the target tokens fit."""
+    perm = np.random.default_rng([seed, batching._PLAN_STREAM]).permutation(len(ids))
+    order = sorted(perm.tolist(), key=lambda i: lengths[i])
+    batches, cur, total = [], [], 0
+    for i in order:
+        if cur and total + tgt_tokens[i] > budget:
+            batches.append(cur)
+            cur, total = [], 0
+        cur.append(ids[i])
+        total += tgt_tokens[i]
+    return batches + [cur] if cur else batches
 
 
-def test_accumulation_formula():
-    assert batching.accumulation(25000, 8, 4096) == 1
-    assert batching.accumulation(25000, 1, 4096) == 7
-    assert batching.accumulation(25000, 2, 4096) == 4
-    assert batching.accumulation(100, 4, 4096) == 1
+@pytest.mark.parametrize("budget", [81, 500, 3000])
+def test_global_plan_equals_the_reference_and_counts_target_tokens(budget):
+    ids, lengths, _, tgt = corpus()
+    plan = batching.plan_global_batches(ids, lengths, tgt + 1, tokens_per_step=budget, seed=5)
+    slow = reference_global_plan(ids.tolist(), lengths.tolist(), (tgt + 1).tolist(), budget, 5)
+    assert [b.ids.tolist() for b in plan] == slow
+    by_id = dict(zip(ids.tolist(), (tgt + 1).tolist()))
+    assert all(b.tgt_tokens == sum(by_id[i] for i in b.ids.tolist()) <= budget for b in plan)
+    assert all(np.all(np.diff(b.lengths) >= 0) for b in plan)  # shortest first: shares stay alike
+
+
+def test_a_target_longer_than_a_step_is_a_clear_error():
+    with pytest.raises(DataError, match=r"example id 11 has 90 target tokens > train.tokens_per_step \(64\)"):
+        batching.plan_global_batches(np.array([10, 11]), np.array([5, 90]), np.array([5, 90]), tokens_per_step=64,
+                                     seed=0)
+
+
+@pytest.mark.parametrize(("world", "max_tokens"), [(1, 4096), (1, 100), (3, 200), (8, 81)])
+def test_rank_shares_are_disjoint_cover_the_batch_and_fit_the_budget(world, max_tokens):
+    ids, lengths, _, tgt = corpus()
+    by_id = dict(zip(ids.tolist(), lengths.tolist()))
+    for batch in batching.plan_global_batches(ids, lengths, tgt + 1, tokens_per_step=1500, seed=2):
+        passes = [p for r in range(world)
+                  for p in batching.forward_passes(batch, rank=r, world_size=world, max_tokens=max_tokens)]
+        got = np.concatenate(passes).tolist()
+        assert sorted(got) == sorted(batch.ids.tolist()) and len(got) == len(set(got))
+        assert all(len(p) * max(by_id[i] for i in p.tolist()) <= max_tokens for p in passes)
+
+
+def test_a_rank_without_pairs_gets_no_forward_pass():
+    batch = batching.GlobalBatch(np.array([4, 9]), np.array([3, 5]), 6)
+    assert batching.forward_passes(batch, rank=2, world_size=4, max_tokens=100) == []
+    assert batching.forward_passes(batch, rank=1, world_size=4, max_tokens=100)[0].tolist() == [9]
 
 
 def test_collate_follows_the_sequence_conventions():
@@ -99,16 +131,16 @@ def test_collate_follows_the_sequence_conventions():
     assert b.n_tokens == 6 == int((b.tgt_out != 0).sum()) and b.index == 4 and b.src.dtype == torch.int64
 
 
-def test_prefetcher_yields_in_order_with_empty_slots_and_reraises_errors():
+def test_prefetcher_yields_in_order_and_reraises_errors():
     table = {i: (np.array([i + 4], np.uint16), np.array([i + 4, i + 4], np.uint16)) for i in range(10)}
     fetch = lambda ids: [table[int(i)] for i in ids]  # noqa: E731
-    jobs = [(0, np.array([1, 2])), (1, None), (2, np.array([3]))]
+    jobs = [((0, 0), np.array([1, 2])), ((0, 1), np.array([5])), ((2, 0), np.array([3]))]
     pre = batching.Prefetcher(fetch, jobs, pad_id=0, bos_id=2, eos_id=3)
     got = list(pre)
     pre.close()
-    assert got[1] is None and [g.index for g in (got[0], got[2])] == [0, 2]
+    assert [(g.index, g.forward) for g in got] == [(0, 0), (0, 1), (2, 0)]
     assert got[2].src.tolist() == [[7, 3]]
-    bad = batching.Prefetcher(fetch, [(0, np.array([99]))], pad_id=0, bos_id=2, eos_id=3)
+    bad = batching.Prefetcher(fetch, [((0, 0), np.array([99]))], pad_id=0, bos_id=2, eos_id=3)
     with pytest.raises(KeyError):
         list(bad)
     bad.close()

@@ -35,7 +35,8 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def job_params(tmp: Path, ws: dict[str, Path], **train) -> dict:
-    """2 ranks × accumulation 2 (4 micro-batches per step, 13 per epoch): 10 steps span 3 epochs."""
+    """2 ranks, several forward passes each per step (NMT_MAX_TOKENS=96 in fu.job_env): 10 steps span
+    several epochs."""
     return tiny_params(tmp, ws, **({"max_steps": MAX_STEPS, "tokens_per_step": 384, "keep_last": 2,
                                     "valid_every_steps": 5} | train))
 
@@ -46,7 +47,7 @@ def reference(workspace, tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("reference")
     rc, out = fu.run(job_params(tmp, workspace), tmp)
     assert rc == 0, out[-3000:]
-    assert "accumulation 2" in out and fu.steps(tmp / "runs") == [8, 10]
+    assert "forward passes of <= 96 padded tokens" in out and fu.steps(tmp / "runs") == [8, 10]
     return tmp
 
 
@@ -68,8 +69,8 @@ def test_kills_at_every_named_point_resume_bitwise_equal(workspace, reference, t
     out = _crash(data, tmp_path, "after_save:6")  # DONE written, not yet pruned
     assert "resuming from" in out and "step-00000002" in out and "removing incomplete checkpoint" in out
     assert not half.exists() and fu.steps(runs) == [2, 4, 6]
-    out = _crash(data, tmp_path, "mid_accum:7")  # between the micro-batches of step 7
-    assert "step-00000006 (step 6, epoch 1" in out and fu.steps(runs) == [4, 6]  # pruning finished
+    out = _crash(data, tmp_path, "mid_accum:7")  # between two forward passes of step 7
+    assert "step-00000006 (step 6, epoch " in out and fu.steps(runs) == [4, 6]  # pruning finished
     rc, out = fu.run(data, tmp_path)
     assert rc == 0 and "resuming from" in out and "step-00000006" in out, out[-3000:]
     assert fu.steps(runs) == [8, 10]
@@ -123,11 +124,13 @@ def test_a_hung_rank_times_out_with_the_env_var_named_and_the_restart_resumes(wo
 
 def test_out_of_memory_at_preflight_names_max_tokens_and_the_shape(workspace, tmp_path, monkeypatch):
     monkeypatch.setenv("NMT_FAULT_POINT", "preflight:0:oom")
+    monkeypatch.setenv("NMT_MAX_TOKENS", "96")
     with pytest.raises(PipelineError) as err:
         run_inprocess(tiny_params(tmp_path, workspace), tmp_path)
     msg = str(err.value)
-    assert msg.startswith("pre-flight on cpu: one forward+backward of the largest micro-batch shape of the plan (")
-    assert "train.max_tokens=96) ran out of memory. Lower train.max_tokens" in msg and "injected" in msg
+    assert msg.startswith("pre-flight on cpu: one forward+backward of the largest forward-pass shape (")
+    assert "NMT_MAX_TOKENS=96) ran out of memory. Set NMT_MAX_TOKENS lower" in msg and "injected" in msg
+    assert "trains the same global batch" in msg
     assert not (tmp_path / "runs").exists() and not (tmp_path / "metrics").exists()
 
 
@@ -135,12 +138,14 @@ def test_preflight_shapes_are_the_plans_largest():
     rng = np.random.default_rng(3)
     ids = np.arange(500) * 2
     lengths = rng.integers(2, 60, 500)
-    plan = batching.plan_batches(ids, lengths, max_tokens=200, seed=1)
-    shapes = preflight.largest_shapes(plan, ids, lengths)
+    plan = batching.plan_global_batches(ids, lengths, lengths, tokens_per_step=900, seed=1)
+    real = batching.forward_shapes(plan, rank=1, world_size=2, max_tokens=200)
+    shapes = preflight.largest_shapes(real)
     pos = {int(i): int(n) for i, n in zip(ids, lengths)}
-    real = [(len(b), max(pos[int(i)] for i in b)) for b in plan]
+    passes = [p for b in plan for p in batching.forward_passes(b, rank=1, world_size=2, max_tokens=200)]
+    assert real == [(len(p), max(pos[int(i)] for i in p)) for p in passes]
     assert shapes[0] == max(real, key=lambda s: (s[0] * s[1], s[1])) and shapes[0][0] * shapes[0][1] <= 200
-    assert shapes[-1] == max(real, key=lambda s: (s[0] * s[1] ** 2, s[0])) and shapes[-1][1] == lengths.max()
+    assert shapes[-1] == max(real, key=lambda s: (s[0] * s[1] ** 2, s[0]))
 
 
 def test_an_out_of_memory_step_is_skipped_and_counted(workspace, tmp_path, monkeypatch):
@@ -154,8 +159,8 @@ def test_an_out_of_memory_step_is_skipped_and_counted(workspace, tmp_path, monke
 def test_repeated_out_of_memory_stops_with_the_shape_and_max_tokens(workspace, tmp_path, monkeypatch):
     monkeypatch.setenv("NMT_FAULT_POINT", "forward:3:oom")  # no ONCE: step 3 fails every time it is tried
     with pytest.raises(PipelineError, match=r"train step 3: 3 optimizer steps in a row ran out of memory \(last: "
-                                            r"rank 0, micro-batch \d+: src \[\d+, \d+\], tgt \[\d+, \d+\]\) .*"
-                                            r"lower train.max_tokens"):
+                                            r"rank 0, forward pass \d+: src \[\d+, \d+\], tgt \[\d+, \d+\]\) .*"
+                                            r"set NMT_MAX_TOKENS lower and rerun"):
         run_inprocess(tiny_params(tmp_path, workspace), tmp_path)
     assert fu.steps(tmp_path / "runs") == [2] and not (tmp_path / "metrics" / "train.json").exists()
 
@@ -165,7 +170,7 @@ def test_out_of_memory_on_one_rank_skips_the_step_on_both(workspace, tmp_path):
     env = {"NMT_FAULT_POINT": "forward:3:oom:1", "NMT_FAULT_ONCE": str(tmp_path / "oom-once")}
     rc, out = fu.run(job_params(tmp_path, workspace, max_steps=4), tmp_path, env=env)
     assert rc == 0, out[-3000:]
-    assert "train step 3: out of memory (rank 1, micro-batch" in out
+    assert "train step 3: out of memory (rank 1, forward pass" in out
     metrics = json.loads((tmp_path / "metrics" / "train.json").read_text())
     assert metrics["step"] == 4 and metrics["oom_skipped_steps"] == 1
 
@@ -214,8 +219,8 @@ def test_a_real_cuda_out_of_memory_at_preflight_is_named_and_freed():
     dev = torch.device("cuda")
     model = Transformer(TransformerConfig(vocab_size=32000, d_model=256, n_heads=4, d_ff=1024, n_layers=1)).to(dev)
     base = torch.cuda.memory_allocated(dev)
-    with pytest.raises(PipelineError, match=r"\(4096 sentences x 1024 tokens, train.max_tokens=4194304\) ran out of "
-                                            r"memory\. Lower train.max_tokens"):
+    with pytest.raises(PipelineError, match=r"\(4096 sentences x 1024 tokens, NMT_MAX_TOKENS=4194304\) ran out of "
+                                            r"memory\. Set NMT_MAX_TOKENS lower"):
         preflight.check(model, [(4096, 1024)], device=dev, max_tokens=4096 * 1024, label_smoothing=0.1)
     assert torch.cuda.memory_allocated(dev) <= base + (64 << 20)  # nothing of the failed attempt is kept
     preflight.check(model, [(8, 64)], device=dev, max_tokens=512, label_smoothing=0.1)  # the next shape fits
