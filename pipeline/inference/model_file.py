@@ -73,11 +73,17 @@ def load(path: str | Path, *, mmap: bool = False) -> ModelFile:
     return ModelFile(weights=blob["model"], config=config, spm=blob["spm"])
 
 
-def build_model(mf: ModelFile, path: str | Path) -> torch.nn.Module:
+def build_model(mf: ModelFile, path: str | Path, *, remedy: str = REMEDY) -> torch.nn.Module:
     """The :class:`model.Transformer` of ``mf`` with its weights loaded (on CPU, train mode).
 
+    Args:
+        mf: weights, config and BPE model (from :func:`load`, or assembled from a training checkpoint
+            by the evaluate stage).
+        path: where the weights came from (named in the error).
+        remedy: what to do when they do not fit (default: rebuild ``averaged.pt``).
+
     Raises:
-        CheckpointError: the weights do not fit the config (names ``path``).
+        CheckpointError: the weights do not fit the config (names ``path`` and ``remedy``).
     """
     from model import Transformer
 
@@ -86,7 +92,7 @@ def build_model(mf: ModelFile, path: str | Path) -> torch.nn.Module:
         model.load_state_dict(mf.weights)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{path}: its weights, config or BPE model do not fit this code ({exc}); "
-                              f"{REMEDY}") from None
+                              f"{remedy}") from None
     return model
 
 

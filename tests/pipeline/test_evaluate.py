@@ -3,28 +3,39 @@
 from __future__ import annotations
 
 import json
+import logging
+import math
 import random
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from pipeline.core.config import EvaluateConfig
-from pipeline.core.errors import DataError
+from pipeline.core.errors import CheckpointError, DataError
 from pipeline.core.stage import run_stage
 from pipeline.core.textio import count_lines, read_lines, write_lines
 from pipeline.evaluate import stage
 from pipeline.inference.decoding import decode_sources, load_translator, plan_batches, prepare_source
 from pipeline.inference.scoring import METRIC_KEYS, score_files
-from tests.helpers.eval_world import TEST, VALID
+from tests.helpers.eval_world import AVERAGED_STEP, NEWEST_STEP, TEST, VALID
 
 CFG = EvaluateConfig(beam_sizes=[1, 2], alphas=[0.6, 1.0], max_len_a=1.0, max_len_b=4, max_tokens=40)
+SMALL = EvaluateConfig(beam_sizes=[1], alphas=[0.6], max_len_b=3, max_tokens=64)
 
 
-def _evaluate(world: Path, out: Path, cfg: EvaluateConfig = CFG) -> dict:
+def _dirs(world: Path, **overrides: Path) -> dict[str, Path]:
+    """The stage's folder arguments inside ``world`` (eval_dir where given)."""
+    dirs = {"model_dir": world / "model", "shards_dir": world / "shards", "raw_dir": world / "raw",
+            "train_dir": world / "train", "spm_model": world / "bpe" / "spm.model"}
+    return {**dirs, **overrides}
+
+
+def _evaluate(world: Path, out: Path, cfg: EvaluateConfig = CFG, **overrides: Path) -> dict:
     """The evaluate stage under its wrapper; returns ``evaluate.details.json`` as written."""
-    run_stage("evaluate", lambda: stage(cfg, model_dir=world / "model", shards_dir=world / "shards",
-                                        raw_dir=world / "raw", eval_dir=out / "eval"), metrics_dir=out / "metrics")
+    run_stage("evaluate", lambda: stage(cfg, **_dirs(world, eval_dir=out / "eval", **overrides)),
+              metrics_dir=out / "metrics")
     return json.loads((out / "metrics" / "evaluate.details.json").read_text(encoding="utf-8"))
 
 
@@ -55,6 +66,85 @@ def test_evaluate_end_to_end_keeps_every_line_and_reports_everything(eval_world:
     assert report["valid"]["bleu"] == pytest.approx(best)
 
 
+NEWEST_KEYS = {"step", "checkpoint", *METRIC_KEYS, "ppl", "nll", "signatures", "beam", "alpha", "hypotheses"}
+
+
+def test_the_newest_checkpoint_is_scored_on_valid_beside_the_averaged_model(eval_world: Path,
+                                                                           tmp_path: Path) -> None:
+    report = _evaluate(eval_world, tmp_path, SMALL)
+    newest = report["valid_newest"]
+    assert NEWEST_KEYS <= set(newest)
+    folder = eval_world / "train" / f"step-{NEWEST_STEP:08d}"
+    assert (newest["step"], newest["checkpoint"]) == (NEWEST_STEP, str(folder))
+    assert (newest["beam"], newest["alpha"]) == (report["chosen"]["beam"], report["chosen"]["alpha"])
+    hyp = tmp_path / "eval" / "valid.newest.hyp.de"
+    assert newest["hypotheses"] == str(hyp) and count_lines(hyp) == len(VALID)
+    assert list(read_lines(hyp))[1] == ""  # the empty source keeps its (empty) line
+    rescored = score_files(hyp, eval_world / "raw" / "valid.de")
+    keys = (*METRIC_KEYS, "signatures")
+    assert {k: rescored[k] for k in keys} == {k: newest[k] for k in keys}
+    for figures in (report["valid"], newest):
+        assert math.isfinite(figures["ppl"]) and figures["ppl"] > 1
+        assert figures["ppl"] == pytest.approx(math.exp(figures["nll"]), rel=1e-12)
+        assert figures["ppl_skipped"] == 0 and figures["ppl_tokens"] > len(VALID)  # every pair, EOS included
+    # step-00000020 holds other random weights than step-00000010, the one averaged.pt is built from
+    assert newest["ppl"] != pytest.approx(report["valid"]["ppl"])
+    assert hyp.read_bytes() != (tmp_path / "eval" / "valid.hyp.de").read_bytes()
+    numbers = json.loads((tmp_path / "metrics" / "evaluate.json").read_text(encoding="utf-8"))
+    assert numbers["valid_newest"]["bleu"] == newest["bleu"] and numbers["valid_newest"]["ppl"] == newest["ppl"]
+    assert numbers["valid"]["ppl"] == report["valid"]["ppl"] and numbers["valid_newest"]["step"] == NEWEST_STEP
+
+
+def test_a_newest_checkpoint_equal_to_the_average_scores_the_same_and_warns_not(
+        eval_world: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    only = f"step-{AVERAGED_STEP:08d}"  # averaged.pt is this checkpoint averaged alone
+    shutil.copytree(eval_world / "train" / only, tmp_path / "train" / only)
+    with caplog.at_level(logging.WARNING, logger="pipeline.evaluate"):
+        report = _evaluate(eval_world, tmp_path, SMALL, train_dir=tmp_path / "train")
+    keys = (*METRIC_KEYS, "nll", "ppl", "ppl_tokens")
+    assert {k: report["valid_newest"][k] for k in keys} == {k: report["valid"][k] for k in keys}
+    assert (tmp_path / "eval" / "valid.newest.hyp.de").read_bytes() == (tmp_path / "eval" / "valid.hyp.de").read_bytes()
+    assert "averaging hurt" not in caplog.text
+
+
+def test_a_newest_checkpoint_above_the_average_is_a_warning(eval_world: Path, tmp_path: Path,
+                                                            caplog: pytest.LogCaptureFixture,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline import evaluate
+
+    real = evaluate.score_files
+
+    def newest_better(hyp_path: Path, ref_path: Path, lang: str = "de") -> dict:
+        figures = real(hyp_path, ref_path, lang)
+        if Path(hyp_path).name == "valid.newest.hyp.de":  # random tiny models both score BLEU 0
+            figures["bleu"] += 10.0
+        return figures
+
+    monkeypatch.setattr(evaluate, "score_files", newest_better)
+    with caplog.at_level(logging.WARNING, logger="pipeline.evaluate"):
+        report = _evaluate(eval_world, tmp_path, SMALL)
+    assert report["valid_newest"]["bleu"] > report["valid"]["bleu"]
+    warnings = [r.getMessage() for r in caplog.records if "averaging hurt" in r.getMessage()]
+    assert len(warnings) == 1 and f"step-{NEWEST_STEP:08d}" in warnings[0]
+    assert all(r.levelno == logging.WARNING for r in caplog.records if "averaging hurt" in r.getMessage())
+
+
+@pytest.mark.parametrize("state", ["missing", "empty", "incomplete"])
+def test_no_checkpoint_in_the_train_dir_is_a_one_line_error_and_writes_nothing(eval_world: Path, tmp_path: Path,
+                                                                               state: str) -> None:
+    train = tmp_path / "train"
+    if state != "missing":
+        train.mkdir()
+    if state == "incomplete":
+        (train / "step-00000030").mkdir()  # no DONE: not a checkpoint
+    with pytest.raises(CheckpointError) as info:
+        stage(SMALL, **_dirs(eval_world, train_dir=train, eval_dir=tmp_path / "eval"))
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{train}: no complete training checkpoint") and message.endswith("`dvc repro train`")
+    assert not (tmp_path / "eval").exists()
+
+
 def test_hypotheses_are_reproducible_and_do_not_depend_on_the_batch_budget(eval_world: Path, tmp_path: Path) -> None:
     _evaluate(eval_world, tmp_path / "a", CFG)
     _evaluate(eval_world, tmp_path / "b", EvaluateConfig(**{**CFG.__dict__, "max_tokens": 1}))
@@ -68,8 +158,7 @@ def test_reference_line_count_mismatch_is_a_clear_error_and_writes_nothing(eval_
     write_lines(raw / "valid.de", [r[1] for r in VALID])
     write_lines(raw / "test.de", [r[1] for r in TEST][:-1])
     with pytest.raises(DataError, match=rf"{raw / 'test.de'} has 3 lines but the test shards in .* hold 4 sentences"):
-        stage(CFG, model_dir=eval_world / "model", shards_dir=eval_world / "shards", raw_dir=raw,
-              eval_dir=tmp_path / "eval")
+        stage(CFG, **_dirs(eval_world, raw_dir=raw, eval_dir=tmp_path / "eval"))
     assert not (tmp_path / "eval").exists()
 
 
@@ -81,8 +170,7 @@ def test_shards_from_another_bpe_model_are_refused(eval_world: Path, tmp_path: P
     shutil.copytree(eval_world / "shards", shards)
     (shards / "manifest.json").write_text(json.dumps({**manifest, "spm_sha256": "0" * 64}))
     with pytest.raises(DataError, match="encoded with spm.model sha256 0{64}, but the model's embedded"):
-        stage(CFG, model_dir=eval_world / "model", shards_dir=shards, raw_dir=eval_world / "raw",
-              eval_dir=tmp_path / "eval")
+        stage(CFG, **_dirs(eval_world, shards_dir=shards, eval_dir=tmp_path / "eval"))
 
 
 def test_evaluate_logs_metrics_and_signature_to_mlflow(eval_world: Path, tmp_path: Path, mlflow_sqlite: str,
@@ -96,6 +184,9 @@ def test_evaluate_logs_metrics_and_signature_to_mlflow(eval_world: Path, tmp_pat
     assert run.data.tags["sacrebleu_signature"] == report["test"]["signatures"]["bleu"]
     assert run.data.metrics["test.bleu"] == pytest.approx(report["test"]["bleu"])
     assert "test.bleu_tok_split" in run.data.metrics and "valid.chrf2" in run.data.metrics
+    assert run.data.metrics["valid.ppl"] == pytest.approx(report["valid"]["ppl"])
+    assert run.data.metrics["valid_newest.bleu"] == pytest.approx(report["valid_newest"]["bleu"])
+    assert run.data.metrics["valid_newest.ppl"] == pytest.approx(report["valid_newest"]["ppl"])
     artifacts = [a.path for a in MlflowClient(tracking_uri=mlflow_sqlite).list_artifacts(run.info.run_id)]
     assert "evaluate.details.json" in artifacts
 
@@ -119,7 +210,7 @@ def test_batched_decoding_restores_order_and_equals_one_at_a_time(eval_world: Pa
     vocab = translator.config.vocab_size
     sources = [prepare_source([rng.randrange(4, vocab) for _ in range(rng.randint(0, 12))], translator.config)[0]
                for _ in range(16)]
-    kwargs = dict(beam_size=3, alphas=[0.0, 0.6, 2.0], max_len_a=1.0, max_len_b=3)
+    kwargs = {"beam_size": 3, "alphas": [0.0, 0.6, 2.0], "max_len_a": 1.0, "max_len_b": 3}
     together = decode_sources(translator, sources, max_tokens=200, **kwargs)
     alone = decode_sources(translator, sources, max_tokens=1, **kwargs)
     assert together == alone
@@ -151,7 +242,7 @@ def test_train_average_evaluate_chain_on_real_checkpoints(eval_world: Path, tmp_
     from pipeline.train import stage as train_stage
     from tests.helpers.models import TINY_MODEL
 
-    train_stage(TrainConfig(max_tokens=256, tokens_per_step=256, warmup_steps=2, max_steps=6, save_every_steps=2,
+    train_stage(TrainConfig(tokens_per_step=256, warmup_steps=2, max_steps=6, save_every_steps=2,
                             keep_last=3, valid_every_steps=3, log_every_steps=3),
                 model_cfg=TransformerConfig(**TINY_MODEL), seed=1, shards_dir=eval_world / "shards",
                 spm_model=eval_world / "bpe" / "spm.model", run_dir=tmp_path / "train",
@@ -159,6 +250,10 @@ def test_train_average_evaluate_chain_on_real_checkpoints(eval_world: Path, tmp_
     averaged = average_stage(AverageConfig(last_n=2), train_dir=tmp_path / "train", bpe_dir=eval_world / "bpe",
                              model_dir=tmp_path / "model")
     assert averaged["checkpoints"] == ["step-00000004", "step-00000006"]
-    stage(EvaluateConfig(beam_sizes=[2], alphas=[0.6], max_len_b=3, max_tokens=64), model_dir=tmp_path / "model",
-          shards_dir=eval_world / "shards", raw_dir=eval_world / "raw", eval_dir=tmp_path / "eval")
+    report = stage(EvaluateConfig(beam_sizes=[2], alphas=[0.6], max_len_b=3, max_tokens=64),
+                   **_dirs(eval_world, model_dir=tmp_path / "model", train_dir=tmp_path / "train",
+                           eval_dir=tmp_path / "eval"))
     assert count_lines(tmp_path / "eval" / "test.hyp.de") == len(TEST)
+    assert report["valid_newest"]["step"] == 6 and report["valid_newest"]["checkpoint"] == str(
+        tmp_path / "train" / "step-00000006")
+    assert math.isfinite(report["valid_newest"]["ppl"]) and math.isfinite(report["valid"]["ppl"])
