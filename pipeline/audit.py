@@ -2,12 +2,19 @@
 
 Writes ``<paths.reports>/audit.md`` (for people) and ``audit.json`` (the same content, sorted keys,
 no timestamps beyond those in the inputs). Every item gets a verdict: ``matches``, ``deviates``
-(the deviation named, e.g. ``model.pre_norm = true (paper: post-norm)``) or ``not measured``
-(its input does not exist yet: the audit never needs the whole pipeline to have run). A file
-that exists but is malformed is an error naming it.
+(the deviation named, e.g. ``model.pre_norm = true (paper: post-norm)``), ``not measured``
+(its input does not exist yet: the audit never needs the whole pipeline to have run),
+``informational`` (context without a paper verdict, e.g. the world size) or ``warning`` (e.g. the
+newest checkpoint beats the averaged model on valid). A file that exists but is malformed is an
+error naming it.
 
-Inputs: params.yaml, ``profiles/paper.yaml`` (to name every key a profile changes), the stages'
-metrics JSON, the raw and shards manifests, the newest checkpoint's ``state.json``,
+Verdicts compare with the paper: its settings (:mod:`pipeline.auditing.settings`, with tensor2tensor or
+fairseq named where the paper is silent) and what the run measured (tokens per step, averaging span,
+dev-set BLEU and perplexity: :mod:`pipeline.auditing.run_items`, :mod:`pipeline.auditing.dev_items`),
+never with ``profiles/paper.yaml``, whose differences from params are listed for information only.
+
+Inputs: params.yaml, ``profiles/paper.yaml`` (to list every key a profile changes), the stages'
+details JSON, the raw and shards manifests, the newest checkpoint's ``state.json``,
 ``averaged.pt`` (parameter count), ``dvc.lock`` (read, not a dependency: DVC rewrites it when this
 stage runs) and git. The paper's figures live in :mod:`pipeline.auditing.paper` with their sources.
 The replay items (:mod:`pipeline.auditing.replay`) also read the hypothesis files, the valid/test
@@ -42,7 +49,8 @@ def stage(params: Params, *, params_file: str | Path, lock_file: str | Path, roo
 
     Args:
         params: the loaded params (``paths`` says where every input lives, relative to ``root``); they
-            are compared with the paper, profiles/paper.yaml and the params dvc.lock recorded.
+            are compared with the paper and the params dvc.lock recorded (and listed beside
+            profiles/paper.yaml, for information).
         params_file: the params.yaml they were loaded from (its sha256 goes into the lineage).
         lock_file: ``dvc.lock`` (optional: without it lineage is "not measured").
         root: the workspace the ``paths`` are relative to (git is asked there).
@@ -50,7 +58,7 @@ def stage(params: Params, *, params_file: str | Path, lock_file: str | Path, roo
             replay compares with before it is replaced).
 
     Returns:
-        The verdict counts, parameter count and test BLEU, and the report's path and sha256 (the stage's
+        The verdict and warning counts, parameter count and test BLEU, and the report's path and sha256 (the stage's
         metrics; the audit itself is in ``json_path``).
 
     Raises:

@@ -1,5 +1,7 @@
-"""What the audit reads: params, the paper profile, the stages' metrics, manifests, the newest
-checkpoint's state, ``averaged.pt``, ``dvc.lock``, git and the environment (:class:`Inputs`)."""
+"""What the audit reads: params, the paper profile (for the informational list of what a profile
+changes; never a yardstick), the stages' details files (``<paths.metrics>/<stage>.details.json``:
+everything each stage reported), manifests, the newest checkpoint's state, ``averaged.pt``,
+``dvc.lock``, git and the environment (:class:`Inputs`)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from pipeline.inference import model_file
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # 2: verdicts against the paper only; informational/warning verdicts, open settings
 PAPER_PROFILE = Path("profiles") / "paper.yaml"
 
 

@@ -6,10 +6,23 @@ from __future__ import annotations
 import json
 from typing import Any
 
-#: params whose value never changes results (placement, logging, retries, decoding batch budget).
+#: params whose value never changes what the audit judges: placement, logging and validation cadence,
+#: retries, seeds, checkpoint retention, the decoding batch budget, ``train.max_minutes`` (it pauses a
+#: run, which resumes when rerun: pipeline/training/pause.py), and the position table's size (the
+#: positions are sinusoidal, §3.5; the measured item "Sources cut at max_positions" says when it binds).
 NEUTRAL_KEYS = frozenset({"profile", "paths", "seed", "download.retries", "download.timeout_s", "download.sha256",
-                          "encode.shard_rows", "train.keep_last", "train.valid_every_steps", "train.log_every_steps",
+                          "bpe.seed", "encode.shard_rows", "model.max_positions", "train.max_minutes",
+                          "train.keep_last", "train.valid_every_steps", "train.log_every_steps",
                           "evaluate.max_tokens"})
+
+#: ``informational``: context beside the paper, no verdict; ``warning``: not a deviation from the paper,
+#: but something to look at (its text is the item's note).
+VERDICTS = ("matches", "deviates", "not measured", "informational", "warning")
+
+
+def neutral(key: str) -> bool:
+    """Whether a dotted params key is (under) one of :data:`NEUTRAL_KEYS`."""
+    return key in NEUTRAL_KEYS or key.split(".")[0] in NEUTRAL_KEYS
 
 
 def fmt(value: Any) -> str:
@@ -22,8 +35,12 @@ def fmt(value: Any) -> str:
 
 
 def item(name: str, *, paper: str, run: str | None, ok: bool | None, deviation: str = "", note: str = "",
-         source: str = "") -> dict[str, Any]:
-    """One audit line; ``ok`` None means not measured (``run`` then says why)."""
-    verdict = "not measured" if ok is None else "matches" if ok else "deviates"
+         source: str = "", verdict: str | None = None) -> dict[str, Any]:
+    """One audit line; ``ok`` None means not measured (``run`` then says why).
+
+    ``verdict`` (``informational`` or ``warning``) replaces the one ``ok`` gives while ``run`` is measured.
+    """
+    if verdict is None or run is None:
+        verdict = "not measured" if ok is None else "matches" if ok else "deviates"
     return {"item": name, "paper": paper, "run": run if run is not None else "not measured", "verdict": verdict,
             "deviation": deviation if verdict == "deviates" else "", "note": note, "source": source}

@@ -1,17 +1,18 @@
-"""The paper's base configuration and results as constants (with sources), and the audit's verdicts.
+"""The paper's results as constants (with sources), and the measured items about the model, the data,
+test BLEU and lineage (training, averaging and the dev set: :mod:`pipeline.auditing.run_items`; the
+configured settings: :mod:`pipeline.auditing.settings`).
 
 Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762 (sections cited as §). Every
-item is ``{"item", "paper", "run", "verdict", "deviation", "note", "source"}``; ``verdict`` is
-``matches``, ``deviates`` (``deviation`` names it) or ``not measured``.
+item is ``{"item", "paper", "run", "verdict", "deviation", "note", "source"}``; ``verdict`` is one of
+:data:`pipeline.auditing.items.VERDICTS` (``deviation`` names a ``deviates``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline.auditing.items import fmt, item
+from pipeline.auditing.settings import approx
 
 if TYPE_CHECKING:
     from pipeline.auditing.inputs import Inputs
@@ -33,6 +34,13 @@ PAPER: dict[str, Any] = {
     "bleu_en_de": 27.3,
     "bleu_method": "Moses-tokenised, compound-split (##AT##-##AT##), multi-bleu.perl; newstest2014 (3,003 lines)",
     "test_sentences": 3003,
+    # Table 3, row "base": newstest2013, beam search as in §6.1, no checkpoint averaging (§6.2);
+    # perplexity per wordpiece of the paper's BPE (Table 3 caption).
+    "dev_bleu": 25.8,
+    "dev_ppl": 4.92,
+    "valid_sentences": 3000,
+    "averaged_checkpoints": 5,
+    "checkpoint_minutes": 10,
 }
 #: 27.3 on the paper's metric ≈ this range in sacreBLEU 13a cased: tokenised, compound-split BLEU runs
 #: 0.7-1.4 above sacreBLEU on the same outputs (Post 2018, "A Call for Clarity in Reporting BLEU Scores",
@@ -58,86 +66,15 @@ BLEU_GAP = {
          "source": "Post 2018, A Call for Clarity in Reporting BLEU Scores, https://aclanthology.org/W18-6319"},
     ],
 }
+
+
 def millions(n: float) -> str:
     """``63.1M``; small counts keep three decimals (``0.031M``)."""
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e6:.3f}M"
 
 
-def approx(run: float, paper: float, rel: float) -> bool:
-    """Whether ``run`` is within ``rel`` (relative) of ``paper``."""
-    return abs(run - paper) <= rel * abs(paper)
-
-
-@dataclass(frozen=True)
-class Setting:
-    """A paper setting: the params key(s) it maps to and how a value is judged."""
-
-    name: str
-    keys: tuple[str, ...]
-    paper: tuple[Any, ...]
-    text: str
-    source: str
-    rel: float = 0.0
-    derive: Callable[[dict[str, Any]], Any] | None = None
-
-    def check(self, flat: dict[str, Any]) -> dict[str, Any]:
-        """The item for flattened params ``flat``; a deviation names each differing key."""
-        if self.derive is not None:
-            value = self.derive(flat)
-            ok = value == self.paper[0]
-            label = f"{self.keys[0]} / {self.keys[1]} = {fmt(value)}"
-            return item(self.name, paper=self.text, run=f"{fmt(value)} (d_model / n_heads)", ok=ok, source=self.source,
-                        deviation=f"{label} (paper: {self.text})")
-        bad = []
-        for key, expected in zip(self.keys, self.paper):
-            value = flat.get(key)
-            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-            same = approx(value, expected, self.rel) if numeric and self.rel else value == expected
-            if not same:
-                bad.append(f"{key} = {fmt(value)}")
-        run = ", ".join(f"{k.split('.')[-1]} {fmt(flat.get(k))}" for k in self.keys)
-        return item(self.name, paper=self.text, run=run, ok=not bad, source=self.source,
-                    deviation=f"{'; '.join(bad)} (paper: {self.text})")
-
-
-def _d_k(flat: dict[str, Any]) -> int:
-    return flat["model.d_model"] // flat["model.n_heads"]
-
-
-S = Setting
-PAPER_SETTINGS: tuple[Setting, ...] = (
-    S("Dataset", ("download.dataset",), ("wmt14",), "WMT14 EN-DE (~4.5M pairs)", "§5.1"),
-    S("Shared BPE vocabulary", ("bpe.vocab_size",), (37000,), "~37,000 shared source-target BPE", "§5.1", rel=0.05),
-    S("Layers N (encoder, decoder)", ("model.n_layers",), (6,), "6", "Table 3 (base)"),
-    S("d_model", ("model.d_model",), (512,), "512", "Table 3 (base)"),
-    S("d_ff", ("model.d_ff",), (2048,), "2048", "Table 3 (base)"),
-    S("Attention heads h", ("model.n_heads",), (8,), "8", "Table 3 (base)"),
-    S("d_k = d_v", ("model.d_model", "model.n_heads"), (64,), "64", "Table 3 (base)", derive=_d_k),
-    S("Residual dropout P_drop", ("model.dropout",), (0.1,), "0.1", "§5.4, Table 3"),
-    S("Normalisation", ("model.pre_norm",), (False,), "post-norm, LayerNorm(x + Sublayer(x))", "§3.1"),
-    S("Label smoothing ε_ls", ("train.label_smoothing",), (0.1,), "0.1", "§5.4, Table 3"),
-    S("Adam β1, β2, ε", ("train.adam_beta1", "train.adam_beta2", "train.adam_eps"), (0.9, 0.98, 1e-9),
-      "0.9, 0.98, 1e-9", "§5.3"),
-    S("Weight decay", ("train.weight_decay",), (0.0,), "none (plain Adam)", "§5.3"),
-    S("Gradient clipping", ("train.clip_norm",), (0.0,), "none", "§5.3 (none described)"),
-    S("Learning-rate formula", ("train.lr_scale",), (1.0,),
-      "lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), scale 1.0", "§5.3, eq. 3"),
-    S("Warmup steps", ("train.warmup_steps",), (4000,), "4000", "§5.3"),
-    S("Tokens per step", ("train.tokens_per_step",), (25000,), "~25,000 source + ~25,000 target tokens",
-      "§5.1", rel=0.1),
-    S("Training steps", ("train.max_steps",), (100_000,), "100,000", "§5.2, Table 3"),
-    S("Epoch / time limit", ("train.max_epochs", "train.max_minutes"), (0, 0.0), "none: 100,000 steps", "§5.2"),
-    S("Checkpoint interval", ("train.save_every_steps",), (1500,),
-      "every 10 minutes (~1,500 steps at 0.4 s/step)", "§6.1, §5.2", rel=0.5),
-    S("Checkpoints averaged", ("average.last_n",), (5,), "last 5", "§6.1"),
-    S("Beam size", ("evaluate.beam_sizes",), ([4],), "4", "§6.1"),
-    S("Length penalty α", ("evaluate.alphas",), ([0.6],), "0.6", "§6.1"),
-    S("Maximum output length", ("evaluate.max_len_a", "evaluate.max_len_b"), (1.0, 50), "input length + 50",
-      "§6.1"),
-)
-
-
-def _model_items(inp: Inputs) -> list[dict[str, Any]]:
+def model_items(inp: Inputs) -> list[dict[str, Any]]:
+    """Parameter count, tied embeddings and positions, from ``averaged.pt`` (else the average stage)."""
     model, avg = inp.model, inp.metrics.get("average") or {}
     paper_n = PAPER["parameters"]
     if model is not None:
@@ -160,53 +97,8 @@ def _model_items(inp: Inputs) -> list[dict[str, Any]]:
     return [params, tied, pos]
 
 
-def _hours(train: dict[str, Any]) -> tuple[float | None, str]:
-    if train.get("resumed_from_step") is None and "wall_seconds" in train:
-        return train["wall_seconds"] / 3600, "wall-clock of the training stage"
-    if "train_seconds" in train:
-        return train["train_seconds"] / 3600, "cumulative step time (resumed run; excludes restarts)"
-    return None, ""
-
-
-def _training_items(inp: Inputs) -> list[dict[str, Any]]:
-    train = inp.metrics.get("train") or {}
-    state = inp.state or {}
-    steps = train.get("step", state.get("step"))
-    tokens = train.get("tokens_seen", state.get("tokens_seen"))
-    out = [item("Steps trained", paper="100,000", run=None if steps is None else f"{steps:,}",
-                ok=None if steps is None else steps == PAPER["steps"], source="§5.2",
-                deviation=f"{steps or 0:,} steps (paper: 100,000)")]
-    per_step = tokens / steps if tokens is not None and steps else None
-    out.append(item("Target tokens trained", paper="~2.5B (100k steps x ~25k)", source="§5.1-5.2",
-                    run=None if tokens is None else f"{tokens:,}",
-                    deviation=f"{tokens or 0:,} target tokens (paper: ~2.5B)",
-                    ok=None if tokens is None else approx(tokens, PAPER["target_tokens"], 0.1)))
-    out.append(item("Target tokens per step", paper="~25,000", source="§5.1", note="non-pad target tokens",
-                    run=None if per_step is None else f"{per_step:,.0f}",
-                    ok=None if per_step is None else approx(per_step, PAPER["tokens_per_step"], 0.1),
-                    deviation=f"{per_step or 0:,.0f} target tokens per step (paper: ~25,000)"))
-    hours, how = _hours(train)
-    out.append(item("Training time", paper="12 h", source="§5.2", note=how, run=None if hours is None else
-                    f"{hours:.3f} h" if hours >= 0.1 else f"{hours:.3f} h ({hours * 3600:.1f} s)",
-                    ok=None if hours is None else approx(hours, PAPER["wall_clock_hours"], 0.1),
-                    deviation=f"{hours or 0:.3f} h (paper: 12 h)"))
-    device, world = train.get("device"), train.get("world_size", state.get("world_size"))
-    name = train.get("device_name") or device
-    hw = None if device is None else f"{world} x {name}"
-    out.append(item("Hardware", paper="8 x NVIDIA P100", source="§5.2", run=hw, deviation=f"{hw} (paper: 8 x P100)",
-                    ok=None if device is None else world == 8 and "P100" in str(name),
-                    note="" if device else "train.json records no device"))
-    gpu_h = hours * world if hours is not None and world and str(device).startswith("cuda") else None
-    why = None if gpu_h is not None else ("no GPU: trained on " + str(device)) if device else None
-    out.append(item("GPU-hours", paper="96 P100-hours (8 x 12 h)", source="§5.2",
-                    run=f"{gpu_h:.2f}" if gpu_h is not None else why and f"not measured ({why})",
-                    ok=None if gpu_h is None else approx(gpu_h, PAPER["gpu_hours"], 0.1),
-                    deviation=f"{gpu_h or 0:.2f} GPU-hours on {name} (paper: 96 P100-hours)",
-                    note="wall-clock x world size; different GPUs: hours, not work"))
-    return out
-
-
-def _data_items(inp: Inputs) -> list[dict[str, Any]]:
+def data_items(inp: Inputs) -> list[dict[str, Any]]:
+    """Training pairs downloaded and the BPE vocabulary built."""
     download, clean = inp.metrics.get("download") or {}, inp.metrics.get("clean") or {}
     pairs = (download.get("pairs") or {}).get("train")
     kept = (clean.get("train") or {}).get("pairs_out")
@@ -223,7 +115,8 @@ def _data_items(inp: Inputs) -> list[dict[str, Any]]:
     return out
 
 
-def _bleu_items(inp: Inputs) -> list[dict[str, Any]]:
+def bleu_items(inp: Inputs) -> list[dict[str, Any]]:
+    """Test BLEU on the paper's metric and in sacreBLEU 13a, and the decoding settings used."""
     bleu = inp.metrics.get("evaluate")
     test = (bleu or {}).get("test") or {}
     wmt = (inp.params.get("download") or {}).get("dataset") == "wmt14"
@@ -253,7 +146,8 @@ def _bleu_items(inp: Inputs) -> list[dict[str, Any]]:
     return out
 
 
-def _lineage_items(inp: Inputs) -> list[dict[str, Any]]:
+def lineage_items(inp: Inputs) -> list[dict[str, Any]]:
+    """One item: spm.model, shards, checkpoints and dvc.lock params agree with each other."""
     checks: list[str] = []
     spm = {name: (inp.metrics.get(name) or {}).get("spm_sha256") for name in ("bpe", "average")}
     spm["shards manifest"] = (inp.shards_manifest or {}).get("spm_sha256")
@@ -309,16 +203,11 @@ def _lock_param_drift(inp: Inputs) -> list[str]:
 
 
 def bleu_figures(bleu: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Every figure of evaluate.details.json with its signature, test first (empty when not measured)."""
+    """Every figure of evaluate.details.json with its signature: test, valid, then valid of the newest checkpoint."""
     rows = []
-    for split in ("test", "valid"):
+    for split in ("test", "valid", "valid_newest"):
         figures = (bleu or {}).get(split) or {}
         for key, sig in sorted((figures.get("signatures") or {}).items()):
             if isinstance(figures.get(key), (int, float)):
                 rows.append({"set": split, "metric": key, "score": float(figures[key]), "signature": sig})
     return rows
-
-
-def measured_items(inp: Inputs) -> list[dict[str, Any]]:
-    """Items measured from the run's outputs (each "not measured" while its input is missing)."""
-    return _model_items(inp) + _training_items(inp) + _data_items(inp) + _bleu_items(inp) + _lineage_items(inp)

@@ -7,7 +7,8 @@ from typing import Any
 from pipeline.auditing.items import fmt
 from pipeline.auditing.paper import PAPER
 
-_MARK = {"matches": "matches", "deviates": "**deviates**", "not measured": "*not measured*"}
+_MARK = {"matches": "matches", "deviates": "**deviates**", "not measured": "*not measured*",
+         "informational": "informational", "warning": "**warning**"}
 
 
 def _cell(value: Any) -> str:
@@ -29,19 +30,31 @@ def _items(items: list[dict[str, Any]]) -> list[str]:
 def _verdicts(audit: dict[str, Any]) -> list[str]:
     lines = ["## Verdicts", ""]
     for i in audit["configuration"] + audit["measured"] + audit["replay"].get("items", []):
-        text = f" {i['deviation']}" if i["deviation"] else f" {i['run']}" if i["verdict"] == "matches" else ""
+        text = (f" {i['deviation']}" if i["deviation"] else f" {i['note']}" if i["verdict"] == "warning" else
+                f" {i['run']}" if i["verdict"] in ("matches", "informational") else "")
         lines.append(f"- {i['item']}: {i['verdict']}" + (f" —{text}" if text.strip() else ""))
     return lines + [""]
 
 
+def _open(audit: dict[str, Any]) -> list[str]:
+    lines = ["## Settings the paper leaves open", "",
+             "They change results, but neither the paper nor the reference implementations fix them: no verdict.", ""]
+    rows = [(o["key"], o["run"], o["reference"]) for o in audit["open_settings"]]
+    return lines + _table(("key", "this run", "what the references do"), rows)
+
+
 def _differences(audit: dict[str, Any]) -> list[str]:
     diffs = audit["profile_differences"]
-    lines = ["## Keys that differ from profiles/paper.yaml", ""]
+    lines = ["## Keys that differ from profiles/paper.yaml (informational)", "",
+             ("What this profile changes relative to the committed paper profile. The verdicts above compare "
+              "with the paper, never with this file."), ""]
     if not diffs:
         return lines + ["None: this is the paper profile.", ""]
-    kinds = {"paper": "paper setting (see above)", "unspecified": "deviation (the paper is silent)",
+    kinds = {"paper": "paper setting", "unspecified": "no paper setting",
              "operational": "operational (results unchanged)"}
-    rows = [(d["key"], d["paper_profile"], d["run"], kinds[d["kind"]]) for d in diffs]
+    rows = [(d["key"], d["paper_profile"], d["run"], kinds[d["kind"]] + (f": {d['paper_verdict']}"
+                                                                         if d["paper_verdict"] else ""))
+            for d in diffs]
     return lines + _table(("key", "paper profile", "this run", "kind"), rows)
 
 
@@ -118,12 +131,16 @@ def render_markdown(audit: dict[str, Any]) -> str:
     s = audit["summary"]
     lines = [f"# Replication audit: profile {audit['profile']} (dataset {audit['dataset']})", "",
              (f"Against {PAPER['reference']}, Transformer base on WMT14 EN-DE. "
-              f"{s['matches']} items match, {s['deviates']} deviate, {s['not measured']} not measured."), ""]
+              f"{s['matches']} items match, {s['deviates']} deviate, {s['not measured']} not measured "
+              f"({s['informational']} informational, {s['warning']} warning(s))."), ""]
     lines += ["## Deviations", ""]
     lines += [f"- {d}" for d in audit["deviations"]] or ["None."]
-    lines += ["", "## Configuration (Table 3 and §3-§6)", ""] + _items(audit["configuration"])
+    lines += ["", "## Warnings", ""]
+    lines += [f"- {w}" for w in audit["warnings"]] or ["None."]
+    lines += ["", "## Configuration (the paper, §3-§6 and Table 3; where it is silent, the named reference)", ""]
+    lines += _items(audit["configuration"])
     lines += ["## Measured", ""] + _items(audit["measured"])
-    lines += _verdicts(audit) + _differences(audit) + _bleu(audit) + _replay(audit["replay"])
+    lines += _verdicts(audit) + _open(audit) + _differences(audit) + _bleu(audit) + _replay(audit["replay"])
     env = audit["environment"]
     lines += ["## Environment", ""] + _table(("what", "value"), [(k, "not measured" if v is None else v)
                                                                    for k, v in env.items()])

@@ -1,41 +1,51 @@
-"""The audit as one mapping: the paper's settings, the measured items, profile differences, lineage."""
+"""The audit as one mapping: the paper's settings, the measured items, lineage, and (informational) the
+keys this profile changes relative to ``profiles/paper.yaml``.
+
+Every verdict compares with the paper (or, where it is silent, a named reference implementation:
+:mod:`pipeline.auditing.settings`); the committed paper profile is never a yardstick.
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from pipeline.auditing.dev_items import dev_items
 from pipeline.auditing.inputs import FORMAT, Inputs
-from pipeline.auditing.items import NEUTRAL_KEYS, fmt
-from pipeline.auditing.paper import BLEU_GAP, PAPER, PAPER_SETTINGS, bleu_figures, measured_items
+from pipeline.auditing.items import VERDICTS, fmt, neutral
+from pipeline.auditing.paper import BLEU_GAP, PAPER, bleu_figures, bleu_items, data_items, lineage_items, model_items
+from pipeline.auditing.run_items import training_items
+from pipeline.auditing.settings import PAPER_SETTINGS, configuration_items, open_settings
 from pipeline.core.config import flatten
 
 log = logging.getLogger(__name__)
 
-def configuration_items(params: dict[str, Any]) -> list[dict[str, Any]]:
-    """One item per paper setting (Table 3 and §3-§6), from the params."""
-    flat = flatten(params)
-    return [setting.check(flat) for setting in PAPER_SETTINGS]
+
+def measured_items(inp: Inputs) -> list[dict[str, Any]]:
+    """Items measured from the run's outputs (each "not measured" while its input is missing)."""
+    return (model_items(inp) + training_items(inp) + dev_items(inp) + data_items(inp) + bleu_items(inp)
+            + lineage_items(inp))
 
 
 def profile_differences(params: dict[str, Any], paper_profile: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Every params key whose value differs from ``profiles/paper.yaml``, each classified.
+    """Every params key whose value differs from ``profiles/paper.yaml``: informational, never a verdict.
 
-    ``kind`` is ``paper`` (a paper setting: also a configuration item), ``unspecified`` (the paper
-    is silent but results change) or ``operational`` (paths, logging, retries: results do not change).
+    ``kind`` is ``paper`` (a paper setting compares it; ``paper_verdict`` is that setting's verdict),
+    ``operational`` (paths, logging, retries: results do not change) or ``unspecified`` (no paper setting
+    covers it).
     """
     if paper_profile is None:
         return []
     flat, ref = flatten(params), flatten(paper_profile)
-    paper_keys = {key for setting in PAPER_SETTINGS for key in setting.keys}
+    verdicts = {key: setting.check(flat)["verdict"] for setting in PAPER_SETTINGS for key in setting.keys}
     out = []
     for key in sorted(set(flat) | set(ref)):
         if key in flat and key in ref and flat[key] == ref[key]:
             continue
-        neutral = key in NEUTRAL_KEYS or key.split(".")[0] in NEUTRAL_KEYS
-        kind = "paper" if key in paper_keys else "operational" if neutral else "unspecified"
+        kind = "paper" if key in verdicts else "operational" if neutral(key) else "unspecified"
         out.append({"key": key, "paper_profile": ref.get(key), "run": flat.get(key), "kind": kind,
-                    "deviation": f"{key} = {fmt(flat.get(key))} (paper profile: {fmt(ref.get(key))})"})
+                    "paper_verdict": verdicts.get(key),
+                    "difference": f"{key} = {fmt(flat.get(key))} (paper profile: {fmt(ref.get(key))})"})
     return out
 
 
@@ -72,27 +82,28 @@ def lineage(inp: Inputs) -> dict[str, Any]:
 
 def build_audit(inp: Inputs) -> dict[str, Any]:
     """The whole audit as one JSON-able mapping (the markdown is rendered from it)."""
-    config = configuration_items(inp.params)
-    diffs = profile_differences(inp.params, inp.paper_profile)
+    config = configuration_items(flatten(inp.params))
     measured = measured_items(inp)
-    deviations = [i["deviation"] for i in config if i["verdict"] == "deviates"]
-    deviations += [f"{i['item']}: {i['deviation']}" for i in measured if i["verdict"] == "deviates"]
-    deviations += [d["deviation"] for d in diffs if d["kind"] == "unspecified"]
     replayed = inp.replay.get("items", [])
-    deviations += [f"{i['item']}: {i['deviation']}" for i in replayed if i["verdict"] == "deviates"]
+    deviations = [i["deviation"] for i in config if i["verdict"] == "deviates"]
+    deviations += [f"{i['item']}: {i['deviation']}" for i in measured + replayed if i["verdict"] == "deviates"]
+    warnings = [f"{i['item']}: {i['note']}" for i in measured + replayed if i["verdict"] == "warning"]
     items = config + measured + replayed
-    summary = {v: sum(1 for i in items if i["verdict"] == v) for v in ("matches", "deviates", "not measured")}
+    summary = {v: sum(1 for i in items if i["verdict"] == v) for v in VERDICTS}
     return {"format": FORMAT, "profile": inp.params.get("profile"), "dataset": (inp.params.get("download") or {})
             .get("dataset"), "summary": summary, "configuration": config, "measured": measured,
-            "profile_differences": diffs, "deviations": deviations, "bleu_gap": BLEU_GAP, "paper": PAPER,
+            "open_settings": open_settings(flatten(inp.params)),
+            "profile_differences": profile_differences(inp.params, inp.paper_profile), "deviations": deviations,
+            "warnings": warnings, "bleu_gap": BLEU_GAP, "paper": PAPER,
             "bleu_figures": bleu_figures(inp.metrics.get("evaluate")), "replay": inp.replay,
             "lineage": lineage(inp), "environment": inp.environment}
 
 
 def tracking_metrics(audit: dict[str, Any], inp: Inputs) -> dict[str, float]:
-    """The numbers the audit logs to MLflow: verdict counts, parameter count, test BLEU, replay outcome."""
+    """The numbers the audit logs to MLflow: verdict and warning counts, parameter count, test BLEU, replay outcome."""
     summary, out = audit["summary"], {}
-    out.update(matches=summary["matches"], deviates=summary["deviates"], not_measured=summary["not measured"])
+    out.update(matches=summary["matches"], deviates=summary["deviates"], not_measured=summary["not measured"],
+               warnings=summary["warning"])
     parameters = inp.model["total"] if inp.model else (inp.metrics.get("average") or {}).get("parameters")
     if parameters is not None:
         out["parameters"] = int(parameters)

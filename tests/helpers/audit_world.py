@@ -1,7 +1,8 @@
 """The audit stage's world: a tiny run made by the real stages (clean → bpe → encode → train → average →
 evaluate) on raw text written as the download stage writes it, with a stand-in dvc.lock.
 
-:func:`build_audit_world` is what the ``audit_world`` fixture (tests/conftest.py) returns.
+:func:`build_audit_world` is what the ``audit_world`` fixture (tests/conftest.py) returns;
+:func:`synthetic_inputs` gives the audit's inputs without running anything.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.auditing.inputs import Inputs
 from pipeline.average import stage as average_stage
 from pipeline.bpe import stage as bpe_stage
 from pipeline.clean import stage as clean_stage
@@ -100,9 +102,18 @@ def build_audit_world(root: Path) -> Path:
                                               spm_model="bpe/spm.model", run_dir="train", plots_path="plots/train.csv")),
                 ("average", lambda: average_stage(p.average, train_dir="train", bpe_dir="bpe", model_dir="model")),
                 ("evaluate", lambda: evaluate_stage(p.evaluate, model_dir="model", shards_dir="shards", raw_dir="raw",
-                                                    eval_dir="eval"))):
+                                                    eval_dir="eval", train_dir="train", spm_model="bpe/spm.model"))):
             run_stage(name, body, params=p, metrics_dir="metrics", root=root)
     finally:
         mp.undo()
     _dvc_lock(root, data)
     return root
+
+
+def synthetic_inputs(params: dict, *, metrics: dict | None = None, paper_profile: dict | None = None,
+                     state: dict | None = None) -> Inputs:
+    """Audit inputs without a workspace: ``params`` and the given stage details, everything else absent."""
+    known = {name: None for name in stages.NAMES if name not in ("register", "audit")}
+    return Inputs(params=params, params_sha256="0" * 64, paper_profile=paper_profile, metrics={**known, **(metrics or {})},
+                  raw_manifest=None, shards_manifest=None, shards_manifest_sha256=None, state=state, state_path=None,
+                  model=None, lock=None, git={"commit": None, "dirty": None, "dirty_paths": []})

@@ -54,7 +54,8 @@ def _evaluate(root: Path) -> None:
     params = params_from_dict(yaml.safe_load((root / "params.yaml").read_text()))
     p = params.paths
     run_stage("evaluate", lambda: evaluate_stage(params.evaluate, model_dir=root / p.model, shards_dir=root / p.shards,
-                                                 raw_dir=root / p.raw, eval_dir=root / p.eval),
+                                                 raw_dir=root / p.raw, eval_dir=root / p.eval, train_dir=root / p.train,
+                                                 spm_model=root / p.bpe / "spm.model"),
               params=params, metrics_dir=root / p.metrics, root=root)
 
 

@@ -1,0 +1,138 @@
+"""Measured items about checkpoint averaging and the development set (newstest2013 for wmt14).
+
+From ``average.details.json`` (``steps``: the averaged checkpoints' steps) with the final training step
+(:func:`pipeline.auditing.run_items.final_step`), and ``evaluate.details.json``: ``valid`` (the averaged
+model) and ``valid_newest`` (the newest checkpoint alone, decoded at the chosen beam and α: the setting of
+the paper's Table 3, "beam search as described in the previous section, but no checkpoint averaging",
+§6.2). Table 3's base row: newstest2013 BLEU 25.8 and perplexity 4.92 per wordpiece.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pipeline.auditing.items import fmt, item
+from pipeline.auditing.paper import BLEU_TOLERANCE, PAPER
+from pipeline.auditing.run_items import AVERAGE_PAPER, AVERAGE_SPAN_MAX, PPL_REL, final_step
+
+if TYPE_CHECKING:
+    from pipeline.auditing.inputs import Inputs
+
+NEWEST = "newest checkpoint"
+
+
+def _evaluate(inp: Inputs) -> dict[str, Any]:
+    return inp.metrics.get("evaluate") or {}
+
+
+def _span(steps: list[int], final: int) -> tuple[str, list[str]]:
+    """The span's run text and its deviations."""
+    first, last, n = steps[0], steps[-1], len(steps)
+    share = (final - first) / final if final else 0.0
+    run = f"{n} checkpoint(s), steps {first:,}-{last:,}: the last {share * 100:.1f}% of training"
+    if last != final:
+        run += f" (training ended at step {final:,})"
+    bad = []
+    if share > AVERAGE_SPAN_MAX:
+        bad.append(f"the averaged checkpoints span the last {share * 100:.1f}% of training (steps {first:,}-"
+                   f"{final:,}; paper: about the last 6-7%, up to {AVERAGE_SPAN_MAX:.0%} matches)")
+    if n != PAPER["averaged_checkpoints"]:
+        bad.append(f"{n} checkpoint(s) averaged (paper: 5)")
+    return run, bad
+
+
+def averaging_span_item(inp: Inputs) -> dict[str, Any]:
+    """Which part of training the averaged checkpoints cover, beside the paper's last 5 at 10-minute intervals."""
+    steps = (inp.metrics.get("average") or {}).get("steps") or []
+    final = final_step(inp) or (steps[-1] if steps else None)
+    note = ("span = (final step - first averaged step) / final step; the paper's first averaged checkpoint is 40 "
+            "of 720 minutes before the end (5.6%), 50 counting the interval it was trained in (6.9%)")
+    if not steps or not final:
+        return item("Averaging span", paper=AVERAGE_PAPER, run=None, ok=None, source="§6.1, §5.2", note=note)
+    run, bad = _span([int(s) for s in steps], int(final))
+    return item("Averaging span", paper=AVERAGE_PAPER, run=run, ok=not bad, source="§6.1, §5.2",
+                deviation="; ".join(bad), note=note)
+
+
+def averaging_gain_item(inp: Inputs) -> dict[str, Any]:
+    """A warning when the newest checkpoint alone scores better on valid than the averaged model."""
+    evaluate = _evaluate(inp)
+    newest, averaged = evaluate.get("valid_newest") or {}, evaluate.get("valid") or {}
+    alone, mean = newest.get("bleu"), averaged.get("bleu")
+    paper = "the reported models average the last 5 checkpoints (§6.1)"
+    if alone is None or mean is None:
+        return item("Averaged vs newest checkpoint, valid BLEU", paper=paper, run=None, ok=None, source="§6.1")
+    step = newest.get("step")
+    where = f"{NEWEST} (step {step:,})" if isinstance(step, int) else NEWEST
+    run = f"averaged {mean:.2f}, {where} {alone:.2f} (sacreBLEU 13a)"
+    worse = alone > mean
+    note = (f"WARNING: the {NEWEST} alone scores {alone:.2f} valid BLEU, the averaged model {mean:.2f} "
+            f"({alone - mean:+.2f}): averaging lost BLEU; look at the averaging span and checkpoint interval"
+            if worse else f"averaging gains {mean - alone:+.2f} valid BLEU")
+    return item("Averaged vs newest checkpoint, valid BLEU", paper=paper, run=run, ok=None, source="§6.1",
+                note=note, verdict="warning" if worse else "informational")
+
+
+def _dev_comparable(inp: Inputs, figures: dict[str, Any]) -> tuple[bool, str]:
+    """Whether a valid set's figures can stand beside Table 3 (newstest2013), and why not."""
+    dataset = (inp.params.get("download") or {}).get("dataset")
+    n = figures.get("sentences")
+    if dataset != "wmt14":
+        return False, f"{dataset} valid set, not newstest2013"
+    if n is not None and n != PAPER["valid_sentences"]:
+        return False, f"valid set of {n} sentences (newstest2013: 3,000)"
+    return True, ""
+
+
+def newest_dev_items(inp: Inputs) -> list[dict[str, Any]]:
+    """The newest checkpoint's newstest2013 BLEU (the paper's metric) and perplexity beside Table 3's base row."""
+    newest = _evaluate(inp).get("valid_newest") or {}
+    comparable, why = _dev_comparable(inp, newest)
+    step = newest.get("step")
+    at = f"step {step:,}; " if isinstance(step, int) else ""
+    score, sacre, ppl = newest.get("bleu_tok_split"), newest.get("bleu"), newest.get("ppl")
+    floor, ceiling = PAPER["dev_bleu"] - BLEU_TOLERANCE, PAPER["dev_ppl"] * (1 + PPL_REL)
+    bleu_dev = (f"{score:.2f} on the {why}: not comparable with the paper's 25.8" if not comparable else
+                f"{score:.2f} (paper: 25.8; matching needs >= {floor:.1f})") if score is not None else ""
+    ppl_dev = (f"{ppl:.2f} on the {why}: not comparable with the paper's 4.92" if not comparable else
+               f"{ppl:.2f} (paper: 4.92; matching needs <= {ceiling:.2f})") if ppl is not None else ""
+    sacre_note = f"sacreBLEU 13a {sacre:.2f}; " if sacre is not None else ""
+    return [
+        item(f"BLEU, paper's method (tok+split), valid, {NEWEST}", paper="25.8 (Table 3 base, newstest2013, no "
+             "averaging)", source="Table 3, §6.2", run=None if score is None else f"{score:.2f}",
+             ok=None if score is None else comparable and score >= floor, deviation=bleu_dev,
+             note=f"{at}{sacre_note}beam and α as chosen on valid"),
+        item(f"Perplexity per BPE token, valid, {NEWEST}", paper="4.92 per wordpiece (Table 3 base, newstest2013)",
+             source="Table 3", run=None if ppl is None else f"{ppl:.2f}",
+             ok=None if ppl is None else comparable and ppl <= ceiling, deviation=ppl_dev,
+             note=f"{at}teacher-forced, no label smoothing, over this run's BPE vocabulary (Table 3's is ~37k)"),
+    ]
+
+
+def averaged_dev_item(inp: Inputs) -> dict[str, Any]:
+    """The averaged model's valid figures (informational: Table 3 reports single checkpoints)."""
+    valid = _evaluate(inp).get("valid") or {}
+    parts = [f"{label} {valid[key]:.2f}" for key, label in (("bleu_tok_split", "BLEU tok+split"),
+                                                             ("bleu", "sacreBLEU 13a"), ("ppl", "perplexity"))
+             if isinstance(valid.get(key), (int, float))]
+    return item("Valid set, averaged model", paper="not reported (Table 3 is without averaging, §6.2)",
+                source="§6.2", run=", ".join(parts) if parts else None, ok=None, verdict="informational")
+
+
+def position_item(inp: Inputs) -> dict[str, Any]:
+    """Valid/test sources the decoder truncated at ``model.max_positions`` (the paper cuts none)."""
+    evaluate = _evaluate(inp)
+    cut = {split: (evaluate.get(split) or {}).get("truncated_sources") for split in ("valid", "test")}
+    known = {split: int(n) for split, n in cut.items() if isinstance(n, int)}
+    limit = (inp.params.get("model") or {}).get("max_positions")
+    run = None if not known else ", ".join(f"{split} {n:,}" for split, n in known.items())
+    return item("Sources cut at max_positions", paper="none: sinusoidal positions, no length limit (§3.5)",
+                source="§3.5", run=run, ok=None if not known else sum(known.values()) == 0,
+                deviation=f"sources truncated at model.max_positions = {fmt(limit)}: {run}",
+                note="decoded valid/test sources longer than the position table, truncated before decoding")
+
+
+def dev_items(inp: Inputs) -> list[dict[str, Any]]:
+    """Averaging span, averaged vs newest checkpoint, the newest checkpoint's dev figures, truncation."""
+    return [averaging_span_item(inp), averaging_gain_item(inp), *newest_dev_items(inp), averaged_dev_item(inp),
+            position_item(inp)]

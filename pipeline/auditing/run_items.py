@@ -1,0 +1,134 @@
+"""Measured items about training, checkpoint averaging and the dev set, beside the configured ones.
+
+Read from the stages' details files (:func:`pipeline.auditing.inputs.load_inputs`): ``train.details.json``
+(``inp.metrics["train"]``; ``step``, ``tokens_seen``, ``world_size``, ``tokens_per_step_{mean,std,min,max}``,
+``forwards_per_step_{mean,max}``, timing and device) with the newest checkpoint's ``state.json`` as
+fallback, ``average.details.json`` (``steps``: the averaged checkpoints' steps) and
+``evaluate.details.json`` (``valid``: the averaged model; ``valid_newest``: the newest checkpoint alone,
+no averaging). A field a stage does not record leaves its item "not measured".
+
+A configured value is not a measured one: ``train.tokens_per_step = 25000`` in params with 31,500
+target tokens per step measured is a deviation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pipeline.auditing.items import fmt, item
+from pipeline.auditing.paper import PAPER
+from pipeline.auditing.settings import approx
+
+if TYPE_CHECKING:
+    from pipeline.auditing.inputs import Inputs
+
+#: Measured target tokens per step within this (relative) of the paper's ~25,000 match (§5.1 "approximately").
+TOKENS_REL = 0.1
+#: The averaged checkpoints may span at most this share of training (the paper's: about 6-7%, §6.1 and §5.2).
+AVERAGE_SPAN_MAX = 0.10
+#: A dev perplexity at most this much (relative) above Table 3's 4.92 matches.
+PPL_REL = 0.05
+AVERAGE_PAPER = "last 5 checkpoints, written 10 minutes apart at the end of a 12-hour run (about the last 6-7%)"
+
+
+def _number(record: dict[str, Any], key: str) -> float | None:
+    value = record.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _train(inp: Inputs) -> dict[str, Any]:
+    return inp.metrics.get("train") or {}
+
+
+def final_step(inp: Inputs) -> int | None:
+    """The last training step: train.details.json, else the newest checkpoint's state.json."""
+    return _train(inp).get("step", (inp.state or {}).get("step"))
+
+
+def _hours(train: dict[str, Any]) -> tuple[float | None, str]:
+    if train.get("resumed_from_step") is None and "wall_seconds" in train:
+        return train["wall_seconds"] / 3600, "wall-clock of the training stage"
+    if "train_seconds" in train:
+        return train["train_seconds"] / 3600, "cumulative step time (resumed run; excludes restarts)"
+    return None, ""
+
+
+def _tokens_per_step(inp: Inputs, steps: int | None, tokens: int | None) -> dict[str, Any]:
+    train = _train(inp)
+    mean, how = _number(train, "tokens_per_step_mean"), "mean over the optimizer steps"
+    if mean is None and tokens is not None and steps:
+        mean, how = tokens / steps, "tokens_seen / step"
+    notes = [f"non-pad target tokens per optimizer step ({how})"]
+    std, low, high = (_number(train, f"tokens_per_step_{k}") for k in ("std", "min", "max"))
+    if std is not None:
+        notes.append(f"std {std:,.0f}")
+    if low is not None and high is not None:
+        notes.append(f"min-max {low:,.0f}-{high:,.0f}")
+    configured = (inp.params.get("train") or {}).get("tokens_per_step")
+    notes.append(f"params train.tokens_per_step = {fmt(configured)}")
+    return item("Target tokens per step", paper="~25,000", source="§5.1", note="; ".join(notes),
+                run=None if mean is None else f"{mean:,.0f}",
+                ok=None if mean is None else approx(mean, PAPER["tokens_per_step"], TOKENS_REL),
+                deviation=f"{mean or 0:,.0f} target tokens per step measured (params train.tokens_per_step = "
+                          f"{fmt(configured)}; paper: ~25,000, within 10% matches)")
+
+
+def _volume_items(inp: Inputs) -> list[dict[str, Any]]:
+    """Steps, target tokens and target tokens per step."""
+    state = inp.state or {}
+    steps = final_step(inp)
+    tokens = _train(inp).get("tokens_seen", state.get("tokens_seen"))
+    return [item("Steps trained", paper="100,000", run=None if steps is None else f"{steps:,}",
+                 ok=None if steps is None else steps == PAPER["steps"], source="§5.2",
+                 deviation=f"{steps or 0:,} steps (paper: 100,000)"),
+            item("Target tokens trained", paper="~2.5B (100k steps x ~25k)", source="§5.1-5.2",
+                 run=None if tokens is None else f"{tokens:,}",
+                 deviation=f"{tokens or 0:,} target tokens (paper: ~2.5B)",
+                 ok=None if tokens is None else approx(tokens, PAPER["target_tokens"], 0.1)),
+            _tokens_per_step(inp, steps, tokens)]
+
+
+def _batch_shape_items(inp: Inputs) -> list[dict[str, Any]]:
+    """World size and forward passes per step: how the batch was split, not what it was (informational)."""
+    train = _train(inp)
+    world = train.get("world_size", (inp.state or {}).get("world_size"))
+    mean, most = _number(train, "forwards_per_step_mean"), train.get("forwards_per_step_max")
+    return [
+        item("World size", paper="8 GPUs (§5.2)", source="§5.2", ok=None, verdict="informational",
+             run=None if world is None else f"{world} process(es)",
+             note="the batch is judged by the target tokens per step: another world size with the same tokens per "
+                  "step trains on the same batch; Hardware judges the machines"),
+        item("Forward passes per step", paper="not stated (the batch of ~25,000 target tokens spans 8 GPUs)",
+             source="§5.1-5.2", ok=None, verdict="informational",
+             run=None if mean is None else f"mean {mean:.2f}, max {fmt(most)} (busiest rank)",
+             note="more passes per step split the same batch (gradient accumulation); tokens per step judge it"),
+    ]
+
+
+def _machine_items(inp: Inputs) -> list[dict[str, Any]]:
+    """Training time, hardware and GPU-hours."""
+    train = _train(inp)
+    hours, how = _hours(train)
+    out = [item("Training time", paper="12 h", source="§5.2", note=how, run=None if hours is None else
+                f"{hours:.3f} h" if hours >= 0.1 else f"{hours:.3f} h ({hours * 3600:.1f} s)",
+                ok=None if hours is None else approx(hours, PAPER["wall_clock_hours"], 0.1),
+                deviation=f"{hours or 0:.3f} h (paper: 12 h)")]
+    device, world = train.get("device"), train.get("world_size", (inp.state or {}).get("world_size"))
+    name = train.get("device_name") or device
+    hw = None if device is None else f"{world} x {name}"
+    out.append(item("Hardware", paper="8 x NVIDIA P100", source="§5.2", run=hw, deviation=f"{hw} (paper: 8 x P100)",
+                    ok=None if device is None else world == 8 and "P100" in str(name),
+                    note="" if device else "train.json records no device"))
+    gpu_h = hours * world if hours is not None and world and str(device).startswith("cuda") else None
+    why = None if gpu_h is not None else ("no GPU: trained on " + str(device)) if device else None
+    out.append(item("GPU-hours", paper="96 P100-hours (8 x 12 h)", source="§5.2",
+                    run=f"{gpu_h:.2f}" if gpu_h is not None else why and f"not measured ({why})",
+                    ok=None if gpu_h is None else approx(gpu_h, PAPER["gpu_hours"], 0.1),
+                    deviation=f"{gpu_h or 0:.2f} GPU-hours on {name} (paper: 96 P100-hours)",
+                    note="wall-clock x world size; different GPUs: hours, not work"))
+    return out
+
+
+def training_items(inp: Inputs) -> list[dict[str, Any]]:
+    """Steps, tokens, tokens per step (measured), world size, forward passes, time, hardware, GPU-hours."""
+    return _volume_items(inp) + _batch_shape_items(inp) + _machine_items(inp)

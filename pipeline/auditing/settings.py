@@ -1,0 +1,169 @@
+"""The paper's settings, one per params key that changes results, each with its source.
+
+Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762 (sections cited as §). Where the
+paper is silent, the value is that of a public reference implementation, named as the source and in
+the deviation: tensor2tensor's ``transformer_base_v1`` hparams (tensor2tensor/models/transformer.py),
+fairseq's ``transformer_wmt_en_de`` architecture (fairseq/models/transformer) or fairseq's WMT14
+preparation script (examples/translation/prepare-wmt14en2de.sh). Verdicts are always against these
+values, never against ``profiles/paper.yaml``.
+
+Every key of params.yaml is either compared here (:data:`PAPER_SETTINGS`), changes nothing the
+audit judges (:data:`pipeline.auditing.items.NEUTRAL_KEYS`) or is one the paper and the references
+leave open (:data:`OPEN_KEYS`, reported without a verdict); tests/pipeline/auditing/test_settings.py
+walks params.yaml to keep it so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.auditing.items import fmt, item
+
+T2T = "tensor2tensor transformer_base_v1"
+FAIRSEQ = "fairseq transformer_wmt_en_de"
+FAIRSEQ_PREP = "fairseq examples/translation/prepare-wmt14en2de.sh"
+#: Sentences the BPE model learns from when it sees all the training text: ~4.5M pairs (§5.1), both sides.
+ALL_TRAIN_SENTENCES = 2 * 4_500_000
+
+
+def approx(run: float, paper: float, rel: float) -> bool:
+    """Whether ``run`` is within ``rel`` (relative) of ``paper``."""
+    return abs(run - paper) <= rel * abs(paper)
+
+
+def at_least(value: Any, expected: Any) -> bool:
+    """``value`` is 0 ("no limit") or at least ``expected``."""
+    return isinstance(value, (int, float)) and (value == 0 or value >= expected)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A paper setting: the params key(s) it maps to and how a value is judged.
+
+    Attributes:
+        name: the item's name in the report.
+        keys: the dotted params keys (``model.d_model``).
+        paper: the expected value per key (one value when ``derive`` is set).
+        text: the paper's value as the report shows it.
+        source: where the value comes from (paper section, or the reference implementation).
+        rel: relative tolerance for numbers (0: exact).
+        derive: computes one value from the flattened params (compared with ``paper[0]``).
+        judge: ``judge(value, expected)`` instead of equality / ``rel``.
+        basis: who fixes the value, as the deviation names it (``paper`` or a reference implementation).
+    """
+
+    name: str
+    keys: tuple[str, ...]
+    paper: tuple[Any, ...]
+    text: str
+    source: str
+    rel: float = 0.0
+    derive: Callable[[dict[str, Any]], Any] | None = None
+    judge: Callable[[Any, Any], bool] | None = None
+    basis: str = "paper"
+
+    def same(self, value: Any, expected: Any) -> bool:
+        """Whether one params value matches the expected one."""
+        if self.judge is not None:
+            return self.judge(value, expected)
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return approx(value, expected, self.rel) if numeric and self.rel else value == expected
+
+    def check(self, flat: dict[str, Any]) -> dict[str, Any]:
+        """The item for flattened params ``flat``; a deviation names each differing key."""
+        if self.derive is not None:
+            value = self.derive(flat)
+            label = f"{self.keys[0]} / {self.keys[1]} = {fmt(value)}"
+            return item(self.name, paper=self.text, run=f"{fmt(value)} (d_model / n_heads)",
+                        ok=value == self.paper[0], source=self.source,
+                        deviation=f"{label} ({self.basis}: {self.text})")
+        bad = [f"{key} = {fmt(flat.get(key))}" for key, expected in zip(self.keys, self.paper)
+               if not self.same(flat.get(key), expected)]
+        run = ", ".join(f"{k.split('.')[-1]} {fmt(flat.get(k))}" for k in self.keys)
+        return item(self.name, paper=self.text, run=run, ok=not bad, source=self.source,
+                    deviation=f"{'; '.join(bad)} ({self.basis}: {self.text})")
+
+
+def _d_k(flat: dict[str, Any]) -> int:
+    return flat["model.d_model"] // flat["model.n_heads"]
+
+
+S = Setting
+_DATA: tuple[Setting, ...] = (
+    S("Dataset", ("download.dataset",), ("wmt14",), "WMT14 EN-DE (~4.5M pairs)", "§5.1"),
+    S("Training-pair length filter", ("clean.min_words", "clean.max_words"), (1, 250),
+      "1-250 tokens per side (fairseq counts BPE tokens)",
+      f"paper silent; {FAIRSEQ_PREP} (clean-corpus-n.perl 1 250)", basis=FAIRSEQ_PREP),
+    S("Training-pair length ratio", ("clean.max_ratio",), (1.5,), "at most 1.5",
+      f"paper silent; {FAIRSEQ_PREP} (clean-corpus-n.perl -ratio 1.5)", basis=FAIRSEQ_PREP),
+    S("Shared BPE vocabulary", ("bpe.vocab_size",), (37000,), "~37,000 shared source-target BPE", "§5.1", rel=0.05),
+    S("BPE training text", ("bpe.input_sentence_size",), (ALL_TRAIN_SENTENCES,),
+      "all training text (~9M sentences, both sides)", f"§5.1 (BPE); paper silent on sampling; {FAIRSEQ_PREP} "
+      "learns BPE on all of train", judge=at_least, basis=FAIRSEQ_PREP),
+    S("BPE character coverage", ("bpe.character_coverage",), (1.0,), "every character of the training text",
+      f"paper silent; {FAIRSEQ_PREP}: subword-nmt BPE starts from every character", basis=FAIRSEQ_PREP),
+    S("Maximum training length", ("encode.max_len",), (256,), "256 subword tokens per side",
+      f"paper silent; {T2T} max_length=256", basis=T2T),
+)
+_MODEL: tuple[Setting, ...] = (
+    S("Layers N (encoder, decoder)", ("model.n_layers",), (6,), "6", "Table 3 (base)"),
+    S("d_model", ("model.d_model",), (512,), "512", "Table 3 (base)"),
+    S("d_ff", ("model.d_ff",), (2048,), "2048", "Table 3 (base)"),
+    S("Attention heads h", ("model.n_heads",), (8,), "8", "Table 3 (base)"),
+    S("d_k = d_v", ("model.d_model", "model.n_heads"), (64,), "64", "Table 3 (base)", derive=_d_k),
+    S("Residual dropout P_drop", ("model.dropout",), (0.1,), "0.1", "§5.4, Table 3"),
+    S("Attention-weight dropout", ("model.attn_dropout",), (0.0,),
+      "none: dropout only on sub-layer outputs and embedding sums",
+      f"§5.4; {T2T} attention_dropout=0.0; {FAIRSEQ} attention_dropout=0.0"),
+    S("FFN hidden dropout", ("model.ffn_dropout",), (0.0,), "none: dropout only on sub-layer outputs and embedding sums",
+      f"§5.4; {T2T} relu_dropout=0.0; {FAIRSEQ} activation_dropout=0.0"),
+    S("Normalisation", ("model.pre_norm",), (False,), "post-norm, LayerNorm(x + Sublayer(x))", "§3.1"),
+)
+_TRAIN: tuple[Setting, ...] = (
+    S("Label smoothing ε_ls", ("train.label_smoothing",), (0.1,), "0.1", "§5.4, Table 3"),
+    S("Adam β1, β2, ε", ("train.adam_beta1", "train.adam_beta2", "train.adam_eps"), (0.9, 0.98, 1e-9),
+      "0.9, 0.98, 1e-9", "§5.3"),
+    S("Weight decay", ("train.weight_decay",), (0.0,), "none (plain Adam)", f"§5.3; {T2T} weight_decay=0.0"),
+    S("Gradient clipping", ("train.clip_norm",), (0.0,), "none", f"§5.3 (none described); {T2T} clip_grad_norm=0"),
+    S("Learning-rate formula", ("train.lr_scale",), (1.0,),
+      "lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), scale 1.0", "§5.3, eq. 3"),
+    S("Warmup steps", ("train.warmup_steps",), (4000,), "4000", "§5.3"),
+    S("Tokens per step", ("train.tokens_per_step",), (25000,), "~25,000 source + ~25,000 target tokens",
+      "§5.1", rel=0.1),
+    S("Training steps", ("train.max_steps",), (100_000,), "100,000", "§5.2, Table 3"),
+    S("Epoch limit", ("train.max_epochs",), (0,), "none: 100,000 steps", "§5.2"),
+    S("Checkpoint interval", ("train.save_every_steps",), (1500,),
+      "every 10 minutes (~1,500 steps at 0.4 s/step)", "§6.1, §5.2", rel=0.5),
+)
+_AVERAGE_EVALUATE: tuple[Setting, ...] = (
+    S("Checkpoints averaged", ("average.last_n",), (5,), "last 5", "§6.1"),
+    S("Beam size", ("evaluate.beam_sizes",), ([4],), "4", "§6.1"),
+    S("Length penalty α", ("evaluate.alphas",), ([0.6],), "0.6", "§6.1"),
+    S("Maximum output length", ("evaluate.max_len_a", "evaluate.max_len_b"), (1.0, 50), "input length + 50",
+      "§6.1"),
+)
+PAPER_SETTINGS: tuple[Setting, ...] = _DATA + _MODEL + _TRAIN + _AVERAGE_EVALUATE
+
+#: Keys that change results but that neither the paper nor the references fix: listed with what the
+#: references do, without a verdict.
+OPEN_KEYS: dict[str, str] = {
+    "clean.dedup": f"paper silent; {FAIRSEQ_PREP} keeps duplicate pairs",
+    "clean.drop_copies": f"paper silent; {FAIRSEQ_PREP} keeps pairs whose source equals the target",
+}
+
+
+def setting_keys() -> frozenset[str]:
+    """Every params key some paper setting compares."""
+    return frozenset(key for setting in PAPER_SETTINGS for key in setting.keys)
+
+
+def configuration_items(flat: dict[str, Any]) -> list[dict[str, Any]]:
+    """One item per paper setting, from the flattened params."""
+    return [setting.check(flat) for setting in PAPER_SETTINGS]
+
+
+def open_settings(flat: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's value of every :data:`OPEN_KEYS` key beside what the references do (informational)."""
+    return [{"key": key, "run": flat.get(key), "reference": reference} for key, reference in OPEN_KEYS.items()]

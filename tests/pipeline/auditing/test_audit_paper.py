@@ -1,0 +1,159 @@
+"""The audit against the paper: every params key accounted for, and the measured items (tokens per step,
+world size, averaging span, the newest checkpoint on newstest2013) from synthetic stage details."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from pipeline.auditing.items import neutral
+from pipeline.auditing.render import render_markdown
+from pipeline.auditing.report import build_audit
+from pipeline.auditing.settings import OPEN_KEYS, setting_keys
+from pipeline.core.config import flatten
+from pipeline.project.profiles import merged_profile
+from tests.helpers.audit_world import synthetic_inputs
+from tests.helpers.paths import REPO
+
+JUDGED_SECTIONS = ("model", "train", "average", "evaluate")
+
+
+def _params_yaml() -> dict[str, Any]:
+    return flatten(yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8")))
+
+
+def _audit(metrics: dict[str, Any], *, dataset: str = "wmt14") -> tuple[dict[str, Any], dict[str, dict]]:
+    params = merged_profile("paper", REPO)
+    params["download"]["dataset"] = dataset
+    report = build_audit(synthetic_inputs(params, metrics=metrics))
+    return report, {i["item"]: i for i in report["configuration"] + report["measured"]}
+
+
+def _train(**fields: Any) -> dict[str, Any]:
+    return {"step": 100_000, "tokens_seen": 2_500_000_000, "world_size": 8, **fields}
+
+
+@pytest.mark.parametrize("key", sorted(k for k in _params_yaml() if k.split(".")[0] in JUDGED_SECTIONS))
+def test_every_model_train_average_evaluate_key_is_compared_with_the_paper_or_neutral(key: str) -> None:
+    """A key added to params.yaml must get a paper setting (settings.py) or be declared neutral (items.py)."""
+    assert key in setting_keys() or neutral(key), (
+        f"params.yaml key {key} is neither compared with the paper (pipeline/auditing/settings.py PAPER_SETTINGS) "
+        "nor in NEUTRAL_KEYS (pipeline/auditing/items.py)")
+
+
+def test_every_params_key_is_judged_neutral_or_named_open() -> None:
+    keys = set(_params_yaml())
+    unaccounted = sorted(k for k in keys if k not in setting_keys() and not neutral(k) and k not in OPEN_KEYS)
+    assert unaccounted == []
+    assert setting_keys() <= keys and set(OPEN_KEYS) <= keys  # no setting for a key params.yaml lacks
+
+
+def test_measured_tokens_per_step_deviate_even_when_the_params_say_25000() -> None:
+    train = _train(tokens_seen=3_150_000_000, tokens_per_step_mean=31_500.0, tokens_per_step_std=1_200.0,
+                   tokens_per_step_min=28_000, tokens_per_step_max=36_000, forwards_per_step_mean=1.0,
+                   forwards_per_step_max=1)
+    report, items = _audit({"train": train})
+    assert items["Tokens per step"]["verdict"] == "matches"  # configured right ...
+    measured = items["Target tokens per step"]  # ... measured wrong
+    assert (measured["verdict"], measured["run"]) == ("deviates", "31,500")
+    assert measured["deviation"].startswith("31,500 target tokens per step measured (params "
+                                            "train.tokens_per_step = 25,000; paper: ~25,000")
+    assert "std 1,200" in measured["note"] and "min-max 28,000-36,000" in measured["note"]
+    assert any(d.startswith("Target tokens per step: 31,500") for d in report["deviations"])
+    _, items = _audit({"train": _train(tokens_per_step_mean=24_800.0)})
+    assert items["Target tokens per step"]["verdict"] == "matches"
+    _, items = _audit({"train": _train(tokens_seen=2_000_000_000)})  # no mean recorded: tokens_seen / step
+    assert items["Target tokens per step"]["run"] == "20,000" and "tokens_seen / step" in \
+        items["Target tokens per step"]["note"]
+
+
+def test_world_size_and_forward_passes_are_informational() -> None:
+    _, items = _audit({"train": _train(world_size=1, tokens_per_step_mean=25_100.0, forwards_per_step_mean=3.5,
+                                       forwards_per_step_max=4, device="cuda", device_name="NVIDIA H100")})
+    assert (items["World size"]["verdict"], items["World size"]["run"]) == ("informational", "1 process(es)")
+    assert items["Forward passes per step"]["run"] == "mean 3.50, max 4 (busiest rank)"
+    assert items["Forward passes per step"]["verdict"] == "informational"
+    assert items["Target tokens per step"]["verdict"] == "matches"  # the same batch on one GPU
+    assert items["Hardware"]["verdict"] == "deviates"  # but not the paper's machines
+    _, items = _audit({"train": {"step": 10}})
+    assert items["Forward passes per step"]["verdict"] == "not measured"
+
+
+@pytest.mark.parametrize(("steps", "run", "deviation"), [
+    ([94_000, 95_500, 97_000, 98_500, 100_000], "5 checkpoint(s), steps 94,000-100,000: the last 6.0% of training",
+     ""),
+    ([80_000, 85_000, 90_000, 95_000, 100_000], "5 checkpoint(s), steps 80,000-100,000: the last 20.0% of training",
+     "the averaged checkpoints span the last 20.0% of training (steps 80,000-100,000; paper: about the last 6-7%"),
+    ([97_000, 98_500, 100_000], "3 checkpoint(s), steps 97,000-100,000: the last 3.0% of training",
+     "3 checkpoint(s) averaged (paper: 5)"),
+])
+def test_averaging_span_against_the_papers_last_five_checkpoints(steps: list[int], run: str, deviation: str) -> None:
+    _, items = _audit({"train": _train(), "average": {"steps": steps}})
+    span = items["Averaging span"]
+    assert span["run"] == run and span["verdict"] == ("deviates" if deviation else "matches")
+    assert span["deviation"].startswith(deviation) and "12-hour run" in span["paper"]
+
+
+def test_averaging_span_names_a_training_that_went_on_after_the_average() -> None:
+    _, items = _audit({"train": _train(step=110_000), "average": {"steps": [96_000, 97_000, 98_000, 99_000,
+                                                                               100_000]}})
+    assert items["Averaging span"]["run"].endswith("(training ended at step 110,000)")
+    assert "last 12.7% of training" in items["Averaging span"]["run"]
+
+
+def _evaluate(newest: dict[str, Any], averaged: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"valid": averaged or {"bleu": 25.0, "bleu_tok_split": 26.1, "ppl": 4.7},
+            "valid_newest": {"step": 100_000, "sentences": 3000, **newest}}
+
+
+def test_newest_checkpoint_on_newstest2013_beside_table_3() -> None:
+    _, items = _audit({"evaluate": _evaluate({"bleu": 24.6, "bleu_tok_split": 25.9, "ppl": 4.95})})
+    bleu = items["BLEU, paper's method (tok+split), valid, newest checkpoint"]
+    ppl = items["Perplexity per BPE token, valid, newest checkpoint"]
+    assert (bleu["verdict"], bleu["run"], ppl["verdict"], ppl["run"]) == ("matches", "25.90", "matches", "4.95")
+    assert "25.8" in bleu["paper"] and "4.92" in ppl["paper"] and "sacreBLEU 13a 24.60" in bleu["note"]
+    assert items["Valid set, averaged model"]["run"] == "BLEU tok+split 26.10, sacreBLEU 13a 25.00, perplexity 4.70"
+    _, items = _audit({"evaluate": _evaluate({"bleu": 23.0, "bleu_tok_split": 24.0, "ppl": 5.5})})
+    assert items["BLEU, paper's method (tok+split), valid, newest checkpoint"]["deviation"] == \
+        "24.00 (paper: 25.8; matching needs >= 25.3)"
+    assert items["Perplexity per BPE token, valid, newest checkpoint"]["deviation"] == \
+        "5.50 (paper: 4.92; matching needs <= 5.17)"
+
+
+@pytest.mark.parametrize(("dataset", "sentences", "why"), [
+    ("multi30k", 1014, "multi30k valid set, not newstest2013"),
+    ("wmt14", 2000, "valid set of 2000 sentences (newstest2013: 3,000)"),
+])
+def test_newest_checkpoint_on_another_valid_set_is_not_comparable(dataset: str, sentences: int, why: str) -> None:
+    figures = {"bleu": 30.0, "bleu_tok_split": 31.0, "ppl": 3.0, "sentences": sentences}
+    _, items = _audit({"evaluate": _evaluate(figures)}, dataset=dataset)
+    for name in ("BLEU, paper's method (tok+split), valid, newest checkpoint",
+                 "Perplexity per BPE token, valid, newest checkpoint"):
+        assert items[name]["verdict"] == "deviates" and f"on the {why}: not comparable" in items[name]["deviation"]
+
+
+def test_a_newest_checkpoint_better_than_the_average_is_a_warning() -> None:
+    newest = {"bleu": 25.6, "bleu_tok_split": 26.5, "ppl": 4.8}
+    report, items = _audit({"evaluate": _evaluate(newest, {"bleu": 25.0, "bleu_tok_split": 26.0, "ppl": 4.9})})
+    gain = items["Averaged vs newest checkpoint, valid BLEU"]
+    assert gain["verdict"] == "warning" and gain["run"] == "averaged 25.00, newest checkpoint (step 100,000) 25.60 " \
+                                                           "(sacreBLEU 13a)"
+    assert gain["note"].startswith("WARNING: the newest checkpoint alone scores 25.60 valid BLEU, the averaged "
+                                   "model 25.00 (+0.60)")
+    assert report["warnings"] == [f"Averaged vs newest checkpoint, valid BLEU: {gain['note']}"]
+    assert report["summary"]["warning"] == 1 and not any("newest checkpoint alone" in d for d in report["deviations"])
+    md = render_markdown(report)
+    assert f"## Warnings\n\n- Averaged vs newest checkpoint, valid BLEU: {gain['note']}" in md
+    report, items = _audit({"evaluate": _evaluate(newest, {"bleu": 26.0, "bleu_tok_split": 27.0, "ppl": 4.7})})
+    assert items["Averaged vs newest checkpoint, valid BLEU"]["verdict"] == "informational"
+    assert report["warnings"] == [] and "## Warnings\n\nNone." in render_markdown(report)
+
+
+def test_sources_cut_at_max_positions_deviate() -> None:
+    metrics = {"evaluate": {"valid": {"truncated_sources": 0}, "test": {"truncated_sources": 2}}}
+    _, items = _audit(metrics)
+    cut = items["Sources cut at max_positions"]
+    assert cut["verdict"] == "deviates" and cut["run"] == "valid 0, test 2"
+    assert cut["deviation"] == "sources truncated at model.max_positions = 1024: valid 0, test 2"
