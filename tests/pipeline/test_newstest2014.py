@@ -48,8 +48,8 @@ def test_newstest2014_keeps_all_3003_lines_from_download_to_bleu(tmp_path: Path,
 
     cfg = EvaluateConfig(beam_sizes=[1], alphas=[0.6], max_len_a=0.0, max_len_b=2, max_tokens=4000)
     bleu = evaluate_stage(cfg, model_dir=tmp_path / "model", shards_dir=tmp_path / "shards", raw_dir=tmp_path / "raw",
-                          eval_dir=tmp_path / "eval")
+                          eval_dir=tmp_path / "eval", train_dir=tmp_path / "train", spm_model=tmp_path / "bpe/spm.model")
     assert bleu["test"]["sentences"] == 3003 and count_lines(tmp_path / "eval/test.hyp.de") == 3003
-    assert bleu["valid"]["sentences"] == 3000
+    assert bleu["valid"]["sentences"] == 3000 and bleu["valid_newest"]["sentences"] == 3000
     # Scored against the untouched reference (what sacreBLEU's wmt14/full holds), not the cleaned text.
     assert (tmp_path / "raw/test.de").read_bytes() == (SHARED / "wmt14/test-full-txt/newstest2014.de").read_bytes()
