@@ -9,7 +9,7 @@ values, never against ``profiles/paper.yaml``.
 
 Every key of params.yaml is either compared here (:data:`PAPER_SETTINGS`), changes nothing the
 audit judges (:data:`pipeline.auditing.items.NEUTRAL_KEYS`) or is one the paper and the references
-leave open (:data:`OPEN_KEYS`, reported without a verdict); tests/pipeline/auditing/test_settings.py
+leave open (:data:`OPEN_KEYS`, reported without a verdict); tests/pipeline/auditing/test_audit_paper.py
 walks params.yaml to keep it so.
 """
 
