@@ -53,27 +53,35 @@ class TrainLog:
         flops_per_token: training FLOPs per target token; ``peak_flops``: the devices' total peak,
             or 0 when MFU is not meaningful (CPU).
         start_step: the step the run (re)started at.
+        sums: the interval's sums, kept in the :class:`TrainState` (``state.interval``) so that a
+            checkpoint saves them and a resumed run continues the interval.
     """
 
+    KEYS = ("loss", "nll", "tokens", "forwards", "steps")
+
     def __init__(self, tracker: Any, *, max_steps: int, max_minutes: float, flops_per_token: float,
-                 peak_flops: float, start_step: int) -> None:
+                 peak_flops: float, start_step: int, sums: dict[str, float]) -> None:
         self.tracker, self.max_steps, self.max_minutes = tracker, max_steps, max_minutes
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.t0, self.start_step = time.monotonic(), start_step
-        self._reset()
+        self.sums = sums
+        for key in self.KEYS:
+            self.sums.setdefault(key, 0.0)
+        self.since = time.monotonic()
+        self.since_tokens = self.sums["tokens"]  # throughput counts this process's steps only
 
     def _reset(self) -> None:
-        self.loss = self.nll = self.tokens = self.forwards = 0.0
-        self.steps = 0
-        self.since = time.monotonic()
+        self.sums.update(dict.fromkeys(self.KEYS, 0.0))
+        self.since, self.since_tokens = time.monotonic(), 0.0
 
     def add(self, stats: dict[str, float]) -> None:
         """Add one optimizer step's global sums (``loss_sum``, ``nll_sum``, ``tokens``) and ``forwards``."""
-        self.forwards += stats.get("forwards", 0.0)
-        self.loss += stats["loss_sum"]
-        self.nll += stats["nll_sum"]
-        self.tokens += stats["tokens"]
-        self.steps += 1
+        s = self.sums
+        s["forwards"] += stats.get("forwards", 0.0)
+        s["loss"] += stats["loss_sum"]
+        s["nll"] += stats["nll_sum"]
+        s["tokens"] += stats["tokens"]
+        s["steps"] += 1
 
     def elapsed(self) -> float:
         """Seconds since the run (re)started."""
@@ -81,11 +89,12 @@ class TrainLog:
 
     def line(self, state: TrainState, last: dict[str, float]) -> dict[str, Any]:
         """Log the interval ending at ``state.step`` (``last``: that step's lr and grad norm); return its row."""
-        tok = max(self.tokens, 1.0)
-        row = {"step": state.step, "epoch": state.epoch, "train_loss": self.loss / tok, "train_nll": self.nll / tok,
-               "train_ppl": perplexity(self.nll / tok), "lr": last["lr"], "grad_norm": last["grad_norm"],
-               "tgt_tokens_per_step": self.tokens / self.steps, "forwards_per_step": self.forwards / self.steps}
-        rate = self.tokens / max(time.monotonic() - self.since, 1e-9)
+        s = self.sums
+        tok, steps = max(s["tokens"], 1.0), max(s["steps"], 1.0)
+        row = {"step": state.step, "epoch": state.epoch, "train_loss": s["loss"] / tok, "train_nll": s["nll"] / tok,
+               "train_ppl": perplexity(s["nll"] / tok), "lr": last["lr"], "grad_norm": last["grad_norm"],
+               "tgt_tokens_per_step": s["tokens"] / steps, "forwards_per_step": s["forwards"] / steps}
+        rate = (s["tokens"] - self.since_tokens) / max(time.monotonic() - self.since, 1e-9)
         extra = {"tgt_tokens_per_s": rate}
         if self.peak_flops:
             extra["mfu"] = rate * self.flops_per_token / self.peak_flops

@@ -164,7 +164,8 @@ def fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> bool:
     cfg, model_cfg = tr.cfg, tr.model.cfg
     peak = PEAK_FLOPS * tr.ctx.world_size if tr.ctx.device.type == "cuda" else 0.0
     logs = TrainLog(tracker, max_steps=cfg.max_steps, max_minutes=cfg.max_minutes,
-                    flops_per_token=tr.flops_per_token, peak_flops=peak, start_step=state.step)
+                    flops_per_token=tr.flops_per_token, peak_flops=peak, start_step=state.step,
+                    sums=state.interval)
     tr.model.train()
     while not _finished(tr, state):  # time is checked after each step
         steps = batching.epoch_steps(tr.plan, tr.train.fetch, seed=tr.seed, epoch=state.epoch, start=state.position,

@@ -34,6 +34,9 @@ class TrainState:
     """Optimizer steps skipped on every rank because one ran out of memory."""
     oom_streak: int = 0
     """Consecutive skipped steps (not saved)."""
+    interval: dict[str, float] = field(default_factory=dict)
+    """Sums of the log interval in progress (loss, nll, tokens, forwards, steps): saved, so that the
+    first line after a resume averages the same steps as an uninterrupted run."""
     history: list[dict[str, Any]] = field(default_factory=list)
     """Logged rows (train intervals and validations) up to ``step``: the plots file is rebuilt from it."""
 
@@ -69,7 +72,8 @@ class TrainState:
                 "tokens_seen": self.tokens_seen, "tokens_sq": self.tokens_sq, "tokens_min": self.tokens_min,
                 "tokens_max": self.tokens_max, "forwards": self.forwards, "forwards_max": self.forwards_max,
                 "train_seconds": round(self.train_seconds, 3), "config": config, "oom_skipped": self.oom_skipped,
-                "shards_sha256": shards_sha256, "mlflow_run_id": mlflow_run_id, "history": self.history}
+                "shards_sha256": shards_sha256, "mlflow_run_id": mlflow_run_id, "interval": dict(self.interval),
+                "history": self.history}
 
     @classmethod
     def from_json(cls, state: dict[str, Any]) -> TrainState:
@@ -77,5 +81,5 @@ class TrainState:
         return cls(step=state["step"], epoch=state["epoch"], position=state["position"],
                    tokens_seen=state["tokens_seen"], tokens_sq=state["tokens_sq"], tokens_min=state["tokens_min"],
                    tokens_max=state["tokens_max"], forwards=state["forwards"], forwards_max=state["forwards_max"],
-                   train_seconds=state["train_seconds"],
+                   train_seconds=state["train_seconds"], interval=dict(state.get("interval") or {}),
                    oom_skipped=state.get("oom_skipped", 0), history=state["history"])

@@ -283,3 +283,17 @@ def test_train_max_tokens_in_params_names_the_variable(workspace, tmp_path):
     data["train"]["max_tokens"] = 4096
     with pytest.raises(PipelineError, match=r"train.max_tokens: moved to the environment variable NMT_MAX_TOKENS"):
         params_from_dict(data)
+
+
+def test_a_resumed_run_logs_the_same_interval_losses_as_an_uninterrupted_one(workspace, tmp_path):
+    """The interval average spans the resume: the line at step 6 covers steps 4-6 either way."""
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    run_inprocess(tiny_params(whole, workspace, max_steps=6, log_every_steps=3, valid_every_steps=10), whole)
+    run_inprocess(tiny_params(split, workspace, max_steps=4, log_every_steps=3, valid_every_steps=10), split)
+    run_inprocess(tiny_params(split, workspace, max_steps=6, log_every_steps=3, valid_every_steps=10), split)
+
+    def lines(folder: Path) -> list[tuple]:
+        history = json.loads((folder / "runs" / "step-00000006" / "state.json").read_text())["history"]
+        return [(h["step"], h["train_loss"], h["tgt_tokens_per_step"]) for h in history if "train_loss" in h]
+
+    assert lines(whole) == lines(split) and [s for s, _, _ in lines(whole)] == [3, 6]
