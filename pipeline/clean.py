@@ -178,7 +178,7 @@ def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path) -> d
     filtering = split == "train"
     seen = DigestSet() if filtering and cfg.dedup else None
     dropped = dict.fromkeys(RULES, 0)
-    n_in = n_out = 0
+    n_in = n_out = blank = 0
     start = last_log = time.monotonic()
     pairs = _pairs(src, tgt)
     with open(out_dir / f"{split}.en", "w", encoding="utf-8", newline="\n") as f_src, \
@@ -187,6 +187,8 @@ def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path) -> d
             n_in += len(batch)
             if filtering:
                 batch = _filter_batch(cfg, batch, seen, dropped)
+            else:
+                blank += sum(1 for a, b in batch if not a or not b)
             n_out += len(batch)
             f_src.write("".join(s + "\n" for s, _ in batch))
             f_tgt.write("".join(t + "\n" for _, t in batch))
@@ -198,9 +200,22 @@ def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path) -> d
     counts: dict = {"pairs_in": n_in, "pairs_out": n_out}
     if filtering:
         counts["dropped"] = dropped
+    else:
+        _check_blank(split, src, tgt, n_in, blank)
+        counts["blank"] = blank
     log.info("clean %s: %d pairs in, %d out%s", split, n_in, n_out,
              f", dropped {dropped}" if filtering else "")
     return counts
+
+
+def _check_blank(split: str, src: Path, tgt: Path, pairs: int, blank: int) -> None:
+    """Refuse a valid/test set with no complete pair; warn about blank lines (kept, to keep line numbers)."""
+    if blank == pairs:
+        raise DataError(f"{src} and {tgt}: all {pairs} pairs are blank on one side or both after normalisation: "
+                        f"nothing to score on the {split} set; check or rerun the download stage (`dvc repro download`)")
+    if blank:
+        log.warning("clean %s: %d of %d pairs are blank on one side (kept: valid/test keep every line)", split, blank,
+                    pairs)
 
 
 def _check_not_empty(cfg: CleanConfig, counts: dict) -> None:

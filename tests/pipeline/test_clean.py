@@ -83,7 +83,7 @@ def test_valid_and_test_are_complete(tmp_path: Path) -> None:
     write_raw(tmp_path / "raw", {"train": [("a", "b")], "valid": odd, "test": odd[::-1]})
     metrics = run_clean(tmp_path)
     for split, pairs in (("valid", odd), ("test", odd[::-1])):
-        assert metrics[split] == {"pairs_in": len(pairs), "pairs_out": len(pairs)}
+        assert metrics[split] == {"pairs_in": len(pairs), "pairs_out": len(pairs), "blank": 2}
         assert clean_pairs(tmp_path, split) == [(normalize(a), normalize(b)) for a, b in pairs]
 
 
@@ -186,3 +186,21 @@ def test_cli_one_line_error(tmp_path: Path, repo_root: Path) -> None:
     assert bad.returncode == 1
     assert bad.stderr.strip().splitlines()[-1].startswith("error: stage clean: ")
     assert "valid.de has 0" in bad.stderr
+
+
+@pytest.mark.parametrize("split", ["valid", "test"])
+def test_an_all_blank_valid_or_test_set_is_refused(tmp_path: Path, split: str) -> None:
+    good = [("a small house", "ein kleines Haus"), ("the dog", "der Hund")]
+    splits = {"train": good * 3, "valid": good, "test": good}
+    splits[split] = [("", ""), ("  \t", "x"), ("y", " ")]  # every pair lacks a side after normalisation
+    write_raw(tmp_path / "raw", splits)
+    with pytest.raises(DataError, match=rf"raw/{split}\.en and .*raw/{split}\.de: all 3 pairs are blank on one side "
+                                        r"or both after normalisation: nothing to score"):
+        run_clean(tmp_path)
+    assert_nothing_written(tmp_path)
+
+
+def test_some_blank_valid_lines_are_kept_and_counted(tmp_path: Path) -> None:
+    good = [("a small house", "ein kleines Haus"), ("the dog", "der Hund")]
+    write_raw(tmp_path / "raw", {"train": good * 3, "valid": [*good, ("", "")], "test": good})
+    assert run_clean(tmp_path)["valid"] == {"pairs_in": 3, "pairs_out": 3, "blank": 1}
