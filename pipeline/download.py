@@ -289,8 +289,9 @@ def _lines(sf: SourceFile, loc: Located, staging: Path) -> Iterator[str]:
     lines = read_lines(path)
     try:
         yield from sgml_segments(lines) if sf.fmt == "sgm" else lines
-    except DataError as exc:
-        raise DataError(f"{sf.label}: {exc}") from None
+    except DataError as exc:  # name the file a user can open, not the staging copy deleted on exit
+        shown = f"{loc.copy} (member {sf.path})" if sf.archive else str(loc.copy)
+        raise DataError(f"{sf.label}: {str(exc).replace(str(path), shown)}") from None
 
 
 def _write_side(fh: Any, digest: Any, lines: Iterator[str]) -> int:
