@@ -1,8 +1,10 @@
 """params.yaml → one tree of frozen, keyword-only dataclasses.
 
-Every unknown, missing or mistyped key is collected and reported together in one
-:class:`ConfigError` that names each key by its dotted path. Cross-field rules live in
-``__post_init__`` of the section they concern (they run only once the types are right).
+Every unknown, missing, mistyped or out-of-range key is collected and reported together in one
+:class:`ConfigError` that names each key by its dotted path, one line per problem. Each numeric key's
+valid range is in :data:`RANGES` (checked once the key's type is right; a test makes every numeric
+field have one), and every ``paths.*`` value must lie inside one of :data:`OUTPUT_ROOTS`. Cross-field
+rules live in ``__post_init__`` of the section they concern (they run only once every key is valid).
 Derived values (vocabulary size, forward passes per step) are computed elsewhere, never stored. The
 ``model`` section validates into the network's own :class:`model.config.TransformerConfig` (its
 derived fields, the vocabulary size and special ids, are not params).
@@ -11,10 +13,11 @@ derived fields, the vocabulary size and special ids, are not params).
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import yaml
@@ -23,9 +26,71 @@ from model.config import DERIVED, TransformerConfig
 from pipeline.core.errors import ConfigError
 
 DATASETS = ("wmt14", "multi30k")
+CHECKOUT = Path(__file__).resolve().parents[2]
 #: Keys that left params.yaml for an ``NMT_*`` variable (pipeline/core/env.py): a params file that
 #: still has one fails naming the variable.
 MOVED_TO_ENV = {"train.max_tokens": "NMT_MAX_TOKENS"}
+#: The git-ignored output folders: every ``paths.*`` value lies strictly inside one of them, so a stage
+#: that clears its output can never delete tracked files (docs/, src/) or write outside the repository.
+OUTPUT_ROOTS = ("data", "runs", "metrics", "plots", "reports")
+PATH_RULE = (f"a relative path without '..' inside one of {', '.join(r + '/' for r in OUTPUT_ROOTS)}, "
+             "or an absolute path outside the checkout")
+
+
+def path_problem(value: str) -> str | None:
+    """Why ``value`` may not be a ``paths.*`` setting, or None if it may.
+
+    A relative path must lie inside one of :data:`OUTPUT_ROOTS` of the checkout (no ``..``). An
+    absolute path is a deliberate choice of another disk (a scratch file system) and is accepted when
+    it lies outside the checkout; inside it, it is refused like a relative path outside the output folders.
+    """
+    parts = PurePosixPath(value).parts
+    if value.startswith(("/", "\\")) or PurePosixPath(value).is_absolute():
+        if ".." not in parts and not Path(value).resolve().is_relative_to(CHECKOUT):
+            return None
+        reason = "is absolute and inside the checkout or has '..'"
+    elif ".." in parts:
+        reason = "has a '..' component"
+    elif len(parts) < 2 or parts[0] not in OUTPUT_ROOTS:
+        reason = "is not inside an output folder"
+    else:
+        return None
+    return f"{value!r} {reason} (expected {PATH_RULE})"
+
+
+@dataclass(frozen=True)
+class Range:
+    """The valid values of one numeric key (of each item, for a list); None = unbounded that side."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def __str__(self) -> str:
+        low = f"[{self.ge}" if self.ge is not None else f"({self.gt}" if self.gt is not None else None
+        high = f"{self.le}]" if self.le is not None else f"{self.lt})" if self.lt is not None else None
+        if low and high:
+            return f"in {low}, {high}"
+        if low:
+            return (">= " if low[0] == "[" else "> ") + low[1:]
+        return ("<= " if high[-1] == "]" else "< ") + high[:-1] if high else "any number"
+
+    def problem(self, value: float) -> str | None:
+        """Why ``value`` is out of range, or None if it is in range (NaN and infinities never are)."""
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{value!r} is not a finite number (expected {self})"
+        ok = ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+              and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+        return None if ok else f"{value!r} is out of range (expected {self})"
+
+
+def _refuse_invalid(obj: Any) -> None:
+    """``__post_init__`` of a directly built section: the per-key rules the loader checks, as a ValueError."""
+    problems = [f"{type(obj).__name__}.{f.name}{where}: {problem}" for f in dataclasses.fields(obj)
+                for where, problem in _key_problems(type(obj), f.name, getattr(obj, f.name))]
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +108,9 @@ class PathsConfig:
     plots: str
     reports: str
 
+    def __post_init__(self) -> None:
+        _refuse_invalid(self)
+
 
 @dataclass(frozen=True, kw_only=True)
 class DownloadConfig:
@@ -55,10 +123,7 @@ class DownloadConfig:
     sha256: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.retries < 0:
-            raise ValueError("download.retries must be >= 0")
-        if self.timeout_s <= 0:
-            raise ValueError("download.timeout_s must be > 0")
+        _refuse_invalid(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,10 +137,9 @@ class CleanConfig:
     drop_copies: bool = True
 
     def __post_init__(self) -> None:
-        if self.min_words < 1 or self.max_words < self.min_words:
-            raise ValueError("clean: need 1 <= min_words <= max_words")
-        if self.max_ratio < 1.0:
-            raise ValueError("clean.max_ratio must be >= 1.0 (it compares the longer side to the shorter)")
+        _refuse_invalid(self)
+        if self.max_words < self.min_words:
+            raise ValueError(f"clean.min_words ({self.min_words}) must be <= clean.max_words ({self.max_words})")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,10 +152,7 @@ class BpeConfig:
     seed: int = 1
 
     def __post_init__(self) -> None:
-        if self.vocab_size < 8:
-            raise ValueError("bpe.vocab_size must be >= 8 (4 special ids + pieces)")
-        if not 0.0 < self.character_coverage <= 1.0:
-            raise ValueError("bpe.character_coverage must be in (0, 1]")
+        _refuse_invalid(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,8 +163,7 @@ class EncodeConfig:
     shard_rows: int = 250_000
 
     def __post_init__(self) -> None:
-        if self.max_len < 1 or self.shard_rows < 1:
-            raise ValueError("encode.max_len and encode.shard_rows must be >= 1")
+        _refuse_invalid(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,19 +188,11 @@ class TrainConfig:
     log_every_steps: int = 100
 
     def __post_init__(self) -> None:
-        if self.tokens_per_step < 1:
-            raise ValueError("train.tokens_per_step must be >= 1")
-        if self.max_steps < 1:
-            raise ValueError("train.max_steps must be >= 1")
-        if self.warmup_steps < 1 or self.warmup_steps >= self.max_steps:
+        _refuse_invalid(self)
+        if self.warmup_steps >= self.max_steps:
             raise ValueError(
                 f"train.warmup_steps ({self.warmup_steps}) must be >= 1 and < train.max_steps ({self.max_steps})"
             )
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError("train.label_smoothing must be in [0, 1)")
-        for name in ("save_every_steps", "keep_last", "valid_every_steps", "log_every_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"train.{name} must be >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,8 +202,7 @@ class AverageConfig:
     last_n: int = 5
 
     def __post_init__(self) -> None:
-        if self.last_n < 1:
-            raise ValueError("average.last_n must be >= 1")
+        _refuse_invalid(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,7 +216,8 @@ class EvaluateConfig:
     max_tokens: int = 8192
 
     def __post_init__(self) -> None:
-        if not self.beam_sizes or min(self.beam_sizes) < 1:
+        _refuse_invalid(self)
+        if not self.beam_sizes:
             raise ValueError("evaluate.beam_sizes must be a non-empty list of integers >= 1")
         if not self.alphas:
             raise ValueError("evaluate.alphas must be a non-empty list")
@@ -188,6 +240,7 @@ class Params:
     evaluate: EvaluateConfig
 
     def __post_init__(self) -> None:
+        _refuse_invalid(self)
         longest = self.encode.max_len + 1  # + EOS / BOS
         if self.train.tokens_per_step < longest:
             raise ValueError(
@@ -201,6 +254,48 @@ class Params:
             )
         if self.model.max_positions < longest:
             raise ValueError(f"model.max_positions ({self.model.max_positions}) must be >= encode.max_len + 1")
+
+
+_POSITIVE, _NON_NEGATIVE, _PROBABILITY = Range(ge=1), Range(ge=0), Range(ge=0, lt=1)
+_SEED = Range(ge=0, le=2**32 - 1)
+
+#: The valid range of every numeric key, by section class and field name (a list's range is each item's).
+RANGES: dict[type, dict[str, Range]] = {
+    Params: {"seed": _SEED},
+    DownloadConfig: {"retries": _NON_NEGATIVE, "timeout_s": Range(gt=0)},
+    CleanConfig: {"max_words": _POSITIVE, "max_ratio": Range(ge=1),  # longer side / shorter side
+                  "min_words": _POSITIVE},
+    BpeConfig: {"vocab_size": Range(ge=8),  # 4 special ids + pieces
+                "input_sentence_size": _NON_NEGATIVE,  # 0 = every sentence
+                "character_coverage": Range(gt=0, le=1), "seed": _SEED},
+    EncodeConfig: {"max_len": _POSITIVE, "shard_rows": _POSITIVE},
+    TransformerConfig: {"d_model": _POSITIVE, "n_heads": _POSITIVE, "d_ff": _POSITIVE, "n_layers": _POSITIVE,
+                        "dropout": _PROBABILITY, "attn_dropout": _PROBABILITY, "ffn_dropout": _PROBABILITY,
+                        "max_positions": _POSITIVE},
+    TrainConfig: {"tokens_per_step": _POSITIVE, "lr_scale": Range(gt=0), "warmup_steps": _POSITIVE,
+                  "adam_beta1": _PROBABILITY, "adam_beta2": _PROBABILITY, "adam_eps": Range(gt=0),
+                  "weight_decay": _NON_NEGATIVE, "label_smoothing": _PROBABILITY,
+                  "clip_norm": _NON_NEGATIVE,  # 0 = no clipping
+                  "max_steps": _POSITIVE,
+                  "max_epochs": _NON_NEGATIVE, "max_minutes": _NON_NEGATIVE,  # 0 = no limit
+                  "save_every_steps": _POSITIVE, "keep_last": _POSITIVE, "valid_every_steps": _POSITIVE,
+                  "log_every_steps": _POSITIVE},
+    AverageConfig: {"last_n": _POSITIVE},
+    EvaluateConfig: {"beam_sizes": _POSITIVE, "alphas": _NON_NEGATIVE, "max_len_a": _NON_NEGATIVE,
+                     "max_len_b": _NON_NEGATIVE, "max_tokens": _POSITIVE},
+}
+
+
+def _key_problems(cls: type, name: str, value: Any) -> list[tuple[str, str]]:
+    """``(item suffix, problem)`` for each rule that the (type-correct) value of ``cls.name`` breaks."""
+    if cls is PathsConfig:
+        problem = path_problem(value)
+        return [("", problem)] if problem else []
+    rng = RANGES.get(cls, {}).get(name)
+    if rng is None:
+        return []
+    items = enumerate(value) if isinstance(value, list) else [(None, value)]
+    return [("" if i is None else f"[{i}]", problem) for i, v in items if (problem := rng.problem(v))]
 
 
 def _type_name(tp: Any) -> str:
@@ -265,7 +360,11 @@ def _build(cls: type, data: Any, prefix: str, errors: list[str]) -> Any:
         if name not in data:  # defaults serve code; a params file must still spell out every key
             errors.append(f"{dotted}{name}: missing key")
             continue
+        n_key = len(errors)
         kwargs[name] = _check_value(data[name], hints[name], f"{dotted}{name}", errors)
+        if len(errors) == n_key:  # the type is right: now the range (or the paths rule)
+            errors.extend(f"{dotted}{name}{where}: {problem}"
+                          for where, problem in _key_problems(cls, name, kwargs[name]))
     if len(errors) > n_before:
         return None
     try:

@@ -31,8 +31,8 @@ from tests.helpers.eval_world import TEST, VALID
 from tests.helpers.models import CORPUS
 from tests.helpers.paths import REPO
 
-PATHS = {name: name for name in ("raw", "clean", "bpe", "shards", "train", "model", "eval", "metrics", "plots",
-                                 "reports")}
+PATHS = {name: f"data/{name}" for name in ("raw", "clean", "bpe", "shards", "train", "model", "eval", "metrics",
+                                          "plots", "reports")}
 
 
 def profile_params(name: str, root: Path) -> tuple[dict, Params, Path]:
@@ -51,20 +51,20 @@ def _raw(root: Path) -> None:
     files, outputs = [], {}
     for split, rows in pairs.items():
         for side, lang in ((0, "en"), (1, "de")):
-            path = root / "raw" / f"{split}.{lang}"
+            path = root / "data" / "raw" / f"{split}.{lang}"
             write_lines(path, [r[side] for r in rows])
             sha = hashlib.sha256(path.read_bytes()).hexdigest()
             outputs[path.name] = {"sha256": sha, "bytes": path.stat().st_size, "lines": len(rows)}
             files.append({"split": split, "corpus": f"toy-{split}", "lang": lang, "url": f"https://example.org/{split}."
                           f"{lang}.gz", "member": None, "format": "gzip", "sha256": sha[::-1], "bytes": 100 + side,
                           "lines": len(rows)})
-    (root / "raw" / "manifest.json").write_text(json.dumps({"dataset": "multi30k", "files": files,
+    (root / "data" / "raw" / "manifest.json").write_text(json.dumps({"dataset": "multi30k", "files": files,
                                                             "outputs": outputs}, indent=2, sort_keys=True) + "\n")
-    (root / "metrics").mkdir()
+    (root / "data" / "metrics").mkdir()
     record = {"archives": {}, "dataset": "multi30k", "mlflow_run_id": None, "origins": {},
               "pairs": {s: len(r) for s, r in pairs.items()}, "seconds": 0.1}
-    write_metrics(stages.details_file(root / "metrics", "download"), record)
-    write_metrics(stages.metrics_file(root / "metrics", "download"), stages.numbers(record))
+    write_metrics(stages.details_file(root / "data" / "metrics", "download"), record)
+    write_metrics(stages.metrics_file(root / "data" / "metrics", "download"), stages.numbers(record))
 
 
 def _dvc_lock(root: Path, data: dict) -> None:
@@ -76,10 +76,11 @@ def _dvc_lock(root: Path, data: dict) -> None:
                 "params": {"params.yaml": {s: copy.deepcopy(data[s]) for s in sections}},
                 "outs": [{"path": p, "hash": "md5", "md5": md5(p) + ".dir", "size": 2, "nfiles": 3} for p in outs]}
     lock = {"schema": "2.0", "stages": {
-        "download": entry(["pipeline/download.py"], ["raw", "metrics/download.json"], ["download"]),
-        "bpe": entry(["clean"], ["bpe", "metrics/bpe.json"], ["bpe"]),
-        "train": entry(["shards", "bpe"], ["train", "metrics/train.json"], ["seed", "model", "train"]),
-        "audit": entry(["metrics/evaluate.details.json"], ["reports/audit.md"], ["train"])}}
+        "download": entry(["pipeline/download.py"], ["data/raw", "data/metrics/download.json"], ["download"]),
+        "bpe": entry(["data/clean"], ["data/bpe", "data/metrics/bpe.json"], ["bpe"]),
+        "train": entry(["data/shards", "data/bpe"], ["data/train", "data/metrics/train.json"],
+                       ["seed", "model", "train"]),
+        "audit": entry(["data/metrics/evaluate.details.json"], ["data/reports/audit.md"], ["train"])}}
     lock["stages"]["audit"]["params"]["params.yaml"]["train"]["max_steps"] = 999  # the previous audit's params
     (root / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
 
@@ -93,17 +94,23 @@ def build_audit_world(root: Path) -> Path:
     mp.chdir(root)
     try:
         _raw(root)
+        d = PATHS
+        spm_model = f"{d['bpe']}/spm.model"
         for name, body in (
-                ("clean", lambda: clean_stage(p.clean, raw_dir="raw", clean_dir="clean")),
-                ("bpe", lambda: bpe_stage(BpeConfig(vocab_size=120, input_sentence_size=100000), clean_dir="clean",
-                                          bpe_dir="bpe")),
-                ("encode", lambda: encode_stage(p.encode, clean_dir="clean", bpe_dir="bpe", shards_dir="shards")),
-                ("train", lambda: train_stage(p.train, model_cfg=p.model, seed=p.seed, shards_dir="shards",
-                                              spm_model="bpe/spm.model", run_dir="train", plots_path="plots/train.csv")),
-                ("average", lambda: average_stage(p.average, train_dir="train", bpe_dir="bpe", model_dir="model")),
-                ("evaluate", lambda: evaluate_stage(p.evaluate, model_dir="model", shards_dir="shards", raw_dir="raw",
-                                                    eval_dir="eval", train_dir="train", spm_model="bpe/spm.model"))):
-            run_stage(name, body, params=p, metrics_dir="metrics", root=root)
+                ("clean", lambda: clean_stage(p.clean, raw_dir=d["raw"], clean_dir=d["clean"])),
+                ("bpe", lambda: bpe_stage(BpeConfig(vocab_size=120, input_sentence_size=100000), clean_dir=d["clean"],
+                                          bpe_dir=d["bpe"])),
+                ("encode", lambda: encode_stage(p.encode, clean_dir=d["clean"], bpe_dir=d["bpe"],
+                                                shards_dir=d["shards"])),
+                ("train", lambda: train_stage(p.train, model_cfg=p.model, seed=p.seed, shards_dir=d["shards"],
+                                              spm_model=spm_model, run_dir=d["train"],
+                                              plots_path=f"{d['plots']}/train.csv")),
+                ("average", lambda: average_stage(p.average, train_dir=d["train"], bpe_dir=d["bpe"],
+                                                  model_dir=d["model"])),
+                ("evaluate", lambda: evaluate_stage(p.evaluate, model_dir=d["model"], shards_dir=d["shards"],
+                                                    raw_dir=d["raw"], eval_dir=d["eval"], train_dir=d["train"],
+                                                    spm_model=spm_model))):
+            run_stage(name, body, params=p, metrics_dir=d["metrics"], root=root)
     finally:
         mp.undo()
     _dvc_lock(root, data)

@@ -40,10 +40,10 @@ def _audit(root: Path, params_file: str = "params.yaml") -> dict:
     """The audit stage under its wrapper (metrics in ``<root>/metrics``); returns the audit it wrote."""
     params = params_from_dict(yaml.safe_load((root / params_file).read_text()))
     run_stage("audit", lambda: audit.stage(params, params_file=root / params_file, lock_file=root / "dvc.lock",
-                                           root=root, md_path=root / "reports" / "audit.md",
-                                           json_path=root / "reports" / "audit.json"),
-              params=params, metrics_dir=root / "metrics", root=root)
-    return json.loads((root / "reports" / "audit.json").read_text(encoding="utf-8"))
+                                           root=root, md_path=root / "data" / "reports" / "audit.md",
+                                           json_path=root / "data" / "reports" / "audit.json"),
+              params=params, metrics_dir=root / "data" / "metrics", root=root)
+    return json.loads((root / "data" / "reports" / "audit.json").read_text(encoding="utf-8"))
 
 
 def _replay(report: dict) -> dict[str, dict]:
@@ -69,23 +69,23 @@ def test_reevaluation_is_replayed_exactly(audit_world: Path, tmp_path: Path, mon
     assert items[ITEM_RESCORED]["run"] == "reproduced exactly" and items[ITEM_RESCORED]["verdict"] == "matches"
     assert items[ITEM_LOCK]["run"] == "not measured (no dvc.lock)"
     assert items[ITEM_PREVIOUS]["run"] == "not measured (no previous audit recorded an evaluation)"
-    bleu_before = (root / "metrics" / "evaluate.details.json").read_text()
+    bleu_before = (root / "data" / "metrics" / "evaluate.details.json").read_text()
     _evaluate(root)  # the real stage again, on the same model
-    assert (root / "metrics" / "evaluate.details.json").read_text() != bleu_before  # timings differ...
+    assert (root / "data" / "metrics" / "evaluate.details.json").read_text() != bleu_before  # timings differ...
     second = _audit(root)
     items = _replay(second)
     assert items[ITEM_RESCORED]["run"] == "reproduced exactly"
     assert items[ITEM_PREVIOUS]["run"] == "replayed: identical to the previous evaluation"
     assert second["replay"]["record"]["figures"] == first["replay"]["record"]["figures"]  # ...the figures do not
-    md = (root / "reports" / "audit.md").read_text()
+    md = (root / "data" / "reports" / "audit.md").read_text()
     assert "## Replay" in md and "replayed: identical to the previous evaluation" in md
 
 
 def test_tampered_hypotheses_differ_and_the_figure_is_named(audit_world: Path, tmp_path: Path) -> None:
     root = _copy(audit_world, tmp_path)
     _audit(root)
-    bleu = json.loads((root / "metrics" / "evaluate.details.json").read_text())
-    shutil.copyfile(root / "raw" / "test.de", root / "eval" / "test.hyp.de")  # a perfect "translation"
+    bleu = json.loads((root / "data" / "metrics" / "evaluate.details.json").read_text())
+    shutil.copyfile(root / "data" / "raw" / "test.de", root / "data" / "eval" / "test.hyp.de")  # a perfect "translation"
     report = _audit(root)
     items = _replay(report)
     rescored = items[ITEM_RESCORED]
@@ -99,24 +99,24 @@ def test_tampered_hypotheses_differ_and_the_figure_is_named(audit_world: Path, t
 
 def test_edited_evaluate_details_and_truncated_hypotheses_are_named(audit_world: Path, tmp_path: Path) -> None:
     root = _copy(audit_world, tmp_path)
-    path = root / "metrics" / "evaluate.details.json"
+    path = root / "data" / "metrics" / "evaluate.details.json"
     bleu = json.loads(path.read_text())
     bleu["valid"]["chrf2"] += 1e-9
     path.write_text(json.dumps(bleu))
     deviation = _replay(_audit(root))[ITEM_RESCORED]["deviation"]
     assert deviation == f"differs: valid.chrf2 {bleu['valid']['chrf2']!r} vs {bleu['valid']['chrf2'] - 1e-9!r}"
-    hyp = root / "eval" / "test.hyp.de"
+    hyp = root / "data" / "eval" / "test.hyp.de"
     hyp.write_text("".join(line + "\n" for line in hyp.read_text().split("\n")[:-2]))  # one line lost
     deviation = _replay(_audit(root))[ITEM_RESCORED]["deviation"]
     assert "test: cannot be rescored: " in deviation and "has 3 lines but the reference" in deviation
     hyp.unlink()
     run = _replay(_audit(root))[ITEM_RESCORED]["run"]
-    assert run == f"not measured (missing {root / 'eval' / 'test.hyp.de'})"
+    assert run == f"not measured (missing {root / 'data' / 'eval' / 'test.hyp.de'})"
 
 
 def test_previous_audit_of_another_model_or_params_is_not_compared(audit_world: Path, tmp_path: Path) -> None:
     root = _copy(audit_world, tmp_path)
-    report_path = root / "reports" / "audit.json"
+    report_path = root / "data" / "reports" / "audit.json"
     _audit(root)
     saved = json.loads(report_path.read_text())
     for key, value, why in (("model_sha256", "0" * 64, "another averaged model"),
@@ -158,7 +158,7 @@ def dvc_repo(audit_world: Path, tmp_path: Path) -> Path:
     """The tiny run as a git + DVC repo whose dvc.yaml holds the real evaluate and audit stages."""
     repo = _copy(audit_world, tmp_path)
     (repo / "runs").mkdir()
-    shutil.move(repo / "model", repo / "runs" / "model")  # `model` is the package's folder here
+    shutil.move(repo / "data" / "model", repo / "runs" / "model")  # `model` is the package's folder here
     data = yaml.safe_load((repo / "params.yaml").read_text())
     data["paths"]["model"] = "runs/model"
     (repo / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
@@ -177,12 +177,12 @@ def dvc_repo(audit_world: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_dvc_repro_force_evaluate_reproduces_bleu_exactly_and_the_audit_says_so(dvc_repo: Path) -> None:
-    report_path, bleu_path = dvc_repo / "reports" / "audit.json", dvc_repo / "metrics" / "evaluate.details.json"
+    report_path, bleu_path = dvc_repo / "data" / "reports" / "audit.json", dvc_repo / "data" / "metrics" / "evaluate.details.json"
     _dvc(dvc_repo, "repro", "audit")
     first = json.loads(report_path.read_text())
     lock = yaml.safe_load((dvc_repo / "dvc.lock").read_text())
-    recorded = next(o["md5"] for o in lock["stages"]["evaluate"]["outs"] if o["path"] == "eval")
-    assert dvc_dir_md5(dvc_repo / "eval")[0] == recorded  # the directory md5 is DVC's own
+    recorded = next(o["md5"] for o in lock["stages"]["evaluate"]["outs"] if o["path"] == "data/eval")
+    assert dvc_dir_md5(dvc_repo / "data" / "eval")[0] == recorded  # the directory md5 is DVC's own
     items = _replay(first)
     assert (items[ITEM_RESCORED]["run"], items[ITEM_LOCK]["run"]) == ("reproduced exactly", f"identical (md5 {recorded})")
     assert items[ITEM_PREVIOUS]["verdict"] == "not measured"
@@ -198,18 +198,18 @@ def test_dvc_repro_force_evaluate_reproduces_bleu_exactly_and_the_audit_says_so(
     for split in ("valid", "test"):
         assert {k: bleu_after[split][k] for k in second["replay"]["record"]["figures"][split]} == \
             {k: bleu_before[split][k] for k in first["replay"]["record"]["figures"][split]}
-    metrics = json.loads((dvc_repo / "metrics" / "audit.details.json").read_text())
+    metrics = json.loads((dvc_repo / "data" / "metrics" / "audit.details.json").read_text())
     assert metrics["mlflow_run_id"] is None and metrics["replay_identical"] == 1.0  # tracking is off in tests
-    assert json.loads((dvc_repo / "metrics" / "audit.json").read_text())["replay_identical"] == 1.0  # numbers only
+    assert json.loads((dvc_repo / "data" / "metrics" / "audit.json").read_text())["replay_identical"] == 1.0  # numbers only
 
-    hyp = dvc_repo / "eval" / "valid.hyp.de"  # tampered after DVC recorded it
+    hyp = dvc_repo / "data" / "eval" / "valid.hyp.de"  # tampered after DVC recorded it
     hyp.write_text(hyp.read_text() + "extra\n")
     done = subprocess.run([sys.executable, "-m", "pipeline.audit"], check=False, cwd=dvc_repo, text=True,
                           capture_output=True, env={**os.environ, "PYTHONPATH": ""}, timeout=300)
     assert done.returncode == 0, done.stderr
     items = _replay(json.loads(report_path.read_text()))
     assert items[ITEM_RESCORED]["deviation"].startswith("differs: valid: cannot be rescored")
-    assert items[ITEM_LOCK]["deviation"].startswith(f"differs: eval md5 {dvc_dir_md5(dvc_repo / 'eval')[0]} vs "
+    assert items[ITEM_LOCK]["deviation"].startswith(f"differs: data/eval md5 {dvc_dir_md5(dvc_repo / 'data' / 'eval')[0]} vs "
                                                     f"{recorded} in dvc.lock (changed: valid.hyp.de)")
     assert "valid.hyp.de sha256" in items[ITEM_PREVIOUS]["deviation"]
 
@@ -227,7 +227,7 @@ def test_audit_logs_a_child_run_with_reports_and_counts(audit_world: Path, tmp_p
     with pipeline_run("pipeline", params={}, root=root) as parent:
         monkeypatch.setenv("MLFLOW_PARENT_RUN_ID", parent.run_id)
         report = _audit(root)
-    metrics = json.loads((root / "metrics" / "audit.details.json").read_text())
+    metrics = json.loads((root / "data" / "metrics" / "audit.details.json").read_text())
     client = MlflowClient(tracking_uri=mlflow_sqlite)
     run = client.get_run(metrics["mlflow_run_id"])
     assert run.info.status == "FINISHED" and run.info.run_name == "audit"
@@ -236,14 +236,14 @@ def test_audit_logs_a_child_run_with_reports_and_counts(audit_world: Path, tmp_p
     summary = report["summary"]
     assert {k: run.data.metrics[k] for k in ("matches", "deviates", "not_measured")} == \
         {"matches": summary["matches"], "deviates": summary["deviates"], "not_measured": summary["not measured"]}
-    bleu = json.loads((root / "metrics" / "evaluate.details.json").read_text())
+    bleu = json.loads((root / "data" / "metrics" / "evaluate.details.json").read_text())
     assert run.data.metrics["test_bleu"] == bleu["test"]["bleu"]
-    assert run.data.metrics["parameters"] == json.loads((root / "metrics" / "average.details.json").read_text())["parameters"]
+    assert run.data.metrics["parameters"] == json.loads((root / "data" / "metrics" / "average.details.json").read_text())["parameters"]
     assert metrics["report_sha256"] == run.data.tags["audit_json_sha256"]
 
-    tracked = (root / "reports" / "audit.json").read_bytes()  # no run id in the report: same bytes untracked
-    shutil.rmtree(root / "reports")
+    tracked = (root / "data" / "reports" / "audit.json").read_bytes()  # no run id in the report: same bytes untracked
+    shutil.rmtree(root / "data" / "reports")
     monkeypatch.setenv("NMT_TRACKING", "off")
     _audit(root)
-    assert (root / "reports" / "audit.json").read_bytes() == tracked
-    assert json.loads((root / "metrics" / "audit.details.json").read_text())["mlflow_run_id"] is None
+    assert (root / "data" / "reports" / "audit.json").read_bytes() == tracked
+    assert json.loads((root / "data" / "metrics" / "audit.details.json").read_text())["mlflow_run_id"] is None

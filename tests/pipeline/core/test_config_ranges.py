@@ -1,0 +1,182 @@
+"""params.yaml values out of their valid range, and paths outside the repository's output folders, are
+refused at load: one ConfigError line per problem, each naming the dotted key."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+
+import pytest
+import yaml
+
+from model.config import DERIVED
+from pipeline.core import config
+from pipeline.core.config import Params, params_from_dict
+from pipeline.core.errors import ConfigError
+from pipeline.project.profiles import merged_profile, profile_names
+from tests.helpers.paths import REPO
+
+
+def _paper(repo_root: Path) -> dict:
+    return yaml.safe_load((repo_root / "params.yaml").read_text(encoding="utf-8"))
+
+
+def _set(data: dict, dotted: str, value: object) -> dict:
+    *sections, key = dotted.split(".")
+    node = data
+    for section in sections:
+        node = node[section]
+    node[key] = value
+    return data
+
+
+def _only_problem(data: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        params_from_dict(data)
+    assert len(info.value.problems) == 1, info.value.problems
+    return info.value.problems[0]
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "named"),
+    [
+        # the red-team findings
+        ("train.lr_scale", -1.0, "train.lr_scale"),
+        ("train.max_epochs", -3, "train.max_epochs"),
+        ("evaluate.max_tokens", -5, "evaluate.max_tokens"),
+        ("evaluate.max_len_b", -10, "evaluate.max_len_b"),
+        ("evaluate.alphas", [-5], "evaluate.alphas[0]"),
+        ("model.n_layers", 0, "model.n_layers"),
+        ("train.adam_eps", -1, "train.adam_eps"),
+        ("train.adam_beta1", 5, "train.adam_beta1"),
+        # one of each other section, and values that are not numbers at all
+        ("seed", -1, "seed"),
+        ("download.retries", -1, "download.retries"),
+        ("download.timeout_s", 0, "download.timeout_s"),
+        ("clean.min_words", 0, "clean.min_words"),
+        ("clean.max_ratio", 0.5, "clean.max_ratio"),
+        ("bpe.vocab_size", 4, "bpe.vocab_size"),
+        ("bpe.input_sentence_size", -1, "bpe.input_sentence_size"),
+        ("bpe.character_coverage", 0.0, "bpe.character_coverage"),
+        ("bpe.seed", -2, "bpe.seed"),
+        ("encode.max_len", 0, "encode.max_len"),
+        ("encode.shard_rows", 0, "encode.shard_rows"),
+        ("model.d_model", -512, "model.d_model"),
+        ("model.dropout", 1.0, "model.dropout"),
+        ("model.max_positions", 0, "model.max_positions"),
+        ("train.adam_beta2", 1.0, "train.adam_beta2"),
+        ("train.weight_decay", -0.1, "train.weight_decay"),
+        ("train.label_smoothing", 1.0, "train.label_smoothing"),
+        ("train.clip_norm", -1.0, "train.clip_norm"),
+        ("train.max_minutes", -1, "train.max_minutes"),
+        ("train.lr_scale", float("inf"), "train.lr_scale"),
+        ("train.lr_scale", float("nan"), "train.lr_scale"),
+        ("average.last_n", 0, "average.last_n"),
+        ("evaluate.beam_sizes", [4, 0], "evaluate.beam_sizes[1]"),
+        ("evaluate.max_len_a", -1.0, "evaluate.max_len_a"),
+    ],
+)
+def test_out_of_range_values_are_one_line_naming_the_key(repo_root: Path, dotted: str, value: object,
+                                                         named: str) -> None:
+    problem = _only_problem(_set(_paper(repo_root), dotted, value))
+    assert problem.startswith(f"{named}: "), problem
+    assert "\n" not in problem and ("out of range" in problem or "not a finite number" in problem), problem
+
+
+def test_the_red_team_example_reads_as_documented(repo_root: Path) -> None:
+    problem = _only_problem(_set(_paper(repo_root), "train.lr_scale", -1.0))
+    assert problem == "train.lr_scale: -1.0 is out of range (expected > 0)"
+
+
+def test_every_range_problem_is_reported_together(repo_root: Path) -> None:
+    data = _paper(repo_root)
+    for dotted, value in (("train.lr_scale", -1.0), ("model.n_layers", 0), ("evaluate.max_tokens", -5),
+                          ("paths.eval", "docs"), ("train.tokens_per_step", "lots")):
+        _set(data, dotted, value)
+    with pytest.raises(ConfigError) as info:
+        params_from_dict(data)
+    keys = sorted(p.split(":")[0] for p in info.value.problems)
+    assert keys == ["evaluate.max_tokens", "model.n_layers", "paths.eval", "train.lr_scale",
+                    "train.tokens_per_step"], info.value.problems
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value"),
+    [("train.max_epochs", 0), ("train.clip_norm", 0), ("train.max_minutes", 0), ("train.weight_decay", 0),
+     ("train.adam_beta1", 0.0), ("bpe.input_sentence_size", 0), ("bpe.character_coverage", 1.0),
+     ("evaluate.max_len_b", 0), ("evaluate.max_len_a", 0), ("evaluate.alphas", [0.0, 1.0]), ("seed", 0),
+     ("download.retries", 0), ("model.dropout", 0.0)],
+)
+def test_range_edges_that_mean_something_are_accepted(repo_root: Path, dotted: str, value: object) -> None:
+    params_from_dict(_set(_paper(repo_root), dotted, value))
+
+
+def _sections(cls: type = Params, prefix: str = "") -> typing.Iterator[tuple[type, str, str, typing.Any]]:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if DERIVED in f.metadata:
+            continue
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            yield from _sections(tp, f"{prefix}{f.name}.")
+        else:
+            yield cls, f.name, f"{prefix}{f.name}", tp
+
+
+def _is_numeric(tp: typing.Any) -> bool:
+    if typing.get_origin(tp) in (list, dict):
+        return any(_is_numeric(a) for a in typing.get_args(tp))
+    return tp in (int, float)
+
+
+def test_every_numeric_key_has_a_range() -> None:
+    """A new numeric key in any section cannot slip past: it needs an entry in RANGES."""
+    numeric = [(cls, name, dotted) for cls, name, dotted, tp in _sections() if _is_numeric(tp)]
+    assert len(numeric) > 40  # the walk reaches every section, model included
+    missing = [dotted for cls, name, dotted in numeric if name not in config.RANGES.get(cls, {})]
+    assert not missing, f"numeric keys without a range in pipeline.core.config.RANGES: {missing}"
+    known = {(cls, name) for cls, name, _ in numeric}
+    stale = [f"{cls.__name__}.{name}" for cls, names in config.RANGES.items() for name in names if (cls, name) not in known]
+    assert not stale, f"RANGES names keys that are not numeric settings: {stale}"
+
+
+def test_every_profile_still_loads(repo_root: Path) -> None:
+    names = profile_names(repo_root)
+    assert {"paper", "demo", "tiny"} <= set(names)
+    for name in names:
+        params_from_dict(merged_profile(name, repo_root), name)
+
+
+PATH_RULE = "relative path without '..' inside one of data/, runs/, metrics/, plots/, reports/"
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["docs", "../outside_eval", str(REPO / "docs"), str(REPO / "runs" / "x"), "/tmp/../tmp/eval", "runs/../docs", "runs/paper/../../docs", "runs", "data/", ".",
+     "", "src/eval", "./docs", "~/eval", "C:/eval"],
+)
+def test_paths_outside_the_output_folders_are_refused(repo_root: Path, value: str) -> None:
+    problem = _only_problem(_set(_paper(repo_root), "paths.eval", value))
+    assert problem.startswith(f"paths.eval: {value!r} "), problem
+    assert PATH_RULE in problem and "\n" not in problem, problem
+
+
+@pytest.mark.parametrize("key", ["raw", "clean", "bpe", "shards", "train", "model", "eval", "metrics", "plots",
+                                 "reports"])
+def test_every_path_key_is_checked(repo_root: Path, key: str) -> None:
+    problem = _only_problem(_set(_paper(repo_root), f"paths.{key}", "docs"))
+    assert problem.startswith(f"paths.{key}: 'docs' "), problem
+
+
+def test_an_absolute_path_outside_the_checkout_is_accepted(repo_root: Path, tmp_path: Path) -> None:
+    """Another disk (a scratch file system) is a deliberate choice, not a slip."""
+    params_from_dict(_set(_paper(repo_root), "paths.shards", str(tmp_path / "shards")))
+
+
+def test_paths_inside_the_output_folders_are_accepted(repo_root: Path) -> None:
+    data = _paper(repo_root)
+    for key, value in (("raw", "data/x/raw"), ("eval", "runs/a/b/eval"), ("metrics", "metrics/x"),
+                       ("plots", "plots/x"), ("reports", "reports/x"), ("train", "runs/./x/train")):
+        data["paths"][key] = value
+    params_from_dict(data)
