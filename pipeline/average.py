@@ -2,7 +2,8 @@
 
 The paper averages the last 5 checkpoints (written every 10 minutes) of the base model. We average
 the model weights of the last ``average.last_n`` checkpoint folders that have their ``DONE`` marker,
-ordered by step: floating tensors are averaged in fp32 (then cast back to their dtype), integer and
+ordered by step (a folder without ``DONE`` among them is named in a warning and in the metrics'
+``skipped_incomplete``, and the N newest complete ones are used): floating tensors are averaged in fp32 (then cast back to their dtype), integer and
 boolean buffers (counters, masks) are taken from the newest checkpoint. The output
 ``<paths.model>/averaged.pt`` holds ``{"model": state_dict, "config": TransformerConfig dict,
 "spm": spm.model bytes}``, so translating needs this one file, and loads with ``weights_only=True``.
@@ -35,12 +36,24 @@ def complete_checkpoints(train_dir: str | Path) -> list[Path]:
     return [folder for _, folder in checkpoint.complete_checkpoints(train_dir)]
 
 
+def skipped_incomplete(train_dir: str | Path, chosen: list[Path]) -> list[Path]:
+    """``step-*`` folders without ``DONE`` newer than the oldest of ``chosen``: the ones averaging passed over."""
+    if not chosen:
+        return []
+    oldest = {p: s for s, p in checkpoint.complete_checkpoints(train_dir)}[chosen[0]]
+    return [p for s, p in checkpoint.incomplete_checkpoints(train_dir) if s > oldest]
+
+
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """Load a ``model.pt`` state_dict on CPU with ``weights_only=True``.
+    """Load a ``model.pt`` state_dict on CPU with ``weights_only=True``, after checking it against the size
+    and sha256 its folder's ``state.json`` recorded at save (:func:`pipeline.training.checkpoint.verify`;
+    checkpoints from before hashes were recorded are checked by size only).
 
     Raises:
-        CheckpointError: the file is missing, truncated or not a state_dict of tensors.
+        CheckpointError: the file is missing, truncated, changed since it was saved, or not a state_dict of
+            tensors.
     """
+    checkpoint.verify(path.parent, path.name)
     state = torchfile.load(path, remedy=f"the file is truncated or corrupt: delete the folder {path.parent} and rerun",
                            missing=f"missing although DONE exists; delete the folder {path.parent}")
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -137,7 +150,8 @@ def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, mod
         model_dir: ``paths.model``; receives ``averaged.pt``.
 
     Returns:
-        The checkpoints and steps used, how many were requested, the BPE model's sha256 and the
+        The checkpoints and steps used, how many were requested, the incomplete folders (no ``DONE``)
+        passed over among them (``skipped_incomplete``, also a warning), the BPE model's sha256 and the
         parameter count.
 
     Raises:
@@ -152,6 +166,11 @@ def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, mod
     if len(chosen) < cfg.last_n:
         log.warning("average.last_n is %d but only %d complete checkpoint(s) exist in %s: averaging those",
                     cfg.last_n, len(chosen), train_dir)
+    skipped = skipped_incomplete(train_dir, chosen)
+    if skipped:
+        log.warning("skipping %s: no DONE marker (a run died while writing it, or it is being written); "
+                    "averaging the %d newest complete checkpoints instead: %s", ", ".join(p.name for p in skipped),
+                    len(chosen), ", ".join(p.name for p in chosen))
     log.info("averaging %s", ", ".join(p.name for p in chosen))
     spm_path = Path(bpe_dir) / "spm.model"
     try:
@@ -177,6 +196,7 @@ def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, mod
         "requested": cfg.last_n,
         "used": len(chosen),
         "fewer_than_requested": len(chosen) < cfg.last_n,
+        "skipped_incomplete": [p.name for p in skipped],
         "spm_sha256": hashlib.sha256(spm_bytes).hexdigest(),
         "parameters": int(sum(v.numel() for v in weights.values() if v.is_floating_point())),
     }

@@ -212,6 +212,7 @@ def _inputs(model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Path, bl
     averaged = model_file.path_in(model_dir)
     if not averaged.is_file():
         raise CheckpointError(f"{averaged}: not found; run `dvc repro average`")
+    model_file.verify(averaged)  # with tracking off nothing else reads it: a changed file is refused here too
     bleu = read_bleu(bleu_path)
     hyps = {s: Path(eval_dir) / f"{s}.hyp.de" for s in SPLITS}
     refs = {s: Path(raw_dir) / f"{s}.de" for s in SPLITS}

@@ -8,6 +8,7 @@ naming the path, the cause in one line and the remedy.
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,17 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {best[:300]}"
 
 
+def refused_object(exc: BaseException) -> str | None:
+    """What the ``weights_only`` unpickler refused (``GLOBAL pathlib.PosixPath``, ``operand 149``), or None
+    if ``exc`` is another failure. torch's advice (``weights_only=False``, ``add_safe_globals``) is left out:
+    this pipeline never unpickles arbitrary objects."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    if "Weights only load failed" not in text and "WeightsUnpickler error" not in text:
+        return None
+    found = re.search(r"Unsupported global: (GLOBAL \S+)", text) or re.search(r"Unsupported (operand \S+)", text)
+    return found.group(1) if found else "an object weights_only=True refuses"
+
+
 def load(path: str | Path, *, remedy: str, map_location: torch.device | str = "cpu", mmap: bool = False,
          what: str = "cannot be read", missing: str | None = None) -> Any:
     """``torch.load(path, weights_only=True)``; any failure becomes one :class:`CheckpointError`.
@@ -36,12 +48,19 @@ def load(path: str | Path, *, remedy: str, map_location: torch.device | str = "c
         missing: the message for a missing file (default: ``not found``).
 
     Raises:
-        CheckpointError: ``<path>: <what> (<Error>: <first line>); <remedy>``.
+        CheckpointError: ``<path>: <what> (<Error>: <first line>); <remedy>``, or for a pickle holding
+            other objects than tensors ``<path>: not a checkpoint written by this pipeline (...)``.
     """
     path = Path(path)
     try:
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        with warnings.catch_warnings():  # "Detected pickle protocol 4": the error below says it better
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: {missing or 'not found'}; {remedy}") from None
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/UnpicklingError/EOFError/KeyError...
+        refused = refused_object(exc)
+        if refused is not None:
+            raise CheckpointError(f"{path}: not a checkpoint written by this pipeline (it holds Python objects, "
+                                  f"not only tensors: {refused}); {remedy}") from None
         raise CheckpointError(f"{path}: {what} ({one_line(exc)}); {remedy}") from None

@@ -1,13 +1,22 @@
 """``averaged.pt``, the one file a translation needs: its only writer and reader.
 
-The file holds ``{"model": state_dict, "config": TransformerConfig as dict, "spm": spm.model bytes}``
-and loads with ``torch.load(weights_only=True)``. The average stage :func:`save`\\ s it; decoding,
-``nmt translate``, the MLflow translator, register and the audit :func:`load` or :func:`describe` it.
+The file holds ``{"model": state_dict, "config": TransformerConfig as dict, "spm": spm.model bytes,
+"sha256": digest}`` and loads with ``torch.load(weights_only=True)``. The average stage :func:`save`\\ s
+it; decoding, ``nmt translate``, the MLflow translator, register and the audit :func:`load` or
+:func:`describe` it.
+
+``sha256`` is the digest of the contents (:func:`content_sha256`: every tensor's name, dtype, shape and
+bytes, the config as sorted JSON, the BPE model), recorded at save and checked at every read, so bytes
+changed after the fact (bit rot, a bad copy) are refused although the file still unpickles; the file
+stays self-contained and byte-identical for equal contents. Files from before the digest was recorded
+(no ``sha256`` key) are accepted unchecked.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,10 +47,27 @@ def path_in(model_dir: str | Path) -> Path:
     return Path(model_dir) / NAME
 
 
+def content_sha256(weights: dict[str, torch.Tensor], config: dict[str, Any], spm: bytes) -> str:
+    """Hex sha256 of the contents: each tensor (sorted by name) as name, dtype, shape and raw bytes, then the
+    config as sorted JSON, then the BPE model bytes. Independent of how ``torch.save`` lays out the zip."""
+    digest = hashlib.sha256()
+    for key in sorted(weights):
+        tensor = weights[key].detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{key}\0{tensor.dtype}\0{list(weights[key].shape)}\0{tensor.numel()}\0".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
+    digest.update(b"\0")
+    digest.update(spm)
+    return digest.hexdigest()
+
+
 def save(path: str | Path, *, weights: dict[str, torch.Tensor], config: TransformerConfig, spm: bytes) -> None:
-    """Write the file atomically; equal contents give equal bytes (``torch.save`` into memory first)."""
+    """Write the file atomically with its content sha256; equal contents give equal bytes (``torch.save``
+    into memory first)."""
     buffer = io.BytesIO()
-    torch.save({"model": weights, "config": config.to_dict(), "spm": spm}, buffer)
+    config_dict = config.to_dict()
+    torch.save({"model": weights, "config": config_dict, "spm": spm,
+                "sha256": content_sha256(weights, config_dict, spm)}, buffer)
     with atomic_path(path) as tmp:
         tmp.write_bytes(buffer.getvalue())
 
@@ -54,6 +80,15 @@ def _read(path: Path, *, mmap: bool = False) -> dict[str, Any]:
     state = blob["model"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: no 'model' state_dict of tensors; was it written by the average stage?")
+    recorded = blob.get("sha256")
+    if recorded is not None:
+        try:
+            actual = content_sha256(state, blob["config"], blob["spm"])
+        except (TypeError, ValueError, RuntimeError):
+            actual = None
+        if actual != recorded:
+            raise CheckpointError(f"{path}: content does not match the sha256 recorded at save (bit rot, a bad copy "
+                                  f"or an edit?); {REMEDY}")
     return blob
 
 
@@ -61,8 +96,8 @@ def load(path: str | Path, *, mmap: bool = False) -> ModelFile:
     """Read and check the file (weights not yet fitted to a model: see :func:`build_model`).
 
     Raises:
-        CheckpointError: missing, truncated or corrupt file, or not the average stage's format (names the
-            path and the remedy).
+        CheckpointError: missing, truncated or corrupt file, contents that do not match the sha256 recorded
+            at save, or not the average stage's format (names the path and the remedy).
     """
     path = Path(path)
     blob = _read(path, mmap=mmap)
@@ -71,6 +106,16 @@ def load(path: str | Path, *, mmap: bool = False) -> ModelFile:
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: its config does not fit this code ({exc}); {REMEDY}") from None
     return ModelFile(weights=blob["model"], config=config, spm=blob["spm"])
+
+
+def verify(path: str | Path) -> None:
+    """Check the file (readable, the average stage's format, contents matching the sha256 recorded at save)
+    without keeping it (memory-mapped).
+
+    Raises:
+        CheckpointError: as :func:`load`.
+    """
+    _read(Path(path), mmap=True)
 
 
 def build_model(mf: ModelFile, path: str | Path, *, remedy: str = REMEDY) -> torch.nn.Module:

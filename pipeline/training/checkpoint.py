@@ -4,14 +4,17 @@ A folder holds ``model.pt`` (the unwrapped module's state_dict), ``optim.pt``, `
 and ``DONE``, written last. It is assembled under a hidden temporary name and renamed into
 place, so a crash leaves either a complete folder or nothing; a ``step-*`` folder without
 ``DONE`` (from an older or foreign writer) does not exist for the loader and is deleted by
-:func:`clean_incomplete`. ``state.json`` records the byte size of ``model.pt`` and ``optim.pt``,
-so a file truncated after the fact (a full disk, a copy cut short) is named before unpickling.
+:func:`clean_incomplete`. ``state.json`` records the byte size and sha256 of ``model.pt`` and
+``optim.pt`` (``files``), checked before every load (:func:`verify`): a file truncated or changed
+after the fact (a full disk, a copy cut short, bit rot) is named before unpickling. A disk that fills
+up during the save is one :class:`OutputError` naming the file and the checkpoint a rerun resumes from.
 Everything is loaded with ``torch.load(weights_only=True)``. Fault-injection points
 (:mod:`pipeline.training.faults`): ``before_save``, ``mid_save``, ``after_save``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -23,8 +26,8 @@ from typing import Any
 import torch
 
 from pipeline.core import torchfile
-from pipeline.core.errors import CheckpointError
-from pipeline.core.textio import atomic_path
+from pipeline.core.errors import CheckpointError, OutputError
+from pipeline.core.textio import atomic_path, sha256_file
 from pipeline.training.hooks import Hooks
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,11 @@ def _step_folders(run_dir: Path) -> list[tuple[int, Path]]:
 def complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     """``(step, folder)`` of every folder with ``DONE``, oldest first."""
     return [(s, p) for s, p in _step_folders(Path(run_dir)) if (p / DONE).is_file()]
+
+
+def incomplete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every ``step-*`` folder without ``DONE``, oldest first."""
+    return [(s, p) for s, p in _step_folders(Path(run_dir)) if not (p / DONE).is_file()]
 
 
 def latest(run_dir: str | Path) -> Path | None:
@@ -108,20 +116,57 @@ def save(run_dir: str | Path, step: int, *, model_state: dict[str, torch.Tensor]
     hooks.at("before_save", step)
     with atomic_path(final) as tmp:
         tmp.mkdir()
-        torch.save(unwrap_state_dict(model_state), tmp / MODEL)
-        hooks.at("mid_save", step)
-        torch.save(optim_state, tmp / OPTIM)
-        files = {name: (tmp / name).stat().st_size for name in (MODEL, OPTIM)}
-        (tmp / STATE).write_text(json.dumps({**state, "files": files}, indent=1, sort_keys=True) + "\n",
-                                 encoding="utf-8")
-        for name in (MODEL, OPTIM, STATE):
-            _fsync(tmp / name)
-        (tmp / DONE).write_text(f"{step}\n", encoding="utf-8")
-        _fsync(tmp / DONE)
+        writing = MODEL
+        try:
+            torch.save(unwrap_state_dict(model_state), tmp / MODEL)
+            hooks.at("mid_save", step)
+            writing = OPTIM
+            torch.save(optim_state, tmp / OPTIM)
+            files = {name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
+                     for name in (MODEL, OPTIM)}
+            writing = STATE
+            (tmp / STATE).write_text(json.dumps({**state, "files": files}, indent=1, sort_keys=True) + "\n",
+                                     encoding="utf-8")
+            for writing in (MODEL, OPTIM, STATE):
+                _fsync(tmp / writing)
+            writing = DONE
+            (tmp / DONE).write_text(f"{step}\n", encoding="utf-8")
+            _fsync(tmp / DONE)
+        except (RuntimeError, OSError) as exc:
+            if not _disk_full(exc):
+                raise
+            # Raised inside atomic_path: the temporary folder is deleted, no step folder appears.
+            raise OutputError(_disk_full_message(final / writing)) from None
     _fsync_dir(final.parent)
     hooks.at("after_save", step)
     prune(run_dir, keep_last)
     return final
+
+
+_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+# What torch.save's C++ zip writer says when a write comes up short (ENOSPC, EFBIG under ulimit -f).
+_DISK_FULL_MARKERS = ("inline_container", "unexpected pos", "iostream error")
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised while handling) is a short write to a full disk."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _DISK_FULL_ERRNOS:
+            return True
+        if isinstance(exc, RuntimeError) and any(m in str(exc) for m in _DISK_FULL_MARKERS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _disk_full_message(path: Path) -> str:
+    """One line for a checkpoint file that could not be written, naming the checkpoint a rerun resumes from."""
+    done = complete_checkpoints(path.parent.parent)
+    then = f"training resumes from {done[-1][1].name}" if done else "training starts again from scratch"
+    return (f"{path}: could not write the checkpoint: disk full (or file size limit, ulimit -f); free space "
+            f"under {path.parent.parent} or lower train.keep_last, then rerun: {then}")
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -168,33 +213,53 @@ def _remedy(folder: Path) -> str:
 
 
 def load_tensors(folder: str | Path, name: str, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """``model.pt`` or ``optim.pt`` of a complete folder, loaded with ``weights_only=True``."""
+    """``model.pt`` or ``optim.pt`` of a complete folder, checked by :func:`verify`, then loaded with
+    ``weights_only=True``."""
     folder = Path(folder)
     if not (folder / DONE).is_file():
         raise CheckpointError(f"{folder}: no {DONE} marker; the checkpoint is incomplete and cannot be loaded")
-    try:
-        return torchfile.load(folder / name, map_location=device, what="cannot be loaded with weights_only=True",
-                              remedy=_remedy(folder))
-    except CheckpointError:
-        _check_size(folder, name)  # a file shorter than recorded is named as truncated
-        raise
+    verify(folder, name)
+    return torchfile.load(folder / name, map_location=device, what="cannot be loaded with weights_only=True",
+                          remedy=_remedy(folder))
 
 
-def _check_size(folder: Path, name: str) -> None:
-    """Name a file shorter than ``state.json`` recorded (truncated after the checkpoint completed)."""
+def verify(folder: str | Path, name: str) -> None:
+    """Check ``folder/name`` against the size and sha256 that ``state.json`` recorded at save.
+
+    A file shorter than recorded is named as truncated, one of another size or other bytes (bit rot,
+    a bad copy, an edit) as not matching. Checkpoints from before hashes were recorded (``files``
+    holding a bare byte count) are checked by size only, and those with no ``files`` record (or no
+    readable ``state.json``: :func:`read_state` names that on resume) are not checked.
+
+    Raises:
+        CheckpointError: one line naming the file, what is wrong and the remedy (delete the folder and
+            resume from the previous checkpoint).
+    """
+    folder = Path(folder)
     try:
-        recorded = json.loads((folder / STATE).read_text(encoding="utf-8")).get("files", {}).get(name)
+        files = json.loads((folder / STATE).read_text(encoding="utf-8")).get("files")
+        recorded = files.get(name) if isinstance(files, dict) else None
     except (OSError, json.JSONDecodeError, AttributeError):
-        return  # read_state names an unreadable state.json; older checkpoints have no sizes
-    if recorded is None:
+        return
+    if isinstance(recorded, dict):
+        size, digest = recorded.get("bytes"), recorded.get("sha256")
+    else:
+        size, digest = recorded, None
+    if not isinstance(size, int):
         return
     try:
         actual = (folder / name).stat().st_size
     except OSError:
         raise CheckpointError(f"{folder / name}: missing although {DONE} exists; {_remedy(folder)}") from None
-    if actual < recorded:
-        raise CheckpointError(f"{folder / name}: truncated ({actual} of the {recorded} bytes written; a full "
+    if actual < size:
+        raise CheckpointError(f"{folder / name}: truncated ({actual} of the {size} bytes written; a full "
                               f"disk or an interrupted copy?); {_remedy(folder)}")
+    if actual != size:
+        raise CheckpointError(f"{folder / name}: {actual} bytes, but {size} were written at save (overwritten or "
+                              f"a bad copy?); {_remedy(folder)}")
+    if isinstance(digest, str) and sha256_file(folder / name) != digest:
+        raise CheckpointError(f"{folder / name}: content does not match the sha256 recorded at save (bit rot, a "
+                              f"bad copy or an edit?); {_remedy(folder)}")
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:

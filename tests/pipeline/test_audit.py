@@ -28,8 +28,8 @@ from tests.helpers.paths import REPO
 def _audit(root: Path, params: Params, params_file: Path | None = None) -> dict:
     """Run the audit stage; return the audit it wrote (the stage itself returns its metrics)."""
     audit.stage(params, params_file=params_file or root / "params.yaml", lock_file=root / "dvc.lock",
-                root=root, md_path=root / "reports" / "audit.md", json_path=root / "reports" / "audit.json")
-    return json.loads((root / "reports" / "audit.json").read_text(encoding="utf-8"))
+                root=root, md_path=root / "data" / "reports" / "audit.md", json_path=root / "data" / "reports" / "audit.json")
+    return json.loads((root / "data" / "reports" / "audit.json").read_text(encoding="utf-8"))
 
 
 def _copy(world: Path, tmp_path: Path) -> Path:
@@ -46,10 +46,10 @@ def test_tiny_run_audit_measures_everything_and_names_every_changed_key(audit_wo
     root = _copy(audit_world, tmp_path)
     data, params, _ = profile_params("tiny", root)
     report = _audit(root, params)
-    assert json.loads((root / "reports" / "audit.json").read_text()) == report
-    md = (root / "reports" / "audit.md").read_text()
+    assert json.loads((root / "data" / "reports" / "audit.json").read_text()) == report
+    md = (root / "data" / "reports" / "audit.md").read_text()
     items = _by_item(report)
-    train = json.loads((root / "metrics" / "train.details.json").read_text())
+    train = json.loads((root / "data" / "metrics" / "train.details.json").read_text())
     # GPU-hours exist only for CUDA runs; a CPU run says "not measured" there.
     device_items = ("GPU-hours",) if train.get("device") == "cpu" else ("Hardware", "GPU-hours")
     assert all(i["verdict"] != "not measured" for i in report["measured"] if i["item"] not in device_items), \
@@ -76,13 +76,13 @@ def test_tiny_run_audit_measures_everything_and_names_every_changed_key(audit_wo
     assert items["Averaging span"]["run"].startswith("2 checkpoint(s), steps 18-20: the last 10.0% of training")
     assert items["Averaging span"]["deviation"] == "2 checkpoint(s) averaged (paper: 5)"
     newest = items["BLEU, paper's method (tok+split), valid, newest checkpoint"]
-    bleu = json.loads((root / "metrics" / "evaluate.details.json").read_text())
+    bleu = json.loads((root / "data" / "metrics" / "evaluate.details.json").read_text())
     assert newest["run"] == f"{bleu['valid_newest']['bleu_tok_split']:.2f}"
     assert "multi30k valid set, not newstest2013" in newest["deviation"]
     assert items["Averaged vs newest checkpoint, valid BLEU"]["verdict"] in ("informational", "warning")
     assert items["Sources cut at max_positions"]["verdict"] == "matches"
     # parameter count: the averaged model's parameters, the tied embedding once
-    model = torch.load(root / "model" / "averaged.pt", weights_only=True)
+    model = torch.load(root / "data" / "model" / "averaged.pt", weights_only=True)
     from model import Transformer, TransformerConfig
 
     expected = sum(p.numel() for p in Transformer(TransformerConfig.from_dict(model["config"])).parameters())
@@ -114,11 +114,11 @@ def test_lineage_repeats_dvc_lock_manifests_params_and_run_ids(audit_world: Path
         assert got["deps"] == [{"path": d["path"], "md5": d["md5"]} for d in entry["deps"]]
         assert got["outs"] == [{"path": o["path"], "md5": o["md5"]} for o in entry["outs"]]
         assert got["lock_md5"] == stages.lock_md5(lock, name)
-    raw = json.loads((root / "raw" / "manifest.json").read_text())
+    raw = json.loads((root / "data" / "raw" / "manifest.json").read_text())
     assert [f["sha256"] for f in lineage["raw_manifest"]["files"]] == [f["sha256"] for f in raw["files"]]
     assert lineage["raw_manifest"]["outputs"] == raw["outputs"]
-    shards = json.loads((root / "shards" / "manifest.json").read_text())
-    assert lineage["shards_manifest"]["sha256"] == hashlib.sha256((root / "shards" / "manifest.json").read_bytes()
+    shards = json.loads((root / "data" / "shards" / "manifest.json").read_text())
+    assert lineage["shards_manifest"]["sha256"] == hashlib.sha256((root / "data" / "shards" / "manifest.json").read_bytes()
                                                                   ).hexdigest()
     for split, info in shards["splits"].items():
         assert [s["sha256"] for s in lineage["shards_manifest"]["splits"][split]["shards"]] == \
@@ -126,7 +126,7 @@ def test_lineage_repeats_dvc_lock_manifests_params_and_run_ids(audit_world: Path
     assert lineage["params_sha256"] == hashlib.sha256(params_file.read_bytes()).hexdigest()
     assert set(lineage["mlflow_run_ids"]) >= set(stages.NAMES) - {"register", "audit"}
     assert lineage["git"] == {"commit": None, "dirty": None, "dirty_paths": []}
-    assert lineage["checkpoint_state"] == "train/step-00000020/state.json"
+    assert lineage["checkpoint_state"] == "data/train/step-00000020/state.json"
 
 
 def test_stale_and_inconsistent_lineage_is_named(audit_world: Path, tmp_path: Path) -> None:
@@ -134,12 +134,12 @@ def test_stale_and_inconsistent_lineage_is_named(audit_world: Path, tmp_path: Pa
     data, _, _ = profile_params("tiny", root)
     data["train"]["warmup_steps"] = 7  # params changed after the run
     write_text(root / "params.yaml", yaml.safe_dump(data, sort_keys=False))
-    manifest = root / "shards" / "manifest.json"
+    manifest = root / "data" / "shards" / "manifest.json"
     manifest.write_text(manifest.read_text() + " ")
     item = _by_item(_audit(root, params_from_dict(data)))["Lineage consistency"]
     assert item["verdict"] == "deviates"
     assert "dvc.lock stage train ran with other params (train.warmup_steps 5 -> 7)" in item["deviation"]
-    assert "train/step-00000020/state.json was trained on shards manifest" in item["deviation"]
+    assert "data/train/step-00000020/state.json was trained on shards manifest" in item["deviation"]
     lock = yaml.safe_load((root / "dvc.lock").read_text())
     lock["stages"]["bpe"]["outs"] = [{"path": "data/other/bpe", "md5": "0" * 32}]  # another profile's entry
     (root / "dvc.lock").write_text(yaml.safe_dump(lock))
@@ -162,7 +162,7 @@ def test_every_key_a_profile_changes_is_named_even_before_anything_ran(tmp_path:
     assert "paper profile" not in text
     assert all(i["verdict"] == "not measured" for i in report["measured"])
     assert report["lineage"]["dvc_lock"] is None and report["bleu_figures"] == []
-    md = (tmp_path / "reports" / "audit.md").read_text()
+    md = (tmp_path / "data" / "reports" / "audit.md").read_text()
     assert "Not measured: evaluate.details.json does not exist yet" in md and "Not measured: no dvc.lock." in md
     if name == "demo":
         lr_scale = data["train"]["lr_scale"]
@@ -180,7 +180,7 @@ def test_paper_profile_has_no_configuration_deviation(tmp_path: Path) -> None:
         [d for d in report["profile_differences"] if d["key"].startswith("paths.")]
     assert {s.name for s in PAPER_SETTINGS} == {i["item"] for i in report["configuration"]}
     assert report["warnings"] == [] and report["summary"]["warning"] == 0
-    md = (tmp_path / "reports" / "audit.md").read_text()
+    md = (tmp_path / "data" / "reports" / "audit.md").read_text()
     assert "## Deviations\n\nNone." in md and "## Warnings\n\nNone." in md
     assert "(informational)" in md and "## Settings the paper leaves open" in md
 
@@ -209,8 +209,8 @@ def test_dropouts_are_judged_against_the_paper_whatever_the_paper_profile_says(t
 def test_missing_optional_inputs_are_not_measured_items(audit_world: Path, tmp_path: Path) -> None:
     root = _copy(audit_world, tmp_path)
     _, params, _ = profile_params("tiny", root)
-    (root / "metrics" / "evaluate.details.json").unlink()
-    (root / "model" / "averaged.pt").unlink()
+    (root / "data" / "metrics" / "evaluate.details.json").unlink()
+    (root / "data" / "model" / "averaged.pt").unlink()
     items = _by_item(_audit(root, params))
     for name in ("BLEU, sacreBLEU 13a, test", "BLEU, paper's method (tok+split), valid, newest checkpoint",
                  "Perplexity per BPE token, valid, newest checkpoint", "Averaged vs newest checkpoint, valid BLEU",
@@ -218,9 +218,9 @@ def test_missing_optional_inputs_are_not_measured_items(audit_world: Path, tmp_p
         assert items[name]["verdict"] == "not measured", name
     assert items["Parameters"]["note"].startswith("from average.details.json")  # falls back to the average stage's count
     assert items["Tied embeddings"]["verdict"] == "not measured"
-    (root / "metrics" / "average.details.json").unlink()
-    shutil.rmtree(root / "train")
-    (root / "metrics" / "train.details.json").unlink()
+    (root / "data" / "metrics" / "average.details.json").unlink()
+    shutil.rmtree(root / "data" / "train")
+    (root / "data" / "metrics" / "train.details.json").unlink()
     items = _by_item(_audit(root, params))
     for name in ("Parameters", "Steps trained", "Target tokens trained", "Target tokens per step", "World size",
                  "Forward passes per step", "Averaging span", "Training time", "Hardware", "GPU-hours"):
@@ -234,36 +234,36 @@ def test_audit_is_deterministic(audit_world: Path, tmp_path: Path) -> None:
     _, params, _ = profile_params("tiny", root)
     names = ("audit.md", "audit.json")
     _audit(root, params)
-    first = [(root / "reports" / n).read_bytes() for n in names]
-    shutil.rmtree(root / "reports")
+    first = [(root / "data" / "reports" / n).read_bytes() for n in names]
+    shutil.rmtree(root / "data" / "reports")
     _audit(root, params)
-    assert [(root / "reports" / n).read_bytes() for n in names] == first
+    assert [(root / "data" / "reports" / n).read_bytes() for n in names] == first
     _audit(root, params)
-    second = [(root / "reports" / n).read_bytes() for n in names]
+    second = [(root / "data" / "reports" / n).read_bytes() for n in names]
     assert b"replayed: identical to the previous evaluation" in second[1]
     _audit(root, params)
-    assert [(root / "reports" / n).read_bytes() for n in names] == second
+    assert [(root / "data" / "reports" / n).read_bytes() for n in names] == second
 
 
 @pytest.mark.parametrize(("target", "content", "error", "message"), [
-    ("metrics/train.details.json", "{not json", PipelineError, "metrics/train.details.json: not valid JSON"),
-    ("metrics/evaluate.details.json", "[1, 2]", DataError,
-     "metrics/evaluate.details.json: expected a JSON object, got list"),
-    ("shards/manifest.json", "", PipelineError, "shards/manifest.json: not valid JSON"),
+    ("data/metrics/train.details.json", "{not json", PipelineError, "data/metrics/train.details.json: not valid JSON"),
+    ("data/metrics/evaluate.details.json", "[1, 2]", DataError,
+     "data/metrics/evaluate.details.json: expected a JSON object, got list"),
+    ("data/shards/manifest.json", "", PipelineError, "data/shards/manifest.json: not valid JSON"),
     ("dvc.lock", "stages: [unclosed", PipelineError, "dvc.lock: not valid YAML"),
-    ("model/averaged.pt", "garbage", CheckpointError, "model/averaged.pt: cannot be read"),
+    ("data/model/averaged.pt", "garbage", CheckpointError, "data/model/averaged.pt: not a checkpoint written by this pipeline"),
 ])
 def test_malformed_inputs_are_named_and_nothing_is_written(audit_world: Path, tmp_path: Path, target: str, content: str,
                                                                 error: type, message: str) -> None:
     root = _copy(audit_world, tmp_path)
     _, params, _ = profile_params("tiny", root)
     _audit(root, params)
-    before = [(root / "reports" / n).read_bytes() for n in ("audit.md", "audit.json")]
+    before = [(root / "data" / "reports" / n).read_bytes() for n in ("audit.md", "audit.json")]
     (root / target).write_text(content)
     with pytest.raises(error, match=message):
         _audit(root, params)
-    assert [(root / "reports" / n).read_bytes() for n in ("audit.md", "audit.json")] == before
-    assert sorted(p.name for p in (root / "reports").iterdir()) == ["audit.json", "audit.md"]
+    assert [(root / "data" / "reports" / n).read_bytes() for n in ("audit.md", "audit.json")] == before
+    assert sorted(p.name for p in (root / "data" / "reports").iterdir()) == ["audit.json", "audit.md"]
 
 
 def test_git_commit_and_dirty_flag(audit_world: Path, tmp_path: Path) -> None:
@@ -285,7 +285,7 @@ def test_bleu_verdicts_on_newstest2014(audit_world: Path, tmp_path: Path) -> Non
     data, _, _ = profile_params("tiny", root)
     data["download"]["dataset"] = "wmt14"
     params = params_from_dict(data)
-    path = root / "metrics" / "evaluate.details.json"
+    path = root / "data" / "metrics" / "evaluate.details.json"
     bleu = json.loads(path.read_text())
     verdicts = {}
     for tok, sacre, n in ((27.0, 26.0, 3003), (26.5, 25.5, 3003), (27.5, 26.5, 3000)):
@@ -302,7 +302,7 @@ def test_bleu_verdicts_on_newstest2014(audit_world: Path, tmp_path: Path) -> Non
 def test_hardware_and_gpu_hours_from_the_recorded_device(audit_world: Path, tmp_path: Path) -> None:
     root = _copy(audit_world, tmp_path)
     _, params, _ = profile_params("tiny", root)
-    path = root / "metrics" / "train.details.json"
+    path = root / "data" / "metrics" / "train.details.json"
     train = json.loads(path.read_text())
     path.write_text(json.dumps({**train, "device": "cpu"}))
     items = _by_item(_audit(root, params))
@@ -330,12 +330,12 @@ def test_cli_with_params(audit_world: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    report = json.loads((root / "reports" / "audit.json").read_text())
-    assert report["profile"] == "tiny" and (root / "reports" / "audit.md").is_file()
-    metrics = json.loads((root / "metrics" / "audit.json").read_text())  # the stage's own metrics: numbers
+    report = json.loads((root / "data" / "reports" / "audit.json").read_text())
+    assert report["profile"] == "tiny" and (root / "data" / "reports" / "audit.md").is_file()
+    metrics = json.loads((root / "data" / "metrics" / "audit.json").read_text())  # the stage's own metrics: numbers
     assert metrics["matches"] == report["summary"]["matches"] and "mlflow_run_id" not in metrics
-    assert json.loads((root / "metrics" / "audit.details.json").read_text())["mlflow_run_id"] is None
-    (root / "metrics" / "encode.details.json").write_text("{")
+    assert json.loads((root / "data" / "metrics" / "audit.details.json").read_text())["mlflow_run_id"] is None
+    (root / "data" / "metrics" / "encode.details.json").write_text("{")
     done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env, timeout=120, check=False)
     assert done.returncode == 1
-    assert "error: stage audit: metrics/encode.details.json: not valid JSON" in done.stderr
+    assert "error: stage audit: data/metrics/encode.details.json: not valid JSON" in done.stderr

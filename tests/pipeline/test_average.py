@@ -37,7 +37,7 @@ def test_two_checkpoints_average_to_their_mean_and_file_is_self_contained(tmp_pa
     write_checkpoint(tmp_path / "train", 15, c)
     write_checkpoint(tmp_path / "train", 20, a, done=False)  # incomplete: does not exist
     out, metrics = _run(tmp_path, spm_dir, last_n=2)
-    assert set(out) == {"model", "config", "spm"}
+    assert set(out) == {"model", "config", "spm", "sha256"}
     assert set(out["model"]) == set(b)
     for key in b:
         torch.testing.assert_close(out["model"][key], (b[key].float() + c[key].float()) / 2, rtol=0, atol=0)
@@ -144,3 +144,51 @@ def test_corrupt_checkpoint_and_no_checkpoint_are_clear_errors(tmp_path: Path, s
     with pytest.raises(CheckpointError, match=r"step-00000001/model\.pt: cannot be read .*truncated or corrupt"):
         _run(tmp_path, spm_dir, last_n=1)
     assert not (tmp_path / "model" / AVERAGED_NAME).exists()
+
+
+def _saved_checkpoint(train_dir: Path, step: int, model: Transformer) -> Path:
+    """A checkpoint written by the train stage's own writer (state.json records sizes and sha256)."""
+    from pipeline.training import checkpoint
+
+    state = {"step": step, "config": {"model": model.cfg.to_dict(), "train": {}, "seed": 1}}
+    return checkpoint.save(train_dir, step, model_state=model.state_dict(), optim_state={}, state=state,
+                           keep_last=100)
+
+
+def test_flipped_bytes_in_a_checkpoint_are_refused_naming_file_and_remedy(tmp_path: Path, spm_dir: Path) -> None:
+    from tests.helpers.corruption import flip_in_largest_record
+
+    vocab = spm_vocab_size(spm_dir / "spm.model")
+    for step in (1, 2):
+        folder = _saved_checkpoint(tmp_path / "train", step, tiny_model(vocab, step))
+    flip_in_largest_record(folder / "model.pt")
+    with pytest.raises(CheckpointError, match=r"step-00000002/model\.pt: content does not match the sha256 recorded "
+                                              r"at save .*delete the folder .*step-00000002.* from step-00000001"):
+        _run(tmp_path, spm_dir, last_n=2)
+    assert not (tmp_path / "model" / AVERAGED_NAME).exists()
+
+
+def test_averaged_file_is_byte_identical_with_hashes_recorded(tmp_path: Path, spm_dir: Path) -> None:
+    vocab = spm_vocab_size(spm_dir / "spm.model")
+    _saved_checkpoint(tmp_path / "train", 1, tiny_model(vocab, 1))
+    _run(tmp_path, spm_dir, last_n=1)
+    first = (tmp_path / "model" / AVERAGED_NAME).read_bytes()
+    _run(tmp_path, spm_dir, last_n=1)
+    assert (tmp_path / "model" / AVERAGED_NAME).read_bytes() == first
+
+
+def test_a_folder_without_done_inside_the_window_is_named_and_skipped(tmp_path: Path, spm_dir: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    vocab = spm_vocab_size(spm_dir / "spm.model")
+    for step in (500, 550, 575, 600):
+        write_checkpoint(tmp_path / "train", step, tiny_model(vocab, step).state_dict(), done=step != 575)
+    write_checkpoint(tmp_path / "train", 450, tiny_model(vocab, 450).state_dict(), done=False)  # outside: not named
+    with caplog.at_level("WARNING"):
+        _, metrics = _run(tmp_path, spm_dir, last_n=3)
+    assert metrics["checkpoints"] == ["step-00000500", "step-00000550", "step-00000600"]
+    assert metrics["skipped_incomplete"] == ["step-00000575"]
+    warning = [r.getMessage() for r in caplog.records if "step-00000575" in r.getMessage()]
+    assert warning and "no DONE" in warning[0] and "step-00000500" in warning[0], caplog.text
+    assert "step-00000450" not in caplog.text
+    _, metrics = _run(tmp_path, spm_dir, last_n=1)
+    assert metrics["skipped_incomplete"] == []

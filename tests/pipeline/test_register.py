@@ -231,6 +231,20 @@ def test_bad_inputs_are_clear_errors_and_write_nothing(model_dir: Path, tmp_path
     assert not _details(tmp_path).exists() and not (tmp_path / "metrics" / "register.json").exists()
 
 
+def test_a_model_file_changed_since_save_is_not_registered(model_dir: Path, tmp_path: Path,
+                                                           mlflow_sqlite: str) -> None:
+    from tests.helpers.corruption import flip_in_largest_record
+
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "averaged.pt").write_bytes((model_dir / "averaged.pt").read_bytes())
+    flip_in_largest_record(corrupt / "averaged.pt")
+    with pytest.raises(PipelineError, match=r"averaged\.pt: content does not match the sha256 recorded at save.*"
+                                            r"`dvc repro average`"):
+        _register(corrupt, tmp_path / "a", valid_bleu=20.0, test_hyps=GOOD)
+    assert not _client().search_model_versions(f"name = '{DEFAULT_MODEL_NAME}'")
+
+
 def test_dvc_datasets_come_from_lock_outs(tmp_path: Path) -> None:
     lock = tmp_path / "dvc.lock"
     lock.write_text(yaml.safe_dump(LOCK), encoding="utf-8")

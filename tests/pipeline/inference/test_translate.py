@@ -92,3 +92,40 @@ def test_read_input_splits_on_newline_only_and_reports_bad_lines() -> None:
     assert lines == ["a\rb", "", "\ufffd(", "end"] and bad == [3]
     assert read_input(io.BytesIO(b"")) == ([], [])
     assert read_input(io.BytesIO(b"\n")) == ([""], [])
+
+
+def test_flipped_bytes_in_the_model_file_are_refused_naming_file_and_remedy(model_file: Path, tmp_path: Path) -> None:
+    from tests.helpers.corruption import flip_in_largest_record
+
+    broken = tmp_path / "averaged.pt"
+    broken.write_bytes(model_file.read_bytes())
+    flip_in_largest_record(broken)
+    expected = rf"{broken}: content does not match the sha256 recorded at save.*rerun `dvc repro average`"
+    with pytest.raises(CheckpointError, match=expected):
+        load_translator(broken, "cpu")
+    proc = _nmt("--model", str(broken), stdin=b"Hello\n")
+    assert proc.returncode == 1 and proc.stdout == b""
+    assert f"error: {broken}: content does not match the sha256 recorded at save" in proc.stderr.decode()
+
+
+def test_a_model_file_without_a_recorded_sha256_still_loads(model_file: Path, tmp_path: Path) -> None:
+    import torch
+
+    from pipeline.inference import model_file as mf
+
+    blob = torch.load(model_file, weights_only=True)
+    old = tmp_path / "old.pt"
+    torch.save({k: blob[k] for k in mf.KEYS}, old)
+    assert mf.load(old).spm == blob["spm"]
+
+
+def test_a_file_that_is_not_a_model_is_named_without_torch_advice(tmp_path: Path) -> None:
+    import pickle
+
+    other = tmp_path / "averaged.pt"
+    other.write_bytes(pickle.dumps({"model": Path("x")}))
+    with pytest.raises(CheckpointError) as info:
+        load_translator(other, "cpu")
+    message = str(info.value)
+    assert message.startswith(f"{other}: not a checkpoint written by this pipeline"), message
+    assert "weights_only=False" not in message and "\n" not in message

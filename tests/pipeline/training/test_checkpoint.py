@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -72,11 +75,18 @@ def test_unwrap_strips_ddp_and_compile_prefixes():
     assert checkpoint.unwrap_state_dict(sd) == {"a.weight": 1, "b": 2, "c": 3}
 
 
+def _forget_hashes(folder: Path) -> None:
+    state = json.loads((folder / checkpoint.STATE).read_text())
+    state.pop("files", None)
+    (folder / checkpoint.STATE).write_text(json.dumps(state))
+
+
 def test_pickled_objects_are_refused(tmp_path):
     folder = _save(tmp_path, 1)
     torch.save({"w": torch.zeros(1), "obj": Path("x")}, folder / "model.pt")  # not weights-only
-    expected = (r"model.pt: cannot be loaded with weights_only=True \(UnpicklingError: .*Unsupported global: "
-                r".*move .* away")
+    _forget_hashes(folder)  # as if written so by an older or foreign writer (else the sha256 check names it)
+    expected = (r"model.pt: not a checkpoint written by this pipeline \(it holds Python objects, not only "
+                r"tensors: GLOBAL pathlib.PosixPath\); .*move .* away")
     with pytest.raises(CheckpointError, match=expected):
         checkpoint.load_tensors(folder, checkpoint.MODEL)
 
@@ -101,3 +111,126 @@ def test_same_config_with_other_stopping_rules_is_resumable(tmp_path):
     other = json.loads(json.dumps(CONFIG))
     other["train"]["max_steps"] = 50
     checkpoint.check_resumable(folder, checkpoint.read_state(folder), config=other, shards_sha256="abc")
+
+
+def _save_big(run: Path, step: int, keep_last: int = 5) -> Path:
+    state = {"step": step, "config": CONFIG, "shards_sha256": "abc"}
+    return checkpoint.save(run, step, model_state={"w": torch.arange(4096, dtype=torch.float32) + step},
+                           optim_state={"state": {0: {"exp_avg": torch.ones(4096)}}, "param_groups": []},
+                           state=state, keep_last=keep_last)
+
+
+def test_state_json_records_size_and_sha256_of_every_file(tmp_path):
+    import hashlib
+
+    folder = _save_big(tmp_path, 3)
+    files = checkpoint.read_state(folder)["files"]
+    for name in (checkpoint.MODEL, checkpoint.OPTIM):
+        data = (folder / name).read_bytes()
+        assert files[name] == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+@pytest.mark.parametrize("name", [checkpoint.MODEL, checkpoint.OPTIM])
+def test_flipped_bytes_of_the_same_size_are_refused_naming_file_and_remedy(tmp_path, name):
+    from tests.helpers.corruption import flip_in_largest_record
+
+    _save_big(tmp_path, 1)
+    folder = _save_big(tmp_path, 2)
+    flip_in_largest_record(folder / name)
+    expected = (rf"step-00000002/{name}: content does not match the sha256 recorded at save .*delete the folder "
+                rf".*step-00000002 .*resume from step-00000001")
+    with pytest.raises(CheckpointError, match=expected) as info:
+        checkpoint.load_tensors(folder, name)
+    assert "\n" not in str(info.value)
+
+
+def test_old_checkpoints_without_hashes_load_with_the_size_check_only(tmp_path):
+    folder = _save_big(tmp_path, 1)
+    state = json.loads((folder / checkpoint.STATE).read_text())
+    state["files"] = {name: (folder / name).stat().st_size for name in (checkpoint.MODEL, checkpoint.OPTIM)}
+    (folder / checkpoint.STATE).write_text(json.dumps(state))
+    assert torch.equal(checkpoint.load_tensors(folder, checkpoint.MODEL)["w"], torch.arange(4096.0) + 1)
+    data = (folder / checkpoint.MODEL).read_bytes()
+    (folder / checkpoint.MODEL).write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"model\.pt: truncated \(\d+ of the \d+ bytes written"):
+        checkpoint.load_tensors(folder, checkpoint.MODEL)
+
+
+DISK_FULL = ("[enforce fail at inline_container.cc:672] . unexpected pos 8768 vs 8674\n"
+             "frame #0: c10::ThrowEnforceNotMet(char const*, int, char const*, std::string const&, void const*)")
+
+
+@pytest.mark.parametrize("failure", ["inline_container", "enospc", "efbig"])
+def test_disk_full_during_save_is_one_line_and_leaves_no_checkpoint(tmp_path, monkeypatch, failure):
+    import errno
+
+    from pipeline.core.errors import PipelineError
+
+    _save(tmp_path, 1)
+    real_save = torch.save
+
+    def fake_save(obj, f, *args, **kwargs):
+        if str(f).endswith(checkpoint.OPTIM):
+            if failure == "inline_container":
+                raise RuntimeError(DISK_FULL)
+            code = errno.ENOSPC if failure == "enospc" else errno.EFBIG
+            raise OSError(code, os.strerror(code))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "save", fake_save)
+    with pytest.raises(PipelineError) as info:
+        _save(tmp_path, 2)
+    message = str(info.value)
+    assert "\n" not in message and "inline_container" not in message, message
+    assert message.startswith(str(tmp_path / "step-00000002" / checkpoint.OPTIM)), message
+    assert (f"could not write the checkpoint: disk full (or file size limit, ulimit -f); free space under "
+            f"{tmp_path} or lower train.keep_last, then rerun: training resumes from step-00000001") in message
+    assert [p.name for p in tmp_path.iterdir()] == ["step-00000001"]
+    assert checkpoint.latest(tmp_path) == tmp_path / "step-00000001"
+
+
+FSIZE_SCRIPT = r"""
+import resource, signal, sys
+import torch
+from pipeline.core.errors import PipelineError
+from pipeline.training import checkpoint
+run = sys.argv[1]
+state = {"step": 1, "config": {}, "shards_sha256": "abc"}
+checkpoint.save(run, 1, model_state={"w": torch.zeros(10)}, optim_state={}, state=state, keep_last=5)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, resource.RLIM_INFINITY))
+try:
+    checkpoint.save(run, 2, model_state={"w": torch.zeros(1 << 20)}, optim_state={}, state=state, keep_last=5)
+except PipelineError as exc:
+    print(f"error: {exc}", file=sys.stderr)
+    sys.exit(1)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_FSIZE semantics checked on Linux")
+def test_a_real_file_size_limit_during_save_is_one_line(tmp_path):
+    from tests.helpers.paths import REPO
+
+    proc = subprocess.run([sys.executable, "-c", FSIZE_SCRIPT, str(tmp_path / "runs")], check=False,
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 1, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "step-00000002/model.pt: could not write the checkpoint: disk full" in lines[0], lines[0]
+    assert "training resumes from step-00000001" in lines[0]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["step-00000001"]
+
+
+def test_a_file_that_is_not_a_checkpoint_is_named_without_torch_advice(tmp_path):
+    import pickle
+
+    folder = _save(tmp_path, 1)
+    with open(folder / "model.pt", "wb") as fh:
+        pickle.dump({"w": Path("x")}, fh)
+    _forget_hashes(folder)
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.load_tensors(folder, checkpoint.MODEL)
+    message = str(info.value)
+    assert "weights_only=False" not in message and "add_safe_globals" not in message, message
+    assert "\n" not in message
+    assert f"{folder / 'model.pt'}: not a checkpoint written by this pipeline" in message
