@@ -4,7 +4,12 @@ Hardware is environment, not params, so moving between machines never invalidate
 
 Single node (default):
     NMT_NPROC        processes on this node (default: the number of CUDA GPUs, else 1)
-    -> torchrun --standalone --nproc_per_node=N -m pipeline.train [args]
+    -> torchrun --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:0 --local_addr=127.0.0.1 --nnodes=1
+       --nproc_per_node=N -m pipeline.train [args]
+    Everything the job listens on is bound to 127.0.0.1: torchrun's rendezvous store, the store the
+    ranks share (their MASTER_ADDR) and, through GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME=lo
+    (:mod:`pipeline.training.distributed`), the ranks' own sockets. These stores are unauthenticated
+    key-value servers; ``torchrun --standalone`` would listen on every interface.
 
 Fault tolerance (every mode):
     NMT_MAX_RESTARTS  how often torchrun restarts the whole worker group after a rank fails (a crash,
@@ -21,6 +26,18 @@ Several nodes (run the same command on every node, e.g. from a Slurm or Kubernet
     NMT_RDZV_ID      job id shared by the nodes (default ``nmt-train``)
     -> torchrun --nnodes=M --nproc_per_node=N (--node_rank/--master_addr | --rdzv_*) -m pipeline.train
 
+On several nodes each store listens only on the address it is named by: the rendezvous store on the
+host of NMT_RDZV_ENDPOINT (or on NMT_MASTER_ADDR), the ranks' shared store on the node's own address
+(its FQDN, as torchrun hands it to the ranks). So NMT_RDZV_ENDPOINT / NMT_MASTER_ADDR must resolve, on
+the node that hosts the store, to the address the other nodes reach it by (not to 127.0.1.1), and
+that network should be private to the job: the stores do not authenticate their clients.
+
+The command runs torchrun (:mod:`torch.distributed.run`) inside ``python -m pipeline.launch
+--torchrun``, which first makes torchrun's store servers listen on their host address only (torch
+binds them to every interface whatever host it is given) and records the agent's pid for the ranks
+(``PIPELINE_AGENT_PID``): a rank arms ``PR_SET_PDEATHSIG`` before its slow imports and exits at once
+if the agent died before that (:mod:`pipeline.train`), so a killed job leaves no rank behind.
+
 Every node must see the same repository, params.yaml, shards and ``paths.train`` (a shared file
 system): rank 0 writes the checkpoints and every rank reads the newest one on resume.
 ``python -m pipeline.launch --dry-run`` prints the command instead of running it. The variables are
@@ -32,6 +49,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import socket
 import sys
 
 from pipeline.core import env
@@ -39,6 +57,12 @@ from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.stage import setup_logging
 
 log = logging.getLogger(__name__)
+
+#: ``python -m pipeline.launch --torchrun ARGS`` runs torchrun with ARGS in this process (the agent).
+AGENT_FLAG = "--torchrun"
+#: The agent's pid, handed to its ranks (see :func:`pipeline.train.die_with_agent`).
+AGENT_PID_ENV = "PIPELINE_AGENT_PID"
+LOOPBACK = "127.0.0.1"
 
 
 def default_nproc() -> int:
@@ -66,9 +90,10 @@ def torchrun_command(train_args: list[str]) -> list[str]:
     """
     s = env.settings()
     nproc, nnodes = s.nproc or default_nproc(), s.nnodes
-    cmd = [sys.executable, "-m", "torch.distributed.run"]  # == torchrun, from this interpreter
-    if nnodes == 1:
-        cmd += ["--standalone", "--nnodes=1", f"--nproc_per_node={nproc}"]
+    cmd = [sys.executable, "-m", "pipeline.launch", AGENT_FLAG]  # == torchrun, from this interpreter
+    if nnodes == 1:  # --standalone, on loopback only
+        cmd += ["--rdzv_backend=c10d", f"--rdzv_endpoint={LOOPBACK}:0", f"--rdzv_id={s.rdzv_id}",
+                f"--local_addr={LOOPBACK}", "--nnodes=1", f"--nproc_per_node={nproc}"]
     elif s.rdzv_endpoint:
         cmd += [f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
                 f"--rdzv_endpoint={s.rdzv_endpoint}", f"--rdzv_id={s.rdzv_id}"]
@@ -87,10 +112,81 @@ def torchrun_command(train_args: list[str]) -> list[str]:
     return cmd + ["-m", "pipeline.train", *train_args]
 
 
+def bind_stores_to_their_host() -> None:
+    """Make every ``TCPStore`` server this process starts listen on its ``host_name`` only.
+
+    torch's TCPStore server binds every interface (``[::]``) whatever host it is given; torchrun's
+    rendezvous store and the store it shares with the ranks are unauthenticated key-value servers.
+    This hands the server a socket already bound to ``host_name`` (``master_listen_fd``).
+    """
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, static_tcp_rendezvous
+
+    base = dist.TCPStore
+    if getattr(base, "_nmt_bound", False):
+        return
+
+    class HostBoundTCPStore(base):  # type: ignore[misc, valid-type]
+        _nmt_bound = True
+
+        def __init__(self, host_name: str, port: int, world_size: int | None = None, is_master: bool = False,
+                     timeout: datetime.timedelta = datetime.timedelta(seconds=300), wait_for_workers: bool = True,
+                     multi_tenant: bool = False, master_listen_fd: int | None = None, use_libuv: bool = True) -> None:
+            if is_master and master_listen_fd is None:
+                bound = _listen_on(host_name, port)
+                if bound is not None:
+                    master_listen_fd, port = bound
+            super().__init__(host_name, port, world_size, is_master, timeout, wait_for_workers, multi_tenant,
+                             master_listen_fd, use_libuv)
+
+    dist.TCPStore = HostBoundTCPStore
+    for module in (c10d_rendezvous_backend, static_tcp_rendezvous):
+        if getattr(module, "TCPStore", None) is base:
+            module.TCPStore = HostBoundTCPStore
+
+
+def _listen_on(host: str, port: int) -> tuple[int, int] | None:
+    """A listening socket bound to ``host:port`` (port 0: a free one): (its fd, its port).
+
+    None when the port is taken (a multi-tenant store of this process already serves it, bound the
+    same way; otherwise torch reports the clash itself). An unresolvable host raises RuntimeError.
+    """
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
+    except OSError as exc:  # torchrun turns a RuntimeError of the store into a rendezvous error
+        raise RuntimeError(f"TCPStore host {host!r} does not resolve: {exc}") from exc
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        if port:
+            return None
+        raise
+    bound_port = sock.getsockname()[1]
+    return sock.detach(), bound_port  # the store owns the fd from here on
+
+
+def run_agent(torchrun_args: list[str]) -> int:
+    """Be torchrun's agent: its store servers on their host only, the agent's pid in the ranks' env."""
+    os.environ[AGENT_PID_ENV] = str(os.getpid())
+    bind_stores_to_their_host()
+    from torch.distributed.run import main as torchrun
+
+    torchrun(torchrun_args)  # raises (exit code 1, with the failed ranks) when the job failed
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Replace this process with torchrun (arguments after ``--dry-run`` filtering go to pipeline.train)."""
-    setup_logging()
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == [AGENT_FLAG]:
+        return run_agent(args[1:])
+    setup_logging()
     dry = "--dry-run" in args
     args = [a for a in args if a != "--dry-run"]
     try:

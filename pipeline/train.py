@@ -6,8 +6,45 @@ Run alone, this module trains in a single process; the loop is :mod:`pipeline.tr
 
 from __future__ import annotations
 
-import argparse
+import os
 import sys
+
+AGENT_PID_ENV = "PIPELINE_AGENT_PID"  # == pipeline.launch.AGENT_PID_ENV (not imported: it is slower)
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_agent() -> None:
+    """Have the kernel SIGKILL this rank when its torchrun agent dies (Linux); die now if it already has.
+
+    torchrun starts each rank in its own session, so a SIGKILLed agent (OOM killer, a killed job
+    step) would otherwise leave an orphaned rank behind: one that trains on and writes checkpoints
+    beside the relaunched job, or one that hangs forever connecting to the dead agent's store. Run
+    before anything slow (torch takes seconds to import): the agent may die in that window. The
+    parent to compare with is the pid the agent recorded (``PIPELINE_AGENT_PID``, set by
+    ``python -m pipeline.launch --torchrun``), else this process's parent now (plain torchrun).
+    A no-op where ``prctl`` is unavailable.
+    """
+    import ctypes
+    import signal
+
+    recorded = os.environ.get(AGENT_PID_ENV, "")
+    parent = int(recorded) if recorded.isdigit() else os.getppid()
+    if parent <= 1:  # reparented to init: the agent is gone
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the agent died before prctl took effect (or this is not its child)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+if __name__ == "__main__" and (AGENT_PID_ENV in os.environ or "TORCHELASTIC_RUN_ID" in os.environ):
+    die_with_agent()  # a rank under torchrun: first thing, before the imports below
+
+import argparse  # after die_with_agent (E402 is not enabled)
 from pathlib import Path
 
 import torch
@@ -17,7 +54,7 @@ from pipeline.core.config import Params
 from pipeline.core.stage import stage_main
 from pipeline.training.loop import train as stage
 
-__all__ = ["main", "stage"]
+__all__ = ["die_with_agent", "main", "stage"]
 
 
 def _run(params: Params, args: argparse.Namespace) -> dict:

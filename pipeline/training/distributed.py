@@ -12,16 +12,21 @@ Environment:
                          ``NMT_MAX_RESTARTS``, restarts it from the newest checkpoint.
     NMT_DIST_BACKEND     force ``gloo`` or ``nccl`` (default: nccl on CUDA, else gloo).
 Both are parsed and checked with every other ``NMT_*`` variable in :mod:`pipeline.core.env`.
+
+On a single node (torchrun's store at a loopback ``MASTER_ADDR``, as :mod:`pipeline.launch` sets it)
+gloo's and NCCL's own sockets are bound to the loopback interface too (``GLOO_SOCKET_IFNAME`` /
+``NCCL_SOCKET_IFNAME=lo`` unless already set), so the job listens on nothing the network reaches.
+A rank dies with its torchrun agent: :func:`pipeline.train.die_with_agent` arms that first thing.
 """
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import functools
+import ipaddress
 import logging
 import os
-import signal
+import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -35,7 +40,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = env.Settings.dist_timeout_s
 _BUCKET_BYTES = 32 << 20
-_PR_SET_PDEATHSIG = 1
 
 
 class CollectiveError(PipelineError):
@@ -95,7 +99,7 @@ def init(device: str | None = None) -> DistContext:
     else:
         dev = torch.device("cpu")
     if "WORLD_SIZE" in os.environ and not dist.is_initialized():
-        die_with_parent()
+        bind_to_loopback_if_local()
         backend = env.settings().dist_backend or ("nccl" if use_cuda else "gloo")
         kwargs = {"device_id": dev} if backend == "nccl" else {}
         timeout = datetime.timedelta(seconds=timeout_s())
@@ -116,22 +120,22 @@ def _attempt_store(timeout: datetime.timedelta) -> dist.Store:
     return dist.PrefixStore(f"nmt/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def die_with_parent() -> None:
-    """Have the kernel SIGKILL this process when its parent (the torchrun agent) dies (Linux).
+def bind_to_loopback_if_local() -> None:
+    """Bind gloo's and NCCL's sockets to the loopback interface when every peer is on this node.
 
-    torchrun starts each worker in its own session, so a SIGKILLed agent (OOM killer, a killed
-    job step) would otherwise leave orphaned workers that go on training and writing checkpoints
-    beside the relaunched job. A no-op where ``prctl`` is unavailable.
+    That is when torchrun's store (``MASTER_ADDR``) is a loopback address. Otherwise gloo binds the
+    address this host's name resolves to, and NCCL the first usable interface, both reachable from
+    the network. A variable the user set is kept.
     """
-    parent = os.getppid()
+    addr = os.environ.get("MASTER_ADDR", "").strip("[]")
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-            return
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os.kill(os.getpid(), signal.SIGKILL)
+        local = addr == "localhost" or ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        local = False
+    names = {name for _, name in socket.if_nameindex()} if local and hasattr(socket, "if_nameindex") else set()
+    if "lo" in names:
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            os.environ.setdefault(var, "lo")
 
 
 def _collective(fn: Callable) -> Callable:

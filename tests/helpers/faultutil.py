@@ -120,3 +120,60 @@ def assert_bitwise_equal(ref: Path, other: Path, step: int) -> None:
     for key in ("step", "epoch", "position", "tokens_seen", "history", "files"):
         assert sa[key] == sb[key], key
     assert (ref / "plots" / "train.csv").read_bytes() == (other / "plots" / "train.csv").read_bytes()
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every live descendant (by parent pid, read from ``/proc/<pid>/stat``)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+_LOOPBACK_HEX = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+
+
+def _hex_addr(hex_ip: str) -> str:
+    """``/proc/net/tcp{,6}`` address (32-bit words in host byte order) as text."""
+    import ipaddress
+    import socket
+    import struct
+
+    raw = b"".join(struct.pack("=I", int(hex_ip[i:i + 8], 16)) for i in range(0, len(hex_ip), 8))
+    return str(ipaddress.ip_address(raw)) if len(raw) == 16 else socket.inet_ntoa(raw)
+
+
+def listening_sockets(pids: list[int]) -> list[tuple[int, str, int, bool]]:
+    """Every TCP socket in LISTEN state held by ``pids``: (pid, address, port, is_loopback)."""
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes[target[8:-1]] = pid
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: TCP_LISTEN
+                continue
+            hex_ip, hex_port = fields[1].split(":")
+            found.append((inodes[fields[9]], _hex_addr(hex_ip), int(hex_port, 16), hex_ip.upper() in _LOOPBACK_HEX))
+    return found

@@ -206,7 +206,7 @@ def test_launch_reads_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match=r"NMT_NODE_RANK=2 must be < NMT_NNODES=2"):
         launch.torchrun_command([])
     monkeypatch.setenv("NMT_NODE_RANK", "1")
-    assert launch.torchrun_command([])[3:8] == ["--nnodes=2", "--nproc_per_node=2", "--node_rank=1",
+    assert launch.torchrun_command([])[4:9] == ["--nnodes=2", "--nproc_per_node=2", "--node_rank=1",
                                                 "--master_addr=10.0.0.1", "--master_port=29500"]
     monkeypatch.setenv("NMT_RDZV_ENDPOINT", "node0:29400")
     monkeypatch.setenv("NMT_RDZV_ID", "job7")

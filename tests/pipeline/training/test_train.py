@@ -209,7 +209,9 @@ def test_launch_builds_torchrun_commands_from_the_environment(monkeypatch):
     monkeypatch.setenv("NMT_NPROC", "4")
     monkeypatch.setenv("NMT_MAX_RESTARTS", "0")  # else --max-restarts=3 on a CUDA machine
     cmd = launch.torchrun_command(["--params", "p.yaml"])
-    assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=4",
+    # torchrun --standalone, with every store on loopback (test_launch_security.py checks the sockets)
+    assert cmd[1:] == ["-m", "pipeline.launch", "--torchrun", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0",
+                       "--rdzv_id=nmt-train", "--local_addr=127.0.0.1", "--nnodes=1", "--nproc_per_node=4",
                        "-m", "pipeline.train", "--params", "p.yaml"]
     monkeypatch.setenv("NMT_NNODES", "2")
     monkeypatch.setenv("NMT_NODE_RANK", "1")
