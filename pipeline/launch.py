@@ -49,7 +49,6 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import socket
 import sys
 
 from pipeline.core import env
@@ -112,72 +111,12 @@ def torchrun_command(train_args: list[str]) -> list[str]:
     return cmd + ["-m", "pipeline.train", *train_args]
 
 
-def bind_stores_to_their_host() -> None:
-    """Make every ``TCPStore`` server this process starts listen on its ``host_name`` only.
-
-    torch's TCPStore server binds every interface (``[::]``) whatever host it is given; torchrun's
-    rendezvous store and the store it shares with the ranks are unauthenticated key-value servers.
-    This hands the server a socket already bound to ``host_name`` (``master_listen_fd``).
-    """
-    import datetime
-
-    import torch.distributed as dist
-    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, static_tcp_rendezvous
-
-    base = dist.TCPStore
-    if getattr(base, "_nmt_bound", False):
-        return
-
-    class HostBoundTCPStore(base):  # type: ignore[misc, valid-type]
-        _nmt_bound = True
-
-        def __init__(self, host_name: str, port: int, world_size: int | None = None, is_master: bool = False,
-                     timeout: datetime.timedelta = datetime.timedelta(seconds=300), wait_for_workers: bool = True,
-                     multi_tenant: bool = False, master_listen_fd: int | None = None, use_libuv: bool = True) -> None:
-            if is_master and master_listen_fd is None:
-                bound = _listen_on(host_name, port)
-                if bound is not None:
-                    master_listen_fd, port = bound
-            super().__init__(host_name, port, world_size, is_master, timeout, wait_for_workers, multi_tenant,
-                             master_listen_fd, use_libuv)
-
-    dist.TCPStore = HostBoundTCPStore
-    for module in (c10d_rendezvous_backend, static_tcp_rendezvous):
-        if getattr(module, "TCPStore", None) is base:
-            module.TCPStore = HostBoundTCPStore
-
-
-def _listen_on(host: str, port: int) -> tuple[int, int] | None:
-    """A listening socket bound to ``host:port`` (port 0: a free one): (its fd, its port).
-
-    None when the port is taken (a multi-tenant store of this process already serves it, bound the
-    same way; otherwise torch reports the clash itself). An unresolvable host raises RuntimeError.
-    """
-    try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
-    except OSError as exc:  # torchrun turns a RuntimeError of the store into a rendezvous error
-        raise RuntimeError(f"TCPStore host {host!r} does not resolve: {exc}") from exc
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(socket.SOMAXCONN)
-    except OSError:
-        sock.close()
-        if port:
-            return None
-        raise
-    bound_port = sock.getsockname()[1]
-    return sock.detach(), bound_port  # the store owns the fd from here on
-
-
 def run_agent(torchrun_args: list[str]) -> int:
     """Be torchrun's agent: its store servers on their host only, the agent's pid in the ranks' env."""
     os.environ[AGENT_PID_ENV] = str(os.getpid())
-    bind_stores_to_their_host()
-    from torch.distributed.run import main as torchrun
+    from pipeline.training import distributed  # torch only now: --dry-run and errors stay fast
 
-    torchrun(torchrun_args)  # raises (exit code 1, with the failed ranks) when the job failed
+    distributed.run_torchrun(torchrun_args)  # raises (exit code 1, with the failed ranks) when the job failed
     return 0
 
 

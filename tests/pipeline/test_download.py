@@ -422,16 +422,16 @@ def test_wmt14_valid_and_test_from_the_shared_mirror(tmp_path: Path, monkeypatch
 @pytest.mark.skipif(not (SHARED / "multi30k").is_dir(), reason="needs the shared data folder")
 def test_cli_multi30k_from_the_shared_mirror(tmp_path: Path, monkeypatch, capsys) -> None:
     params = (REPO / "params.yaml").read_text(encoding="utf-8")
-    params = params.replace("dataset: wmt14", "dataset: multi30k").replace("raw: data/wmt14/raw", "raw: raw") \
-        .replace("metrics: metrics/paper", "metrics: metrics")
+    params = params.replace("dataset: wmt14", "dataset: multi30k").replace("raw: data/wmt14/raw", "raw: data/raw") \
+        .replace("metrics: metrics/paper", "metrics: metrics/x")
     (tmp_path / "params.yaml").write_text(params, encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("NMT_DATA_MIRROR", str(SHARED))
     assert main(["--params", "params.yaml"]) == 0
-    manifest = json.loads((tmp_path / "raw/manifest.json").read_text())
+    manifest = json.loads((tmp_path / "data/raw/manifest.json").read_text())
     assert manifest["outputs"]["train.en"]["lines"] == 29000
     assert manifest["files"][0]["sha256"] == "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f"
-    assert json.loads((tmp_path / "metrics/download.json").read_text())["pairs"] == {  # numbers: DVC metrics
+    assert json.loads((tmp_path / "metrics/x/download.json").read_text())["pairs"] == {  # numbers: DVC metrics
         "train": 29000, "valid": 1014, "test": 1000}
     monkeypatch.setenv("NMT_DATA_MIRROR", str(tmp_path / "absent"))
     assert main(["--params", "params.yaml"]) == 1

@@ -268,19 +268,19 @@ def _without_dac_override() -> None:
 
 
 def test_permission_denied_names_the_folder(tmp_path: Path, repo_root: Path) -> None:
-    write_params(tmp_path, repo_root, paths={"clean": "locked/clean"})
+    write_params(tmp_path, repo_root, paths={"clean": "data/locked/clean"})
     write_raw(tmp_path / "data/tiny/raw", 100)
-    (tmp_path / "locked").mkdir(mode=0o555)
+    (tmp_path / "data/locked").mkdir(mode=0o555)
     preexec = _without_dac_override if os.geteuid() == 0 else None
     try:
         proc = stage_cli("clean", tmp_path, preexec)
     finally:
-        (tmp_path / "locked").chmod(0o755)
+        (tmp_path / "data/locked").chmod(0o755)
     if "prctl(PR_CAPBSET_DROP)" in proc.stderr:
         pytest.skip("running as root without CAP_SETPCAP: cannot make a folder unwritable")
     assert proc.returncode == 1, proc.stderr
     assert last_line(proc) == (
-        "error: stage clean: cannot write locked/clean: permission denied (EACCES); make locked writable by this "
-        "user, or point paths.* in params.yaml elsewhere, then rerun the stage (locked/clean: nothing was "
-        "written there)")
-    assert list((tmp_path / "locked").iterdir()) == []
+        "error: stage clean: cannot write data/locked/clean: permission denied (EACCES); make data/locked writable "
+        "by this user, or point paths.* in params.yaml elsewhere, then rerun the stage (data/locked/clean: nothing "
+        "was written there)")
+    assert list((tmp_path / "data/locked").iterdir()) == []

@@ -37,8 +37,8 @@ def test_newstest2014_keeps_all_3003_lines_from_download_to_bleu(tmp_path: Path,
     spec = dataclasses.replace(WMT14, train=(STAND_IN,))
     download_stage(DownloadConfig(dataset="wmt14"), raw_dir=tmp_path / "raw", sources=spec)
     clean = clean_stage(CleanConfig(), raw_dir=tmp_path / "raw", clean_dir=tmp_path / "clean")
-    assert clean["test"] == {"pairs_in": 3003, "pairs_out": 3003}
-    assert clean["valid"] == {"pairs_in": 3000, "pairs_out": 3000}
+    assert clean["test"] == {"pairs_in": 3003, "pairs_out": 3003, "blank": 0}
+    assert clean["valid"] == {"pairs_in": 3000, "pairs_out": 3000, "blank": 0}
 
     make_averaged(tmp_path)  # a random tiny model with its own BPE in tmp_path/bpe
     encode_stage(EncodeConfig(max_len=8, shard_rows=1000), clean_dir=tmp_path / "clean", bpe_dir=tmp_path / "bpe",

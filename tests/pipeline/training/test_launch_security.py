@@ -117,8 +117,8 @@ def _ppid(pid: int) -> int:
 
 _STORES = """
 import json, os
-from pipeline import launch
-launch.bind_stores_to_their_host()
+from pipeline.training import distributed
+distributed.bind_stores_to_their_host()
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, static_tcp_rendezvous
 from tests.helpers import faultutil as fu
