@@ -101,11 +101,12 @@ class TrainLog:
         eta = self.elapsed() / max(state.step - self.start_step, 1) * (self.max_steps - state.step)
         if self.max_minutes > 0:
             eta = min(eta, max(0.0, self.max_minutes * 60 - self.elapsed()))
+        eta_text = time.strftime("%H:%M:%S", time.gmtime(eta)) if eta < 86400 else f"{eta / 3600:.1f} h"
         log.info("step %d/%d epoch %d | loss %.4f nll %.4f ppl %.2f | lr %.3g | gnorm %.3f | %.0f tgt tok/s%s | "
                  "%.0f tok/step in %.1f passes | ETA %s", state.step, self.max_steps, state.epoch, row["train_loss"],
                  row["train_nll"], row["train_ppl"], row["lr"], row["grad_norm"], rate,
                  f" | MFU {extra['mfu']:.1%}" if "mfu" in extra else "", row["tgt_tokens_per_step"],
-                 row["forwards_per_step"], time.strftime("%H:%M:%S", time.gmtime(eta)) if eta < 86400 else f"{eta / 3600:.1f} h")
+                 row["forwards_per_step"], eta_text)
         self.tracker.log_metrics({k: v for k, v in {**row, **extra}.items() if k not in ("step", "epoch")},
                                  step=state.step)
         state.history.append(row)

@@ -69,13 +69,14 @@ def check_budget(max_tokens: int, ids: np.ndarray, lengths: np.ndarray) -> None:
             f"per forward pass; set NMT_MAX_TOKENS >= {lengths[worst]} (or lower encode.max_len and rerun encode)")])
 
 
-def plan(cfg: TrainConfig, train: ShardSet, *, seed: int, world_size: int) -> list[batching.GlobalBatch]:
-    """The run's global batches from the train split's lengths (independent of ``world_size``).
+def plan(cfg: TrainConfig, train: ShardSet, lengths: tuple[np.ndarray, np.ndarray, np.ndarray], *, seed: int,
+         world_size: int) -> list[batching.GlobalBatch]:
+    """The run's global batches from the train split's ``(ids, src_len, tgt_len)`` (independent of ``world_size``).
 
     Raises:
         DataError: an empty split, or a pair longer than ``train.tokens_per_step``.
     """
-    ids, src_len, tgt_len = train.lengths()
+    ids, src_len, tgt_len = lengths
     if len(ids) == 0:
         raise DataError(f"{train.root}: the train split is empty; check the clean/encode stages' metrics")
     batches = batching.plan_global_batches(ids, batching.token_lengths(src_len, tgt_len), np.asarray(tgt_len) + 1,
@@ -99,7 +100,8 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
     train, valid = ShardSet(shards_dir, "train"), ShardSet(shards_dir, "valid")
     train.check_spm(spm_model)
     tcfg = model_cfg.with_vocab(vocab_size(spm_model))
-    batches = plan(cfg, train, seed=seed, world_size=ctx.world_size)
+    lengths = train.lengths()  # read once: the plan and the FLOP count both need it
+    batches = plan(cfg, train, lengths, seed=seed, world_size=ctx.world_size)
     max_tokens = env.max_tokens(ctx.device.type)
     check_budget(max_tokens, np.concatenate([b.ids for b in batches]), np.concatenate([b.lengths for b in batches]))
     v_ids, v_src, v_tgt = valid.lengths()
@@ -114,7 +116,7 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
     optim = torch.optim.Adam(model.parameters(), lr=0.0, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                              weight_decay=cfg.weight_decay, **fused)
     sha = sha256_file(Path(shards_dir) / "manifest.json")
-    _, src_len, tgt_len = train.lengths()
+    _, src_len, tgt_len = lengths
     flops = train_flops_per_target_token(tcfg, float(src_len.mean()) + 1, float(tgt_len.mean()) + 1)
     return Trainer(cfg=cfg, seed=seed, ctx=ctx, model=model, optim=optim, train=train, valid=valid, plan=batches,
                    valid_batches=valid_batches, max_tokens=max_tokens,

@@ -21,6 +21,7 @@ import yaml
 from pipeline.core import stages
 from pipeline.core.errors import CheckpointError, PipelineError
 from pipeline.training import checkpoint
+from tests.helpers.faultutil import tensors
 from tests.helpers.paths import REPO
 from tests.helpers.train import make_workspace, run_inprocess, tiny_params
 
@@ -120,7 +121,7 @@ def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(workspa
     final_ref, final_crash = ref / "runs" / "step-00000010", crash / "runs" / "step-00000010"
     for name in ("model.pt", "optim.pt"):
         a, b = load(final_ref, name), load(final_crash, name)
-        flat_a, flat_b = _tensors(a), _tensors(b)
+        flat_a, flat_b = tensors(a), tensors(b)
         assert flat_a.keys() == flat_b.keys()
         assert all(torch.equal(flat_a[k], flat_b[k]) for k in flat_a), name
     sa, sb = (json.loads((d / "state.json").read_text()) for d in (final_ref, final_crash))
@@ -154,16 +155,6 @@ def _check_world_size_change(data: dict, crashed: Path, tmp: Path) -> None:
     assert metrics["forwards_per_step_max"] > 1
     assert any("no longer bitwise equal" in r for r in records)
     return tmp
-
-
-def _tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return {prefix: obj}
-    if isinstance(obj, dict):
-        return {k: v for key, value in obj.items() for k, v in _tensors(value, f"{prefix}.{key}").items()}
-    if isinstance(obj, (list, tuple)):
-        return {k: v for i, value in enumerate(obj) for k, v in _tensors(value, f"{prefix}[{i}]").items()}
-    return {prefix: torch.tensor(float(obj))} if isinstance(obj, (int, float)) else {}
 
 
 def test_resume_under_another_config_is_refused_and_changes_nothing(workspace, tmp_path):
