@@ -46,12 +46,14 @@ parsed and checked, all at once, in :mod:`pipeline.core.env`.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import shlex
 import sys
 
 from pipeline.core import env
+from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.stage import setup_logging
 
@@ -116,20 +118,33 @@ def run_agent(torchrun_args: list[str]) -> int:
     os.environ[AGENT_PID_ENV] = str(os.getpid())
     from pipeline.training import distributed  # torch only now: --dry-run and errors stay fast
 
-    distributed.run_torchrun(torchrun_args)  # raises (exit code 1, with the failed ranks) when the job failed
-    return 0
+    return distributed.run_torchrun(torchrun_args)
+
+
+def check_params(train_args: list[str]) -> None:
+    """Load the params file ``pipeline.train`` will read, so a bad one is one line before torchrun starts.
+
+    Raises:
+        PipelineError: the file is missing or has bad keys (each named, as the stage would name them).
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--params", default="params.yaml")
+    known, _ = parser.parse_known_args(train_args)
+    load_params(known.params)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Replace this process with torchrun (arguments after ``--dry-run`` filtering go to pipeline.train)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    setup_logging()
     if args[:1] == [AGENT_FLAG]:
         return run_agent(args[1:])
-    setup_logging()
     dry = "--dry-run" in args
     args = [a for a in args if a != "--dry-run"]
     try:
         cmd = torchrun_command(args)
+        if not dry:
+            check_params(args)
     except PipelineError as exc:
         print(f"error: stage train: {exc}", file=sys.stderr)
         return 1

@@ -13,11 +13,17 @@ class ConfigError(PipelineError):
     Args:
         source: the file that was read.
         problems: one line per bad key, each naming the dotted key.
+
+    One problem is one line (``params.yaml: train.max_tokens: ...``); several are a count followed by
+    one line each.
     """
 
     def __init__(self, source: str, problems: list[str]) -> None:
         self.source = source
         self.problems = list(problems)
+        if len(self.problems) == 1:
+            super().__init__(f"{source}: {self.problems[0]}")
+            return
         listing = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{source}: {len(self.problems)} problem(s) in the configuration:\n{listing}")
 

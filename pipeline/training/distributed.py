@@ -289,9 +289,26 @@ def _listen_on(host: str, port: int) -> tuple[int, int] | None:
     return sock.detach(), bound_port  # the store owns the fd from here on
 
 
-def run_torchrun(torchrun_args: list[str]) -> None:
-    """Run torchrun's agent in this process, its store servers bound to their host only."""
+def run_torchrun(torchrun_args: list[str]) -> int:
+    """Run torchrun's agent in this process, its store servers bound to their host only.
+
+    Returns:
+        0 when every rank succeeded, else the first failed rank's exit code (``128 + signal`` for a
+        rank killed by a signal). Each rank has already printed its own one-line error, so torchrun's
+        ``ChildFailedError`` traceback and failure table (dozens of lines that bury it) are replaced by
+        one line naming the rank and its exit code.
+    """
     bind_stores_to_their_host()
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    torchrun(torchrun_args)
+    try:
+        torchrun(torchrun_args)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        if failure.exitcode < 0:
+            log.error("training failed: rank %d was killed by signal %d", rank, -failure.exitcode)
+            return 128 - failure.exitcode
+        log.error("training failed: rank %d ended with exit code %d (its error is above)", rank, failure.exitcode)
+        return failure.exitcode or 1
+    return 0

@@ -143,7 +143,7 @@ def test_bad_values_give_one_error_naming_each_variable() -> None:
                                          ("NMT_DOWNLOAD_BACKOFF_S", "soon"), ("NMT_NPROC", "2_0"),
                                          ("NMT_FAULT_POINT", "forward"), ("NMT_FAULT_POINT", "forward:1:kill:0:x")])
 def test_more_bad_values(name: str, value: str) -> None:
-    with pytest.raises(ConfigError, match=rf"^environment: 1 problem\(s\).*\n  - {name}='{re.escape(value)}': "):
+    with pytest.raises(ConfigError, match=rf"^environment: {name}='{re.escape(value)}': [^\n]+$"):
         settings({name: value})
 
 

@@ -276,6 +276,31 @@ def test_train_max_tokens_in_params_names_the_variable(workspace, tmp_path):
     data["train"]["max_tokens"] = 4096
     with pytest.raises(PipelineError, match=r"train.max_tokens: moved to the environment variable NMT_MAX_TOKENS"):
         params_from_dict(data)
+    done = run_torchrun(data, tmp_path, nproc=1)  # what `dvc repro train` prints: one line
+    assert done.returncode == 1 and done.stderr.splitlines() == [
+        f"error: stage train: {tmp_path / 'params.yaml'}: train.max_tokens: moved to the environment variable "
+        "NMT_MAX_TOKENS (hardware, not a result-changing param); delete the key"], done.stderr
+
+
+def test_a_params_error_is_one_line_before_torchrun_starts(workspace, tmp_path):
+    data = tiny_params(tmp_path, workspace)
+    data["train"]["lr_scale"] = -1.0
+    done = run_torchrun(data, tmp_path, nproc=1)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [f"error: stage train: {tmp_path / 'params.yaml'}: train.lr_scale: -1.0 is out "
+                                        "of range (expected > 0)"], done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_failed_rank_ends_the_job_with_its_error_and_one_line_instead_of_torchruns_traceback(workspace, tmp_path):
+    """The rank's own line, then one line naming the rank; no ChildFailedError traceback or failure table."""
+    done = run_torchrun(tiny_params(tmp_path, workspace, max_steps=3, max_minutes=1e-6), tmp_path, nproc=1)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and "ChildFailedError" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].endswith("training failed: rank 0 ended with exit code 1 (its error is above)"), done.stderr
+    assert any(line.startswith("error: stage train: train.max_minutes (1e-06) reached at step 1") for line in lines)
+    assert checkpoint.latest(tmp_path / "runs").name == "step-00000001"  # the pause kept its checkpoint
 
 
 def test_a_resumed_run_logs_the_same_interval_losses_as_an_uninterrupted_one(workspace, tmp_path):
