@@ -46,6 +46,14 @@ def test_config_round_trip_and_errors() -> None:
         tiny_cfg(bos_id=0)
 
 
+def test_defaults_are_the_papers_base_model_with_its_reference_codes_dropouts() -> None:
+    """§3 and §5.4, and attention/ReLU dropout 0.0 as tensor2tensor's transformer_base_v1 and fairseq's
+    transformer_wmt_en_de (the paper names dropout on residual branches and embeddings only)."""
+    cfg = TransformerConfig(vocab_size=37000)
+    assert (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.n_layers) == (512, 8, 2048, 6)
+    assert (cfg.dropout, cfg.attn_dropout, cfg.ffn_dropout) == (0.1, 0.0, 0.0)
+
+
 def test_base_model_has_63m_parameters() -> None:
     with torch.device("meta"):
         m = Transformer(TransformerConfig(vocab_size=37000))

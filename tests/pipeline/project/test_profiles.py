@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.project.profiles import write_profile
+from pipeline.core.config import params_from_dict
+from pipeline.project.profiles import merged_profile, write_profile
 from tests.helpers.paths import REPO
 
 
@@ -34,3 +35,12 @@ def test_a_hand_edited_params_yaml_is_kept_as_a_backup(root: Path, caplog: pytes
     assert backup.read_text(encoding="utf-8") == edited
     assert "profile: demo" in params.read_text(encoding="utf-8")
     assert f"params.yaml had edits that no profile produces; kept them in {backup}" in caplog.text
+
+
+@pytest.mark.parametrize("name", ["paper", "demo", "tiny"])
+def test_every_profile_is_decided_by_steps_and_averages_the_end_of_training(name: str) -> None:
+    """The rule params.yaml states: last_n x save_every_steps <= 20% of max_steps; no wall clock decides."""
+    params = params_from_dict(merged_profile(name, REPO))
+    train, average = params.train, params.average
+    assert average.last_n * train.save_every_steps <= 0.2 * train.max_steps, name
+    assert train.keep_last >= average.last_n and train.max_minutes == 0, name
