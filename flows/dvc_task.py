@@ -4,15 +4,18 @@ Killing only the direct child leaves torchrun workers (grandchildren) running, s
 started with ``start_new_session=True`` and the whole group is ended (SIGTERM, a grace period,
 then SIGKILL) when it times out, when the caller is interrupted (Prefect's SIGTERM bridge raises
 ``TerminationSignal`` in the waiting thread, Ctrl-C raises ``KeyboardInterrupt``), and when the
-leader exits while members of its group are still alive. No Prefect import here: the module is
-plain Python and testable on its own.
+leader exits while members of its group are still alive. The group's leader is a
+:mod:`flows.lifeline`, so the group also ends when this process dies without a chance to clean up
+(SIGKILL). No Prefect import here: the module is plain Python and testable on its own.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -22,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from flows import lifeline
 
 log = logging.getLogger(__name__)
 
@@ -191,9 +196,11 @@ def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str]
             out.info("%s", line)
 
     start = time.monotonic()
-    proc = subprocess.Popen(list(args), cwd=cwd, env=dict(env) if env is not None else None,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    if shutil.which(args[0], path=(env or os.environ).get("PATH")) is None:
+        raise FileNotFoundError(errno.ENOENT, "command not found", args[0])
+    proc = subprocess.Popen(lifeline.command(list(args), parent=os.getpid(), grace_s=grace_s), cwd=cwd,
+                            env=dict(env) if env is not None else None, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     pgid = proc.pid  # a new session's leader: its pid is the group id
     with _live_lock:
         _live_groups.add(pgid)

@@ -9,7 +9,10 @@ BLEU table, the replication audit (``<paths.reports>/audit.md``, also attached a
 ``wmt14-audit``), the MLflow parent run (with the ``mlflow ui`` command for a local store) and the
 registered model version and alias from ``<paths.metrics>/register.details.json``.
 
-Locally (Prefect's temporary server, no setup)::
+Locally, with no ``PREFECT_API_URL`` set, ``python -m flows.pipeline`` starts a temporary Prefect server
+for the run (:mod:`flows.server`; no setup). Stopping the run (Ctrl-C, SIGTERM, SIGKILL, a cancel)
+stops the running stage's whole process tree within ``--kill-grace`` seconds (:mod:`flows.lifeline`);
+the next run resumes (DVC reruns the stage; training continues from its newest checkpoint)::
 
     python -m flows.pipeline --profile tiny
     python -m flows.pipeline --stages train average evaluate --timeout train=86400
@@ -24,6 +27,8 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,9 +40,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import deployment as deployment_ctx
 from prefect.runtime import flow_run as flow_run_ctx
 from prefect.runtime import task_run as task_run_ctx
+from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.dvc_task import ProcessResult, kill_all_groups, run_in_group, stage_status
 from flows.report import AUDIT_ARTIFACT_KEY, StageOutcome, render_report
+from flows.server import temporary_server
+from flows.workspace import exclusive_run
 from pipeline.core import stages as stage_table
 from pipeline.core import tracking
 from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
@@ -264,13 +272,27 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
 
     Returns:
         ``{"stages": [StageOutcome as dict], "mlflow_run_id", "git_commit", "markdown"}``.
+
+    Raises:
+        PipelineError: another run holds this workspace (:mod:`flows.workspace`), or bad arguments.
+        StageFailed: a stage failed (after its retries) or timed out.
     """
-    logger = get_run_logger()
     root = Path(repo).resolve()
+    known = dvc_stages(root)
+    with exclusive_run(root, f"flow run {flow_run_ctx.id or '?'}"):
+        return _pipeline(root, known, stages=stages, force=force, profile=profile, timeouts_s=timeouts_s,
+                         retries=retries, retry_delay_s=retry_delay_s, kill_grace_s=kill_grace_s)
+
+
+def _pipeline(root: Path, known: list[str], *, stages: list[str] | None, force: bool, profile: str | None,
+              timeouts_s: dict[str, float] | None, retries: dict[str, int] | None,
+              retry_delay_s: dict[str, float] | None, kill_grace_s: float) -> dict[str, Any]:
+    """The body of :func:`wmt14_pipeline`, run while it holds the workspace."""
+    logger = get_run_logger()
     if profile:
         logger.info("writing params.yaml for profile %s", profile)
         write_profile(profile, root)
-    selected = _select(stages, dvc_stages(root), root)
+    selected = _select(stages, known, root)
     flat, profile_name, paths = _load_params(root)
     retries = {**DEFAULT_RETRIES, **(retries or {})}
     delays = {**DEFAULT_RETRY_DELAY_S, **(retry_delay_s or {})}
@@ -323,14 +345,45 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        report = wmt14_pipeline(stages=args.stages, force=args.force, profile=args.profile, repo=args.repo,
-                                timeouts_s=_parse_timeouts(args.timeout),
-                                retry_delay_s=_parse_timeouts(args.retry_delay), kill_grace_s=args.kill_grace)
+        timeouts, delays = _parse_timeouts(args.timeout), _parse_timeouts(args.retry_delay)
+        with _prefect_api():
+            report = wmt14_pipeline(stages=args.stages, force=args.force, profile=args.profile, repo=args.repo,
+                                    timeouts_s=timeouts, retry_delay_s=delays, kill_grace_s=args.kill_grace)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # SIGTERM: Prefect records the crash, then ends the process by SIGTERM itself
+        print("error: interrupted: the running stage was stopped (a checkpoint being written is discarded); "
+              "run the same command again to resume", file=sys.stderr)
+        return 130
     print(report["markdown"])
     return 0
+
+
+@contextmanager
+def _prefect_api() -> Iterator[None]:
+    """The configured Prefect API (``PREFECT_API_URL``), else a temporary server for this run only."""
+    if PREFECT_API_URL.value():
+        yield
+        return
+    with temporary_server() as url, temporary_settings(updates={PREFECT_API_URL: url}):
+        try:
+            yield
+        finally:
+            _drain_prefect_clients()
+
+
+def _drain_prefect_clients() -> None:
+    """Send the run's queued logs and events before the temporary server stops (as Prefect's own test
+    harness does); otherwise they are retried at exit against a server that is gone."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for drain in (lambda: APILogWorker.instance().drain(), EventsWorker.drain_all):
+        try:
+            drain()
+        except Exception as exc:  # noqa: BLE001 - losing a log line must not fail the run
+            log.debug("could not drain a Prefect client queue: %s", exc)
 
 
 if __name__ == "__main__":

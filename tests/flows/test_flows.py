@@ -1,7 +1,8 @@
 """The Prefect flow against a real Prefect API (test harness) and real ``dvc repro`` in a temp git repo.
 
-The toy dvc.yaml has its own tiny stages (``toy.py`` below), never the ML stages: what is under test
-is the sequencing, status parsing, retries, failures, timeouts, process-group killing and the report.
+The toy dvc.yaml has its own tiny stages (``toy.py`` in tests/helpers/toyflow.py), never the ML stages:
+what is under test is the sequencing, status parsing, retries, failures, timeouts, process-group
+killing and the report.
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,117 +23,9 @@ from flows.dvc_task import live_process_groups, run_in_group, stage_status
 from flows.pipeline import ARTIFACT_KEY, StageFailed, dvc_stages, wmt14_pipeline
 from pipeline.core.errors import PipelineError
 from tests.helpers.repoutil import git as _git
-from tests.helpers.repoutil import init_git_dvc
+from tests.helpers.toyflow import PIPELINE, MakeRepo, wait_dead
 
-pytestmark = pytest.mark.slow
-
-TOY = textwrap.dedent('''
-    import json, os, subprocess, sys, time
-    from pathlib import Path
-
-    import yaml
-
-    def metrics_dir():
-        return Path(yaml.safe_load(open("params.yaml"))["paths"]["metrics"])
-
-    mode, *args = sys.argv[1:]
-    if mode == "write":                       # write OUT [IN]: OUT = IN + "x"
-        text = Path(args[1]).read_text() if len(args) > 1 else ""
-        Path(args[0]).write_text(text + "x")
-        print(f"wrote {args[0]}")
-        print(f"stage log {args[0]}", file=sys.stderr)
-    elif mode == "flaky":                     # flaky MARKER OUT: fails until MARKER exists
-        if not Path(args[0]).exists():
-            Path(args[0]).write_text("1")
-            print("transient failure", file=sys.stderr)
-            sys.exit(3)
-        Path(args[1]).write_text("ok")
-    elif mode == "fail":                      # fail: 30 stderr lines, exit 7
-        for i in range(30):
-            print(f"err line {i}", file=sys.stderr)
-        sys.exit(7)
-    elif mode == "spawn":                     # spawn PIDFILE: a child sleep, both pids recorded
-        child = subprocess.Popen(["sleep", "60"])
-        tmp = Path(args[0] + ".tmp")
-        tmp.write_text(f"{child.pid} {os.getpid()}")
-        tmp.rename(args[0])
-        time.sleep(60)
-    elif mode == "bleu":                      # bleu OUT: evaluate.details.json shaped like the evaluate stage's
-        sig = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.1"
-        report = {s: {"bleu": b, "chrf": 50.0, "signatures": {"bleu": sig, "chrf": "chrF2"}}
-                  for s, b in (("valid", 25.25), ("test", 27.31))}
-        report["chosen"] = {"beam": 4, "alpha": 0.6, "chosen_on": "valid"}
-        (metrics_dir() / "evaluate.details.json").parent.mkdir(parents=True, exist_ok=True)
-        (metrics_dir() / "evaluate.details.json").write_text(json.dumps(report))
-        Path(args[0]).write_text("scored")
-    elif mode == "track":                     # track OUT: a child MLflow run like a real stage
-        from pipeline.core.tracking import stage_run
-        stage = os.environ["DVC_STAGE"]
-        with stage_run(stage) as run:
-            run.set_tags({"seen_flow_run_id": os.environ.get("NMT_PREFECT_FLOW_RUN_ID", "")})
-        metrics_dir().mkdir(parents=True, exist_ok=True)
-        (metrics_dir() / f"{stage}.details.json").write_text(json.dumps({"mlflow_run_id": run.run_id}))
-        Path(args[0]).write_text("tracked")
-''')
-
-MakeRepo = Callable[[dict[str, dict]], Path]
-
-PIPELINE = {
-    "prep": {"cmd": "python toy.py write prep.txt", "deps": ["toy.py"], "outs": ["prep.txt"]},
-    "build": {"cmd": "python toy.py write build.txt prep.txt", "deps": ["toy.py", "prep.txt"],
-              "outs": ["build.txt"]},
-    "score": {"cmd": "python toy.py bleu score.txt", "deps": ["toy.py", "build.txt"], "outs": ["score.txt"]},
-}
-
-
-@pytest.fixture(scope="session", autouse=True)
-def prefect_api() -> Iterator[None]:
-    """One real Prefect API (temporary SQLite) for the whole session."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
-@pytest.fixture(scope="session")
-def _empty_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An empty git + DVC repo, made once (``dvc init`` is the slow part) and copied per test."""
-    repo = tmp_path_factory.mktemp("template") / "repo"
-    repo.mkdir()
-    init_git_dvc(repo)
-    return repo
-
-
-@pytest.fixture
-def make_repo(tmp_path: Path, repo_root: Path, _empty_repo: Path) -> MakeRepo:
-    """Build a repo with ``toy.py``, the project's params.yaml and profiles, and the given stages."""
-    def make(stages: dict[str, dict]) -> Path:
-        repo = tmp_path / "toy"
-        shutil.copytree(_empty_repo, repo, symlinks=True)
-        (repo / "toy.py").write_text(TOY)
-        shutil.copy(repo_root / "params.yaml", repo / "params.yaml")
-        shutil.copytree(repo_root / "profiles", repo / "profiles")
-        (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
-        _git(repo, "add", "-A")
-        _git(repo, "commit", "-qm", "toy pipeline")
-        return repo
-    return make
-
-
-def _alive(pid: int) -> bool:
-    """A process exists and is not a zombie (an unreaped zombie has ended)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
-def _wait_dead(pids: list[int], limit_s: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + limit_s
-    while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return alive
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 
 def _artifact(flow_run_id: object) -> str:
@@ -163,7 +54,7 @@ def test_group_runner_collapses_progress_and_reaps_leftover_members(tmp_path: Pa
     assert result.returncode == 0 and not result.timed_out
     child = int(result.stdout_lines[0])
     assert result.stdout_lines[1:] == ("100%",) and result.stderr_tail == ("oops",)
-    assert _wait_dead([child]) == []  # the leader exited cleanly; its leftover child is ended too
+    assert wait_dead([child]) == []  # the leader exited cleanly; its leftover child is ended too
     assert live_process_groups() == set()
 
 
@@ -180,7 +71,8 @@ def test_runs_then_skips_then_restores_with_report(make_repo: MakeRepo) -> None:
     assert "| prep | ran |" in md and "| score | ran |" in md
     assert "| test | bleu | 27.31 | `nrefs:1|case:mixed" not in md  # pipes in cells are escaped
     assert "| test | bleu | 27.31 |" in md and "| valid | chrf | 50.00 |" in md and "Beam 4, alpha 0.6" in md
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                            check=True).stdout.strip()
     assert first["git_commit"] == commit and f"`{commit}`" in md
     assert "tracking off" in md
 
@@ -240,7 +132,7 @@ def test_timeout_kills_the_whole_process_group(make_repo: MakeRepo) -> None:
         wmt14_pipeline(repo=str(repo), timeouts_s={"hang": 4}, kill_grace_s=2)
     assert time.monotonic() - started < 30
     child, stage_pid = map(int, (repo / "pids.txt").read_text().split())
-    assert _wait_dead([child, stage_pid]) == []
+    assert wait_dead([child, stage_pid]) == []
 
 
 def test_sigterm_to_the_flow_process_ends_the_stage_group(repo_root: Path, make_repo: MakeRepo) -> None:
@@ -262,7 +154,7 @@ def test_sigterm_to_the_flow_process_ends_the_stage_group(repo_root: Path, make_
         proc.send_signal(signal.SIGTERM)
         output = proc.communicate(timeout=60)[0].decode()
         assert proc.returncode != 0, output
-        assert _wait_dead([child, stage_pid]) == [], output
+        assert wait_dead([child, stage_pid]) == [], output
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -396,7 +288,7 @@ def test_prefect_yaml_deploys_the_commit_it_was_run_at(tmp_path: Path, repo_root
     subprocess.run([prefect, "work-pool", "create", "gpu-pool", "--type", "process", "--overwrite"], cwd=proj,
                    env=env, check=True, capture_output=True)
     done = subprocess.run([prefect, "--no-prompt", "deploy", "--all"], cwd=proj, env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     dep = _read_deployment("nightly")
     clone = dep.pull_steps[0]["prefect.deployments.steps.git_clone"]

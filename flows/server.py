@@ -1,0 +1,94 @@
+"""A temporary Prefect server for one local flow run, in its own session and tied to the flow's life.
+
+Prefect's own temporary server runs in the flow's process group: a terminal's Ctrl-C (SIGINT to the
+foreground group) or a ``kill -- -PGID`` ends it at the same moment as the flow, and the flow then
+spends minutes retrying API calls (its task states, its report) against a server that is gone. This
+one is ``prefect server start --no-ui --no-services`` on a free 127.0.0.1 port, under a
+:mod:`flows.lifeline` in a new session: group signals aimed at the flow do not reach it, it stays up
+until the flow has stopped its stages and recorded how the run ended, and it is stopped when the
+flow returns, or by the lifeline when the flow is killed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from flows import lifeline
+from flows.dvc_task import kill_group
+from pipeline.core.errors import PipelineError
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+_STOP_GRACE_S = 10.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _startup_timeout_s() -> float:
+    """``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``, as for Prefect's own temporary server (90 s)."""
+    try:
+        return float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90"))
+    except ValueError:
+        return 90.0
+
+
+@contextmanager
+def temporary_server() -> Iterator[str]:
+    """Start the server, yield its API URL (``http://127.0.0.1:PORT/api``), stop it on the way out.
+
+    Raises:
+        PipelineError: the server exited or was not healthy in time (its log's tail is in the message).
+    """
+    port = _free_port()
+    url = f"http://{HOST}:{port}/api"
+    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port), "--no-ui",
+           "--no-services", "--analytics-off"]
+    with tempfile.TemporaryDirectory(prefix="nmt-prefect-") as tmp:
+        log_path = Path(tmp) / "server.log"
+        with log_path.open("wb") as out:
+            proc = subprocess.Popen(lifeline.command(cmd, parent=os.getpid(), grace_s=_STOP_GRACE_S),
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        try:
+            _wait_healthy(proc, url, log_path)
+            log.info("temporary Prefect server on %s (stopped with this flow)", url)
+            yield url
+        finally:
+            kill_group(proc.pid, proc, grace_s=_STOP_GRACE_S)
+            proc.wait()
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
+    limit = _startup_timeout_s()
+    deadline = time.monotonic() + limit
+    while not _healthy(url):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
+            how = f"exited with code {proc.returncode}" if proc.returncode is not None else f"not healthy in {limit:.0f} s"
+            raise PipelineError(f"temporary Prefect server on {url} {how} (raise "
+                                f"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS on a slow machine, or set "
+                                f"PREFECT_API_URL to a running server); its log ends:\n{tail}")
+        time.sleep(0.2)
