@@ -25,8 +25,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    """The Prefect flow ``wmt14-pipeline`` (flows/pipeline.py), the one whole-pipeline runner, in a subprocess."""
-    import subprocess
+    """The Prefect flow ``wmt14-pipeline`` (flows/pipeline.py), the one whole-pipeline runner.
+
+    This process becomes the flow (``exec``), so Ctrl-C, SIGTERM and SIGKILL reach the flow itself,
+    which stops its stage (flows/lifeline.py); a parent process would have to forward each signal.
+    """
+    import os
 
     from pipeline.core import stages
 
@@ -35,7 +39,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "flows.pipeline"] + (["--stages", *args.stages] if args.stages else [])
     cmd += (["--profile", args.profile] if args.profile else []) + (["--force"] if args.force else [])
     log.info("%s", " ".join(cmd[1:]))
-    return subprocess.run(cmd, check=False).returncode
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, cmd)
+    return 0  # pragma: no cover - execv does not return
 
 
 def build_parser() -> argparse.ArgumentParser:
