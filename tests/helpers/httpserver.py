@@ -2,7 +2,7 @@
 
 ``http.server.SimpleHTTPRequestHandler`` ignores ``Range``; this handler serves ``bytes=N-`` and
 ``bytes=N-M`` with 206, and can drop the connection mid-file once, answer an error status once, or
-ignore ``Range`` altogether (answer 200 with the whole file), per path.
+ignore ``Range`` altogether (answer 200 with the whole file), per path, or send slowly.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ class Faults:
     drop_once: set[str] = field(default_factory=set)       # send half the body, then close the socket
     status_once: dict[str, int] = field(default_factory=dict)  # answer this status once (e.g. 500)
     ignore_range: bool = False                              # always answer 200 with the whole file
+    bytes_per_s: float | None = None                        # send bodies in 16 KiB chunks at this rate
     log: list[tuple[str, str | None, int]] = field(default_factory=list)  # (path, Range header, status)
 
 
@@ -82,6 +84,15 @@ def _handler(root: Path, faults: Faults, lock: threading.Lock) -> type[BaseHTTPR
                 self.wfile.flush()
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            if faults.bytes_per_s:
+                try:
+                    for i in range(0, len(body), 1 << 14):
+                        self.wfile.write(body[i:i + (1 << 14)])
+                        self.wfile.flush()
+                        time.sleep((1 << 14) / faults.bytes_per_s)
+                except (BrokenPipeError, ConnectionResetError):  # the client was killed mid-body
+                    self.close_connection = True
                 return
             self.wfile.write(body)
 

@@ -284,3 +284,72 @@ def test_permission_denied_names_the_folder(tmp_path: Path, repo_root: Path) -> 
         "by this user, or point paths.* in params.yaml elsewhere, then rerun the stage (data/locked/clean: nothing "
         "was written there)")
     assert list((tmp_path / "data/locked").iterdir()) == []
+
+
+# --- SIGKILL mid-download and mid-average -----------------------------------------------------------
+
+@pytest.mark.slow
+def test_sigkill_mid_download_then_the_rerun_resumes_and_is_byte_identical(tmp_path: Path, repo_root: Path) -> None:
+    """Killed while fetching from a (slow) HTTP mirror: no raw output; the rerun deletes the dead run's
+    extraction folder and writes what an uninterrupted run writes (resuming a ``.part`` file with a Range
+    request after a dropped connection is tests/pipeline/test_download.py's)."""
+    from tests.helpers.httpserver import Faults, serve
+
+    mirror = multi30k_mirror(tmp_path / "mirror")
+    reference, work = tmp_path / "reference", tmp_path / "work"
+    write_params(reference, repo_root)
+    done = stage_cli("download", reference, env={"NMT_DATA_MIRROR": str(mirror),
+                                                 "NMT_DOWNLOAD_CACHE": str(tmp_path / "reference-cache")})
+    assert done.returncode == 0, done.stderr
+    expected = sha_tree(reference / "data/tiny/raw")
+    write_params(work, repo_root)
+    cache, log = tmp_path / "cache", tmp_path / "download.log"
+    with serve(mirror, Faults(bytes_per_s=200_000)) as (url, _):
+        env = {**os.environ, "PYTHONPATH": str(REPO), "NMT_DATA_MIRROR": url, "NMT_DOWNLOAD_CACHE": str(cache)}
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "pipeline.download", "--params", "params.yaml"], cwd=work,
+                                    stdout=out, stderr=out, env=env, start_new_session=True)
+            kill_group_when(proc, lambda: any(cache.rglob("*.part")), log)  # a transfer under way
+        assert not (work / "data/tiny/raw").exists() and not (work / "metrics/tiny/download.json").exists()
+        assert [p.name for p in cache.iterdir() if p.name.startswith("extract-")]  # the dead run's staging
+        again = stage_cli("download", work, env={"NMT_DATA_MIRROR": url, "NMT_DOWNLOAD_CACHE": str(cache)})
+    assert again.returncode == 0, again.stderr
+    assert sha_tree(work / "data/tiny/raw") == expected
+    assert [p.name for p in cache.iterdir() if p.name.startswith("extract-")] == []
+    assert list(cache.rglob("*.part")) == [] and temps(work) == []
+
+
+HOLD_BEFORE_RENAME = """
+import pathlib, sys, time
+write_bytes = pathlib.Path.write_bytes
+def held(self, data):  # a slow disk: the bytes are written, the rename into place has not happened yet
+    written = write_bytes(self, data)
+    if self.name.startswith(".averaged.pt."):
+        time.sleep(120)
+    return written
+pathlib.Path.write_bytes = held
+from pipeline.average import main
+sys.exit(main(["--params", "params.yaml"]))
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_mid_average_leaves_no_model_and_the_rerun_is_byte_identical(audit_world: Path,
+                                                                           tmp_path: Path) -> None:
+    world = shutil.copytree(audit_world, tmp_path / "world", symlinks=True)
+    model_dir = world / "data/model"
+    first = stage_cli("average", world)
+    assert first.returncode == 0, first.stderr
+    expected = sha_tree(model_dir)
+    shutil.rmtree(model_dir)
+    (world / "data/metrics/average.json").unlink()
+    log = tmp_path / "average.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", HOLD_BEFORE_RENAME], cwd=world, stdout=out, stderr=out,
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
+        kill_group_when(proc, lambda: any(p.stat().st_size > 0 for p in world.rglob(".averaged.pt.*.tmp")), log)
+    assert not (model_dir / "averaged.pt").exists() and not (world / "data/metrics/average.json").exists()
+    assert stale_outputs(model_dir) == ["averaged"]  # only the dead writer's sibling, never a partial model
+    again = stage_cli("average", world)
+    assert again.returncode == 0, again.stderr
+    assert sha_tree(model_dir) == expected and temps(world) == []
