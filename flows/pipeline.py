@@ -27,8 +27,6 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,11 +38,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import deployment as deployment_ctx
 from prefect.runtime import flow_run as flow_run_ctx
 from prefect.runtime import task_run as task_run_ctx
-from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.settings import PREFECT_API_URL
 
 from flows.dvc_task import ProcessResult, kill_all_groups, run_in_group, stage_status
 from flows.report import AUDIT_ARTIFACT_KEY, StageOutcome, render_report
-from flows.server import temporary_server
+from flows.server import start_temporary_server
 from flows.workspace import exclusive_run
 from pipeline.core import stages as stage_table
 from pipeline.core import tracking
@@ -330,7 +328,7 @@ def _parse_timeouts(items: list[str]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m flows.pipeline``: run the flow once (Prefect's temporary server when no API URL is set)."""
+    """``python -m flows.pipeline``: run the flow once (a temporary Prefect server when no API URL is set)."""
     parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", nargs="*", help="stages to run (default: all, in pipeline order)")
@@ -346,9 +344,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         timeouts, delays = _parse_timeouts(args.timeout), _parse_timeouts(args.retry_delay)
-        with _prefect_api():
-            report = wmt14_pipeline(stages=args.stages, force=args.force, profile=args.profile, repo=args.repo,
-                                    timeouts_s=timeouts, retry_delay_s=delays, kill_grace_s=args.kill_grace)
+        if not PREFECT_API_URL.value():  # no server configured: a temporary one, then this command again
+            os.environ["PREFECT_API_URL"] = start_temporary_server()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.execv(sys.executable, [sys.executable, "-m", "flows.pipeline",
+                                      *(sys.argv[1:] if argv is None else argv)])
+        report = wmt14_pipeline(stages=args.stages, force=args.force, profile=args.profile, repo=args.repo,
+                                timeouts_s=timeouts, retry_delay_s=delays, kill_grace_s=args.kill_grace)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -358,32 +361,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(report["markdown"])
     return 0
-
-
-@contextmanager
-def _prefect_api() -> Iterator[None]:
-    """The configured Prefect API (``PREFECT_API_URL``), else a temporary server for this run only."""
-    if PREFECT_API_URL.value():
-        yield
-        return
-    with temporary_server() as url, temporary_settings(updates={PREFECT_API_URL: url}):
-        try:
-            yield
-        finally:
-            _drain_prefect_clients()
-
-
-def _drain_prefect_clients() -> None:
-    """Send the run's queued logs and events before the temporary server stops (as Prefect's own test
-    harness does); otherwise they are retried at exit against a server that is gone."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    for drain in (lambda: APILogWorker.instance().drain(), EventsWorker.drain_all):
-        try:
-            drain()
-        except Exception as exc:  # noqa: BLE001 - losing a log line must not fail the run
-            log.debug("could not drain a Prefect client queue: %s", exc)
 
 
 if __name__ == "__main__":

@@ -5,21 +5,25 @@ foreground group) or a ``kill -- -PGID`` ends it at the same moment as the flow,
 spends minutes retrying API calls (its task states, its report) against a server that is gone. This
 one is ``prefect server start --no-ui --no-services`` on a free 127.0.0.1 port, under a
 :mod:`flows.lifeline` in a new session: group signals aimed at the flow do not reach it, it stays up
-until the flow has stopped its stages and recorded how the run ended, and it is stopped when the
-flow returns, or by the lifeline when the flow is killed.
+while the flow stops its stages and records how the run ended (Prefect's exit-time flush of logs and
+events included), and the lifeline stops it when the flow's process has exited, however it exited.
+
+Prefect reads ``PREFECT_API_URL`` when it is imported, and its background threads (events, logs) keep
+what they read then, so the URL must be in the environment before Prefect is imported:
+``python -m flows.pipeline`` starts the server, then ``exec``s itself with the URL set (the pid, and
+so the lifeline's tie, stays the same).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -55,9 +59,11 @@ def _startup_timeout_s() -> float:
         return 90.0
 
 
-@contextmanager
-def temporary_server() -> Iterator[str]:
-    """Start the server, yield its API URL (``http://127.0.0.1:PORT/api``), stop it on the way out.
+def start_temporary_server() -> str:
+    """Start the server tied to this process; return its API URL (``http://127.0.0.1:PORT/api``).
+
+    The server ends when this process does (its lifeline's ``PR_SET_PDEATHSIG``), after a grace of
+    10 s; nothing needs to stop it explicitly.
 
     Raises:
         PipelineError: the server exited or was not healthy in time (its log's tail is in the message).
@@ -66,19 +72,19 @@ def temporary_server() -> Iterator[str]:
     url = f"http://{HOST}:{port}/api"
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port), "--no-ui",
            "--no-services", "--analytics-off"]
-    with tempfile.TemporaryDirectory(prefix="nmt-prefect-") as tmp:
-        log_path = Path(tmp) / "server.log"
-        with log_path.open("wb") as out:
-            proc = subprocess.Popen(lifeline.command(cmd, parent=os.getpid(), grace_s=_STOP_GRACE_S),
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        try:
-            _wait_healthy(proc, url, log_path)
-            log.info("temporary Prefect server on %s (stopped with this flow)", url)
-            yield url
-        finally:
-            kill_group(proc.pid, proc, grace_s=_STOP_GRACE_S)
-            proc.wait()
+    log_path = Path(tempfile.mkdtemp(prefix="nmt-prefect-")) / "server.log"
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(lifeline.command(cmd, parent=os.getpid(), grace_s=_STOP_GRACE_S),
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_healthy(proc, url, log_path)
+    except BaseException:
+        kill_group(proc.pid, proc, grace_s=_STOP_GRACE_S)
+        raise
+    finally:
+        shutil.rmtree(log_path.parent, ignore_errors=True)  # the server keeps its open log; nothing is left
+    log.info("temporary Prefect server on %s (it stops when this run ends)", url)
+    return url
 
 
 def _wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
