@@ -38,13 +38,15 @@ HOST = "127.0.0.1"
 _STOP_GRACE_S = 10.0
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port on 127.0.0.1 that is free now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((HOST, 0))
         return int(sock.getsockname()[1])
 
 
-def _healthy(url: str) -> bool:
+def healthy(url: str) -> bool:
+    """Whether the Prefect API at ``url`` answers its health check."""
     try:
         return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
     except httpx.HTTPError:
@@ -68,7 +70,7 @@ def start_temporary_server() -> str:
     Raises:
         PipelineError: the server exited or was not healthy in time (its log's tail is in the message).
     """
-    port = _free_port()
+    port = free_port()
     url = f"http://{HOST}:{port}/api"
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port), "--no-ui",
            "--no-services", "--analytics-off"]
@@ -90,7 +92,7 @@ def start_temporary_server() -> str:
 def _wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
     limit = _startup_timeout_s()
     deadline = time.monotonic() + limit
-    while not _healthy(url):
+    while not healthy(url):
         if proc.poll() is not None or time.monotonic() > deadline:
             tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
             how = f"exited with code {proc.returncode}" if proc.returncode is not None else f"not healthy in {limit:.0f} s"

@@ -12,7 +12,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import yaml
 
 from flows.deploy import DEFAULT_POOL, FLOW_NAME
 from flows.pipeline import ARTIFACT_KEY
+from flows.server import free_port, healthy
 from tests.helpers.paths import REPO
 
 pytestmark = pytest.mark.slow
@@ -43,21 +43,6 @@ class Server:
     url: str
     env: dict[str, str]
     log: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _healthy(url: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
@@ -78,7 +63,7 @@ def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """``prefect server start`` on a free loopback port with its own PREFECT_HOME; always stopped."""
     home = tmp_path_factory.mktemp("prefect-server")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(home / "home"), "PREFECT_API_URL": url,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true",
@@ -91,7 +76,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
-        while not _healthy(url):
+        while not healthy(url):
             assert proc.poll() is None, f"prefect server exited {proc.returncode}:\n{log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"prefect server not healthy in 90 s:\n{log.read_text()[-3000:]}"
             time.sleep(0.5)
