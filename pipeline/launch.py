@@ -46,7 +46,6 @@ parsed and checked, all at once, in :mod:`pipeline.core.env`.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shlex
@@ -55,7 +54,7 @@ import sys
 from pipeline.core import env
 from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError, PipelineError
-from pipeline.core.stage import setup_logging
+from pipeline.core.stage import setup_logging, stage_parser
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +126,7 @@ def check_params(train_args: list[str]) -> None:
     Raises:
         PipelineError: the file is missing or has bad keys (each named, as the stage would name them).
     """
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--params", default="params.yaml")
-    known, _ = parser.parse_known_args(train_args)
+    known, _ = stage_parser("train").parse_known_args(train_args)  # the options pipeline.train parses
     load_params(known.params)
 
 
