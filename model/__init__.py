@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 #: Public name -> the module defining it.
 _LAZY = {
-    "DecoderCache": "model.transformer",
+    "DecoderState": "model.transformer",
     "EncoderOut": "model.transformer",
     "Hypothesis": "model.beam",
     "Transformer": "model.transformer",
@@ -29,7 +29,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "DecoderCache",
+    "DecoderState",
     "EncoderOut",
     "Hypothesis",
     "Transformer",
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from model.loss import label_smoothed_nll_loss, label_smoothed_nll_loss_chunked
     from model.precision import autocast
     from model.schedule import inverse_sqrt_lr
-    from model.transformer import DecoderCache, EncoderOut, Transformer
+    from model.transformer import DecoderState, EncoderOut, Transformer
 
 
 def __getattr__(name: str) -> Any:

@@ -1,8 +1,11 @@
 """Batched beam search with a GNMT length penalty, by an exact rule (below) that two correct
 implementations agree on token for token.
 
-Rows are (sentence × beam); the decoder cache is reordered by beam origin every step. Per step n
-(tokens generated so far, including this one) every live hypothesis is extended by every token but
+Rows are (sentence × beam). Only the sentences still searching stay in the batch: when one is done
+its rows leave (the batch is compacted), so a batch costs the sum of its sentences' real lengths, not
+its longest max_len times its size.
+
+Per step n (tokens generated so far, including this one) every live hypothesis is extended by every token but
 PAD and BOS (log-softmax in fp32 or wider, no renormalisation); candidates are ordered by (score desc,
 flat index asc) with flat index = live rank × V + token, and the first 2k are taken. In that order,
 an EOS candidate among the first k finishes (final score = score / lp(n), lp(n) = ((5 + n) / 6)^α),
@@ -16,9 +19,12 @@ Pruning uses raw scores only, so the finished set does not depend on α: :func:`
 returns it with raw scores and steps, and :func:`best_hypothesis` ranks it for any α.
 
 The model needs four methods (``Transformer`` has them; tests use toy modules):
-``encode(src) -> enc`` (a tensor or tuple of tensors, batch on dim 0), ``init_cache(enc) -> cache``,
-``decode_step(tokens [B], enc, cache) -> (logits [B, V], cache)`` and
-``reorder_cache(cache, index [B']) -> cache``; plus ``cfg`` with ``pad_id``, ``bos_id``, ``eos_id``.
+``encode(src) -> enc``; ``init_state(enc, beam, capacity) -> state`` with room for ``beam`` rows per
+sentence and ``capacity`` steps; ``decode_step(tokens [N], state) -> (logits [N, V], state)``, where
+the first step has one row per sentence ([BOS]) and later ones the rows ``reorder_state`` set;
+``reorder_state(state, rows [N'], sentences [B'] or None) -> state`` (new row r continues old row
+``rows[r]``, a sentence's rows adjacent; ``sentences`` lists the sentences kept when some leave); plus
+``cfg`` with ``pad_id``, ``bos_id``, ``eos_id``.
 ``decode_step``'s logits must be computed in fp32 or wider even under bf16 autocast (the
 Transformer's output projection disables autocast): bf16 logits, cast up here, would already be
 rounded to 8 significant bits, with artificial ties between candidates.
@@ -28,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -75,42 +81,43 @@ def best_hypothesis(finished: list[Hypothesis], alpha: float) -> list[int]:
     return list(best.tokens)
 
 
-def _select_rows(obj: Any, index: Tensor) -> Any:
-    """index_select dim 0 of a tensor or of every tensor of a (named) tuple."""
-    if isinstance(obj, Tensor):
-        return obj.index_select(0, index)
-    if isinstance(obj, tuple):
-        items = [_select_rows(x, index) for x in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-    raise TypeError(f"cannot expand encoder output of type {type(obj).__name__} to beams")
-
-
-def _top_candidates(flat: Tensor, valid: Tensor, n2: int) -> tuple[Tensor, Tensor, Tensor]:
+def _top_candidates(flat: Tensor, tie_rank: Tensor, n_valid: Tensor, n2: int) -> tuple[Tensor, Tensor, Tensor]:
     """First ``n2`` candidates by (score desc, flat index asc), exactly (ties included).
 
+    ``topk`` finds the threshold (the n2-th largest score) and every candidate above it; which of
+    several candidates equal to the threshold it returns is unspecified, so those are taken again by a
+    second ``topk`` over ``tie_rank``: the lowest flat indices first. No pass over the candidates needs
+    a cumulative sum or a host sync.
+
     Args:
-        flat: [B, N] candidate scores, -inf where invalid.
-        valid: [B, N] bool candidate validity.
+        flat: [B, N] candidate scores, -inf where invalid (a valid candidate may score -inf too).
+        tie_rank: [N] int32, N - flat index for a token that may extend a hypothesis, 0 for one that
+            may not. Invalid candidates of empty slots keep their rank: the slots holding live
+            hypotheses come first, so a valid candidate always precedes them.
+        n_valid: [B] number of valid candidates per row.
         n2: how many to take (<= N).
 
     Returns:
         (index [B, n2] flat indices, score [B, n2], ok [B, n2] bool) in candidate order; invalid
         slots (fewer valid candidates than n2) are at the end with ok False and score -inf.
     """
-    b, n = flat.shape
-    thr = flat.topk(n2, dim=1).values[:, -1:]
-    n_sel = valid.sum(1).clamp(max=n2)
-    gt = flat > thr
-    eq = (flat == thr) & valid
-    need = n_sel - gt.sum(1)
-    sel = gt | (eq & (eq.cumsum(1) <= need[:, None]))
-    slot = torch.where(sel, sel.cumsum(1) - 1, n2)
-    src = torch.arange(n, device=flat.device).expand(b, n)
-    index = flat.new_zeros(b, n2 + 1, dtype=torch.long).scatter_(1, slot, src)[:, :n2]
-    ok = torch.arange(n2, device=flat.device)[None, :] < n_sel[:, None]
-    score = flat.gather(1, index).masked_fill(~ok, float("-inf"))
-    score, perm = score.sort(dim=1, descending=True, stable=True)
-    return index.gather(1, perm), score, ok.gather(1, perm)
+    n = flat.shape[1]
+    top, top_index = flat.topk(n2, dim=1)
+    thr = top[:, -1:]
+    above = top > thr  # [B, n2]: every candidate above the threshold is among topk's
+    n_tie = n_valid.clamp(max=n2) - above.sum(1)  # [B] how many candidates equal to it to take
+    tie_key, tie_index = torch.where(flat == thr, tie_rank, 0).topk(n2, dim=1)
+    tie_ok = (tie_key > 0) & (torch.arange(n2, device=flat.device) < n_tie[:, None])
+    index = torch.cat([top_index, tie_index], dim=1)  # [B, 2·n2]
+    ok = torch.cat([above, tie_ok], dim=1)
+    score = flat.gather(1, index)
+    # order (ok first, score desc, index asc): stable sorts from the last key to the first
+    perm = index.masked_fill(~ok, n).sort(dim=1, stable=True).indices
+    for key in (score, ok):
+        perm = perm.gather(1, key.gather(1, perm).sort(dim=1, descending=True, stable=True).indices)
+    perm = perm[:, :n2]
+    ok = ok.gather(1, perm)
+    return index.gather(1, perm), score.gather(1, perm).masked_fill(~ok, float("-inf")), ok
 
 
 def _first_k(mask: Tensor, values: list[Tensor], k: int, fill: list[float | int]) -> tuple[Tensor, list[Tensor]]:
@@ -133,8 +140,10 @@ def _first_k(mask: Tensor, values: list[Tensor], k: int, fill: list[float | int]
 
 @dataclass
 class _History:
-    """Per-step device tensors, moved to the host once at the end."""
+    """Per-step device tensors of the sentences still searching (``sent`` names them), moved to the
+    host once at the end."""
 
+    sent: list[Tensor]
     live_org: list[Tensor]
     live_tok: list[Tensor]
     live_pos: list[Tensor]
@@ -144,21 +153,34 @@ class _History:
     eos_org: list[Tensor]
     eos_score: list[Tensor]
 
-    def append(self, st: _Step, fin_eos: Tensor, fin_live: Tensor) -> None:
+    def append(self, sent: Tensor, st: _Step, fin_live: Tensor) -> None:
         """Record one step (device tensors; no host sync)."""
+        self.sent.append(sent)
         self.live_org.append(st.live_org)
         self.live_tok.append(st.live_tok)
         self.live_pos.append(st.live_pos)
         self.fin_live.append(fin_live)
         self.live_score.append(st.live_score)
-        self.fin_eos.append(fin_eos)
+        self.fin_eos.append(st.eos_first_k)
         self.eos_org.append(st.eos_org)
         self.eos_score.append(st.eos_score)
+
+    def to_host(self, n_sent: int) -> dict[str, list]:
+        """Every field as nested lists [step][sentence][slot] over all sentences (zeros where a
+        sentence had left), after one transfer per field."""
+        out = {}
+        for name in self.__dataclass_fields__:
+            if name == "sent":
+                continue
+            steps = [x.new_zeros((n_sent,) + x.shape[1:]).index_copy_(0, sent, x)
+                     for sent, x in zip(self.sent, getattr(self, name))]
+            out[name] = torch.stack(steps).cpu().tolist()
+        return out
 
 
 def _rebuild(h: _History, n_sent: int, k: int) -> list[list[Hypothesis]]:
     """Backtrack every finished hypothesis from the host copy of the history."""
-    cpu = {name: torch.stack(getattr(h, name)).cpu().tolist() for name in h.__dataclass_fields__}
+    cpu = h.to_host(n_sent)
     org, tok = cpu["live_org"], cpu["live_tok"]
 
     def tokens(step: int, slot: int, b: int) -> list[int]:
@@ -197,22 +219,25 @@ class _Step(NamedTuple):
     live_pos: Tensor
 
 
-def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, tok_ok: Tensor, k: int, eos: int, pad: int) -> _Step:
+def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: int, eos: int, pad: int) -> _Step:
     """Rank every extension of the live hypotheses; EOS candidates among the first k finish, others stay live.
 
     Args:
-        scores: [B, k] raw scores of the live slots.
-        lprobs: [B, k, V] next-token log-probabilities.
-        live_ok: [B, k] which slots hold a live hypothesis (a prefix of the slots).
-        tok_ok: [V] tokens that may extend a hypothesis (all but PAD and BOS).
+        scores: [B, slots] raw scores of the slots, -inf for a slot without a live hypothesis.
+        lprobs: [B, slots, V] next-token log-probabilities (its ``banned`` columns are overwritten).
+        live_ok: [B, slots] which slots hold a live hypothesis (a prefix of the slots).
+        banned: [2] the ids that never extend a hypothesis (PAD and BOS).
         k: beam size.
         eos: EOS id.
         pad: id fed to empty slots.
     """
-    n_sent, _, vocab = lprobs.shape
-    valid = (live_ok[:, :, None] & tok_ok).view(n_sent, k * vocab)
-    flat = (scores[:, :, None] + lprobs).view(n_sent, k * vocab).masked_fill(~valid, float("-inf"))
-    index, cand_score, cand_ok = _top_candidates(flat, valid, min(2 * k, k * vocab))
+    n_sent, slots, vocab = lprobs.shape
+    n = slots * vocab
+    flat = (scores[:, :, None] + lprobs.index_fill_(2, banned, float("-inf"))).view(n_sent, n)
+    rank = torch.arange(n, 0, -1, device=flat.device, dtype=torch.int32).view(slots, vocab)
+    tie_rank = rank.index_fill_(1, banned, 0).view(n)
+    n_valid = live_ok.sum(1) * (vocab - banned.numel())
+    index, cand_score, cand_ok = _top_candidates(flat, tie_rank, n_valid, min(2 * k, n))
     origin, token = index // vocab, index % vocab
     is_eos = token.eq(eos)
     m = index.shape[1]
@@ -257,32 +282,34 @@ def beam_search_finished(
     max_lens = _max_lens(src, cfg.pad_id, max_len_a, max_len_b, getattr(cfg, "max_positions", None))
     if n_sent == 0 or max(max_lens) == 0:
         return [[] for _ in range(n_sent)]
-    enc = _select_rows(model.encode(src), torch.arange(n_sent, device=dev).repeat_interleave(k))
-    cache = model.init_cache(enc)
-    last = torch.full((n_sent * k,), cfg.bos_id, dtype=torch.long, device=dev)
-    max_len_t = torch.tensor(max_lens, device=dev)
-    active, n_done = max_len_t > 0, torch.zeros(n_sent, dtype=torch.long, device=dev)
-    live_ok = (torch.arange(k, device=dev) == 0).expand(n_sent, k)
-    base = torch.arange(n_sent, device=dev)[:, None] * k
-    scores = tok_ok = None
-    hist = _History([], [], [], [], [], [], [], [])
+    sent = torch.tensor([i for i, m in enumerate(max_lens) if m > 0], device=dev)  # empty sources never enter
+    state = model.init_state(model.encode(src.index_select(0, sent)), k, max(max_lens))
+    max_len_t = torch.tensor(max_lens, device=dev).index_select(0, sent)
+    n_done = torch.zeros_like(max_len_t)
+    # step 1 extends one slot per sentence ([BOS]); every later step k slots
+    last = torch.full((len(sent),), cfg.bos_id, dtype=torch.long, device=dev)
+    live_ok = torch.ones(len(sent), 1, dtype=torch.bool, device=dev)
+    banned = torch.tensor(sorted({cfg.pad_id, cfg.bos_id}), device=dev)
+    scores = None
+    hist = _History([], [], [], [], [], [], [], [], [])
     for n in range(1, max(max_lens) + 1):
-        logits, cache = model.decode_step(last, enc, cache)
-        lprobs = torch.log_softmax(wide(logits), dim=-1)  # fp32 logits stay fp32 (no-op cast)
-        if scores is None or tok_ok is None:
-            scores = lprobs.new_zeros(n_sent, k)
-            tok_ok = torch.ones(lprobs.shape[-1], dtype=torch.bool, device=dev)
-            tok_ok[cfg.pad_id] = tok_ok[cfg.bos_id] = False
-        st = _extend(scores, lprobs.view(n_sent, k, -1), live_ok, tok_ok, k, cfg.eos_id, cfg.pad_id)
+        logits, state = model.decode_step(last, state)
+        lprobs = torch.log_softmax(wide(logits), dim=-1).view(len(sent), live_ok.shape[1], -1)  # fp32 stays fp32
+        scores = lprobs.new_zeros(len(sent), 1) if scores is None else scores
+        st = _extend(scores, lprobs, live_ok, banned, k, cfg.eos_id, cfg.pad_id)
         at_max = max_len_t.eq(n)
-        fin_eos = st.eos_first_k & active[:, None]
-        fin_live = st.live_ok & (at_max & active)[:, None]
-        n_done = n_done + fin_eos.sum(1) + fin_live.sum(1)
-        hist.append(st, fin_eos, fin_live)
-        active = active & ~(at_max | n_done.ge(k))
-        if not bool(active.any()):  # the one host sync per step
+        fin_live = st.live_ok & at_max[:, None]
+        n_done = n_done + st.eos_first_k.sum(1) + fin_live.sum(1)
+        hist.append(sent, st, fin_live)
+        keep = (~at_max & n_done.lt(k)).nonzero().view(-1)  # the one host sync per step: who goes on
+        if keep.numel() == 0:
             break
-        cache = model.reorder_cache(cache, (base + st.live_org).view(-1))
+        leaving = keep.numel() < len(sent)
+        if leaving:  # done sentences leave the batch
+            sent, max_len_t, n_done = sent[keep], max_len_t[keep], n_done[keep]
+            st = _Step(*(x.index_select(0, keep) for x in st))
+        rows = (keep[:, None] * live_ok.shape[1] + st.live_org).view(-1)  # old row of each new row
+        state = model.reorder_state(state, rows, keep if leaving else None)
         last, scores, live_ok = st.live_tok.reshape(-1), st.live_score, st.live_ok
     return _rebuild(hist, n_sent, k)
 

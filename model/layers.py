@@ -174,14 +174,31 @@ class DecoderLayer(nn.Module):
         return self._tail(x, k_mem, v_mem, mem_mask)
 
     def step(
-        self, x: Tensor, k_cache: Tensor, v_cache: Tensor, k_mem: Tensor, v_mem: Tensor, mem_mask: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """One incremental step: x [B, 1, d]; caches [B, H, t, dh] -> (y [B, 1, d], k, v [B, H, t+1, dh])."""
+        self, x: Tensor, k_buf: Tensor, v_buf: Tensor, t: int, k_mem: Tensor, v_mem: Tensor, mem_mask: Tensor
+    ) -> Tensor:
+        """One incremental step for N = B·beam rows, beam rows per sentence.
+
+        Args:
+            x: [N, 1, d] the embedded token of every row at position t.
+            k_buf: [N, H, capacity, dh] self-attention keys, positions < t filled; this step's key is
+                written at t in place.
+            v_buf: [N, H, capacity, dh] self-attention values, the same way.
+            t: the position of this token.
+            k_mem: [B, H, S, dh] cross-attention keys, one per sentence.
+            v_mem: [B, H, S, dh] cross-attention values.
+            mem_mask: [B, 1, 1, S] bool source mask.
+
+        Returns:
+            [N, 1, d] the layer's output. The cross-attention and FFN see each sentence's beam rows as
+            one [beam, d] sequence of queries against the sentence's own K/V (no copy per beam).
+        """
         q, k, v = self.self_attn.project_qkv(self.res_self.inp(x))
-        k = torch.cat([k_cache, k], dim=2)
-        v = torch.cat([v_cache, v], dim=2)
-        x = self._after_self(x, k, v, q, causal=False)
-        return self._tail(x, k_mem, v_mem, mem_mask), k, v
+        k_buf[:, :, t : t + 1] = k
+        v_buf[:, :, t : t + 1] = v
+        x = self._after_self(x, k_buf[:, :, : t + 1], v_buf[:, :, : t + 1], q, causal=False)
+        n, _, d = x.shape
+        b = k_mem.shape[0]
+        return self._tail(x.view(b, n // b, d), k_mem, v_mem, mem_mask).view(n, 1, d)
 
     def cross_weights(self, x: Tensor, memory: Tensor, mem_mask: Tensor) -> Tensor:
         """Explicit cross-attention probabilities [B, H, T, S] of this layer for decoder input ``x``."""

@@ -8,6 +8,7 @@ with ``pad_id``; every mask is derived from the token ids inside.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -33,24 +34,40 @@ class EncoderOut(NamedTuple):
     attn_mask: Tensor
 
 
-class DecoderCache(NamedTuple):
-    """Incremental decoding state, one entry per decoder layer (batch on dim 0 of every tensor).
+@dataclass
+class DecoderState:
+    """Incremental decoding state with room for ``beam`` rows per sentence (the rows of a sentence are
+    adjacent: r rows per sentence, sentence b's at b·r .. b·r + r - 1); updated in place by
+    :meth:`Transformer.decode_step`.
 
     Attributes:
-        self_k: per layer [B, H, t, dh] self-attention keys of the t tokens fed so far.
-        self_v: per layer [B, H, t, dh] self-attention values.
-        cross_k: per layer [B, H, S, dh] cross-attention keys (computed once in ``init_cache``).
+        self_k: per layer [B·beam, H, capacity, dh] self-attention keys; the rows in use come first,
+            their first ``length`` positions are filled, the next one is written in place at each step.
+        self_v: per layer [B·beam, H, capacity, dh] self-attention values.
+        spare_k: per layer a buffer like ``self_k`` that :meth:`Transformer.reorder_state` gathers into
+            (then the two swap), so reordering allocates nothing.
+        spare_v: the same for ``self_v``.
+        cross_k: per layer [B, H, S, dh] cross-attention keys, once per sentence (shared by its beams,
+            never reordered).
         cross_v: per layer [B, H, S, dh] cross-attention values.
+        mem_mask: [B, 1, 1, S] bool, True = the decoder may attend there.
+        beam: the most rows per sentence.
+        length: positions filled so far (the position of the next token).
     """
 
     self_k: list[Tensor]
     self_v: list[Tensor]
+    spare_k: list[Tensor]
+    spare_v: list[Tensor]
     cross_k: list[Tensor]
     cross_v: list[Tensor]
+    mem_mask: Tensor
+    beam: int
+    length: int = 0
 
     @property
-    def length(self) -> int:
-        """Number of decoder tokens fed so far (the position of the next one)."""
+    def capacity(self) -> int:
+        """How many tokens the self-attention buffers hold."""
         return self.self_k[0].shape[2]
 
 
@@ -163,54 +180,80 @@ class Transformer(nn.Module):
 
     # ---- incremental decoding -------------------------------------------------------------
 
-    def init_cache(self, enc: EncoderOut) -> DecoderCache:
-        """Empty self-attention caches and the cross-attention K/V of ``enc`` (computed once)."""
-        b = enc.memory.shape[0]
-        h, dh = self.cfg.n_heads, self.cfg.head_dim
-        empty = enc.memory.new_zeros(b, h, 0, dh)
-        cross = [layer.cross_attn.project_kv(enc.memory) for layer in self.decoder]
-        n = len(self.decoder)
-        return DecoderCache([empty] * n, [empty] * n, [k for k, _ in cross], [v for _, v in cross])
+    def init_state(self, enc: EncoderOut, beam: int = 1, capacity: int | None = None) -> DecoderState:
+        """Decoding state for up to ``beam`` rows per sentence of ``enc``: cross-attention K/V computed
+        once per sentence, self-attention buffers preallocated for ``capacity`` tokens.
 
-    def decode_step(self, tokens: Tensor, enc: EncoderOut, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
+        The first :meth:`decode_step` feeds one row per sentence (beam search's [BOS]);
+        :meth:`reorder_state` then sets the rows (at most ``beam`` per sentence).
+
+        Args:
+            enc: encoder output with B sentences.
+            beam: the most rows per sentence (beam search's k; 1 for greedy or teacher-forced checks).
+            capacity: the most tokens that will be fed (default ``max_positions``).
+
+        Returns:
+            A :class:`DecoderState` with room for B·beam rows, length 0.
+        """
+        b, h, dh = enc.memory.shape[0], self.cfg.n_heads, self.cfg.head_dim
+        capacity = self.cfg.max_positions if capacity is None else min(capacity, self.cfg.max_positions)
+        cross = [layer.cross_attn.project_kv(enc.memory) for layer in self.decoder]
+        like = cross[0][0]  # the decoder's dtype (bf16 under autocast)
+
+        def buffers() -> list[Tensor]:
+            return [like.new_empty(b * beam, h, capacity, dh) for _ in self.decoder]
+
+        return DecoderState(buffers(), buffers(), buffers(), buffers(), [k for k, _ in cross],
+                            [v for _, v in cross], enc.attn_mask, beam)
+
+    def decode_step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
         """Feed one token per row and get the next-token logits, computed in fp32.
 
         The decoder layers run in the ambient precision (bf16 under the caller's autocast, like the
-        cache); the output projection runs in fp32 with autocast disabled (:meth:`project_wide`), so
+        state); the output projection runs in fp32 with autocast disabled (:meth:`project_wide`), so
         the logits that beam search ranks are fp32 even when decoding under bf16 autocast.
 
         Args:
-            tokens: [B] or [B, 1] int64, the last token of every row (BOS first).
-            enc: encoder output with the same rows as the cache.
-            cache: from :meth:`init_cache` or a previous ``decode_step``.
+            tokens: [N] or [N, 1] int64, the last token of every row (BOS first), N = B·r rows with r
+                rows per sentence, adjacent (r = 1 at the first step).
+            state: from :meth:`init_state` or a previous step; its buffers are written in place.
 
         Returns:
-            (logits [B, V] in fp32, or float64 for a float64 model; the extended cache).
+            (logits [N, V] in fp32, or float64 for a float64 model; ``state`` one token longer).
         """
-        if tokens.dim() == 1:
-            tokens = tokens.unsqueeze(1)
-        x = self._embed(tokens, offset=cache.length)
-        new_k, new_v = [], []
+        t, n = state.length, tokens.numel()
+        if t >= state.capacity:
+            raise ValueError(f"the decoder state holds {state.capacity} tokens; init_state(capacity=...) more")
+        x = self._embed(tokens.view(n, 1), offset=t)
         for i, layer in enumerate(self.decoder):
-            x, k, v = layer.step(x, cache.self_k[i], cache.self_v[i], cache.cross_k[i], cache.cross_v[i], enc.attn_mask)
-            new_k.append(k)
-            new_v.append(v)
-        logits = self.project_wide(self.dec_norm(x))[:, 0]
-        return logits, DecoderCache(new_k, new_v, cache.cross_k, cache.cross_v)
+            x = layer.step(x, state.self_k[i][:n], state.self_v[i][:n], t, state.cross_k[i], state.cross_v[i],
+                           state.mem_mask)
+        state.length = t + 1
+        return self.project_wide(self.dec_norm(x))[:, 0], state
 
     @staticmethod
-    def reorder_cache(cache: DecoderCache, index: Tensor) -> DecoderCache:
-        """Select rows of every cached tensor: index [B'] int64 -> cache with B' rows."""
+    def reorder_state(state: DecoderState, rows: Tensor, sentences: Tensor | None = None) -> DecoderState:
+        """Keep and reorder rows: new row r continues old row ``rows[r]``.
 
-        def sel(ts: list[Tensor]) -> list[Tensor]:
-            return [t.index_select(0, index) for t in ts]
+        Args:
+            state: the current state.
+            rows: [N'] int64 old row per new row (rows of a sentence adjacent; a row may repeat).
+            sentences: [B'] int64 the sentences kept, in their new order, or None when all stay.
 
-        return DecoderCache(sel(cache.self_k), sel(cache.self_v), sel(cache.cross_k), sel(cache.cross_v))
-
-    @staticmethod
-    def reorder_encoder_out(enc: EncoderOut, index: Tensor) -> EncoderOut:
-        """Select rows of the encoder output: index [B'] int64 -> EncoderOut with B' rows."""
-        return EncoderOut(*(t.index_select(0, index) for t in enc))
+        Returns:
+            The state with N' rows: the filled self-attention prefix gathered into the spare buffers
+            (which then swap with the current ones); cross-attention K/V selected by sentence only.
+        """
+        t, n = state.length, rows.shape[0]
+        for cur, spare in ((state.self_k, state.spare_k), (state.self_v, state.spare_v)):
+            for i in range(len(cur)):
+                torch.index_select(cur[i][:, :, :t], 0, rows, out=spare[i][:n, :, :t])
+                cur[i], spare[i] = spare[i], cur[i]
+        if sentences is not None:
+            state.cross_k = [k.index_select(0, sentences) for k in state.cross_k]
+            state.cross_v = [v.index_select(0, sentences) for v in state.cross_v]
+            state.mem_mask = state.mem_mask.index_select(0, sentences)
+        return state
 
     # ---- inspection ---------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ complete ``averaged.pt`` built by the average stage itself.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -80,3 +81,28 @@ def make_averaged(root: Path, seed: int = 0, **overrides: object) -> Path:
     run_stage("average", lambda: stage(AverageConfig(last_n=1), train_dir=root / "train", bpe_dir=root / "bpe",
                                        model_dir=root / "model"), metrics_dir=root / "metrics")
     return root / "model" / AVERAGED_NAME
+
+
+@functools.cache
+def trained_reverser(seed: int = 0, steps: int = 400) -> Transformer:
+    """A tiny float64 Transformer trained (in fp32, a few seconds) to reverse sequences of ids 4..12:
+    its outputs end with EOS at realistic lengths, unlike a random model's, which run to max_len.
+    Cached: callers must not change it."""
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(vocab_size=13, d_model=32, n_heads=2, d_ff=64, n_layers=2, dropout=0.0,
+                            attn_dropout=0.0, ffn_dropout=0.0, max_positions=64)
+    model = Transformer(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        n = int(torch.randint(2, 8, (1,), generator=g))
+        body = torch.randint(4, 13, (32, n), generator=g)
+        eos = torch.full((32, 1), cfg.eos_id)
+        src = torch.cat([body, eos], 1)
+        tgt = torch.cat([body.flip(1), eos], 1)
+        tgt_in = torch.cat([torch.full((32, 1), cfg.bos_id), tgt[:, :-1]], 1)
+        loss = torch.nn.functional.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.double().eval()

@@ -12,7 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from model import Hypothesis, Transformer, TransformerConfig, beam_search, best_hypothesis
-from model.beam import length_penalty, max_length
+from model.beam import _top_candidates, length_penalty, max_length
+from tests.helpers.models import trained_reverser
 
 PAD, A, BOS, EOS, B = 0, 1, 2, 3, 4  # toy vocabulary: V = 5
 
@@ -28,16 +29,16 @@ class FixedProbs(nn.Module):
     def encode(self, src: Tensor) -> Tensor:
         return src
 
-    def init_cache(self, enc: Tensor) -> Tensor:
-        return enc.new_zeros(enc.shape[0], 0)
+    def init_state(self, enc: Tensor, beam: int, capacity: int) -> Tensor:
+        return enc.new_zeros(enc.shape[0], 0)  # one row per sentence until reorder_state
 
-    def decode_step(self, tokens: Tensor, enc: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
+    def decode_step(self, tokens: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
         cache = torch.cat([cache, tokens.view(-1, 1)], dim=1)
         rows = [self.table.get(tuple(r[1:]), self.default) for r in cache.tolist()]
         return torch.tensor(rows, dtype=torch.float64).log(), cache
 
-    def reorder_cache(self, cache: Tensor, index: Tensor) -> Tensor:
-        return cache.index_select(0, index)
+    def reorder_state(self, cache: Tensor, rows: Tensor, sentences: Tensor | None) -> Tensor:
+        return cache.index_select(0, rows)
 
 
 #            pad   a    bos   eos   b
@@ -197,15 +198,15 @@ class TiedProbs(nn.Module):
     def encode(self, src: Tensor) -> Tensor:
         return src
 
-    def init_cache(self, enc: Tensor) -> Tensor:
-        return enc.new_zeros(enc.shape[0], 0)
+    def init_state(self, enc: Tensor, beam: int, capacity: int) -> Tensor:
+        return enc.new_zeros(enc.shape[0], 0)  # one row per sentence until reorder_state
 
-    def decode_step(self, tokens: Tensor, enc: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
+    def decode_step(self, tokens: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
         cache = torch.cat([cache, tokens.view(-1, 1)], dim=1)
         return torch.tensor([self.probs(r) for r in cache.tolist()]).log(), cache
 
-    def reorder_cache(self, cache: Tensor, index: Tensor) -> Tensor:
-        return cache.index_select(0, index)
+    def reorder_state(self, cache: Tensor, rows: Tensor, sentences: Tensor | None) -> Tensor:
+        return cache.index_select(0, rows)
 
 
 def tied_lprobs(m: TiedProbs, row: Tensor, prefixes: list[list[int]]) -> Tensor:
@@ -270,3 +271,75 @@ def test_search_restores_training_mode_and_float32_runs() -> None:
     assert m.training and len(out) == 5
     with pytest.raises(ValueError, match="exceeds the model's max_positions 64"):
         beam_search(m, sources(0), beam_size=2, max_len_b=100)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_top_candidates_equals_a_literal_sort_with_ties_and_invalid_slots(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    b, slots, vocab, n2 = 6, 3, 7, 6
+    n = slots * vocab
+    flat = torch.randint(-3, 1, (b, n), generator=g).float()  # few distinct values: many exact ties
+    flat[torch.rand(b, n, generator=g) < [0.1, 0.3, 0.6, 0.9, 0.95, 1.0][seed]] = float("-inf")  # valid may be -inf
+    live = torch.randint(0, slots + 1, (b,), generator=g)  # live slots are a prefix
+    valid = ((torch.arange(slots) < live[:, None])[:, :, None] & (torch.arange(vocab) % 4 != 0)).view(b, n)
+    flat = flat.masked_fill(~valid, float("-inf"))
+    tie_rank = torch.where(torch.arange(n) % vocab % 4 != 0, torch.arange(n, 0, -1), 0)  # banned tokens: 0
+    index, score, ok = _top_candidates(flat, tie_rank.int(), valid.sum(1), n2)
+    for r in range(b):
+        want = sorted((i for i in range(n) if valid[r, i]), key=lambda i: (-flat[r, i].item(), i))[:n2]
+        assert index[r, : len(want)].tolist() == want
+        assert ok[r].tolist() == [True] * len(want) + [False] * (n2 - len(want))
+        assert score[r, : len(want)].tolist() == flat[r, want].tolist()
+        assert (score[r, len(want):] == float("-inf")).all()
+
+
+def test_a_trained_model_gives_the_literal_rules_hypotheses_in_a_batch() -> None:
+    m = trained_reverser()
+    g = torch.Generator().manual_seed(3)
+    lengths = [2, 7, 3, 6, 4, 5, 2, 7]
+    src = torch.full((len(lengths), 8), PAD)
+    for i, s in enumerate(lengths):
+        src[i, :s] = torch.randint(4, 13, (s,), generator=g)
+        src[i, s] = EOS
+    got = beam_search(m, src, beam_size=4, max_len_a=1.0, max_len_b=4, return_finished=True)
+    for row, hyps in zip(src, got):
+        want = reference_beam(m, row, 4, 1.0, 4)
+        assert as_tuples(hyps) == [(t, n) for t, _, n in want]
+        assert [h.score for h in hyps] == pytest.approx([s for _, s, _ in want], abs=1e-9)
+    best = [best_hypothesis(h, 0.6) for h in got]
+    # realistic outputs: the model learnt to reverse well enough that every answer ends with EOS near
+    # the source's length, long before max_len (a random model's run to max_len)
+    assert all(abs(len(h) - n) <= 1 for h, n in zip(best, lengths)), (best, lengths)
+
+
+class RowCounter(nn.Module):
+    """Wraps a model and records how many rows each decode step gets and whether cross K/V were copied."""
+
+    def __init__(self, inner: Transformer) -> None:
+        super().__init__()
+        self.inner, self.cfg, self.rows, self.cross_moves = inner, inner.cfg, [], 0
+
+    def encode(self, src: Tensor):
+        return self.inner.encode(src)
+
+    def init_state(self, enc, beam: int, capacity: int):
+        return self.inner.init_state(enc, beam, capacity)
+
+    def decode_step(self, tokens: Tensor, state):
+        self.rows.append(tokens.numel())
+        return self.inner.decode_step(tokens, state)
+
+    def reorder_state(self, state, rows: Tensor, sentences: Tensor | None):
+        before = [k.data_ptr() for k in state.cross_k]
+        state = self.inner.reorder_state(state, rows, sentences)
+        self.cross_moves += [k.data_ptr() for k in state.cross_k] != before
+        return state
+
+
+def test_finished_sentences_leave_the_batch_and_beams_share_cross_attention() -> None:
+    m = RowCounter(trained_reverser())
+    src = torch.tensor([[5, EOS, PAD, PAD, PAD, PAD, PAD, PAD], [5, 6, 7, 8, 9, 10, 11, EOS]])
+    beam_search(m, src, beam_size=3, max_len_a=1.0, max_len_b=4)
+    # the short sentence is done after ~2 steps; from then on only the long one's 3 rows are fed
+    assert m.rows[:2] == [2, 6] and m.rows[-1] == 3 and m.rows.count(3) >= 5, m.rows  # [BOS] once per sentence
+    assert m.cross_moves == 1, "cross-attention K/V move only when a sentence leaves, never per step"

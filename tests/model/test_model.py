@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import time
 
 import pytest
@@ -102,23 +104,46 @@ def test_extra_padding_does_not_change_results(pre_norm: bool) -> None:
 
 
 @pytest.mark.parametrize("pre_norm", [False, True])
+@torch.no_grad()
 def test_cached_incremental_decoding_equals_full(pre_norm: bool) -> None:
     m = tiny_model(seed=1, pre_norm=pre_norm)
     src = torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD]])
     tgt = torch.cat([torch.full((2, 1), BOS), rand_tokens(2, 5)], dim=1)
     full = m(src, tgt)
     enc = m.encode(src)
-    cache = m.init_cache(enc)
+    state = m.init_state(enc, beam=1, capacity=tgt.shape[1] + 1)
     for t in range(tgt.shape[1]):
-        logits, cache = m.decode_step(tgt[:, t], enc, cache)
+        logits, state = m.decode_step(tgt[:, t], state)
         torch.testing.assert_close(logits, full[:, t], rtol=0, atol=1e-10)
-    assert cache.length == tgt.shape[1]
-    # reordering the cache reorders the rows
+    assert state.length == tgt.shape[1]
+    # reordering the state reorders the rows; dropping a sentence keeps the other's rows exact
     rev = torch.tensor([1, 0])
-    enc_r, cache_r = Transformer.reorder_encoder_out(enc, rev), Transformer.reorder_cache(cache, rev)
-    step, _ = m.decode_step(torch.tensor([[7], [8]]), enc_r, cache_r)
-    step_ref, _ = m.decode_step(torch.tensor([8, 7]), enc, cache)
+    swapped = Transformer.reorder_state(copy.deepcopy(state), rev, rev)
+    step, _ = m.decode_step(torch.tensor([[7], [8]]), swapped)
+    step_ref, _ = m.decode_step(torch.tensor([8, 7]), copy.deepcopy(state))
     torch.testing.assert_close(step, step_ref[rev], rtol=0, atol=1e-12)
+    second = Transformer.reorder_state(state, torch.tensor([1]), torch.tensor([1]))
+    alone, _ = m.decode_step(torch.tensor([7]), second)
+    torch.testing.assert_close(alone, step_ref[1:], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=f"holds {tgt.shape[1] + 1} tokens"):
+        m.decode_step(torch.tensor([7]), second)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+@torch.no_grad()
+def test_beam_rows_share_their_sentence_cross_attention(beam: int) -> None:
+    """N = B·beam rows against one K/V per sentence equal every row decoded on its own."""
+    m = tiny_model(seed=2)
+    src = torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD]])
+    tokens = rand_tokens(2 * beam, 3)
+    state = m.init_state(m.encode(src), beam=beam, capacity=4)
+    logits, state = m.decode_step(torch.full((2 * beam,), BOS), state)
+    for t in range(3):
+        logits, state = m.decode_step(tokens[:, t], state)
+    for r in range(2 * beam):
+        tgt = torch.cat([torch.tensor([BOS]), tokens[r]])[None]
+        want = m(src[r // beam : r // beam + 1], tgt)[0, -1]
+        torch.testing.assert_close(logits[r], want, rtol=0, atol=1e-10)
 
 
 def test_features_project_equals_forward_and_encode_masks() -> None:

@@ -56,10 +56,10 @@ def test_decode_step_projects_the_decoder_state_in_fp32_under_autocast(pre_norm:
     m.dec_norm.register_forward_hook(lambda _mod, _inp, out: states.append(out))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         enc = m.encode(SRC)
-        cache = m.init_cache(enc)
-        assert cache.cross_k[0].dtype == torch.bfloat16, "the decoder itself should run in bf16"
-        logits, cache = m.decode_step(torch.full((2,), BOS), enc, cache)
-        logits, _ = m.decode_step(torch.tensor([11, 12]), enc, cache)
+        state = m.init_state(enc, beam=1, capacity=2)
+        assert state.cross_k[0].dtype == state.self_k[0].dtype == torch.bfloat16, "the decoder should run in bf16"
+        logits, state = m.decode_step(torch.full((2,), BOS), state)
+        logits, _ = m.decode_step(torch.tensor([11, 12]), state)
     assert logits.dtype == torch.float32 and logits.shape == (2, 29)
     want = F.linear(states[-1].float(), m.embed.weight.float())[:, 0]  # fp32, outside autocast
     torch.testing.assert_close(logits, want, rtol=1e-6, atol=1e-6)
