@@ -1,4 +1,4 @@
-"""The ``nmt`` command: profiles, the whole pipeline (through the Prefect flow) and translate."""
+"""The ``nmt`` command: profiles, the whole pipeline (through the Prefect flow), translate and export."""
 
 from __future__ import annotations
 
@@ -58,9 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="write this profile's params.yaml first (demo, tiny, paper)")
     p.add_argument("--force", action="store_true", help="rerun stages even if DVC thinks they are up to date")
     p.set_defaults(func=_cmd_run)
+    from pipeline.inference.ct2 import add_parser as add_export_parser
     from pipeline.inference.translate import add_parser as add_translate_parser
 
     add_translate_parser(sub)
+    add_export_parser(sub)
     return parser
 
 

@@ -101,7 +101,7 @@ def choose_on_valid(cfg: EvaluateConfig, translator: Translator, sources: list[l
                                   max_len_b=cfg.max_len_b, max_tokens=cfg.max_tokens, label="valid")
         seconds = time.monotonic() - start
         for alpha in cfg.alphas:
-            text = detokenize(translator, by_alpha[float(alpha)])
+            text = detokenize(translator.sp, by_alpha[float(alpha)])
             entry = {"beam": beam, "alpha": float(alpha), "bleu": primary_bleu(text, refs),
                      "decode_seconds": round(seconds, 3)}
             grid.append(entry)
@@ -193,7 +193,7 @@ def _evaluate_averaged(cfg: EvaluateConfig, translator: Translator, data: dict[s
     hyps = decode_sources(translator, sources, beam_size=beam, alphas=[alpha], max_len_a=cfg.max_len_a,
                           max_len_b=cfg.max_len_b, max_tokens=cfg.max_tokens, label="test")[alpha]
     seconds = time.monotonic() - start
-    write_lines(hyp_paths["test"], detokenize(translator, hyps))
+    write_lines(hyp_paths["test"], detokenize(translator.sp, hyps))
     report["test"] = _set_report(hyp_paths["test"], ref_path, seconds=seconds, beam=beam, alpha=alpha,
                                  truncated=truncated)
     report.update(grid=grid, chosen={"beam": beam, "alpha": alpha, "chosen_on": "valid"},
@@ -212,7 +212,7 @@ def _evaluate_newest(cfg: EvaluateConfig, translator: Translator, prepared: tupl
     hyps = decode_sources(translator, sources, beam_size=beam, alphas=[alpha], max_len_a=cfg.max_len_a,
                           max_len_b=cfg.max_len_b, max_tokens=cfg.max_tokens, label="valid newest")[alpha]
     seconds = time.monotonic() - start
-    write_lines(hyp_path, detokenize(translator, hyps))
+    write_lines(hyp_path, detokenize(translator.sp, hyps))
     return _set_report(hyp_path, ref_path, seconds=seconds, beam=beam, alpha=alpha, truncated=truncated)
 
 

@@ -2,7 +2,8 @@
 
 Shared by the ``evaluate`` stage and ``nmt translate``. Sentences are sorted by source length and
 cut into batches whose padded source size (sentences × longest source, EOS included) stays within
-``max_tokens``; results go back to the input order. One beam search per beam size serves every α:
+``max_tokens`` (on CPU, also at most :data:`CPU_SEARCH_SENTENCES` sentences); results go back to the
+input order. One beam search per beam size serves every α:
 the finished set does not depend on α (the rule in ``model/beam.py``), so each α only re-ranks it.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,9 +100,24 @@ def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> torch.Tens
     return out.to(device)
 
 
+#: Sentences per beam search on CPU: each step's candidate passes walk [sentences × k × V] scores, and
+#: beyond ~64 sentences they leave the CPU caches, so larger batches ran slower (benchmarks/decode.py).
+CPU_SEARCH_SENTENCES = 64
+
+
+def search_batches(lengths: Sequence[int], max_tokens: int, device: torch.device) -> list[list[int]]:
+    """:func:`plan_batches` cut further into searches of at most :data:`CPU_SEARCH_SENTENCES`
+    sentences on CPU (sorted by length already, so the pieces pad no more than the whole)."""
+    batches = plan_batches(lengths, max_tokens)
+    if device.type != "cpu":
+        return batches
+    cap = CPU_SEARCH_SENTENCES
+    return [batch[i : i + cap] for batch in batches for i in range(0, len(batch), cap)]
+
+
 def decode_sources(
     translator: Translator, sources: Sequence[Sequence[int]], *, beam_size: int, alphas: Sequence[float],
-    max_len_a: float, max_len_b: float, max_tokens: int, label: str = "decode",
+    max_len_a: float, max_len_b: float, max_tokens: int, label: str = "decode", workers: int = 1,
 ) -> dict[float, list[list[int]]]:
     """Beam-search every source once and re-rank the finished set for each α.
 
@@ -112,6 +129,8 @@ def decode_sources(
         max_len_a, max_len_b: max output length = floor(a·S + b), capped at the model's ``max_positions``.
         max_tokens: batch budget in padded source tokens.
         label: name in progress lines.
+        workers: searches run at once in threads (CPU: give each one torch thread, ``torch.set_num_threads``;
+            the batches and so the results are the same for any number).
 
     Returns:
         ``{alpha: hypotheses}``: per α, per sentence in input order, the ids without BOS/EOS.
@@ -121,29 +140,47 @@ def decode_sources(
     lengths = [len(s) for s in sources]
     # Sentences whose length limit would pass the position table decode with the limit max_positions.
     capped = [max_length(n, max_len_a, max_len_b) > cfg.max_positions for n in lengths]
-    groups = [(plan_batches([n if not c else 0 for n, c in zip(lengths, capped)], max_tokens), max_len_a, max_len_b),
-              (plan_batches([n if c else 0 for n, c in zip(lengths, capped)], max_tokens), 0.0, cfg.max_positions)]
-    total = sum(1 for n in lengths if n)
-    done, start, last_log = 0, time.monotonic(), 0.0
-    for batches, a, b in groups:
-        for batch in batches:
-            src = _pad([list(sources[i]) for i in batch], cfg.pad_id, translator.device)
-            with torch.inference_mode(), autocast(translator.device):
-                finished = beam_search(translator.model, src, beam_size=beam_size, max_len_a=a, max_len_b=b,
-                                       return_finished=True)
+    dev = translator.device
+    jobs = [(batch, max_len_a, max_len_b) for batch in search_batches([0 if c else n for n, c in zip(lengths, capped)],
+                                                                    max_tokens, dev)]
+    jobs += [(batch, 0.0, cfg.max_positions) for batch in search_batches([n if c else 0 for n, c in zip(lengths, capped)],
+                                                                         max_tokens, dev)]
+
+    def search(job: tuple[list[int], float, float]) -> tuple[list[int], list]:
+        batch, a, b = job
+        src = _pad([list(sources[i]) for i in batch], cfg.pad_id, dev)
+        with torch.inference_mode(), autocast(dev):
+            return batch, beam_search(translator.model, src, beam_size=beam_size, max_len_a=a, max_len_b=b,
+                                      return_finished=True)
+
+    progress = _Progress(label, beam_size, sum(1 for n in lengths if n))
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        for batch, finished in pool.map(search, jobs):
             for i, hyps in zip(batch, finished):
                 for alpha in out:
                     out[alpha][i] = best_hypothesis(hyps, alpha)
-            done += len(batch)
-            now = time.monotonic() - start
-            if now - last_log >= 10.0 or done == total:
-                last_log = now
-                rate = done / max(now, 1e-9)
-                log.info("%s beam %d: %d/%d sentences, %.1f sent/s, ETA %.0f s", label, beam_size, done, total,
-                         rate, (total - done) / max(rate, 1e-9))
+            progress.add(len(batch))
     return out
 
 
-def detokenize(translator: Translator, hyps: Sequence[Sequence[int]]) -> list[str]:
-    """SentencePiece ids → text, one line per hypothesis (``[]`` → ``""``; never a line break inside)."""
-    return [translator.sp.decode([int(t) for t in h]).replace("\n", " ") if h else "" for h in hyps]
+class _Progress:
+    """A progress line every 10 s and at the end: sentences done, rate, ETA."""
+
+    def __init__(self, label: str, beam_size: int, total: int) -> None:
+        self.label, self.beam_size, self.total = label, beam_size, total
+        self.done, self.start, self.last = 0, time.monotonic(), 0.0
+
+    def add(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic() - self.start
+        if now - self.last >= 10.0 or self.done == self.total:
+            self.last = now
+            rate = self.done / max(now, 1e-9)
+            log.info("%s beam %d: %d/%d sentences, %.1f sent/s, ETA %.0f s", self.label, self.beam_size, self.done,
+                     self.total, rate, (self.total - self.done) / max(rate, 1e-9))
+
+
+def detokenize(sp: Any, hyps: Sequence[Sequence[int]]) -> list[str]:
+    """SentencePiece ids → text with ``sp`` (a SentencePieceProcessor), one line per hypothesis (``[]`` → ``""``;
+    never a line break inside)."""
+    return [sp.decode([int(t) for t in h]).replace("\n", " ") if h else "" for h in hyps]

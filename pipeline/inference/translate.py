@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from pipeline.core.errors import PipelineError
 
 if TYPE_CHECKING:
+    from pipeline.inference.ct2 import Ct2Translator
     from pipeline.inference.decoding import Translator
 
 log = logging.getLogger(__name__)
@@ -65,15 +66,16 @@ def _which(numbers: Sequence[int], limit: int = 10) -> str:
     return shown + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
 
 
-def translate_lines(translator: Translator, lines: Sequence[str], *, beam_size: int = 4, alpha: float = 0.6,
-                    max_len_a: float = 1.0, max_len_b: float = 50,
-                    max_tokens: int = 8192) -> tuple[list[str], list[list[int]], list[list[int]], list[int]]:
-    """Translate raw lines (normalised like training text).
+def translate_lines(translator: Translator | Ct2Translator, lines: Sequence[str], *, beam_size: int = 4,
+                    alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: float = 50, max_tokens: int = 8192,
+                    workers: int = 1) -> tuple[list[str], list[list[int]], list[list[int]], list[int]]:
+    """Translate raw lines (normalised like training text) with either engine.
 
     Returns:
         (translations, model sources, hypothesis ids, 1-based numbers of truncated lines).
     """
     from pipeline.data.normalize import normalize
+    from pipeline.inference import ct2
     from pipeline.inference.decoding import decode_sources, detokenize, prepare_source
 
     sources, truncated = [], []
@@ -84,9 +86,13 @@ def translate_lines(translator: Translator, lines: Sequence[str], *, beam_size: 
         sources.append(source)
         if cut:
             truncated.append(number)
-    hyps = decode_sources(translator, sources, beam_size=beam_size, alphas=[alpha], max_len_a=max_len_a,
-                          max_len_b=max_len_b, max_tokens=max_tokens, label="translate")[float(alpha)]
-    return detokenize(translator, hyps), sources, hyps, truncated
+    settings = {"beam_size": beam_size, "max_len_a": max_len_a, "max_len_b": max_len_b, "max_tokens": max_tokens}
+    if isinstance(translator, ct2.Ct2Translator):
+        hyps = ct2.decode_sources(translator, sources, alpha=alpha, **settings)
+    else:
+        hyps = decode_sources(translator, sources, alphas=[alpha], label="translate", workers=workers,
+                              **settings)[float(alpha)]
+    return detokenize(translator.sp, hyps), sources, hyps, truncated
 
 
 def plot_cross_attention(translator: Translator, source: Sequence[int], hyp: Sequence[int], layer: int,
@@ -144,14 +150,33 @@ def _attention_line(lines: Sequence[str], sources: Sequence[Sequence[int]], want
     raise PipelineError("--attention-png: the input has no non-empty line to draw")
 
 
+def _load(args: argparse.Namespace) -> Translator | Ct2Translator:
+    """The engine ``--engine`` names, with ``--workers`` searches of ``--threads`` threads each."""
+    if args.engine == "ctranslate2":
+        from pipeline.inference import ct2
+
+        if args.attention_png:
+            raise PipelineError("--attention-png draws the torch model's attention: use it with --engine torch")
+        device = "cuda" if (args.device or "cpu").startswith("cuda") else "cpu"
+        return ct2.load(args.model, device=device, inter_threads=args.workers, intra_threads=args.threads)
+    import torch
+
+    from pipeline.inference.decoding import load_translator
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    elif args.workers > 1:
+        torch.set_num_threads(1)  # parallel searches, one thread each (the layout that decodes fastest on CPU)
+    return load_translator(args.model, args.device)
+
+
 def run(args: argparse.Namespace) -> int:
     """Body of ``nmt translate``."""
     from pipeline.core.textio import write_lines
-    from pipeline.inference.decoding import load_translator
 
-    if args.beam < 1 or args.max_tokens < 1:
-        raise PipelineError("--beam and --max-tokens must be >= 1")
-    translator = load_translator(args.model, args.device)
+    if args.beam < 1 or args.max_tokens < 1 or args.workers < 1 or args.threads < 0:
+        raise PipelineError("--beam, --max-tokens and --workers must be >= 1, --threads >= 0")
+    translator = _load(args)
     if args.input in (None, "-"):
         lines, bad = read_input(sys.stdin.buffer)
     else:
@@ -168,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
                     _which(nul))
     out, sources, hyps, truncated = translate_lines(
         translator, lines, beam_size=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b, max_tokens=args.max_tokens)
+        max_len_b=args.max_len_b, max_tokens=args.max_tokens, workers=args.workers)
     if truncated:
         log.warning("%d line(s) longer than the model's max_positions (%d tokens with EOS) were truncated: "
                     "line(s) %s", len(truncated), translator.config.max_positions, _which(truncated))
@@ -186,8 +211,12 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``translate`` on the ``nmt`` sub-command parser."""
-    p = sub.add_parser("translate", help="translate lines (stdin or --input) with an averaged.pt model")
-    p.add_argument("--model", required=True, help="an averaged.pt written by the average stage")
+    p = sub.add_parser("translate", help="translate lines (stdin or --input) with an averaged.pt model or its "
+                                         "CTranslate2 export")
+    p.add_argument("--model", required=True, help="an averaged.pt written by the average stage (--engine torch) or "
+                                                  "a directory written by `nmt export` (--engine ctranslate2)")
+    p.add_argument("--engine", choices=("torch", "ctranslate2"), default="torch",
+                   help="this project's beam search (default) or CTranslate2's on an export")
     p.add_argument("--input", help="input file, one sentence per line (default: stdin)")
     p.add_argument("--output", help="output file, written atomically (default: stdout)")
     p.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
@@ -196,6 +225,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-len-b", type=float, default=50, help="see --max-len-a (default 50)")
     p.add_argument("--max-tokens", type=int, default=8192, help="batch budget in padded source tokens")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--workers", type=int, default=1, help="searches run at once (CPU: give each one thread)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="threads per search (default: 1 with --workers > 1, else the library's default)")
     p.add_argument("--attention-png", help="draw one sentence's cross-attention into this PNG")
     p.add_argument("--attention-layer", type=int, default=-1, help="decoder layer to draw (default: last)")
     p.add_argument("--attention-line", type=int, help="1-based input line to draw (default: first non-empty)")

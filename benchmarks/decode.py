@@ -1,0 +1,199 @@
+"""Benchmark decoding: this project's beam search (batched, and one sentence at a time) against CTranslate2
+(fp32 and int8) on the same weights, beam 4, at 1 and 2 threads.
+
+For every model (``--model NAME=averaged.pt``) and source set (Multi30k test_2016_flickr, newstest2014),
+each row times one decode of the same sources and reports sentences/s, generated tokens/s (output pieces,
+EOS excluded), the mean output length, the share of sentences whose output equals this project's batched
+output at the same α, and sacreBLEU against the reference. A model's valid BLEU (Multi30k val, this
+project's batched search) is reported beside it: random weights decode to max_len and would not count.
+Thread layouts: this project runs W searches at once with one torch thread each (``workers``) or one
+search with T threads; CTranslate2 runs ``inter_threads`` × ``intra_threads``; the table gives each.
+The CTranslate2 export is made by ``pipeline.inference.ct2.export`` (the ``nmt export`` code).
+
+Usage:
+    python benchmarks/decode.py --model demo=runs/demo/model/averaged.pt --model d256=/path/averaged.pt
+    python benchmarks/decode.py --model demo=... --quick     # 100 sentences per set, 1 thread layout
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import os
+import platform
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+DATA = Path(os.environ.get("NMT_DATA_MIRROR") or REPO.parent / "shared" / "data")
+log = logging.getLogger("bench.decode")
+BEAM, ALPHA, MAX_LEN_A, MAX_LEN_B = 4, 0.6, 1.0, 50
+
+
+def read_set(data: Path, name: str, limit: int | None) -> tuple[list[str], list[str]]:
+    """(sources, references) of ``multi30k-test``, ``multi30k-val`` or ``newstest2014``, first ``limit`` lines."""
+    if name == "newstest2014":
+        folder = data / "wmt14" / "test-full-txt"
+        src, ref = ((folder / f"newstest2014.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de"))
+    else:
+        stem = {"multi30k-test": "test_2016_flickr", "multi30k-val": "val"}[name]
+        folder = data / "multi30k" / "data" / "task1" / "raw"
+        src, ref = (gzip.open(folder / f"{stem}.{lang}.gz", "rt", encoding="utf-8").read().splitlines()
+                    for lang in ("en", "de"))
+    return src[:limit], ref[:limit]
+
+
+def bleu(hyps: list[str], refs: list[str]) -> float:
+    import sacrebleu
+
+    return round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
+
+
+def run_torch(translator: Any, sources: list[list[int]], *, alpha: float, max_tokens: int, workers: int,
+              threads: int) -> tuple[float, list[list[int]]]:
+    """Seconds and hypotheses of this project's decode (``decode_sources``) with a thread layout."""
+    import torch
+
+    from pipeline.inference.decoding import decode_sources
+
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    hyps = decode_sources(translator, sources, beam_size=BEAM, alphas=[alpha], max_len_a=MAX_LEN_A,
+                          max_len_b=MAX_LEN_B, max_tokens=max_tokens, workers=workers)[alpha]
+    return time.perf_counter() - start, hyps
+
+
+def run_ct2(export_dir: Path, sources: list[list[int]], *, alpha: float, inter: int, intra: int
+            ) -> tuple[float, list[list[int]]]:
+    from pipeline.inference import ct2
+
+    engine = ct2.load(export_dir, inter_threads=inter, intra_threads=intra)
+    start = time.perf_counter()
+    hyps = ct2.decode_sources(engine, sources, beam_size=BEAM, alpha=alpha, max_len_a=MAX_LEN_A,
+                              max_len_b=MAX_LEN_B, max_tokens=4096)
+    return time.perf_counter() - start, hyps
+
+
+def row(name: str, layout: str, seconds: float, hyps: list[list[int]], base: list[list[int]] | None,
+        texts: list[str], refs: list[str], **extra: Any) -> dict[str, Any]:
+    n, tokens = len(hyps), sum(len(h) for h in hyps)
+    same = None if base is None else round(sum(a == b for a, b in zip(hyps, base)) / n, 4)
+    return {"engine": name, "layout": layout, "sentences": n, "seconds": round(seconds, 2),
+            "sent_per_s": round(n / seconds, 1), "tok_per_s": round(tokens / seconds, 1),
+            "mean_len": round(tokens / n, 2), "same_as_batched": same, "bleu": bleu(texts, refs), **extra}
+
+
+def measure_set(translator: Any, exports: dict[str, Path], srcs: list[str], refs: list[str], *, threads: list[int],
+                single_limit: int) -> list[dict[str, Any]]:
+    """Every row for one model and one source set."""
+    from pipeline.inference.decoding import detokenize
+
+    sources = encode_all(translator, srcs)
+
+    def text(hyps: list[list[int]]) -> list[str]:
+        return detokenize(translator.sp, hyps)
+
+    rows = []
+    for t in threads:
+        base = None
+        for max_tokens in (1024, 4096, 16384):
+            for workers, per in ((t, 1), (1, t)) if t > 1 else ((1, 1),):
+                sec, hyps = run_torch(translator, sources, alpha=ALPHA, max_tokens=max_tokens, workers=workers,
+                                      threads=per)
+                base = hyps if base is None else base
+                rows.append(row("torch batched", f"{workers}x{per}", sec, hyps, base, text(hyps), refs, threads=t,
+                                max_tokens=max_tokens))
+        k = min(single_limit, len(sources))
+        sec, hyps = run_torch(translator, sources[:k], alpha=ALPHA, max_tokens=1, workers=1, threads=t)
+        rows.append(row("torch one at a time", f"1x{t}", sec, hyps, base[:k], text(hyps), refs[:k], threads=t))
+        for quant, export_dir in exports.items():
+            for inter, intra in ((t, 1), (1, t)) if t > 1 else ((1, 1),):
+                sec, hyps = run_ct2(export_dir, sources, alpha=ALPHA, inter=inter, intra=intra)
+                rows.append(row(f"ctranslate2 {quant}", f"{inter}x{intra}", sec, hyps, base, text(hyps), refs,
+                                threads=t))
+        sec, torch0 = run_torch(translator, sources, alpha=0.0, max_tokens=4096, workers=1, threads=t)
+        sec, ct0 = run_ct2(exports["float32"], sources, alpha=0.0, inter=1, intra=t)
+        rows.append(row("ctranslate2 float32, alpha 0", f"1x{t}", sec, ct0, torch0, text(ct0), refs, threads=t))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", action="append", required=True, help="NAME=path/to/averaged.pt (repeatable)")
+    p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (multi30k/, wmt14/)")
+    p.add_argument("--sets", default="multi30k-test,newstest2014")
+    p.add_argument("--limit", type=int, default=1000, help="sentences per set (newstest2014 has 3,003)")
+    p.add_argument("--single-limit", type=int, default=200, help="sentences for the one-at-a-time rows")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--quick", action="store_true", help="100 sentences per set, 1 thread")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "decode.json")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("pipeline").setLevel(logging.WARNING)
+    if args.quick:
+        args.limit, args.single_limit, args.threads = 100, 20, "1"
+    result = {"date": date.today().isoformat(), "machine": platform.machine(), "cpus": os.cpu_count(),
+              "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+              "beam": BEAM, "alpha": ALPHA, "models": {}}
+    for spec in args.model:
+        name, _, path = spec.partition("=")
+        result["models"][name] = measure_model(Path(path), args)
+    print_table(result)
+    args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    log.info("wrote %s", args.out)
+    return 0
+
+
+def measure_model(path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from pipeline.inference import ct2
+    from pipeline.inference.decoding import detokenize, load_translator
+
+    torch.set_num_threads(1)
+    translator = load_translator(path, "cpu")
+    n_params = sum(p.numel() for p in translator.model.parameters())
+    val_src, val_ref = read_set(args.data, "multi30k-val", None)
+    _, val_hyps = run_torch(translator, encode_all(translator, val_src), alpha=ALPHA, max_tokens=4096, workers=1,
+                            threads=1)
+    out: dict[str, Any] = {"path": str(path), "parameters": n_params, "config": translator.config.to_dict(),
+                           "valid_bleu": bleu(detokenize(translator.sp, val_hyps), val_ref), "sets": {}}
+    log.info("%s: %d parameters, valid BLEU %.2f", path, n_params, out["valid_bleu"])
+    threads = [int(t) for t in args.threads.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        exports = {q: ct2.export(path, Path(tmp) / q, q) for q in ("float32", "int8")}
+        for name in args.sets.split(","):
+            srcs, refs = read_set(args.data, name, args.limit)
+            out["sets"][name] = measure_set(translator, exports, srcs, refs, threads=threads,
+                                            single_limit=args.single_limit)
+    return out
+
+
+def encode_all(translator: Any, lines: list[str]) -> list[list[int]]:
+    from pipeline.data.normalize import normalize
+    from pipeline.inference.decoding import prepare_source
+
+    return [prepare_source(translator.sp.encode(normalize(s), out_type=int), translator.config)[0] for s in lines]
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print("| model | set | threads | engine | layout | max_tokens | sent/s | tok/s | mean len | same as batched | BLEU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for model, m in result["models"].items():
+        for name, rows in m["sets"].items():
+            for r in rows:
+                same = "" if r["same_as_batched"] is None else f"{100 * r['same_as_batched']:.1f}%"
+                print(f"| {model} (valid {m['valid_bleu']}) | {name} ({r['sentences']}) | {r['threads']} | "
+                      f"{r['engine']} | {r['layout']} | {r.get('max_tokens', '')} | {r['sent_per_s']} | "
+                      f"{r['tok_per_s']} | {r['mean_len']} | {same} | {r['bleu']} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

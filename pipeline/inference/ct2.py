@@ -1,0 +1,229 @@
+"""CTranslate2 (https://opennmt.net/CTranslate2/): export an ``averaged.pt`` and translate with the export.
+
+The export builds the model through CTranslate2's Python spec API
+(``ctranslate2.specs.TransformerSpec`` and a ``ctranslate2.converters.Converter``), the way its own
+fairseq and OpenNMT-py converters do; CTranslate2 writes ``model.bin``, ``config.json`` and the
+vocabularies itself. Beside them this module writes ``spm.model`` (the SentencePiece model) and
+``nmt_model.json`` (this project's ``TransformerConfig``), so the directory is all that
+``nmt translate --engine ctranslate2`` needs. It is written into a temporary sibling and renamed
+into place: an interrupted export leaves no half-written directory.
+
+Decoding: sources are prepared exactly as for the torch engine (normalised, BPE, cut to
+``max_positions`` with EOS); sentences with one max length (a function of the source length) go
+to CTranslate2 as one asynchronous ``translate_batch`` call, so each keeps the same per-sentence
+limit floor(a·S + b) as :mod:`model.beam`. CTranslate2's beam search is its own: its length penalty
+is length^α, not GNMT's ((5 + n) / 6)^α, so outputs match the torch engine's exactly only at α = 0,
+and then for nearly every sentence (``benchmarks/decode.py`` measures the share).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from model import TransformerConfig, max_length
+from pipeline.core.errors import PipelineError
+
+log = logging.getLogger(__name__)
+
+SPM_NAME = "spm.model"
+CONFIG_NAME = "nmt_model.json"
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16")
+#: The layer-norm epsilon of torch.nn.LayerNorm (CTranslate2's default differs).
+LAYER_NORM_EPS = 1e-5
+
+
+def unsupported(config: TransformerConfig, pieces: Sequence[str]) -> list[str]:
+    """What CTranslate2 cannot represent of this model, one message per key (empty: exportable)."""
+    problems = []
+    if config.pad_id != 0:
+        problems.append(f"model.pad_id is {config.pad_id}: CTranslate2 pads with id 0; retrain the BPE model "
+                        "with pad_id 0 (pipeline/bpe.py does)")
+    if len(set(pieces)) != len(pieces):
+        problems.append("bpe: the SentencePiece model has duplicate pieces; CTranslate2 maps tokens by piece")
+    for key, want in (("bos_id", "<s>"), ("eos_id", "</s>")):
+        got = pieces[getattr(config, key)] if getattr(config, key) < len(pieces) else None
+        if got != want:
+            problems.append(f"model.{key}: piece {got!r}, but CTranslate2 starts and ends sentences with {want!r}")
+    return problems
+
+
+def _vocabulary(sp: Any) -> list[str]:
+    """The pieces in id order; the padding piece is named ``<blank>``, CTranslate2's padding token."""
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    return ["<blank>" if p == "<pad>" else p for p in pieces]
+
+
+def _set_linear(spec: Any, linear: Any) -> None:
+    spec.weight = linear.weight.detach().float().numpy()
+    if linear.bias is not None:
+        spec.bias = linear.bias.detach().float().numpy()
+
+
+def _set_norm(spec: Any, norm: Any) -> None:
+    spec.gamma = norm.weight.detach().float().numpy()
+    spec.beta = norm.bias.detach().float().numpy()
+
+
+def _set_layers(stack_spec: Any, layers: Any, *, decoder: bool) -> None:
+    for spec, layer in zip(stack_spec.layer, layers):
+        _set_linear(spec.self_attention.linear[0], layer.self_attn.qkv_proj)  # fused q, k, v (this order)
+        _set_linear(spec.self_attention.linear[1], layer.self_attn.out_proj)
+        _set_norm(spec.self_attention.layer_norm, layer.res_attn.norm if not decoder else layer.res_self.norm)
+        if decoder:
+            _set_linear(spec.attention.linear[0], layer.cross_attn.q_proj)
+            _set_linear(spec.attention.linear[1], layer.cross_attn.kv_proj)  # fused k, v (this order)
+            _set_linear(spec.attention.linear[2], layer.cross_attn.out_proj)
+            _set_norm(spec.attention.layer_norm, layer.res_cross.norm)
+        _set_linear(spec.ffn.linear_0, layer.ffn.fc1)
+        _set_linear(spec.ffn.linear_1, layer.ffn.fc2)
+        _set_norm(spec.ffn.layer_norm, layer.res_ffn.norm)
+
+
+def build_spec(model: Any, vocabulary: list[str]) -> Any:
+    """The CTranslate2 ``TransformerSpec`` of a :class:`model.Transformer` (shared embeddings written
+    to the encoder, the decoder and the output projection; this model's sinusoid table as positions)."""
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    cfg = model.cfg
+    spec = transformer_spec.TransformerSpec.from_config(
+        cfg.n_layers, cfg.n_heads, pre_norm=cfg.pre_norm, activation=common_spec.Activation.RELU)
+    embed = model.embed.weight.detach().float().numpy()
+    positions = model.positions.detach().float().numpy()
+    for stack, layers, final in ((spec.encoder, model.encoder, model.enc_norm),
+                                 (spec.decoder, model.decoder, model.dec_norm)):
+        (stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings).weight = embed
+        stack.scale_embeddings = True  # x · sqrt(d_model), as Transformer._embed
+        stack.position_encodings.encodings = positions
+        _set_layers(stack, layers, decoder=stack is spec.decoder)
+        if cfg.pre_norm:
+            _set_norm(stack.layer_norm, final)
+    spec.decoder.projection.weight = embed
+    spec.config.layer_norm_epsilon = LAYER_NORM_EPS
+    spec.config.add_source_eos = True
+    spec.config.decoder_start_token = "<s>"
+    spec.register_source_vocabulary(vocabulary)
+    spec.register_target_vocabulary(vocabulary)
+    return spec
+
+
+def export(model_path: str | Path, output: str | Path, quantization: str = "float32") -> Path:
+    """Write a CTranslate2 model directory for an ``averaged.pt``.
+
+    Raises:
+        PipelineError: an unknown quantization, a model CTranslate2 cannot represent (the key named),
+            or an unreadable model file.
+    """
+    import sentencepiece as spm
+    from ctranslate2.converters.converter import Converter
+
+    from pipeline.inference import model_file
+
+    if quantization not in QUANTIZATIONS:
+        raise PipelineError(f"--quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
+    mf = model_file.load(model_path)
+    sp = spm.SentencePieceProcessor(model_proto=mf.spm)
+    vocabulary = _vocabulary(sp)
+    problems = unsupported(mf.config, [sp.id_to_piece(i) for i in range(sp.get_piece_size())])
+    if problems:
+        raise PipelineError(f"{model_path}: cannot export to CTranslate2: " + "; ".join(problems))
+    spec = build_spec(model_file.build_model(mf, model_path), vocabulary)
+
+    class _FromSpec(Converter):
+        def _load(self) -> Any:
+            return spec
+
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        _FromSpec().convert(str(tmp / "model"), quantization=None if quantization == "float32" else quantization)
+        (tmp / "model" / SPM_NAME).write_bytes(mf.spm)
+        (tmp / "model" / CONFIG_NAME).write_text(json.dumps(mf.config.to_dict(), indent=1) + "\n")
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(tmp / "model", output)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("exported %s to %s (CTranslate2, %s)", model_path, output, quantization)
+    return output
+
+
+@dataclass
+class Ct2Translator:
+    """A loaded CTranslate2 export: the translator, its SentencePiece model and the model's config."""
+
+    translator: Any  # ctranslate2.Translator
+    config: TransformerConfig
+    sp: Any  # sentencepiece.SentencePieceProcessor
+
+
+def load(model_dir: str | Path, *, device: str = "cpu", inter_threads: int = 1, intra_threads: int = 0,
+         compute_type: str = "default") -> Ct2Translator:
+    """Load a directory written by :func:`export`.
+
+    Raises:
+        PipelineError: not such a directory (names what is missing and how to make it).
+    """
+    import ctranslate2
+    import sentencepiece as spm
+
+    model_dir = Path(model_dir)
+    missing = [n for n in ("model.bin", SPM_NAME, CONFIG_NAME) if not (model_dir / n).is_file()]
+    if missing:
+        raise PipelineError(f"{model_dir}: not a CTranslate2 export ({', '.join(missing)} missing); write one "
+                            f"with `nmt export --format ctranslate2 --model averaged.pt --output {model_dir}`")
+    config = TransformerConfig(**json.loads((model_dir / CONFIG_NAME).read_text()))
+    translator = ctranslate2.Translator(str(model_dir), device=device, inter_threads=inter_threads,
+                                        intra_threads=intra_threads, compute_type=compute_type)
+    return Ct2Translator(translator, config, spm.SentencePieceProcessor(model_file=str(model_dir / SPM_NAME)))
+
+
+def decode_sources(ct2: Ct2Translator, sources: Sequence[Sequence[int]], *, beam_size: int, alpha: float,
+                   max_len_a: float, max_len_b: float, max_tokens: int) -> list[list[int]]:
+    """Translate model sources (ids + EOS, ``[]`` for an empty sentence) with CTranslate2.
+
+    Returns:
+        Per sentence, the output ids without BOS/EOS (``[]`` for an empty source).
+    """
+    cfg, sp = ct2.config, ct2.sp
+    groups: dict[int, list[int]] = {}
+    for i, src in enumerate(sources):
+        if src:
+            groups.setdefault(min(max_length(len(src), max_len_a, max_len_b), cfg.max_positions), []).append(i)
+    pending = []
+    for limit, members in sorted(groups.items()):
+        tokens = [[sp.id_to_piece(int(t)) for t in sources[i][:-1]] for i in members]  # CTranslate2 adds EOS
+        pending.append((members, ct2.translator.translate_batch(
+            tokens, beam_size=beam_size, length_penalty=alpha, max_decoding_length=limit, max_input_length=0,
+            max_batch_size=max_tokens, batch_type="tokens", asynchronous=True)))
+    out: list[list[int]] = [[] for _ in sources]
+    for members, results in pending:
+        for i, result in zip(members, results):
+            out[i] = [sp.piece_to_id(p) for p in result.result().hypotheses[0]]
+    return out
+
+
+def _cmd_export(args: Any) -> int:
+    if args.format != "ctranslate2":  # argparse's choices already refuse others; one place names the formats
+        raise PipelineError(f"--format {args.format!r}: only ctranslate2 is supported")
+    export(args.model, args.output, args.quantization)
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``export`` on the ``nmt`` sub-command parser."""
+    p = sub.add_parser("export", help="export an averaged.pt for another inference engine (CTranslate2)")
+    p.add_argument("--format", choices=("ctranslate2",), default="ctranslate2", help="engine format")
+    p.add_argument("--model", required=True, help="an averaged.pt written by the average stage")
+    p.add_argument("--output", required=True, help="directory to write (replaced atomically if it exists)")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="float32",
+                   help="weight type in the export (int8: ~2x faster on CPUs with int8 dot products)")
+    p.set_defaults(func=_cmd_export)
