@@ -15,7 +15,7 @@ export SACREBLEU ?= $(abspath .sacrebleu)
 # Offline machines: use the shared data folder beside the checkout as the download mirror when present.
 export NMT_DATA_MIRROR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 
-.PHONY: install test demo run bench clean-venv
+.PHONY: install test demo run bench bench-decode clean-venv
 
 install: $(VENV)/.installed
 
@@ -44,6 +44,11 @@ run: install
 bench: install
 	$(BIN)/python benchmarks/encode.py
 	$(BIN)/python benchmarks/train.py
+
+# Decoding speed (this project's beam search vs CTranslate2 on the same weights): needs a trained model,
+# e.g. after `make demo`; more models with --model NAME=PATH (benchmarks/decode.py).
+bench-decode: install
+	$(BIN)/python benchmarks/decode.py --model demo=runs/demo/model/averaged.pt
 
 clean-venv:
 	rm -rf $(VENV)

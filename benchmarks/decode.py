@@ -103,13 +103,13 @@ def measure_set(translator: Any, exports: dict[str, Path], srcs: list[str], refs
     rows = []
     for t in threads:
         base = None
-        for max_tokens in (1024, 4096, 16384):
-            for workers, per in ((t, 1), (1, t)) if t > 1 else ((1, 1),):
-                sec, hyps = run_torch(translator, sources, alpha=ALPHA, max_tokens=max_tokens, workers=workers,
-                                      threads=per)
-                base = hyps if base is None else base
-                rows.append(row("torch batched", f"{workers}x{per}", sec, hyps, base, text(hyps), refs, threads=t,
-                                max_tokens=max_tokens))
+        layouts = [(t, 1, m) for m in (1024, 4096, 16384)] + ([(1, t, 4096)] if t > 1 else [])
+        for workers, per, max_tokens in layouts:
+            sec, hyps = run_torch(translator, sources, alpha=ALPHA, max_tokens=max_tokens, workers=workers,
+                                  threads=per)
+            base = hyps if base is None else base
+            rows.append(row("torch batched", f"{workers}x{per}", sec, hyps, base, text(hyps), refs, threads=t,
+                            max_tokens=max_tokens))
         k = min(single_limit, len(sources))
         sec, hyps = run_torch(translator, sources[:k], alpha=ALPHA, max_tokens=1, workers=1, threads=t)
         rows.append(row("torch one at a time", f"1x{t}", sec, hyps, base[:k], text(hyps), refs[:k], threads=t))
@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (multi30k/, wmt14/)")
     p.add_argument("--sets", default="multi30k-test,newstest2014")
     p.add_argument("--limit", type=int, default=1000, help="sentences per set (newstest2014 has 3,003)")
+    p.add_argument("--news-limit", type=int, default=300, help="sentences of newstest2014 (long outputs)")
     p.add_argument("--single-limit", type=int, default=200, help="sentences for the one-at-a-time rows")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--quick", action="store_true", help="100 sentences per set, 1 thread")
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("pipeline").setLevel(logging.WARNING)
     if args.quick:
-        args.limit, args.single_limit, args.threads = 100, 20, "1"
+        args.limit, args.news_limit, args.single_limit, args.threads = 100, 100, 20, "1"
     result = {"date": date.today().isoformat(), "machine": platform.machine(), "cpus": os.cpu_count(),
               "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
               "beam": BEAM, "alpha": ALPHA, "models": {}}
@@ -170,7 +171,7 @@ def measure_model(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         exports = {q: ct2.export(path, Path(tmp) / q, q) for q in ("float32", "int8")}
         for name in args.sets.split(","):
-            srcs, refs = read_set(args.data, name, args.limit)
+            srcs, refs = read_set(args.data, name, args.news_limit if name == "newstest2014" else args.limit)
             out["sets"][name] = measure_set(translator, exports, srcs, refs, threads=threads,
                                             single_limit=args.single_limit)
     return out

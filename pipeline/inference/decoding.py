@@ -10,9 +10,9 @@ the finished set does not depend on α (the rule in ``model/beam.py``), so each 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,8 +129,8 @@ def decode_sources(
         max_len_a, max_len_b: max output length = floor(a·S + b), capped at the model's ``max_positions``.
         max_tokens: batch budget in padded source tokens.
         label: name in progress lines.
-        workers: searches run at once in threads (CPU: give each one torch thread, ``torch.set_num_threads``;
-            the batches and so the results are the same for any number).
+        workers: searches run at once on CPU, in forked processes with the caller's torch thread
+            count (the batches, and so the results, are the same for any number of workers).
 
     Returns:
         ``{alpha: hypotheses}``: per α, per sentence in input order, the ids without BOS/EOS.
@@ -146,21 +146,52 @@ def decode_sources(
     jobs += [(batch, 0.0, cfg.max_positions) for batch in search_batches([n if c else 0 for n, c in zip(lengths, capped)],
                                                                          max_tokens, dev)]
 
-    def search(job: tuple[list[int], float, float]) -> tuple[list[int], list]:
-        batch, a, b = job
-        src = _pad([list(sources[i]) for i in batch], cfg.pad_id, dev)
-        with torch.inference_mode(), autocast(dev):
-            return batch, beam_search(translator.model, src, beam_size=beam_size, max_len_a=a, max_len_b=b,
-                                      return_finished=True)
-
     progress = _Progress(label, beam_size, sum(1 for n in lengths if n))
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        for batch, finished in pool.map(search, jobs):
-            for i, hyps in zip(batch, finished):
-                for alpha in out:
-                    out[alpha][i] = best_hypothesis(hyps, alpha)
-            progress.add(len(batch))
+    for batch, finished in _searches(translator, sources, beam_size, jobs, workers):
+        for i, hyps in zip(batch, finished):
+            for alpha in out:
+                out[alpha][i] = best_hypothesis(hyps, alpha)
+        progress.add(len(batch))
     return out
+
+
+Job = tuple[list[int], float, float]  # (sentence indices, max_len_a, max_len_b)
+#: What forked search workers inherit: (translator, sources, beam size); set only around a pool's life.
+_INHERITED: tuple[Translator, Sequence[Sequence[int]], int] | None = None
+
+
+def _search(translator: Translator, sources: Sequence[Sequence[int]], beam_size: int, job: Job) -> tuple[list[int], list]:
+    """One beam search over the sentences of ``job``: (their indices, their finished hypotheses)."""
+    batch, a, b = job
+    dev = translator.device
+    src = _pad([list(sources[i]) for i in batch], translator.config.pad_id, dev)
+    with torch.inference_mode(), autocast(dev):
+        return batch, beam_search(translator.model, src, beam_size=beam_size, max_len_a=a, max_len_b=b,
+                                  return_finished=True)
+
+
+def _search_inherited(job: Job) -> tuple[list[int], list]:
+    assert _INHERITED is not None, "search workers are forked by _searches"
+    return _search(*_INHERITED, job)
+
+
+def _searches(translator: Translator, sources: Sequence[Sequence[int]], beam_size: int, jobs: list[Job],
+              workers: int) -> Iterator[tuple[list[int], list]]:
+    """Every job's result, in order of completion: one by one, or on CPU with ``workers`` > 1 in forked
+    processes with the caller's torch thread count (they inherit the loaded model; threads would share
+    one GIL)."""
+    global _INHERITED
+    if workers <= 1 or translator.device.type != "cpu" or len(jobs) < 2:
+        yield from (_search(translator, sources, beam_size, job) for job in jobs)
+        return
+    _INHERITED = (translator, sources, beam_size)
+    try:
+        threads = torch.get_num_threads()  # each worker's: the caller's setting (nmt translate: 1 with --workers)
+        with multiprocessing.get_context("fork").Pool(workers, initializer=torch.set_num_threads,
+                                                      initargs=(threads,)) as pool:
+            yield from pool.imap_unordered(_search_inherited, jobs)
+    finally:
+        _INHERITED = None
 
 
 class _Progress:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeline.cli import main
 from pipeline.core.errors import CheckpointError
@@ -129,3 +130,20 @@ def test_a_file_that_is_not_a_model_is_named_without_torch_advice(tmp_path: Path
     message = str(info.value)
     assert message.startswith(f"{other}: not a checkpoint written by this pipeline"), message
     assert "weights_only=False" not in message and "\n" not in message
+
+
+def test_parallel_searches_give_the_same_translations(model_file: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.en"
+    src.write_text("".join(f"Sentence number {i} of the price.\n" for i in range(40)) + "\nThe mayor.\n",
+                   encoding="utf-8")
+    outs, threads = [], torch.get_num_threads()
+    try:
+        for workers in ("1", "3"):  # --threads 1 for both: CPU results may depend on the thread count
+            out = tmp_path / f"out{workers}.de"
+            rc = main(["translate", "--model", str(model_file), "--input", str(src), "--output", str(out),
+                       "--beam", "3", "--max-tokens", "40", "--workers", workers, "--threads", "1"])
+            assert rc == 0
+            outs.append(out.read_text(encoding="utf-8"))
+    finally:
+        torch.set_num_threads(threads)
+    assert outs[0] == outs[1] and outs[0].count("\n") == 42

@@ -1,0 +1,41 @@
+"""benchmarks/decode.py drives the real decoding code (this project's search, its parallel workers and the
+CTranslate2 export), so it cannot silently fall behind their signatures: every row on a tiny model."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from pipeline.inference import ct2
+from pipeline.inference.decoding import load_translator
+from tests.helpers.models import CORPUS, make_averaged
+from tests.helpers.paths import REPO
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("decode_benchmark", REPO / "benchmarks" / "decode.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_row_of_the_decoding_benchmark_runs_on_a_tiny_model(tmp_path: Path) -> None:
+    bench = _benchmark()
+    model = make_averaged(tmp_path, seed=2)
+    exports = {q: ct2.export(model, tmp_path / q, q) for q in ("float32", "int8")}
+    threads = torch.get_num_threads()
+    try:
+        rows = bench.measure_set(load_translator(model, "cpu"), exports, CORPUS[1::2][:6], CORPUS[0::2][:6],
+                                 threads=[1, 2], single_limit=2)
+    finally:
+        torch.set_num_threads(threads)
+    engines = {(r["engine"], r["layout"], r.get("max_tokens")) for r in rows}
+    assert ("torch batched", "2x1", 16384) in engines and ("torch batched", "1x2", 4096) in engines
+    assert {"torch one at a time", "ctranslate2 float32", "ctranslate2 int8", "ctranslate2 float32, alpha 0"} <= {
+        e for e, _, _ in engines}
+    for r in rows:
+        assert r["sentences"] in (2, 6) and r["sent_per_s"] > 0 and 0 <= r["bleu"] <= 100
+        if r["engine"].startswith("torch"):  # any batching and any workers: the same outputs
+            assert r["same_as_batched"] == 1.0, r
