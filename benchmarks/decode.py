@@ -185,7 +185,8 @@ def encode_all(translator: Any, lines: list[str]) -> list[list[int]]:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print("| model | set | threads | engine | layout | max_tokens | sent/s | tok/s | mean len | same as batched | BLEU |")
+    print("| model | set | threads | engine | layout | max_tokens | sent/s | tok/s | mean len | same as batched "
+          "| BLEU |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for model, m in result["models"].items():
         for name, rows in m["sets"].items():

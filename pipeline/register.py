@@ -41,7 +41,7 @@ from pipeline.core.config import EvaluateConfig, Params
 from pipeline.core.errors import DataError
 from pipeline.core.stage import read_json, stage_main
 from pipeline.core.textio import read_lines, sha256_file
-from pipeline.inference import model_file
+from pipeline.inference import ct2, model_file
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ HYPS_ARTIFACT_DIR = "hyps"
 BOOTSTRAP_SAMPLES = 1000
 MODEL_FILE = Path(__file__).resolve().parent / "inference" / "mlflow_model.py"
 #: what the served model imports (versions pinned from this environment).
-REQUIREMENTS = ("mlflow", "torch", "sentencepiece", "numpy", "pandas", "pyyaml")
+REQUIREMENTS = ("mlflow", "torch", "sentencepiece", "numpy", "pandas", "pyyaml", "ctranslate2")
 SPLITS = ("valid", "test")
 #: Packages copied whole into the logged model (so it loads outside this checkout): all of their
 #: files are this stage's code deps.
@@ -234,13 +234,17 @@ def _log_model(run: tracking.StageRun, cfg: EvaluateConfig, inputs: dict[str, An
     spm_path = work / "spm.model"
     spm_path.write_bytes(model_file.load(inputs["averaged"], mmap=True).spm)
     bleu = inputs["bleu"]
+    artifacts = {"averaged": str(inputs["averaged"]), "spm": str(spm_path)}
+    model_config = {"beam_size": bleu["beam"], "alpha": bleu["alpha"], "max_len_a": cfg.max_len_a,
+                    "max_len_b": cfg.max_len_b, "max_tokens": cfg.max_tokens, "engine": "torch"}
+    quantization = env.settings().register_ctranslate2
+    if quantization != "off":  # NMT_REGISTER_CTRANSLATE2
+        artifacts["ctranslate2"] = str(ct2.export(inputs["averaged"], work / "ctranslate2", quantization))
+        model_config["engine"] = "ctranslate2"
     info = tracking.log_pyfunc_model(
-        run, python_model=MODEL_FILE, artifacts={"averaged": str(inputs["averaged"]), "spm": str(spm_path)},
-        code_paths=_code_copies(work),
-        model_config={"beam_size": bleu["beam"], "alpha": bleu["alpha"], "max_len_a": cfg.max_len_a,
-                      "max_len_b": cfg.max_len_b, "max_tokens": cfg.max_tokens},
-        params={"beam_size": bleu["beam"], "alpha": bleu["alpha"]}, registered_model_name=name,
-        pip_requirements=_requirements(), root=root)
+        run, python_model=MODEL_FILE, artifacts=artifacts, code_paths=_code_copies(work), model_config=model_config,
+        params={"beam_size": bleu["beam"], "alpha": bleu["alpha"], "engine": model_config["engine"]},
+        registered_model_name=name, pip_requirements=_requirements(), root=root)
     assert info is not None and info["version"] is not None  # tracking is on here
     return info
 

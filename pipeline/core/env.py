@@ -208,6 +208,9 @@ class Settings:
         "NMT_LOG_LEVEL", LEVEL, "logging level of every stage (an unknown name means INFO)"))
     model_name: str = field(default="wmt14-transformer", metadata=meta(
         "NMT_MODEL_NAME", TEXT, "name of the registered MLflow model (stage register)"))
+    register_ctranslate2: str = field(default="off", metadata=meta(
+        "NMT_REGISTER_CTRANSLATE2", choice("off", "float32", "int8", "int8_float32", "float16"),
+        "stage register ships a CTranslate2 export of this weight type in the MLflow translator (its default engine)"))
     prefect_flow_run_id: str | None = field(default=None, metadata=meta(
         "NMT_PREFECT_FLOW_RUN_ID", TEXT, "set by the Prefect flow for its stages: tags each stage's MLflow run "
         "with the flow run"))

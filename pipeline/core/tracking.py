@@ -286,7 +286,7 @@ def _fluent_tracking_uri(uri: str) -> Iterator[None]:
 
 def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict[str, str],
                      code_paths: list[str] | None = None, model_config: dict[str, Any] | None = None,
-                     params: dict[str, int | float] | None = None, registered_model_name: str | None = None,
+                     params: dict[str, int | float | str] | None = None, registered_model_name: str | None = None,
                      pip_requirements: list[str] | None = None, name: str = "translator",
                      root: str | Path = ".") -> dict[str, Any] | None:
     """Log a models-from-code pyfunc (one string column in, one string per row out) into ``run``; maybe register.
@@ -297,7 +297,7 @@ def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict
         artifacts: name → local file, copied into the model (``context.artifacts``).
         code_paths: local packages copied beside the model so it loads outside this checkout.
         model_config: ``context.model_config`` of the loaded model.
-        params: inference params with their defaults (name → int or float), part of the signature.
+        params: inference params with their defaults (name → int, float or str), part of the signature.
         registered_model_name: register a new version of this model.
         pip_requirements: the model's requirements (given, so MLflow does not load the model to infer them).
         name: the logged model's name.
@@ -312,8 +312,10 @@ def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
-    specs = [ParamSpec(k, "long" if isinstance(v, int) and not isinstance(v, bool) else "double", v)
-             for k, v in (params or {}).items()]
+    def kind(v: int | float | str) -> str:
+        return "string" if isinstance(v, str) else "long" if type(v) is int else "double"  # True: not a long
+
+    specs = [ParamSpec(k, kind(v), v) for k, v in (params or {}).items()]
     signature = ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]),
                                params=ParamSchema(specs) if specs else None)
     uri = tracking_uri(root)

@@ -141,10 +141,9 @@ def decode_sources(
     # Sentences whose length limit would pass the position table decode with the limit max_positions.
     capped = [max_length(n, max_len_a, max_len_b) > cfg.max_positions for n in lengths]
     dev = translator.device
-    jobs = [(batch, max_len_a, max_len_b) for batch in search_batches([0 if c else n for n, c in zip(lengths, capped)],
-                                                                    max_tokens, dev)]
-    jobs += [(batch, 0.0, cfg.max_positions) for batch in search_batches([n if c else 0 for n, c in zip(lengths, capped)],
-                                                                         max_tokens, dev)]
+    plain = search_batches([0 if c else n for n, c in zip(lengths, capped)], max_tokens, dev)
+    long = search_batches([n if c else 0 for n, c in zip(lengths, capped)], max_tokens, dev)
+    jobs = [(batch, max_len_a, max_len_b) for batch in plain] + [(batch, 0.0, cfg.max_positions) for batch in long]
 
     progress = _Progress(label, beam_size, sum(1 for n in lengths if n))
     for batch, finished in _searches(translator, sources, beam_size, jobs, workers):
@@ -160,7 +159,8 @@ Job = tuple[list[int], float, float]  # (sentence indices, max_len_a, max_len_b)
 _INHERITED: tuple[Translator, Sequence[Sequence[int]], int] | None = None
 
 
-def _search(translator: Translator, sources: Sequence[Sequence[int]], beam_size: int, job: Job) -> tuple[list[int], list]:
+def _search(translator: Translator, sources: Sequence[Sequence[int]], beam_size: int,
+            job: Job) -> tuple[list[int], list]:
     """One beam search over the sentences of ``job``: (their indices, their finished hypotheses)."""
     batch, a, b = job
     dev = translator.device

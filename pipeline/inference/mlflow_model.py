@@ -6,10 +6,12 @@ object. It is the one module besides :mod:`pipeline.core.tracking` that imports 
 the model definition MLflow loads; nothing in the pipeline imports it.
 
 Artifacts (``context.artifacts``): ``averaged`` (the ``averaged.pt`` of the average stage, which
-also embeds the SentencePiece model) and ``spm`` (that ``spm.model``, for inspection).
+also embeds the SentencePiece model), ``spm`` (that ``spm.model``, for inspection) and, when the
+register stage ran with ``NMT_REGISTER_CTRANSLATE2``, ``ctranslate2`` (its CTranslate2 export).
 Model config (``context.model_config``): default ``beam_size`` and ``alpha`` (the values the
-evaluate stage chose on the valid set) and ``max_len_a``, ``max_len_b``, ``max_tokens``.
-Per request, ``params={"beam_size": 4, "alpha": 0.6}`` override the defaults.
+evaluate stage chose on the valid set), ``max_len_a``, ``max_len_b``, ``max_tokens`` and ``engine``
+(``torch``, or ``ctranslate2`` when the export is there).
+Per request, ``params={"beam_size": 4, "alpha": 0.6, "engine": "torch"}`` override the defaults.
 
 Input: strings (a DataFrame whose ``src`` column, or only column, holds the source sentences; a
 Series; a list; one string). Output: one German string per input line, normalised and decoded
@@ -25,9 +27,10 @@ import pandas as pd
 log = logging.getLogger(__name__)
 
 #: decoding settings used when neither the model config nor the request gives one.
-DEFAULTS: dict[str, Any] = {"beam_size": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50, "max_tokens": 8192}
+DEFAULTS: dict[str, Any] = {"beam_size": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50, "max_tokens": 8192,
+                            "engine": "torch"}
 #: settings a request may override through ``params``.
-REQUEST_PARAMS = ("beam_size", "alpha")
+REQUEST_PARAMS = ("beam_size", "alpha", "engine")
 
 
 def source_lines(model_input: Any) -> list[str]:
@@ -61,12 +64,16 @@ class Translator(mlflow.pyfunc.PythonModel):
     """Beam-search translation with one ``averaged.pt`` (string in, string out)."""
 
     def load_context(self, context: Any) -> None:
-        """Load ``averaged.pt`` from the artifacts (on CUDA when available) and the decoding defaults."""
+        """Load ``averaged.pt`` (on CUDA when available), the CTranslate2 export when there is one, and
+        the decoding defaults."""
+        from pipeline.inference import ct2
         from pipeline.inference.decoding import load_translator
 
-        self._translator = load_translator(context.artifacts["averaged"])
+        self._engines: dict[str, Any] = {"torch": load_translator(context.artifacts["averaged"])}
+        if "ctranslate2" in context.artifacts:
+            self._engines["ctranslate2"] = ct2.load(context.artifacts["ctranslate2"])
         self._settings = {**DEFAULTS, **{k: v for k, v in (context.model_config or {}).items() if k in DEFAULTS}}
-        log.info("translator loaded on %s with %s", self._translator.device, self._settings)
+        log.info("translator loaded (%s) with %s", ", ".join(self._engines), self._settings)
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> list[str]:
         """Translate every input line.
@@ -74,7 +81,8 @@ class Translator(mlflow.pyfunc.PythonModel):
         Args:
             context: the pyfunc context (unused; the model was loaded in :meth:`load_context`).
             model_input: source sentences (see :func:`source_lines`).
-            params: optional ``beam_size`` (int >= 1) and ``alpha`` (float) for this request.
+            params: optional ``beam_size`` (int >= 1), ``alpha`` (float) and ``engine`` (``torch``, or
+                ``ctranslate2`` when the model carries the export) for this request.
 
         Returns:
             One translation per input line.
@@ -86,9 +94,13 @@ class Translator(mlflow.pyfunc.PythonModel):
         beam = int(settings["beam_size"])
         if beam < 1:
             raise ValueError(f"params.beam_size must be >= 1, got {beam}")
+        engine = self._engines.get(str(settings["engine"]))
+        if engine is None:
+            raise ValueError(f"params.engine {settings['engine']!r}: this model has {', '.join(self._engines)} "
+                             "(register with NMT_REGISTER_CTRANSLATE2 to ship a CTranslate2 export)")
         lines = source_lines(model_input)
         out, _, _, truncated = translate_lines(
-            self._translator, lines, beam_size=beam, alpha=float(settings["alpha"]),
+            engine, lines, beam_size=beam, alpha=float(settings["alpha"]),
             max_len_a=float(settings["max_len_a"]), max_len_b=float(settings["max_len_b"]),
             max_tokens=int(settings["max_tokens"]))
         if truncated:

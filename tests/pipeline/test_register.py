@@ -142,6 +142,43 @@ def test_candidate_loads_in_a_fresh_process_and_translates(model_dir: Path, tmp_
     assert "beam_size': long (default: 2)" in out["params"] and "alpha': double (default: 0.8)" in out["params"]
 
 
+def test_the_translator_can_carry_a_ctranslate2_export(model_dir: Path, tmp_path: Path, mlflow_sqlite: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NMT_MODEL_NAME", "tiny-ct2")
+    monkeypatch.setenv("NMT_REGISTER_CTRANSLATE2", "int8")
+    assert _register(model_dir, tmp_path, valid_bleu=5.0, test_hyps=GOOD)["alias_moved"]
+    script = (
+        "import json, mlflow\n"
+        "m = mlflow.pyfunc.load_model('models:/tiny-ct2@candidate')\n"
+        "src = ['The dog sees the cat.', '', 'A house by the river.']\n"
+        "out = {e: list(m.predict(src, params={'engine': e})) for e in ('ctranslate2', 'torch')}\n"
+        "out['default'] = list(m.predict(src))\n"
+        "try:\n"
+        "    m.predict(src, params={'engine': 'onnx'})\n"
+        "except Exception as exc:\n"
+        "    out['error'] = str(exc)\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["default"] == out["ctranslate2"]  # the export decodes by default
+    for engine in ("ctranslate2", "torch"):
+        assert len(out[engine]) == 3 and out[engine][1] == "" and out[engine][0] and out[engine][2]
+    assert "params.engine 'onnx': this model has torch, ctranslate2" in out["error"]
+    version = _client().get_model_version_by_alias("tiny-ct2", "candidate")
+    files = {Path(f).name for f in _artifact_files(version.source)}
+    assert {"model.bin", "nmt_model.json", "spm.model"} <= files
+
+
+def _artifact_files(model_uri: str) -> list[str]:
+    import mlflow
+
+    local = Path(mlflow.artifacts.download_artifacts(model_uri))
+    return [str(p) for p in local.rglob("*") if p.is_file()]
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -104,7 +104,8 @@ def test_bad_exports_and_options_are_refused_naming_the_problem(exported: tuple[
     with pytest.raises(PipelineError, match="--quantization 'int4': choose one of float32, int8"):
         ct2.export(model, tmp_path / "x", "int4")
     assert main(["translate", "--engine", "ctranslate2", "--model", str(model), "--input", str(model)]) == 1
-    assert f"{model}: not a CTranslate2 export (model.bin, spm.model, nmt_model.json missing)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{model}: not a CTranslate2 export (model.bin, spm.model, nmt_model.json missing)" in err
     assert main(["translate", "--engine", "ctranslate2", "--model", str(out), "--attention-png", "a.png"]) == 1
     assert "--attention-png draws the torch model's attention" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
