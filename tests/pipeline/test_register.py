@@ -118,6 +118,14 @@ def test_first_model_takes_the_alias_worse_keeps_it_better_moves_it(model_dir: P
     assert len(client.search_model_versions(f"name = '{DEFAULT_MODEL_NAME}'")) == 3
 
 
+def _fresh_process(script: str, cwd: Path) -> dict:
+    """Run ``script`` in a new interpreter without this checkout on the path; its last line, parsed as JSON."""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_candidate_loads_in_a_fresh_process_and_translates(model_dir: Path, tmp_path: Path,
                                                            mlflow_sqlite: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NMT_MODEL_NAME", "tiny-translator")
@@ -132,10 +140,7 @@ def test_candidate_loads_in_a_fresh_process_and_translates(model_dir: Path, tmp_
         "print(json.dumps({'a': list(a), 'b': list(b), 'params': str(m.metadata.get_params_schema()),\n"
         "                  'code': pipeline.__file__}))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": ""})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = _fresh_process(script, tmp_path)
     assert len(out["a"]) == 3 and out["a"][1] == "" and all(isinstance(s, str) for s in out["a"])
     assert out["a"][0] and len(out["b"]) == 1 and out["b"][0]
     assert Path(out["code"]).parts[-3:] == ("code", "pipeline", "__init__.py")  # the copy shipped with the model
@@ -159,10 +164,7 @@ def test_the_translator_can_carry_a_ctranslate2_export(model_dir: Path, tmp_path
         "    out['error'] = str(exc)\n"
         "print(json.dumps(out))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": ""})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = _fresh_process(script, tmp_path)
     assert out["default"] == out["ctranslate2"]  # the export decodes by default
     for engine in ("ctranslate2", "torch"):
         assert len(out[engine]) == 3 and out[engine][1] == "" and out[engine][0] and out[engine][2]
