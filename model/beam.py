@@ -113,7 +113,7 @@ def _top_candidates(flat: Tensor, tie_rank: Tensor, n_valid: Tensor, n2: int) ->
     score = flat.gather(1, index)
     # order (ok first, score desc, index asc): stable sorts from the last key to the first
     perm = index.masked_fill(~ok, n).sort(dim=1, stable=True).indices
-    for key in (score, ok):
+    for key in (score, ok.to(torch.int8)):  # an int8 key: sorting bool tensors is not supported everywhere
         perm = perm.gather(1, key.gather(1, perm).sort(dim=1, descending=True, stable=True).indices)
     perm = perm[:, :n2]
     ok = ok.gather(1, perm)

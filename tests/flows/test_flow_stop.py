@@ -35,7 +35,11 @@ def _start_flow(repo: Path, repo_root: Path, *, api_url: str | None = None) -> s
     env.pop("PREFECT_API_URL", None)
     if api_url:
         env["PREFECT_API_URL"] = api_url
-    return subprocess.Popen([sys.executable, "-m", "flows.pipeline", "--repo", str(repo), "--kill-grace", str(GRACE_S)],
+    # As a terminal's foreground job: SIGINT not ignored. A shell's background job (and so pytest started with
+    # `&` from a script) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
+    unignore = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                "os.execv(sys.executable, [sys.executable, '-m', 'flows.pipeline', *sys.argv[1:]])")
+    return subprocess.Popen([sys.executable, "-c", unignore, "--repo", str(repo), "--kill-grace", str(GRACE_S)],
                             cwd=repo_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
 
