@@ -178,10 +178,9 @@ def measure_model(path: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def encode_all(translator: Any, lines: list[str]) -> list[list[int]]:
-    from pipeline.data.normalize import normalize
-    from pipeline.inference.decoding import prepare_source
+    from pipeline.inference.translate import prepare_lines
 
-    return [prepare_source(translator.sp.encode(normalize(s), out_type=int), translator.config)[0] for s in lines]
+    return prepare_lines(translator, lines)[0]
 
 
 def print_table(result: dict[str, Any]) -> None:

@@ -66,17 +66,14 @@ def _which(numbers: Sequence[int], limit: int = 10) -> str:
     return shown + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
 
 
-def translate_lines(translator: Translator | Ct2Translator, lines: Sequence[str], *, beam_size: int = 4,
-                    alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: float = 50, max_tokens: int = 8192,
-                    workers: int = 1) -> tuple[list[str], list[list[int]], list[list[int]], list[int]]:
-    """Translate raw lines (normalised like training text) with either engine.
+def prepare_lines(translator: Translator | Ct2Translator, lines: Sequence[str]) -> tuple[list[list[int]], list[int]]:
+    """Raw lines → model sources (normalised like training text, BPE, EOS, cut to ``max_positions``).
 
     Returns:
-        (translations, model sources, hypothesis ids, 1-based numbers of truncated lines).
+        (sources, ``[]`` for an empty line; 1-based numbers of truncated lines).
     """
     from pipeline.data.normalize import normalize
-    from pipeline.inference import ct2
-    from pipeline.inference.decoding import decode_sources, detokenize, prepare_source
+    from pipeline.inference.decoding import prepare_source
 
     sources, truncated = [], []
     for number, line in enumerate(lines, start=1):
@@ -86,6 +83,21 @@ def translate_lines(translator: Translator | Ct2Translator, lines: Sequence[str]
         sources.append(source)
         if cut:
             truncated.append(number)
+    return sources, truncated
+
+
+def translate_lines(translator: Translator | Ct2Translator, lines: Sequence[str], *, beam_size: int = 4,
+                    alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: float = 50, max_tokens: int = 8192,
+                    workers: int = 1) -> tuple[list[str], list[list[int]], list[list[int]], list[int]]:
+    """Translate raw lines (normalised like training text) with either engine.
+
+    Returns:
+        (translations, model sources, hypothesis ids, 1-based numbers of truncated lines).
+    """
+    from pipeline.inference import ct2
+    from pipeline.inference.decoding import decode_sources, detokenize
+
+    sources, truncated = prepare_lines(translator, lines)
     settings = {"beam_size": beam_size, "max_len_a": max_len_a, "max_len_b": max_len_b, "max_tokens": max_tokens}
     if isinstance(translator, ct2.Ct2Translator):
         hyps = ct2.decode_sources(translator, sources, alpha=alpha, **settings)

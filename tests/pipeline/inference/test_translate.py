@@ -147,3 +147,13 @@ def test_parallel_searches_give_the_same_translations(model_file: Path, tmp_path
     finally:
         torch.set_num_threads(threads)
     assert outs[0] == outs[1] and outs[0].count("\n") == 42
+
+
+@pytest.mark.parametrize("option", [["--workers", "0"], ["--threads", "-1"]])
+def test_bad_worker_options_are_refused_before_any_work(model_file: Path, tmp_path: Path, option: list[str],
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out.de"
+    args = ["translate", "--model", str(model_file), "--input", str(model_file), "--output", str(out), *option]
+    assert main(args) == 1
+    assert "error: --beam, --max-tokens and --workers must be >= 1, --threads >= 0" in capsys.readouterr().err
+    assert not out.exists()
