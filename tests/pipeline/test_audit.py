@@ -147,8 +147,11 @@ def test_stale_and_inconsistent_lineage_is_named(audit_world: Path, tmp_path: Pa
     write_text(root / "params.yaml", yaml.safe_dump(data, sort_keys=False))
     manifest = root / "data" / "shards" / "manifest.json"
     manifest.write_text(manifest.read_text() + " ")
-    item = _by_item(_audit(root, params_from_dict(data)))["Lineage consistency"]
-    assert item["verdict"] == "deviates"
+    report = _audit(root, params_from_dict(data))
+    item = _by_item(report)["Lineage consistency"]
+    assert item["verdict"] == "deviates" and item["kind"] == "check"
+    assert f"Lineage consistency: {item['deviation']}" in report["warnings"]  # a failed check warns, once
+    assert report["summary"]["checks"]["deviates"] == 1 and item["deviation"] not in "\n".join(report["deviations"])
     assert "dvc.lock stage train ran with other params (train.warmup_steps 5 -> 7)" in item["deviation"]
     assert "data/train/step-00000020/state.json was trained on shards manifest" in item["deviation"]
     lock = yaml.safe_load((root / "dvc.lock").read_text())
