@@ -61,7 +61,11 @@ def _bleu(audit: dict[str, Any]) -> list[str]:
     else:
         lines += ["Not measured: evaluate.details.json does not exist yet (run `dvc repro evaluate`).", ""]
     gap = audit["bleu_gap"]
-    lines += [f"Paper: {PAPER['bleu_en_de']} ({PAPER['bleu_method']}).", "", gap["explanation"], ""]
+    lines += [f"Paper: {PAPER['bleu_en_de']} ({PAPER['bleu_method']}).", ""]
+    if audit["dataset"] != "wmt14":
+        lines += [f"The paper's figure and the gap below concern WMT14 newstest2014; this run was tested on "
+                  f"{audit['headline']['test_set']} (see the headline).", ""]
+    lines += [gap["explanation"], ""]
     lines += [f"- {e['figures']} ({e['source']})" for e in gap["evidence"]]
     return lines + [""]
 

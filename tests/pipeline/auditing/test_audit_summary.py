@@ -110,6 +110,7 @@ def test_multi30k_is_compared_with_no_published_figure() -> None:
         item = next(i for i in report["measured"] if i["item"] == name)
         assert item["verdict"] == "informational" and "multi30k test set, not newstest2014" in item["note"]
     assert "27.3" not in "\n".join(report["deviations"])
+    assert "this run was tested on Multi30k test_2016_flickr (see the headline)" in md
 
 
 @pytest.mark.parametrize(("tok", "sentences", "expected"), [
