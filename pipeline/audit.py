@@ -1,8 +1,14 @@
 """Stage ``audit``: this run beside the paper's base model, item by item, with its lineage.
 
 Writes ``<paths.reports>/audit.md`` (for people) and ``audit.json`` (the same content, sorted keys,
-no timestamps beyond those in the inputs). Every item gets a verdict: ``matches``, ``deviates``
-(the deviation named, e.g. ``model.pre_norm = true (paper: post-norm)``), ``not measured``
+no timestamps beyond those in the inputs). audit.md opens with a summary that fits one screen
+(:mod:`pipeline.auditing.summary`): the test BLEU beside the reference that fits the test set (the paper's 27.3
+on WMT14 newstest2014; none on Multi30k, where no comparable published figure exists), the counts, the
+warnings, and the deviations, one line per topic ranked by expected effect on BLEU
+(:mod:`pipeline.auditing.ranking`); each deviation appears once, the detail tables after it hold the rest.
+Items are of three kinds, counted apart: the paper's (they cite it), the reference implementations' (where
+the paper is silent) and run checks (averaging, replay, lineage). Every item gets a verdict: ``matches``,
+``deviates`` (the deviation named, e.g. ``model.pre_norm = true (paper: post-norm)``), ``not measured``
 (its input does not exist yet: the audit never needs the whole pipeline to have run),
 ``informational`` (context without a paper verdict, e.g. the world size) or ``warning`` (e.g. the
 newest checkpoint beats the averaged model on valid). A file that exists but is malformed is an
@@ -58,8 +64,10 @@ def stage(params: Params, *, params_file: str | Path, lock_file: str | Path, roo
             replay compares with before it is replaced).
 
     Returns:
-        The verdict and warning counts, parameter count and test BLEU, and the report's path and sha256 (the stage's
-        metrics; the audit itself is in ``json_path``).
+        The stage's record (:func:`pipeline.auditing.report.tracking_metrics`): the paper items' verdict counts
+        (``matches``, ``deviates``, ``not_measured``), the reference and check counts, ``warnings``,
+        ``deviation_topics``, parameter count and test BLEU, and the report's path and sha256 (the audit itself is
+        in ``json_path``).
 
     Raises:
         PipelineError: an input exists but is malformed (names the file).
@@ -81,8 +89,9 @@ def stage(params: Params, *, params_file: str | Path, lock_file: str | Path, roo
                   "audit_json_sha256": sha256_file(json_path)})
     run.log_artifact(md_path)
     run.log_artifact(json_path)
-    log.info("audit: %d match, %d deviate, %d not measured -> %s", audit["summary"]["matches"],
-             audit["summary"]["deviates"], audit["summary"]["not measured"], md_path)
+    paper = audit["summary"]["paper"]
+    log.info("audit: %d paper items match, %d deviate, %d not measured; %d warning(s) -> %s", paper["matches"],
+             paper["deviates"], paper["not measured"], audit["summary"]["warnings"], md_path)
     return {**numbers, "report": str(json_path), "report_sha256": sha256_file(json_path)}
 
 

@@ -4,7 +4,12 @@ From ``average.details.json`` (``steps``: the averaged checkpoints' steps) with 
 (:func:`pipeline.auditing.run_items.final_step`), and ``evaluate.details.json``: ``valid`` (the averaged
 model) and ``valid_newest`` (the newest checkpoint alone, decoded at the chosen beam and α: the setting of
 the paper's Table 3, "beam search as described in the previous section, but no checkpoint averaging",
-§6.2). Table 3's base row: newstest2013 BLEU 25.8 and perplexity 4.92 per wordpiece.
+§6.2). Table 3's base row: newstest2013 BLEU 25.8 and perplexity 4.92 per wordpiece; on another valid set
+the figures are ``informational`` (not comparable).
+
+Three items are run checks (kind ``check``), not the paper's: the averaging span (a warning past 10% of
+training or with other than 5 checkpoints) and the averaged model against the newest checkpoint alone, on
+valid BLEU and on valid perplexity (a warning when the newest checkpoint scores better).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ if TYPE_CHECKING:
     from pipeline.auditing.inputs import Inputs
 
 NEWEST = "newest checkpoint"
+GAIN_BLEU = "Averaged vs newest checkpoint, valid BLEU"
+GAIN_PPL = "Averaged vs newest checkpoint, valid perplexity"
 
 
 def _evaluate(inp: Inputs) -> dict[str, Any]:
@@ -26,7 +33,7 @@ def _evaluate(inp: Inputs) -> dict[str, Any]:
 
 
 def _span(steps: list[int], final: int) -> tuple[str, list[str]]:
-    """The span's run text and its deviations."""
+    """The span's run text and its warnings."""
     first, last, n = steps[0], steps[-1], len(steps)
     share = (final - first) / final if final else 0.0
     run = f"{n} checkpoint(s), steps {first:,}-{last:,}: the last {share * 100:.1f}% of training"
@@ -34,43 +41,79 @@ def _span(steps: list[int], final: int) -> tuple[str, list[str]]:
         run += f" (training ended at step {final:,})"
     bad = []
     if share > AVERAGE_SPAN_MAX:
-        bad.append(f"the averaged checkpoints span the last {share * 100:.1f}% of training (steps {first:,}-"
-                   f"{final:,}; paper: about the last 6-7%, up to {AVERAGE_SPAN_MAX:.0%} matches)")
+        bad.append(f"the averaged checkpoints span {share * 100:.1f}% of training (steps {first:,}-{final:,} of "
+                   f"{final:,}; the paper's span is about the last 6-7%, up to {AVERAGE_SPAN_MAX:.0%} passes): early, "
+                   "weaker weights are in the average")
     if n != PAPER["averaged_checkpoints"]:
         bad.append(f"{n} checkpoint(s) averaged (paper: 5)")
     return run, bad
 
 
 def averaging_span_item(inp: Inputs) -> dict[str, Any]:
-    """Which part of training the averaged checkpoints cover, beside the paper's last 5 at 10-minute intervals."""
+    """A check: which part of training the averaged checkpoints cover (a warning past 10%)."""
     steps = (inp.metrics.get("average") or {}).get("steps") or []
     final = final_step(inp) or (steps[-1] if steps else None)
     note = ("span = (final step - first averaged step) / final step; the paper's first averaged checkpoint is 40 "
             "of 720 minutes before the end (5.6%), 50 counting the interval it was trained in (6.9%)")
     if not steps or not final:
-        return item("Averaging span", paper=AVERAGE_PAPER, run=None, ok=None, source="§6.1, §5.2", note=note)
+        return item("Averaging span", paper=AVERAGE_PAPER, run=None, ok=None, source="§6.1, §5.2", note=note,
+                    kind="check")
     run, bad = _span([int(s) for s in steps], int(final))
-    return item("Averaging span", paper=AVERAGE_PAPER, run=run, ok=not bad, source="§6.1, §5.2",
-                deviation="; ".join(bad), note=note)
+    return item("Averaging span", paper=AVERAGE_PAPER, run=run, ok=True, source="§6.1, §5.2", kind="check",
+                note="; ".join(bad) if bad else note, verdict="warning" if bad else None)
 
 
 def averaging_gain_item(inp: Inputs) -> dict[str, Any]:
-    """A warning when the newest checkpoint alone scores better on valid than the averaged model."""
+    """A check: a warning when the newest checkpoint alone scores better valid BLEU than the averaged model.
+
+    Both are decoded on the same valid set at the same beam and α and scored with sacreBLEU 13a.
+    """
     evaluate = _evaluate(inp)
     newest, averaged = evaluate.get("valid_newest") or {}, evaluate.get("valid") or {}
     alone, mean = newest.get("bleu"), averaged.get("bleu")
     paper = "the reported models average the last 5 checkpoints (§6.1)"
     if alone is None or mean is None:
-        return item("Averaged vs newest checkpoint, valid BLEU", paper=paper, run=None, ok=None, source="§6.1")
+        return item(GAIN_BLEU, paper=paper, run=None, ok=None, source="§6.1", kind="check")
     step = newest.get("step")
     where = f"{NEWEST} (step {step:,})" if isinstance(step, int) else NEWEST
     run = f"averaged {mean:.2f}, {where} {alone:.2f} (sacreBLEU 13a)"
     worse = alone > mean
-    note = (f"WARNING: the {NEWEST} alone scores {alone:.2f} valid BLEU, the averaged model {mean:.2f} "
-            f"({alone - mean:+.2f}): averaging lost BLEU; look at the averaging span and checkpoint interval"
-            if worse else f"averaging gains {mean - alone:+.2f} valid BLEU")
-    return item("Averaged vs newest checkpoint, valid BLEU", paper=paper, run=run, ok=None, source="§6.1",
-                note=note, verdict="warning" if worse else "informational")
+    note = (f"the {NEWEST} alone scores better than the average: {alone:.2f} valid BLEU vs {mean:.2f} "
+            f"({alone - mean:+.2f}, sacreBLEU 13a, same beam and α); look at the averaging span and checkpoint "
+            "interval" if worse else f"averaging gains {mean - alone:+.2f} valid BLEU")
+    return item(GAIN_BLEU, paper=paper, run=run, ok=True, source="§6.1", kind="check", note=note,
+                verdict="warning" if worse else None)
+
+
+def _newest_ppl(inp: Inputs) -> tuple[float | None, str]:
+    """The last checkpoint's valid perplexity and where it comes from.
+
+    evaluate.details.json ``valid_newest.ppl``, else train.details.json ``valid_ppl`` (the validation
+    the training stage runs at its last step: the same teacher-forced perplexity without label smoothing).
+    """
+    ppl = (_evaluate(inp).get("valid_newest") or {}).get("ppl")
+    if isinstance(ppl, (int, float)):
+        return float(ppl), "evaluate.details.json valid_newest"
+    train = inp.metrics.get("train") or {}
+    if isinstance(train.get("valid_ppl"), (int, float)):
+        return float(train["valid_ppl"]), f"train.details.json valid_ppl at step {fmt(train.get('step'))}"
+    return None, ""
+
+
+def averaging_ppl_item(inp: Inputs) -> dict[str, Any]:
+    """A check: a warning when the last checkpoint's valid perplexity is below the averaged model's."""
+    averaged = (_evaluate(inp).get("valid") or {}).get("ppl")
+    last, where = _newest_ppl(inp)
+    paper = "the reported models average the last 5 checkpoints (§6.1)"
+    if last is None or not isinstance(averaged, (int, float)):
+        return item(GAIN_PPL, paper=paper, run=None, ok=None, source="§6.1", kind="check")
+    run = f"averaged {averaged:.2f}, {NEWEST} {last:.2f} (per BPE token, teacher-forced, no label smoothing)"
+    worse = last < averaged
+    note = (f"the {NEWEST} alone scores better than the average: valid perplexity {last:.2f} vs {averaged:.2f} "
+            f"(per BPE token; {where})" if worse else f"averaging lowers valid perplexity by {last - averaged:.2f} "
+            f"({where})")
+    return item(GAIN_PPL, paper=paper, run=run, ok=True, source="§6.1", kind="check", note=note,
+                verdict="warning" if worse else None)
 
 
 def _dev_comparable(inp: Inputs, figures: dict[str, Any]) -> tuple[bool, str]:
@@ -92,20 +135,20 @@ def newest_dev_items(inp: Inputs) -> list[dict[str, Any]]:
     at = f"step {step:,}; " if isinstance(step, int) else ""
     score, sacre, ppl = newest.get("bleu_tok_split"), newest.get("bleu"), newest.get("ppl")
     floor, ceiling = PAPER["dev_bleu"] - BLEU_TOLERANCE, PAPER["dev_ppl"] * (1 + PPL_REL)
-    bleu_dev = (f"{score:.2f} on the {why}: not comparable with the paper's 25.8" if not comparable else
-                f"{score:.2f} (paper: 25.8; matching needs >= {floor:.1f})") if score is not None else ""
-    ppl_dev = (f"{ppl:.2f} on the {why}: not comparable with the paper's 4.92" if not comparable else
-               f"{ppl:.2f} (paper: 4.92; matching needs <= {ceiling:.2f})") if ppl is not None else ""
+    bleu_dev = f"{score or 0:.2f} (paper: 25.8; matching needs >= {floor:.1f})"
+    ppl_dev = f"{ppl or 0:.2f} (paper: 4.92; matching needs <= {ceiling:.2f})"
     sacre_note = f"sacreBLEU 13a {sacre:.2f}; " if sacre is not None else ""
+    verdict, off = (None, "") if comparable else ("informational", f"{why}: not comparable with the paper's ")
     return [
         item(f"BLEU, paper's method (tok+split), valid, {NEWEST}", paper="25.8 (Table 3 base, newstest2013, no "
              "averaging)", source="Table 3, §6.2", run=None if score is None else f"{score:.2f}",
-             ok=None if score is None else comparable and score >= floor, deviation=bleu_dev,
-             note=f"{at}{sacre_note}beam and α as chosen on valid"),
+             ok=None if score is None else score >= floor, deviation=bleu_dev, verdict=verdict,
+             note=(f"{off}25.8; " if off else "") + f"{at}{sacre_note}beam and α as chosen on valid"),
         item(f"Perplexity per BPE token, valid, {NEWEST}", paper="4.92 per wordpiece (Table 3 base, newstest2013)",
-             source="Table 3", run=None if ppl is None else f"{ppl:.2f}",
-             ok=None if ppl is None else comparable and ppl <= ceiling, deviation=ppl_dev,
-             note=f"{at}teacher-forced, no label smoothing, over this run's BPE vocabulary (Table 3's is ~37k)"),
+             source="Table 3", run=None if ppl is None else f"{ppl:.2f}", verdict=verdict,
+             ok=None if ppl is None else ppl <= ceiling, deviation=ppl_dev,
+             note=(f"{off}4.92; " if off else "") + f"{at}teacher-forced, no label smoothing, over this run's BPE "
+             "vocabulary (Table 3's is ~37k)"),
     ]
 
 
@@ -133,6 +176,7 @@ def position_item(inp: Inputs) -> dict[str, Any]:
 
 
 def dev_items(inp: Inputs) -> list[dict[str, Any]]:
-    """Averaging span, averaged vs newest checkpoint, the newest checkpoint's dev figures, truncation."""
-    return [averaging_span_item(inp), averaging_gain_item(inp), *newest_dev_items(inp), averaged_dev_item(inp),
-            position_item(inp)]
+    """Averaging span, averaged vs newest checkpoint (BLEU, perplexity), the newest checkpoint's dev figures,
+    truncation."""
+    return [averaging_span_item(inp), averaging_gain_item(inp), averaging_ppl_item(inp), *newest_dev_items(inp),
+            averaged_dev_item(inp), position_item(inp)]

@@ -24,7 +24,7 @@ from pipeline.inference import model_file
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # 2: verdicts against the paper only; informational/warning verdicts, open settings
+FORMAT = 3  # 3: items have a kind (paper, reference, check), counted apart; ranked deviation topics; headline
 PAPER_PROFILE = Path("profiles") / "paper.yaml"
 
 

@@ -19,6 +19,12 @@ NEUTRAL_KEYS = frozenset({"profile", "paths", "seed", "download.retries", "downl
 #: but something to look at (its text is the item's note).
 VERDICTS = ("matches", "deviates", "not measured", "informational", "warning")
 
+#: What an item is judged against. ``paper``: a value the paper states (it cites a section or table);
+#: ``reference``: a setting the paper leaves to its reference implementations (tensor2tensor, fairseq),
+#: named as the source; ``check``: a sanity check of the run itself (averaging, replay, lineage), where
+#: ``matches`` means the check passed and ``deviates`` that it failed. Matches are counted per kind.
+KINDS = ("paper", "reference", "check")
+
 
 def neutral(key: str) -> bool:
     """Whether a dotted params key is (under) one of :data:`NEUTRAL_KEYS`."""
@@ -35,12 +41,14 @@ def fmt(value: Any) -> str:
 
 
 def item(name: str, *, paper: str, run: str | None, ok: bool | None, deviation: str = "", note: str = "",
-         source: str = "", verdict: str | None = None) -> dict[str, Any]:
+         source: str = "", verdict: str | None = None, kind: str = "paper") -> dict[str, Any]:
     """One audit line; ``ok`` None means not measured (``run`` then says why).
 
-    ``verdict`` (``informational`` or ``warning``) replaces the one ``ok`` gives while ``run`` is measured.
+    ``verdict`` (``informational`` or ``warning``) replaces the one ``ok`` gives while ``run`` is measured;
+    ``kind`` is one of :data:`KINDS`.
     """
     if verdict is None or run is None:
         verdict = "not measured" if ok is None else "matches" if ok else "deviates"
-    return {"item": name, "paper": paper, "run": run if run is not None else "not measured", "verdict": verdict,
-            "deviation": deviation if verdict == "deviates" else "", "note": note, "source": source}
+    return {"item": name, "kind": kind, "paper": paper, "run": run if run is not None else "not measured",
+            "verdict": verdict, "deviation": deviation if verdict == "deviates" else "", "note": note,
+            "source": source}

@@ -6,9 +6,12 @@ from typing import Any
 
 from pipeline.auditing.items import fmt
 from pipeline.auditing.paper import PAPER
+from pipeline.auditing.summary import counts_line
 
 _MARK = {"matches": "matches", "deviates": "**deviates**", "not measured": "*not measured*",
          "informational": "informational", "warning": "**warning**"}
+#: A check's verdicts as the report words them (``matches``: the check passed).
+_CHECK_MARK = {**_MARK, "matches": "ok", "deviates": "**fails**"}
 
 
 def _cell(value: Any) -> str:
@@ -23,17 +26,9 @@ def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> list[str]:
 
 
 def _items(items: list[dict[str, Any]]) -> list[str]:
-    rows = [(i["item"], i["paper"], i["run"], _MARK[i["verdict"]], i["note"], i["source"]) for i in items]
+    rows = [(i["item"], i["paper"], i["run"], (_CHECK_MARK if i["kind"] == "check" else _MARK)[i["verdict"]],
+             i["note"], i["source"]) for i in items]
     return _table(("item", "paper", "this run", "verdict", "note", "source"), rows)
-
-
-def _verdicts(audit: dict[str, Any]) -> list[str]:
-    lines = ["## Verdicts", ""]
-    for i in audit["configuration"] + audit["measured"] + audit["replay"].get("items", []):
-        text = (f" {i['deviation']}" if i["deviation"] else f" {i['note']}" if i["verdict"] == "warning" else
-                f" {i['run']}" if i["verdict"] in ("matches", "informational") else "")
-        lines.append(f"- {i['item']}: {i['verdict']}" + (f" —{text}" if text.strip() else ""))
-    return lines + [""]
 
 
 def _open(audit: dict[str, Any]) -> list[str]:
@@ -46,16 +41,16 @@ def _open(audit: dict[str, Any]) -> list[str]:
 def _differences(audit: dict[str, Any]) -> list[str]:
     diffs = audit["profile_differences"]
     lines = ["## Keys that differ from profiles/paper.yaml (informational)", "",
-             ("What this profile changes relative to the committed paper profile. The verdicts above compare "
-              "with the paper, never with this file."), ""]
+             ("What this profile changes relative to the committed paper profile, beyond the paper settings "
+              "judged above (the verdicts compare with the paper, never with this file)."), ""]
     if not diffs:
         return lines + ["None: this is the paper profile.", ""]
-    kinds = {"paper": "paper setting", "unspecified": "no paper setting",
-             "operational": "operational (results unchanged)"}
-    rows = [(d["key"], d["paper_profile"], d["run"], kinds[d["kind"]] + (f": {d['paper_verdict']}"
-                                                                         if d["paper_verdict"] else ""))
-            for d in diffs]
-    return lines + _table(("key", "paper profile", "this run", "kind"), rows)
+    judged = [d["key"] for d in diffs if d["kind"] == "paper"]
+    if judged:
+        lines += ["Judged by a paper setting (see Deviations and Configuration): " + ", ".join(judged) + ".", ""]
+    kinds = {"unspecified": "no paper setting", "operational": "operational (results unchanged)"}
+    rows = [(d["key"], d["paper_profile"], d["run"], kinds[d["kind"]]) for d in diffs if d["kind"] != "paper"]
+    return lines + (_table(("key", "paper profile", "this run", "kind"), rows) if rows else [])
 
 
 def _bleu(audit: dict[str, Any]) -> list[str]:
@@ -66,7 +61,11 @@ def _bleu(audit: dict[str, Any]) -> list[str]:
     else:
         lines += ["Not measured: evaluate.details.json does not exist yet (run `dvc repro evaluate`).", ""]
     gap = audit["bleu_gap"]
-    lines += [f"Paper: {PAPER['bleu_en_de']} ({PAPER['bleu_method']}).", "", gap["explanation"], ""]
+    lines += [f"Paper: {PAPER['bleu_en_de']} ({PAPER['bleu_method']}).", ""]
+    if audit["dataset"] != "wmt14":
+        lines += [f"The paper's figure and the gap below concern WMT14 newstest2014; this run was tested on "
+                  f"{audit['headline']['test_set']} (see the headline).", ""]
+    lines += [gap["explanation"], ""]
     lines += [f"- {e['figures']} ({e['source']})" for e in gap["evidence"]]
     return lines + [""]
 
@@ -75,8 +74,8 @@ def _replay(replay: dict[str, Any]) -> list[str]:
     lines = ["## Replay", "",
              ("Are evaluate.details.json's figures what the hypothesis files on disk score, are those files what dvc.lock "
               "recorded for the evaluate stage, and did the previous evaluation of the same model give the same "
-              "BLEU? (`dvc repro -f evaluate` followed by `dvc repro audit` checks a forced re-evaluation.)"), ""]
-    lines += _items(replay.get("items", []))
+              "BLEU? (`dvc repro -f evaluate` followed by `dvc repro audit` checks a forced re-evaluation.) The "
+              "three Replay items are under Run checks."), ""]
     if replay.get("hypotheses_md5"):
         lines += [f"Hypotheses directory md5 (as DVC computes it): `{replay['eval_dir_md5']}`", ""]
         sha = replay["record"]["hypotheses_sha256"]
@@ -126,21 +125,46 @@ def _lineage(lin: dict[str, Any]) -> list[str]:
                                                          for info in shards["splits"].values() for s in info["shards"]])
 
 
+def listed_above(i: dict[str, Any]) -> bool:
+    """Whether an item is already a line of Deviations or Warnings (the detail tables leave it out)."""
+    if i["kind"] == "check":
+        return i["verdict"] in ("warning", "deviates")
+    return i["verdict"] == "deviates"
+
+
+def _summary(audit: dict[str, Any]) -> list[str]:
+    """Headline, counts, warnings and the ranked deviations: the first screen of the report."""
+    lines = [f"# Replication audit: profile {audit['profile']} (dataset {audit['dataset']})", "",
+             audit["headline"]["text"], "", counts_line(audit["summary"]), "", "## Warnings", ""]
+    lines += [f"{n}. {w}" for n, w in enumerate(audit["warnings"], start=1)] or ["None."]
+    lines += ["", "## Deviations", ""]
+    if not audit["deviation_topics"]:
+        return lines + ["None.", ""]
+    lines += [("Against the paper (or, where it is silent, the named reference implementation), one line per "
+               "topic, ranked by expected effect on BLEU (evidence in brackets; pipeline/auditing/ranking.py): "
+               "the first three matter most."), ""]
+    lines += [f"- **{n}. {t['topic']}**: {t['text']} [{t['why']}]"
+              for n, t in enumerate(audit["deviation_topics"], start=1)]
+    return lines + [""]
+
+
+def _details(audit: dict[str, Any]) -> list[str]:
+    """The items not listed above: paper and reference settings, measured items, run checks."""
+    note = "Items listed under Deviations or Warnings are not repeated here."
+    items = audit["configuration"] + audit["measured"] + audit["replay"].get("items", [])
+    config = [i for i in audit["configuration"] if not listed_above(i)]
+    measured = [i for i in audit["measured"] if i["kind"] != "check" and not listed_above(i)]
+    checks = [i for i in items if i["kind"] == "check" and not listed_above(i)]
+    lines = ["## Configuration (the paper, §3-§6 and Table 3; where it is silent, the named reference)", "", note, ""]
+    lines += _items(config) + ["## Measured", "", note, ""] + _items(measured)
+    lines += ["## Run checks (sanity, replay, lineage; counted apart from the paper's items)", "", note, ""]
+    return lines + _items(checks)
+
+
 def render_markdown(audit: dict[str, Any]) -> str:
     """The whole report as markdown (deterministic for a given audit mapping)."""
-    s = audit["summary"]
-    lines = [f"# Replication audit: profile {audit['profile']} (dataset {audit['dataset']})", "",
-             (f"Against {PAPER['reference']}, Transformer base on WMT14 EN-DE. "
-              f"{s['matches']} items match, {s['deviates']} deviate, {s['not measured']} not measured "
-              f"({s['informational']} informational, {s['warning']} warning(s))."), ""]
-    lines += ["## Deviations", ""]
-    lines += [f"- {d}" for d in audit["deviations"]] or ["None."]
-    lines += ["", "## Warnings", ""]
-    lines += [f"- {w}" for w in audit["warnings"]] or ["None."]
-    lines += ["", "## Configuration (the paper, §3-§6 and Table 3; where it is silent, the named reference)", ""]
-    lines += _items(audit["configuration"])
-    lines += ["## Measured", ""] + _items(audit["measured"])
-    lines += _verdicts(audit) + _open(audit) + _differences(audit) + _bleu(audit) + _replay(audit["replay"])
+    lines = _summary(audit) + _details(audit)
+    lines += _open(audit) + _differences(audit) + _bleu(audit) + _replay(audit["replay"])
     env = audit["environment"]
     lines += ["## Environment", ""] + _table(("what", "value"), [(k, "not measured" if v is None else v)
                                                                    for k, v in env.items()])

@@ -40,7 +40,7 @@ DVC_CACHE = Path(".dvc") / "cache" / "files" / "md5"
 ITEM_RESCORED = "Replay: evaluate.details.json rescored from the hypothesis files"
 ITEM_LOCK = "Replay: hypothesis files vs dvc.lock"
 ITEM_PREVIOUS = "Replay: BLEU vs the previous evaluation of this model"
-_SOURCE = "pipeline/audit_replay.py"
+_SOURCE = "pipeline/auditing/replay.py"
 
 
 def file_md5(path: Path) -> str:
@@ -81,7 +81,7 @@ def _differences(recorded: dict[str, Any], now: dict[str, Any], split: str) -> l
 def rescore(bleu: dict[str, Any] | None, eval_dir: Path, raw_dir: Path) -> tuple[dict[str, Any], dict | None]:
     """The rescoring item and the rescored figures per set (None when not measured)."""
     def not_measured(why: str) -> tuple[dict[str, Any], None]:
-        return item(ITEM_RESCORED, paper="-", run=f"not measured ({why})", ok=None, source=_SOURCE), None
+        return item(ITEM_RESCORED, paper="-", run=f"not measured ({why})", ok=None, source=_SOURCE, kind="check"), None
 
     if bleu is None:
         return not_measured("no evaluate.details.json: run `dvc repro evaluate`")
@@ -99,7 +99,7 @@ def rescore(bleu: dict[str, Any] | None, eval_dir: Path, raw_dir: Path) -> tuple
         diffs += _differences(_figures(bleu.get(split) or {}), rescored[split], split)
     note = "evaluate.details.json vs rescored; floats compared exactly"
     return item(ITEM_RESCORED, paper="-", run="reproduced exactly" if not diffs else "differs", ok=not diffs,
-                deviation="differs: " + "; ".join(diffs), note=note, source=_SOURCE), rescored
+                deviation="differs: " + "; ".join(diffs), note=note, source=_SOURCE, kind="check"), rescored
 
 
 def _lock_out(lock: dict[str, Any] | None, eval_path: str) -> tuple[dict[str, Any] | None, str]:
@@ -133,18 +133,19 @@ def lock_check(lock: dict[str, Any] | None, root: Path, eval_path: str,
     if current is None:
         why = f"{eval_path} does not exist"
     if out is None or current is None:
-        return item(ITEM_LOCK, paper="-", run=f"not measured ({why})", ok=None, source=_SOURCE)
+        return item(ITEM_LOCK, paper="-", run=f"not measured ({why})", ok=None, source=_SOURCE, kind="check")
     recorded, (now, files) = str(out.get("md5")), current
     note = "md5 recomputed the way DVC 3 hashes a directory"
     if recorded == now:
-        return item(ITEM_LOCK, paper="-", run=f"identical (md5 {now})", ok=True, note=note, source=_SOURCE)
+        return item(ITEM_LOCK, paper="-", run=f"identical (md5 {now})", ok=True, note=note, source=_SOURCE,
+                    kind="check")
     manifest = _cache_manifest(root, recorded)
     if manifest is None:
         detail = "no manifest of the recorded md5 in .dvc/cache to name the files"
     else:
         changed = sorted(rel for rel in set(manifest) | set(files) if manifest.get(rel) != files.get(rel))
         detail = "changed: " + ", ".join(changed)
-    return item(ITEM_LOCK, paper="-", run=f"differs (md5 {now})", ok=False, note=note, source=_SOURCE,
+    return item(ITEM_LOCK, paper="-", run=f"differs (md5 {now})", ok=False, note=note, source=_SOURCE, kind="check",
                 deviation=f"differs: {eval_path} md5 {now} vs {recorded} in dvc.lock ({detail})")
 
 
@@ -164,7 +165,7 @@ def record(params: dict[str, Any], bleu: dict[str, Any] | None, model_path: Path
 def previous_check(now: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
     """The previous-evaluation item: same model, references and params → identical figures and hypotheses."""
     def not_measured(why: str) -> dict[str, Any]:
-        return item(ITEM_PREVIOUS, paper="-", run=f"not measured ({why})", ok=None, source=_SOURCE)
+        return item(ITEM_PREVIOUS, paper="-", run=f"not measured ({why})", ok=None, source=_SOURCE, kind="check")
 
     if now["figures"] is None or now["model_sha256"] is None:
         return not_measured("no evaluate.details.json or no averaged.pt")
@@ -180,7 +181,7 @@ def previous_check(now: dict[str, Any], previous: dict[str, Any] | None) -> dict
     diffs += [f"{name} sha256 {hyp_before.get(name)} vs {hyp_now[name]}" for name in sorted(hyp_now)
               if hyp_before.get(name) != hyp_now[name]]
     return item(ITEM_PREVIOUS, paper="-", run="differs" if diffs else "replayed: identical to the previous evaluation",
-                ok=not diffs, deviation="differs: " + "; ".join(diffs), source=_SOURCE,
+                ok=not diffs, deviation="differs: " + "; ".join(diffs), source=_SOURCE, kind="check",
                 note=f"same averaged.pt (sha256 {now['model_sha256'][:12]}), references and evaluate params")
 
 

@@ -12,10 +12,12 @@ from typing import Any
 
 from pipeline.auditing.dev_items import dev_items
 from pipeline.auditing.inputs import FORMAT, Inputs
-from pipeline.auditing.items import VERDICTS, fmt, neutral
+from pipeline.auditing.items import fmt, neutral
 from pipeline.auditing.paper import BLEU_GAP, PAPER, bleu_figures, bleu_items, data_items, lineage_items, model_items
+from pipeline.auditing.ranking import deviation_topics
 from pipeline.auditing.run_items import training_items
 from pipeline.auditing.settings import PAPER_SETTINGS, configuration_items, open_settings
+from pipeline.auditing.summary import counts, headline, warnings
 from pipeline.core.config import flatten
 
 log = logging.getLogger(__name__)
@@ -81,29 +83,48 @@ def lineage(inp: Inputs) -> dict[str, Any]:
 
 
 def build_audit(inp: Inputs) -> dict[str, Any]:
-    """The whole audit as one JSON-able mapping (the markdown is rendered from it)."""
+    """The whole audit as one JSON-able mapping (the markdown is rendered from it).
+
+    ``summary`` counts verdicts per kind of item (``paper``, ``reference``, ``checks``: only paper items
+    count as matching the paper) plus the number of warnings and of deviation topics; ``deviations`` has one
+    line per topic, ranked (``deviation_topics`` the same with rank, topic, evidence and items);
+    ``warnings`` one line per check that fired or failed; ``headline`` the test BLEU beside its reference.
+    """
     config = configuration_items(flatten(inp.params))
     measured = measured_items(inp)
     replayed = inp.replay.get("items", [])
-    deviations = [i["deviation"] for i in config if i["verdict"] == "deviates"]
-    deviations += [f"{i['item']}: {i['deviation']}" for i in measured + replayed if i["verdict"] == "deviates"]
-    warnings = [f"{i['item']}: {i['note']}" for i in measured + replayed if i["verdict"] == "warning"]
     items = config + measured + replayed
-    summary = {v: sum(1 for i in items if i["verdict"] == v) for v in VERDICTS}
-    return {"format": FORMAT, "profile": inp.params.get("profile"), "dataset": (inp.params.get("download") or {})
-            .get("dataset"), "summary": summary, "configuration": config, "measured": measured,
+    topics = deviation_topics(config, measured)
+    warned = warnings(items)
+    per_kind = counts(items)
+    summary = {"paper": per_kind["paper"], "reference": per_kind["reference"], "checks": per_kind["check"],
+               "warnings": len(warned), "deviation_topics": len(topics)}
+    dataset = (inp.params.get("download") or {}).get("dataset")
+    return {"format": FORMAT, "profile": inp.params.get("profile"), "dataset": dataset, "summary": summary,
+            "headline": headline(dataset, (inp.metrics.get("evaluate") or {}).get("test")),
+            "configuration": config, "measured": measured,
             "open_settings": open_settings(flatten(inp.params)),
-            "profile_differences": profile_differences(inp.params, inp.paper_profile), "deviations": deviations,
-            "warnings": warnings, "bleu_gap": BLEU_GAP, "paper": PAPER,
+            "profile_differences": profile_differences(inp.params, inp.paper_profile),
+            "deviations": [f"{t['topic']}: {t['text']}" for t in topics], "deviation_topics": topics,
+            "warnings": warned, "bleu_gap": BLEU_GAP, "paper": PAPER,
             "bleu_figures": bleu_figures(inp.metrics.get("evaluate")), "replay": inp.replay,
             "lineage": lineage(inp), "environment": inp.environment}
 
 
 def tracking_metrics(audit: dict[str, Any], inp: Inputs) -> dict[str, float]:
-    """The numbers the audit logs to MLflow: verdict and warning counts, parameter count, test BLEU, replay outcome."""
+    """The numbers the audit logs to MLflow and returns as the stage's record.
+
+    ``matches``, ``deviates``, ``not_measured``: paper items only; ``reference_matches``,
+    ``reference_deviates``: settings the paper leaves to its reference implementations; ``checks_passed``,
+    ``checks_failed``: run checks (sanity, replay, lineage); ``warnings``: checks that fired or failed;
+    ``deviation_topics``: lines in the ranked deviation list; then parameters, test BLEU, replay outcome.
+    """
     summary, out = audit["summary"], {}
-    out.update(matches=summary["matches"], deviates=summary["deviates"], not_measured=summary["not measured"],
-               warnings=summary["warning"])
+    paper, ref, checks = summary["paper"], summary["reference"], summary["checks"]
+    out.update(matches=paper["matches"], deviates=paper["deviates"], not_measured=paper["not measured"],
+               reference_matches=ref["matches"], reference_deviates=ref["deviates"],
+               checks_passed=checks["matches"], checks_failed=checks["deviates"], warnings=summary["warnings"],
+               deviation_topics=summary["deviation_topics"])
     parameters = inp.model["total"] if inp.model else (inp.metrics.get("average") or {}).get("parameters")
     if parameters is not None:
         out["parameters"] = int(parameters)
@@ -114,5 +135,3 @@ def tracking_metrics(audit: dict[str, Any], inp: Inputs) -> dict[str, float]:
     if replayed:
         out["replay_identical"] = float(all(i["verdict"] == "matches" for i in replayed))
     return out
-
-

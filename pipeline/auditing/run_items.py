@@ -80,10 +80,10 @@ def _volume_items(inp: Inputs) -> list[dict[str, Any]]:
     tokens = _train(inp).get("tokens_seen", state.get("tokens_seen"))
     return [item("Steps trained", paper="100,000", run=None if steps is None else f"{steps:,}",
                  ok=None if steps is None else steps == PAPER["steps"], source="§5.2",
-                 deviation=f"{steps or 0:,} steps (paper: 100,000)"),
+                 deviation=f"{steps or 0:,} steps trained (paper: 100,000)"),
             item("Target tokens trained", paper="~2.5B (100k steps x ~25k)", source="§5.1-5.2",
                  run=None if tokens is None else f"{tokens:,}",
-                 deviation=f"{tokens or 0:,} target tokens (paper: ~2.5B)",
+                 deviation=f"{tokens or 0:,} target tokens trained (paper: ~2.5B)",
                  ok=None if tokens is None else approx(tokens, PAPER["target_tokens"], 0.1)),
             _tokens_per_step(inp, steps, tokens)]
 
@@ -112,11 +112,12 @@ def _machine_items(inp: Inputs) -> list[dict[str, Any]]:
     out = [item("Training time", paper="12 h", source="§5.2", note=how, run=None if hours is None else
                 f"{hours:.3f} h" if hours >= 0.1 else f"{hours:.3f} h ({hours * 3600:.1f} s)",
                 ok=None if hours is None else approx(hours, PAPER["wall_clock_hours"], 0.1),
-                deviation=f"{hours or 0:.3f} h (paper: 12 h)")]
+                deviation=f"trained {hours or 0:.3f} h (paper: 12 h)")]
     device, world = train.get("device"), train.get("world_size", (inp.state or {}).get("world_size"))
     name = train.get("device_name") or device
     hw = None if device is None else f"{world} x {name}"
-    out.append(item("Hardware", paper="8 x NVIDIA P100", source="§5.2", run=hw, deviation=f"{hw} (paper: 8 x P100)",
+    out.append(item("Hardware", paper="8 x NVIDIA P100", source="§5.2", run=hw,
+                    deviation=f"trained on {hw} (paper: 8 x P100)",
                     ok=None if device is None else world == 8 and "P100" in str(name),
                     note="" if device else "train.json records no device"))
     gpu_h = hours * world if hours is not None and world and str(device).startswith("cuda") else None

@@ -64,6 +64,11 @@ class Setting:
     judge: Callable[[Any, Any], bool] | None = None
     basis: str = "paper"
 
+    @property
+    def kind(self) -> str:
+        """``paper`` when the paper fixes the value, ``reference`` when a reference implementation does."""
+        return "paper" if self.basis == "paper" else "reference"
+
     def same(self, value: Any, expected: Any) -> bool:
         """Whether one params value matches the expected one."""
         if self.judge is not None:
@@ -76,13 +81,13 @@ class Setting:
         if self.derive is not None:
             value = self.derive(flat)
             label = f"{self.keys[0]} / {self.keys[1]} = {fmt(value)}"
-            return item(self.name, paper=self.text, run=f"{fmt(value)} (d_model / n_heads)",
+            return item(self.name, paper=self.text, run=f"{fmt(value)} (d_model / n_heads)", kind=self.kind,
                         ok=value == self.paper[0], source=self.source,
                         deviation=f"{label} ({self.basis}: {self.text})")
         bad = [f"{key} = {fmt(flat.get(key))}" for key, expected in zip(self.keys, self.paper)
                if not self.same(flat.get(key), expected)]
         run = ", ".join(f"{k.split('.')[-1]} {fmt(flat.get(k))}" for k in self.keys)
-        return item(self.name, paper=self.text, run=run, ok=not bad, source=self.source,
+        return item(self.name, paper=self.text, run=run, ok=not bad, source=self.source, kind=self.kind,
                     deviation=f"{'; '.join(bad)} ({self.basis}: {self.text})")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,36 @@ def synthetic_inputs(params: dict, *, metrics: dict | None = None, paper_profile
     return Inputs(params=params, params_sha256="0" * 64, paper_profile=paper_profile, metrics={**known, **(metrics or {})},
                   raw_manifest=None, shards_manifest=None, shards_manifest_sha256=None, state=state, state_path=None,
                   model=None, lock=None, git={"commit": None, "dirty": None, "dirty_paths": []})
+
+
+def demo_like_metrics() -> dict:
+    """Stage details shaped like a finished ``make demo`` run (Multi30k, 700 steps on CPU, 5 checkpoints averaged)."""
+    sig = {"bleu": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+           "bleu_tok_split": "t2t-get_ende_bleu:replace-unicode-punct+moses-tok-de+atat|nrefs:1|case:mixed|eff:no|"
+                             "tok:none|smooth:none|version:2.6.0"}
+    return {
+        "download": {"dataset": "multi30k", "pairs": {"train": 29_000, "valid": 1014, "test": 1000}},
+        "clean": {"train": {"pairs_out": 28_995}},
+        "bpe": {"vocab_size": 8000},
+        "train": {"step": 700, "tokens_seen": 1_421_178, "world_size": 1, "tokens_per_step_mean": 2030.25,
+                  "tokens_per_step_std": 127.1, "tokens_per_step_min": 356, "tokens_per_step_max": 2048,
+                  "forwards_per_step_mean": 1.0, "forwards_per_step_max": 1, "device": "cpu", "device_name": "cpu",
+                  "wall_seconds": 534.8, "train_seconds": 505.8, "resumed_from_step": None, "valid_ppl": 15.30},
+        "average": {"steps": [588, 616, 644, 672, 700], "parameters": 2_412_544},
+        "evaluate": {"chosen": {"beam": 4, "alpha": 1.0, "chosen_on": "valid"},
+                     "valid": {"bleu": 26.70, "bleu_tok_split": 26.68, "ppl": 14.78, "sentences": 1014,
+                               "truncated_sources": 0, "signatures": sig},
+                     "valid_newest": {"bleu": 26.38, "bleu_tok_split": 26.30, "ppl": 15.30, "sentences": 1014,
+                                      "step": 700, "signatures": sig},
+                     "test": {"bleu": 27.94, "bleu_tok_split": 27.96, "sentences": 1000, "truncated_sources": 0,
+                              "signatures": sig}},
+    }
+
+
+_REPO_PATH = re.compile(r"(?<![\w./-])((?:pipeline|model|flows|tests|profiles)/[\w./-]*\w)")
+
+
+def missing_repository_files(text: str) -> list[str]:
+    """Paths into this repository's code (``pipeline/...``, ``profiles/...``) that a report names but that do not
+    exist in the repository."""
+    return sorted({m for m in _REPO_PATH.findall(text) if not (REPO / m).exists()})

@@ -21,7 +21,7 @@ from pipeline.core.config import Params, flatten, params_from_dict
 from pipeline.core.errors import CheckpointError, DataError, PipelineError
 from pipeline.core.textio import write_text
 from pipeline.project.profiles import merged_profile
-from tests.helpers.audit_world import profile_params
+from tests.helpers.audit_world import missing_repository_files, profile_params
 from tests.helpers.paths import REPO
 
 
@@ -58,28 +58,39 @@ def test_tiny_run_audit_measures_everything_and_names_every_changed_key(audit_wo
     # values, each key that differs from them named, with the reference where the paper is silent
     changed = {k for k, v in flatten(data).items() if flatten(merged_profile("paper", REPO)).get(k) != v}
     assert {d["key"] for d in report["profile_differences"]} == changed
+    text = "\n".join(report["deviations"])
     for diff in report["profile_differences"]:
         if diff["kind"] == "paper" and diff["paper_verdict"] == "deviates":
-            assert any(dev.startswith(f"{diff['key']} = ") or f"; {diff['key']} = " in dev
-                       for dev in report["deviations"]), diff["key"]
-    assert not any("paper profile" in dev for dev in report["deviations"])
-    assert "model.pre_norm" not in "".join(report["deviations"])  # tiny keeps post-norm
-    assert "train.warmup_steps = 5 (paper: 4000)" in report["deviations"]
-    assert "download.dataset = multi30k (paper: WMT14 EN-DE (~4.5M pairs))" in report["deviations"]
-    assert "bpe.vocab_size = 300 (paper: ~37,000 shared source-target BPE)" in report["deviations"]
-    assert "encode.max_len = 64 (tensor2tensor transformer_base_v1: 256 subword tokens per side)" in report["deviations"]
+            assert f": {diff['key']} = " in text or f"; {diff['key']} = " in text, diff["key"]
+    assert "paper profile" not in text
+    assert "model.pre_norm" not in text  # tiny keeps post-norm
+    assert "train.warmup_steps = 5 (paper: 4000)" in text
+    assert "Training data: download.dataset = multi30k (paper: WMT14 EN-DE (~4.5M pairs))" in text
+    assert "bpe.vocab_size = 300 (paper: ~37,000 shared source-target BPE)" in text
+    assert "encode.max_len = 64 (tensor2tensor transformer_base_v1: 256 subword tokens per side)" in text
+    # the first screen: headline, counts, warnings, the three deviations that matter most; files that exist
+    head = md.splitlines()[:30]
+    assert head[2] == report["headline"]["text"] and "Multi30k test_2016_flickr" in head[2]
+    assert all(f"{n}. {w}" in head for n, w in enumerate(report["warnings"], start=1))
+    assert [t["topic"] for t in report["deviation_topics"][:3]] == ["Training data", "Model size", "Training length"]
+    assert sum(line.startswith(("- **1. ", "- **2. ", "- **3. ")) for line in head) == 3
+    assert missing_repository_files(md) == [] and "pipeline/auditing/replay.py" in md
+    # the flow's run report quotes the Deviations bullets: the first bullet of audit.md is the first deviation
+    assert next(line for line in md.splitlines() if line.startswith("- ")).startswith("- **1. Training data**: ")
     # measured beside configured: tokens per step from train.json, averaging span, the newest checkpoint on valid
     per_step = items["Target tokens per step"]
     assert per_step["run"] == f"{train['tokens_per_step_mean']:,.0f}" and "std " in per_step["note"]
     assert per_step["verdict"] == "deviates" and "params train.tokens_per_step = 1024" in per_step["deviation"]
     assert items["World size"]["verdict"] == items["Forward passes per step"]["verdict"] == "informational"
     assert items["Averaging span"]["run"].startswith("2 checkpoint(s), steps 18-20: the last 10.0% of training")
-    assert items["Averaging span"]["deviation"] == "2 checkpoint(s) averaged (paper: 5)"
+    assert (items["Averaging span"]["verdict"], items["Averaging span"]["note"]) == (
+        "warning", "2 checkpoint(s) averaged (paper: 5)")
+    assert "Averaging span: 2 checkpoint(s) averaged (paper: 5)" in report["warnings"]
     newest = items["BLEU, paper's method (tok+split), valid, newest checkpoint"]
     bleu = json.loads((root / "data" / "metrics" / "evaluate.details.json").read_text())
     assert newest["run"] == f"{bleu['valid_newest']['bleu_tok_split']:.2f}"
-    assert "multi30k valid set, not newstest2013" in newest["deviation"]
-    assert items["Averaged vs newest checkpoint, valid BLEU"]["verdict"] in ("informational", "warning")
+    assert newest["verdict"] == "informational" and "multi30k valid set, not newstest2013" in newest["note"]
+    assert items["Averaged vs newest checkpoint, valid BLEU"]["verdict"] in ("matches", "warning")
     assert items["Sources cut at max_positions"]["verdict"] == "matches"
     # parameter count: the averaged model's parameters, the tied embedding once
     model = torch.load(root / "data" / "model" / "averaged.pt", weights_only=True)
@@ -97,7 +108,7 @@ def test_tiny_run_audit_measures_everything_and_names_every_changed_key(audit_wo
             assert figures[(split, key)]["score"] == bleu[split][key] and figures[(split, key)]["signature"] == sig
             assert sig in md
     tok = items["BLEU, paper's method (tok+split), test"]
-    assert tok["verdict"] == "deviates" and "multi30k test set, not newstest2014" in tok["deviation"]
+    assert tok["verdict"] == "informational" and "multi30k test set, not newstest2014" in tok["note"]
     assert "0.7-1.4 points" in md and "tensor2tensor/issues/61" in md and "scaling_nmt/README.md" in md
     assert items["Lineage consistency"]["verdict"] == "matches", items["Lineage consistency"]["deviation"]
     assert report["environment"]["torch"] == torch.__version__
@@ -136,8 +147,11 @@ def test_stale_and_inconsistent_lineage_is_named(audit_world: Path, tmp_path: Pa
     write_text(root / "params.yaml", yaml.safe_dump(data, sort_keys=False))
     manifest = root / "data" / "shards" / "manifest.json"
     manifest.write_text(manifest.read_text() + " ")
-    item = _by_item(_audit(root, params_from_dict(data)))["Lineage consistency"]
-    assert item["verdict"] == "deviates"
+    report = _audit(root, params_from_dict(data))
+    item = _by_item(report)["Lineage consistency"]
+    assert item["verdict"] == "deviates" and item["kind"] == "check"
+    assert f"Lineage consistency: {item['deviation']}" in report["warnings"]  # a failed check warns, once
+    assert report["summary"]["checks"]["deviates"] == 1 and item["deviation"] not in "\n".join(report["deviations"])
     assert "dvc.lock stage train ran with other params (train.warmup_steps 5 -> 7)" in item["deviation"]
     assert "data/train/step-00000020/state.json was trained on shards manifest" in item["deviation"]
     lock = yaml.safe_load((root / "dvc.lock").read_text())
@@ -164,6 +178,7 @@ def test_every_key_a_profile_changes_is_named_even_before_anything_ran(tmp_path:
     assert report["lineage"]["dvc_lock"] is None and report["bleu_figures"] == []
     md = (tmp_path / "data" / "reports" / "audit.md").read_text()
     assert "Not measured: evaluate.details.json does not exist yet" in md and "Not measured: no dvc.lock." in md
+    assert [key for key in changed - {"profile"} if key not in md] == []  # every changed key named, once judged
     if name == "demo":
         lr_scale = data["train"]["lr_scale"]
         for expected in (f"train.lr_scale = {lr_scale} (paper: lrate", "train.warmup_steps = 200 (paper: 4000)",
@@ -179,7 +194,7 @@ def test_paper_profile_has_no_configuration_deviation(tmp_path: Path) -> None:
     assert report["deviations"] == [] and [d for d in report["profile_differences"]] == \
         [d for d in report["profile_differences"] if d["key"].startswith("paths.")]
     assert {s.name for s in PAPER_SETTINGS} == {i["item"] for i in report["configuration"]}
-    assert report["warnings"] == [] and report["summary"]["warning"] == 0
+    assert report["warnings"] == [] and report["summary"]["warnings"] == 0
     md = (tmp_path / "data" / "reports" / "audit.md").read_text()
     assert "## Deviations\n\nNone." in md and "## Warnings\n\nNone." in md
     assert "(informational)" in md and "## Settings the paper leaves open" in md
@@ -296,7 +311,8 @@ def test_bleu_verdicts_on_newstest2014(audit_world: Path, tmp_path: Path) -> Non
     assert [v["verdict"] for v in verdicts[(27.0, 3003)]] == ["matches", "matches"]
     assert [v["verdict"] for v in verdicts[(26.5, 3003)]] == ["deviates", "deviates"]
     assert verdicts[(26.5, 3003)][0]["deviation"] == "26.50 (paper: 27.3; matching needs >= 26.8)"
-    assert "test set of 3000 sentences (newstest2014 full: 3,003)" in verdicts[(27.5, 3000)][0]["deviation"]
+    assert verdicts[(27.5, 3000)][0]["verdict"] == "informational"
+    assert "test set of 3000 sentences (newstest2014 full: 3,003)" in verdicts[(27.5, 3000)][0]["note"]
 
 
 def test_hardware_and_gpu_hours_from_the_recorded_device(audit_world: Path, tmp_path: Path) -> None:
@@ -311,7 +327,7 @@ def test_hardware_and_gpu_hours_from_the_recorded_device(audit_world: Path, tmp_
     path.write_text(json.dumps({**train, "device": "cuda", "device_name": "NVIDIA H100", "world_size": 4,
                                 "wall_seconds": 5400.0, "resumed_from_step": None}))
     items = _by_item(_audit(root, params))
-    assert items["Hardware"]["deviation"] == "4 x NVIDIA H100 (paper: 8 x P100)"
+    assert items["Hardware"]["deviation"] == "trained on 4 x NVIDIA H100 (paper: 8 x P100)"
     assert items["Training time"]["run"] == "1.500 h" and items["GPU-hours"]["run"] == "6.00"
     path.write_text(json.dumps({**train, "device": "cuda", "device_name": "Tesla P100-SXM2-16GB", "world_size": 8,
                                 "wall_seconds": 999.0, "train_seconds": 12 * 3600, "resumed_from_step": 500}))
@@ -333,7 +349,7 @@ def test_cli_with_params(audit_world: Path, tmp_path: Path) -> None:
     report = json.loads((root / "data" / "reports" / "audit.json").read_text())
     assert report["profile"] == "tiny" and (root / "data" / "reports" / "audit.md").is_file()
     metrics = json.loads((root / "data" / "metrics" / "audit.json").read_text())  # the stage's own metrics: numbers
-    assert metrics["matches"] == report["summary"]["matches"] and "mlflow_run_id" not in metrics
+    assert metrics["matches"] == report["summary"]["paper"]["matches"] and "mlflow_run_id" not in metrics
     assert json.loads((root / "data" / "metrics" / "audit.details.json").read_text())["mlflow_run_id"] is None
     (root / "data" / "metrics" / "encode.details.json").write_text("{")
     done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env, timeout=120, check=False)

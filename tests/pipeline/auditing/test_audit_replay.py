@@ -94,7 +94,7 @@ def test_tampered_hypotheses_differ_and_the_figure_is_named(audit_world: Path, t
     assert "valid." not in rescored["deviation"]
     previous = items[ITEM_PREVIOUS]
     assert previous["verdict"] == "deviates" and "test.hyp.de sha256 " in previous["deviation"]
-    assert f"{ITEM_RESCORED}: differs: test.bleu" in "\n".join(report["deviations"])
+    assert f"{ITEM_RESCORED}: differs: test.bleu" in "\n".join(report["warnings"])  # a failed check warns
 
 
 def test_edited_evaluate_details_and_truncated_hypotheses_are_named(audit_world: Path, tmp_path: Path) -> None:
@@ -234,8 +234,10 @@ def test_audit_logs_a_child_run_with_reports_and_counts(audit_world: Path, tmp_p
     assert run.data.tags["mlflow.parentRunId"] == parent.run_id and run.data.tags["stage"] == "audit"
     assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"audit.md", "audit.json", "audit.details.json"}
     summary = report["summary"]
-    assert {k: run.data.metrics[k] for k in ("matches", "deviates", "not_measured")} == \
-        {"matches": summary["matches"], "deviates": summary["deviates"], "not_measured": summary["not measured"]}
+    paper = summary["paper"]  # the paper's items only; run checks are counted apart
+    assert {k: run.data.metrics[k] for k in ("matches", "deviates", "not_measured", "checks_passed")} == \
+        {"matches": paper["matches"], "deviates": paper["deviates"], "not_measured": paper["not measured"],
+         "checks_passed": summary["checks"]["matches"]}
     bleu = json.loads((root / "data" / "metrics" / "evaluate.details.json").read_text())
     assert run.data.metrics["test_bleu"] == bleu["test"]["bleu"]
     assert run.data.metrics["parameters"] == json.loads((root / "data" / "metrics" / "average.details.json").read_text())["parameters"]

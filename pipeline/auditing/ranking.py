@@ -1,0 +1,117 @@
+"""Deviations grouped by topic and ranked by their expected effect on BLEU.
+
+A configured value and the measured one that follows from it (``train.max_steps`` and the steps
+trained, ``bpe.vocab_size`` and the vocabulary built) are one deviation: each topic is one line of the
+report, and every deviating paper or reference item belongs to exactly one topic.
+
+The ranking, most expected effect on BLEU first, and why:
+
+1. Training data: the corpus fixes the domain, the size and the test set (§5.1); another corpus is
+   another task.
+2. Model size: Table 3 (C) of the paper, newstest2013 BLEU against base's 25.8: N=2 gives 23.7,
+   d_model 256 gives 24.5, d_ff 1024 gives 25.4; (A): one head gives 24.9.
+3. Training length: base trains 100k steps; Table 3's big model, trained 300k, reaches 26.4. Popel and
+   Bojar 2018 ("Training Tips for the Transformer Model", arXiv:1804.00247) show BLEU still rising after
+   days of training.
+4. Batch size (target tokens per step): Popel and Bojar 2018 find larger batches train better models.
+5. Learning-rate schedule: warmup and peak rate decide whether training converges at all (Popel and
+   Bojar 2018).
+6. Regularisation: Table 3 (D): no dropout gives 24.6, no label smoothing 25.3.
+7. Vocabulary: not varied in the paper; it changes sequence lengths and the handling of rare words.
+8. Architecture details: Table 3 (E): learned positions give 25.7 against 25.8.
+9. Optimiser: Adam's constants, weight decay and clipping: not varied in the paper.
+10. Data filtering and lengths: which training pairs and tokens the model sees, at the margin.
+11. Decoding: the paper tuned beam and α on the dev set (§6.1).
+12. Checkpoint averaging: §6.1; the run's own effect of averaging is the sanity check
+    "Averaged vs newest checkpoint".
+13. Compute: at equal steps and batch, time and hardware change how long training takes, not its result.
+14. Dev-set results: outcomes, not causes.
+
+Test BLEU is the report's headline (:mod:`pipeline.auditing.summary`), not a line here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.auditing.dev_items import NEWEST
+
+
+@dataclass(frozen=True)
+class Topic:
+    """A group of items that together make one deviation.
+
+    Attributes:
+        name: the topic as the report names it.
+        why: the evidence for its rank (a paper table, a reference).
+        items: the names of the items it groups.
+    """
+
+    name: str
+    why: str
+    items: tuple[str, ...]
+
+
+POPEL = "Popel and Bojar 2018, arXiv:1804.00247"
+TOPICS: tuple[Topic, ...] = (
+    Topic("Training data", "the corpus fixes domain, size and test set (§5.1)",
+          ("Dataset", "Training pairs (downloaded)")),
+    Topic("Model size", "Table 3 (C): N=2 23.7, d_model 256 24.5, d_ff 1024 25.4 dev BLEU vs 25.8",
+          ("Layers N (encoder, decoder)", "d_model", "d_ff", "Attention heads h", "d_k = d_v", "Parameters")),
+    Topic("Training length", f"Table 3: big at 300k steps 26.4; {POPEL}",
+          ("Training steps", "Steps trained", "Target tokens trained", "Epoch limit")),
+    Topic("Batch size", POPEL, ("Tokens per step", "Target tokens per step")),
+    Topic("Learning-rate schedule", POPEL, ("Learning-rate formula", "Warmup steps")),
+    Topic("Regularisation", "Table 3 (D): no dropout 24.6, no label smoothing 25.3 dev BLEU",
+          ("Residual dropout P_drop", "Attention-weight dropout", "FFN hidden dropout", "Label smoothing ε_ls")),
+    Topic("Vocabulary", "not varied in the paper", ("Shared BPE vocabulary", "BPE vocabulary (built)",
+                                                    "BPE training text", "BPE character coverage")),
+    Topic("Architecture details", "Table 3 (E): learned positions 25.7 dev BLEU",
+          ("Normalisation", "Tied embeddings", "Positions")),
+    Topic("Optimiser", "not varied in the paper", ("Adam β1, β2, ε", "Weight decay", "Gradient clipping")),
+    Topic("Data filtering and lengths", "changes the training pairs and tokens at the margin",
+          ("Training-pair length filter", "Training-pair length ratio", "Maximum training length",
+           "Sources cut at max_positions")),
+    Topic("Decoding", "beam and α tuned on dev (§6.1)",
+          ("Beam size", "Length penalty α", "Maximum output length", "Decoding used")),
+    Topic("Checkpoint averaging", "§6.1", ("Checkpoint interval", "Checkpoints averaged")),
+    Topic("Compute", "changes training time, not the result at equal steps and batch",
+          ("Training time", "Hardware", "GPU-hours")),
+    Topic("Dev-set results", "outcomes, not causes",
+          (f"BLEU, paper's method (tok+split), valid, {NEWEST}", f"Perplexity per BPE token, valid, {NEWEST}")),
+)
+#: Items shown in the headline (test BLEU), never in the deviation list.
+HEADLINE_ITEMS = ("BLEU, paper's method (tok+split), test", "BLEU, sacreBLEU 13a, test")
+TOPIC_OF: dict[str, Topic] = {name: topic for topic in TOPICS for name in topic.items}
+
+
+def _line(configured: list[str], measured: list[str]) -> str:
+    """The topic's deviations: configured ones first, then what the run measured."""
+    if configured and measured:
+        return "; ".join(configured) + "; measured: " + "; ".join(measured)
+    return "; ".join(configured + measured)
+
+
+def deviation_topics(configured: list[dict[str, Any]], measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per topic with a deviating paper or reference item, most expected effect on BLEU first.
+
+    Args:
+        configured: the params settings' items. measured: the items measured from the run's outputs
+            (checks and the headline's test BLEU are skipped).
+
+    Returns:
+        ``[{"rank", "topic", "why", "items", "text"}]``; ``rank`` is the topic's place in :data:`TOPICS`.
+
+    Raises:
+        KeyError: a deviating item belongs to no topic (a new item needs one in :data:`TOPICS`).
+    """
+    grouped: dict[str, tuple[list[str], list[str], list[str]]] = {}
+    for source, i in [(0, i) for i in configured] + [(1, i) for i in measured]:
+        if i["verdict"] == "deviates" and i["kind"] != "check" and i["item"] not in HEADLINE_ITEMS:
+            names, conf, meas = grouped.setdefault(TOPIC_OF[i["item"]].name, ([], [], []))
+            names.append(i["item"])
+            (meas if source else conf).append(i["deviation"])
+    return [{"rank": rank, "topic": topic.name, "why": topic.why, "items": grouped[topic.name][0],
+             "text": _line(*grouped[topic.name][1:])}
+            for rank, topic in enumerate(TOPICS, start=1) if topic.name in grouped]
