@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from pipeline.core import stages
-from pipeline.core.errors import CheckpointError, PipelineError
+from pipeline.core.errors import CheckpointError, ConfigError, PipelineError
 from pipeline.training import checkpoint
 from tests.helpers.faultutil import tensors
 from tests.helpers.paths import REPO
@@ -333,3 +333,30 @@ def test_a_resumed_run_logs_the_same_interval_losses_as_an_uninterrupted_one(wor
         return [(h["step"], h["train_loss"], h["tgt_tokens_per_step"]) for h in history if "train_loss" in h]
 
     assert lines(whole) == lines(split) and [s for s, _, _ in lines(whole)] == [3, 6]
+
+
+def test_nmt_device_cuda_without_cuda_is_one_line_before_torchrun_starts(workspace, tmp_path, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA (test_more_processes_than_gpus_is_one_line_naming_nmt_nproc covers it)")
+    expected = ("environment: NMT_DEVICE=cuda: this torch build sees no CUDA device (torch.cuda.is_available() is "
+                "False); set NMT_DEVICE=cpu or unset it")
+    done = run_torchrun(tiny_params(tmp_path, workspace), tmp_path, nproc=1, env={"NMT_DEVICE": "cuda"})
+    assert done.returncode == 1 and done.stderr.splitlines() == [f"error: stage train: {expected}"], done.stderr
+    assert not (tmp_path / "runs").exists()
+    from pipeline.training import distributed
+
+    with pytest.raises(ConfigError) as info:  # `python -m pipeline.train` alone: refused where the device is set
+        distributed.init("cuda")
+    assert str(info.value) == expected
+
+
+@pytest.mark.gpu
+def test_more_processes_than_gpus_is_one_line_naming_nmt_nproc(monkeypatch):
+    from pipeline.training import distributed
+
+    n = torch.cuda.device_count()
+    monkeypatch.setenv("LOCAL_RANK", str(n))
+    with pytest.raises(ConfigError) as info:
+        distributed.init("cuda")
+    assert str(info.value) == (f"environment: local rank {n} needs cuda:{n}, but this machine has {n} CUDA "
+                               f"device(s); set NMT_NPROC <= {n}")
