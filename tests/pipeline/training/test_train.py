@@ -48,7 +48,8 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _stop_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     """The lines that say why training stopped or paused (caplog set to INFO for the loop first)."""
-    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(("training stopped", "training paused"))]
+    messages = [r.getMessage() for r in caplog.records]
+    return [m for m in messages if m.startswith(("training stopped", "training paused"))]
 
 
 def test_single_process_run_writes_checkpoints_metrics_and_plots(workspace, tmp_path, caplog):
