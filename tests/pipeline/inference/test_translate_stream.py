@@ -145,3 +145,9 @@ def test_an_attention_line_that_never_arrives_is_refused_at_end_of_input(models:
                                                          "nothing drawn")
         assert proc.stdout.count(b"\n") == (0 if output else 2)  # stdout had the translations as they came
     assert not png.exists() and not out.exists()  # no PNG, and an --output file is not written half
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "translate", "--model", str(models["torch"]),
+                           "--max-len-b", "4", "--attention-png", str(png), "--attention-line", "2"],
+                          input=b"One.\n\nThree.\n", capture_output=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 1 and not png.exists()
+    assert proc.stderr.decode().splitlines()[-1] == ("error: --attention-line 2: input line 2 is empty; choose a "
+                                                     "non-empty line")
