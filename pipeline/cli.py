@@ -14,10 +14,10 @@ log = logging.getLogger("nmt")
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from pipeline.project.profiles import profile_names, write_profile
+    from pipeline.project.profiles import listing, write_profile
 
     if args.name is None:
-        print("\n".join(profile_names()))
+        print("\n".join(listing()))
         return 0
     path = write_profile(args.name)
     log.info("wrote %s for profile %s", path, args.name)
@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``nmt`` argument parser (one sub-command per action)."""
     parser = argparse.ArgumentParser(prog="nmt", description="WMT14 EN-DE Transformer pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("profile", help="write params.yaml for a profile (no name: list profiles)")
+    p = sub.add_parser("profile", help="write params.yaml for a profile (no name: list the profiles, "
+                                       "* marking the one params.yaml holds)")
     p.add_argument("name", nargs="?")
     p.set_defaults(func=_cmd_profile)
     p = sub.add_parser("run", help="the Prefect flow: each stage's `dvc repro --single-item` under one MLflow "

@@ -222,6 +222,14 @@ def plan_tasks(cfg: EncodeConfig, clean_dir: Path, spm_model: Path, spm_sha256: 
     return tasks, lines
 
 
+#: What the forkserver imports before forking workers: this module's imports, not the module itself. Each worker
+#: re-runs the main module (``python -m pipeline.encode``) as ``__mp_main__`` (``multiprocessing.spawn.prepare``
+#: with ``init_main_from_name``, through ``runpy.run_module``), and runpy warns "found in sys.modules ... prior to
+#: execution" when the server has imported it already (https://docs.python.org/3/library/runpy.html).
+WORKER_PRELOAD = ("numpy", "pyarrow.parquet", "sentencepiece", "pipeline.core.config", "pipeline.core.stage",
+                  "pipeline.core.textio")
+
+
 def run_tasks(tasks: list[ShardTask], workers: int) -> list[dict]:
     """Run the tasks (in a process pool when it helps), logging progress; results in task order."""
     results: list[dict | None] = [None] * len(tasks)
@@ -241,7 +249,7 @@ def run_tasks(tasks: list[ShardTask], workers: int) -> list[dict]:
             progress(i, encode_shard(task))
         return results  # type: ignore[return-value]
     ctx = multiprocessing.get_context("forkserver")  # no fork of a process that may hold tracking threads
-    ctx.set_forkserver_preload(["pipeline.encode"])  # workers fork from a server that imported this module
+    ctx.set_forkserver_preload(list(WORKER_PRELOAD))
     with cf.ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx) as pool:
         futures = {pool.submit(encode_shard, t): i for i, t in enumerate(tasks)}
         for fut in cf.as_completed(futures):

@@ -130,6 +130,18 @@ def check_params(train_args: list[str]) -> None:
     load_params(known.params)
 
 
+def check_device() -> None:
+    """``NMT_DEVICE=cuda`` on a machine whose torch sees no GPU: one line before torchrun starts.
+
+    Raises:
+        ConfigError: naming NMT_DEVICE and the remedy.
+    """
+    if env.settings().device == "cuda":
+        from pipeline.training.distributed import check_cuda  # torch only when a GPU is asked for
+
+        check_cuda()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Replace this process with torchrun (arguments after ``--dry-run`` filtering go to pipeline.train)."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -142,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = torchrun_command(args)
         if not dry:
             check_params(args)
+            check_device()
     except PipelineError as exc:
         print(f"error: stage train: {exc}", file=sys.stderr)
         return 1

@@ -165,8 +165,8 @@ class Ct2Translator:
     sp: Any  # sentencepiece.SentencePieceProcessor
 
 
-def load(model_dir: str | Path, *, device: str = "cpu", inter_threads: int = 1, intra_threads: int = 0,
-         compute_type: str = "default") -> Ct2Translator:
+def load(model_dir: str | Path, *, device: str = "cpu", device_index: int = 0, inter_threads: int = 1,
+         intra_threads: int = 0, compute_type: str = "default") -> Ct2Translator:
     """Load a directory written by :func:`export`.
 
     Raises:
@@ -181,8 +181,9 @@ def load(model_dir: str | Path, *, device: str = "cpu", inter_threads: int = 1, 
         raise PipelineError(f"{model_dir}: not a CTranslate2 export ({', '.join(missing)} missing); write one "
                             f"with `nmt export --format ctranslate2 --model averaged.pt --output {model_dir}`")
     config = TransformerConfig(**json.loads((model_dir / CONFIG_NAME).read_text()))
-    translator = ctranslate2.Translator(str(model_dir), device=device, inter_threads=inter_threads,
-                                        intra_threads=intra_threads, compute_type=compute_type)
+    translator = ctranslate2.Translator(str(model_dir), device=device, device_index=device_index,
+                                        inter_threads=inter_threads, intra_threads=intra_threads,
+                                        compute_type=compute_type)
     return Ct2Translator(translator, config, spm.SentencePieceProcessor(model_file=str(model_dir / SPM_NAME)))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from model import Transformer, TransformerConfig, autocast, beam_search, best_hypothesis, max_length
-from pipeline.core.errors import CheckpointError
+from pipeline.core.errors import CheckpointError, PipelineError
 from pipeline.inference import model_file
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,52 @@ class Translator:
 def default_device() -> torch.device:
     """CUDA when available, else CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+_DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
+
+
+def parse_device(spec: str, option: str = "--device") -> tuple[str, int | None]:
+    """``cpu``, ``cuda`` or ``cuda:N`` → (type, index or None), checked before anything is loaded.
+
+    Raises:
+        PipelineError: any other string, naming ``option`` and what it accepts.
+    """
+    match = _DEVICE.fullmatch(spec.strip())
+    if match is None or (match[1] == "cpu" and match[2] is not None):
+        raise PipelineError(f"{option} {spec}: not a device; use cpu, cuda or cuda:N (N = 0 for the first GPU)")
+    return match[1], None if match[2] is None else int(match[2])
+
+
+def check_cuda(spec: str, index: int | None, count: int, *, option: str = "--device", library: str = "torch",
+               probe: str = "torch.cuda.is_available() is False") -> None:
+    """Refuse a CUDA device this machine does not have (``count`` devices that ``library`` sees, ``probe`` the
+    call that said none), naming ``option``.
+
+    Raises:
+        PipelineError: no CUDA device at all, or ``index`` out of range.
+    """
+    if count < 1:
+        raise PipelineError(f"{option} {spec}: this {library} build sees no CUDA device ({probe}); "
+                            f"use {option} cpu or leave {option} out")
+    if index is not None and index >= count:
+        raise PipelineError(f"{option} {spec}: this machine has {count} CUDA device(s), cuda:0 .. cuda:{count - 1}; "
+                            f"use one of them or leave {option} out")
+
+
+def resolve_device(spec: str | None, option: str = "--device") -> torch.device:
+    """The torch device a ``--device`` value names (default: :func:`default_device`), checked against this
+    machine before any model is loaded.
+
+    Raises:
+        PipelineError: a malformed value, or a CUDA device torch cannot see (one line naming ``option``).
+    """
+    if spec is None:
+        return default_device()
+    kind, index = parse_device(spec, option)
+    if kind == "cuda":
+        check_cuda(spec, index, torch.cuda.device_count() if torch.cuda.is_available() else 0, option=option)
+    return torch.device(kind, index) if index is not None else torch.device(kind)
 
 
 def load_translator(path: str | Path, device: torch.device | str | None = None) -> Translator:

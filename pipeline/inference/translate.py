@@ -3,7 +3,15 @@
 The input gets the training text's normalisation (:func:`pipeline.data.normalize.normalize`); empty lines
 stay empty; invalid UTF-8 and NUL bytes are replaced (U+FFFD) with a warning naming the lines; a sentence longer
 than the model's ``max_positions`` is truncated with a warning instead of crashing. Optionally one
-sentence's cross-attention is drawn as a PNG (one heatmap per head of a decoder layer).
+sentence's cross-attention is drawn as a PNG (:mod:`pipeline.inference.attention`; lines, layers and heads
+numbered from 1).
+
+Standard input is read as fairseq-interactive reads it: the lines that have arrived are translated and
+written (and flushed) whenever the input has nothing more ready (``select`` with timeout 0 on the file
+descriptor, read with ``os.read`` so that no Python buffer hides data) or :data:`STREAM_LINES` lines are
+waiting; a piped file thus still gets large batches, and a person typing gets each line back at once.
+Every option is checked before any sentence is decoded: ``--device`` before the model is loaded,
+``--attention-layer`` against the loaded model's config, ``--attention-line`` against an ``--input`` file.
 
 Heavy imports (torch, the model, matplotlib) happen inside the command so ``nmt`` stays fast.
 """
@@ -12,12 +20,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import select
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from pipeline.core.errors import PipelineError
+from pipeline.inference.attention import (AttentionPick, check_attention_layer, check_attention_line,
+                                          plot_cross_attention)
 
 if TYPE_CHECKING:
     from pipeline.inference.ct2 import Ct2Translator
@@ -26,20 +38,28 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def read_input(stream: BinaryIO) -> tuple[list[str], list[int]]:
-    """Lines of a byte stream split on ``\\n`` only; invalid UTF-8 replaced.
+#: Lines read from standard input are translated at the latest when this many are waiting.
+STREAM_LINES = 4096
 
-    Returns:
-        (lines without their newline, 1-based numbers of lines that had invalid bytes).
-    """
-    data = stream.read()
+
+def split_lines(data: bytes) -> list[bytes]:
+    """``data`` split on ``\\n`` only, without the newlines (a last line without one is kept)."""
     if not data:
-        return [], []
+        return []
     raw = data.split(b"\n")
     if data.endswith(b"\n"):
         raw.pop()
+    return raw
+
+
+def decode_lines(raw: Sequence[bytes], first: int = 1) -> tuple[list[str], list[int]]:
+    """Byte lines as text, invalid UTF-8 replaced by U+FFFD.
+
+    Returns:
+        (lines, numbers of the lines that had invalid bytes, counting ``raw[0]`` as line ``first``).
+    """
     lines, bad = [], []
-    for number, chunk in enumerate(raw, start=1):
+    for number, chunk in enumerate(raw, start=first):
         try:
             lines.append(chunk.decode("utf-8"))
         except UnicodeDecodeError:
@@ -48,8 +68,17 @@ def read_input(stream: BinaryIO) -> tuple[list[str], list[int]]:
     return lines, bad
 
 
-def replace_nul(lines: Sequence[str]) -> tuple[list[str], list[int]]:
-    """``lines`` with NUL characters replaced by U+FFFD, and the 1-based numbers of lines that had one.
+def read_input(stream: BinaryIO) -> tuple[list[str], list[int]]:
+    """Lines of a byte stream split on ``\\n`` only; invalid UTF-8 replaced.
+
+    Returns:
+        (lines without their newline, 1-based numbers of lines that had invalid bytes).
+    """
+    return decode_lines(split_lines(stream.read()))
+
+
+def replace_nul(lines: Sequence[str], first: int = 1) -> tuple[list[str], list[int]]:
+    """``lines`` with NUL characters replaced by U+FFFD, and the numbers of lines that had one (from ``first``).
 
     NUL is valid UTF-8 but never text: it marks binary input. Replaced, it still yields one output line.
     """
@@ -57,8 +86,37 @@ def replace_nul(lines: Sequence[str]) -> tuple[list[str], list[int]]:
     for i, line in enumerate(out):
         if "\0" in line:
             out[i] = line.replace("\0", "\ufffd")
-            numbers.append(i + 1)
+            numbers.append(first + i)
     return out, numbers
+
+
+def _ready(fd: int) -> bool:
+    """Whether ``fd`` has data (or end of input) to read right now."""
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def stream_chunks(fd: int, max_lines: int = STREAM_LINES) -> Iterator[list[bytes]]:
+    """The complete lines of file descriptor ``fd`` in chunks: whatever has arrived when the input has no more
+    data ready, at most ``max_lines`` lines each; at end of input the rest (a last line without a newline too).
+
+    ``os.read`` on the descriptor itself: a Python buffered reader could hold lines that ``select`` then no
+    longer sees, and the loop would wait for input that has already arrived.
+    """
+    pending: list[bytes] = []
+    partial = b""
+    while data := os.read(fd, 1 << 16):
+        *complete, partial = (partial + data).split(b"\n")
+        pending.extend(complete)
+        while len(pending) >= max_lines:
+            yield pending[:max_lines]
+            pending = pending[max_lines:]
+        if pending and not _ready(fd):
+            yield pending
+            pending = []
+    if partial:
+        pending.append(partial)
+    if pending:
+        yield pending
 
 
 def _which(numbers: Sequence[int], limit: int = 10) -> str:
@@ -107,117 +165,119 @@ def translate_lines(translator: Translator | Ct2Translator, lines: Sequence[str]
     return detokenize(translator.sp, hyps), sources, hyps, truncated
 
 
-def plot_cross_attention(translator: Translator, source: Sequence[int], hyp: Sequence[int], layer: int,
-                         path: str | Path) -> None:
-    """Heatmaps of decoder layer ``layer``'s cross-attention, one panel per head, written as a PNG.
-
-    Rows are the target pieces the decoder predicts (the hypothesis, then ``</s>``), columns the
-    source pieces (BPE pieces, then ``</s>``).
-
-    Raises:
-        PipelineError: ``layer`` out of range.
-    """
-    import torch
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from pipeline.core.textio import atomic_path
-
-    cfg = translator.config
-    if not -cfg.n_layers <= layer < cfg.n_layers:
-        raise PipelineError(f"--attention-layer {layer}: the model has {cfg.n_layers} decoder layer(s) "
-                            f"(use 0..{cfg.n_layers - 1} or -1 for the last)")
-    dev = translator.device
-    src = torch.tensor(list(source), dtype=torch.long, device=dev)
-    tgt_in = torch.tensor([cfg.bos_id, *hyp], dtype=torch.long, device=dev)
-    weights = translator.model.cross_attention(src, tgt_in, layer=layer).float().cpu()  # [H, T, S]
-    src_labels = [translator.sp.id_to_piece(int(i)) for i in source]
-    tgt_labels = [translator.sp.id_to_piece(int(i)) for i in hyp] + ["</s>"]
-    heads = weights.shape[0]
-    cols = min(heads, 4)
-    rows = -(-heads // cols)
-    size = (max(4.0, 0.35 * len(src_labels) + 1.5) * cols, max(3.0, 0.3 * len(tgt_labels) + 1.5) * rows)
-    fig = Figure(figsize=size, dpi=100)
-    FigureCanvasAgg(fig)
-    for h in range(heads):
-        ax = fig.add_subplot(rows, cols, h + 1)
-        image = ax.imshow(weights[h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-        ax.set_xticks(range(len(src_labels)), src_labels, rotation=90, fontsize=7)
-        ax.set_yticks(range(len(tgt_labels)), tgt_labels, fontsize=7)
-        ax.set_title(f"layer {layer % cfg.n_layers}, head {h}", fontsize=9)
-        fig.colorbar(image, ax=ax, fraction=0.04)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", metadata={"Software": None})
-
-
-def _attention_line(lines: Sequence[str], sources: Sequence[Sequence[int]], wanted: int | None) -> int:
-    if wanted is not None:
-        if not 1 <= wanted <= len(lines) or not sources[wanted - 1]:
-            raise PipelineError(f"--attention-line {wanted}: no such non-empty input line (input has {len(lines)})")
-        return wanted - 1
-    for i, source in enumerate(sources):
-        if source:
-            return i
-    raise PipelineError("--attention-png: the input has no non-empty line to draw")
+def _check_args(args: argparse.Namespace) -> None:
+    """The options that need no model and no input, each refused in one line."""
+    if args.beam < 1 or args.max_tokens < 1 or args.workers < 1 or args.threads < 0:
+        raise PipelineError("--beam, --max-tokens and --workers must be >= 1, --threads >= 0")
+    if not args.attention_png:
+        if args.attention_layer is not None or args.attention_line is not None:
+            raise PipelineError("--attention-layer and --attention-line choose what --attention-png draws: "
+                                "add --attention-png FILE")
+        return
+    if args.engine == "ctranslate2":
+        raise PipelineError("--attention-png draws the torch model's attention: use it with --engine torch")
+    if args.attention_line is not None and args.attention_line < 1:
+        raise PipelineError(f"--attention-line {args.attention_line}: lines are numbered from 1")
+    png = Path(args.attention_png)
+    folder = png.parent
+    if png.is_dir():
+        raise PipelineError(f"--attention-png {png}: is a folder; name a PNG file")
+    if not folder.is_dir():
+        raise PipelineError(f"--attention-png {png}: folder {folder} does not exist; create it or choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PipelineError(f"--attention-png {png}: folder {folder} is not writable; choose another path")
 
 
 def _load(args: argparse.Namespace) -> Translator | Ct2Translator:
-    """The engine ``--engine`` names, with ``--workers`` searches of ``--threads`` threads each."""
+    """The engine ``--engine`` names on the ``--device`` checked first, with ``--workers`` searches of
+    ``--threads`` threads each."""
+    from pipeline.inference.decoding import check_cuda, load_translator, parse_device, resolve_device
+
     if args.engine == "ctranslate2":
+        import ctranslate2
+
         from pipeline.inference import ct2
 
-        if args.attention_png:
-            raise PipelineError("--attention-png draws the torch model's attention: use it with --engine torch")
-        device = "cuda" if (args.device or "cpu").startswith("cuda") else "cpu"
-        return ct2.load(args.model, device=device, inter_threads=args.workers, intra_threads=args.threads)
+        kind, index = ("cpu", None) if args.device is None else parse_device(args.device)
+        if kind == "cuda":
+            check_cuda(args.device, index, ctranslate2.get_cuda_device_count(), library="ctranslate2",
+                       probe="ctranslate2.get_cuda_device_count() is 0")
+        return ct2.load(args.model, device=kind, device_index=index or 0, inter_threads=args.workers,
+                        intra_threads=args.threads)
     import torch
 
-    from pipeline.inference.decoding import load_translator
-
+    device = resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     elif args.workers > 1:
         torch.set_num_threads(1)  # parallel searches, one thread each (the layout that decodes fastest on CPU)
-    return load_translator(args.model, args.device)
+    return load_translator(args.model, device)
+
+
+def translate_chunks(translator: Translator | Ct2Translator, chunks: Iterable[Sequence[bytes]],
+                     emit: Callable[[list[str]], Any], *, pick: AttentionPick | None = None, **settings: Any) -> int:
+    """Translate chunks of byte lines in order, handing each chunk's translations to ``emit`` before reading on.
+
+    Bad bytes, NUL characters and truncated lines are warned about per chunk with their line numbers in the
+    whole input. ``settings`` are :func:`translate_lines`'s keyword arguments. Returns the number of lines.
+    """
+    first = 1
+    for raw in chunks:
+        lines, bad = decode_lines(raw, first)
+        if bad:
+            log.warning("%d input line(s) had invalid UTF-8, replaced by U+FFFD: line(s) %s", len(bad), _which(bad))
+        lines, nul = replace_nul(lines, first)
+        if nul:
+            log.warning("%d input line(s) had NUL bytes (binary input?), replaced by U+FFFD: line(s) %s",
+                        len(nul), _which(nul))
+        out, sources, hyps, truncated = translate_lines(translator, lines, **settings)
+        if truncated:
+            log.warning("%d line(s) longer than the model's max_positions (%d tokens with EOS) were truncated: "
+                        "line(s) %s", len(truncated), translator.config.max_positions,
+                        _which([first - 1 + n for n in truncated]))
+        emit(out)
+        if pick is not None:
+            pick.see(first, sources, hyps)
+        first += len(raw)
+    return first - 1
+
+
+def _write_stdout(lines: Sequence[str]) -> None:
+    sys.stdout.buffer.write("".join(line + "\n" for line in lines).encode("utf-8"))
+    sys.stdout.buffer.flush()
 
 
 def run(args: argparse.Namespace) -> int:
     """Body of ``nmt translate``."""
     from pipeline.core.textio import write_lines
 
-    if args.beam < 1 or args.max_tokens < 1 or args.workers < 1 or args.threads < 0:
-        raise PipelineError("--beam, --max-tokens and --workers must be >= 1, --threads >= 0")
-    translator = _load(args)
-    if args.input in (None, "-"):
-        lines, bad = read_input(sys.stdin.buffer)
-    else:
+    _check_args(args)
+    raw = None
+    if args.input not in (None, "-"):
         try:
-            with open(args.input, "rb") as fh:
-                lines, bad = read_input(fh)
+            raw = split_lines(Path(args.input).read_bytes())
         except OSError as exc:
             raise PipelineError(f"{args.input}: cannot be read ({exc.strerror})") from None
-    if bad:
-        log.warning("%d input line(s) had invalid UTF-8, replaced by U+FFFD: line(s) %s", len(bad), _which(bad))
-    lines, nul = replace_nul(lines)
-    if nul:
-        log.warning("%d input line(s) had NUL bytes (binary input?), replaced by U+FFFD: line(s) %s", len(nul),
-                    _which(nul))
-    out, sources, hyps, truncated = translate_lines(
-        translator, lines, beam_size=args.beam, alpha=args.alpha, max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b, max_tokens=args.max_tokens, workers=args.workers)
-    if truncated:
-        log.warning("%d line(s) longer than the model's max_positions (%d tokens with EOS) were truncated: "
-                    "line(s) %s", len(truncated), translator.config.max_positions, _which(truncated))
-    if args.output in (None, "-"):
-        sys.stdout.buffer.write("".join(line + "\n" for line in out).encode("utf-8"))
-        sys.stdout.buffer.flush()
-    else:
-        write_lines(args.output, out)
+        if args.attention_png:
+            check_attention_line(raw, args.attention_line, args.input)
+    translator = _load(args)
+    pick = None
     if args.attention_png:
-        i = _attention_line(lines, sources, args.attention_line)
-        plot_cross_attention(translator, sources[i], hyps[i], args.attention_layer, args.attention_png)
-        log.info("wrote cross-attention of line %d to %s", i + 1, args.attention_png)
+        check_attention_layer(args.attention_layer, translator.config.n_layers)
+        pick = AttentionPick(args.attention_line)
+    to_file = args.output not in (None, "-")
+    outputs: list[str] = []
+    total = translate_chunks(
+        translator, [raw] if raw is not None else stream_chunks(sys.stdin.fileno()),
+        outputs.extend if to_file else _write_stdout, pick=pick, beam_size=args.beam, alpha=args.alpha,
+        max_len_a=args.max_len_a, max_len_b=args.max_len_b, max_tokens=args.max_tokens, workers=args.workers)
+    picked = pick.result(total) if pick is not None else None  # refused before --output is written
+    if to_file:
+        write_lines(args.output, outputs)
+    if picked is not None:
+        number, source, hyp = picked
+        plot_cross_attention(translator, source, hyp, args.attention_layer, args.attention_png)
+        log.info("wrote cross-attention of line %d to %s", number, args.attention_png)
     return 0
 
 
@@ -229,18 +289,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                   "a directory written by `nmt export` (--engine ctranslate2)")
     p.add_argument("--engine", choices=("torch", "ctranslate2"), default="torch",
                    help="this project's beam search (default) or CTranslate2's on an export")
-    p.add_argument("--input", help="input file, one sentence per line (default: stdin)")
-    p.add_argument("--output", help="output file, written atomically (default: stdout)")
+    p.add_argument("--input", help="input file, one sentence per line (default: stdin, translated as lines arrive)")
+    p.add_argument("--output", help="output file, written atomically at the end (default: stdout, written as "
+                                    "lines are translated)")
     p.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty alpha (default 0.6)")
     p.add_argument("--max-len-a", type=float, default=1.0, help="max output length = a * source length + b")
     p.add_argument("--max-len-b", type=float, default=50, help="see --max-len-a (default 50)")
     p.add_argument("--max-tokens", type=int, default=8192, help="batch budget in padded source tokens")
-    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if torch sees one, else cpu; "
+                                    "--engine ctranslate2: cpu)")
     p.add_argument("--workers", type=int, default=1, help="searches run at once (CPU: give each one thread)")
     p.add_argument("--threads", type=int, default=0,
                    help="threads per search (default: 1 with --workers > 1, else the library's default)")
     p.add_argument("--attention-png", help="draw one sentence's cross-attention into this PNG")
-    p.add_argument("--attention-layer", type=int, default=-1, help="decoder layer to draw (default: last)")
-    p.add_argument("--attention-line", type=int, help="1-based input line to draw (default: first non-empty)")
+    p.add_argument("--attention-layer", type=int, help="decoder layer to draw, 1..number of layers "
+                                                       "(default: the last)")
+    p.add_argument("--attention-line", type=int, help="input line to draw, from 1 (default: first non-empty)")
     p.set_defaults(func=run)

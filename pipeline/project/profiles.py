@@ -34,6 +34,34 @@ def profile_names(root: str | Path = ".") -> list[str]:
     return sorted(p.stem for p in (Path(root) / "profiles").glob("*.yaml"))
 
 
+def describe(path: str | Path) -> str:
+    """A profile's one-line description: its first comment line, without ``#`` (empty when it has none)."""
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            return line.lstrip("#").strip()
+    return ""
+
+
+def active_profile(root: str | Path = ".") -> str | None:
+    """The ``profile:`` value of ``<root>/params.yaml``; None when the file is missing, does not load or has none."""
+    try:
+        data = yaml.safe_load((Path(root) / "params.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    value = data.get("profile") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def listing(root: str | Path = ".") -> list[str]:
+    """What ``nmt profile`` prints: one line per profile, its description, ``*`` before the active one."""
+    names = profile_names(root)
+    active = active_profile(root)
+    width = max((len(n) for n in names), default=0)
+    folder = Path(root) / "profiles"
+    return [f"{'*' if name == active else ' '} {name.ljust(width)}  {describe(folder / f'{name}.yaml')}".rstrip()
+            for name in names]
+
+
 def merged_profile(name: str, root: str | Path = ".") -> dict[str, Any]:
     """The full params mapping of profile ``name`` (validated)."""
     folder = Path(root) / "profiles"

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.core import env
-from pipeline.core.errors import PipelineError
+from pipeline.core.errors import ConfigError, PipelineError
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,7 @@ def init(device: str | None = None) -> DistContext:
     local_rank = _env_int("LOCAL_RANK", 0)
     use_cuda = torch.cuda.is_available() if device is None else device == "cuda"
     if use_cuda:
+        check_cuda(local_rank)
         torch.cuda.set_device(local_rank)
         dev = torch.device("cuda", local_rank)
     else:
@@ -107,6 +108,21 @@ def init(device: str | None = None) -> DistContext:
                                 timeout=timeout, **kwargs)
         log.info("rank %d/%d joined the %s process group on %s", rank, world, backend, dev)
     return DistContext(rank=rank, world_size=world, local_rank=local_rank, device=dev)
+
+
+def check_cuda(local_rank: int = 0) -> None:
+    """Refuse, in one line naming the variable, a CUDA run this machine cannot give ``local_rank`` a GPU for.
+
+    Raises:
+        ConfigError: ``NMT_DEVICE=cuda`` without a CUDA device torch can see, or more processes than GPUs.
+    """
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < 1:
+        raise ConfigError(env.SOURCE, ["NMT_DEVICE=cuda: this torch build sees no CUDA device "
+                                       "(torch.cuda.is_available() is False); set NMT_DEVICE=cpu or unset it"])
+    if local_rank >= count:
+        raise ConfigError(env.SOURCE, [f"local rank {local_rank} needs cuda:{local_rank}, but this machine has "
+                                       f"{count} CUDA device(s); set NMT_NPROC <= {count}"])
 
 
 def _attempt_store(timeout: datetime.timedelta) -> dist.Store:

@@ -155,12 +155,31 @@ def _out_of_time(tr: Trainer, elapsed: float) -> bool:
     return float(distributed.all_reduce_max(seconds)) >= tr.cfg.max_minutes * 60
 
 
+def _end_reason(tr: Trainer, state: TrainState) -> str:
+    """The one line that says why a finished run stopped (call when :func:`_finished` is true)."""
+    if state.step >= tr.cfg.max_steps:
+        return f"training stopped: reached train.max_steps={tr.cfg.max_steps} at step {state.step}"
+    return f"training stopped: reached train.max_epochs={tr.cfg.max_epochs} at step {state.step}"
+
+
+def _pause_reason(tr: Trainer, state: TrainState) -> str:
+    """The one line that says why ``train.max_minutes`` paused the run and how to go on."""
+    return (f"training paused: train.max_minutes={tr.cfg.max_minutes:g} used up at step {state.step} of "
+            f"train.max_steps={tr.cfg.max_steps}; rerun the stage to resume")
+
+
 def fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> bool:
-    """Train until max_steps or max_epochs; validate, log and checkpoint on the way.
+    """Train until max_steps or max_epochs; validate, log and checkpoint on the way; log why it stopped.
 
     Returns:
         True when the run ended, False when ``train.max_minutes`` paused it first.
     """
+    ended = _fit(tr, state, run_dir=run_dir, tracker=tracker)
+    log.info("%s", _end_reason(tr, state) if ended else _pause_reason(tr, state))
+    return ended
+
+
+def _fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> bool:
     cfg, model_cfg = tr.cfg, tr.model.cfg
     peak = PEAK_FLOPS * tr.ctx.world_size if tr.ctx.device.type == "cuda" else 0.0
     logs = TrainLog(tracker, max_steps=cfg.max_steps, max_minutes=cfg.max_minutes,

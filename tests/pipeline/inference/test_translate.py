@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +13,9 @@ import pytest
 import torch
 
 from pipeline.cli import main
-from pipeline.core.errors import CheckpointError
+from pipeline.core.errors import CheckpointError, PipelineError
 from pipeline.core.textio import read_lines
-from pipeline.inference.decoding import load_translator
+from pipeline.inference.decoding import check_cuda, load_translator
 from pipeline.inference.translate import read_input, translate_lines
 from tests.helpers.models import make_averaged
 from tests.helpers.paths import REPO
@@ -48,22 +50,128 @@ def test_cli_files_and_attention_png(model_file: Path, tmp_path: Path) -> None:
     src, out, png = tmp_path / "in.en", tmp_path / "out.de", tmp_path / "attn.png"
     src.write_text("\nThe price is new.\nYesterday, the mayor answered.\n", encoding="utf-8")
     rc = main(["translate", "--model", str(model_file), "--input", str(src), "--output", str(out), "--beam", "3",
-               "--attention-png", str(png), "--attention-layer", "0"])
+               "--attention-png", str(png), "--attention-layer", "1"])
     assert rc == 0
     lines = list(read_lines(out))
     assert len(lines) == 3 and lines[0] == "" and lines[1] and lines[2]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
 
 
-def test_attention_layer_out_of_range_is_a_clear_error(model_file: Path, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("layer", ["5", "0", "-1"])
+def test_attention_layer_out_of_range_is_refused_before_decoding(model_file: Path, tmp_path: Path, layer: str,
+                                                                  capsys: pytest.CaptureFixture[str],
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Layers are numbered 1..n_layers; the check runs after the model is loaded and before any search."""
+    caplog.set_level(logging.INFO, logger="pipeline.inference.decoding")
     src = tmp_path / "in.en"
     src.write_text("Hello.\n", encoding="utf-8")
     rc = main(["translate", "--model", str(model_file), "--input", str(src), "--output", str(tmp_path / "o"),
-               "--attention-png", str(tmp_path / "a.png"), "--attention-layer", "5"])
+               "--attention-png", str(tmp_path / "a.png"), "--attention-layer", layer])
     assert rc == 1
-    assert "--attention-layer 5: the model has 1 decoder layer(s)" in capsys.readouterr().err
-    assert not (tmp_path / "a.png").exists()
+    assert capsys.readouterr().err == (f"error: --attention-layer {layer}: the model has 1 decoder layer(s); "
+                                       "use 1..1 (default 1, the last)\n")
+    assert not (tmp_path / "a.png").exists() and not (tmp_path / "o").exists()
+    assert not [r for r in caplog.records if r.name == "pipeline.inference.decoding"]  # nothing was decoded
+
+
+def _refusal(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one stderr line of a refused ``nmt translate`` (exit code 1, nothing on stdout)."""
+    assert main(["translate", *args]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    return err.removesuffix("\n")
+
+
+def test_attention_options_are_refused_before_the_model_is_loaded(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A model path that does not exist: each refusal below comes before the model would be loaded."""
+    src = tmp_path / "in.en"
+    src.write_text("First line.\n\nThird line.\n", encoding="utf-8")
+    blank = tmp_path / "blank.en"
+    blank.write_text("\n \u200b\n", encoding="utf-8")
+    base = ["--model", str(tmp_path / "missing.pt"), "--input", str(src)]
+    png = str(tmp_path / "a.png")
+    cases = {
+        (f"--attention-png {tmp_path}/no/such/a.png: folder {tmp_path}/no/such does not exist; create it or choose "
+         "another path"): ["--attention-png", str(tmp_path / "no" / "such" / "a.png")],
+        f"--attention-png {tmp_path}: is a folder; name a PNG file": ["--attention-png", str(tmp_path)],
+        f"--attention-line 4: {src} has only 3 line(s)": ["--attention-png", png, "--attention-line", "4"],
+        f"--attention-line 2: line 2 of {src} is empty; choose a non-empty line": [
+            "--attention-png", png, "--attention-line", "2"],
+        "--attention-line 0: lines are numbered from 1": ["--attention-png", png, "--attention-line", "0"],
+        "--attention-layer and --attention-line choose what --attention-png draws: add --attention-png FILE": [
+            "--attention-layer", "1"],
+    }
+    for message, args in cases.items():
+        assert _refusal([*base, *args], capsys) == f"error: {message}"
+    blank_args = ["--model", str(tmp_path / "missing.pt"), "--input", str(blank), "--attention-png", png]
+    assert _refusal(blank_args, capsys) == f"error: --attention-png: {blank} has no non-empty line to draw"
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_an_unwritable_png_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.access(locked, os.W_OK):
+        pytest.skip("running as root: permissions do not apply")
+    args = ["--model", str(tmp_path / "missing.pt"), "--attention-png", str(locked / "a.png")]
+    assert _refusal(args, capsys) == (f"error: --attention-png {locked}/a.png: folder {locked} is not writable; "
+                                      "choose another path")
+
+
+def test_the_figure_numbers_layers_and_heads_from_one(tmp_path: Path) -> None:
+    from pipeline.inference.attention import attention_figure
+
+    translator = load_translator(make_averaged(tmp_path, seed=4, n_layers=2), "cpu")
+    _, sources, hyps, _ = translate_lines(translator, ["The price is new."], beam_size=2, max_len_b=4)
+    for layer, index in ((1, 0), (2, 1), (None, 1)):
+        fig = attention_figure(translator, sources[0], hyps[0], layer)
+        panels = [ax for ax in fig.axes if ax.get_title()]
+        assert [ax.get_title() for ax in panels] == [f"layer {index + 1}, head 1", f"layer {index + 1}, head 2"]
+        src = torch.tensor(sources[0])
+        tgt_in = torch.tensor([translator.config.bos_id, *hyps[0]])
+        want = translator.model.cross_attention(src, tgt_in, layer=index).float()
+        assert torch.equal(torch.as_tensor(panels[1].images[0].get_array()), want[1])
+
+
+DEVICE_REFUSALS = {
+    "gpu": "--device gpu: not a device; use cpu, cuda or cuda:N (N = 0 for the first GPU)",
+    "cpu:1": "--device cpu:1: not a device; use cpu, cuda or cuda:N (N = 0 for the first GPU)",
+}
+
+
+@pytest.mark.parametrize("device", ["gpu", "cpu:1", "cuda", "cuda:3"], ids=lambda d: f"device={d}")  # not the gpu mark
+def test_a_device_this_machine_cannot_use_is_one_line_before_the_model_loads(tmp_path: Path, device: str) -> None:
+    """The model file does not exist: the device is refused first, without a traceback."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA (test_a_cuda_index_past_the_last_gpu_is_refused covers it)")
+    expected = DEVICE_REFUSALS.get(device, f"--device {device}: this torch build sees no CUDA device "
+                                           "(torch.cuda.is_available() is False); use --device cpu or leave "
+                                           "--device out")
+    proc = _nmt("--model", str(tmp_path / "missing.pt"), "--device", device, stdin=b"Hello\n")
+    assert proc.returncode == 1 and proc.stdout == b""
+    assert proc.stderr.decode().splitlines() == [f"error: {expected}"]
+
+
+def test_a_cuda_index_past_the_last_device_names_the_range() -> None:
+    with pytest.raises(PipelineError) as info:
+        check_cuda("cuda:3", 3, 1)
+    assert str(info.value) == ("--device cuda:3: this machine has 1 CUDA device(s), cuda:0 .. cuda:0; use one of "
+                               "them or leave --device out")
+    check_cuda("cuda:1", 1, 2)  # in range: accepted
+    check_cuda("cuda", None, 1)
+
+
+@pytest.mark.gpu
+def test_a_cuda_index_past_the_last_gpu_is_refused(tmp_path: Path) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    n = torch.cuda.device_count()
+    proc = _nmt("--model", str(tmp_path / "missing.pt"), "--device", f"cuda:{n}", stdin=b"Hello\n")
+    assert proc.returncode == 1
+    assert proc.stderr.decode().splitlines() == [
+        f"error: --device cuda:{n}: this machine has {n} CUDA device(s), cuda:0 .. cuda:{n - 1}; use one of them "
+        "or leave --device out"]
 
 
 def test_truncated_model_file_is_a_checkpoint_error_with_path_and_remedy(model_file: Path, tmp_path: Path) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from pipeline.core.config import params_from_dict
-from pipeline.project.profiles import merged_profile, write_profile
+from pipeline.project.profiles import active_profile, listing, merged_profile, write_profile
 from tests.helpers.paths import REPO
 
 
@@ -44,3 +47,32 @@ def test_every_profile_is_decided_by_steps_and_averages_the_end_of_training(name
     train, average = params.train, params.average
     assert average.last_n * train.save_every_steps <= 0.2 * train.max_steps, name
     assert train.keep_last >= average.last_n and train.max_minutes == 0, name
+
+
+def _nmt_profile(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", "profile"], cwd=root, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_listing_shows_each_profile_with_its_description_and_marks_the_active_one(root: Path) -> None:
+    (root / "profiles" / "bare.yaml").write_text("profile: bare\n", encoding="utf-8")  # no comment: no description
+    write_profile("demo", root)
+    proc = _nmt_profile(root)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "  bare",
+        "* demo   Multi30k on a laptop CPU in minutes (~2M parameters, 8k vocabulary).",
+        "  paper  THE configuration (profile `paper`: the base Transformer of Vaswani et al. 2017 on WMT14 EN->DE).",
+        "  tiny   A few hundred pairs and a toy model, for tests and smoke runs (seconds on CPU).",
+    ]
+
+
+@pytest.mark.parametrize("params", [None, "profile: [unclosed\n", "just text\n", "profile: nosuch\n"])
+def test_listing_marks_nothing_without_a_params_yaml_that_names_a_profile(root: Path, params: str | None) -> None:
+    target = root / "params.yaml"
+    if params is None:
+        target.unlink()
+    else:
+        target.write_text(params, encoding="utf-8")
+    assert active_profile(root) == (None if params is None or "nosuch" not in params else "nosuch")
+    assert [line[:8] for line in listing(root)] == ["  demo  ", "  paper ", "  tiny  "]

@@ -7,6 +7,7 @@ model is a real tiny SentencePiece model (its piece count is the vocabulary size
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ import torch
 import yaml
 
 from pipeline.core import stages
-from pipeline.core.errors import CheckpointError, PipelineError
+from pipeline.core.errors import CheckpointError, ConfigError, PipelineError
 from pipeline.training import checkpoint
 from tests.helpers.faultutil import tensors
 from tests.helpers.paths import REPO
@@ -45,9 +46,17 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return make_workspace(tmp_path_factory.mktemp("ws"))
 
 
-def test_single_process_run_writes_checkpoints_metrics_and_plots(workspace, tmp_path):
+def _stop_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The lines that say why training stopped or paused (caplog set to INFO for the loop first)."""
+    messages = [r.getMessage() for r in caplog.records]
+    return [m for m in messages if m.startswith(("training stopped", "training paused"))]
+
+
+def test_single_process_run_writes_checkpoints_metrics_and_plots(workspace, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline.training.loop")
     data = tiny_params(tmp_path, workspace)
     metrics = run_inprocess(data, tmp_path)
+    assert _stop_lines(caplog) == ["training stopped: reached train.max_steps=6 at step 6"]
     steps = [s for s, _ in checkpoint.complete_checkpoints(tmp_path / "runs")]
     assert steps == [2, 4, 6]
     state = json.loads((tmp_path / "runs" / "step-00000006" / "state.json").read_text())
@@ -231,22 +240,32 @@ def test_mlflow_run_is_continued_on_resume(workspace, tmp_path, mlflow_sqlite):
     assert [m.step for m in client.get_metric_history(run.info.run_id, "valid_loss")] == [3, 4, 6]
 
 
-def test_an_epoch_limit_ends_the_run(workspace, tmp_path):
+def test_an_epoch_limit_ends_the_run(workspace, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline.training.loop")
     metrics = run_inprocess(tiny_params(tmp_path, workspace, max_steps=100, valid_every_steps=50, max_epochs=1),
                             tmp_path)
     steps = metrics["global_batches"]  # one epoch = one step per global batch
+    assert _stop_lines(caplog) == [f"training stopped: reached train.max_epochs=1 at step {steps}"]
     assert metrics["step"] == steps and metrics["epoch"] == 1 and 4 <= steps <= 8
     assert checkpoint.latest(tmp_path / "runs").name == f"step-{steps:08d}"
 
 
-def test_max_minutes_pauses_keeps_checkpoints_and_the_rerun_resumes(workspace, tmp_path):
+def test_max_minutes_pauses_keeps_checkpoints_and_the_rerun_resumes(workspace, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline.training.loop")
     with pytest.raises(PipelineError, match=r"train.max_minutes \(1e-06\) reached at step 1 of train.max_steps \(3\)"
                                             r": checkpoints kept in .*; run the train stage again"):
         run_inprocess(tiny_params(tmp_path, workspace, max_steps=3, max_minutes=1e-6), tmp_path)
+    assert _stop_lines(caplog) == ["training paused: train.max_minutes=1e-06 used up at step 1 of "
+                                   "train.max_steps=3; rerun the stage to resume"]
     assert checkpoint.latest(tmp_path / "runs").name == "step-00000001"
     assert not (tmp_path / "metrics" / "train.json").exists()  # nothing for DVC to record
+    caplog.clear()
     metrics = run_inprocess(tiny_params(tmp_path, workspace, max_steps=3), tmp_path)
     assert metrics["resumed_from_step"] == 1 and metrics["step"] == 3
+    assert _stop_lines(caplog) == ["training stopped: reached train.max_steps=3 at step 3"]
+    caplog.clear()
+    run_inprocess(tiny_params(tmp_path, workspace, max_steps=3), tmp_path)  # nothing left to train
+    assert _stop_lines(caplog) == ["training stopped: reached train.max_steps=3 at step 3"]
 
 
 def test_a_restart_of_a_paused_torchrun_job_pauses_again(workspace, tmp_path, monkeypatch):
@@ -315,3 +334,30 @@ def test_a_resumed_run_logs_the_same_interval_losses_as_an_uninterrupted_one(wor
         return [(h["step"], h["train_loss"], h["tgt_tokens_per_step"]) for h in history if "train_loss" in h]
 
     assert lines(whole) == lines(split) and [s for s, _, _ in lines(whole)] == [3, 6]
+
+
+def test_nmt_device_cuda_without_cuda_is_one_line_before_torchrun_starts(workspace, tmp_path, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA (test_more_processes_than_gpus_is_one_line_naming_nmt_nproc covers it)")
+    expected = ("environment: NMT_DEVICE=cuda: this torch build sees no CUDA device (torch.cuda.is_available() is "
+                "False); set NMT_DEVICE=cpu or unset it")
+    done = run_torchrun(tiny_params(tmp_path, workspace), tmp_path, nproc=1, env={"NMT_DEVICE": "cuda"})
+    assert done.returncode == 1 and done.stderr.splitlines() == [f"error: stage train: {expected}"], done.stderr
+    assert not (tmp_path / "runs").exists()
+    from pipeline.training import distributed
+
+    with pytest.raises(ConfigError) as info:  # `python -m pipeline.train` alone: refused where the device is set
+        distributed.init("cuda")
+    assert str(info.value) == expected
+
+
+@pytest.mark.gpu
+def test_more_processes_than_gpus_is_one_line_naming_nmt_nproc(monkeypatch):
+    from pipeline.training import distributed
+
+    n = torch.cuda.device_count()
+    monkeypatch.setenv("LOCAL_RANK", str(n))
+    with pytest.raises(ConfigError) as info:
+        distributed.init("cuda")
+    assert str(info.value) == (f"environment: local rank {n} needs cuda:{n}, but this machine has {n} CUDA "
+                               f"device(s); set NMT_NPROC <= {n}")

@@ -1,0 +1,136 @@
+"""``nmt translate --attention-png``: one sentence's cross-attention as heatmaps, one panel per head.
+
+Users number everything from 1: input lines (``--attention-line``), decoder layers (``--attention-layer``,
+1..``n_layers``, default the last) and heads in the panel titles (``layer N, head H``). The options are
+checked before anything is decoded: the layer against the loaded model, the line against an ``--input``
+file; a line from standard input is known only when it arrives (:class:`AttentionPick`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.core.errors import PipelineError
+
+if TYPE_CHECKING:
+    from pipeline.inference.decoding import Translator
+
+
+def check_attention_layer(layer: int | None, n_layers: int) -> int:
+    """The decoder layer ``--attention-layer`` names, numbered 1..``n_layers`` (None: the last).
+
+    Raises:
+        PipelineError: out of range, naming the valid range.
+    """
+    if layer is None:
+        return n_layers
+    if not 1 <= layer <= n_layers:
+        raise PipelineError(f"--attention-layer {layer}: the model has {n_layers} decoder layer(s); "
+                            f"use 1..{n_layers} (default {n_layers}, the last)")
+    return layer
+
+
+def attention_figure(translator: Translator, source: Sequence[int], hyp: Sequence[int], layer: int | None) -> Any:
+    """A matplotlib ``Figure`` of decoder layer ``layer``'s cross-attention (1-based; None: the last), one panel
+    per head titled ``layer N, head H`` (both from 1).
+
+    Rows are the target pieces the decoder predicts (the hypothesis, then ``</s>``), columns the
+    source pieces (BPE pieces, then ``</s>``).
+
+    Raises:
+        PipelineError: ``layer`` out of range.
+    """
+    import torch
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    cfg = translator.config
+    layer = check_attention_layer(layer, cfg.n_layers)
+    dev = translator.device
+    src = torch.tensor(list(source), dtype=torch.long, device=dev)
+    tgt_in = torch.tensor([cfg.bos_id, *hyp], dtype=torch.long, device=dev)
+    weights = translator.model.cross_attention(src, tgt_in, layer=layer - 1).float().cpu()  # [H, T, S]
+    src_labels = [translator.sp.id_to_piece(int(i)) for i in source]
+    tgt_labels = [translator.sp.id_to_piece(int(i)) for i in hyp] + ["</s>"]
+    heads = weights.shape[0]
+    cols = min(heads, 4)
+    rows = -(-heads // cols)
+    size = (max(4.0, 0.35 * len(src_labels) + 1.5) * cols, max(3.0, 0.3 * len(tgt_labels) + 1.5) * rows)
+    fig = Figure(figsize=size, dpi=100)
+    FigureCanvasAgg(fig)
+    for h in range(heads):
+        ax = fig.add_subplot(rows, cols, h + 1)
+        image = ax.imshow(weights[h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_xticks(range(len(src_labels)), src_labels, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(tgt_labels)), tgt_labels, fontsize=7)
+        ax.set_title(f"layer {layer}, head {h + 1}", fontsize=9)
+        fig.colorbar(image, ax=ax, fraction=0.04)
+    fig.tight_layout()
+    return fig
+
+
+def plot_cross_attention(translator: Translator, source: Sequence[int], hyp: Sequence[int], layer: int | None,
+                         path: str | Path) -> None:
+    """:func:`attention_figure` written atomically as a PNG."""
+    from pipeline.core.textio import atomic_path
+
+    fig = attention_figure(translator, source, hyp, layer)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", metadata={"Software": None})
+
+
+@dataclass
+class AttentionPick:
+    """The line whose attention ``--attention-png`` draws: ``--attention-line`` (1-based) or the first
+    non-empty one, caught as the chunks go by (standard input is known only as it arrives)."""
+
+    wanted: int | None
+    number: int | None = None
+    source: list[int] | None = None
+    hyp: list[int] | None = None
+
+    def see(self, first: int, sources: Sequence[list[int]], hyps: Sequence[list[int]]) -> None:
+        """Look at one translated chunk whose first line is line ``first``."""
+        for i, source in enumerate(sources):
+            if self.number is None and (first + i == self.wanted or (self.wanted is None and source)):
+                self.number, self.source, self.hyp = first + i, source, hyps[i]
+
+    def result(self, total: int) -> tuple[int, list[int], list[int]]:
+        """(line number, source, hypothesis) once the input (``total`` lines) has ended.
+
+        Raises:
+            PipelineError: the line never came or is empty.
+        """
+        if self.number is None and self.wanted is None:
+            raise PipelineError("--attention-png: the input has no non-empty line to draw")
+        if self.number is None:
+            raise PipelineError(f"--attention-line {self.wanted}: the input ended after {total} line(s); "
+                                "nothing drawn")
+        if not self.source:
+            raise PipelineError(f"--attention-line {self.wanted}: input line {self.wanted} is empty; "
+                                "choose a non-empty line")
+        return self.number, self.source, self.hyp or []
+
+
+def check_attention_line(raw: Sequence[bytes], wanted: int | None, path: str) -> None:
+    """Refuse an ``--attention-line`` that an ``--input`` file (its byte lines ``raw``) does not have or that is
+    empty, or a file without a non-empty line to draw, before anything is decoded.
+
+    Raises:
+        PipelineError: naming the option, the file and the line.
+    """
+    from pipeline.data.normalize import normalize
+
+    def text(number: int) -> str:
+        return normalize(raw[number - 1].decode("utf-8", errors="replace").replace("\0", "\ufffd"))
+
+    if wanted is None:
+        if not any(text(n) for n in range(1, len(raw) + 1)):
+            raise PipelineError(f"--attention-png: {path} has no non-empty line to draw")
+    elif wanted > len(raw):
+        raise PipelineError(f"--attention-line {wanted}: {path} has only {len(raw)} line(s)")
+    elif not text(wanted):
+        raise PipelineError(f"--attention-line {wanted}: line {wanted} of {path} is empty; choose a non-empty line")
