@@ -19,6 +19,7 @@ from pipeline.core.stage import write_metrics
 from pipeline.project.profiles import write_profile
 from pipeline.training.curves import write_curves
 from pipeline.training.logs import history_csv
+from tests.helpers.history import training_history
 from tests.helpers.paths import REPO
 from tests.helpers.repoutil import init_git_dvc
 
@@ -89,20 +90,6 @@ def test_a_metric_the_record_lacks_is_left_out_with_a_warning(caplog: pytest.Log
     assert stages.summary("download", {"pairs": {"train": 3}}) is None  # not a compared stage: no <stage>.json
 
 
-def _history(steps: int, valid_every: int, log_every: int) -> list[dict]:
-    """Rows as the training loop logs them: a train interval every ``log_every``, a validation every ``valid_every``."""
-    rows: list[dict] = []
-    for step in range(log_every, steps + 1, log_every):
-        loss = 8.0 / (1 + step / 50)
-        rows.append({"step": step, "epoch": step // 100, "train_loss": loss, "train_nll": loss - 0.3,
-                     "train_ppl": 2.718 ** (loss - 0.3), "lr": 1e-3 * min(step / 40, (40 / step) ** 0.5),
-                     "grad_norm": 0.7, "tgt_tokens_per_step": 1024.0, "forwards_per_step": 1})
-        if step % valid_every == 0:
-            rows.append({"step": step, "epoch": step // 100, "valid_loss": loss + 0.1, "valid_nll": loss - 0.2,
-                         "valid_ppl": 2.718 ** (loss - 0.2)})
-    return rows
-
-
 def _plotted(plot: list[dict]) -> set[tuple[str, str]]:
     """(file, column) of every point of a plot in ``dvc plots show --json`` (file "" when the plot has one
     series); asserts each point's y is a number (an empty CSV cell would be '')."""
@@ -121,7 +108,7 @@ def test_plots_show_draws_train_and_valid_loss_perplexity_and_lr(tmp_path: Path)
     paths = _project(root, "tiny")
     train_csv = root / paths["plots"] / "train.csv"
     train_csv.parent.mkdir(parents=True)
-    train_csv.write_text(history_csv(_history(steps=60, valid_every=20, log_every=5)), encoding="utf-8")
+    train_csv.write_text(history_csv(training_history(steps=60, valid_every=20, log_every=5)), encoding="utf-8")
     write_curves(train_csv)
 
     plots = json.loads(_dvc(root, "plots", "show", "--json"))["data"]
