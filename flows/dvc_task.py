@@ -7,10 +7,14 @@ then SIGKILL) when it times out, when the caller is interrupted (Prefect's SIGTE
 leader exits while members of its group are still alive. The group's leader is a
 :mod:`flows.lifeline`, so the group also ends when this process dies without a chance to clean up
 (SIGKILL). No Prefect import here: the module is plain Python and testable on its own.
+
+``python -m flows.dvc_task repro STAGE [--force]`` (:func:`repro_command`) is ``dvc repro --single-item
+STAGE`` without DVC's reminder to ``git add dvc.lock`` after every stage: see :func:`repro`.
 """
 
 from __future__ import annotations
 
+import argparse
 import errno
 import logging
 import os
@@ -18,6 +22,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -35,6 +40,9 @@ _PROGRESS_EVERY_S = 10.0  # \r-terminated progress updates are logged at most th
 
 _live_groups: set[int] = set()
 _live_lock = threading.Lock()
+
+PUBLISH_HINT = ("dvc.lock changed: to publish this run, commit it with its params and numbers: "
+                "git add params.yaml dvc.lock metrics/ plots/ && git commit")
 
 # What `dvc repro` prints (dvc/stage/run.py, dvc/stage/cache.py, dvc/stage/__init__.py, DVC 3.67).
 _STATUS_PATTERNS: tuple[tuple[str, str], ...] = (
@@ -231,3 +239,61 @@ def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str]
             _live_groups.discard(pgid)
     return ProcessResult(args=tuple(args), returncode=proc.returncode, duration_s=time.monotonic() - start,
                          timed_out=timed_out, stdout_lines=tuple(stdout_lines), stderr_tail=tuple(stderr_tail))
+
+
+def repro_command(stage: str, *, force: bool = False) -> list[str]:
+    """The command line that reproduces ``stage`` alone, as ``dvc repro --single-item STAGE [--force]``,
+    without DVC's ``git add`` reminder (:func:`repro`); its output has the lines :func:`stage_status` reads."""
+    return [sys.executable, "-m", "flows.dvc_task", "repro", stage, *(["--force"] if force else [])]
+
+
+def repro(stage: str, *, force: bool = False, root: str | Path = ".") -> int:
+    """Reproduce ``stage`` alone through DVC's API (what ``dvc repro --single-item`` calls); 0 on success.
+
+    DVC ends every command that rewrote ``dvc.lock`` with "To track the changes with git, run: git add
+    dvc.lock ... To enable auto staging, run: dvc config core.autostage true" (``SCMContext`` in
+    dvc/repo/scm_context.py) unless its ``quiet`` is set. A flow runs one ``dvc repro`` per stage, so the
+    reminder came once per stage, and it names dvc.lock, which this repository commits only to publish a
+    run. Setting ``quiet`` is what DVC's own experiment executor does for its runs
+    (dvc/repo/experiments/executor/base.py); the flow says once at the end what to commit
+    (:data:`PUBLISH_HINT`, :func:`publish_hint`). DVC's log lines (``Running stage``...) still print.
+
+    Returns:
+        0, or 255 after DVC's one-line ``ERROR:`` (the exit status of ``dvc`` for a DVC error).
+    """
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+    from dvc.ui import ui
+
+    ui.enable()
+    try:
+        with Repo(str(root)) as dvc:
+            dvc.scm_context.quiet = True
+            dvc.reproduce(stage, single_item=True, force=force)
+    except DvcException:
+        logging.getLogger("dvc").exception("")  # DVC's handler: one "ERROR: ..." line, as `dvc` prints
+        return 255
+    return 0
+
+
+def publish_hint(repo: str | Path) -> str | None:
+    """:data:`PUBLISH_HINT` when git sees ``dvc.lock`` in ``repo`` as new or changed, else None."""
+    done = subprocess.run(["git", "status", "--porcelain", "--", "dvc.lock"], cwd=repo, capture_output=True,
+                          text=True, check=False)
+    return PUBLISH_HINT if done.returncode == 0 and done.stdout.strip() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flows.dvc_task repro STAGE [--force]``: see :func:`repro`."""
+    parser = argparse.ArgumentParser(prog="python -m flows.dvc_task",
+                                     description="dvc repro --single-item STAGE, without DVC's git-add reminder")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rep = sub.add_parser("repro", help="reproduce one stage of dvc.yaml in the current folder")
+    rep.add_argument("stage", help="the dvc.yaml stage")
+    rep.add_argument("--force", action="store_true", help="run it even if nothing changed (dvc repro --force)")
+    args = parser.parse_args(argv)
+    return repro(args.stage, force=args.force)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

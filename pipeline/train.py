@@ -1,7 +1,8 @@
 """Stage ``train`` (one worker): ``python -m pipeline.launch`` starts ``torchrun -m pipeline.train``.
 
 Run alone, this module trains in a single process; the loop is :mod:`pipeline.training.loop`
-(:func:`stage` is its :func:`~pipeline.training.loop.train`).
+(:func:`stage` is its :func:`~pipeline.training.loop.train`). After training, rank 0 draws the curves
+(``valid.csv`` and ``train.png`` beside ``train.csv``: :mod:`pipeline.training.curves`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ import torch
 from pipeline.core import env
 from pipeline.core.config import Params
 from pipeline.core.stage import stage_main
+from pipeline.training.curves import write_curves
 from pipeline.training.loop import train as stage
 
 __all__ = ["die_with_agent", "main", "stage"]
@@ -62,9 +64,13 @@ def _run(params: Params, args: argparse.Namespace) -> dict:
     if threads:
         torch.set_num_threads(threads)
     paths = params.paths
-    return stage(params.train, model_cfg=params.model, seed=params.seed, shards_dir=paths.shards,
-                 spm_model=Path(paths.bpe) / "spm.model", run_dir=paths.train,
-                 plots_path=Path(paths.plots) / "train.csv", device=env.settings().device)
+    train_csv = Path(paths.plots) / "train.csv"
+    record = stage(params.train, model_cfg=params.model, seed=params.seed, shards_dir=paths.shards,
+                   spm_model=Path(paths.bpe) / "spm.model", run_dir=paths.train, plots_path=train_csv,
+                   device=env.settings().device)
+    if os.environ.get("RANK", "0") in ("", "0"):  # rank 0 wrote train.csv
+        write_curves(train_csv)
+    return record
 
 
 def main(argv: list[str] | None = None) -> int:

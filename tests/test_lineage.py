@@ -199,7 +199,8 @@ def test_params_keys_exist(name: str) -> None:
 
 
 def test_dvc_yaml_follows_the_stage_table() -> None:
-    """Same stages in the same order, each running its table module, with its two metrics files."""
+    """Same stages in the same order, each running its table module, with its details file as an out and
+    its ``<stage>.json`` as its one DVC metric exactly when the table names metrics keys for it."""
     from pipeline.core import stages
 
     dvc = _stages()
@@ -209,7 +210,9 @@ def test_dvc_yaml_follows_the_stage_table() -> None:
         assert _cmd_module(entry["cmd"]) == spec.module, spec.name
         metrics = [next(iter(m)) if isinstance(m, dict) else m for m in entry.get("metrics", [])]
         outs = [next(iter(o)) if isinstance(o, dict) else o for o in entry.get("outs", [])]
-        assert str(stages.metrics_file("${paths.metrics}", spec.name)) in metrics, spec.name
+        expected = [str(stages.metrics_file("${paths.metrics}", spec.name))] if spec.metrics else []
+        assert metrics == expected, spec.name
+        assert all(m[next(iter(m))] == {"cache": False} for m in entry.get("metrics", [])), spec.name  # git-tracked
         assert str(stages.details_file("${paths.metrics}", spec.name)) in outs, spec.name
         params = [next(iter(p)) if isinstance(p, dict) else p for p in entry.get("params", [])]
         for section in spec.sections:  # the sections its MLflow run logs are the ones DVC tracks

@@ -4,7 +4,7 @@ A stage module defines ``stage(cfg, *, input and output paths) -> dict`` (its ty
 in, its figures out: no MLflow, timing or metrics files) and ``main(argv)``, which calls
 :func:`stage_main`. ``python -m pipeline.<stage>`` then loads params.yaml and runs the stage under
 :func:`run_stage`, the one place that opens the stage's MLflow run (:func:`pipeline.core.tracking.current`
-inside the stage), logs its params sections, times it and writes ``<stage>.json`` (numbers) and
+inside the stage), logs its params sections, times it and writes ``<stage>.json`` (DVC metrics) and
 ``<stage>.details.json`` (everything, with the run id); a
 :class:`~pipeline.core.errors.PipelineError` becomes one clear line on stderr and exit code 1.
 """
@@ -152,7 +152,7 @@ def run_stage(name: str, body: Callable[[], dict[str, Any]], *, metrics_dir: str
     Opens the stage's MLflow run (at the start, or on first use for the table's ``lazy_run`` stages;
     ``body`` reaches it through :func:`pipeline.core.tracking.current`), queues the table's params
     sections of ``params`` as its params, times ``body``, logs the seconds, and on rank 0 (``RANK``
-    unset or 0) writes ``<stage>.json`` (the numbers of the record) and ``<stage>.details.json`` (the
+    unset or 0) writes ``<stage>.json`` (the table's ``metrics`` keys, if any) and ``<stage>.details.json`` (the
     whole record plus ``seconds`` and ``mlflow_run_id``; also the run's artifact), each atomically.
 
     Returns:
@@ -174,7 +174,9 @@ def run_stage(name: str, body: Callable[[], dict[str, Any]], *, metrics_dir: str
         details = {**record, "seconds": seconds,
                    "mlflow_run_id": run.run_id if run.opened else record.get("mlflow_run_id")}
         if active:
-            write_metrics(stages.metrics_file(metrics_dir, name), stages.numbers(details))
+            summary = stages.summary(name, details)
+            if summary is not None:
+                write_metrics(stages.metrics_file(metrics_dir, name), summary)
             write_metrics(stages.details_file(metrics_dir, name), details)
             if run.opened:
                 run.log_artifact(stages.details_file(metrics_dir, name))

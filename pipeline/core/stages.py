@@ -1,21 +1,26 @@
 """The pipeline's stages, in order: the one table the stage CLIs, ``nmt run``, the Prefect flow and the
 audit read (``dvc.yaml`` is checked against it by a test).
 
-Each stage writes two files in ``<paths.metrics>``: ``<stage>.json`` with numbers only (what
-``dvc.yaml`` declares as metrics, for ``dvc metrics show`` and ``dvc exp show``) and
-``<stage>.details.json``, a plain output with everything the stage reported: strings, lists,
-signatures, hashes, its timing and its MLflow run id.
+Each stage writes ``<paths.metrics>/<stage>.details.json``, a plain output with everything it reported:
+strings, lists, signatures, hashes, its timing and its MLflow run id. The stages whose numbers a user
+compares across runs (a non-empty ``metrics`` in the table: train, evaluate) also write ``<stage>.json``,
+the few numbers ``dvc.yaml`` declares as DVC metrics. ``dvc metrics show`` prints one column per distinct
+key over all those files, so the keys are few, short, and never timings (a timing differs on every run,
+so every ``dvc metrics diff`` would show a change).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import PipelineError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,8 @@ class Stage:
         summary: one line for ``--help`` and reports.
         lazy_run: open the MLflow run on first use, not at the start: train first finds the run it
             continues in its checkpoint; register logs only a model it has not registered yet.
+        metrics: the dotted keys of its record that ``<stage>.json`` holds (``valid.bleu`` is
+            ``record["valid"]["bleu"]``); empty: the stage writes no ``<stage>.json``.
     """
 
     name: str
@@ -36,6 +43,7 @@ class Stage:
     sections: tuple[str, ...]
     summary: str
     lazy_run: bool = False
+    metrics: tuple[str, ...] = ()
 
 
 STAGES: tuple[Stage, ...] = (
@@ -44,9 +52,11 @@ STAGES: tuple[Stage, ...] = (
     Stage("bpe", "pipeline.bpe", ("bpe",), "train the joint SentencePiece BPE model"),
     Stage("encode", "pipeline.encode", ("encode",), "encode cleaned text into Parquet shards"),
     Stage("train", "pipeline.launch", ("seed", "model", "train"),
-          "train the Transformer with torchrun (resumes from the newest checkpoint)", lazy_run=True),
+          "train the Transformer with torchrun (resumes from the newest checkpoint)", lazy_run=True,
+          metrics=("step", "tokens_seen")),
     Stage("average", "pipeline.average", ("average",), "average the last checkpoints into averaged.pt"),
-    Stage("evaluate", "pipeline.evaluate", ("evaluate",), "beam-decode valid and test, score with sacreBLEU"),
+    Stage("evaluate", "pipeline.evaluate", ("evaluate",), "beam-decode valid and test, score with sacreBLEU",
+          metrics=("valid.bleu", "valid.chrf2", "valid.ppl", "test.bleu", "test.chrf2")),
     Stage("register", "pipeline.register", (), "log and register the averaged model in MLflow", lazy_run=True),
     Stage("audit", "pipeline.audit", (), "this run beside the paper, line by line, with its lineage"),
 )
@@ -66,7 +76,7 @@ def get(name: str) -> Stage:
 
 
 def metrics_file(metrics_dir: str | Path, name: str) -> Path:
-    """``<metrics_dir>/<name>.json``: the stage's numbers (DVC metrics)."""
+    """``<metrics_dir>/<name>.json``: the stage's few numbers (DVC metrics; only stages with ``metrics``)."""
     return Path(metrics_dir) / f"{name}.json"
 
 
@@ -75,17 +85,29 @@ def details_file(metrics_dir: str | Path, name: str) -> Path:
     return Path(metrics_dir) / f"{name}.details.json"
 
 
-def numbers(record: dict[str, Any]) -> dict[str, Any]:
-    """The numeric leaves of ``record`` (nested mappings kept when they hold numbers; bools, None,
-    strings and lists left out)."""
+def summary(name: str, record: dict[str, Any]) -> dict[str, Any] | None:
+    """What ``<name>.json`` holds: the stage's ``metrics`` keys of ``record``, nested as in ``record``.
+
+    Returns:
+        None for a stage without ``metrics`` (it writes no ``<name>.json``). A key the record lacks
+        is left out with a warning: the stage's outputs are kept, its metrics file names what is missing.
+    """
+    keys = get(name).metrics
+    if not keys:
+        return None
     out: dict[str, Any] = {}
-    for key, value in record.items():
-        if isinstance(value, dict):
-            inner = numbers(value)
-            if inner:
-                out[key] = inner
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[key] = value
+    for key in keys:
+        value: Any = record
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            log.warning("stage %s reported no number %s (got %r): left out of its DVC metrics", name, key, value)
+            continue
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
     return out
 
 

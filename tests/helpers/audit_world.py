@@ -65,7 +65,6 @@ def _raw(root: Path) -> None:
     record = {"archives": {}, "dataset": "multi30k", "mlflow_run_id": None, "origins": {},
               "pairs": {s: len(r) for s, r in pairs.items()}, "seconds": 0.1}
     write_metrics(stages.details_file(root / "data" / "metrics", "download"), record)
-    write_metrics(stages.metrics_file(root / "data" / "metrics", "download"), stages.numbers(record))
 
 
 def _dvc_lock(root: Path, data: dict) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,10 +31,12 @@ def _build(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
-def _scores(metrics: dict) -> dict:
-    """evaluate.json without timings (the only numbers a machine's speed changes)."""
+def _scores(metrics: Any) -> Any:
+    """evaluate.details.json without timings (the only numbers a machine's speed changes)."""
     if isinstance(metrics, dict):
         return {k: _scores(v) for k, v in metrics.items() if "seconds" not in k and "per_second" not in k}
+    if isinstance(metrics, list):
+        return [_scores(v) for v in metrics]
     return metrics
 
 
@@ -43,7 +46,8 @@ def test_tiny_profile_rebuilds_byte_identical(tmp_path: Path, monkeypatch: pytes
     a, b = (_build(tmp_path / name, monkeypatch) for name in ("a", "b"))
     model = Path("runs/tiny/model/averaged.pt")
     assert (a / model).read_bytes() == (b / model).read_bytes()
-    scores = [_scores(json.loads((d / "metrics/tiny/evaluate.json").read_text(encoding="utf-8"))) for d in (a, b)]
+    scores = [_scores(json.loads((d / "metrics/tiny/evaluate.details.json").read_text(encoding="utf-8")))
+              for d in (a, b)]
     assert scores[0] == scores[1] and "bleu" in scores[0]["test"] and "bleu" in scores[0]["valid_newest"]
     for name in ("valid.hyp.de", "test.hyp.de", "valid.newest.hyp.de"):
         assert (a / "runs/tiny/eval" / name).read_bytes() == (b / "runs/tiny/eval" / name).read_bytes(), name

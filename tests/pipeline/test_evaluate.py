@@ -90,9 +90,12 @@ def test_the_newest_checkpoint_is_scored_on_valid_beside_the_averaged_model(eval
     # step-00000020 holds other random weights than step-00000010, the one averaged.pt is built from
     assert newest["ppl"] != pytest.approx(report["valid"]["ppl"])
     assert hyp.read_bytes() != (tmp_path / "eval" / "valid.hyp.de").read_bytes()
-    numbers = json.loads((tmp_path / "metrics" / "evaluate.json").read_text(encoding="utf-8"))
-    assert numbers["valid_newest"]["bleu"] == newest["bleu"] and numbers["valid_newest"]["ppl"] == newest["ppl"]
-    assert numbers["valid"]["ppl"] == report["valid"]["ppl"] and numbers["valid_newest"]["step"] == NEWEST_STEP
+    numbers = json.loads((tmp_path / "metrics" / "evaluate.json").read_text(encoding="utf-8"))  # DVC metrics
+    assert numbers == {"valid": {k: report["valid"][k] for k in ("bleu", "chrf2", "ppl")},
+                       "test": {k: report["test"][k] for k in ("bleu", "chrf2")}}
+    details = json.loads((tmp_path / "metrics" / "evaluate.details.json").read_text(encoding="utf-8"))
+    assert details["valid_newest"]["bleu"] == newest["bleu"] and details["valid_newest"]["ppl"] == newest["ppl"]
+    assert details["valid_newest"]["step"] == NEWEST_STEP
 
 
 def test_a_newest_checkpoint_equal_to_the_average_scores_the_same_and_warns_not(

@@ -143,14 +143,14 @@ def test_sigkill_mid_clean_and_mid_encode_then_dvc_repro_is_byte_identical(dvc_t
         proc = subprocess.Popen([sys.executable, "-m", "pipeline.clean"], cwd=repo, stdout=out, stderr=out, env=env,
                                 start_new_session=True)
         kill_group_when(proc, building(data, "clean", "train.en", 1 << 20), log)
-    assert not (data / "clean").exists() and not (repo / "metrics/tiny/clean.json").exists()
+    assert not (data / "clean").exists() and not (repo / "metrics/tiny/clean.details.json").exists()
     assert stale_outputs(data) == ["clean"]
 
     with open(log, "wb") as out:  # 2. dvc repro with its whole group (dvc, the stage, its workers) mid-encode
         proc = subprocess.Popen(["dvc", "repro"], cwd=repo, stdout=out, stderr=out, env=env, start_new_session=True)
         kill_group_when(proc, building(data, "shards", "train", 20), log)
     assert "removed" in log.read_text() and "left behind by an interrupted run" in log.read_text()
-    assert not (data / "shards").exists() and not (repo / "metrics/tiny/encode.json").exists()
+    assert not (data / "shards").exists() and not (repo / "metrics/tiny/encode.details.json").exists()
     assert stale_outputs(data) == ["shards"]
     assert _outputs(repo)["clean"] == expected["clean"] and _outputs(repo)["bpe"] == expected["bpe"]
 
@@ -207,7 +207,7 @@ def workspace(tmp_path: Path, repo_root: Path) -> Path:
 def test_clean_hitting_the_file_size_limit_keeps_the_previous_output(workspace: Path) -> None:
     first = stage_cli("clean", workspace)
     assert first.returncode == 0, first.stderr
-    clean, metrics = workspace / "data/tiny/clean", workspace / "metrics/tiny/clean.json"
+    clean, metrics = workspace / "data/tiny/clean", workspace / "metrics/tiny/clean.details.json"
     before, metrics_before = sha_tree(clean), metrics.read_bytes()
     write_raw(workspace / "data/tiny/raw", 20_000, seed=1)  # new input: a successful run would change the output
     proc = stage_cli("clean", workspace, fsize_limit(256 << 10))
@@ -235,7 +235,8 @@ def test_encode_hitting_the_file_size_limit_in_a_worker_writes_nothing(workspace
         "(EFBIG); raise the file size limit (ulimit -f) or the file system's maximum, then rerun the stage "
         "(data/tiny/shards/train/part-00000.parquet: nothing was written there)")
     assert "Traceback" not in proc.stderr
-    assert not (workspace / "data/tiny/shards").exists() and not (workspace / "metrics/tiny/encode.json").exists()
+    assert not (workspace / "data/tiny/shards").exists()
+    assert not (workspace / "metrics/tiny/encode.details.json").exists()
     assert temps(workspace) == []
     assert stage_cli("encode", workspace).returncode == 0  # with room to write, the same inputs go through
 
@@ -310,7 +311,7 @@ def test_sigkill_mid_download_then_the_rerun_resumes_and_is_byte_identical(tmp_p
             proc = subprocess.Popen([sys.executable, "-m", "pipeline.download", "--params", "params.yaml"], cwd=work,
                                     stdout=out, stderr=out, env=env, start_new_session=True)
             kill_group_when(proc, lambda: any(cache.rglob("*.part")), log)  # a transfer under way
-        assert not (work / "data/tiny/raw").exists() and not (work / "metrics/tiny/download.json").exists()
+        assert not (work / "data/tiny/raw").exists() and not (work / "metrics/tiny/download.details.json").exists()
         assert [p.name for p in cache.iterdir() if p.name.startswith("extract-")]  # the dead run's staging
         again = stage_cli("download", work, env={"NMT_DATA_MIRROR": url, "NMT_DOWNLOAD_CACHE": str(cache)})
     assert again.returncode == 0, again.stderr
@@ -342,13 +343,13 @@ def test_sigkill_mid_average_leaves_no_model_and_the_rerun_is_byte_identical(aud
     assert first.returncode == 0, first.stderr
     expected = sha_tree(model_dir)
     shutil.rmtree(model_dir)
-    (world / "data/metrics/average.json").unlink()
+    (world / "data/metrics/average.details.json").unlink()
     log = tmp_path / "average.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", HOLD_BEFORE_RENAME], cwd=world, stdout=out, stderr=out,
                                 env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
         kill_group_when(proc, lambda: any(p.stat().st_size > 0 for p in world.rglob(".averaged.pt.*.tmp")), log)
-    assert not (model_dir / "averaged.pt").exists() and not (world / "data/metrics/average.json").exists()
+    assert not (model_dir / "averaged.pt").exists() and not (world / "data/metrics/average.details.json").exists()
     assert stale_outputs(model_dir) == ["averaged"]  # only the dead writer's sibling, never a partial model
     again = stage_cli("average", world)
     assert again.returncode == 0, again.stderr

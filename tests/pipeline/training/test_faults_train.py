@@ -75,7 +75,7 @@ def test_kills_at_every_named_point_resume_bitwise_equal(workspace, reference, t
     assert rc == 0 and "resuming from" in out and "step-00000006" in out, out[-3000:]
     assert fu.steps(runs) == [8, 10]
     fu.assert_bitwise_equal(reference, tmp_path, MAX_STEPS)
-    assert json.loads((tmp_path / "metrics" / "train.json").read_text())["resumed_from_step"] == 6
+    assert json.loads((tmp_path / "metrics" / "train.details.json").read_text())["resumed_from_step"] == 6
 
 
 @pytest.mark.slow
@@ -171,7 +171,7 @@ def test_out_of_memory_on_one_rank_skips_the_step_on_both(workspace, tmp_path):
     rc, out = fu.run(job_params(tmp_path, workspace, max_steps=4), tmp_path, env=env)
     assert rc == 0, out[-3000:]
     assert "train step 3: out of memory (rank 1, forward pass" in out
-    metrics = json.loads((tmp_path / "metrics" / "train.json").read_text())
+    metrics = json.loads((tmp_path / "metrics" / "train.details.json").read_text())
     assert metrics["step"] == 4 and metrics["oom_skipped_steps"] == 1
 
 

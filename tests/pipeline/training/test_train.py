@@ -65,8 +65,8 @@ def test_single_process_run_writes_checkpoints_metrics_and_plots(workspace, tmp_
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in sd)
     written = json.loads((tmp_path / "metrics" / "train.details.json").read_text())
     assert written["step"] == 6 and written == json.loads(json.dumps(metrics))
-    numbers = json.loads((tmp_path / "metrics" / "train.json").read_text())  # DVC metrics: numbers only
-    assert numbers == stages.numbers(written) and "device" not in numbers and numbers["step"] == 6
+    numbers = json.loads((tmp_path / "metrics" / "train.json").read_text())  # DVC metrics: the table's keys
+    assert numbers == stages.summary("train", written) == {"step": 6, "tokens_seen": written["tokens_seen"]}
     lines = (tmp_path / "plots" / "train.csv").read_text().splitlines()
     assert lines[0].startswith("step,epoch,train_loss") and len(lines) == 7
     assert metrics["valid_loss"] > 0 and np.isfinite(metrics["train_ppl"])
@@ -96,7 +96,7 @@ def test_two_gloo_ranks_equal_one_process_with_a_smaller_budget(workspace, tmp_p
     proc = run_torchrun(data2, two, nproc=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "training on 2 process(es)" in proc.stderr
-    assert json.loads((two / "metrics" / "train.json").read_text())["forwards_per_step_max"] == 1
+    assert json.loads((two / "metrics" / "train.details.json").read_text())["forwards_per_step_max"] == 1
     for step in (1, 2):
         a, b = (d / "runs" / f"step-{step:08d}" for d in (one, two))
         grads_a, grads_b = load(a, "optim.pt")["state"], load(b, "optim.pt")["state"]

@@ -1,0 +1,101 @@
+"""Acceptance: two runs of the tiny profile compared through DVC, as in DVC's example-get-started.
+
+A temporary git + DVC project holds this checkout's pipeline and .gitignore. Run 1 is ``dvc repro``,
+published by committing ``params.yaml dvc.lock metrics/ plots/``; run 2 is ``dvc exp run --set-param``.
+``dvc metrics diff``, ``dvc params diff`` and ``dvc exp show`` must then show both runs' numbers.
+Both runs decode at most a few pieces per sentence (evaluate.max_len_a = 0), so evaluate takes
+seconds; run 2 allows longer outputs, which changes the scores.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipeline.core import stages
+from tests.helpers.mirror import write_multi30k_mirror
+from tests.helpers.repoutil import git
+from tests.helpers.tinyproject import make_tiny_project
+
+pytestmark = pytest.mark.slow
+
+
+def _dvc(repo: Path, *args: str, timeout: float = 900) -> str:
+    done = subprocess.run(["dvc", *args], cwd=repo, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, f"dvc {' '.join(args)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def _read(repo: Path, metrics_dir: str, name: str) -> dict[str, Any]:
+    return json.loads((repo / stages.metrics_file(metrics_dir, name)).read_text(encoding="utf-8"))
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def _exp_rows(shown: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``dvc exp show --json`` as {row name: its data}: the workspace, the commit (by branch) and each experiment."""
+    rows: dict[str, dict[str, Any]] = {}
+    for entry in shown:
+        rows[entry.get("name") or entry["rev"]] = entry["data"]
+        for group in entry.get("experiments") or []:
+            for rev in group["revs"]:
+                rows[rev["name"]] = rev["data"]
+    return rows
+
+
+def test_two_runs_appear_in_metrics_diff_params_diff_and_exp_show(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = make_tiny_project(tmp_path / "project")
+    monkeypatch.setenv("NMT_TRACKING", "off")
+    monkeypatch.setenv("NMT_NPROC", "1")
+    monkeypatch.setenv("NMT_DATA_MIRROR", str(write_multi30k_mirror(tmp_path / "mirror")))
+    monkeypatch.setenv("NMT_DOWNLOAD_CACHE", str(tmp_path / "download-cache"))
+    params = yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8"))
+    params["evaluate"].update(beam_sizes=[1], max_len_a=0.0, max_len_b=2)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    metrics_dir = params["paths"]["metrics"]
+
+    _dvc(repo, "repro")
+    shown = _dvc(repo, "metrics", "show").rstrip("\n").splitlines()
+    assert len(shown) == 3 and max(map(len, shown)) <= 120, "\n".join(shown)
+    git(repo, "add", "params.yaml", "dvc.lock", "metrics/", "plots/")
+    git(repo, "commit", "-qm", "run 1")
+    assert git(repo, "status", "--porcelain") == ""  # details.json, data, runs and reports stay ignored
+    published = git(repo, "ls-files", "metrics", "plots").splitlines()
+    plots = [f"{params['paths']['plots']}/{name}" for name in ("train.csv", "valid.csv", "train.png")]
+    assert sorted(published) == sorted([f"{metrics_dir}/evaluate.json", f"{metrics_dir}/train.json", *plots])
+    first = {name: _read(repo, metrics_dir, name) for name in ("train", "evaluate")}
+
+    _dvc(repo, "exp", "run", "--name", "longer", "--set-param", "evaluate.max_len_b=6")
+    second = {name: _read(repo, metrics_dir, name) for name in ("train", "evaluate")}
+    assert second["train"] == first["train"]  # only evaluate (and what follows it) ran again
+    changed = {k for k, v in _flat(second["evaluate"]).items() if _flat(first["evaluate"])[k] != v}
+    assert changed, "longer outputs should change the scores"
+
+    diff = json.loads(_dvc(repo, "metrics", "diff", "--json"))  # HEAD (run 1) vs workspace (run 2)
+    evaluate_diff = diff[f"{metrics_dir}/evaluate.json"]
+    assert set(evaluate_diff) == changed and f"{metrics_dir}/train.json" not in diff
+    for key in changed:
+        assert (evaluate_diff[key]["old"], evaluate_diff[key]["new"]) == (_flat(first["evaluate"])[key],
+                                                                         _flat(second["evaluate"])[key])
+    params_diff = json.loads(_dvc(repo, "params", "diff", "--json"))["params.yaml"]
+    assert set(params_diff) == {"evaluate.max_len_b"} and (params_diff["evaluate.max_len_b"]["old"],
+                                                             params_diff["evaluate.max_len_b"]["new"]) == (2, 6)
+
+    rows = _exp_rows(json.loads(_dvc(repo, "exp", "show", "--json")))
+    branch = git(repo, "branch", "--show-current")
+    assert {"workspace", branch, "longer"} <= set(rows)
+    for row, expected, max_len_b in ((branch, first, 2), ("longer", second, 6)):
+        metrics = {Path(path).stem: body["data"] for path, body in rows[row]["metrics"].items()}
+        assert metrics == expected, row
+        assert rows[row]["params"]["params.yaml"]["data"]["evaluate"]["max_len_b"] == max_len_b
