@@ -2,12 +2,16 @@
 
 One task per DVC stage, each running ``dvc repro --single-item <stage>`` in its own process group
 (:mod:`flows.dvc_task`); DVC alone decides what is stale (``cache_policy=NO_CACHE``). The flow
-opens the MLflow parent run, hands its id and the Prefect flow-run id to the stages through the
-subprocess environment only, tags each stage's child run with its dvc.lock md5 (and the parent with
-the md5 of the whole dvc.lock it ended at), and ends with a markdown report: stage statuses, the
+opens the MLflow parent run (:mod:`flows.parent_run`), hands its id and the Prefect flow-run id to the
+stages through the subprocess environment only, tags each stage's child run with its dvc.lock md5 (and
+the parent with the md5 of the whole dvc.lock it ended at; after a success it logs the parent's headline
+metrics, :func:`flows.report.headline_metrics`), and ends with a markdown report: stage statuses, the
 BLEU table, the replication audit (``<paths.reports>/audit.md``, also attached as its own artifact
 ``wmt14-audit``), the MLflow parent run (with the ``mlflow ui`` command for a local store) and the
 registered model version and alias from ``<paths.metrics>/register.details.json``.
+
+``--profile NAME`` writes the profile's params.yaml for the run only and restores the previous bytes
+when the run ends, however it ends (:func:`pipeline.project.profiles.profile_run`).
 
 Locally, with no ``PREFECT_API_URL`` set, ``python -m flows.pipeline`` starts a temporary Prefect server
 for the run (:mod:`flows.server`; no setup). Stopping the run (Ctrl-C, SIGTERM, SIGKILL, a cancel)

@@ -73,7 +73,7 @@ def git_tags(root: str | Path = ".", *, temporary_params: bool = False) -> dict[
     return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower() if commit else ""}
 
 
-def profile_run() -> str | None:
+def temporary_profile() -> str | None:
     """The profile whose params.yaml the flow wrote for this run (``NMT_PROFILE_RUN``), or None."""
     return env.settings().profile_run
 
@@ -245,7 +245,7 @@ def _open_stage_run(stage: str, root: Path, resume_run_id: str | None, started_m
     if resume_run_id:
         client.update_run(resume_run_id, status="RUNNING")
         return client, resume_run_id
-    profile = profile_run()
+    profile = temporary_profile()
     tags = {"stage": stage, "mlflow.runName": stage, **git_tags(root, temporary_params=bool(profile))}
     if profile:
         tags["profile"] = profile
