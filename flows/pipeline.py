@@ -2,12 +2,16 @@
 
 One task per DVC stage, each running ``dvc repro --single-item <stage>`` in its own process group
 (:mod:`flows.dvc_task`); DVC alone decides what is stale (``cache_policy=NO_CACHE``). The flow
-opens the MLflow parent run, hands its id and the Prefect flow-run id to the stages through the
-subprocess environment only, tags each stage's child run with its dvc.lock md5 (and the parent with
-the md5 of the whole dvc.lock it ended at), and ends with a markdown report: stage statuses, the
+opens the MLflow parent run (:mod:`flows.parent_run`), hands its id and the Prefect flow-run id to the
+stages through the subprocess environment only, tags each stage's child run with its dvc.lock md5 (and
+the parent with the md5 of the whole dvc.lock it ended at; after a success it logs the parent's headline
+metrics, :func:`flows.report.headline_metrics`), and ends with a markdown report: stage statuses, the
 BLEU table, the replication audit (``<paths.reports>/audit.md``, also attached as its own artifact
 ``wmt14-audit``), the MLflow parent run (with the ``mlflow ui`` command for a local store) and the
 registered model version and alias from ``<paths.metrics>/register.details.json``.
+
+``--profile NAME`` writes the profile's params.yaml for the run only and restores the previous bytes
+when the run ends, however it ends (:func:`pipeline.project.profiles.profile_run`).
 
 Locally, with no ``PREFECT_API_URL`` set, ``python -m flows.pipeline`` starts a temporary Prefect server
 for the run (:mod:`flows.server`; no setup). Stopping the run (Ctrl-C, SIGTERM, SIGKILL, a cancel)
@@ -21,6 +25,7 @@ the next run resumes (DVC reruns the stage; training continues from its newest c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -41,14 +46,15 @@ from prefect.runtime import task_run as task_run_ctx
 from prefect.settings import PREFECT_API_URL
 
 from flows.dvc_task import ProcessResult, kill_all_groups, run_in_group, stage_status
-from flows.report import AUDIT_ARTIFACT_KEY, StageOutcome, render_report
+from flows.report import AUDIT_ARTIFACT_KEY, StageOutcome, headline_metrics, render_report
 from flows.server import start_temporary_server
 from flows.workspace import exclusive_run
 from pipeline.core import stages as stage_table
+from flows import parent_run
 from pipeline.core import tracking
 from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
 from pipeline.core.errors import PipelineError
-from pipeline.project.profiles import write_profile
+from pipeline.project.profiles import profile_run, restore_params
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +155,7 @@ def _tag_stage(repo: Path, metrics_dir: Path | None, stage: str, parent: trackin
         if not run_id:
             return None
         lock = yaml.safe_load(lock_path.read_text(encoding="utf-8")) or {}
-        tracking.tag_run(run_id, {"dvc_lock_md5": stage_table.lock_md5(lock, stage)}, repo)
+        parent_run.tag_run(run_id, {"dvc_lock_md5": stage_table.lock_md5(lock, stage)}, repo)
         parent.set_tags({f"produced_by.{stage}": run_id})
     except Exception as exc:  # noqa: BLE001 - tracking must never fail the pipeline
         log.warning("could not tag the MLflow run of stage %s: %s", stage, exc)
@@ -181,9 +187,21 @@ def _lock_md5(root: Path) -> str:
         return ""
 
 
+def _log_headline(root: Path, paths: PathsConfig, parent: tracking.StageRun) -> None:
+    """Log the headline metrics on the parent run, read from the stages' details files as the DAG left them
+    (so they are there also when DVC skipped every stage)."""
+    metrics = headline_metrics(_read_json(root / stage_table.details_file(paths.metrics, "evaluate")),
+                               _read_json(root / stage_table.details_file(paths.metrics, "train")))
+    try:
+        parent.log_metrics(metrics)
+    except Exception as exc:  # noqa: BLE001 - tracking must never fail the pipeline
+        get_run_logger().warning("could not log the headline metrics on the parent run: %s", exc)
+
+
 def _finish(root: Path, paths: PathsConfig | None, outcomes: list[StageOutcome], parent: tracking.StageRun,
             git: dict[str, str], failure: BaseException | None) -> str:
-    """Tag the parent with the final dvc.lock md5; write the report (and the audit) as Prefect artifacts.
+    """Tag the parent with the final dvc.lock md5 (and, after a success, log its headline metrics); write the
+    report (and the audit) as Prefect artifacts.
 
     Returns:
         The report markdown (also printed by ``python -m flows.pipeline``).
@@ -195,6 +213,8 @@ def _finish(root: Path, paths: PathsConfig | None, outcomes: list[StageOutcome],
             parent.set_tags({"dvc_lock_md5": lock_md5})
         except Exception as exc:  # noqa: BLE001 - tracking must never fail the pipeline
             logger.warning("could not tag the parent run with the dvc.lock md5: %s", exc)
+    if failure is None and paths is not None:
+        _log_headline(root, paths, parent)
     audit_path = f"{paths.reports}/audit.md" if paths else None
     audit_md = _read_text(root / audit_path) if audit_path else None
     markdown = render_report(
@@ -215,15 +235,16 @@ def _finish(root: Path, paths: PathsConfig | None, outcomes: list[StageOutcome],
     return markdown
 
 
-def _run_ids(parent_id: str | None) -> dict[str, str]:
-    """The ids a stage may tag its run with; they reach the stage's environment only."""
-    ids = {"MLFLOW_PARENT_RUN_ID": parent_id or "", "NMT_PREFECT_FLOW_RUN_ID": str(flow_run_ctx.id or "")}
+def _run_ids(parent_id: str | None, profile: str | None) -> dict[str, str]:
+    """The ids (and the profile of a ``--profile`` run) a stage tags its run with; the stage's environment only."""
+    ids = {"MLFLOW_PARENT_RUN_ID": parent_id or "", "NMT_PREFECT_FLOW_RUN_ID": str(flow_run_ctx.id or ""),
+           "NMT_PROFILE_RUN": profile or ""}
     return {k: v for k, v in ids.items() if v}
 
 
 def _stage_env(extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
-    for name in ("MLFLOW_RUN_ID", "MLFLOW_PARENT_RUN_ID", "NMT_PREFECT_FLOW_RUN_ID"):
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_PARENT_RUN_ID", "NMT_PREFECT_FLOW_RUN_ID", "NMT_PROFILE_RUN"):
         env.pop(name, None)  # a global MLFLOW_RUN_ID would make every stage resume one run
     env.update(extra)
     return env
@@ -261,7 +282,8 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
         stages: stage names to run (default: every stage of dvc.yaml), always in pipeline order.
             Each runs with ``--single-item``: upstream stages not listed are not checked.
         force: pass ``--force`` (rerun even when DVC finds the stage up to date).
-        profile: write this profile's params.yaml first (``nmt profile NAME``).
+        profile: run with this profile's params.yaml; the previous params.yaml is restored byte for byte at
+            the end, however the run ends (``nmt profile NAME`` is the persistent switch).
         repo: the project checkout (where dvc.yaml lives).
         timeouts_s: wall-clock limit per stage in seconds (missing: none); the group is killed.
         retries: attempts after a failure per stage (default download 3, train 2, others 0).
@@ -272,34 +294,37 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
         ``{"stages": [StageOutcome as dict], "mlflow_run_id", "git_commit", "markdown"}``.
 
     Raises:
-        PipelineError: another run holds this workspace (:mod:`flows.workspace`), or bad arguments.
+        PipelineError: another run holds this workspace (:mod:`flows.workspace`), or bad arguments (an
+            unknown stage is refused before the workspace, params.yaml or MLflow are touched).
         StageFailed: a stage failed (after its retries) or timed out.
     """
     root = Path(repo).resolve()
-    known = dvc_stages(root)
-    with exclusive_run(root, f"flow run {flow_run_ctx.id or '?'}"):
-        return _pipeline(root, known, stages=stages, force=force, profile=profile, timeouts_s=timeouts_s,
-                         retries=retries, retry_delay_s=retry_delay_s, kill_grace_s=kill_grace_s)
+    selected = _select(stages, dvc_stages(root), root)
+    with exclusive_run(root, f"flow run {flow_run_ctx.id or '?'}"), contextlib.ExitStack() as profiled:
+        logger = get_run_logger()
+        restore_params(root, logger)  # a --profile run killed before it could restore params.yaml
+        if profile:
+            logger.info("params.yaml holds profile %s for this run; the previous one comes back after", profile)
+            profiled.enter_context(profile_run(profile, root, logger))
+        return _pipeline(root, selected, force=force, profile=profile, timeouts_s=timeouts_s, retries=retries,
+                         retry_delay_s=retry_delay_s, kill_grace_s=kill_grace_s)
 
 
-def _pipeline(root: Path, known: list[str], *, stages: list[str] | None, force: bool, profile: str | None,
+def _pipeline(root: Path, selected: list[str], *, force: bool, profile: str | None,
               timeouts_s: dict[str, float] | None, retries: dict[str, int] | None,
               retry_delay_s: dict[str, float] | None, kill_grace_s: float) -> dict[str, Any]:
-    """The body of :func:`wmt14_pipeline`, run while it holds the workspace."""
-    logger = get_run_logger()
-    if profile:
-        logger.info("writing params.yaml for profile %s", profile)
-        write_profile(profile, root)
-    selected = _select(stages, known, root)
+    """The body of :func:`wmt14_pipeline`, run while it holds the workspace (and params.yaml holds ``profile``)."""
     flat, profile_name, paths = _load_params(root)
     retries = {**DEFAULT_RETRIES, **(retries or {})}
     delays = {**DEFAULT_RETRY_DELAY_S, **(retry_delay_s or {})}
-    git = tracking.git_tags(root)
+    git = tracking.git_tags(root, temporary_params=bool(profile))
     outcomes: list[StageOutcome] = []
-    tags = {"prefect.flow_run_id": str(flow_run_ctx.id or ""), "prefect.deployment": str(deployment_ctx.name or ""),
-            "profile": profile_name}
-    with tracking.pipeline_run(f"pipeline-{profile_name}", params=flat, root=root, tags=tags) as parent:
-        settings = RunSettings(repo=str(root), force=force, extra_env=_run_ids(parent.run_id), grace_s=kill_grace_s)
+    tags = {**git, "prefect.flow_run_id": str(flow_run_ctx.id or ""),
+            "prefect.deployment": str(deployment_ctx.name or ""), "profile": profile_name}
+    name = parent_run.run_name(profile_name, git.get("git_commit", ""))
+    with parent_run.pipeline_run(name, params=flat, root=root, tags=tags) as parent:
+        settings = RunSettings(repo=str(root), force=force, extra_env=_run_ids(parent.run_id, profile),
+                               grace_s=kill_grace_s)
         failure: BaseException | None = None
         try:
             _run_stages(selected, settings, retries=retries, delays=delays, timeouts_s=timeouts_s or {},
@@ -333,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", nargs="*", help="stages to run (default: all, in pipeline order)")
     parser.add_argument("--force", action="store_true", help="rerun even if DVC finds the stages up to date")
-    parser.add_argument("--profile", help="write this profile's params.yaml first (tiny, demo, paper)")
+    parser.add_argument("--profile", help="run with this profile's params.yaml (tiny, demo, paper); the previous "
+                                          "params.yaml is restored afterwards")
     parser.add_argument("--repo", default=".", help="project checkout holding dvc.yaml (default: .)")
     parser.add_argument("--timeout", action="append", default=[], metavar="STAGE=SECONDS",
                         help="per-stage wall-clock limit (repeatable)")
@@ -344,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         timeouts, delays = _parse_timeouts(args.timeout), _parse_timeouts(args.retry_delay)
+        _select(args.stages, dvc_stages(args.repo), args.repo)  # refused before any server, lock or MLflow run
         if not PREFECT_API_URL.value():  # no server configured: a temporary one, then this command again
             os.environ["PREFECT_API_URL"] = start_temporary_server()
             sys.stdout.flush()

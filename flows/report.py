@@ -9,6 +9,8 @@ from typing import Any
 _SETS = ("valid", "test")
 AUDIT_ARTIFACT_KEY = "wmt14-audit"
 AUDIT_LINES = 12  # deviations quoted in the run report; the rest stay in audit.md
+#: What the MLflow parent run carries, for MLflow's Compare view (README, "Comparing runs in MLflow").
+HEADLINE_METRICS = ("test_bleu", "valid_bleu", "test_chrf", "valid_chrf", "valid_ppl", "train_steps", "gpu_hours")
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,30 @@ class StageOutcome:
     status: str
     duration_s: float
     attempts: int = 1
+
+
+def _number(record: Mapping[str, Any], *keys: str) -> float | None:
+    """The number at ``record[k0][k1]...``, or None (missing, not a number, a bool)."""
+    value: Any = record
+    for key in keys:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def headline_metrics(evaluate: Mapping[str, Any], train: Mapping[str, Any]) -> dict[str, float]:
+    """The parent run's metrics (:data:`HEADLINE_METRICS`) from ``evaluate.details.json`` and ``train.details.json``.
+
+    BLEU and chrF of valid and test, valid perplexity (the evaluated model's), training steps, and
+    GPU-hours = train wall seconds x GPUs / 3600 (0.0 when it trained on CPU). A figure whose file
+    or key is missing is left out.
+    """
+    found = {"test_bleu": _number(evaluate, "test", "bleu"), "valid_bleu": _number(evaluate, "valid", "bleu"),
+             "test_chrf": _number(evaluate, "test", "chrf2"), "valid_chrf": _number(evaluate, "valid", "chrf2"),
+             "valid_ppl": _number(evaluate, "valid", "ppl"), "train_steps": _number(train, "step")}
+    wall, gpus = _number(train, "wall_seconds"), _number(train, "world_size")
+    if wall is not None:
+        found["gpu_hours"] = wall * (gpus or 1.0) / 3600 if train.get("device") == "cuda" else 0.0
+    return {key: value for key, value in found.items() if value is not None}
 
 
 def _cell(value: Any) -> str:

@@ -214,6 +214,9 @@ class Settings:
     prefect_flow_run_id: str | None = field(default=None, metadata=meta(
         "NMT_PREFECT_FLOW_RUN_ID", TEXT, "set by the Prefect flow for its stages: tags each stage's MLflow run "
         "with the flow run"))
+    profile_run: str | None = field(default=None, metadata=meta(
+        "NMT_PROFILE_RUN", TEXT, "set by the Prefect flow during a `--profile` run: stage runs tag the profile, "
+        "params.yaml is left out of `git_dirty`"))
 
     @property
     def fault(self) -> Fault | None:

@@ -149,11 +149,13 @@ def run_stage(name: str, body: Callable[[], dict[str, Any]], *, metrics_dir: str
               params: Params | None = None, root: str | Path = ".") -> dict[str, Any]:
     """Run one stage's ``body`` with its bookkeeping: the one wrapper every stage goes through.
 
-    Opens the stage's MLflow run (at the start, or on first use for the table's ``lazy_run`` stages;
-    ``body`` reaches it through :func:`pipeline.core.tracking.current`), queues the table's params
+    Opens the stage's MLflow run (at the start, or on first use for the table's ``lazy_run`` stages,
+    dated back to the start; ``body`` reaches it through :func:`pipeline.core.tracking.current`; MLflow's
+    system metrics on a CUDA train run), queues the table's params
     sections of ``params`` as its params, times ``body``, logs the seconds, and on rank 0 (``RANK``
     unset or 0) writes ``<stage>.json`` (the table's ``metrics`` keys, if any) and ``<stage>.details.json`` (the
-    whole record plus ``seconds`` and ``mlflow_run_id``; also the run's artifact), each atomically.
+    whole record plus ``seconds`` and ``mlflow_run_id``; also the run's artifact), each atomically, and
+    logs ``<paths.plots>/<stage>.csv`` / ``.png`` as artifacts when the stage wrote them.
 
     Returns:
         The details record.
@@ -161,7 +163,8 @@ def run_stage(name: str, body: Callable[[], dict[str, Any]], *, metrics_dir: str
     spec = stages.get(name)
     active = os.environ.get("RANK", "0") in ("", "0")
     start = time.monotonic()
-    with tracking.stage_run(name, root=root, active=active) as run:
+    monitor = active and tracking.system_metrics_wanted(name, env.settings().device, _cuda_available(name))
+    with tracking.stage_run(name, root=root, active=active, system_metrics=monitor) as run:
         if params is not None:
             run.queue_params(flatten({s: section_dict(getattr(params, s)) for s in spec.sections}))
         if not spec.lazy_run:
@@ -180,7 +183,27 @@ def run_stage(name: str, body: Callable[[], dict[str, Any]], *, metrics_dir: str
             write_metrics(stages.details_file(metrics_dir, name), details)
             if run.opened:
                 run.log_artifact(stages.details_file(metrics_dir, name))
+                _log_plots(run, name, params, root)
     return details
+
+
+def _cuda_available(name: str) -> bool:
+    """Whether torch sees a CUDA device (asked only for the train stage, which imports torch anyway)."""
+    if name != "train":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _log_plots(run: tracking.StageRun, name: str, params: Params | None, root: str | Path) -> None:
+    """Log ``<paths.plots>/<stage>.csv`` and ``.png`` (whichever the stage wrote) under the run's ``plots/``."""
+    if params is None:
+        return
+    for suffix in (".csv", ".png"):
+        path = Path(root) / params.paths.plots / f"{name}{suffix}"
+        if path.is_file():
+            run.log_artifact(path, "plots")
 
 
 def stage_main(name: str, body: Callable[[Params, argparse.Namespace], dict[str, Any]], argv: list[str] | None,

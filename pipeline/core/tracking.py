@@ -6,6 +6,8 @@ Environment:
     MLFLOW_EXPERIMENT_NAME    default ``wmt14-transformer``
     MLFLOW_PARENT_RUN_ID      set by whoever starts a pipeline run; stage runs become its children
     NMT_PREFECT_FLOW_RUN_ID   set by the Prefect flow; stage runs are tagged with it
+    NMT_PROFILE_RUN           set by the Prefect flow during a ``--profile`` run (see :func:`git_tags`)
+The pipeline's parent run is in :mod:`flows.parent_run`.
 ``NMT_*`` variables are parsed in :mod:`pipeline.core.env`.
 """
 
@@ -16,6 +18,7 @@ import contextvars
 import logging
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,9 @@ from pipeline.core import env
 log = logging.getLogger(__name__)
 
 DEFAULT_EXPERIMENT = "wmt14-transformer"
+# Without this tag MLflow 3's UI guesses the experiment's kind and may open it on its GenAI overview; the
+# values are the UI's (mlflow/server/js, ExperimentKind: "custom_model_development" = training runs).
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 _CURRENT: contextvars.ContextVar[StageRun | None] = contextvars.ContextVar("nmt_stage_run", default=None)
 
 
@@ -47,8 +53,14 @@ def tracking_uri(root: str | Path = ".") -> str:
     return f"sqlite:///{store / 'mlflow.db'}"
 
 
-def git_tags(root: str | Path = ".") -> dict[str, str]:
-    """Git commit and dirty flag of ``root`` (empty values outside a git checkout)."""
+def git_tags(root: str | Path = ".", *, temporary_params: bool = False) -> dict[str, str]:
+    """Git commit and dirty flag of ``root`` (empty values outside a git checkout).
+
+    ``git_dirty`` is "true" when a tracked file differs from the commit. With ``temporary_params``
+    (a profile run: the flow wrote ``<root>/params.yaml`` for the run and puts the previous bytes back
+    afterwards, ``NMT_PROFILE_RUN``), ``params.yaml`` is left out of that check: the run's params are
+    then the commit's ``profiles/`` rendered for the profile, which the ``profile`` tag names.
+    """
     def git(*args: str) -> str:
         try:
             return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True,
@@ -56,8 +68,14 @@ def git_tags(root: str | Path = ".") -> dict[str, str]:
         except (OSError, subprocess.SubprocessError):
             return ""
     commit = git("rev-parse", "HEAD")
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    exclude = [".", ":(exclude)params.yaml"] if temporary_params else []
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", *exclude)
     return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower() if commit else ""}
+
+
+def temporary_profile() -> str | None:
+    """The profile whose params.yaml the flow wrote for this run (``NMT_PROFILE_RUN``), or None."""
+    return env.settings().profile_run
 
 
 class StageRun:
@@ -73,6 +91,8 @@ class StageRun:
         self._client, self._run_id, self._opener = client, run_id, opener
         self._resume_id: str | None = None
         self._queued: dict[str, Any] = {}
+        self._monitor: Any = None
+        self.system_metrics = False  # set before the run opens: sample CPU, memory, disk, GPU into it
 
     @property
     def opened(self) -> bool:
@@ -104,7 +124,25 @@ class StageRun:
             self._client, self._run_id = opener(self._resume_id)
             if self._resume_id is None and self._queued:
                 self.log_params(self._queued)
+            if self.system_metrics:
+                self._start_monitor()
         return self._client is not None
+
+    def _start_monitor(self) -> None:
+        """MLflow's system metrics monitor on this run (``system/*`` metrics; GPUs need nvidia-ml-py)."""
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self._monitor = SystemMetricsMonitor(self._run_id, resume_logging=self._resume_id is not None,
+                                             tracking_uri=self._client.tracking_uri)
+        self._monitor.start()
+
+    def close(self, status: str) -> None:
+        """Stop the system metrics monitor (if any) and end the run with ``status``."""
+        if self._monitor is not None:
+            self._monitor.finish()
+            self._monitor = None
+        if self._client is not None:
+            self._client.set_terminated(self._run_id, status=status)
 
     def log_params(self, params: dict[str, Any]) -> None:
         """Log params (values stringified, 500-char limit respected) in batches."""
@@ -120,8 +158,6 @@ class StageRun:
         """Log numeric metrics at ``step`` (non-numbers are skipped)."""
         if not self._live():
             return
-        import time
-
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -142,10 +178,13 @@ class StageRun:
             self._client.log_artifact(self._run_id, str(path), artifact_path)
 
 
-def _experiment_id(client: Any, root: Path) -> str:
+def experiment_id(client: Any, root: str | Path) -> str:
+    """The experiment's id, created (or tagged) so that MLflow 3's UI opens it on its runs table."""
     name = os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT)
     exp = client.get_experiment_by_name(name)
     if exp is not None:
+        if EXPERIMENT_KIND_TAG not in exp.tags:
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
     # A SQLite store keeps its artifacts beside the database (never ./mlruns in the cwd);
     # a tracking server decides for itself.
@@ -153,25 +192,30 @@ def _experiment_id(client: Any, root: Path) -> str:
     uri = tracking_uri(root)
     if uri.startswith("sqlite:///"):
         location = (Path(uri[len("sqlite:///"):]).parent / "artifacts").resolve().as_uri()
-    return client.create_experiment(name, artifact_location=location)
+    return client.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
 
 
 @contextlib.contextmanager
 def stage_run(stage: str, *, root: str | Path = ".", resume_run_id: str | None = None,
-              active: bool = True) -> Iterator[StageRun]:
+              active: bool = True, system_metrics: bool = False) -> Iterator[StageRun]:
     """The MLflow run of one stage, opened on first use; yields a :class:`StageRun` (also :func:`current`).
+
+    A run opened late (on first use) still starts when this block started, so its duration is the stage's.
 
     Args:
         stage: stage name, used as run name and ``stage`` tag.
         root: repository root (for the default store and git tags).
         resume_run_id: continue this run (a resumed training) instead of creating one.
         active: False on non-zero ranks: yields a no-op handle.
+        system_metrics: sample the machine into the run while it is open (:func:`system_metrics_wanted`).
     """
     if not (active and enabled()):
         handle = StageRun()
     else:
-        handle = StageRun(opener=lambda resume: _open_stage_run(stage, Path(root), resume))
+        started_ms = int(time.time() * 1000)
+        handle = StageRun(opener=lambda resume: _open_stage_run(stage, Path(root), resume, started_ms))
         handle.resume(resume_run_id)
+        handle.system_metrics = system_metrics
     token = _CURRENT.set(handle)
     status = "FAILED"
     try:
@@ -181,26 +225,38 @@ def stage_run(stage: str, *, root: str | Path = ".", resume_run_id: str | None =
         _CURRENT.reset(token)
         if handle.opened:
             try:
-                handle._client.set_terminated(handle._run_id, status=status)
+                handle.close(status)
             except Exception as exc:  # noqa: BLE001 - tracking must never mask the stage's own error
                 log.warning("could not close MLflow run %s: %s", handle._run_id, exc)
 
 
-def _open_stage_run(stage: str, root: Path, resume_run_id: str | None) -> tuple[Any, str]:
+def system_metrics_wanted(stage: str, device: str | None, cuda_available: bool) -> bool:
+    """Whether ``stage``'s run samples system metrics: the train run when it trains on CUDA.
+
+    ``device`` is ``NMT_DEVICE`` (``cpu`` forces CPU; unset: CUDA when available), as the training loop reads it.
+    """
+    return stage == "train" and cuda_available and device != "cpu"
+
+
+def _open_stage_run(stage: str, root: Path, resume_run_id: str | None, started_ms: int) -> tuple[Any, str]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri(root))
     if resume_run_id:
         client.update_run(resume_run_id, status="RUNNING")
         return client, resume_run_id
-    tags = {"stage": stage, "mlflow.runName": stage, **git_tags(root)}
+    profile = temporary_profile()
+    tags = {"stage": stage, "mlflow.runName": stage, **git_tags(root, temporary_params=bool(profile))}
+    if profile:
+        tags["profile"] = profile
     parent = os.environ.get("MLFLOW_PARENT_RUN_ID")
     if parent:
         tags["mlflow.parentRunId"] = parent
     flow_run = env.settings().prefect_flow_run_id
     if flow_run:
         tags["prefect.flow_run_id"] = flow_run
-    return client, client.create_run(_experiment_id(client, root), tags=tags, run_name=stage).info.run_id
+    run = client.create_run(experiment_id(client, root), start_time=started_ms, tags=tags, run_name=stage)
+    return client, run.info.run_id
 
 
 def current() -> StageRun:
@@ -208,54 +264,10 @@ def current() -> StageRun:
     return _CURRENT.get() or StageRun()
 
 
-@contextlib.contextmanager
-def pipeline_run(name: str, *, params: dict[str, Any], root: str | Path = ".",
-                 tags: dict[str, str] | None = None) -> Iterator[StageRun]:
-    """Open the parent run of one pipeline run; stage runs find it via ``MLFLOW_PARENT_RUN_ID``.
-
-    Logs the flattened params once and ``params.yaml`` as an artifact. The caller exports
-    ``MLFLOW_PARENT_RUN_ID`` only to the child processes it starts (never globally).
-    """
-    if not enabled():
-        yield StageRun()
-        return
-    from mlflow.tracking import MlflowClient
-
-    root = Path(root)
-    client = MlflowClient(tracking_uri=tracking_uri(root))
-    all_tags = {"mlflow.runName": name, "pipeline": "true", **git_tags(root), **(tags or {})}
-    run_id = client.create_run(_experiment_id(client, root), tags=all_tags, run_name=name).info.run_id
-    handle = StageRun(client, run_id)
-    handle.log_params(params)
-    if (root / "params.yaml").is_file():
-        handle.log_artifact(root / "params.yaml")
-    status = "FAILED"
-    try:
-        yield handle
-        status = "FINISHED"
-    finally:
-        if (root / "dvc.lock").is_file():
-            try:
-                handle.log_artifact(root / "dvc.lock")
-            except Exception as exc:  # noqa: BLE001
-                log.warning("could not log dvc.lock: %s", exc)
-        client.set_terminated(run_id, status=status)
-
-
-def tag_run(run_id: str, tags: dict[str, str], root: str | Path = ".") -> None:
-    """Set tags on an existing run (e.g. a stage's dvc.lock md5 once DVC has written it)."""
-    if enabled() and run_id:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(tracking_uri=tracking_uri(root))
-        for k, v in tags.items():
-            client.set_tag(run_id, k, str(v))
-
-
 # --- model lineage: the pyfunc translator, the registry alias, dataset inputs (stage `register`) ---
 
 
-def _client(root: str | Path = ".") -> Any:
+def mlflow_client(root: str | Path = ".") -> Any:
     from mlflow.tracking import MlflowClient
 
     uri = tracking_uri(root)
@@ -338,7 +350,7 @@ def alias_holder(model_name: str, alias: str, root: str | Path = ".") -> dict[st
     from mlflow.exceptions import MlflowException
 
     try:
-        mv = _client(root).get_model_version_by_alias(model_name, alias)
+        mv = mlflow_client(root).get_model_version_by_alias(model_name, alias)
     except MlflowException as exc:
         if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
             return None
@@ -350,13 +362,13 @@ def alias_holder(model_name: str, alias: str, root: str | Path = ".") -> dict[st
 def set_alias(model_name: str, alias: str, version: str, root: str | Path = ".") -> None:
     """Point ``alias`` of ``model_name`` at ``version``."""
     if enabled():
-        _client(root).set_registered_model_alias(model_name, alias, str(version))
+        mlflow_client(root).set_registered_model_alias(model_name, alias, str(version))
 
 
 def tag_model_version(model_name: str, version: str, tags: dict[str, Any], root: str | Path = ".") -> None:
     """Set string tags on one registered model version."""
     if enabled():
-        client = _client(root)
+        client = mlflow_client(root)
         for key, value in tags.items():
             client.set_model_version_tag(model_name, str(version), key, str(value))
 
@@ -396,6 +408,6 @@ def find_model_versions(model_name: str, tags: dict[str, Any], root: str | Path 
         return []
     quoted = model_name.replace("'", "\\'")
     clauses = [f"name = '{quoted}'", *(f"tag.`{k}` = '{v!s}'" for k, v in tags.items())]
-    found = _client(root).search_model_versions(" and ".join(clauses), order_by=["version_number DESC"])
+    found = mlflow_client(root).search_model_versions(" and ".join(clauses), order_by=["version_number DESC"])
     return [{"version": str(mv.version), "run_id": (mv.tags or {}).get("run_id") or mv.run_id,
              "tags": dict(mv.tags or {})} for mv in found]

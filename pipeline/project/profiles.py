@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +14,13 @@ import yaml
 
 from pipeline.core.config import params_from_dict
 from pipeline.core.errors import ConfigError
-from pipeline.core.textio import write_text
+from pipeline.core.textio import atomic_path, write_text
 
 BASE = "paper"
+# While a profile run has params.yaml rewritten, the bytes it replaced wait here (or the ABSENT marker when
+# there was no params.yaml), so that a run killed before it could restore them is undone by the next run.
+SAVED = Path(".dvc") / "tmp" / "nmt-params.yaml.saved"
+ABSENT = Path(".dvc") / "tmp" / "nmt-params.yaml.absent"
 log = logging.getLogger(__name__)
 
 
@@ -109,3 +115,54 @@ def write_profile(name: str, root: str | Path = ".", target: str | Path | None =
     _keep_edits(target, root)
     write_text(target, text)
     return target
+
+
+def restore_params(root: str | Path = ".", logger: logging.Logger | logging.LoggerAdapter | None = None) -> bool:
+    """Put back the params.yaml a profile run replaced (:func:`profile_run`); False when there is nothing to undo.
+
+    Also undoes a run that was killed (SIGKILL) before it could restore: call it while holding the
+    workspace lock (:mod:`flows.workspace`), before anything reads params.yaml. Logs one line on
+    ``logger`` (default: this module's) when it restored something.
+    """
+    root = Path(root)
+    target, saved, absent = root / "params.yaml", root / SAVED, root / ABSENT
+    if saved.is_file():
+        with atomic_path(target) as tmp:
+            tmp.write_bytes(saved.read_bytes())
+        saved.unlink()
+    elif absent.is_file():
+        target.unlink(missing_ok=True)
+        absent.unlink()
+    else:
+        return False
+    (logger or log).info("restored %s as it was before the profile run", target)
+    return True
+
+
+@contextmanager
+def profile_run(name: str, root: str | Path = ".",
+                logger: logging.Logger | logging.LoggerAdapter | None = None) -> Iterator[Path]:
+    """``params.yaml`` holds profile ``name`` for the ``with`` block; its previous bytes come back after it.
+
+    The previous bytes are restored exactly in every ending that runs Python code (success, an
+    exception, Ctrl-C, Prefect's SIGTERM bridge); after a SIGKILL the next :func:`restore_params`
+    restores them. Hold the workspace lock around it. ``nmt profile NAME`` is the persistent switch.
+
+    Raises:
+        ConfigError: no such profile, or it does not validate (nothing is written then).
+    """
+    root = Path(root)
+    target = root / "params.yaml"
+    text = render(name, root)  # validates before anything is touched
+    restore_params(root, logger)  # a killed profile run's leftovers first
+    (root / SAVED).parent.mkdir(parents=True, exist_ok=True)
+    if target.is_file():
+        with atomic_path(root / SAVED) as tmp:
+            tmp.write_bytes(target.read_bytes())
+    else:
+        write_text(root / ABSENT, "")
+    try:
+        write_text(target, text)
+        yield target
+    finally:
+        restore_params(root, logger)

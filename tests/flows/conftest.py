@@ -21,7 +21,7 @@ def empty_dvc_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def make_repo(tmp_path: Path, repo_root: Path, empty_dvc_repo: Path) -> MakeRepo:
-    """Build a repo with ``toy.py``, the project's params.yaml and profiles, and the given stages."""
+    """Build a repo with ``toy.py``, the paper profile as params.yaml, the profiles, and the given stages."""
     def make(stages: dict[str, dict]) -> Path:
         return make_toy_repo(empty_dvc_repo, tmp_path / "toy", repo_root, stages)
     return make

@@ -94,7 +94,7 @@ def _toy_repository(dest: Path, remote: Path) -> str:
     dest.mkdir(parents=True)
     for folder in ("flows", "pipeline", "profiles"):
         shutil.copytree(REPO / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "params.yaml", dest / "params.yaml")
+    shutil.copy(REPO / "profiles" / "paper.yaml", dest / "params.yaml")
     (dest / "dvc.yaml").write_text(yaml.safe_dump({"stages": STAGES}, sort_keys=False))
     _git(dest, "init", "-q")
     _git(dest, "config", "user.email", "t@example.com")

@@ -30,7 +30,8 @@ COUNT = {"count": {"cmd": f"python toy.py count work.txt out.txt {STEPS} pids.tx
                    "outs": [{"work.txt": {"persist": True, "cache": False}}, "out.txt"]}}
 
 
-def _start_flow(repo: Path, repo_root: Path, *, api_url: str | None = None) -> subprocess.Popen[bytes]:
+def _start_flow(repo: Path, repo_root: Path, *, api_url: str | None = None,
+                profile: str | None = None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(repo_root)}
     env.pop("PREFECT_API_URL", None)
     if api_url:
@@ -39,7 +40,8 @@ def _start_flow(repo: Path, repo_root: Path, *, api_url: str | None = None) -> s
     # `&` from a script) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
     unignore = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
                 "os.execv(sys.executable, [sys.executable, '-m', 'flows.pipeline', *sys.argv[1:]])")
-    return subprocess.Popen([sys.executable, "-c", unignore, "--repo", str(repo), "--kill-grace", str(GRACE_S)],
+    extra = ["--profile", profile] if profile else []
+    return subprocess.Popen([sys.executable, "-c", unignore, "--repo", str(repo), "--kill-grace", str(GRACE_S), *extra],
                             cwd=repo_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
 
@@ -66,7 +68,8 @@ def _progress(repo: Path) -> int:
 def test_stopping_the_flows_group_ends_the_stage_tree_and_the_next_run_resumes(
         sig: signal.Signals, make_repo: MakeRepo, repo_root: Path) -> None:
     repo = make_repo(COUNT)
-    proc = _start_flow(repo, repo_root)
+    params = (repo / "params.yaml").read_bytes()
+    proc = _start_flow(repo, repo_root, profile="tiny")  # params.yaml holds tiny for the run only
     try:
         wait_for(repo / "pids.txt", proc)
         while _progress(repo) < 3:
@@ -83,6 +86,11 @@ def test_stopping_the_flows_group_ends_the_stage_tree_and_the_next_run_resumes(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    restored = f"restored {repo / 'params.yaml'} as it was before the profile run"
+    if sig == signal.SIGKILL:  # no Python ran: the next run puts the bytes back before it reads params.yaml
+        assert yaml.safe_load((repo / "params.yaml").read_text())["profile"] == "tiny"
+    else:
+        assert (repo / "params.yaml").read_bytes() == params and restored in output, output
     if sig == signal.SIGINT:
         assert proc.returncode == 130 and "error: interrupted: the running stage was stopped" in output, output
     elif sig == signal.SIGTERM:  # Prefect records the crash, then ends the process by the same signal
@@ -98,6 +106,7 @@ def test_stopping_the_flows_group_ends_the_stage_tree_and_the_next_run_resumes(
 
     out = wmt14_pipeline(repo=str(repo))  # the next run resumes where the stopped one was
     assert out["stages"][0]["status"] == "ran"
+    assert (repo / "params.yaml").read_bytes() == params
     assert (repo / "work.txt").read_text().splitlines() == [str(i) for i in range(STEPS)]
     done = subprocess.run(["dvc", "status", "-q"], cwd=repo, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr  # dvc.lock matches the workspace

@@ -1,7 +1,8 @@
 """The acceptance run: the real ``wmt14-pipeline`` flow, every real stage, the ``tiny`` profile.
 
 A temporary git + DVC repository holds this checkout's dvc.yaml, profiles and the code folders
-its stages depend on, with the tiny profile as params.yaml. Data comes from a synthetic
+its stages depend on, with the paper profile as the committed params.yaml; both runs pass
+``--profile tiny``, which holds for the run only (the clone stays clean). Data comes from a synthetic
 Multi30k-shaped mirror (``tests/helpers/mirror.py``), MLflow writes to a temporary SQLite store and
 Prefect is the test harness's temporary API. The flow runs twice: in-process (everything runs),
 then as ``python -m flows.pipeline`` (everything is skipped; what it prints is the run's report).
@@ -26,10 +27,10 @@ import pytest
 import yaml
 
 from flows.pipeline import ARTIFACT_KEY, dvc_stages, wmt14_pipeline
-from flows.report import AUDIT_ARTIFACT_KEY
+from flows.report import AUDIT_ARTIFACT_KEY, HEADLINE_METRICS
 from pipeline.core import stages
 from pipeline.core.config import flatten
-from pipeline.project.profiles import merged_profile, write_profile
+from pipeline.project.profiles import merged_profile, profile_run
 from tests.helpers.mirror import write_multi30k_mirror
 from tests.helpers.paths import REPO
 from tests.helpers.repoutil import git as _git
@@ -61,12 +62,12 @@ def code_folders(dvc_yaml: Path) -> list[str]:
 
 
 def make_project(dest: Path) -> Path:
-    """A git + DVC repository with this checkout's pipeline and the tiny profile as params.yaml, committed."""
+    """A git + DVC repository with this checkout's pipeline and the paper profile as params.yaml, committed."""
     dest.mkdir(parents=True)
     shutil.copy(REPO / "dvc.yaml", dest / "dvc.yaml")
     for folder in {*code_folders(REPO / "dvc.yaml"), "profiles"}:
         shutil.copytree(REPO / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    write_profile("tiny", dest)
+    shutil.copy(REPO / "profiles" / "paper.yaml", dest / "params.yaml")
     init_git_dvc(dest)
     _git(dest, "add", "-A")
     _git(dest, "commit", "-qm", "tiny project")
@@ -86,7 +87,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory, prefect_harness: None) -> Ite
         mp.setenv("NMT_DOWNLOAD_CACHE", str(tmp / "download-cache"))
         mp.setenv("NMT_NPROC", "1")
         started = time.monotonic()
-        first_state = wmt14_pipeline(repo=str(repo), return_state=True)
+        first_state = wmt14_pipeline(repo=str(repo), profile="tiny", return_state=True)
         first = first_state.result()
         middle = time.monotonic()
         stdout = _cli_run(repo)
@@ -101,7 +102,8 @@ def _cli_run(repo: Path) -> str:
     from prefect.settings import PREFECT_API_URL
 
     env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "flows.pipeline", "--repo", str(repo)], cwd=REPO, env=env,
+    done = subprocess.run([sys.executable, "-m", "flows.pipeline", "--repo", str(repo), "--profile", "tiny"],
+                          cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return done.stdout
@@ -121,7 +123,8 @@ def _other_run_id(repo: Path, first_id: str) -> str:
 
 
 def _params(repo: Path) -> dict[str, Any]:
-    return yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8"))
+    """The params both runs used (the tiny profile; the clone's params.yaml is the paper one)."""
+    return merged_profile("tiny", repo)
 
 
 def _logged_value(text: str) -> Any:
@@ -148,10 +151,32 @@ def test_every_stage_runs_then_every_stage_is_skipped(tiny: TinyRuns) -> None:
     second = [tuple(cell.strip() for cell in line.split("|")[1:3]) for line in tiny.second_stdout.splitlines()
               if line.startswith("| ") and line.split("|")[1].strip() in stages]
     assert second == [(s, "skipped") for s in stages]
-    status = subprocess.run(["dvc", "status"], cwd=tiny.repo, capture_output=True, text=True, check=True)
+    with profile_run("tiny", tiny.repo):  # DVC compares with the params the runs used
+        status = subprocess.run(["dvc", "status"], cwd=tiny.repo, capture_output=True, text=True, check=True)
     assert "up to date" in status.stdout
     print(f"\nflow runs: first {tiny.seconds[0]:.0f} s, second {tiny.seconds[1]:.0f} s; per stage: "
           + ", ".join(f"{s['stage']} {s['duration_s']:.1f} s" for s in tiny.first["stages"]))
+
+
+def test_profile_runs_leave_the_clone_as_committed(tiny: TinyRuns) -> None:
+    assert _git(tiny.repo, "status", "--porcelain", "--untracked-files=no") == ""  # no tracked file modified
+    committed = subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=tiny.repo, capture_output=True,
+                               check=True).stdout
+    assert (tiny.repo / "params.yaml").read_bytes() == committed == (REPO / "profiles/paper.yaml").read_bytes()
+
+
+def test_two_pipeline_runs_have_comparable_headline_metrics(tiny: TinyRuns) -> None:
+    """What MLflow's Compare view shows for two parent runs: the same metric keys, numbers on both."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tiny.uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()], "tags.pipeline = 'true'")
+    assert len(runs) == 2
+    for run in runs:
+        assert set(run.data.metrics) == set(HEADLINE_METRICS), run.data.metrics
+        assert all(isinstance(v, float) for v in run.data.metrics.values())
+        assert run.data.metrics["gpu_hours"] == 0.0 and run.data.metrics["train_steps"] > 0  # trained on CPU
+    assert runs[0].data.metrics == runs[1].data.metrics  # the second run skipped every stage: same outputs
 
 
 def test_mlflow_parent_per_flow_run_and_one_child_per_stage_that_ran(tiny: TinyRuns) -> None:
@@ -192,6 +217,7 @@ def test_mlflow_parent_per_flow_run_and_one_child_per_stage_that_ran(tiny: TinyR
         stage = child.data.tags["stage"]
         assert child.data.tags["dvc_lock_md5"] == stages.lock_md5(lock, stage) != ""
         assert child.data.tags["git_commit"] == head and child.data.tags["git_dirty"] == "false"
+        assert child.data.tags["profile"] == "tiny"
         assert child.data.tags["prefect.flow_run_id"] == tiny.first_id
     # Both runs end at the same dvc.lock (the second changed nothing).
     assert len({p.data.tags["dvc_lock_md5"] for p in parents.values()}) == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,9 @@ import yaml
 
 from flows.dvc_task import live_process_groups, run_in_group, stage_status
 from flows.pipeline import ARTIFACT_KEY, StageFailed, dvc_stages, wmt14_pipeline
+from flows.report import HEADLINE_METRICS
 from pipeline.core.errors import PipelineError
+from pipeline.project.profiles import merged_profile
 from tests.helpers.repoutil import git as _git
 from tests.helpers.toyflow import PIPELINE, MakeRepo, wait_dead
 
@@ -60,12 +63,15 @@ def test_group_runner_collapses_progress_and_reaps_leftover_members(tmp_path: Pa
 
 def test_runs_then_skips_then_restores_with_report(make_repo: MakeRepo) -> None:
     repo = make_repo(PIPELINE)
+    params = (repo / "params.yaml").read_bytes()
     state = wmt14_pipeline(repo=str(repo), profile="tiny", return_state=True)
     first = state.result()
     assert [(s["stage"], s["status"]) for s in first["stages"]] == [("prep", "ran"), ("build", "ran"),
                                                                     ("score", "ran")]
     assert (repo / "build.txt").read_text() == "xx"
-    assert yaml.safe_load((repo / "params.yaml").read_text())["profile"] == "tiny"  # nmt profile tiny ran
+    tiny_metrics = repo / merged_profile("tiny", repo)["paths"]["metrics"]
+    assert (tiny_metrics / "evaluate.details.json").is_file()  # the stages read the tiny profile...
+    assert (repo / "params.yaml").read_bytes() == params  # ...which held for the run only
     md = _artifact(state.state_details.flow_run_id)
     assert md == first["markdown"]
     assert "| prep | ran |" in md and "| score | ran |" in md
@@ -111,8 +117,10 @@ def test_permanent_failure_names_stage_exit_code_and_stderr_tail(make_repo: Make
               "after": {"cmd": "python toy.py write after.txt never.txt", "deps": ["never.txt"],
                         "outs": ["after.txt"]}}
     repo = make_repo(stages)
-    state = wmt14_pipeline(repo=str(repo), return_state=True)
+    params = (repo / "params.yaml").read_bytes()
+    state = wmt14_pipeline(repo=str(repo), profile="demo", return_state=True)
     assert state.is_failed()
+    assert (repo / "params.yaml").read_bytes() == params  # a failed profile run restores params.yaml too
     with pytest.raises(StageFailed) as info:
         state.result()
     msg = str(info.value)
@@ -186,6 +194,52 @@ def test_tracking_links_parent_child_and_tags_lock_md5(make_repo: MakeRepo, mlfl
     # A second pipeline run: DVC skips the stage, the new parent still points at the run that produced it.
     again = client.get_run(wmt14_pipeline(repo=str(repo))["mlflow_run_id"])
     assert again.info.run_id != parent.info.run_id and again.data.tags["produced_by.tracked"] == child.info.run_id
+
+
+def test_a_profile_run_is_clean_tagged_named_and_carries_the_headline_metrics(make_repo: MakeRepo,
+                                                                              mlflow_sqlite: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    repo = make_repo({"tracked": {"cmd": "python toy.py track out.txt", "deps": ["toy.py"], "outs": ["out.txt"]},
+                      "score": {"cmd": "python toy.py bleu score.txt", "deps": ["toy.py"], "outs": ["score.txt"]}})
+    (repo / "notes.txt").write_text("a\n")
+    _git(repo, "add", "notes.txt")
+    _git(repo, "commit", "-qm", "notes")
+    head = _git(repo, "rev-parse", "HEAD")
+    client = MlflowClient(tracking_uri=mlflow_sqlite)
+    parent = client.get_run(wmt14_pipeline(repo=str(repo), profile="tiny")["mlflow_run_id"])
+    assert re.fullmatch(rf"tiny {head[:7]} \d{{4}}-\d\d-\d\d \d\d:\d\d", parent.info.run_name)
+    child = client.get_run(parent.data.tags["produced_by.tracked"])
+    for run in (parent, child):  # params.yaml held the tiny profile, yet the checkout is the commit's
+        assert run.data.tags["profile"] == "tiny" and run.data.tags["git_dirty"] == "false", run.data.tags
+    assert parent.data.metrics == {"test_bleu": 27.31, "valid_bleu": 25.25}  # the toy's evaluate: no chrF, no train
+    assert set(parent.data.metrics) <= set(HEADLINE_METRICS)
+
+    (repo / "notes.txt").write_text("b\n")  # a real uncommitted change
+    again = wmt14_pipeline(repo=str(repo), profile="tiny")
+    assert {s["status"] for s in again["stages"]} == {"skipped"}
+    second = client.get_run(again["mlflow_run_id"])
+    assert second.data.tags["git_dirty"] == "true"
+    assert second.data.metrics == parent.data.metrics  # read from the details files DVC kept, not from the stages
+
+
+def test_an_unknown_stage_is_refused_before_any_mlflow_run(repo_root: Path, make_repo: MakeRepo,
+                                                          mlflow_sqlite: str) -> None:
+    repo = make_repo(PIPELINE)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # refused before a server would start
+    env["PYTHONPATH"] = str(repo_root)
+    flow = subprocess.run([sys.executable, "-m", "flows.pipeline", "--repo", str(repo), "--stages", "bogus"],
+                          cwd=repo_root, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert flow.returncode == 1, flow.stdout + flow.stderr
+    assert flow.stderr.strip().splitlines() == [f"error: {repo}/dvc.yaml: no stage 'bogus'; known: prep, build, score"]
+    nmt = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--profile", "tiny", "bogus"], cwd=repo,
+                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert nmt.returncode == 1, nmt.stdout + nmt.stderr
+    assert nmt.stderr.strip().splitlines() == ["error: no stage 'bogus'; known stages: download, clean, bpe, encode, "
+                                               "train, average, evaluate, register, audit"]
+    db = Path(mlflow_sqlite[len("sqlite:///"):])
+    assert not db.exists() and not (repo / ".mlflow").exists()  # no store, so no run in it
+    assert _git(repo, "status", "--porcelain") == ""  # nor params.yaml, nor anything else touched
 
 
 def test_a_failing_stage_fails_the_parent_run(make_repo: MakeRepo, mlflow_sqlite: str) -> None:

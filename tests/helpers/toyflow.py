@@ -93,7 +93,7 @@ def make_toy_repo(template: Path, repo: Path, repo_root: Path, stages: dict[str,
     """Copy the empty git + DVC ``template`` to ``repo`` and commit ``toy.py``, params, profiles and ``stages``."""
     shutil.copytree(template, repo, symlinks=True)
     (repo / "toy.py").write_text(TOY)
-    shutil.copy(repo_root / "params.yaml", repo / "params.yaml")
+    shutil.copy(repo_root / "profiles" / "paper.yaml", repo / "params.yaml")  # never the working tree's
     shutil.copytree(repo_root / "profiles", repo / "profiles")
     (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
     git(repo, "add", "-A")

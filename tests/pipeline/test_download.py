@@ -421,7 +421,7 @@ def test_wmt14_valid_and_test_from_the_shared_mirror(tmp_path: Path, monkeypatch
 
 @pytest.mark.skipif(not (SHARED / "multi30k").is_dir(), reason="needs the shared data folder")
 def test_cli_multi30k_from_the_shared_mirror(tmp_path: Path, monkeypatch, capsys) -> None:
-    params = (REPO / "params.yaml").read_text(encoding="utf-8")
+    params = (REPO / "profiles" / "paper.yaml").read_text(encoding="utf-8")
     params = params.replace("dataset: wmt14", "dataset: multi30k").replace("raw: data/wmt14/raw", "raw: data/raw") \
         .replace("metrics: metrics/paper", "metrics: metrics/x")
     (tmp_path / "params.yaml").write_text(params, encoding="utf-8")

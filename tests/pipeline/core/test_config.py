@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,13 +13,18 @@ from pipeline.core.errors import ConfigError
 from pipeline.project.profiles import deep_merge, merged_profile, profile_names, write_profile
 
 
+# Tests read profiles/paper.yaml, never the working tree's params.yaml (`nmt profile NAME` may have switched it).
 def _paper(repo_root: Path) -> dict:
-    return yaml.safe_load((repo_root / "params.yaml").read_text(encoding="utf-8"))
+    return yaml.safe_load((repo_root / "profiles" / "paper.yaml").read_text(encoding="utf-8"))
 
 
-def test_params_yaml_is_the_paper_profile(repo_root: Path) -> None:
-    assert (repo_root / "params.yaml").read_text() == (repo_root / "profiles" / "paper.yaml").read_text()
-    p = load_params(repo_root / "params.yaml")
+def test_committed_params_yaml_is_the_paper_profile(repo_root: Path) -> None:
+    committed = subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=repo_root, capture_output=True, text=True,
+                               check=False)
+    if committed.returncode != 0:
+        pytest.skip(f"not a git checkout with a committed params.yaml: {committed.stderr.strip()}")
+    assert committed.stdout == (repo_root / "profiles" / "paper.yaml").read_text(encoding="utf-8")
+    p = load_params(repo_root / "profiles" / "paper.yaml")
     assert isinstance(p, Params)
     assert (p.model.d_model, p.model.n_heads, p.model.d_ff, p.model.n_layers) == (512, 8, 2048, 6)
     assert (p.train.warmup_steps, p.train.tokens_per_step, p.train.label_smoothing) == (4000, 25000, 0.1)
@@ -88,7 +94,7 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
 
 
 def test_ints_are_accepted_for_floats_and_flatten(repo_root: Path) -> None:
-    p = load_params(repo_root / "params.yaml")
+    p = load_params(repo_root / "profiles" / "paper.yaml")
     assert isinstance(p.train.max_minutes, float)
     flat = flatten({"train": section_dict(p.train), "seed": 1})
     assert flat["train.tokens_per_step"] == 25000 and flat["seed"] == 1
