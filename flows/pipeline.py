@@ -45,12 +45,13 @@ from prefect.runtime import flow_run as flow_run_ctx
 from prefect.runtime import task_run as task_run_ctx
 from prefect.settings import PREFECT_API_URL
 
-from flows.dvc_task import ProcessResult, kill_all_groups, run_in_group, stage_status
+from flows import parent_run
+from flows.dvc_task import (ProcessResult, kill_all_groups, publish_hint, repro_command, run_in_group,
+                            stage_status)
 from flows.report import AUDIT_ARTIFACT_KEY, StageOutcome, headline_metrics, render_report
 from flows.server import start_temporary_server
 from flows.workspace import exclusive_run
 from pipeline.core import stages as stage_table
-from flows import parent_run
 from pipeline.core import tracking
 from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
 from pipeline.core.errors import PipelineError
@@ -113,19 +114,16 @@ def _select(requested: list[str] | None, known: list[str], repo: str | Path) -> 
 
 @task(name="dvc-repro", cache_policy=NO_CACHE, task_run_name="dvc repro {stage}")
 def repro_stage(stage: str, settings: RunSettings, timeout_s: float | None = None) -> StageOutcome:
-    """Run ``dvc repro --single-item <stage>``; report ran / skipped / restored and its duration.
+    """Run ``dvc repro --single-item <stage>`` (:func:`flows.dvc_task.repro_command`); report ran / skipped / restored and its duration.
 
     Raises:
         StageFailed: non-zero exit or timeout (stage name, exit code and stderr tail in the message).
     """
     logger = get_run_logger()
-    args = ["dvc", "repro", "--single-item", stage] + (["--force"] if settings.force else [])
+    args = repro_command(stage, force=settings.force)
     logger.info("%s (timeout %s)", " ".join(args), f"{timeout_s:.0f} s" if timeout_s else "none")
-    try:
-        result = run_in_group(args, cwd=settings.repo, env=_stage_env(settings.extra_env), timeout_s=timeout_s,
-                              grace_s=settings.grace_s, logger=logger)
-    except FileNotFoundError:
-        raise PipelineError("dvc not found on PATH: run `make install` and use .venv/bin/python") from None
+    result = run_in_group(args, cwd=settings.repo, env=_stage_env(settings.extra_env), timeout_s=timeout_s,
+                          grace_s=settings.grace_s, logger=logger)
     if result.returncode != 0 or result.timed_out:
         raise StageFailed(stage, result)
     status = stage_status(stage, result.stdout_lines)
@@ -306,8 +304,12 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
         if profile:
             logger.info("params.yaml holds profile %s for this run; the previous one comes back after", profile)
             profiled.enter_context(profile_run(profile, root, logger))
-        return _pipeline(root, selected, force=force, profile=profile, timeouts_s=timeouts_s, retries=retries,
-                         retry_delay_s=retry_delay_s, kill_grace_s=kill_grace_s)
+        report = _pipeline(root, selected, force=force, profile=profile, timeouts_s=timeouts_s, retries=retries,
+                           retry_delay_s=retry_delay_s, kill_grace_s=kill_grace_s)
+    # A --profile run's dvc.lock belongs to params.yaml as it was during the run, not as restored: no hint then.
+    if not profile and (hint := publish_hint(root)):
+        get_run_logger().info("%s", hint)
+    return report
 
 
 def _pipeline(root: Path, selected: list[str], *, force: bool, profile: str | None,

@@ -188,7 +188,7 @@ def _params_keys(data: dict, prefix: str = "") -> set[str]:
 
 @pytest.mark.parametrize("name", list(_stages()))
 def test_params_keys_exist(name: str) -> None:
-    keys = _params_keys(yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8")))
+    keys = _params_keys(yaml.safe_load((REPO / "profiles" / "paper.yaml").read_text(encoding="utf-8")))
     for entry in _stages()[name].get("params", []):
         names = [k for k in entry] if isinstance(entry, dict) else [entry]
         for key in names:

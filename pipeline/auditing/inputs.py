@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import platform
-import subprocess
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.core import stages
+from pipeline.core import env, gitstate, stages
 from pipeline.core.config import Params, section_dict
 from pipeline.core.errors import DataError, PipelineError
 from pipeline.core.stage import read_json
@@ -81,19 +80,13 @@ def read_yaml(path: Path) -> dict[str, Any] | None:
 
 
 def git_state(root: Path) -> dict[str, Any]:
-    """Commit and dirty flag of ``root`` (tracked files; dvc.lock ignored: DVC rewrites it mid-run)."""
-    def git(*args: str) -> str | None:
-        try:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True,
-                                  timeout=30).stdout
-        except (OSError, subprocess.SubprocessError):
-            return None
-    commit = git("rev-parse", "HEAD")
-    if not commit:
+    """Commit and dirty flag of ``root`` by :mod:`pipeline.core.gitstate`'s rule (the run's own records,
+    and params.yaml during a ``--profile`` run, are not edits)."""
+    commit = gitstate.commit(root)
+    if commit is None:
         return {"commit": None, "dirty": None, "dirty_paths": []}
-    status = git("status", "--porcelain", "--untracked-files=no") or ""
-    paths = sorted(line[3:] for line in status.splitlines() if line[3:] and line[3:] != "dvc.lock")
-    return {"commit": commit.strip(), "dirty": bool(paths), "dirty_paths": paths}
+    paths = gitstate.dirty_paths(root, temporary_params=env.settings().profile_run is not None)
+    return {"commit": commit, "dirty": bool(paths), "dirty_paths": paths}
 
 
 def environment(metrics: dict[str, dict[str, Any] | None]) -> dict[str, Any]:

@@ -17,13 +17,12 @@ import contextlib
 import contextvars
 import logging
 import os
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.core import env
+from pipeline.core import env, gitstate
 
 log = logging.getLogger(__name__)
 
@@ -56,21 +55,15 @@ def tracking_uri(root: str | Path = ".") -> str:
 def git_tags(root: str | Path = ".", *, temporary_params: bool = False) -> dict[str, str]:
     """Git commit and dirty flag of ``root`` (empty values outside a git checkout).
 
-    ``git_dirty`` is "true" when a tracked file differs from the commit. With ``temporary_params``
-    (a profile run: the flow wrote ``<root>/params.yaml`` for the run and puts the previous bytes back
-    afterwards, ``NMT_PROFILE_RUN``), ``params.yaml`` is left out of that check: the run's params are
-    then the commit's ``profiles/`` rendered for the profile, which the ``profile`` tag names.
+    ``git_dirty`` is "true" when a tracked file differs from the commit, by :mod:`pipeline.core.gitstate`'s
+    rule (the run's own records never count; ``params.yaml`` does not with ``temporary_params``, a profile
+    run, ``NMT_PROFILE_RUN``, whose ``profile`` tag names the params it ran with).
     """
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True,
-                                  timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-    commit = git("rev-parse", "HEAD")
-    exclude = [".", ":(exclude)params.yaml"] if temporary_params else []
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", *exclude)
-    return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower() if commit else ""}
+    commit = gitstate.commit(root)
+    if commit is None:
+        return {"git_commit": "", "git_dirty": ""}
+    dirty = gitstate.dirty_paths(root, temporary_params=temporary_params)
+    return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower()}
 
 
 def temporary_profile() -> str | None:

@@ -281,18 +281,24 @@ def test_malformed_inputs_are_named_and_nothing_is_written(audit_world: Path, tm
     assert sorted(p.name for p in (root / "data" / "reports").iterdir()) == ["audit.json", "audit.md"]
 
 
-def test_git_commit_and_dirty_flag(audit_world: Path, tmp_path: Path) -> None:
+def test_git_commit_and_dirty_flag(audit_world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's own records (dvc.lock, metrics/, plots/) are not edits; params.yaml is, except in a profile run."""
     root = _copy(audit_world, tmp_path)
+    (root / "metrics").mkdir()
+    (root / "metrics" / "train.json").write_text("{}\n")
     _, params, _ = profile_params("tiny", root)
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@e"}
-    for args in (["init", "-q"], ["add", "params.yaml", "dvc.lock"], ["commit", "-qm", "x"]):
+    for args in (["init", "-q"], ["add", "params.yaml", "dvc.lock", "metrics"], ["commit", "-qm", "x"]):
         subprocess.run(["git", *args], cwd=root, check=True, env=env)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
     (root / "dvc.lock").write_text((root / "dvc.lock").read_text() + "\n")  # dvc repro rewrites it: not dirty
+    (root / "metrics" / "train.json").write_text('{"step": 1}\n')  # a stage rewrites its metrics: not dirty
     assert _audit(root, params)["lineage"]["git"] == {"commit": commit, "dirty": False, "dirty_paths": []}
     (root / "params.yaml").write_text((root / "params.yaml").read_text() + "\n")
     assert _audit(root, params)["lineage"]["git"] == {"commit": commit, "dirty": True, "dirty_paths": ["params.yaml"]}
+    monkeypatch.setenv("NMT_PROFILE_RUN", "tiny")  # the flow wrote params.yaml for this run and restores it after
+    assert _audit(root, params)["lineage"]["git"] == {"commit": commit, "dirty": False, "dirty_paths": []}
 
 
 def test_bleu_verdicts_on_newstest2014(audit_world: Path, tmp_path: Path) -> None:

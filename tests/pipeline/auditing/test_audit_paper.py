@@ -21,7 +21,7 @@ JUDGED_SECTIONS = ("model", "train", "average", "evaluate")
 
 
 def _params_yaml() -> dict[str, Any]:
-    return flatten(yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8")))
+    return flatten(yaml.safe_load((REPO / "profiles" / "paper.yaml").read_text(encoding="utf-8")))
 
 
 def _audit(metrics: dict[str, Any], *, dataset: str = "wmt14") -> tuple[dict[str, Any], dict[str, dict]]:

@@ -220,7 +220,7 @@ def test_audit_logs_a_child_run_with_reports_and_counts(audit_world: Path, tmp_p
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow.tracking import MlflowClient
 
-    from pipeline.core.tracking import pipeline_run
+    from flows.parent_run import pipeline_run
 
     root = _copy(audit_world, tmp_path)
     monkeypatch.chdir(tmp_path)

@@ -19,7 +19,7 @@ from tests.helpers.paths import REPO
 
 
 def _paper(repo_root: Path) -> dict:
-    return yaml.safe_load((repo_root / "params.yaml").read_text(encoding="utf-8"))
+    return yaml.safe_load((repo_root / "profiles" / "paper.yaml").read_text(encoding="utf-8"))
 
 
 def _set(data: dict, dotted: str, value: object) -> dict:

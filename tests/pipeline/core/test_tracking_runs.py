@@ -91,17 +91,23 @@ def test_a_new_experiment_opens_on_its_training_runs(tmp_path: Path, mlflow_sqli
     assert client.get_experiment(other).tags["mlflow.experimentKind"] == "custom_model_development"
 
 
-def test_dirty_ignores_only_the_profile_runs_own_params_yaml(tmp_path: Path) -> None:
+def test_dirty_ignores_the_runs_own_records_and_the_profile_runs_params_yaml(tmp_path: Path) -> None:
     git(tmp_path, "init", "-q")
     git(tmp_path, "config", "user.email", "t@example.com")
     git(tmp_path, "config", "user.name", "test")
     (tmp_path / "params.yaml").write_text("profile: paper\n")
     (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "dvc.lock").write_text("stages: {}\n# first run\n")
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "train.json").write_text('{"step": 1}\n')
     git(tmp_path, "add", "-A")
     git(tmp_path, "commit", "-qm", "x")
     assert tracking.git_tags(tmp_path)["git_dirty"] == "false"
     (tmp_path / "params.yaml").write_text("profile: tiny\n")  # what a profile run writes
     assert tracking.git_tags(tmp_path)["git_dirty"] == "true"
+    assert tracking.git_tags(tmp_path, temporary_params=True)["git_dirty"] == "false"
+    (tmp_path / "dvc.lock").write_text("stages: {}\n")  # the run's own records never count
+    (tmp_path / "metrics" / "train.json").write_text('{"step": 2}\n')
     assert tracking.git_tags(tmp_path, temporary_params=True)["git_dirty"] == "false"
     (tmp_path / "code.py").write_text("x = 2\n")  # a real uncommitted change still counts
     assert tracking.git_tags(tmp_path, temporary_params=True)["git_dirty"] == "true"
