@@ -114,7 +114,8 @@ def _select(requested: list[str] | None, known: list[str], repo: str | Path) -> 
 
 @task(name="dvc-repro", cache_policy=NO_CACHE, task_run_name="dvc repro {stage}")
 def repro_stage(stage: str, settings: RunSettings, timeout_s: float | None = None) -> StageOutcome:
-    """Run ``dvc repro --single-item <stage>`` (:func:`flows.dvc_task.repro_command`); report ran / skipped / restored and its duration.
+    """Run ``dvc repro --single-item <stage>`` (:func:`flows.dvc_task.repro_command`); report ran / skipped /
+    restored and its duration.
 
     Raises:
         StageFailed: non-zero exit or timeout (stage name, exit code and stderr tail in the message).
