@@ -32,4 +32,4 @@ def test_clean_and_encode_measurements_run_the_real_stages(tmp_path: Path, monke
     make_spm(tmp_path / "bpe")
     encoded = bench.measure("encode", tmp_path, 1)
     assert encoded["pairs"] > 0 and (tmp_path / "shards" / "manifest.json").is_file()
-    assert (tmp_path / "metrics" / "encode.json").is_file()  # the wrapper's bookkeeping ran too
+    assert (tmp_path / "metrics" / "encode.details.json").is_file()  # the wrapper's bookkeeping ran too

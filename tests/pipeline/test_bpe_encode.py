@@ -51,7 +51,7 @@ def test_bpe_sample_is_seeded(tmp_path: Path, corpus: tuple[Path, Path, Path]) -
     a = run_bpe(tmp_path, clean, "a", input_sentence_size=200, seed=7)
     b = run_bpe(tmp_path, clean, "b", input_sentence_size=200, seed=7)
     assert sha_tree(a) == sha_tree(b)
-    assert json.loads((tmp_path / "metrics" / "a" / "bpe.json").read_text())["sentences"] == 200
+    assert json.loads((tmp_path / "metrics" / "a" / "bpe.details.json").read_text())["sentences"] == 200
     idx = bpe.sample_indices(1000, 100, seed=3)
     assert len(set(idx.tolist())) == 100 and (np.diff(idx) > 0).all()
     assert (idx == bpe.sample_indices(1000, 100, seed=3)).all()
@@ -130,7 +130,7 @@ def test_max_len_drops_train_only(tmp_path: Path, corpus: tuple[Path, Path, Path
     assert manifest["splits"]["valid"]["rows"] == len(lens["valid"])
     assert manifest["splits"]["valid"]["dropped_max_len"] == 0
     assert any(max(ab) > max_len for ab in lens["valid"])  # long valid lines were kept
-    metrics = json.loads((tmp_path / "metrics" / "encode.json").read_text())
+    metrics = json.loads((tmp_path / "metrics" / "encode.details.json").read_text())
     assert metrics["train"]["dropped_max_len"] == train["dropped_max_len"]
 
 
