@@ -65,3 +65,18 @@ def tag_run(run_id: str, tags: dict[str, str], root: str | Path = ".") -> None:
         client = tracking.mlflow_client(root)
         for k, v in tags.items():
             client.set_tag(run_id, k, str(v))
+
+
+def ui_page(run_id: str, root: str | Path = ".", port: int = 5000) -> str | None:
+    """The page of ``run_id``'s experiment in a local ``mlflow ui``, on its training runs.
+
+    MLflow 3.17's UI opens every experiment on its GenAI overview unless the page's URL (``workflowType``) or the
+    top-left "GenAI | Model training" switch says otherwise; the experiment's ``mlflow.experimentKind`` tag is
+    consulted only when that switch is hidden. None when the run cannot be read.
+    """
+    try:
+        experiment = tracking.mlflow_client(root).get_run(run_id).info.experiment_id
+    except Exception as exc:  # noqa: BLE001 - a link in a report must not fail the pipeline
+        log.warning("could not read the experiment of run %s: %s", run_id, exc)
+        return None
+    return f"http://127.0.0.1:{port}/#/experiments/{experiment}?workflowType=machine_learning"

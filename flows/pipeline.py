@@ -222,7 +222,8 @@ def _finish(root: Path, paths: PathsConfig | None, outcomes: list[StageOutcome],
         tracking_uri=tracking.tracking_uri(root) if parent.run_id else None, git=git,
         failure=(str(failure) or type(failure).__name__) if failure else None, audit_path=audit_path,
         audit_md=audit_md,
-        register=_read_json(stage_table.details_file(root / paths.metrics, "register")) if paths else {})
+        register=_read_json(stage_table.details_file(root / paths.metrics, "register")) if paths else {},
+        ui_page=parent_run.ui_page(parent.run_id, root) if parent.run_id else None)
     artifacts = [(markdown, ARTIFACT_KEY, f"{FLOW_NAME}: stages, BLEU, audit, lineage")]
     if audit_md is not None:
         artifacts.append((audit_md, AUDIT_ARTIFACT_KEY, f"{FLOW_NAME}: the run beside the paper ({audit_path})"))

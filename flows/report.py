@@ -95,11 +95,12 @@ def mlflow_link(tracking_uri: str | None, run_id: str) -> str:
     return f"`{run_id}`{where}"
 
 
-def mlflow_ui_hint(tracking_uri: str | None) -> str | None:
-    """How to browse a local store: the ``mlflow ui`` command (None for a server, which is its own UI)."""
+def mlflow_ui_hint(tracking_uri: str | None, page: str | None = None) -> str | None:
+    """How to browse a local store: the ``mlflow ui`` command and the page to open (None for a server, which is
+    its own UI); ``page`` defaults to the UI's start page."""
     if not tracking_uri or tracking_uri.startswith(("http://", "https://")):
         return None
-    return f"`.venv/bin/mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1` (then http://127.0.0.1:5000)"
+    return f"`.venv/bin/mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1` (then {page or 'http://127.0.0.1:5000'})"
 
 
 def audit_deviations(audit_md: str) -> list[str]:
@@ -152,7 +153,7 @@ def registry_lines(register: Mapping[str, Any]) -> list[str]:
 def render_report(outcomes: Sequence[StageOutcome], *, bleu: Mapping[str, Any], mlflow_run_id: str | None,
                   tracking_uri: str | None, git: Mapping[str, str], failure: str | None = None,
                   audit_path: str | None = None, audit_md: str | None = None,
-                  register: Mapping[str, Any] | None = None) -> str:
+                  register: Mapping[str, Any] | None = None, ui_page: str | None = None) -> str:
     """The whole report: stages, BLEU, the audit, lineage (git, MLflow, registry), failure (if any).
 
     Args:
@@ -165,6 +166,7 @@ def render_report(outcomes: Sequence[StageOutcome], *, bleu: Mapping[str, Any], 
         audit_path: ``<paths.reports>/audit.md`` relative to the repository (None: no audit section).
         audit_md: its text (None: not written yet).
         register: ``register.details.json`` (None or empty: no registry lines).
+        ui_page: the page a local ``mlflow ui`` should open (:func:`flows.parent_run.ui_page`).
     """
     lines = ["# wmt14-pipeline", "", "## Stages", "", *stage_table(outcomes), ""]
     table = bleu_table(bleu)
@@ -177,7 +179,7 @@ def render_report(outcomes: Sequence[StageOutcome], *, bleu: Mapping[str, Any], 
     lines.append(f"- git commit: `{commit}`{dirty}")
     run = mlflow_link(tracking_uri, mlflow_run_id) if mlflow_run_id else "tracking off (`NMT_TRACKING=off`)"
     lines.append(f"- MLflow parent run: {run}")
-    hint = mlflow_ui_hint(tracking_uri) if mlflow_run_id else None
+    hint = mlflow_ui_hint(tracking_uri, ui_page) if mlflow_run_id else None
     if hint:
         lines.append(f"- MLflow UI: {hint}")
     lines += registry_lines(register or {})

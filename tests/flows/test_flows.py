@@ -207,7 +207,11 @@ def test_a_profile_run_is_clean_tagged_named_and_carries_the_headline_metrics(ma
     _git(repo, "commit", "-qm", "notes")
     head = _git(repo, "rev-parse", "HEAD")
     client = MlflowClient(tracking_uri=mlflow_sqlite)
-    parent = client.get_run(wmt14_pipeline(repo=str(repo), profile="tiny")["mlflow_run_id"])
+    first = wmt14_pipeline(repo=str(repo), profile="tiny")
+    parent = client.get_run(first["mlflow_run_id"])
+    # MLflow 3.17's UI opens an experiment on its GenAI overview unless the URL asks for the training runs
+    page = f"http://127.0.0.1:5000/#/experiments/{parent.info.experiment_id}?workflowType=machine_learning"
+    assert f"--host 127.0.0.1` (then {page})" in first["markdown"]
     assert re.fullmatch(rf"tiny {head[:7]} \d{{4}}-\d\d-\d\d \d\d:\d\d", parent.info.run_name)
     child = client.get_run(parent.data.tags["produced_by.tracked"])
     for run in (parent, child):  # params.yaml held the tiny profile, yet the checkout is the commit's
