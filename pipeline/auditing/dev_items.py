@@ -7,8 +7,8 @@ the paper's Table 3, "beam search as described in the previous section, but no c
 §6.2). Table 3's base row: newstest2013 BLEU 25.8 and perplexity 4.92 per wordpiece; on another valid set
 the figures are ``informational`` (not comparable).
 
-Three items are run checks (kind ``check``), not the paper's: the averaging span (a warning past 10% of
-training or with other than 5 checkpoints) and the averaged model against the newest checkpoint alone, on
+Three items are run checks (kind ``check``), not the paper's: the averaging span (a warning past 20% of
+training, the averaging rule params.yaml states, or with other than 5 checkpoints) and the averaged model against the newest checkpoint alone, on
 valid BLEU and on valid perplexity (a warning when the newest checkpoint scores better).
 """
 
@@ -42,7 +42,7 @@ def _span(steps: list[int], final: int) -> tuple[str, list[str]]:
     bad = []
     if share > AVERAGE_SPAN_MAX:
         bad.append(f"the averaged checkpoints span {share * 100:.1f}% of training (steps {first:,}-{final:,} of "
-                   f"{final:,}; the paper's span is about the last 6-7%, up to {AVERAGE_SPAN_MAX:.0%} passes): early, "
+                   f"{final:,}; the paper's span is about the last 6-7%; params.yaml's averaging rule allows {AVERAGE_SPAN_MAX:.0%}): early, "
                    "weaker weights are in the average")
     if n != PAPER["averaged_checkpoints"]:
         bad.append(f"{n} checkpoint(s) averaged (paper: 5)")
@@ -50,7 +50,7 @@ def _span(steps: list[int], final: int) -> tuple[str, list[str]]:
 
 
 def averaging_span_item(inp: Inputs) -> dict[str, Any]:
-    """A check: which part of training the averaged checkpoints cover (a warning past 10%)."""
+    """A check: which part of training the averaged checkpoints cover (a warning past 20%)."""
     steps = (inp.metrics.get("average") or {}).get("steps") or []
     final = final_step(inp) or (steps[-1] if steps else None)
     note = ("span = (final step - first averaged step) / final step; the paper's first averaged checkpoint is 40 "
