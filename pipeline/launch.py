@@ -46,8 +46,10 @@ parsed and checked, all at once, in :mod:`pipeline.core.env`.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import re
 import shlex
 import sys
 
@@ -95,8 +97,12 @@ def torchrun_command(train_args: list[str]) -> list[str]:
         cmd += ["--rdzv_backend=c10d", f"--rdzv_endpoint={LOOPBACK}:0", f"--rdzv_id={s.rdzv_id}",
                 f"--local_addr={LOOPBACK}", "--nnodes=1", f"--nproc_per_node={nproc}"]
     elif s.rdzv_endpoint:
+        host = rendezvous_host(s.rdzv_endpoint)
         cmd += [f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
-                f"--rdzv_endpoint={s.rdzv_endpoint}", f"--rdzv_id={s.rdzv_id}"]
+                f"--rdzv_endpoint={s.rdzv_endpoint}", f"--rdzv_id={s.rdzv_id}",
+                f"--rdzv_conf=join_timeout={s.rdzv_timeout_s}"]
+        if _is_loopback(host):  # every node on this machine: the stores and the ranks' sockets stay on loopback
+            cmd.append(f"--local_addr={LOOPBACK}")
     else:
         if s.node_rank is None or s.master_addr is None:
             raise ConfigError(env.SOURCE, [
@@ -112,12 +118,45 @@ def torchrun_command(train_args: list[str]) -> list[str]:
     return cmd + ["-m", "pipeline.train", *train_args]
 
 
+def rendezvous_host(endpoint: str) -> str:
+    """The host of ``NMT_RDZV_ENDPOINT`` (``host``, ``host:port`` or ``[v6]:port``; torchrun's default port 29400).
+
+    Raises:
+        ConfigError: not of that form, or port 0 (each node would pick its own port: they never meet).
+    """
+    match = re.fullmatch(r"\[([^\]]+)\](?::([0-9]+))?|([^:\[\]\s]+)(?::([0-9]+))?", endpoint)
+    if match is None:
+        raise ConfigError(env.SOURCE, [f"NMT_RDZV_ENDPOINT={endpoint!r}: expected host:port of the rendezvous, "
+                                       "e.g. node0.internal:29400"])
+    host, port = match.group(1) or match.group(3), match.group(2) or match.group(4)
+    if port is not None and not 0 < int(port) < 65536:
+        why = "picks another free port on each node, so they never meet" if int(port) == 0 else "is out of range"
+        raise ConfigError(env.SOURCE, [f"NMT_RDZV_ENDPOINT={endpoint!r}: port {port} {why}; name a fixed free port "
+                                       "in 1..65535, e.g. 29400"])
+    return host
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def run_agent(torchrun_args: list[str]) -> int:
-    """Be torchrun's agent: its store servers on their host only, the agent's pid in the ranks' env."""
+    """Be torchrun's agent: its store servers on their host only, the agent's pid in the ranks' env.
+
+    A rendezvous that fails (a node that never joins within ``NMT_RDZV_TIMEOUT_S``) ends it with one
+    line naming the endpoint, not torchrun's traceback.
+    """
     os.environ[AGENT_PID_ENV] = str(os.getpid())
     from pipeline.training import distributed  # torch only now: --dry-run and errors stay fast
 
-    return distributed.run_torchrun(torchrun_args)
+    try:
+        return distributed.run_torchrun(torchrun_args)
+    except PipelineError as exc:
+        print(f"error: stage train: {exc}", file=sys.stderr)
+        return 1
 
 
 def check_params(train_args: list[str]) -> None:
