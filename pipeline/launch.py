@@ -24,7 +24,16 @@ Several nodes (run the same command on every node, e.g. from a Slurm or Kubernet
     NMT_RDZV_ENDPOINT  host:port of the c10d rendezvous (e.g. node 0:29400) for dynamic rendezvous
     NMT_MASTER_ADDR / NMT_MASTER_PORT  with NMT_NODE_RANK: node 0's address and a free port (29500)
     NMT_RDZV_ID      job id shared by the nodes (default ``nmt-train``)
+    NMT_RDZV_TIMEOUT_S  how long a node waits at the rendezvous for the others (default 600; torchrun's
+                     ``join_timeout``), at the start and after a restart; then it stops with one line
+                     naming the endpoint and the timeout (:func:`pipeline.training.distributed.run_torchrun`)
     -> torchrun --nnodes=M --nproc_per_node=N (--node_rank/--master_addr | --rdzv_*) -m pipeline.train
+
+A loopback NMT_RDZV_ENDPOINT (127.0.0.1, localhost, ::1) means every node runs on this machine:
+``--local_addr=127.0.0.1`` keeps the ranks' store and sockets on loopback too (tests/pipeline/training/
+test_multinode.py runs two such nodes). A node whose agent dies makes the others restart their group
+(NMT_MAX_RESTARTS) and wait for it at the rendezvous; torchrun does not restart the dead agent, the
+scheduler starts the node's launcher again (docs/cluster.md, section 5).
 
 On several nodes each store listens only on the address it is named by: the rendezvous store on the
 host of NMT_RDZV_ENDPOINT (or on NMT_MASTER_ADDR), the ranks' shared store on the node's own address
