@@ -131,7 +131,7 @@ def rendezvous_host(endpoint: str) -> str:
     """The host of ``NMT_RDZV_ENDPOINT`` (``host``, ``host:port`` or ``[v6]:port``; torchrun's default port 29400).
 
     Raises:
-        ConfigError: not of that form, or port 0 (each node would pick its own port: they never meet).
+        ConfigError: not of that form, or a port outside 1..65535 (0 would pick a different port on each node).
     """
     match = re.fullmatch(r"\[([^\]]+)\](?::([0-9]+))?|([^:\[\]\s]+)(?::([0-9]+))?", endpoint)
     if match is None:

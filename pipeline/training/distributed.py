@@ -344,12 +344,22 @@ def fresh_store_every_round() -> None:
     DynamicRendezvousHandler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
 
 
-def rendezvous_timeout_message() -> str:
-    """The one line for a rendezvous that timed out: the endpoint, the timeout and the variables to check."""
+def rendezvous_error_message(exc: Exception) -> str:
+    """One line for a failed rendezvous (a ``RendezvousError`` of torchrun), naming the endpoint and what to do."""
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
+
     s = env.settings()
-    return (f"rendezvous {s.rdzv_id!r} at {s.rdzv_endpoint} (NMT_RDZV_ENDPOINT) timed out after {s.rdzv_timeout_s} s "
-            f"(NMT_RDZV_TIMEOUT_S): fewer than NMT_NNODES={s.nnodes} nodes joined; start the missing node(s) with "
-            "the same NMT_RDZV_ENDPOINT and NMT_RDZV_ID, or raise NMT_RDZV_TIMEOUT_S")
+    where = f"{s.rdzv_endpoint} (NMT_RDZV_ENDPOINT)"
+    if isinstance(exc, RendezvousTimeoutError):
+        return (f"rendezvous {s.rdzv_id!r} at {where} timed out after {s.rdzv_timeout_s} s (NMT_RDZV_TIMEOUT_S): "
+                f"fewer than NMT_NNODES={s.nnodes} nodes joined; start the missing node(s) with the same "
+                "NMT_RDZV_ENDPOINT and NMT_RDZV_ID, or raise NMT_RDZV_TIMEOUT_S")
+    inner = exc.__cause__ or exc
+    cause = (str(inner).strip().splitlines() or [type(inner).__name__])[0][-200:]
+    if isinstance(exc, RendezvousConnectionError):
+        return (f"lost the rendezvous store at {where}: the node hosting it stopped or cannot be reached; start "
+                f"every node again (training resumes from the newest checkpoint) [{cause}]")
+    return f"rendezvous {s.rdzv_id!r} at {where} failed: {type(exc).__name__}: {cause}"
 
 
 def run_torchrun(torchrun_args: list[str]) -> int:
@@ -368,18 +378,13 @@ def run_torchrun(torchrun_args: list[str]) -> int:
     bind_stores_to_their_host()
     fresh_store_every_round()
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
+    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.run import main as torchrun
 
     try:
         torchrun(torchrun_args)
-    except RendezvousTimeoutError:
-        raise RendezvousFailed(rendezvous_timeout_message()) from None
     except RendezvousError as exc:
-        cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0][-200:]
-        raise RendezvousFailed(f"rendezvous at {env.settings().rdzv_endpoint} (NMT_RDZV_ENDPOINT) failed: {cause}; "
-                               "if the node hosting it stopped, start every node again (training resumes from "
-                               "the newest checkpoint)") from None
+        raise RendezvousFailed(rendezvous_error_message(exc)) from None
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         if failure.exitcode < 0:

@@ -7,7 +7,7 @@ rendezvous on a loopback port, gloo, one CPU process each), checked against one 
   again (torchrun never restarts a dead agent: a scheduler does), and the job resumes from the newest
   checkpoint to the uninterrupted run's model.
 * A node that never joins: the other stops after ``NMT_RDZV_TIMEOUT_S`` with one line naming the
-  endpoint and the timeout.
+  endpoint and the timeout; losing the node that hosts the rendezvous store ends the other with one line.
 * Nothing the job starts listens beyond loopback.
 """
 
@@ -109,6 +109,50 @@ def test_a_node_that_never_joins_ends_the_other_with_one_line_naming_the_endpoin
     assert "Traceback" not in out, out[-3000:]
     assert elapsed < 5 + 60, elapsed  # the timeout, torchrun's 5 s rollback and the start-up on 2 busy cores
     assert not fu.workers_of(params) and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_losing_the_node_that_hosts_the_rendezvous_ends_the_other_with_one_line(workspace, tmp_path):
+    """Rank 0 (the first node, the rendezvous store's host) stalls before step 3's all-reduce; its agent is
+    SIGKILLed. The second node's rank fails, its agent restarts and finds no store: one line, not a hang."""
+    params = fu.write_params(_params(tmp_path, workspace), tmp_path)
+    fault = {"NMT_FAULT_POINT": "collective:3:stall:0", "NMT_FAULT_ONCE": str(tmp_path / "stalled"),
+             "NMT_MAX_RESTARTS": "1"}
+    with LoopbackJob(params, tmp_path, env=fault) as job:
+        first, second = job.start_node(), job.start_node()
+        assert fu.wait_for(lambda: "stalling" in job.log(first) or first.poll() is not None, 180, 0.2), \
+            job.log(first)[-3000:]
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        started = time.monotonic()
+        code, out = job.finish(second, timeout=180)
+        elapsed = time.monotonic() - started
+    assert code == 1, out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert errors[-1].startswith(f"error: stage train: lost the rendezvous store at {job.endpoint} "
+                                 "(NMT_RDZV_ENDPOINT): the node hosting it stopped or cannot be reached; start every "
+                                 "node again (training resumes from the newest checkpoint) ["), out[-3000:]
+    assert "Traceback" not in out and elapsed < 90, (elapsed, out[-3000:])
+    assert fu.wait_for(lambda: not fu.workers_of(params), 30)
+
+
+def test_rendezvous_errors_are_one_line_naming_the_endpoint(monkeypatch):
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
+
+    from pipeline.training.distributed import rendezvous_error_message
+
+    monkeypatch.setenv("NMT_NNODES", "3")
+    monkeypatch.setenv("NMT_RDZV_ENDPOINT", "node0.internal:29400")
+    monkeypatch.setenv("NMT_RDZV_ID", "job-7")
+    assert rendezvous_error_message(RendezvousTimeoutError()) == (
+        "rendezvous 'job-7' at node0.internal:29400 (NMT_RDZV_ENDPOINT) timed out after 600 s (NMT_RDZV_TIMEOUT_S): "
+        "fewer than NMT_NNODES=3 nodes joined; start the missing node(s) with the same NMT_RDZV_ENDPOINT and "
+        "NMT_RDZV_ID, or raise NMT_RDZV_TIMEOUT_S")
+    lost = RendezvousConnectionError("The connection to the C10d store has failed. See inner exception for details.")
+    lost.__cause__ = RuntimeError("Connection reset by peer\nException raised from recvBytes")
+    assert rendezvous_error_message(lost) == (
+        "lost the rendezvous store at node0.internal:29400 (NMT_RDZV_ENDPOINT): the node hosting it stopped or cannot "
+        "be reached; start every node again (training resumes from the newest checkpoint) [Connection reset by peer]")
 
 
 def test_a_loopback_rendezvous_keeps_every_node_on_loopback_and_passes_the_join_timeout(monkeypatch):
