@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
-
-import torch
 
 from tests.helpers import faultutil as fu
 from tests.helpers.paths import REPO
@@ -95,22 +92,3 @@ class LoopbackJob:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def assert_models_close(ref: Path, other: Path, step: int, rtol: float = 1e-6) -> None:
-    """Checkpoint ``step`` of two runs: the same global batches (position, tokens, per-step target
-    tokens) and every weight and Adam moment equal to ``rtol`` of the tensor's largest magnitude."""
-    a, b = (run / "runs" / f"step-{step:08d}" for run in (ref, other))
-    for name in ("model.pt", "optim.pt"):
-        ta, tb = (fu.tensors(torch.load(d / name, weights_only=True)) for d in (a, b))
-        assert ta.keys() == tb.keys() and len(ta) > 5, name
-        scale = {k: max(ta[k].abs().max().item(), tb[k].abs().max().item(), 1e-30) for k in ta if ta[k].numel()}
-        far = [k for k in scale if (ta[k].double() - tb[k].double()).abs().max().item() > rtol * scale[k]]
-        assert not far, f"{name}: differ beyond {rtol:g}: {far[:5]}"
-    sa, sb = (json.loads((d / "state.json").read_text()) for d in (a, b))
-    assert sa["world_size"] == sb["world_size"] == 2
-    for key in ("step", "epoch", "position", "tokens_seen"):
-        assert sa[key] == sb[key], key
-    per_step = [[(h["step"], h["tgt_tokens_per_step"]) for h in s["history"] if "tgt_tokens_per_step" in h]
-                for s in (sa, sb)]
-    assert len(per_step[0]) == step and per_step[0] == per_step[1]
