@@ -24,7 +24,16 @@ Several nodes (run the same command on every node, e.g. from a Slurm or Kubernet
     NMT_RDZV_ENDPOINT  host:port of the c10d rendezvous (e.g. node 0:29400) for dynamic rendezvous
     NMT_MASTER_ADDR / NMT_MASTER_PORT  with NMT_NODE_RANK: node 0's address and a free port (29500)
     NMT_RDZV_ID      job id shared by the nodes (default ``nmt-train``)
+    NMT_RDZV_TIMEOUT_S  how long a node waits at the rendezvous for the others (default 600; torchrun's
+                     ``join_timeout``), at the start and after a restart; then it stops with one line
+                     naming the endpoint and the timeout (:func:`pipeline.training.distributed.run_torchrun`)
     -> torchrun --nnodes=M --nproc_per_node=N (--node_rank/--master_addr | --rdzv_*) -m pipeline.train
+
+A loopback NMT_RDZV_ENDPOINT (127.0.0.1, localhost, ::1) means every node runs on this machine:
+``--local_addr=127.0.0.1`` keeps the ranks' store and sockets on loopback too (tests/pipeline/training/
+test_multinode.py runs two such nodes). A node whose agent dies makes the others restart their group
+(NMT_MAX_RESTARTS) and wait for it at the rendezvous; torchrun does not restart the dead agent, the
+scheduler starts the node's launcher again (docs/cluster.md, section 5).
 
 On several nodes each store listens only on the address it is named by: the rendezvous store on the
 host of NMT_RDZV_ENDPOINT (or on NMT_MASTER_ADDR), the ranks' shared store on the node's own address
@@ -46,8 +55,10 @@ parsed and checked, all at once, in :mod:`pipeline.core.env`.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import re
 import shlex
 import sys
 
@@ -95,8 +106,12 @@ def torchrun_command(train_args: list[str]) -> list[str]:
         cmd += ["--rdzv_backend=c10d", f"--rdzv_endpoint={LOOPBACK}:0", f"--rdzv_id={s.rdzv_id}",
                 f"--local_addr={LOOPBACK}", "--nnodes=1", f"--nproc_per_node={nproc}"]
     elif s.rdzv_endpoint:
+        host = rendezvous_host(s.rdzv_endpoint)
         cmd += [f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
-                f"--rdzv_endpoint={s.rdzv_endpoint}", f"--rdzv_id={s.rdzv_id}"]
+                f"--rdzv_endpoint={s.rdzv_endpoint}", f"--rdzv_id={s.rdzv_id}",
+                f"--rdzv_conf=join_timeout={s.rdzv_timeout_s}"]
+        if _is_loopback(host):  # every node on this machine: the stores and the ranks' sockets stay on loopback
+            cmd.append(f"--local_addr={LOOPBACK}")
     else:
         if s.node_rank is None or s.master_addr is None:
             raise ConfigError(env.SOURCE, [
@@ -112,12 +127,45 @@ def torchrun_command(train_args: list[str]) -> list[str]:
     return cmd + ["-m", "pipeline.train", *train_args]
 
 
+def rendezvous_host(endpoint: str) -> str:
+    """The host of ``NMT_RDZV_ENDPOINT`` (``host``, ``host:port`` or ``[v6]:port``; torchrun's default port 29400).
+
+    Raises:
+        ConfigError: not of that form, or a port outside 1..65535 (0 would pick a different port on each node).
+    """
+    match = re.fullmatch(r"\[([^\]]+)\](?::([0-9]+))?|([^:\[\]\s]+)(?::([0-9]+))?", endpoint)
+    if match is None:
+        raise ConfigError(env.SOURCE, [f"NMT_RDZV_ENDPOINT={endpoint!r}: expected host:port of the rendezvous, "
+                                       "e.g. node0.internal:29400"])
+    host, port = match.group(1) or match.group(3), match.group(2) or match.group(4)
+    if port is not None and not 0 < int(port) < 65536:
+        why = "picks another free port on each node, so they never meet" if int(port) == 0 else "is out of range"
+        raise ConfigError(env.SOURCE, [f"NMT_RDZV_ENDPOINT={endpoint!r}: port {port} {why}; name a fixed free port "
+                                       "in 1..65535, e.g. 29400"])
+    return host
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def run_agent(torchrun_args: list[str]) -> int:
-    """Be torchrun's agent: its store servers on their host only, the agent's pid in the ranks' env."""
+    """Be torchrun's agent: its store servers on their host only, the agent's pid in the ranks' env.
+
+    A rendezvous that fails (a node that never joins within ``NMT_RDZV_TIMEOUT_S``) ends it with one
+    line naming the endpoint, not torchrun's traceback.
+    """
     os.environ[AGENT_PID_ENV] = str(os.getpid())
     from pipeline.training import distributed  # torch only now: --dry-run and errors stay fast
 
-    return distributed.run_torchrun(torchrun_args)
+    try:
+        return distributed.run_torchrun(torchrun_args)
+    except PipelineError as exc:
+        print(f"error: stage train: {exc}", file=sys.stderr)
+        return 1
 
 
 def check_params(train_args: list[str]) -> None:

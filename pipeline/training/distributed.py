@@ -40,10 +40,16 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = env.Settings.dist_timeout_s
 _BUCKET_BYTES = 32 << 20
+#: The rendezvous round the ranks were started in, set by the agent (:func:`fresh_store_every_round`).
+ROUND_ENV = "PIPELINE_RDZV_ROUND"
 
 
 class CollectiveError(PipelineError):
     """A collective failed: a peer rank timed out (hung) or died."""
+
+
+class RendezvousFailed(PipelineError):
+    """torchrun's rendezvous did not complete: a node never joined in time, or the store was lost."""
 
 
 @dataclass(frozen=True)
@@ -126,14 +132,19 @@ def check_cuda(local_rank: int = 0) -> None:
 
 
 def _attempt_store(timeout: datetime.timedelta) -> dist.Store:
-    """torchrun's store with keys private to this restart attempt (``TORCHELASTIC_RESTART_COUNT``).
+    """torchrun's store with keys private to this attempt: its rendezvous round, else its restart count.
 
-    After ``--max-restarts`` brings the workers back, the agent's store still holds the previous
-    attempt's gloo addresses under the same keys; new ranks then connect to dead ports and fail
-    ("Gloo connectFullMesh failed ... Connection refused"). A per-attempt prefix avoids that.
+    After ``--max-restarts`` brings the workers back, a store that outlived them still holds the
+    previous attempt's gloo addresses under the same keys; new ranks then connect to dead ports and fail
+    ("Gloo connectFullMesh failed ... Connection refused"). A per-attempt prefix avoids that. The c10d
+    rendezvous round (``PIPELINE_RDZV_ROUND``) is the same on every node; ``TORCHELASTIC_RESTART_COUNT``
+    counts this node's agent's restarts only, so it differs on a node whose agent was replaced
+    (pytorch/pytorch#135712) and is used only by the static rendezvous, where all agents live on.
     """
     store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
-    return dist.PrefixStore(f"nmt/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    attempt = os.environ.get(ROUND_ENV)
+    key = f"round-{attempt}" if attempt else f"attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return dist.PrefixStore(f"nmt/{key}", store)
 
 
 def bind_to_loopback_if_local() -> None:
@@ -305,6 +316,52 @@ def _listen_on(host: str, port: int) -> tuple[int, int] | None:
     return sock.detach(), bound_port  # the store owns the fd from here on
 
 
+def fresh_store_every_round() -> None:
+    """Make torchrun's c10d rendezvous give the ranks a new store each round, and tell them the round.
+
+    ``DynamicRendezvousHandler.next_rendezvous`` (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py)
+    starts the store it shares with the ranks, and publishes its address, in its first round only and
+    reuses both afterwards. When a node's agent dies and a new one takes its place, the newcomer waits
+    for an address the surviving rank-0 agent never publishes again (and a survivor that was not rank 0
+    would keep sending its ranks to the dead node's store). Forgetting both before every round makes
+    that round's rank-0 agent start a store and publish it, as pytorch/pytorch#135712 chose for retries.
+    The round, the same on every node, goes to the ranks in ``PIPELINE_RDZV_ROUND`` (:func:`_attempt_store`).
+    """
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    original = DynamicRendezvousHandler.next_rendezvous
+    if getattr(original, "_nmt_fresh_store", False):
+        return
+
+    def next_rendezvous(self):  # noqa: ANN001, ANN202 - torch's signature
+        self._bootstrap_store_info = None
+        self._shared_tcp_store_server = None
+        info = original(self)
+        os.environ[ROUND_ENV] = str(self._state_holder.state.round)  # the ranks inherit the agent's environment
+        return info
+
+    next_rendezvous._nmt_fresh_store = True  # type: ignore[attr-defined]
+    DynamicRendezvousHandler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
+
+
+def rendezvous_error_message(exc: Exception) -> str:
+    """One line for a failed rendezvous (a ``RendezvousError`` of torchrun), naming the endpoint and what to do."""
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
+
+    s = env.settings()
+    where = f"{s.rdzv_endpoint} (NMT_RDZV_ENDPOINT)"
+    if isinstance(exc, RendezvousTimeoutError):
+        return (f"rendezvous {s.rdzv_id!r} at {where} timed out after {s.rdzv_timeout_s} s (NMT_RDZV_TIMEOUT_S): "
+                f"fewer than NMT_NNODES={s.nnodes} nodes joined; start the missing node(s) with the same "
+                "NMT_RDZV_ENDPOINT and NMT_RDZV_ID, or raise NMT_RDZV_TIMEOUT_S")
+    inner = exc.__cause__ or exc
+    cause = (str(inner).strip().splitlines() or [type(inner).__name__])[0][-200:]
+    if isinstance(exc, RendezvousConnectionError):
+        return (f"lost the rendezvous store at {where}: the node hosting it stopped or cannot be reached; start "
+                f"every node again (training resumes from the newest checkpoint) [{cause}]")
+    return f"rendezvous {s.rdzv_id!r} at {where} failed: {type(exc).__name__}: {cause}"
+
+
 def run_torchrun(torchrun_args: list[str]) -> int:
     """Run torchrun's agent in this process, its store servers bound to their host only.
 
@@ -313,13 +370,21 @@ def run_torchrun(torchrun_args: list[str]) -> int:
         rank killed by a signal). Each rank has already printed its own one-line error, so torchrun's
         ``ChildFailedError`` traceback and failure table (dozens of lines that bury it) are replaced by
         one line naming the rank and its exit code.
+
+    Raises:
+        RendezvousFailed: the nodes did not all join within ``NMT_RDZV_TIMEOUT_S`` (at the start or
+            after a restart), or the rendezvous store was lost: one line, naming the endpoint.
     """
     bind_stores_to_their_host()
+    fresh_store_every_round()
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.run import main as torchrun
 
     try:
         torchrun(torchrun_args)
+    except RendezvousError as exc:
+        raise RendezvousFailed(rendezvous_error_message(exc)) from None
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         if failure.exitcode < 0:

@@ -1,0 +1,199 @@
+"""Multi-node training for real on one machine: two launchers as two "nodes" (``NMT_NNODES=2``, c10d
+rendezvous on a loopback port, gloo, one CPU process each), checked against one node with two processes.
+
+* Same model: the two nodes train the same global batches and end with the same weights, bit for bit
+  (dropout 0).
+* A node's agent killed mid-run: the other node's rank fails at its next collective, its agent restarts
+  the group (``NMT_MAX_RESTARTS``) and waits at the rendezvous; the killed node's launcher is started
+  again (torchrun never restarts a dead agent: a scheduler does), and the job resumes from the newest
+  checkpoint to the uninterrupted run's model.
+* A node that never joins: the other stops after ``NMT_RDZV_TIMEOUT_S`` with one line naming the
+  endpoint and the timeout; losing the node that hosts the rendezvous store ends the other with one line.
+* Nothing the job starts listens beyond loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline import launch
+from pipeline.core.errors import ConfigError
+from tests.helpers import faultutil as fu
+from tests.helpers.nodes import LoopbackJob
+from tests.helpers.train import make_workspace, tiny_params
+
+STEPS = 8
+NO_DROPOUT = {"dropout": 0.0, "attn_dropout": 0.0, "ffn_dropout": 0.0}
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return make_workspace(tmp_path_factory.mktemp("ws"))
+
+
+def _params(tmp: Path, ws: dict[str, Path]) -> dict:
+    data = tiny_params(tmp, ws, max_steps=STEPS, save_every_steps=2, valid_every_steps=4)
+    data["model"].update(NO_DROPOUT)
+    return data
+
+
+@pytest.fixture(scope="module")
+def one_node(workspace: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference: one node with two processes (``NMT_NPROC=2``), run to the end."""
+    tmp = tmp_path_factory.mktemp("one-node")
+    code, out = fu.run(_params(tmp, workspace), tmp, nproc=2, timeout=300)
+    assert code == 0, out[-3000:]
+    return tmp
+
+
+def _assert_same_model(one_node: Path, two_nodes: Path) -> None:
+    """The same global batches and the same weights and Adam state, bit for bit (so also to 1e-6): the two
+    setups have the same world size and rank order, and gloo sums the two ranks' gradients the same way."""
+    state = json.loads((two_nodes / "runs" / f"step-{STEPS:08d}" / "state.json").read_text())
+    assert state["world_size"] == 2
+    fu.assert_bitwise_equal(one_node, two_nodes, STEPS)
+
+
+def _exposed(job: LoopbackJob) -> list[tuple[int, str, int, bool]]:
+    return [s for s in job.sockets() if not s[3]]
+
+
+@pytest.mark.slow
+def test_two_nodes_on_loopback_train_the_model_of_one_node_with_two_processes(workspace, one_node, tmp_path):
+    params = fu.write_params(_params(tmp_path, workspace), tmp_path)
+    with LoopbackJob(params, tmp_path) as job:
+        first, second = job.start_node(), job.start_node()
+        (code0, out0), (code1, out1) = job.finish(first), job.finish(second)
+    assert code0 == 0 and code1 == 0, (out0[-3000:], out1[-3000:])
+    assert "training on 2 process(es)" in out0  # rank 0 of a world of 2, on the first node
+    assert f"--rdzv_endpoint={job.endpoint}" in out0 and "--local_addr=127.0.0.1" in out0
+    assert fu.steps(tmp_path / "runs")[-1] == STEPS
+    _assert_same_model(one_node, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_killed_node_agent_started_again_resumes_the_job_from_the_newest_checkpoint(workspace, one_node, tmp_path):
+    """Rank 1 (the second node) stalls before step 5's all-reduce, once; then its agent is SIGKILLed."""
+    params = fu.write_params(_params(tmp_path, workspace), tmp_path)
+    fault = {"NMT_FAULT_POINT": "collective:5:stall:1", "NMT_FAULT_ONCE": str(tmp_path / "stalled"),
+             "NMT_MAX_RESTARTS": "1"}
+    with LoopbackJob(params, tmp_path, env=fault) as job:
+        first, second = job.start_node(), job.start_node()
+        assert fu.wait_for(lambda: "stalling" in job.log(second) or second.poll() is not None, 180, 0.2), \
+            job.log(second)[-3000:]
+        assert second.poll() is None and fu.steps(tmp_path / "runs") == [2, 4], job.log(second)[-3000:]
+        listening = job.sockets()
+        assert job.port in {port for _, _, port, _ in listening} and len(listening) >= 3, listening
+        assert not _exposed(job), f"listening beyond loopback: {_exposed(job)}"
+        os.kill(second.pid, signal.SIGKILL)  # the agent only: its rank dies with it (PR_SET_PDEATHSIG)
+        second.wait()
+        replacement = job.start_node()  # what Slurm's requeue or a Kubernetes Job would do
+        (code0, out0), (code2, out2) = job.finish(first), job.finish(replacement)
+    assert code0 == 0 and code2 == 0, (out0[-3000:], out2[-3000:])
+    assert "error: stage train: rank 0: collective" in out0 and "failed: a peer rank died" in out0
+    # the same agent (its launcher never ended) started its rank again: torchrun's restart (NMT_MAX_RESTARTS=1)
+    assert out0.count("training on 2 process(es)") == 2 and "resuming from" in out0 and "step-00000004" in out0
+    assert fu.steps(tmp_path / "runs")[-1] == STEPS
+    _assert_same_model(one_node, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_node_that_never_joins_ends_the_other_with_one_line_naming_the_endpoint_and_timeout(workspace, tmp_path):
+    params = fu.write_params(_params(tmp_path, workspace), tmp_path)
+    with LoopbackJob(params, tmp_path, env={"NMT_RDZV_TIMEOUT_S": "5"}) as job:
+        started = time.monotonic()
+        alone = job.start_node()
+        code, out = job.finish(alone, timeout=120)
+        elapsed = time.monotonic() - started
+    assert code == 1, out[-3000:]
+    assert [line for line in out.splitlines() if line.startswith("error:")] == [
+        f"error: stage train: rendezvous '{job.rdzv_id}' at {job.endpoint} (NMT_RDZV_ENDPOINT) timed out after 5 s "
+        "(NMT_RDZV_TIMEOUT_S): fewer than NMT_NNODES=2 nodes joined; start the missing node(s) with the same "
+        "NMT_RDZV_ENDPOINT and NMT_RDZV_ID, or raise NMT_RDZV_TIMEOUT_S"], out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert elapsed < 5 + 60, elapsed  # the timeout, torchrun's 5 s rollback and the start-up on 2 busy cores
+    assert not fu.workers_of(params) and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_losing_the_node_that_hosts_the_rendezvous_ends_the_other_with_one_line(workspace, tmp_path):
+    """Rank 0 (the first node, the rendezvous store's host) stalls before step 3's all-reduce; its agent is
+    SIGKILLed. The second node's rank fails, its agent restarts and finds no store: one line, not a hang."""
+    params = fu.write_params(_params(tmp_path, workspace), tmp_path)
+    fault = {"NMT_FAULT_POINT": "collective:3:stall:0", "NMT_FAULT_ONCE": str(tmp_path / "stalled"),
+             "NMT_MAX_RESTARTS": "1"}
+    with LoopbackJob(params, tmp_path, env=fault) as job:
+        first, second = job.start_node(), job.start_node()
+        assert fu.wait_for(lambda: "stalling" in job.log(first) or first.poll() is not None, 180, 0.2), \
+            job.log(first)[-3000:]
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        started = time.monotonic()
+        code, out = job.finish(second, timeout=180)
+        elapsed = time.monotonic() - started
+    assert code == 1, out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert errors[-1].startswith(f"error: stage train: lost the rendezvous store at {job.endpoint} "
+                                 "(NMT_RDZV_ENDPOINT): the node hosting it stopped or cannot be reached; start every "
+                                 "node again (training resumes from the newest checkpoint) ["), out[-3000:]
+    assert "Traceback" not in out and elapsed < 90, (elapsed, out[-3000:])
+    assert fu.wait_for(lambda: not fu.workers_of(params), 30)
+
+
+def test_rendezvous_errors_are_one_line_naming_the_endpoint(monkeypatch):
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
+
+    from pipeline.training.distributed import rendezvous_error_message
+
+    monkeypatch.setenv("NMT_NNODES", "3")
+    monkeypatch.setenv("NMT_RDZV_ENDPOINT", "node0.internal:29400")
+    monkeypatch.setenv("NMT_RDZV_ID", "job-7")
+    assert rendezvous_error_message(RendezvousTimeoutError()) == (
+        "rendezvous 'job-7' at node0.internal:29400 (NMT_RDZV_ENDPOINT) timed out after 600 s (NMT_RDZV_TIMEOUT_S): "
+        "fewer than NMT_NNODES=3 nodes joined; start the missing node(s) with the same NMT_RDZV_ENDPOINT and "
+        "NMT_RDZV_ID, or raise NMT_RDZV_TIMEOUT_S")
+    lost = RendezvousConnectionError("The connection to the C10d store has failed. See inner exception for details.")
+    lost.__cause__ = RuntimeError("Connection reset by peer\nException raised from recvBytes")
+    assert rendezvous_error_message(lost) == (
+        "lost the rendezvous store at node0.internal:29400 (NMT_RDZV_ENDPOINT): the node hosting it stopped or cannot "
+        "be reached; start every node again (training resumes from the newest checkpoint) [Connection reset by peer]")
+
+
+def test_a_loopback_rendezvous_keeps_every_node_on_loopback_and_passes_the_join_timeout(monkeypatch):
+    monkeypatch.setenv("NMT_NNODES", "2")
+    monkeypatch.setenv("NMT_NPROC", "1")
+    monkeypatch.setenv("NMT_MAX_RESTARTS", "2")
+    monkeypatch.setenv("NMT_RDZV_ENDPOINT", "127.0.0.1:29411")
+    monkeypatch.setenv("NMT_RDZV_TIMEOUT_S", "30")
+    assert launch.torchrun_command([])[4:] == [
+        "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29411",
+        "--rdzv_id=nmt-train", "--rdzv_conf=join_timeout=30", "--local_addr=127.0.0.1", "--max-restarts=2",
+        "-m", "pipeline.train"]
+    monkeypatch.setenv("NMT_RDZV_ENDPOINT", "node0.internal:29400")  # a cluster: each node's own address
+    monkeypatch.delenv("NMT_RDZV_TIMEOUT_S")
+    cmd = launch.torchrun_command([])
+    assert "--rdzv_conf=join_timeout=600" in cmd and not any(a.startswith("--local_addr") for a in cmd)
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("NMT_RDZV_ENDPOINT", "127.0.0.1:0", "environment: NMT_RDZV_ENDPOINT='127.0.0.1:0': port 0 picks another free "
+     "port on each node, so they never meet; name a fixed free port in 1..65535, e.g. 29400"),
+    ("NMT_RDZV_ENDPOINT", "node0:99999", "environment: NMT_RDZV_ENDPOINT='node0:99999': port 99999 is out of range; "
+     "name a fixed free port in 1..65535, e.g. 29400"),
+    ("NMT_RDZV_ENDPOINT", "node0:29400:1", "environment: NMT_RDZV_ENDPOINT='node0:29400:1': expected host:port of "
+     "the rendezvous, e.g. node0.internal:29400"),
+    ("NMT_RDZV_TIMEOUT_S", "0", "environment: NMT_RDZV_TIMEOUT_S='0': expected an integer >= 1"),
+])
+def test_a_bad_rendezvous_setting_is_one_line_naming_the_variable(monkeypatch, name, value, message):
+    monkeypatch.setenv("NMT_NNODES", "2")
+    monkeypatch.setenv("NMT_RDZV_ENDPOINT", "127.0.0.1:29400")
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as info:
+        launch.torchrun_command([])
+    assert str(info.value) == message
