@@ -247,8 +247,9 @@ def _run_variants(todo: list[Variant], ctx: SweepContext, base: dict[str, Any], 
                     record = future.result()
                 except Exception as exc:  # noqa: BLE001 - recorded and reported; the others go on
                     logger.error("variant %s failed: %s", variant.name, exc)
+                    lines = str(exc).splitlines() or [type(exc).__name__]
                     record = {"name": variant.name, "index": variant.index, "overrides": variant.overrides,
-                              "status": "failed", "error": str(exc).splitlines()[0]}
+                              "status": "failed", "error": " ".join(dict.fromkeys([lines[0], lines[-1]]))}
                 state.record(variant.key, record)
         except BaseException:
             kill_all_groups(grace_s=ctx.grace_s)  # Ctrl-C, SIGTERM, cancel: no variant outlives the flow
@@ -281,7 +282,7 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
 
     Returns:
         ``{"records": [one per variant, spec order], "ran": [names run now], "best", "mlflow_run_id",
-        "markdown", "report"}``.
+        "flow_run_id", "markdown", "report"}``.
 
     Raises:
         SpecError: a bad spec, or a state file written for other variants (nothing runs).
@@ -323,7 +324,8 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
                                     "them (finished variants are not rerun)")
     best = best_variant(records)
     return {"records": records, "ran": [v.name for v in todo], "best": best["name"] if best else None,
-            "mlflow_run_id": parent.run_id, "markdown": markdown, "report": str(report)}
+            "mlflow_run_id": parent.run_id, "flow_run_id": str(flow_run_ctx.id or ""), "markdown": markdown,
+            "report": str(report)}
 
 
 def main(argv: list[str] | None = None) -> int:

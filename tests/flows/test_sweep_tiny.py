@@ -161,3 +161,21 @@ def test_a_restart_of_the_finished_sweep_runs_nothing(sweep: Sweep) -> None:
     assert sorted(r.info.run_id for r in sweep.runs_after_second) == \
         sorted(r.info.run_id for r in sweep.runs_after_first)  # no new MLflow run: no stage ran
     assert "0 run now" in sweep.second["markdown"] and sweep.second["best"] == sweep.first["best"]
+
+
+def test_the_variants_were_prefect_task_runs_two_at_a_time(sweep: Sweep) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(
+            any_=[sweep.first["flow_run_id"]])))
+    variants = sorted((r for r in runs if r.name.startswith("variant ")), key=lambda r: r.start_time)
+    assert [r.name for r in sorted(variants, key=lambda r: r.name)] == [f"variant tiny2x2-{i}" for i in range(1, 5)]
+    assert all(r.state.is_completed() for r in variants)
+    edges = sorted([(r.start_time, 1) for r in variants] + [(r.end_time, -1) for r in variants])
+    running, most = 0, 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    assert most == 2  # the concurrency limit was used and held
