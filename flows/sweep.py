@@ -5,8 +5,8 @@ refuses a bad one before anything runs, then:
 
 1. opens (or, on a restart, reopens) the MLflow parent run ``sweep-<name>``;
 2. runs the stages no variant changes (download ... encode when only training keys vary) once, in a clone
-   with the base profile (task ``sweep-shared-stages``), so that DVC's run cache restores them in every
-   variant instead of rebuilding them;
+   with the base profile (task ``sweep-shared-stages``); every variant's clone starts as a copy of it, so DVC
+   finds those stages up to date and skips them;
 3. runs each variant not yet finished as its own Prefect task run, at most ``concurrency`` at once: in its
    own clone (:mod:`flows.sweep_work`), ``dvc exp run --name <name>-<i> --set-param key=value ...`` under
    its own MLflow run (a child of the sweep's, tagged ``override.<key>``, with the headline metrics of a
@@ -85,6 +85,7 @@ class SweepContext:
     profile: str
     commit: str
     cache: str
+    base_clone: str | None  # the clone holding the shared stages' outputs, copied into each new variant clone
     parent_run_id: str | None
     flow_run_id: str
     grace_s: float
@@ -114,7 +115,7 @@ def _header(ctx: SweepContext, what: str) -> str:
 
 @task(name="sweep-shared-stages", cache_policy=NO_CACHE, task_run_name="shared stages {stages}")
 def build_shared(stages: list[str], ctx: SweepContext, params: dict[str, Any]) -> dict[str, str]:
-    """Run ``stages`` (those no variant changes) once in the clone ``base``; DVC's run cache keeps them.
+    """Run ``stages`` (those no variant changes) once in the clone ``base``, which new variant clones copy.
 
     Returns:
         stage -> ``ran`` / ``restored`` / ``skipped``.
@@ -174,7 +175,8 @@ def run_variant(variant: Variant, ctx: SweepContext, base: dict[str, Any]) -> di
     logger = get_run_logger()
     started = time.monotonic()
     root = Path(ctx.root)
-    clone = prepare_clone(root, sweep_dir(root, ctx.sweep) / variant.name, ctx.commit, ctx.cache)
+    clone = prepare_clone(root, sweep_dir(root, ctx.sweep) / variant.name, ctx.commit, ctx.cache,
+                          template=Path(ctx.base_clone) if ctx.base_clone else None)
     params = variant_params(base, variant.applied)
     write_params(clone, params, _header(ctx, f", variant {variant.name}: {variant.label()}"))
     with parent_run.pipeline_run(variant.name, params=flatten(params), root=clone,
@@ -304,10 +306,13 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
                     spec.concurrency)
         base = merged_profile(spec.profile, root)
         with sweep_parent_run(root, spec, state) as parent:
+            shared = shared_stages(root / "dvc.yaml", spec.keys) if todo else []
             ctx = SweepContext(root=str(root), sweep=spec.name, profile=spec.profile, commit=state.data["commit"],
-                               cache=cache_dir(root) if todo else "", parent_run_id=parent.run_id,
-                               flow_run_id=str(flow_run_ctx.id or ""), grace_s=kill_grace_s)
-            if todo and (shared := shared_stages(root / "dvc.yaml", spec.keys)):
+                               cache=cache_dir(root) if todo else "",
+                               base_clone=str(sweep_dir(root, spec.name) / "base") if shared else None,
+                               parent_run_id=parent.run_id, flow_run_id=str(flow_run_ctx.id or ""),
+                               grace_s=kill_grace_s)
+            if shared:
                 build_shared(shared, ctx, variant_params(base, spec.shared))
             if todo:
                 _run_variants(todo, ctx, base, spec, state)

@@ -3,11 +3,13 @@
 One DVC workspace runs one ``dvc`` command at a time, and ``dvc exp run`` keeps its bookkeeping in refs
 (``refs/exps/stash``, ``refs/exps/exec/*``) that ``git worktree`` would share between workspaces; so each
 variant runs in its own clone under ``<repo>/.dvc/tmp/sweeps/<name>/`` (DVC ignores ``.dvc/``; DVC's own
-``--temp`` runs live there too), at the commit the sweep started from. Every clone uses the checkout's DVC
-cache (``dvc cache dir --local``), so DVC's run cache restores a stage whose command, dependencies and params
-another clone already ran (https://dvc.org/doc/user-guide/pipelines/run-cache): the data stages run once.
-A finished experiment is pushed back with ``dvc exp push`` (git refs only), so ``dvc exp show`` in the
-checkout lists it. Plain Python, no Prefect import.
+``--temp`` runs live there too), at the commit the sweep started from, with the checkout's DVC cache
+(``dvc cache dir --local``). The stages no variant changes run once, in the clone ``base``; each variant's
+clone starts as a copy of it, so its ``dvc.lock`` already records them and ``dvc exp run`` skips them. (DVC's
+run cache cannot do this here: DVC 3 saves no run-cache entry for a stage with a ``cache: false`` output that
+is not a metric or plot, ``no_cache_outs`` in dvc/stage/__init__.py, and every stage writes such a
+``<stage>.details.json``.) A finished experiment is pushed back with ``dvc exp push`` (git refs only), so
+``dvc exp show`` in the checkout lists it. Plain Python, no Prefect import.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -69,12 +72,21 @@ def cache_dir(root: Path) -> str:
         return str(Path(repo.cache.local_cache_dir).resolve())
 
 
-def prepare_clone(root: Path, clone: Path, commit: str, cache: str) -> Path:
+def prepare_clone(root: Path, clone: Path, commit: str, cache: str, template: Path | None = None) -> Path:
     """A clone of ``root`` at ``commit`` with ``cache`` as its DVC cache; an existing one is reset.
 
-    A clone left by an interrupted run keeps its ignored outputs (data, checkpoints: training resumes from
-    its newest checkpoint) and loses its tracked changes and its unfinished experiment's refs.
+    A new clone is a copy of ``template`` (the base clone, with the shared stages' outputs and their
+    ``dvc.lock`` entries) when there is one. A clone left by an interrupted run keeps its untracked and ignored
+    files (dvc.lock, data, checkpoints: training resumes from its newest checkpoint) and loses its tracked
+    changes and its unfinished experiment's refs.
     """
+    if not (clone / ".git").is_dir() and template is not None and (template / ".git").is_dir():
+        clone.parent.mkdir(parents=True, exist_ok=True)
+        tmp = clone.with_name(f".{clone.name}.copying")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(template, tmp, symlinks=True,
+                        ignore=lambda folder, names: ["tmp"] if Path(folder) == template / ".dvc" else [])
+        tmp.rename(clone)  # a copy interrupted half-way is never taken for a clone
     if not (clone / ".git").is_dir():
         clone.parent.mkdir(parents=True, exist_ok=True)
         git(root, "clone", "-q", "--no-checkout", str(root), str(clone))
@@ -135,9 +147,8 @@ def _touches(param: str | None, key: str) -> bool:
 
 
 def shared_stages(dvc_yaml: Path, keys: Iterable[str]) -> list[str]:
-    """The stages every variant runs identically, which DVC's run cache can restore: the leading stages of
-    ``dvc_yaml`` (upstream first) whose params none of ``keys`` touches and whose outputs are not ``persist``
-    (DVC does not run-cache a stage with a persistent output)."""
+    """The stages every variant runs identically: the leading stages of ``dvc_yaml`` (upstream first) whose
+    params none of ``keys`` touches, up to the first with a ``persist`` output (``train``: each variant trains)."""
     stages = (yaml.safe_load(dvc_yaml.read_text(encoding="utf-8")) or {}).get("stages") or {}
     keys = list(keys)
     shared = []

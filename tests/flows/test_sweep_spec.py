@@ -137,5 +137,6 @@ def test_nmt_sweep_refuses_a_bad_spec_in_one_line_before_any_server(tmp_path: Pa
     done = subprocess.run([sys.executable, "-m", "pipeline.cli", "sweep", str(path)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr.splitlines()[-1] == f"error: {path}: grid.train.warmup_steps: empty list; give at least one value"
+    assert done.stderr.splitlines()[-1] == \
+        f"error: {path}: grid.train.warmup_steps: empty list; give at least one value"
     assert "prefect" not in done.stderr.lower()  # no temporary server was started

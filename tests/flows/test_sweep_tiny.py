@@ -99,12 +99,12 @@ def test_four_variants_each_an_mlflow_run_under_one_parent_tagged_with_its_overr
         assert {"train", "average", "evaluate"} <= stages and not stages & set(DATA_STAGES), stages
 
 
-def test_shared_data_stages_ran_once_and_every_variant_restored_them(sweep: Sweep) -> None:
+def test_shared_data_stages_ran_once_and_every_variant_skipped_them(sweep: Sweep) -> None:
     counts = {stage: sum(r.data.tags.get("stage") == stage for r in sweep.runs_after_first) for stage in DATA_STAGES}
     assert counts == dict.fromkeys(DATA_STAGES, 1), counts  # one MLflow run each, under the sweep's parent
     assert sum(r.data.tags.get("stage") == "train" for r in sweep.runs_after_first) == 4
     for record in sweep.first["records"]:
-        assert {s: record["stages"][s] for s in DATA_STAGES} == dict.fromkeys(DATA_STAGES, "restored"), record
+        assert {s: record["stages"][s] for s in DATA_STAGES} == dict.fromkeys(DATA_STAGES, "skipped"), record
         assert record["stages"]["train"] == "ran"
 
 
