@@ -66,7 +66,8 @@ def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commi
              f"commit `{commit[:12]}`; {ran} run now. The objective is valid BLEU (higher is better).", "",
              *results_table(spec, records), ""]
     if best is not None:
-        own = ", ".join(f"{k}={_cell(v)}" for k, v in best["overrides"].items()) or "the base profile"
+        own = ", ".join(f"{k}={_cell(best['overrides'][k])}" for k in spec.keys if k in best["overrides"]) \
+            or "the base profile"
         lines.append(f"Best: **{best['name']}** ({own}): valid BLEU {best['metrics'][OBJECTIVE]:.2f}, "
                      f"test BLEU {best['metrics'].get('test_bleu', float('nan')):.2f}.")
     else:

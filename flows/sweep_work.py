@@ -204,7 +204,7 @@ class SweepState:
     def save(self) -> None:
         """Write the state file."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_text(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
+        write_text(self.path, json.dumps(self.data, indent=2) + "\n")  # keys in spec order
 
 
 @contextmanager
