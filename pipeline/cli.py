@@ -1,4 +1,4 @@
-"""The ``nmt`` command: profiles, the whole pipeline (through the Prefect flow), translate and export."""
+"""The ``nmt`` command: profiles, the whole pipeline and sweeps (through Prefect flows), translate and export."""
 
 from __future__ import annotations
 
@@ -45,6 +45,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0  # pragma: no cover - execv does not return
 
 
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    """The Prefect flow ``wmt14-sweep`` (flows/sweep.py); like ``run``, this process becomes the flow (``exec``),
+    which refuses a bad spec before it starts a Prefect server, a clone or an MLflow run."""
+    import os
+
+    cmd = [sys.executable, "-m", "flows.sweep", args.spec]
+    log.info("%s", " ".join(cmd[1:]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, cmd)
+    return 0  # pragma: no cover - execv does not return
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``nmt`` argument parser (one sub-command per action)."""
     parser = argparse.ArgumentParser(prog="nmt", description="WMT14 EN-DE Transformer pipeline")
@@ -60,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "params.yaml is restored afterwards (`nmt profile NAME` switches for good)")
     p.add_argument("--force", action="store_true", help="rerun stages even if DVC thinks they are up to date")
     p.set_defaults(func=_cmd_run)
+    p = sub.add_parser("sweep", help="the Prefect flow wmt14-sweep: variants of a profile as DVC experiments "
+                                     "under one MLflow parent run, compared by valid BLEU (python -m flows.sweep)")
+    p.add_argument("spec", help="the sweep's YAML spec: name, profile, grid or variants (README, Sweeps)")
+    p.set_defaults(func=_cmd_sweep)
     from pipeline.inference.ct2 import add_parser as add_export_parser
     from pipeline.inference.translate import add_parser as add_translate_parser
 

@@ -1,0 +1,365 @@
+"""The Prefect flow ``wmt14-sweep``: variants of a base profile run as DVC experiments, compared in MLflow.
+
+``nmt sweep SPEC.yaml`` (or ``python -m flows.sweep SPEC.yaml``) reads the spec (:mod:`flows.sweep_spec`),
+refuses a bad one before anything runs, then:
+
+1. opens (or, on a restart, reopens) the MLflow parent run ``sweep-<name>``;
+2. runs the stages no variant changes (download ... encode when only training keys vary) once, in a clone
+   with the base profile (task ``sweep-shared-stages``); every variant's clone starts as a copy of it, so DVC
+   finds those stages up to date and skips them;
+3. runs each variant not yet finished as its own Prefect task run, at most ``concurrency`` at once: in its
+   own clone (:mod:`flows.sweep_work`), ``dvc exp run --name <name>-<i> --set-param key=value ...`` under
+   its own MLflow run (a child of the sweep's, tagged ``override.<key>``, with the headline metrics of a
+   pipeline parent run: :func:`flows.report.headline_metrics`), then ``dvc exp push`` back to the checkout,
+   where ``dvc exp show`` lists it;
+4. records each finished variant in ``.dvc/tmp/sweeps/<name>/state.json`` (a restart skips those: a
+   finished sweep runs nothing), and writes the table of variants x headline metrics, best valid BLEU
+   named, as the Prefect artifact ``wmt14-sweep-<name>``, ``reports/sweeps/<name>.md`` and an artifact of
+   the MLflow parent run.
+
+Variants run the committed code at the checkout's HEAD; ``MLFLOW_TRACKING_URI`` defaults to the
+checkout's store, as for ``nmt run``::
+
+    python -m flows.sweep sweeps/demo-warmup.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import as_completed
+from prefect.runtime import flow_run as flow_run_ctx
+from prefect.settings import PREFECT_API_URL
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from flows import parent_run
+from flows.dvc_task import ProcessResult, kill_all_groups, repro_command, run_in_group, stage_status
+from flows.pipeline import dvc_stages
+from flows.report import headline_metrics
+from flows.server import start_temporary_server
+from flows.sweep_report import OBJECTIVE, best_variant, render_sweep
+from flows.sweep_spec import SweepSpec, Variant, load_spec, variant_params
+from flows.sweep_work import (REPORTS_DIR, SweepState, cache_dir, exp_push_command, exp_ref, exp_run_command,
+                              head_commit, held, prepare_clone, shared_stages, sweep_dir, write_params)
+from pipeline.core import stages as stage_table
+from pipeline.core import tracking
+from pipeline.core.config import flatten
+from pipeline.core.errors import PipelineError
+from pipeline.project.profiles import merged_profile
+
+log = logging.getLogger(__name__)
+
+FLOW_NAME = "wmt14-sweep"
+
+
+class VariantFailed(PipelineError):
+    """A command of one variant (clone, ``dvc exp run``, ``dvc exp push``) failed."""
+
+    def __init__(self, name: str, result: ProcessResult) -> None:
+        tail = "\n".join(result.stderr_tail[-8:]) or "(no stderr)"
+        super().__init__(f"variant {name}: `{' '.join(result.args)}` failed with exit code {result.returncode} "
+                         f"after {result.duration_s:.0f} s; last lines of stderr:\n{tail}")
+
+
+@dataclass(frozen=True)
+class SweepContext:
+    """What every task of one sweep shares (ids and paths only: no secrets become task inputs)."""
+
+    root: str
+    sweep: str
+    profile: str
+    commit: str
+    cache: str
+    base_clone: str | None  # the clone holding the shared stages' outputs, copied into each new variant clone
+    parent_run_id: str | None
+    flow_run_id: str
+    grace_s: float
+
+
+def artifact_key(name: str) -> str:
+    """The Prefect artifact key of sweep ``name`` (keys allow lowercase letters, digits and dashes)."""
+    return "wmt14-sweep-" + re.sub(r"[^a-z0-9-]", "-", name.lower())
+
+
+def _env(ctx: SweepContext, parent_id: str | None) -> dict[str, str]:
+    """The environment of a clone's ``dvc`` command: its stage runs become children of ``parent_id``."""
+    env = dict(os.environ)
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_PARENT_RUN_ID", "NMT_PREFECT_FLOW_RUN_ID", "NMT_PROFILE_RUN"):
+        env.pop(name, None)
+    env.update({"NMT_PROFILE_RUN": ctx.profile, "NMT_PREFECT_FLOW_RUN_ID": ctx.flow_run_id})
+    if parent_id:
+        env["MLFLOW_PARENT_RUN_ID"] = parent_id
+    env.setdefault("NMT_DOWNLOAD_CACHE", str(Path(ctx.root) / ".cache" / "downloads"))  # one cache, not one a clone
+    return env
+
+
+def _header(ctx: SweepContext, what: str) -> str:
+    return (f"# Written by the sweep {ctx.sweep} (flows/sweep.py): profile {ctx.profile}{what}.\n"
+            "# The checkout's params.yaml is not touched.\n")
+
+
+@task(name="sweep-shared-stages", cache_policy=NO_CACHE, task_run_name="shared stages {stages}")
+def build_shared(stages: list[str], ctx: SweepContext, params: dict[str, Any]) -> dict[str, str]:
+    """Run ``stages`` (those no variant changes) once in the clone ``base``, which new variant clones copy.
+
+    Returns:
+        stage -> ``ran`` / ``restored`` / ``skipped``.
+    """
+    logger = get_run_logger()
+    clone = prepare_clone(Path(ctx.root), sweep_dir(Path(ctx.root), ctx.sweep) / "base", ctx.commit, ctx.cache)
+    write_params(clone, params, _header(ctx, " with the shared overrides"))
+    statuses: dict[str, str] = {}
+    for stage in stages:
+        result = run_in_group(repro_command(stage), cwd=clone, env=_env(ctx, ctx.parent_run_id),
+                              grace_s=ctx.grace_s, logger=logger)
+        if result.returncode != 0:
+            raise VariantFailed("base", result)
+        statuses[stage] = stage_status(stage, result.stdout_lines)
+    logger.info("shared stages: %s", ", ".join(f"{s} {v}" for s, v in statuses.items()))
+    return statuses
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _check_applied(clone: Path, variant: Variant) -> None:
+    """The clone's params.yaml after ``dvc exp run`` holds every override as the spec gave it."""
+    got = flatten(yaml.safe_load((clone / "params.yaml").read_text(encoding="utf-8")) or {})
+    for key, value in variant.applied.items():
+        if got.get(key) != value:
+            raise PipelineError(f"{clone / 'params.yaml'}: `dvc exp run --set-param` left {key}={got.get(key)!r}, "
+                                f"not {value!r} as the spec says; quote the value in the spec")
+
+
+def _variant_tags(ctx: SweepContext, variant: Variant, clone: Path) -> dict[str, str]:
+    tags = {**tracking.git_tags(clone, temporary_params=True), "profile": ctx.profile, "sweep": ctx.sweep,
+            "sweep.variant": variant.name, "sweep.label": variant.label(), "dvc_exp": variant.name,
+            "prefect.flow_run_id": ctx.flow_run_id}
+    tags.update({f"override.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in variant.applied.items()})
+    if ctx.parent_run_id:
+        tags["mlflow.parentRunId"] = ctx.parent_run_id
+    return tags
+
+
+@task(name="sweep-variant", cache_policy=NO_CACHE, task_run_name="variant {variant.name}")
+def run_variant(variant: Variant, ctx: SweepContext, base: dict[str, Any]) -> dict[str, Any]:
+    """One variant: its clone, ``dvc exp run --set-param ...`` under its MLflow run, ``dvc exp push``.
+
+    Returns:
+        Its state record: ``name``, ``index``, ``overrides``, ``status`` (``done``), ``metrics`` (headline),
+        ``mlflow_run_id``, ``exp_rev``, ``stages`` (what DVC did with each stage), ``duration_s``.
+
+    Raises:
+        VariantFailed: ``dvc exp run`` or ``dvc exp push`` failed (the command and its stderr tail named).
+    """
+    logger = get_run_logger()
+    started = time.monotonic()
+    root = Path(ctx.root)
+    clone = prepare_clone(root, sweep_dir(root, ctx.sweep) / variant.name, ctx.commit, ctx.cache,
+                          template=Path(ctx.base_clone) if ctx.base_clone else None)
+    params = variant_params(base, variant.applied)
+    write_params(clone, params, _header(ctx, f", variant {variant.name}: {variant.label()}"))
+    with parent_run.pipeline_run(variant.name, params=flatten(params), root=clone,
+                                 tags=_variant_tags(ctx, variant, clone)) as run:
+        env = _env(ctx, run.run_id)
+        result = run_in_group(exp_run_command(variant.name, variant.applied), cwd=clone, env=env,
+                              grace_s=ctx.grace_s, logger=logger)
+        if result.returncode != 0:
+            raise VariantFailed(variant.name, result)
+        _check_applied(clone, variant)
+        with held(sweep_dir(root, ctx.sweep) / "push.lock", "a push", wait=True):  # one writer of the refs
+            pushed = run_in_group(exp_push_command(variant.name), cwd=clone, env=env, grace_s=ctx.grace_s,
+                                  logger=logger)
+        if pushed.returncode != 0:
+            raise VariantFailed(variant.name, pushed)
+        metrics_dir = clone / params["paths"]["metrics"]
+        metrics = headline_metrics(_read_json(stage_table.details_file(metrics_dir, "evaluate")),
+                                   _read_json(stage_table.details_file(metrics_dir, "train")))
+        run.log_metrics(metrics)
+        rev = exp_ref(root, variant.name, ctx.commit) or ""
+        run.set_tags({"dvc_exp_rev": rev})
+        run_id = run.run_id
+    statuses = {s: stage_status(s, result.stdout_lines) for s in dvc_stages(clone)}
+    logger.info("variant %s: valid BLEU %s, stages %s", variant.name, metrics.get(OBJECTIVE),
+                ", ".join(f"{s} {v}" for s, v in statuses.items()))
+    return {"name": variant.name, "index": variant.index, "overrides": variant.overrides, "status": "done",
+            "metrics": metrics, "mlflow_run_id": run_id, "exp_rev": rev, "stages": statuses,
+            "duration_s": round(time.monotonic() - started, 1)}
+
+
+@contextlib.contextmanager
+def sweep_parent_run(root: Path, spec: SweepSpec, state: SweepState) -> Iterator[tracking.StageRun]:
+    """The MLflow parent run ``sweep-<name>``: created once (its id kept in the state file), reopened on a restart."""
+    if not tracking.enabled():
+        yield tracking.StageRun()
+        return
+    client = tracking.mlflow_client(root)
+    run_id = state.data.get("mlflow_run_id")
+    try:
+        if run_id:
+            client.update_run(run_id, status="RUNNING")
+    except Exception as exc:  # noqa: BLE001 - e.g. another tracking store since the last run
+        log.warning("could not reopen the sweep's MLflow run %s (%s): opening a new one", run_id, exc)
+        run_id = None
+    if not run_id:
+        tags = {**tracking.git_tags(root), "sweep": spec.name, "sweep.parent": "true", "profile": spec.profile,
+                "prefect.flow_run_id": str(flow_run_ctx.id or "")}
+        run_id = client.create_run(tracking.experiment_id(client, root), tags=tags, run_name=spec.run_name).info.run_id
+        state.data["mlflow_run_id"] = run_id
+        state.save()
+        client.log_artifact(run_id, spec.source, "spec")
+    status = "FAILED"
+    try:
+        yield tracking.StageRun(client, run_id)
+        status = "FINISHED"
+    finally:
+        client.set_terminated(run_id, status=status)
+
+
+def _run_variants(todo: list[Variant], ctx: SweepContext, base: dict[str, Any], spec: SweepSpec,
+                  state: SweepState) -> None:
+    """Run ``todo`` at most ``spec.concurrency`` at once, recording each outcome as soon as it is known."""
+    logger = get_run_logger()
+    with ThreadPoolTaskRunner(max_workers=spec.concurrency) as runner:
+        futures = {runner.submit(run_variant, {"variant": v, "ctx": ctx, "base": base}): v for v in todo}
+        try:
+            for future in as_completed(list(futures)):
+                variant = futures[future]
+                try:
+                    record = future.result()
+                except Exception as exc:  # noqa: BLE001 - recorded and reported; the others go on
+                    logger.error("variant %s failed: %s", variant.name, exc)
+                    lines = str(exc).splitlines() or [type(exc).__name__]
+                    record = {"name": variant.name, "index": variant.index, "overrides": variant.overrides,
+                              "status": "failed", "error": " ".join(dict.fromkeys([lines[0], lines[-1]]))}
+                state.record(variant.key, record)
+        except BaseException:
+            kill_all_groups(grace_s=ctx.grace_s)  # Ctrl-C, SIGTERM, cancel: no variant outlives the flow
+            raise
+
+
+def _publish(root: Path, spec: SweepSpec, markdown: str, parent: tracking.StageRun,
+             records: list[dict[str, Any]]) -> Path:
+    """The table as ``reports/sweeps/<name>.md``, a Prefect artifact and an artifact of the MLflow parent."""
+    path = root / REPORTS_DIR / f"{spec.name}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(markdown, encoding="utf-8")
+    create_markdown_artifact(markdown, key=artifact_key(spec.name), description=f"{FLOW_NAME}: {spec.name}")
+    best = best_variant(records)
+    parent.log_artifact(path)
+    if best is not None:
+        parent.set_tags({"sweep.best": best["name"]})
+        parent.log_metrics({f"best_{k}": v for k, v in best["metrics"].items() if k in ("valid_bleu", "test_bleu")})
+    return path
+
+
+@flow(name=FLOW_NAME)
+def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> dict[str, Any]:
+    """Run a sweep's unfinished variants, then write its table (see the module docstring).
+
+    Args:
+        spec_path: the sweep's YAML spec.
+        repo: the project checkout (a git + DVC repository with at least one commit).
+        kill_grace_s: seconds between SIGTERM and SIGKILL when a variant's process group is ended.
+
+    Returns:
+        ``{"records": [one per variant, spec order], "ran": [names run now], "best", "mlflow_run_id",
+        "flow_run_id", "markdown", "report"}``.
+
+    Raises:
+        SpecError: a bad spec, or a state file written for other variants (nothing runs).
+        PipelineError: the same sweep is running elsewhere, or some variants failed (after all ran).
+    """
+    root = Path(repo).resolve()
+    spec = load_spec(spec_path, root)
+    logger = get_run_logger()
+    head = head_commit(root)
+    if tracking.enabled():
+        os.environ.setdefault("MLFLOW_TRACKING_URI", tracking.tracking_uri(root))  # clones log to this store
+    with held(sweep_dir(root, spec.name) / "sweep.lock", f"sweep {spec.name}", wait=False):
+        state = SweepState.load(root, spec, head)
+        if state.data["commit"] != head:
+            logger.warning("sweep %s started at commit %s; its variants keep running that commit, not HEAD %s",
+                           spec.name, state.data["commit"][:12], head[:12])
+        todo = [v for v in spec.variants if not state.done(v.key)]
+        logger.info("sweep %s: %d variants, %d to run, %d at once", spec.name, len(spec.variants), len(todo),
+                    spec.concurrency)
+        base = merged_profile(spec.profile, root)
+        with sweep_parent_run(root, spec, state) as parent:
+            shared = shared_stages(root / "dvc.yaml", spec.keys) if todo else []
+            ctx = SweepContext(root=str(root), sweep=spec.name, profile=spec.profile, commit=state.data["commit"],
+                               cache=cache_dir(root) if todo else "",
+                               base_clone=str(sweep_dir(root, spec.name) / "base") if shared else None,
+                               parent_run_id=parent.run_id, flow_run_id=str(flow_run_ctx.id or ""),
+                               grace_s=kill_grace_s)
+            if shared:
+                build_shared(shared, ctx, variant_params(base, spec.shared))
+            if todo:
+                _run_variants(todo, ctx, base, spec, state)
+            records = [state.data["variants"].get(v.key) or {"name": v.name, "overrides": v.overrides,
+                                                               "status": "not run"} for v in spec.variants]
+            markdown = render_sweep(spec, records, commit=state.data["commit"], ran=len(todo),
+                                    mlflow_run_id=parent.run_id,
+                                    tracking_uri=tracking.tracking_uri(root) if parent.run_id else None)
+            report = _publish(root, spec, markdown, parent, records)
+            failed = [r["name"] for r in records if r.get("status") != "done"]
+            if failed:
+                raise PipelineError(f"sweep {spec.name}: {len(failed)} of {len(records)} variants did not finish "
+                                    f"({', '.join(failed)}); see {report}; run the same command again to retry "
+                                    "them (finished variants are not rerun)")
+    best = best_variant(records)
+    return {"records": records, "ran": [v.name for v in todo], "best": best["name"] if best else None,
+            "mlflow_run_id": parent.run_id, "flow_run_id": str(flow_run_ctx.id or ""), "markdown": markdown,
+            "report": str(report)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flows.sweep SPEC.yaml``: run the sweep once (a temporary Prefect server when no API URL is set)."""
+    parser = argparse.ArgumentParser(prog="python -m flows.sweep", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("spec", help="the sweep's YAML spec (see sweeps/demo-warmup.yaml)")
+    parser.add_argument("--repo", default=".", help="project checkout holding dvc.yaml (default: .)")
+    parser.add_argument("--kill-grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        load_spec(args.spec, args.repo)  # a bad spec is refused before any server, clone or MLflow run
+        if not PREFECT_API_URL.value():
+            os.environ["PREFECT_API_URL"] = start_temporary_server()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.execv(sys.executable, [sys.executable, "-m", "flows.sweep", *(sys.argv[1:] if argv is None else argv)])
+        result = wmt14_sweep(spec_path=args.spec, repo=args.repo, kill_grace_s=args.kill_grace)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted: the running variants were stopped; run the same command again to go on "
+              "(finished variants are not rerun)", file=sys.stderr)
+        return 130
+    print(result["markdown"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""A sweep's spec file (``nmt sweep SPEC.yaml``): read, checked against params.yaml, expanded into variants.
+
+Plain Python, no Prefect import. Every bad spec is refused before anything runs, with one line naming the
+file and the key::
+
+    name: warmup               # the sweep: MLflow parent run `sweep-warmup`, DVC experiments warmup-1, ...
+    profile: demo              # the base profile (profiles/<name>.yaml)
+    concurrency: 2             # variants running at once (default 2)
+    set:                       # overrides every variant shares (optional)
+      train.max_steps: 200
+    grid:                      # dotted params key -> values: the cross product, in this order
+      train.warmup_steps: [50, 100]
+      train.lr_scale: [0.5, 1.0]
+    # or, instead of grid, a list of override mappings:
+    # variants:
+    #   - {train.warmup_steps: 50}
+    #   - {train.warmup_steps: 100, train.lr_scale: 1.0}
+
+The objective is valid BLEU (``valid_bleu``, higher is better); test BLEU is shown beside it.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.core.config import flatten, params_from_dict
+from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.project.profiles import merged_profile, profile_names
+
+MAX_VARIANTS = 64
+MAX_CONCURRENCY = 16
+DEFAULT_CONCURRENCY = 2
+SPEC_KEYS = ("name", "profile", "concurrency", "set", "grid", "variants")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,39}")
+
+
+class SpecError(PipelineError):
+    """A sweep spec that cannot run; the message names the file and the key."""
+
+    def __init__(self, source: str | Path, problem: str) -> None:
+        super().__init__(f"{source}: {problem}")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One run of the sweep.
+
+    Attributes:
+        index: 1-based position in the spec (grid order or list order).
+        name: the DVC experiment name, ``<sweep>-<index>``.
+        overrides: this variant's own overrides (dotted key -> value), in spec order.
+        applied: the shared ``set`` overrides followed by ``overrides``: what ``dvc exp run -S`` receives.
+    """
+
+    index: int
+    name: str
+    overrides: dict[str, Any]
+    applied: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        """A stable identity of the variant's applied overrides (its state-file key)."""
+        return json.dumps(self.applied, sort_keys=True)
+
+    def label(self) -> str:
+        """``key=value, ...`` of its own overrides (``(base)`` when it has none)."""
+        return ", ".join(f"{k}={json.dumps(v)}" for k, v in self.overrides.items()) or "(base)"
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A checked spec: every variant's params validate."""
+
+    source: str
+    name: str
+    profile: str
+    concurrency: int
+    shared: dict[str, Any]
+    variants: tuple[Variant, ...]
+    keys: tuple[str, ...] = field(default=())  # the keys the variants vary, in spec order
+
+    @property
+    def run_name(self) -> str:
+        """The MLflow parent run's name."""
+        return f"sweep-{self.name}"
+
+
+def _mapping(source: str, key: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SpecError(source, f"{key}: expected a mapping of dotted params keys to values, got "
+                                f"{type(value).__name__}")
+    return value
+
+
+def _check_keys(source: str, where: str, overrides: dict[str, Any], known: dict[str, Any]) -> None:
+    """Each key must be a dotted params key that names one setting (not a section, not unknown)."""
+    for key in overrides:
+        if not isinstance(key, str) or key not in known:
+            section = str(key).split(".", 1)[0]
+            inside = [k for k in known if k.startswith(f"{key}.")]  # params.yaml's order
+            if inside:
+                raise SpecError(source, f"{where}: {key} is a section of params.yaml, not a param; name one key "
+                                        f"inside it, e.g. {inside[0]}")
+            siblings = [k for k in known if k.startswith(f"{section}.")]
+            hint = f"known in {section}: {', '.join(k.split('.', 1)[1] for k in siblings)}" if siblings else \
+                f"known sections: {', '.join(dict.fromkeys(k.split('.', 1)[0] for k in known))}"
+            raise SpecError(source, f"{where}: {key} is not a param of params.yaml ({hint})")
+
+
+def _grid(source: str, grid: dict[str, Any], known: dict[str, Any]) -> list[dict[str, Any]]:
+    if not grid:
+        raise SpecError(source, "grid: empty; give at least one dotted params key with a list of values")
+    _check_keys(source, "grid", grid, known)
+    for key, values in grid.items():
+        if not isinstance(values, list):
+            raise SpecError(source, f"grid.{key}: expected a list of values, got {type(values).__name__} "
+                                    f"{values!r} (a single value: [{values!r}] or put it under set:)")
+        if not values:
+            raise SpecError(source, f"grid.{key}: empty list; give at least one value")
+    size = 1
+    for values in grid.values():
+        size *= len(values)
+    if size > MAX_VARIANTS:
+        raise SpecError(source, f"grid: {' x '.join(str(len(v)) for v in grid.values())} = {size} variants, "
+                                f"more than the limit of {MAX_VARIANTS}; split the sweep")
+    return [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
+
+
+def _listed(source: str, variants: Any, known: dict[str, Any]) -> list[dict[str, Any]]:
+    if not isinstance(variants, list) or not variants:
+        raise SpecError(source, "variants: expected a non-empty list of override mappings")
+    if len(variants) > MAX_VARIANTS:
+        raise SpecError(source, f"variants: {len(variants)} variants, more than the limit of {MAX_VARIANTS}; "
+                                "split the sweep")
+    out = []
+    for i, item in enumerate(variants, 1):
+        overrides = _mapping(source, f"variants[{i}]", item)
+        _check_keys(source, f"variants[{i}]", overrides, known)
+        out.append(dict(overrides))
+    return out
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    node = data
+    for part in parents:
+        node = node[part]
+    node[leaf] = copy.deepcopy(value)
+
+
+def variant_params(base: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
+    """The full params mapping of a variant: ``base`` with the dotted ``applied`` overrides set."""
+    data = copy.deepcopy(base)
+    for key, value in applied.items():
+        _set_dotted(data, key, value)
+    return data
+
+
+def _header(source: str, data: Any, root: Path) -> tuple[str, str, int]:
+    if not isinstance(data, dict):
+        raise SpecError(source, "expected a mapping with name, profile and grid or variants")
+    unknown = [str(k) for k in data if k not in SPEC_KEYS]
+    if unknown:
+        raise SpecError(source, f"{unknown[0]}: unknown key (known: {', '.join(SPEC_KEYS)})")
+    for key in ("name", "profile"):
+        if key not in data:
+            raise SpecError(source, f"{key}: missing")
+    name = data["name"]
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise SpecError(source, f"name: {name!r} is not a sweep name (letters, digits, - and _, at most 40, "
+                                "starting with a letter or digit)")
+    profile = data["profile"]
+    if profile not in profile_names(root):
+        raise SpecError(source, f"profile: no profile {profile!r}; known: {', '.join(profile_names(root))}")
+    concurrency = data.get("concurrency", DEFAULT_CONCURRENCY)
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise SpecError(source, f"concurrency: {concurrency!r} is not an integer from 1 to {MAX_CONCURRENCY}")
+    if ("grid" in data) == ("variants" in data):
+        raise SpecError(source, "grid / variants: give exactly one of them")
+    return name, profile, concurrency
+
+
+def load_spec(path: str | Path, root: str | Path = ".") -> SweepSpec:
+    """Read and check a sweep spec against the profiles and params of the checkout ``root``.
+
+    Raises:
+        SpecError: the spec cannot run (unknown key, a key that is not a param, an empty grid, more than
+            :data:`MAX_VARIANTS` variants, two equal variants, or a value of the wrong type); the message
+            names the file and the key.
+    """
+    source, root = str(path), Path(root)
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError(source, "file not found") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(source, f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+    name, profile, concurrency = _header(source, data, root)
+    base = merged_profile(profile, root)
+    known = flatten(base)
+    shared = _mapping(source, "set", data.get("set") or {})
+    _check_keys(source, "set", shared, known)
+    own = _grid(source, _mapping(source, "grid", data["grid"]), known) if "grid" in data \
+        else _listed(source, data["variants"], known)
+    variants, seen = [], {}
+    for i, overrides in enumerate(own, 1):
+        variant = Variant(i, f"{name}-{i}", overrides, {**shared, **overrides})
+        if variant.key in seen:
+            raise SpecError(source, f"variants {seen[variant.key]} and {i} are the same ({variant.label()})")
+        seen[variant.key] = i
+        try:
+            params_from_dict(variant_params(base, variant.applied), f"variant {i}")
+        except ConfigError as exc:
+            raise SpecError(source, f"{exc} (profile {profile} with {variant.label()})") from None
+        variants.append(variant)
+    keys = tuple(dict.fromkeys(k for v in variants for k in v.overrides))
+    return SweepSpec(source=source, name=name, profile=profile, concurrency=concurrency, shared=dict(shared),
+                     variants=tuple(variants), keys=keys)

@@ -1,0 +1,229 @@
+"""Where a sweep's variants run and what it remembers: one git clone per variant, the state file, DVC's commands.
+
+One DVC workspace runs one ``dvc`` command at a time, and ``dvc exp run`` keeps its bookkeeping in refs
+(``refs/exps/stash``, ``refs/exps/exec/*``) that ``git worktree`` would share between workspaces; so each
+variant runs in its own clone under ``<repo>/.dvc/tmp/sweeps/<name>/`` (DVC ignores ``.dvc/``; DVC's own
+``--temp`` runs live there too), at the commit the sweep started from, with the checkout's DVC cache
+(``dvc cache dir --local``). The stages no variant changes run once, in the clone ``base``; each variant's
+clone starts as a copy of it, so its ``dvc.lock`` already records them and ``dvc exp run`` skips them. (DVC's
+run cache cannot do this here: DVC 3 saves no run-cache entry for a stage with a ``cache: false`` output that
+is not a metric or plot, ``no_cache_outs`` in dvc/stage/__init__.py, and every stage writes such a
+``<stage>.details.json``.) A finished experiment is pushed back with ``dvc exp push`` (git refs only), so
+``dvc exp show`` in the checkout lists it. Plain Python, no Prefect import.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flows.sweep_spec import SpecError, SweepSpec
+from pipeline.core.errors import PipelineError
+from pipeline.core.textio import write_text
+
+SWEEPS_DIR = Path(".dvc") / "tmp" / "sweeps"
+REPORTS_DIR = Path("reports") / "sweeps"
+
+
+def sweep_dir(root: Path, name: str) -> Path:
+    """``<root>/.dvc/tmp/sweeps/<name>``: the sweep's clones, state file and locks."""
+    return root / SWEEPS_DIR / name
+
+
+def git(cwd: Path, *args: str) -> str:
+    """Run git in ``cwd``; its stripped stdout.
+
+    Raises:
+        PipelineError: git failed (its command and stderr named).
+    """
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise PipelineError(f"{cwd}: `git {' '.join(args)}` failed: {done.stderr.strip() or done.returncode}")
+    return done.stdout.strip()
+
+
+def head_commit(root: Path) -> str:
+    """The commit the checkout is at (a sweep runs committed code only).
+
+    Raises:
+        PipelineError: ``root`` is not a git checkout with a commit.
+    """
+    try:
+        return git(root, "rev-parse", "--verify", "HEAD^{commit}")
+    except PipelineError:
+        raise PipelineError(f"{root}: a sweep runs the committed pipeline, and this checkout has no commit; "
+                            "commit it first (git add -A && git commit)") from None
+
+
+def cache_dir(root: Path) -> str:
+    """The checkout's DVC cache folder (``dvc cache dir``), which every clone shares."""
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        return str(Path(repo.cache.local_cache_dir).resolve())
+
+
+def prepare_clone(root: Path, clone: Path, commit: str, cache: str, template: Path | None = None) -> Path:
+    """A clone of ``root`` at ``commit`` with ``cache`` as its DVC cache; an existing one is reset.
+
+    A new clone is a copy of ``template`` (the base clone, with the shared stages' outputs and their
+    ``dvc.lock`` entries) when there is one. A clone left by an interrupted run keeps its untracked and ignored
+    files (dvc.lock, data, checkpoints: training resumes from its newest checkpoint) and loses its tracked
+    changes and its unfinished experiment's refs.
+    """
+    if not (clone / ".git").is_dir() and template is not None and (template / ".git").is_dir():
+        clone.parent.mkdir(parents=True, exist_ok=True)
+        tmp = clone.with_name(f".{clone.name}.copying")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(template, tmp, symlinks=True,
+                        ignore=lambda folder, names: ["tmp"] if Path(folder) == template / ".dvc" else [])
+        tmp.rename(clone)  # a copy interrupted half-way is never taken for a clone
+    if not (clone / ".git").is_dir():
+        clone.parent.mkdir(parents=True, exist_ok=True)
+        git(root, "clone", "-q", "--no-checkout", str(root), str(clone))
+        git(clone, "checkout", "-q", "--detach", commit)
+        done = subprocess.run(["dvc", "cache", "dir", "--local", cache], cwd=clone, capture_output=True,
+                              text=True, check=False)
+        if done.returncode != 0:
+            raise PipelineError(f"{clone}: `dvc cache dir --local {cache}` failed: {done.stderr.strip()}")
+        return clone
+    git(clone, "reset", "-q", "--hard")
+    git(clone, "checkout", "-q", "--detach", commit)
+    for ref in git(clone, "for-each-ref", "--format=%(refname)", "refs/exps").splitlines():
+        git(clone, "update-ref", "-d", ref)
+    return clone
+
+
+def write_params(clone: Path, params: dict[str, Any], header: str) -> None:
+    """Write ``params`` as the clone's params.yaml (``header``: comment lines saying where it comes from)."""
+    write_text(clone / "params.yaml", header + yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
+
+
+def set_param(key: str, value: Any) -> str:
+    """``key=value`` for ``dvc exp run --set-param`` (Hydra's override grammar reads JSON scalars and lists)."""
+    return f"{key}={json.dumps(value, separators=(',', ':'))}"
+
+
+def exp_run_command(name: str, applied: dict[str, Any]) -> list[str]:
+    """``dvc exp run --name NAME --set-param k=v ...``."""
+    return ["dvc", "exp", "run", "--name", name, *(a for k, v in applied.items() for a in ("--set-param",
+                                                                                          set_param(k, v)))]
+
+
+def exp_push_command(name: str) -> list[str]:
+    """Push experiment ``name``'s git ref to the checkout the clone came from (``origin``); the data stays in
+    the shared cache, so no DVC remote is involved (``--no-cache``); ``--force`` replaces an older run of it."""
+    return ["dvc", "exp", "push", "--force", "--no-cache", "origin", name]
+
+
+def exp_ref(root: Path, name: str, commit: str) -> str | None:
+    """The sha of experiment ``name`` on baseline ``commit`` in ``root`` (DVC's ``refs/exps/<2>/<38>/<name>``)."""
+    ref = f"refs/exps/{commit[:2]}/{commit[2:]}/{name}"
+    out = git(root, "for-each-ref", "--format=%(objectname)", ref)
+    return out or None
+
+
+def _params_entries(entries: Iterable[Any]) -> Iterator[str | None]:
+    """The params keys a dvc.yaml stage depends on (None: all of a file)."""
+    for entry in entries:
+        if isinstance(entry, str):
+            yield entry
+        elif isinstance(entry, dict):
+            for keys in entry.values():
+                yield from (keys if isinstance(keys, list) else [None])
+
+
+def _touches(param: str | None, key: str) -> bool:
+    return param is None or param == key or key.startswith(f"{param}.") or param.startswith(f"{key}.")
+
+
+def shared_stages(dvc_yaml: Path, keys: Iterable[str]) -> list[str]:
+    """The stages every variant runs identically: the leading stages of ``dvc_yaml`` (upstream first) whose
+    params none of ``keys`` touches, up to the first with a ``persist`` output (``train``: each variant trains)."""
+    stages = (yaml.safe_load(dvc_yaml.read_text(encoding="utf-8")) or {}).get("stages") or {}
+    keys = list(keys)
+    shared = []
+    for name, stage in stages.items():
+        params = list(_params_entries(stage.get("params") or []))
+        persists = any(isinstance(out, dict) and any(isinstance(o, dict) and o.get("persist") for o in out.values())
+                       for out in stage.get("outs") or [])
+        if persists or any(_touches(p, k) for p in params for k in keys):
+            break
+        shared.append(name)
+    return shared
+
+
+class SweepState:
+    """The state file ``<sweep dir>/state.json``: the commit, the MLflow parent and each finished variant.
+
+    A restart reads it and skips every variant recorded as done; it refuses a spec whose variants differ
+    from the ones the state was written for (their results would not be comparable in one table).
+    """
+
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+        self.path, self.data = path, data
+
+    @classmethod
+    def load(cls, root: Path, spec: SweepSpec, commit: str) -> SweepState:
+        """The sweep's state, or a new one at ``commit``.
+
+        Raises:
+            SpecError: the state was written for other variants or another base profile.
+        """
+        path = sweep_dir(root, spec.name) / "state.json"
+        plan = {"profile": spec.profile, "variants": [v.key for v in spec.variants]}
+        if not path.is_file():
+            return cls(path, {"name": spec.name, "commit": commit, "plan": plan, "mlflow_run_id": None,
+                              "variants": {}})
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("plan") != plan:
+            raise SpecError(spec.source, f"sweep {spec.name!r} already ran with another profile or other variants "
+                                         f"({path}); give this spec another name, or delete "
+                                         f"{path.parent} to start it over")
+        return cls(path, data)
+
+    def done(self, key: str) -> dict[str, Any] | None:
+        """The record of a finished variant, or None."""
+        record = self.data["variants"].get(key)
+        return record if record and record.get("status") == "done" else None
+
+    def record(self, key: str, record: dict[str, Any]) -> None:
+        """Store one variant's outcome (atomically: a killed run leaves the previous file)."""
+        self.data["variants"][key] = record
+        self.save()
+
+    def save(self) -> None:
+        """Write the state file."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(self.path, json.dumps(self.data, indent=2) + "\n")  # keys in spec order
+
+
+@contextmanager
+def held(path: Path, what: str, *, wait: bool) -> Iterator[None]:
+    """An exclusive ``flock(2)`` on ``path`` for the block (``wait``: block until free, else refuse at once).
+
+    Raises:
+        PipelineError: ``wait`` is false and another process or thread holds it.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise PipelineError(f"{path}: {what} is already running (pid {os.pread(fd, 32, 0).decode() or '?'}); "
+                                "wait for it to end or stop it") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)

@@ -1,0 +1,142 @@
+"""Sweep specs: expanded into variants, or refused before anything runs with one line naming the file and key."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.sweep_spec import MAX_VARIANTS, SpecError, load_spec, variant_params
+from flows.sweep_work import exp_run_command, set_param, shared_stages
+from pipeline.core.config import params_from_dict
+from pipeline.project.profiles import merged_profile
+from tests.helpers.paths import REPO
+
+
+def _write(tmp_path: Path, spec: dict | str) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(spec if isinstance(spec, str) else yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _refused(tmp_path: Path, spec: dict | str) -> str:
+    path = _write(tmp_path, spec)
+    with pytest.raises(SpecError) as err:
+        load_spec(path, REPO)
+    message = str(err.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message, message
+    return message[len(f"{path}: "):]
+
+
+def test_a_grid_is_the_cross_product_in_spec_order_with_the_shared_overrides(tmp_path: Path) -> None:
+    spec = load_spec(_write(tmp_path, {"name": "wu", "profile": "tiny", "set": {"evaluate.beam_sizes": [1]},
+                                       "grid": {"train.warmup_steps": [2, 8], "train.lr_scale": [0.5, 1.0]}}), REPO)
+    assert (spec.name, spec.profile, spec.concurrency, spec.run_name) == ("wu", "tiny", 2, "sweep-wu")
+    assert [v.name for v in spec.variants] == ["wu-1", "wu-2", "wu-3", "wu-4"]
+    assert [v.overrides for v in spec.variants] == [
+        {"train.warmup_steps": 2, "train.lr_scale": 0.5}, {"train.warmup_steps": 2, "train.lr_scale": 1.0},
+        {"train.warmup_steps": 8, "train.lr_scale": 0.5}, {"train.warmup_steps": 8, "train.lr_scale": 1.0}]
+    assert spec.variants[0].applied == {"evaluate.beam_sizes": [1], "train.warmup_steps": 2, "train.lr_scale": 0.5}
+    assert spec.keys == ("train.warmup_steps", "train.lr_scale")
+    params = variant_params(merged_profile("tiny", REPO), spec.variants[3].applied)
+    assert (params["train"]["warmup_steps"], params["train"]["lr_scale"], params["evaluate"]["beam_sizes"]) == \
+        (8, 1.0, [1])
+    params_from_dict(params)
+    assert merged_profile("tiny", REPO)["train"]["warmup_steps"] == 5  # the base is not modified
+    assert exp_run_command("wu-2", spec.variants[1].applied) == [
+        "dvc", "exp", "run", "--name", "wu-2", "--set-param", "evaluate.beam_sizes=[1]",
+        "--set-param", "train.warmup_steps=2", "--set-param", "train.lr_scale=1.0"]
+
+
+def test_a_list_of_variants_keeps_its_order_and_labels(tmp_path: Path) -> None:
+    spec = load_spec(_write(tmp_path, {"name": "ab", "profile": "demo", "concurrency": 1, "variants": [
+        {"train.warmup_steps": 100}, {"train.warmup_steps": 200, "model.dropout": 0.2}]}), REPO)
+    assert [v.label() for v in spec.variants] == ["train.warmup_steps=100",
+                                                  "train.warmup_steps=200, model.dropout=0.2"]
+    assert spec.keys == ("train.warmup_steps", "model.dropout") and spec.concurrency == 1
+    assert set_param("paths.raw", "data/x") == 'paths.raw="data/x"'
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"name": "x", "profile": "tiny", "grid": {"train.warmup_steps": [1]}, "grdi": {}},
+     "grdi: unknown key (known: name, profile, concurrency, set, grid, variants)"),
+    ({"name": "x", "profile": "tiny", "grid": {"train.warmpu_steps": [1, 2]}},
+     "grid: train.warmpu_steps is not a param of params.yaml (known in train: tokens_per_step, lr_scale, "
+     "warmup_steps, adam_beta1, adam_beta2, adam_eps, weight_decay, label_smoothing, clip_norm, max_steps, "
+     "max_epochs, max_minutes, save_every_steps, keep_last, valid_every_steps, log_every_steps)"),
+    ({"name": "x", "profile": "tiny", "grid": {"trian.lr_scale": [1]}},
+     "grid: trian.lr_scale is not a param of params.yaml (known sections: profile, seed, paths, download, clean, "
+     "bpe, encode, model, train, average, evaluate)"),
+    ({"name": "x", "profile": "tiny", "variants": [{"train.warmup_steps": 1}, {"train": {"warmup_steps": 2}}]},
+     "variants[2]: train is a section of params.yaml, not a param; name one key inside it, e.g. train.tokens_per_step"),
+    ({"name": "x", "profile": "tiny", "set": {"evaluate.beem": 1}, "grid": {"train.warmup_steps": [1]}},
+     "set: evaluate.beem is not a param of params.yaml (known in evaluate: beam_sizes, alphas, max_len_a, "
+     "max_len_b, max_tokens)"),
+    ({"name": "x", "profile": "tiny", "grid": {}},
+     "grid: empty; give at least one dotted params key with a list of values"),
+    ({"name": "x", "profile": "tiny", "grid": {"train.warmup_steps": []}},
+     "grid.train.warmup_steps: empty list; give at least one value"),
+    ({"name": "x", "profile": "tiny", "grid": {"train.warmup_steps": 5}},
+     "grid.train.warmup_steps: expected a list of values, got int 5 (a single value: [5] or put it under set:)"),
+    ({"name": "x", "profile": "tiny", "grid": {"train.warmup_steps": list(range(1, 9)),
+                                               "train.max_steps": list(range(10, 19))}},
+     f"grid: 8 x 9 = 72 variants, more than the limit of {MAX_VARIANTS}; split the sweep"),
+    ({"name": "x", "profile": "tiny", "variants": [{"train.warmup_steps": i} for i in range(1, 66)]},
+     f"variants: 65 variants, more than the limit of {MAX_VARIANTS}; split the sweep"),
+    ({"name": "x", "profile": "tiny", "variants": []},
+     "variants: expected a non-empty list of override mappings"),
+    ({"name": "x", "profile": "tiny", "grid": {"train.warmup_steps": [10, "many"]}},
+     "variant 2: train.warmup_steps: expected int, got str 'many' (profile tiny with train.warmup_steps=\"many\")"),
+    ({"name": "x", "profile": "tiny", "grid": {"train.lr_scale": [1.0, -1.0]}},
+     "variant 2: train.lr_scale: -1.0 is out of range (expected > 0) (profile tiny with train.lr_scale=-1.0)"),
+    ({"name": "x", "profile": "tiny", "variants": [{"train.warmup_steps": 3}, {"train.warmup_steps": 3}]},
+     "variants 1 and 2 are the same (train.warmup_steps=3)"),
+    ({"name": "x", "profile": "tiny", "grid": {"train.warmup_steps": [1]}, "variants": []},
+     "grid / variants: give exactly one of them"),
+    ({"name": "x", "profile": "small", "grid": {"train.warmup_steps": [1]}},
+     "profile: no profile 'small'; known: demo, paper, tiny"),
+    ({"profile": "tiny", "grid": {"train.warmup_steps": [1]}}, "name: missing"),
+    ({"name": "a b", "profile": "tiny", "grid": {"train.warmup_steps": [1]}},
+     "name: 'a b' is not a sweep name (letters, digits, - and _, at most 40, starting with a letter or digit)"),
+    ({"name": "x", "profile": "tiny", "concurrency": 0, "grid": {"train.warmup_steps": [1]}},
+     "concurrency: 0 is not an integer from 1 to 16"),
+    ("- just\n- a list\n", "expected a mapping with name, profile and grid or variants"),
+])
+def test_a_bad_spec_is_refused_with_the_key_named(tmp_path: Path, spec: dict | str, message: str) -> None:
+    assert _refused(tmp_path, spec) == message
+
+
+def test_a_missing_or_unreadable_spec_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"nope\.yaml: file not found$"):
+        load_spec(tmp_path / "nope.yaml", REPO)
+    assert _refused(tmp_path, "name: [") == "not valid YAML at line 1, column 8: expected the node content, " \
+        "but found '<stream end>'"
+
+
+def test_shared_stages_are_the_leading_stages_no_varied_key_touches() -> None:
+    dvc_yaml = REPO / "dvc.yaml"
+    assert shared_stages(dvc_yaml, ["train.warmup_steps"]) == ["download", "clean", "bpe", "encode"]
+    assert shared_stages(dvc_yaml, ["bpe.vocab_size"]) == ["download", "clean"]
+    assert shared_stages(dvc_yaml, ["evaluate.max_len_b"]) == ["download", "clean", "bpe", "encode"]  # train persists
+    assert shared_stages(dvc_yaml, ["download.retries"]) == []
+    assert shared_stages(dvc_yaml, []) == ["download", "clean", "bpe", "encode"]
+
+
+def test_the_example_spec_is_a_four_variant_demo_sweep() -> None:
+    spec = load_spec(REPO / "sweeps" / "demo-warmup.yaml", REPO)
+    assert spec.profile == "demo" and len(spec.variants) == 4 and spec.concurrency == 2
+
+
+def test_nmt_sweep_refuses_a_bad_spec_in_one_line_before_any_server(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"name": "x", "profile": "tiny", "grid": {"train.warmup_steps": []}})
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "sweep", str(path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.splitlines()[-1] == \
+        f"error: {path}: grid.train.warmup_steps: empty list; give at least one value"
+    assert "prefect" not in done.stderr.lower()  # no temporary server was started
