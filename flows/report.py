@@ -100,7 +100,8 @@ def mlflow_ui_hint(tracking_uri: str | None, page: str | None = None) -> str | N
     its own UI); ``page`` defaults to the UI's start page."""
     if not tracking_uri or tracking_uri.startswith(("http://", "https://")):
         return None
-    return f"`.venv/bin/mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1` (then {page or 'http://127.0.0.1:5000'})"
+    page = page or "http://127.0.0.1:5000"
+    return f"`.venv/bin/mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1` (then {page})"
 
 
 def audit_deviations(audit_md: str) -> list[str]:

@@ -8,8 +8,9 @@ the paper's Table 3, "beam search as described in the previous section, but no c
 the figures are ``informational`` (not comparable).
 
 Three items are run checks (kind ``check``), not the paper's: the averaging span (a warning past 20% of
-training, the averaging rule params.yaml states, or with other than 5 checkpoints) and the averaged model against the newest checkpoint alone, on
-valid BLEU and on valid perplexity (a warning when the newest checkpoint scores better).
+training, the averaging rule params.yaml states, or with other than 5 checkpoints) and the averaged model
+against the newest checkpoint alone, on valid BLEU and on valid perplexity (a warning when the newest
+checkpoint scores better).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def _span(steps: list[int], final: int) -> tuple[str, list[str]]:
     bad = []
     if share > AVERAGE_SPAN_MAX:
         bad.append(f"the averaged checkpoints span {share * 100:.1f}% of training (steps {first:,}-{final:,} of "
-                   f"{final:,}; the paper's span is about the last 6-7%; params.yaml's averaging rule allows {AVERAGE_SPAN_MAX:.0%}): early, "
-                   "weaker weights are in the average")
+                   f"{final:,}; the paper's span is about the last 6-7%; params.yaml's averaging rule allows "
+                   f"{AVERAGE_SPAN_MAX:.0%}): early, weaker weights are in the average")
     if n != PAPER["averaged_checkpoints"]:
         bad.append(f"{n} checkpoint(s) averaged (paper: 5)")
     return run, bad

@@ -95,7 +95,8 @@ def test_world_size_and_forward_passes_are_informational() -> None:
     ([97_000, 98_500, 100_000], "3 checkpoint(s), steps 97,000-100,000: the last 3.0% of training",
      "3 checkpoint(s) averaged (paper: 5)"),
 ])
-def test_averaging_span_is_a_sanity_check_that_warns_past_twenty_percent(steps: list[int], run: str, warning: str) -> None:
+def test_averaging_span_is_a_sanity_check_that_warns_past_twenty_percent(steps: list[int], run: str,
+                                                                         warning: str) -> None:
     report, items = _audit({"train": _train(), "average": {"steps": steps}})
     span = items["Averaging span"]
     assert span["run"] == run and span["kind"] == "check" and "12-hour run" in span["paper"]
