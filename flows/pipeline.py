@@ -51,6 +51,7 @@ from flows.dvc_task import (ProcessResult, kill_all_groups, publish_hint, repro_
 from flows.report import AUDIT_ARTIFACT_KEY, StageOutcome, headline_metrics, render_report
 from flows.server import start_temporary_server
 from flows.workspace import exclusive_run
+from pipeline.core import env
 from pipeline.core import stages as stage_table
 from pipeline.core import tracking
 from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
@@ -372,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    env.prefer_this_interpreter()  # DVC's `python -m pipeline.<stage>` runs in this environment
     try:
         timeouts, delays = _parse_timeouts(args.timeout), _parse_timeouts(args.retry_delay)
         _select(args.stages, dvc_stages(args.repo), args.repo)  # refused before any server, lock or MLflow run

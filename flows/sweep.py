@@ -56,6 +56,7 @@ from flows.sweep_report import OBJECTIVE, best_variant, render_sweep
 from flows.sweep_spec import SweepSpec, Variant, load_spec, variant_params
 from flows.sweep_work import (REPORTS_DIR, SweepState, cache_dir, exp_push_command, exp_ref, exp_run_command,
                               head_commit, held, prepare_clone, shared_stages, sweep_dir, write_params)
+from pipeline.core import env
 from pipeline.core import stages as stage_table
 from pipeline.core import tracking
 from pipeline.core.config import flatten
@@ -342,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    env.prefer_this_interpreter()  # dvc and DVC's `python -m pipeline.<stage>` run in this environment
     try:
         load_spec(args.spec, args.repo)  # a bad spec is refused before any server, clone or MLflow run
         if not PREFECT_API_URL.value():

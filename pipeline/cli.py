@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from pipeline.core import env
 from pipeline.core.errors import PipelineError
 from pipeline.core.stage import setup_logging
 from pipeline.core.stages import NAMES
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nmt`` console script."""
     setup_logging()
+    env.prefer_this_interpreter()  # the flows' dvc and stage commands run in this environment
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -20,6 +20,7 @@ import functools
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -316,3 +317,16 @@ def markdown_rows() -> list[str]:
         rows.append(f"| `{f.metadata['env']}` | {cell(f.metadata['parse'].kind)} | {cell(_shown_default(f))} | "
                     f"{cell(f.metadata['doc'])} |")
     return rows
+
+
+def prefer_this_interpreter() -> None:
+    """Put this interpreter's folder first on ``PATH``, as activating its virtual environment would.
+
+    The commands the flows start look their programs up on ``PATH``: ``dvc``, and DVC's stage commands
+    (``python -m pipeline.<stage>``, dvc.yaml). Without this, ``.venv/bin/nmt run`` from a shell where ``.venv``
+    is not activated would run them with whatever ``python`` comes first, which lacks the pipeline's packages.
+    """
+    folder = str(Path(sys.executable).parent)
+    parts = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p]
+    if parts[:1] != [folder]:
+        os.environ["PATH"] = os.pathsep.join([folder, *(p for p in parts if p != folder)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -277,3 +278,13 @@ def test_a_stage_reports_a_bad_environment_as_one_error(monkeypatch: pytest.Monk
         "error: stage demo: environment: 2 problem(s) in the configuration:\n"
         "  - NMT_NPROC='zero': expected an integer >= 1\n"
         "  - NMT_THREADS='-2': expected an integer >= 1\n")
+
+
+def test_child_commands_run_in_this_interpreters_environment() -> None:
+    """``.venv/bin/nmt run`` without an activated venv: dvc and DVC's ``python -m pipeline.<stage>`` are this venv's."""
+    script = ("from pipeline.core import env; env.prefer_this_interpreter(); import shutil; "
+              "print(shutil.which('python')); print(shutil.which('dvc'))")
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=60, check=True)
+    folder = Path(sys.executable).parent
+    assert done.stdout.splitlines() == [str(folder / "python"), str(folder / "dvc")]
