@@ -5,7 +5,7 @@ refuses a bad one before anything runs, then:
 
 1. opens (or, on a restart, reopens) the MLflow parent run ``sweep-<name>``;
 2. runs the stages no variant changes (download ... encode when only training keys vary) once, in a clone
-   with the base profile (task ``sweep-shared-stages``); every variant's clone starts as a copy of it, so DVC
+   with the first variant's params (:func:`flows.sweep_spec.shared_params`; task ``sweep-shared-stages``); every variant's clone starts as a copy of it, so DVC
    finds those stages up to date and skips them;
 3. runs each variant not yet finished as its own Prefect task run, at most ``concurrency`` at once: in its
    own clone (:mod:`flows.sweep_work`), ``dvc exp run --name <name>-<i> --set-param key=value ...`` under
@@ -53,7 +53,7 @@ from flows.pipeline import dvc_stages
 from flows.report import headline_metrics
 from flows.server import start_temporary_server
 from flows.sweep_report import OBJECTIVE, best_variant, render_sweep
-from flows.sweep_spec import SweepSpec, Variant, load_spec, variant_params
+from flows.sweep_spec import SweepSpec, Variant, load_spec, shared_params, variant_params
 from flows.sweep_work import (REPORTS_DIR, SweepState, cache_dir, exp_push_command, exp_ref, exp_run_command,
                               head_commit, held, prepare_clone, shared_stages, sweep_dir, write_params)
 from pipeline.core import env
@@ -314,7 +314,7 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
                                parent_run_id=parent.run_id, flow_run_id=str(flow_run_ctx.id or ""),
                                grace_s=kill_grace_s)
             if shared:
-                build_shared(shared, ctx, variant_params(base, spec.shared))
+                build_shared(shared, ctx, shared_params(base, spec))
             if todo:
                 _run_variants(todo, ctx, base, spec, state)
             records = [state.data["variants"].get(v.key) or {"name": v.name, "overrides": v.overrides,

@@ -156,6 +156,17 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     node[leaf] = copy.deepcopy(value)
 
 
+def shared_params(base: dict[str, Any], spec: SweepSpec) -> dict[str, Any]:
+    """The params of the clone that runs the shared stages: the first variant's.
+
+    The shared stages read none of the keys the variants change, so every variant's params give them the
+    same inputs; the base profile with the ``set`` overrides alone need not even be valid (``set:
+    train.max_steps: 200`` over the demo's warmup of 200 steps, which every variant changes). Each variant's
+    params were checked when the spec was loaded.
+    """
+    return variant_params(base, spec.variants[0].applied)
+
+
 def variant_params(base: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
     """The full params mapping of a variant: ``base`` with the dotted ``applied`` overrides set."""
     data = copy.deepcopy(base)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.sweep_spec import MAX_VARIANTS, SpecError, load_spec, variant_params
+from flows.sweep_spec import MAX_VARIANTS, SpecError, load_spec, shared_params, variant_params
+from pipeline.core.errors import ConfigError
 from flows.sweep_work import exp_run_command, set_param, shared_stages
 from pipeline.core.config import params_from_dict
 from pipeline.project.profiles import merged_profile
@@ -126,9 +127,22 @@ def test_shared_stages_are_the_leading_stages_no_varied_key_touches() -> None:
     assert shared_stages(dvc_yaml, []) == ["download", "clean", "bpe", "encode"]
 
 
+def test_the_shared_stages_run_with_valid_params_when_set_alone_is_not(tmp_path: Path) -> None:
+    """`set` shortens training below the profile's warmup, which every variant changes: the base is invalid."""
+    spec = load_spec(_write(tmp_path, {"name": "short", "profile": "tiny", "set": {"train.max_steps": 4},
+                                       "grid": {"train.warmup_steps": [1, 2]}}), REPO)
+    base = merged_profile("tiny", REPO)
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        params_from_dict(variant_params(base, spec.shared), "set alone")
+    params = shared_params(base, spec)
+    params_from_dict(params, "shared stages")
+    assert params["train"]["max_steps"] == 4 and params["train"]["warmup_steps"] == 1
+
+
 def test_the_example_spec_is_a_four_variant_demo_sweep() -> None:
     spec = load_spec(REPO / "sweeps" / "demo-warmup.yaml", REPO)
     assert spec.profile == "demo" and len(spec.variants) == 4 and spec.concurrency == 2
+    params_from_dict(shared_params(merged_profile("demo", REPO), spec), "shared stages")  # its 200 steps < warmup
 
 
 def test_nmt_sweep_refuses_a_bad_spec_in_one_line_before_any_server(tmp_path: Path) -> None:
