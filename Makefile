@@ -15,7 +15,7 @@ export SACREBLEU ?= $(abspath .sacrebleu)
 # Offline machines: use the shared data folder beside the checkout as the download mirror when present.
 export NMT_DATA_MIRROR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 
-.PHONY: install test demo run bench bench-decode clean-venv
+.PHONY: install test demo run bench bench-decode bench-scale clean-venv
 
 install: $(VENV)/.installed
 
@@ -50,6 +50,11 @@ bench: install
 # e.g. after `make demo`; more models with --model NAME=PATH (benchmarks/decode.py).
 bench-decode: install
 	$(BIN)/python benchmarks/decode.py --model demo=runs/demo/model/averaged.pt
+
+# The data stages at WMT14 size on a synthetic corpus (1M, 2M and 4.5M pairs): about an hour on 2 cores,
+# ~6 GB of disk at a time under SCALE_WORK (default: the temp folder); see benchmarks/scale.py.
+bench-scale: install
+	$(BIN)/python benchmarks/scale.py $(if $(SCALE_WORK),--work $(SCALE_WORK))
 
 clean-venv:
 	rm -rf $(VENV)

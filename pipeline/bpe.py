@@ -1,8 +1,10 @@
 """Stage ``bpe``: a joint SentencePiece BPE model over the cleaned training text (EN and DE).
 
 The model is trained on a seeded sample of at most ``bpe.input_sentence_size`` sentences drawn
-by this module (not by SentencePiece), written to a temporary file in a fixed order, so the same
-cleaned text and seed give the same ``spm.model`` bytes. Ids are fixed: pad=0, unk=1, bos=2, eos=3.
+by this module (not by SentencePiece) and streamed to SentencePiece in file order through its
+``sentence_iterator`` (no temporary copy of the text: at the paper's sample size that copy would be
+the whole 1.3 GB corpus), so the same cleaned text and seed give the same ``spm.model`` bytes.
+Ids are fixed: pad=0, unk=1, bos=2, eos=3.
 SentencePiece's own normalisation is ``identity``: the text is already normalised by ``clean``
 (NFC), and decoding must give back exactly the cleaned text.
 """
@@ -13,6 +15,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -36,34 +39,63 @@ def sample_indices(total: int, k: int, seed: int) -> np.ndarray:
     return np.sort(rng.choice(total, size=k, replace=False)).astype(np.int64)
 
 
-def write_sample(files: list[Path], out: Path, k: int, seed: int) -> int:
-    """Write a seeded sample of the lines of ``files`` (taken as one sequence) to ``out``.
+class Sample:
+    """A seeded sample of the lines of ``files`` (taken as one sequence), iterated in file order.
 
-    Returns:
-        The number of sentences written (empty lines are skipped).
+    Empty lines are skipped; ``count`` is the number of sentences yielded so far. The files are read
+    as they are iterated, so the sample never exists as a list or a file. A :class:`DataError` met
+    while reading (invalid UTF-8, a NUL byte) is kept in ``error``: SentencePiece turns an exception
+    in its iterator into a ``RuntimeError`` that has lost the file and line.
     """
-    counts = [count_lines(f) for f in files]
-    chosen = sample_indices(sum(counts), k, seed)
-    written = pos = base = 0
-    with open(out, "w", encoding="utf-8", newline="\n") as fh:
-        for path, n in zip(files, counts):
+
+    def __init__(self, files: list[Path], k: int, seed: int) -> None:
+        self.files = files
+        self.counts = [count_lines(f) for f in files]
+        self.chosen = sample_indices(sum(self.counts), k, seed)
+        self.count = 0
+        self.error: DataError | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            yield from self._lines()
+        except DataError as exc:
+            self.error = exc
+            raise
+
+    def _lines(self) -> Iterator[str]:
+        self.count = pos = base = 0
+        chosen = self.chosen
+        for path, n in zip(self.files, self.counts):
             for i, line in enumerate(read_lines(path), start=base):
                 if pos < len(chosen) and chosen[pos] == i:
                     pos += 1
                     if line:
-                        fh.write(line + "\n")
-                        written += 1
+                        self.count += 1
+                        yield line
             base += n
-    return written
 
 
-def train_model(sample: Path, model_prefix: Path, cfg: BpeConfig, num_threads: int) -> None:
-    """Train SentencePiece BPE on every line of ``sample``; writes ``<prefix>.model``/``.vocab``."""
+def write_sample(files: list[Path], out: Path, k: int, seed: int) -> int:
+    """Write :class:`Sample` ``(files, k, seed)`` to ``out``, a line each; returns the number of sentences."""
+    sample = Sample(files, k, seed)
+    with open(out, "w", encoding="utf-8", newline="\n") as fh:
+        for line in sample:
+            fh.write(line + "\n")
+    return sample.count
+
+
+def train_model(sample: Path | Iterable[str], model_prefix: Path, cfg: BpeConfig, num_threads: int) -> None:
+    """Train SentencePiece BPE on every sentence of ``sample``; writes ``<prefix>.model``/``.vocab``.
+
+    Args:
+        sample: a text file (one sentence a line) or the sentences themselves, in training order.
+    """
     import sentencepiece as spm
 
+    source = {"input": str(sample)} if isinstance(sample, Path) else {"sentence_iterator": iter(sample)}
     try:
         spm.SentencePieceTrainer.train(
-            input=str(sample), model_prefix=str(model_prefix), model_type="bpe",
+            **source, model_prefix=str(model_prefix), model_type="bpe",
             vocab_size=cfg.vocab_size, character_coverage=cfg.character_coverage,
             input_sentence_size=0, shuffle_input_sentence=False,  # the sample is ours, in a fixed order
             normalization_rule_name="identity", num_threads=num_threads,
@@ -73,7 +105,8 @@ def train_model(sample: Path, model_prefix: Path, cfg: BpeConfig, num_threads: i
     except RuntimeError as exc:
         hint = ("lower bpe.vocab_size in params.yaml" if "Vocabulary size" in str(exc)
                 else "check the cleaned training text")
-        raise DataError(f"SentencePiece training on {sample} failed: {exc}; {hint}") from None
+        what = sample if isinstance(sample, Path) else "the sample"
+        raise DataError(f"SentencePiece training on {what} failed: {exc}; {hint}") from None
     _canonicalise(model_prefix.with_suffix(".model"))
 
 
@@ -113,17 +146,23 @@ def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path) -> dict
         if not path.is_file():
             raise DataError(f"{path}: missing; run `dvc repro clean` first")
     threads = os.cpu_count() or 1
+    sample = Sample(files, cfg.input_sentence_size, cfg.seed)
+    no_text = f"{files[0]} and {files[1]} hold no text; rerun `dvc repro clean`"
+    if len(sample.chosen) == 0:
+        raise DataError(no_text)
     with atomic_path(bpe_dir) as tmp:
         tmp.mkdir()
-        # The sample lives in the temporary output (removed before the rename): a killed run leaves no
-        # gigabyte-sized file in /tmp, only a stale sibling that the next run deletes.
-        sample = tmp / "sample.txt"
-        n = write_sample(files, sample, cfg.input_sentence_size, cfg.seed)
-        if n == 0:
-            raise DataError(f"{files[0]} and {files[1]} hold no text; rerun `dvc repro clean`")
-        log.info("bpe: training a %d-piece model on %d sentences with %d threads", cfg.vocab_size, n, threads)
-        train_model(sample, tmp / "spm", cfg, threads)
-        sample.unlink()
+        log.info("bpe: training a %d-piece model on up to %d sentences with %d threads", cfg.vocab_size,
+                 len(sample.chosen), threads)
+        try:
+            train_model(sample, tmp / "spm", cfg, threads)
+        except DataError:
+            if sample.error is not None:
+                raise sample.error from None
+            if sample.count == 0:  # only empty lines: SentencePiece had nothing to learn from
+                raise DataError(no_text) from None
+            raise
+    n = sample.count
     tracking.current().log_metrics({"sentences": n})
     return {"sentences": n, "vocab_size": cfg.vocab_size, "spm_sha256": sha256_file(bpe_dir / "spm.model")}
 

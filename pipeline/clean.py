@@ -7,26 +7,34 @@ duplicates); valid and test keep every line, empty ones included, so their line 
 raw files and the references BLEU is computed against.
 
 Deduplication keeps one 16-byte digest per kept pair (:class:`DigestSet`), never the text, so the
-stage streams corpora of any size.
+stage streams corpora of any size. Normalising and the per-pair rules run in blocks of 65,536 lines in
+``NMT_CLEAN_WORKERS`` processes (default ``os.cpu_count()``); dedup and writing stay in the stage's
+process, in line order, so the output bytes do not depend on the number of workers.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import concurrent.futures as cf
 import hashlib
 import itertools
 import logging
+import multiprocessing
+import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.core import env
 from pipeline.core.config import CleanConfig, Params
 from pipeline.core.errors import DataError
 from pipeline.core.stage import stage_main
-from pipeline.core.textio import atomic_path, count_lines, read_lines
+from pipeline.core.textio import atomic_path, count_lines, line_offsets, read_line_block
 from pipeline.data.normalize import normalize
 
 log = logging.getLogger(__name__)
@@ -34,7 +42,7 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "valid", "test")
 LANGS = ("en", "de")
 RULES = ("empty", "too_short", "too_long", "ratio", "copy", "duplicate")
-_BATCH = 16384  # pairs per batch: large enough for numpy, small enough to keep RSS flat
+BLOCK_ROWS = 65536  # pairs per block: one task of a worker, ~10-20 MB of text
 _LOG_EVERY_S = 10.0
 
 
@@ -100,11 +108,13 @@ class DigestSet:
             slot[todo] = (slot[todo] + 1) & mask
         return new
 
-    def add_batch(self, digests: list[bytes]) -> np.ndarray:
-        """Add digests in order; return a bool mask, True where a digest is seen for the first time."""
+    def add_batch(self, digests: list[bytes] | bytes) -> np.ndarray:
+        """Add digests in order (a list, or 16-byte digests back to back); return a bool mask, True where a
+        digest is seen for the first time."""
         if not digests:
             return np.zeros(0, dtype=bool)
-        keys = np.frombuffer(b"".join(digests), dtype=np.uint64).reshape(-1, 2)
+        joined = digests if isinstance(digests, bytes) else b"".join(digests)
+        keys = np.frombuffer(joined, dtype=np.uint64).reshape(-1, 2)
         _, first = np.unique(keys.view(np.dtype((np.void, 16))).ravel(), return_index=True)
         first.sort()
         while (self._n + len(first)) * 2 > len(self._used):
@@ -130,15 +140,6 @@ def _raw_files(raw_dir: Path, split: str) -> tuple[Path, Path, int]:
     return src, tgt, n_src
 
 
-def _pairs(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
-    """Zip two aligned files, normalising both sides; DataError if one ends early."""
-    end = object()
-    for a, b in itertools.zip_longest(read_lines(src), read_lines(tgt), fillvalue=end):
-        if a is end or b is end:
-            raise DataError(f"{src} and {tgt} changed length while being read; rerun the stage")
-        yield normalize(a), normalize(b)  # type: ignore[arg-type]
-
-
 def _rule(cfg: CleanConfig, src: str, tgt: str) -> str | None:
     """The first rule (before dedup) that drops this normalised pair, or None."""
     if not src or not tgt:
@@ -155,43 +156,110 @@ def _rule(cfg: CleanConfig, src: str, tgt: str) -> str | None:
     return None
 
 
-def _filter_batch(cfg: CleanConfig, batch: list[tuple[str, str]], seen: DigestSet | None,
-                  dropped: dict[str, int]) -> list[tuple[str, str]]:
-    """Apply every rule to one batch of pairs (in order); update ``dropped``."""
+@dataclass(frozen=True)
+class Block:
+    """Lines ``[first_line, first_line + count)`` of a split: their byte ranges in both raw files."""
+
+    src: str
+    tgt: str
+    src_range: tuple[int, int]  # [start, end) in bytes; end -1 = to the end of the file
+    tgt_range: tuple[int, int]
+    first_line: int
+    count: int
+    cfg: CleanConfig | None  # None: normalise only (valid/test)
+
+
+@dataclass
+class BlockResult:
+    """A block after normalisation and the per-pair rules: kept text, one digest per kept pair, counts."""
+
+    src_text: str  # kept lines, each followed by "\n"
+    tgt_text: str
+    digests: bytes  # 16 bytes per kept pair (train with dedup only)
+    kept: int
+    dropped: dict[str, int]
+    blank: int
+
+
+def plan_blocks(src: Path, tgt: Path, cfg: CleanConfig | None) -> tuple[list[Block], int]:
+    """Cut a split into blocks of :data:`BLOCK_ROWS` aligned lines; returns them and the line count."""
+    rows = BLOCK_ROWS
+    (src_offs, n_src), (tgt_offs, n_tgt) = (line_offsets(p, rows) for p in (src, tgt))
+    if n_src != n_tgt:
+        raise DataError(f"{src} has {n_src} lines but {tgt} has {n_tgt}: the files are not aligned; "
+                        "fix or re-download them (`dvc repro download`)")
+    src_ends, tgt_ends = src_offs[1:] + [-1], tgt_offs[1:] + [-1]
+    blocks = [Block(str(src), str(tgt), (s0, s1), (t0, t1), k * rows, min(rows, n_src - k * rows), cfg)
+              for k, (s0, s1, t0, t1) in enumerate(zip(src_offs, src_ends, tgt_offs, tgt_ends))
+              if k * rows < n_src]
+    return blocks, n_src
+
+
+def clean_block(block: Block) -> BlockResult:
+    """Normalise one block and, for training text, apply every rule but dedup (which needs the order)."""
+    src = read_line_block(block.src, *block.src_range, block.first_line)
+    tgt = read_line_block(block.tgt, *block.tgt_range, block.first_line)
+    if len(src) != block.count or len(tgt) != block.count:
+        raise DataError(f"{block.src} and {block.tgt} changed length while being read; rerun the stage")
+    pairs = [(normalize(a), normalize(b)) for a, b in zip(src, tgt)]
+    dropped = dict.fromkeys(RULES, 0)
+    cfg = block.cfg
+    if cfg is None:
+        blank = sum(1 for a, b in pairs if not a or not b)
+        return BlockResult(_text(p[0] for p in pairs), _text(p[1] for p in pairs), b"", len(pairs), dropped, blank)
     kept = []
-    for pair in batch:
+    for pair in pairs:
         rule = _rule(cfg, *pair)
         if rule is None:
             kept.append(pair)
         else:
             dropped[rule] += 1
-    if seen is None:
-        return kept
-    fresh = seen.add_batch([pair_digest(s, t) for s, t in kept])
-    dropped["duplicate"] += int(len(kept) - fresh.sum())
-    return [pair for pair, ok in zip(kept, fresh) if ok]
+    digests = b"".join(pair_digest(s, t) for s, t in kept) if cfg.dedup else b""
+    return BlockResult(_text(p[0] for p in kept), _text(p[1] for p in kept), digests, len(kept), dropped, 0)
 
 
-def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path) -> dict:
-    """Normalise (and for train, filter) one split into ``out_dir``; return its counts."""
-    src, tgt, total = _raw_files(raw_dir, split)
+def _text(lines: Iterable[str]) -> str:
+    return "".join(line + "\n" for line in lines)
+
+
+def _drop_repeats(result: BlockResult, fresh: np.ndarray) -> tuple[str, str]:
+    """The block's text without the pairs ``fresh`` marks False (seen before)."""
+    if fresh.all():
+        return result.src_text, result.tgt_text
+    keep = fresh.tolist()
+    src, tgt = (_text(line for line, ok in zip(text.split("\n"), keep) if ok)
+                for text in (result.src_text, result.tgt_text))
+    return src, tgt
+
+
+def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path, workers: int = 1) -> dict:
+    """Normalise (and for train, filter) one split into ``out_dir``; return its counts.
+
+    Blocks are normalised and filtered in ``workers`` processes; dedup and writing happen here, in
+    line order, so the output is the same for any number of workers.
+    """
+    src, tgt = (raw_dir / f"{split}.{lang}" for lang in LANGS)  # checked by stage() before anything is written
     filtering = split == "train"
+    blocks, total = plan_blocks(src, tgt, cfg if filtering else None)
     seen = DigestSet() if filtering and cfg.dedup else None
     dropped = dict.fromkeys(RULES, 0)
     n_in = n_out = blank = 0
     start = last_log = time.monotonic()
-    pairs = _pairs(src, tgt)
     with open(out_dir / f"{split}.en", "w", encoding="utf-8", newline="\n") as f_src, \
             open(out_dir / f"{split}.de", "w", encoding="utf-8", newline="\n") as f_tgt:
-        while batch := list(itertools.islice(pairs, _BATCH)):
-            n_in += len(batch)
-            if filtering:
-                batch = _filter_batch(cfg, batch, seen, dropped)
-            else:
-                blank += sum(1 for a, b in batch if not a or not b)
-            n_out += len(batch)
-            f_src.write("".join(s + "\n" for s, _ in batch))
-            f_tgt.write("".join(t + "\n" for _, t in batch))
+        for block, result in zip(blocks, run_blocks(blocks, workers)):
+            n_in += block.count
+            blank += result.blank
+            dropped = {k: dropped[k] + result.dropped[k] for k in RULES}
+            src_text, tgt_text, kept = result.src_text, result.tgt_text, result.kept
+            if seen is not None:
+                fresh = seen.add_batch(result.digests)
+                kept = int(fresh.sum())
+                dropped["duplicate"] += len(fresh) - kept
+                src_text, tgt_text = _drop_repeats(result, fresh)
+            n_out += kept
+            f_src.write(src_text)
+            f_tgt.write(tgt_text)
             if time.monotonic() - last_log > _LOG_EVERY_S:
                 last_log = time.monotonic()
                 rate = n_in / (last_log - start)
@@ -208,11 +276,38 @@ def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path) -> d
     return counts
 
 
+#: What the forkserver imports before forking workers: this module's imports (see pipeline/encode.py).
+WORKER_PRELOAD = ("numpy", "pipeline.core.config", "pipeline.core.textio", "pipeline.data.normalize")
+
+
+def run_blocks(blocks: list[Block], workers: int) -> Iterator[BlockResult]:
+    """:func:`clean_block` of every block, in order; at most ``2 * workers`` blocks in flight."""
+    if workers <= 1 or len(blocks) <= 1:
+        yield from map(clean_block, blocks)
+        return
+    ctx = multiprocessing.get_context("forkserver")  # no fork of a process that may hold tracking threads
+    ctx.set_forkserver_preload(list(WORKER_PRELOAD))
+    with cf.ProcessPoolExecutor(max_workers=min(workers, len(blocks)), mp_context=ctx) as pool:
+        todo = iter(blocks)
+        window = collections.deque(pool.submit(clean_block, b) for b in itertools.islice(todo, 2 * workers))
+        while window:
+            result = window.popleft().result()
+            if (block := next(todo, None)) is not None:
+                window.append(pool.submit(clean_block, block))
+            yield result
+
+
+def clean_workers() -> int:
+    """Worker processes: ``NMT_CLEAN_WORKERS`` or ``os.cpu_count()``."""
+    return env.settings().clean_workers or os.cpu_count() or 1
+
+
 def _check_blank(split: str, src: Path, tgt: Path, pairs: int, blank: int) -> None:
     """Refuse a valid/test set with no complete pair; warn about blank lines (kept, to keep line numbers)."""
     if blank == pairs:
         raise DataError(f"{src} and {tgt}: all {pairs} pairs are blank on one side or both after normalisation: "
-                        f"nothing to score on the {split} set; check or rerun the download stage (`dvc repro download`)")
+                        f"nothing to score on the {split} set; check or rerun the download stage "
+                        "(`dvc repro download`)")
     if blank:
         log.warning("clean %s: %d of %d pairs are blank on one side (kept: valid/test keep every line)", split, blank,
                     pairs)
@@ -245,10 +340,11 @@ def stage(cfg: CleanConfig, *, raw_dir: str | Path, clean_dir: str | Path) -> di
     for split in SPLITS:  # fail before writing anything
         _raw_files(raw_dir, split)
     metrics: dict = {}
+    workers = clean_workers()
     with atomic_path(clean_dir) as tmp:
         tmp.mkdir()
         for split in SPLITS:
-            metrics[split] = clean_split(cfg, split, raw_dir, tmp)
+            metrics[split] = clean_split(cfg, split, raw_dir, tmp, workers)
             if split == "train":
                 _check_not_empty(cfg, metrics[split])
     tracking.current().log_metrics(
@@ -258,6 +354,8 @@ def stage(cfg: CleanConfig, *, raw_dir: str | Path, clean_dir: str | Path) -> di
 
 
 def _run(params: Params, args: argparse.Namespace) -> dict:
+    from pipeline.clean import stage  # the importable module (not __main__), so workers can unpickle blocks
+
     return stage(params.clean, raw_dir=params.paths.raw, clean_dir=params.paths.clean)
 
 

@@ -35,7 +35,7 @@ from pipeline.core import env
 from pipeline.core.config import EncodeConfig, Params
 from pipeline.core.errors import DataError
 from pipeline.core.stage import stage_main
-from pipeline.core.textio import atomic_path, nul_error, sha256_file, write_text
+from pipeline.core.textio import atomic_path, line_offsets, nul_error, sha256_file, write_text
 
 log = logging.getLogger(__name__)
 
@@ -83,28 +83,6 @@ class ShardTask:
     @property
     def rel_path(self) -> str:
         return f"{self.split}/part-{self.index:05d}.parquet"
-
-
-def _line_offsets(path: Path, every: int) -> tuple[list[int], int]:
-    """Byte offsets of lines 0, every, 2·every, ... of ``path`` and its line count (``\\n`` split).
-
-    Newlines are located with numpy over 16 MiB chunks (no Python loop per line).
-    """
-    offsets, n, pos, last = [0], 0, 0, b"\n"
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 24):
-            newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
-            # Line n + j + 1 starts right after the j-th newline of this chunk.
-            first = -(-(n + 1) // every) * every  # smallest multiple of every that is > n
-            for start in range(first, n + len(newlines) + 1, every):
-                offsets.append(pos + int(newlines[start - n - 1]) + 1)
-            n += len(newlines)
-            pos += len(chunk)
-            last = chunk[-1:]
-    n += last != b"\n"  # a final line without newline
-    if len(offsets) > 1 and offsets[-1] == pos:  # no line starts at end of file
-        offsets.pop()
-    return offsets, n
 
 
 def _read_block(path: str, start: int, end: int, count: int, first_line: int) -> list[str]:
@@ -202,7 +180,7 @@ def plan_tasks(cfg: EncodeConfig, clean_dir: Path, spm_model: Path, spm_sha256: 
         for path in (src, tgt):
             if not path.is_file():
                 raise DataError(f"{path}: missing; run `dvc repro clean` first")
-        (src_offs, n_src), (tgt_offs, n_tgt) = (_line_offsets(p, cfg.shard_rows) for p in (src, tgt))
+        (src_offs, n_src), (tgt_offs, n_tgt) = (line_offsets(p, cfg.shard_rows) for p in (src, tgt))
         if n_src != n_tgt:
             raise DataError(f"{src} has {n_src} lines but {tgt} has {n_tgt}: not aligned; rerun `dvc repro clean`")
         if n_src == 0:

@@ -194,7 +194,7 @@ class Settings:
     fault_kill_at_step: int = field(default=0, metadata=meta(
         "NMT_FAULT_KILL_AT_STEP", integer(0), "test hook: older spelling of NMT_FAULT_POINT=after_step:<n>; "
         "0 = off"))
-    # Data (pipeline/download.py, pipeline/encode.py).
+    # Data (pipeline/download.py, pipeline/clean.py, pipeline/encode.py).
     data_mirror: str | None = field(default=None, metadata=meta(
         "NMT_DATA_MIRROR", MIRROR, "looked up before the upstream URLs (`user:password@` in a URL is sent as "
         "basic auth, never logged)"))
@@ -202,6 +202,8 @@ class Settings:
         "NMT_DOWNLOAD_CACHE", PATH, "cache of upstream downloads", shown="`<repo>/.cache/downloads`"))
     download_backoff_s: float = field(default=1.0, metadata=meta(
         "NMT_DOWNLOAD_BACKOFF_S", seconds(positive=False), "first retry delay of a failed download (doubling)"))
+    clean_workers: int | None = field(default=None, metadata=meta(
+        "NMT_CLEAN_WORKERS", integer(1), "clean worker processes", shown="`os.cpu_count()`"))
     encode_workers: int | None = field(default=None, metadata=meta(
         "NMT_ENCODE_WORKERS", integer(1), "encode worker processes", shown="`os.cpu_count()`"))
     # Tracking and logging (pipeline/core/, pipeline/register.py).

@@ -46,18 +46,69 @@ def read_lines(path: str | Path) -> Iterator[str]:
     with open(path, "rb") as fh:
         for raw in fh:  # binary iteration splits on b"\n" only
             lineno += 1
-            if raw.endswith(b"\n"):
-                raw = raw[:-1]
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataError(
-                    f"{path}:{lineno}: invalid UTF-8 at byte {exc.start} of the line; "
-                    "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-                ) from None
-            if "\0" in line:
-                raise nul_error(path, lineno, raw.index(b"\0"))
-            yield line
+            yield _decode_line(path, lineno, raw[:-1] if raw.endswith(b"\n") else raw)
+
+
+def _decode_line(path: str | Path, lineno: int, raw: bytes) -> str:
+    """One line's text, or the DataError naming ``path:lineno`` (invalid UTF-8, a NUL byte)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{path}:{lineno}: invalid UTF-8 at byte {exc.start} of the line; "
+            "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+    if "\0" in line:
+        raise nul_error(path, lineno, raw.index(b"\0"))
+    return line
+
+
+def read_line_block(path: str | Path, start: int, end: int, first_line: int) -> list[str]:
+    """The lines in bytes ``[start, end)`` of ``path`` (``end`` -1: to the end), read and decoded in one go.
+
+    ``start`` must be a line start (see :func:`line_offsets`); ``first_line`` is its 0-based line number, so
+    errors name the same ``path:line`` as :func:`read_lines` would.
+
+    Raises:
+        DataError: invalid UTF-8 or a NUL byte, with :func:`read_lines`' message.
+    """
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        raw = fh.read(end - start if end >= 0 else -1)
+    if not raw:
+        return []
+    raw = raw[:-1] if raw.endswith(b"\n") else raw
+    try:
+        text = raw.decode("utf-8")
+        if "\0" not in text:
+            return text.split("\n")
+    except UnicodeDecodeError:
+        pass
+    return [_decode_line(path, first_line + i + 1, line) for i, line in enumerate(raw.split(b"\n"))]
+
+
+def line_offsets(path: str | Path, every: int) -> tuple[list[int], int]:
+    """Byte offsets of lines 0, every, 2·every, ... of ``path`` and its line count (``\\n`` split).
+
+    Newlines are located with numpy over 16 MiB chunks (no Python loop per line).
+    """
+    import numpy as np
+
+    offsets, n, pos, last = [0], 0, 0, b"\n"
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+            # Line n + j + 1 starts right after the j-th newline of this chunk.
+            first = -(-(n + 1) // every) * every  # smallest multiple of every that is > n
+            for start in range(first, n + len(newlines) + 1, every):
+                offsets.append(pos + int(newlines[start - n - 1]) + 1)
+            n += len(newlines)
+            pos += len(chunk)
+            last = chunk[-1:]
+    n += last != b"\n"  # a final line without newline
+    if len(offsets) > 1 and offsets[-1] == pos:  # no line starts at end of file
+        offsets.pop()
+    return offsets, n
 
 
 def nul_error(path: str | Path, lineno: int, byte: int) -> DataError:
