@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from pipeline.core.textio import atomic_path, count_lines, read_lines, sha256_fi
 
 log = logging.getLogger(__name__)
 
+PROGRESS_EVERY = 1_000_000  # sampled lines between progress lines while SentencePiece reads the sample
 SPECIAL_PIECES = {"pad_piece": "<pad>", "unk_piece": "<unk>", "bos_piece": "<s>", "eos_piece": "</s>"}
 
 
@@ -69,10 +71,13 @@ class Sample:
             for i, line in enumerate(read_lines(path), start=base):
                 if pos < len(chosen) and chosen[pos] == i:
                     pos += 1
+                    if pos % PROGRESS_EVERY == 0:
+                        log.info("bpe: %d/%d sampled lines read", pos, len(chosen))
                     if line:
                         self.count += 1
                         yield line
             base += n
+        log.info("bpe: all %d sentences of the sample read", self.count)
 
 
 def write_sample(files: list[Path], out: Path, k: int, seed: int) -> int:
@@ -152,8 +157,10 @@ def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path) -> dict
         raise DataError(no_text)
     with atomic_path(bpe_dir) as tmp:
         tmp.mkdir()
-        log.info("bpe: training a %d-piece model on up to %d sentences with %d threads", cfg.vocab_size,
-                 len(sample.chosen), threads)
+        log.info("bpe: training a %d-piece model on up to %d sentences with %d threads (SentencePiece reads "
+                 "them all, then learns the merges without reporting progress)", cfg.vocab_size, len(sample.chosen),
+                 threads)
+        started = time.monotonic()
         try:
             train_model(sample, tmp / "spm", cfg, threads)
         except DataError:
@@ -163,6 +170,7 @@ def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path) -> dict
                 raise DataError(no_text) from None
             raise
     n = sample.count
+    log.info("bpe: trained on %d sentences in %.0f s", n, time.monotonic() - started)
     tracking.current().log_metrics({"sentences": n})
     return {"sentences": n, "vocab_size": cfg.vocab_size, "spm_sha256": sha256_file(bpe_dir / "spm.model")}
 
