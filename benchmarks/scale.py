@@ -11,6 +11,8 @@ of its own, one stage at a time. Per stage:
 - wall time of the process, and pairs/s (download and clean: raw training pairs; bpe and encode:
   cleaned pairs);
 - peak RSS sampled from /proc every 50 ms: the largest single process and the sum over the process tree;
+- CPU time of every thread of every process (from /proc/<pid>/task/<tid>/stat, sampled likewise): the
+  total, the main thread's and the busiest thread's, the inputs of the 16-core projection;
 - temporary disk: the peak size of the work folder and of the stage's own ``TMPDIR`` during the stage,
   minus their size when it ended (the download cache is in the work folder: it counts too);
 - the output folder's size, and the stage's own metrics (pairs kept, sentences sampled, rows).
@@ -56,8 +58,8 @@ DISK_EVERY = 10  # disk is walked every 10th RSS sample (0.5 s): a few files, bu
 log = logging.getLogger("bench.scale")
 
 
-def tree_rss_kib(pid: int) -> tuple[int, int]:
-    """(largest single-process RSS, sum of RSS) in KiB over ``pid`` and its descendants."""
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and its descendants (from /proc/<pid>/task/<tid>/children)."""
     pids, stack = [], [pid]
     while stack:
         p = stack.pop()
@@ -68,6 +70,11 @@ def tree_rss_kib(pid: int) -> tuple[int, int]:
                     stack.extend(int(c) for c in fh.read().split())
         except OSError:
             continue
+    return pids
+
+
+def rss_kib(pids: list[int]) -> tuple[int, int]:
+    """(largest single-process RSS, sum of RSS) in KiB over ``pids``."""
     sizes = []
     for p in pids:
         try:
@@ -76,6 +83,22 @@ def tree_rss_kib(pid: int) -> tuple[int, int]:
         except OSError:
             pass
     return max(sizes, default=0), sum(sizes)
+
+
+def cpu_ticks(pids: list[int], seen: dict[tuple[int, int], int]) -> None:
+    """Update ``seen[(pid, tid)]`` with each thread's user + system CPU time in clock ticks."""
+    for p in pids:
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            seen[(p, int(tid))] = int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14 and 15)
 
 
 def disk_bytes(root: Path) -> int:
@@ -131,43 +154,43 @@ def write_mirror(gen: Path, mirror: Path, spec: DatasetSpec = WMT14) -> None:
                         encoding="utf-8")
 
 
-def run_stage(stage: str, work: Path, params: Path, one_core: bool = False) -> dict:
-    """Run ``python -m pipeline.<stage>`` and sample its process tree's RSS and the work folder's size.
-
-    ``one_core`` pins the process tree to CPU 0 (``taskset``): with the 2-core time it gives the stage's
-    parallel share, from which the 16-core projection is made.
-    """
+def run_stage(stage: str, work: Path, params: Path) -> dict:
+    """Run ``python -m pipeline.<stage>``, sampling its process tree (RSS, CPU time per thread) and the disk."""
     # Its own temp folder, short: multiprocessing's forkserver socket lives there (AF_UNIX paths <= 108 bytes).
     tmp = Path(tempfile.mkdtemp(prefix="nmt-scale-"))
     env = {**os.environ, **ENV, "TMPDIR": str(tmp), "PYTHONPATH": str(REPO),  # this checkout's stages
            "NMT_DATA_MIRROR": str(work / "mirror"), "NMT_DOWNLOAD_CACHE": str(work / "cache")}
-    cmd = [*(["taskset", "-c", "0"] if one_core else []), sys.executable, "-m", f"pipeline.{stage}", "--params",
-           str(params)]
-    log_file = work / f"{stage}{'-1core' if one_core else ''}.log"
+    cmd = [sys.executable, "-m", f"pipeline.{stage}", "--params", str(params)]
     try:
-        seconds, peak_one, peak_sum, peak_disk, before = _sample(cmd, env, work, tmp, log_file)
+        r = _sample(cmd, env, work, tmp, work / f"{stage}.log")
         after = disk_bytes(work) + disk_bytes(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     details = json.loads((work / "metrics" / f"{stage}.details.json").read_text(encoding="utf-8"))
-    return {"seconds": seconds, "peak_rss_mib_process": peak_one / 1024, "peak_rss_mib_tree": peak_sum / 1024,
-            "temp_disk_mb": max(0, peak_disk - after) / 1e6, "output_mb": disk_bytes(work / OUTPUT[stage]) / 1e6,
-            "disk_growth_mb": (after - before) / 1e6, "loadavg_1m_after": round(os.getloadavg()[0], 2),
-            "details": details}
+    tick = os.sysconf("SC_CLK_TCK")
+    return {"seconds": r["seconds"], "peak_rss_mib_process": r["peak_one"] / 1024,
+            "peak_rss_mib_tree": r["peak_sum"] / 1024, "temp_disk_mb": max(0, r["peak_disk"] - after) / 1e6,
+            "output_mb": disk_bytes(work / OUTPUT[stage]) / 1e6, "disk_growth_mb": (after - r["before"]) / 1e6,
+            "cpu_s_total": sum(r["ticks"].values()) / tick, "cpu_s_main_thread": r["ticks"].get(r["main"], 0) / tick,
+            "cpu_s_busiest_thread": max(r["ticks"].values(), default=0) / tick,
+            "loadavg_1m_after": round(os.getloadavg()[0], 2), "details": details}
 
 
-def _sample(cmd: list[str], env: dict, work: Path, tmp: Path, log_file: Path) -> tuple[float, int, int, int, int]:
-    """Run ``cmd``; returns its wall seconds, peak RSS KiB (largest process, tree) and disk bytes (peak, before)."""
+def _sample(cmd: list[str], env: dict, work: Path, tmp: Path, log_file: Path) -> dict:
+    """Run ``cmd`` to its end, sampling every 50 ms; peak RSS (KiB), disk (bytes) and CPU ticks per thread."""
     before = disk_bytes(work) + disk_bytes(tmp)
     started = time.monotonic()
+    ticks: dict[tuple[int, int], int] = {}
+    peak_one = peak_sum = peak_disk = 0
     with open(log_file, "w", encoding="utf-8") as err:
         proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=err)
-        peak_one = peak_sum = peak_disk = 0
         for i in itertools.count():
             if proc.poll() is not None:
                 break
-            one, total = tree_rss_kib(proc.pid)
+            pids = tree_pids(proc.pid)
+            one, total = rss_kib(pids)
             peak_one, peak_sum = max(peak_one, one), max(peak_sum, total)
+            cpu_ticks(pids, ticks)
             if i % DISK_EVERY == 0:
                 peak_disk = max(peak_disk, disk_bytes(work) + disk_bytes(tmp))
             time.sleep(SAMPLE_S)
@@ -175,7 +198,8 @@ def _sample(cmd: list[str], env: dict, work: Path, tmp: Path, log_file: Path) ->
     if proc.returncode:
         tail = log_file.read_text(encoding="utf-8")[-3000:]
         raise SystemExit(f"{' '.join(cmd)} failed with exit code {proc.returncode}:\n{tail}")
-    return seconds, peak_one, peak_sum, peak_disk, before
+    return {"seconds": seconds, "peak_one": peak_one, "peak_sum": peak_sum, "peak_disk": peak_disk,
+            "before": before, "ticks": ticks, "main": (proc.pid, proc.pid)}
 
 
 def pairs_of(stage: str, runs: dict) -> int:
@@ -185,11 +209,8 @@ def pairs_of(stage: str, runs: dict) -> int:
 
 
 def bench_size(root: Path, pairs: int, stages: tuple[str, ...], *, types: int, vocab: int | None,
-               bpe_sample: int | None, keep: bool, one_core: bool = False) -> dict:
-    """Generate one corpus size and run the stages on it; returns per-stage measurements.
-
-    With ``one_core`` each stage runs a second time pinned to one CPU (key ``<stage>@1core``).
-    """
+               bpe_sample: int | None, keep: bool) -> dict:
+    """Generate one corpus size and run the stages on it; returns per-stage measurements."""
     work = root / f"pairs-{pairs}"
     corpus = synth_corpus.write_corpus(work / "gen", pairs, types=types)
     if pairs == WMT14_PAIRS and "download" in stages:  # the download stage checks each corpus' line count
@@ -200,15 +221,14 @@ def bench_size(root: Path, pairs: int, stages: tuple[str, ...], *, types: int, v
         (work / "gen").rename(work / "raw")
     params = write_params(work, vocab, bpe_sample)
     runs: dict = {}
-    for stage, pinned in ((s, p) for s in stages for p in (False, True) if one_core or not p):
-        key = f"{stage}@1core" if pinned else stage
-        runs[key] = r = run_stage(stage, work, params, one_core=pinned)
-        log.info("%d pairs %s: %.1f s, peak RSS %.0f MiB (tree %.0f), temp disk %.0f MB, output %.0f MB",
-                 pairs, key, r["seconds"], r["peak_rss_mib_process"], r["peak_rss_mib_tree"], r["temp_disk_mb"],
-                 r["output_mb"])
+    for stage in stages:
+        runs[stage] = r = run_stage(stage, work, params)
+        log.info("%d pairs %s: %.1f s, peak RSS %.0f MiB (tree %.0f), temp disk %.0f MB, output %.0f MB, CPU %.0f s "
+                 "(main thread %.0f s)", pairs, stage, r["seconds"], r["peak_rss_mib_process"], r["peak_rss_mib_tree"],
+                 r["temp_disk_mb"], r["output_mb"], r["cpu_s_total"], r["cpu_s_main_thread"])
     if "clean" in runs:
-        for key, r in runs.items():
-            r["pairs"] = pairs_of(key.split("@")[0], runs)
+        for stage, r in runs.items():
+            r["pairs"] = pairs_of(stage, runs)
             r["pairs_per_s"] = r["pairs"] / r["seconds"]
     if not keep:
         shutil.rmtree(work)
@@ -238,27 +258,22 @@ def machine_speedup(n: int = 20_000_000) -> float:
 
 
 def projection(results: dict, cores: int = 16) -> dict[str, dict]:
-    """Each stage's time at the largest size projected to ``cores`` cores (Amdahl's law).
+    """Each stage's wall time at the largest size projected to a node with ``cores`` cores.
 
-    The parallel share p of a stage comes from its 2-CPU and 1-CPU times at the size measured both
-    ways, with S = :func:`machine_speedup` (what 2 CPUs give here): t2 / t1 = (1 - p) + p / S. The
-    download stage is one process by design (p = 0). The 16-core node is assumed to have 16 real cores
-    of this speed; disk and memory bandwidth are not in the model: it is a projection.
+    A stage's work is its CPU time over every thread of every process; what cannot spread over cores
+    is bounded below by its busiest thread (the main thread of clean, which dedups and writes in order;
+    SentencePiece's merge loop in bpe; the single thread of download). So on ``cores`` cores of this
+    speed: wall ≈ max(busiest thread, total CPU / cores), plus the time the stage waited here beyond its
+    CPU-bound time max(busiest thread, total CPU / S) (I/O, start-up), unchanged; S is what this machine's two
+    vCPUs give (``machine_speedup_2_cpus``). It assumes 16 real cores of this speed and the same disk: it is
+    a projection, not a measurement.
     """
-    speedup = results["machine_speedup_2_cpus"]
-    pinned = next((size["stages"] for size in results["sizes"] if any("@" in k for k in size["stages"])), {})
-    full = results["sizes"][-1]["stages"]
     out = {}
-    for stage, r in full.items():
-        if "@" in stage:
-            continue
-        share = 0.0
-        if f"{stage}@1core" in pinned and speedup > 1.05:
-            ratio = pinned[stage]["seconds"] / pinned[f"{stage}@1core"]["seconds"]
-            share = min(1.0, max(0.0, (1 - ratio) / (1 - 1 / speedup)))
-        here = (1 - share) + share / speedup
-        out[stage] = {"parallel_share": round(share, 3),
-                      "seconds": round(r["seconds"] * ((1 - share) + share / cores) / here, 1)}
+    for stage, r in results["sizes"][-1]["stages"].items():
+        cpu, busiest, wall = r["cpu_s_total"], r["cpu_s_busiest_thread"], r["seconds"]
+        waiting = max(0.0, wall - max(busiest, cpu / results["machine_speedup_2_cpus"]))
+        out[stage] = {"cpu_s": round(cpu, 1), "busiest_thread_s": round(busiest, 1),
+                      "seconds": round(max(busiest, cpu / cores) + waiting, 1)}
     return out
 
 
@@ -270,14 +285,15 @@ def table(results: dict) -> str:
         gb = sum(size["corpus"]["bytes"].values()) / 1e9
         for stage, r in size["stages"].items():
             rate = f"{r['pairs_per_s']:,.0f}" if "pairs_per_s" in r else "-"
-            name = stage.replace("@1core", " (1 core)")
-            rows.append(f"| {size['corpus']['pairs']:,} | {gb:.2f} | {name} | {r['seconds']:.1f} | {rate} | "
+            rows.append(f"| {size['corpus']['pairs']:,} | {gb:.2f} | {stage} | {r['seconds']:.1f} | {rate} | "
                         f"{r['peak_rss_mib_process']:,.0f} / {r['peak_rss_mib_tree']:,.0f} | "
                         f"{r['temp_disk_mb']:,.0f} | {r['output_mb']:,.0f} |")
     if proj := results.get("projection_16_cores"):
         rows += ["", f"2 CPUs here give {results['machine_speedup_2_cpus']:.2f}x one CPU (pure-Python loop).", "",
-                 "| stage | parallel share p | projected wall s on 16 cores (largest size) |", "|---|---|---|"]
-        rows += [f"| {stage} | {r['parallel_share']:.2f} | {r['seconds']:.1f} |" for stage, r in proj.items()]
+                 "| stage (largest size) | CPU s, all threads | busiest thread s | projected wall s on 16 cores |",
+                 "|---|---|---|---|"]
+        rows += [f"| {stage} | {r['cpu_s']:.1f} | {r['busiest_thread_s']:.1f} | {r['seconds']:.1f} |"
+                 for stage, r in proj.items()]
     return "\n".join(rows)
 
 
@@ -292,8 +308,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bpe-sample", type=int, help="override bpe.input_sentence_size (default: the paper's)")
     p.add_argument("--work", type=Path, help="folder for the corpora (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep each size's corpus and outputs")
-    p.add_argument("--no-one-core", action="store_true",
-                   help="skip the second, 1-CPU run of each stage at the first size (the projection's input)")
     p.add_argument("--quick", action="store_true", help="20,000 pairs, 50k word types, a 2,000-piece vocabulary")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "scale.json")
     args = p.parse_args(argv)
@@ -309,10 +323,9 @@ def main(argv: list[str] | None = None) -> int:
                      "machine_speedup_2_cpus": round(machine_speedup(), 3), "sizes": []}
     log.info("2 CPUs give %.2fx one CPU's throughput on a pure-Python loop", results["machine_speedup_2_cpus"])
     with tempfile.TemporaryDirectory(prefix="nmt-bench-scale-", dir=args.work) as tmp:
-        for i, pairs in enumerate(int(s) for s in args.sizes.split(",")):
+        for pairs in (int(s) for s in args.sizes.split(",")):
             results["sizes"].append(bench_size(Path(tmp), pairs, stages, types=args.types, vocab=args.vocab,
-                                               bpe_sample=args.bpe_sample, keep=args.keep,
-                                               one_core=i == 0 and not args.no_one_core))
+                                               bpe_sample=args.bpe_sample, keep=args.keep))
             results["projection_16_cores"] = projection(results)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")  # partial results survive
