@@ -25,11 +25,12 @@ from model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from pipeline.core.config import BpeConfig, Params
 from pipeline.core.errors import DataError
 from pipeline.core.stage import stage_main
-from pipeline.core.textio import atomic_path, count_lines, read_lines, sha256_file
+from pipeline.core.textio import atomic_path, line_offsets, read_line_block, sha256_file
 
 log = logging.getLogger(__name__)
 
-PROGRESS_EVERY = 1_000_000  # sampled lines between progress lines while SentencePiece reads the sample
+PROGRESS_EVERY = 1_000_000  # sentences between progress lines while SentencePiece reads the sample
+READ_BLOCK = 100_000  # lines read and decoded at once
 SPECIAL_PIECES = {"pad_piece": "<pad>", "unk_piece": "<unk>", "bos_piece": "<s>", "eos_piece": "</s>"}
 
 
@@ -52,7 +53,12 @@ class Sample:
 
     def __init__(self, files: list[Path], k: int, seed: int) -> None:
         self.files = files
-        self.counts = [count_lines(f) for f in files]
+        self.offsets: list[list[int]] = []
+        self.counts: list[int] = []
+        for path in files:
+            offsets, n = line_offsets(path, READ_BLOCK)
+            self.offsets.append(offsets)
+            self.counts.append(n)
         self.chosen = sample_indices(sum(self.counts), k, seed)
         self.count = 0
         self.error: DataError | None = None
@@ -65,17 +71,20 @@ class Sample:
             raise
 
     def _lines(self) -> Iterator[str]:
-        self.count = pos = base = 0
+        """The chosen lines, read and decoded a block at a time (a line at a time costs more than the rest)."""
+        self.count = base = 0
         chosen = self.chosen
-        for path, n in zip(self.files, self.counts):
-            for i, line in enumerate(read_lines(path), start=base):
-                if pos < len(chosen) and chosen[pos] == i:
-                    pos += 1
-                    if pos % PROGRESS_EVERY == 0:
-                        log.info("bpe: %d/%d sampled lines read", pos, len(chosen))
-                    if line:
-                        self.count += 1
-                        yield line
+        for path, offsets, n in zip(self.files, self.offsets, self.counts):
+            for k, (start, end) in enumerate(zip(offsets, offsets[1:] + [-1])):
+                lines = read_line_block(path, start, end, k * READ_BLOCK)
+                first = base + k * READ_BLOCK
+                lo, hi = np.searchsorted(chosen, [first, first + len(lines)]).tolist()
+                picked = lines if hi - lo == len(lines) else [lines[i - first] for i in chosen[lo:hi].tolist()]
+                picked = [line for line in picked if line]
+                if (self.count + len(picked)) // PROGRESS_EVERY > self.count // PROGRESS_EVERY:
+                    log.info("bpe: %d/%d sampled lines read", hi, len(chosen))
+                self.count += len(picked)
+                yield from picked
             base += n
         log.info("bpe: all %d sentences of the sample read", self.count)
 
