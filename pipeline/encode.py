@@ -35,7 +35,7 @@ from pipeline.core import env
 from pipeline.core.config import EncodeConfig, Params
 from pipeline.core.errors import DataError
 from pipeline.core.stage import stage_main
-from pipeline.core.textio import atomic_path, line_offsets, nul_error, sha256_file, write_text
+from pipeline.core.textio import atomic_path, line_offsets, read_line_block, sha256_file, write_text
 
 log = logging.getLogger(__name__)
 
@@ -90,19 +90,7 @@ def _read_block(path: str, start: int, end: int, count: int, first_line: int) ->
 
     ``first_line`` (0-based) is the line id at ``start``, for error messages.
     """
-    with open(path, "rb") as fh:
-        fh.seek(start)
-        raw = fh.read(end - start if end >= 0 else -1)
-    try:
-        lines = raw.decode("utf-8").split("\n")
-    except UnicodeDecodeError as exc:
-        line = first_line + raw.count(b"\n", 0, exc.start) + 1
-        raise DataError(f"{path}:{line}: invalid UTF-8; rerun `dvc repro clean`") from None
-    if (nul := raw.find(b"\0")) >= 0:
-        line_start = raw.rfind(b"\n", 0, nul) + 1
-        raise nul_error(path, first_line + raw.count(b"\n", 0, nul) + 1, nul - line_start)
-    if lines and lines[-1] == "":
-        lines.pop()  # the text ends with a newline
+    lines = read_line_block(path, start, end, first_line)
     if len(lines) != count:
         raise DataError(f"{path}: expected {count} lines from line {first_line + 1}, found {len(lines)}; "
                         "the file changed during encoding, rerun `dvc repro encode`")

@@ -130,15 +130,19 @@ def test_bpe_rejects_bad_training_text(tmp_path: Path, text: tuple[Path, Path], 
     assert written(tmp_path, "bpe", "bpe.json", "bpe.details.json") == []
 
 
-def test_encode_rejects_nul_bytes_and_empty_splits(tmp_path: Path, text: tuple[Path, Path],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("bad, message", [
+    (b"\x00", f"NUL byte at byte 0 of the line; {NUL_REMEDY}"),
+    (b"\xe4", "invalid UTF-8 at byte 0 of the line; re-encode the file as UTF-8"),
+])
+def test_encode_rejects_bad_bytes_and_empty_splits(tmp_path: Path, text: tuple[Path, Path],
+                                                   monkeypatch: pytest.MonkeyPatch, bad: bytes, message: str) -> None:
     monkeypatch.setenv("NMT_ENCODE_WORKERS", "1")
     clean, bpe_dir = text
     lines = (clean / "test.de").read_bytes().split(b"\n")
-    lines[6] = b"\x00" + lines[6]
+    lines[6] = bad + lines[6]
     damaged = damaged_copy(clean, tmp_path, "test.de", b"\n".join(lines))
     cfg = EncodeConfig(max_len=64, shard_rows=4)  # line 7 is the 3rd line of the 2nd shard of test
-    with pytest.raises(DataError, match=re.escape(f"{damaged}/test.de:7: NUL byte at byte 0 of the line; {NUL_REMEDY}")):
+    with pytest.raises(DataError, match=re.escape(f"{damaged}/test.de:7: {message}")):
         run_stage("encode", lambda: encode.stage(cfg, clean_dir=damaged, bpe_dir=bpe_dir, shards_dir=tmp_path / "shards"),
                   metrics_dir=tmp_path)
     assert written(tmp_path, "shards", "encode.json", "encode.details.json") == []
