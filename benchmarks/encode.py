@@ -33,6 +33,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from proctree import rss_kib, tree_pids  # noqa: E402  (a sibling script, not a package)
 DEFAULT_DATA = Path("/work/shared/data/multi30k/data/task1/raw")
 PINNED = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NMT_TRACKING": "off",
           "NMT_LOG_LEVEL": "WARNING"}
@@ -136,28 +139,6 @@ def measure(kind: str, work: Path, workers: int) -> dict:
 
 # ---- runner -----------------------------------------------------------------------------------------
 
-def _tree_rss_kib(pid: int) -> tuple[int, int]:
-    """(largest single-process RSS, total RSS) in KiB over ``pid`` and its descendants."""
-    pids, stack = [], [pid]
-    while stack:
-        p = stack.pop()
-        pids.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as fh:
-                    stack.extend(int(c) for c in fh.read().split())
-        except OSError:
-            continue
-    sizes = []
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/status") as fh:
-                sizes += [int(line.split()[1]) for line in fh if line.startswith("VmRSS:")]
-        except OSError:
-            pass
-    return (max(sizes, default=0), sum(sizes))
-
-
 def run_measure(kind: str, work: Path, workers: int) -> dict:
     """Run :func:`measure` in a subprocess, sampling its process tree's RSS every 20 ms."""
     env = {**os.environ, **PINNED, "NMT_ENCODE_WORKERS": str(workers)}
@@ -166,7 +147,7 @@ def run_measure(kind: str, work: Path, workers: int) -> dict:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     peak_one = peak_sum = 0
     while proc.poll() is None:
-        one, total = _tree_rss_kib(proc.pid)
+        one, total = rss_kib(tree_pids(proc.pid))
         peak_one, peak_sum = max(peak_one, one), max(peak_sum, total)
         time.sleep(0.02)
     out = proc.stdout.read() if proc.stdout else ""

@@ -45,7 +45,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import synth_corpus  # noqa: E402  (a sibling script, not a package)
+import synth_corpus  # noqa: E402  (sibling scripts, not a package)
+from proctree import cpu_ticks, rss_kib, tree_pids  # noqa: E402
 
 from pipeline.data.sources import LANGS, WMT14, DatasetSpec  # noqa: E402
 
@@ -56,49 +57,6 @@ ENV = {"NMT_TRACKING": "off", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "P
 SAMPLE_S = 0.05
 DISK_EVERY = 10  # disk is walked every 10th RSS sample (0.5 s): a few files, but large folders
 log = logging.getLogger("bench.scale")
-
-
-def tree_pids(pid: int) -> list[int]:
-    """``pid`` and its descendants (from /proc/<pid>/task/<tid>/children)."""
-    pids, stack = [], [pid]
-    while stack:
-        p = stack.pop()
-        pids.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as fh:
-                    stack.extend(int(c) for c in fh.read().split())
-        except OSError:
-            continue
-    return pids
-
-
-def rss_kib(pids: list[int]) -> tuple[int, int]:
-    """(largest single-process RSS, sum of RSS) in KiB over ``pids``."""
-    sizes = []
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/status") as fh:
-                sizes += [int(line.split()[1]) for line in fh if line.startswith("VmRSS:")]
-        except OSError:
-            pass
-    return max(sizes, default=0), sum(sizes)
-
-
-def cpu_ticks(pids: list[int], seen: dict[tuple[int, int], int]) -> None:
-    """Update ``seen[(pid, tid)]`` with each thread's user + system CPU time in clock ticks."""
-    for p in pids:
-        try:
-            tids = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{p}/task/{tid}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            seen[(p, int(tid))] = int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14 and 15)
 
 
 def disk_bytes(root: Path) -> int:
