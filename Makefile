@@ -51,8 +51,8 @@ bench: install
 bench-decode: install
 	$(BIN)/python benchmarks/decode.py --model demo=runs/demo/model/averaged.pt
 
-# The data stages at WMT14 size on a synthetic corpus (1M, 2M and 4.5M pairs): about an hour on 2 cores,
-# ~6 GB of disk at a time under SCALE_WORK (default: the temp folder); see benchmarks/scale.py.
+# The data stages at WMT14 size on a synthetic corpus (1M, 2M and 4.5M pairs): about 25 minutes on 2 cores,
+# ~5 GB of disk at a time under SCALE_WORK (default: the temp folder); see benchmarks/scale.py.
 bench-scale: install
 	$(BIN)/python benchmarks/scale.py $(if $(SCALE_WORK),--work $(SCALE_WORK))
 
