@@ -43,6 +43,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import synth_corpus  # noqa: E402  (sibling scripts, not a package)
@@ -205,7 +206,8 @@ def machine_speedup(n: int = 20_000_000) -> float:
     """Throughput of two processes over one on a pure-Python loop: what this machine's 2 CPUs give.
 
     Two virtual CPUs can be two threads of one core (or share a quota): then a stage whose work is all
-    parallel still runs less than 2x faster on them, and the projection must not read that as a serial part.
+    parallel still runs less than 2x faster on them. :func:`projection` divides CPU time by this factor
+    to tell the stage's CPU-bound time from its waiting.
     """
     one = _spin(n)
     with multiprocessing.get_context("fork").Pool(2) as pool:
