@@ -60,6 +60,21 @@ def _assert_same_model(one_node: Path, two_nodes: Path) -> None:
     fu.assert_bitwise_equal(one_node, two_nodes, STEPS)
 
 
+def _stall_fault(tmp: Path, step: int, rank: int) -> dict[str, str]:
+    """Rank ``rank`` stalls once before step ``step``'s all-reduce; torchrun may restart a rank once."""
+    return {"NMT_FAULT_POINT": f"collective:{step}:stall:{rank}", "NMT_FAULT_ONCE": str(tmp / "stalled"),
+            "NMT_MAX_RESTARTS": "1"}
+
+
+def _start_two_until_stalled(job: LoopbackJob, stalling: int) -> tuple:
+    """Start both nodes and wait until node ``stalling`` (0 or 1) reports its stall (or ends)."""
+    nodes = job.start_node(), job.start_node()
+    node = nodes[stalling]
+    assert fu.wait_for(lambda: "stalling" in job.log(node) or node.poll() is not None, 180, 0.2), \
+        job.log(node)[-3000:]
+    return nodes
+
+
 def _exposed(job: LoopbackJob) -> list[tuple[int, str, int, bool]]:
     return [s for s in job.sockets() if not s[3]]
 
@@ -81,12 +96,8 @@ def test_two_nodes_on_loopback_train_the_model_of_one_node_with_two_processes(wo
 def test_a_killed_node_agent_started_again_resumes_the_job_from_the_newest_checkpoint(workspace, one_node, tmp_path):
     """Rank 1 (the second node) stalls before step 5's all-reduce, once; then its agent is SIGKILLed."""
     params = fu.write_params(_params(tmp_path, workspace), tmp_path)
-    fault = {"NMT_FAULT_POINT": "collective:5:stall:1", "NMT_FAULT_ONCE": str(tmp_path / "stalled"),
-             "NMT_MAX_RESTARTS": "1"}
-    with LoopbackJob(params, tmp_path, env=fault) as job:
-        first, second = job.start_node(), job.start_node()
-        assert fu.wait_for(lambda: "stalling" in job.log(second) or second.poll() is not None, 180, 0.2), \
-            job.log(second)[-3000:]
+    with LoopbackJob(params, tmp_path, env=_stall_fault(tmp_path, 5, rank=1)) as job:
+        first, second = _start_two_until_stalled(job, stalling=1)
         assert second.poll() is None and fu.steps(tmp_path / "runs") == [2, 4], job.log(second)[-3000:]
         listening = job.sockets()
         assert job.port in {port for _, _, port, _ in listening} and len(listening) >= 3, listening
@@ -126,12 +137,8 @@ def test_losing_the_node_that_hosts_the_rendezvous_ends_the_other_with_one_line(
     """Rank 0 (the first node, the rendezvous store's host) stalls before step 3's all-reduce; its agent is
     SIGKILLed. The second node's rank fails, its agent restarts and finds no store: one line, not a hang."""
     params = fu.write_params(_params(tmp_path, workspace), tmp_path)
-    fault = {"NMT_FAULT_POINT": "collective:3:stall:0", "NMT_FAULT_ONCE": str(tmp_path / "stalled"),
-             "NMT_MAX_RESTARTS": "1"}
-    with LoopbackJob(params, tmp_path, env=fault) as job:
-        first, second = job.start_node(), job.start_node()
-        assert fu.wait_for(lambda: "stalling" in job.log(first) or first.poll() is not None, 180, 0.2), \
-            job.log(first)[-3000:]
+    with LoopbackJob(params, tmp_path, env=_stall_fault(tmp_path, 3, rank=0)) as job:
+        first, second = _start_two_until_stalled(job, stalling=0)
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
         started = time.monotonic()
