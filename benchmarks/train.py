@@ -39,6 +39,9 @@ CONFIGS = {  # dims, vocabulary, and the batch: sentences x max length (lengths 
               "max_len": 32},
     "base": {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6, "vocab_size": 37000, "batch": 256,
              "max_len": 32},
+    # the paper's ~25k target tokens per step: 768 sentences of 22..44 tokens (WMT-like lengths)
+    "base-25k": {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6, "vocab_size": 37000, "batch": 768,
+                 "max_len": 44},
 }
 EPS = 0.1
 PAD, BOS, EOS = 0, 2, 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,19 @@ def plan(cfg: TrainConfig, train: ShardSet, lengths: tuple[np.ndarray, np.ndarra
     return batches
 
 
+def deterministic_kernels() -> None:
+    """Make CUDA kernels deterministic (``NMT_DETERMINISTIC``), before the first cuBLAS call of the process.
+
+    ``torch.use_deterministic_algorithms(True)`` picks deterministic kernels and raises on an op that has
+    none; cuBLAS needs ``CUBLAS_WORKSPACE_CONFIG`` for reproducible matrix products (PyTorch's
+    "Reproducibility" notes). CPU kernels are deterministic for a fixed thread count either way.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    log.info("deterministic kernels (NMT_DETERMINISTIC): on")
+
+
 def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir: Path, spm_model: Path,
           ctx: distributed.DistContext, hooks: Hooks) -> Trainer:
     """Plan the global batches, build the model (same initial weights on every rank), check memory, make Adam.
@@ -107,6 +121,8 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
     v_ids, v_src, v_tgt = valid.lengths()
     valid_batches = batching.valid_plan(v_ids, batching.token_lengths(v_src, v_tgt), max_tokens=max_tokens,
                                         max_positions=tcfg.max_positions)
+    if env.settings().deterministic:
+        deterministic_kernels()
     torch.manual_seed(seed)  # identical initial weights on every rank and device
     model = Transformer(tcfg).to(ctx.device)
     shapes = batching.forward_shapes(batches, rank=ctx.rank, world_size=ctx.world_size, max_tokens=max_tokens)

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+import yaml
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -98,3 +102,14 @@ def run_inprocess(data: dict, tmp: Path) -> dict:
                                             spm_model=Path(p.paths.bpe) / "spm.model", run_dir=p.paths.train,
                                             plots_path=Path(p.paths.plots) / "train.csv"),
                      params=p, metrics_dir=p.paths.metrics)
+
+
+def run_torchrun(data: dict, tmp: Path, nproc: int, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m pipeline.launch`` (torchrun, ``nproc`` processes, CPU unless ``env`` says otherwise) on ``data``."""
+    params = tmp / "params.yaml"
+    tmp.mkdir(parents=True, exist_ok=True)
+    params.write_text(yaml.safe_dump(data), encoding="utf-8")
+    full_env = {**os.environ, "NMT_NPROC": str(nproc), "NMT_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
+                "NMT_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "pipeline.launch", "--params", str(params)], cwd=REPO,
+                          env=full_env, capture_output=True, text=True, timeout=300)

@@ -10,31 +10,18 @@ import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from pipeline.core import stages
 from pipeline.core.errors import CheckpointError, ConfigError, PipelineError
 from pipeline.training import checkpoint
 from tests.helpers.faultutil import tensors
 from tests.helpers.paths import REPO
-from tests.helpers.train import make_workspace, run_inprocess, tiny_params
-
-
-def run_torchrun(data: dict, tmp: Path, nproc: int, env: dict | None = None) -> subprocess.CompletedProcess:
-    params = tmp / "params.yaml"
-    tmp.mkdir(parents=True, exist_ok=True)
-    params.write_text(yaml.safe_dump(data), encoding="utf-8")
-    full_env = {**os.environ, "NMT_NPROC": str(nproc), "NMT_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
-                "NMT_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "pipeline.launch", "--params", str(params)], cwd=REPO,
-                          env=full_env, capture_output=True, text=True, timeout=300)
+from tests.helpers.train import make_workspace, run_inprocess, run_torchrun, tiny_params
 
 
 def load(folder: Path, name: str) -> dict:
