@@ -4,6 +4,8 @@
     python benchmarks/gpu_check.py run --data data/gpu --out OUT      # on the GPU machine (carry data/gpu)
     python benchmarks/gpu_check.py run --data D --out O --dry-run     # CPU, a few steps (tests/benchmarks)
 
+Figures from a device run are in benchmarks/RESULTS.md (GPU).
+
 ``run`` does these steps, each stage a subprocess with its own log under ``OUT/logs`` and a time limit,
 and rewrites ``OUT/gpu_check.json`` and ``OUT/logs.tar.gz`` (the logs and loss curves) after every step, so
 what finished comes back even if a later step hangs:
@@ -16,7 +18,12 @@ what finished comes back even if a later step hangs:
   ``fp32-train``): train and valid loss at every logged step.
 - ``determinism``: demo steps run twice, and killed + resumed, with and without ``NMT_DETERMINISTIC``:
   are the final weights and Adam moments bitwise equal, and if not, how far apart.
+- ``attention``: beam searches over new shapes with the model's attention backends and with cuDNN's allowed
+  (cuDNN builds a graph per new shape; :data:`model.layers.CUDA_ATTENTION`).
 - ``throughput``: ``benchmarks/train.py --device cuda`` on the base model.
+
+``--profiles A B`` picks the profiles (default ``tiny demo``): A for the one-process run, B for the torchrun
+run, the precision and the determinism steps (the dry run in the tests uses ``tiny tiny``).
 
 The stages run with MLflow tracking off (``NMT_TRACKING=off``): the device image has no MLflow.
 """
@@ -47,7 +54,7 @@ log = logging.getLogger("gpu_check")
 DATA_STAGES = ("download", "clean", "bpe", "encode")
 DATA_PATHS = ("raw", "clean", "bpe", "shards")
 RUN_PATHS = ("train", "model", "eval", "metrics", "plots", "reports")
-GPU_TESTS = ("tests/model/test_beam_gpu.py", "tests/pipeline/training/test_deterministic_kernels.py",
+GPU_TESTS = ("tests/model/test_cuda.py", "tests/pipeline/training/test_deterministic_kernels.py",
              "tests/pipeline/training/test_train.py", "tests/pipeline/training/test_faults_train.py",
              "tests/pipeline/inference/test_translate.py")
 
@@ -170,16 +177,17 @@ def _curve(work: Path) -> list[dict[str, float]]:
         return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(fh)]
 
 
-def step_precision(r: Runner, data: Path, dry: bool) -> dict[str, Any]:
-    """The demo profile for 200 steps (warm-up 100) in bf16 (the product) and fp32; loss at every 10th step."""
+def step_precision(r: Runner, data: Path, profile: str, dry: bool) -> dict[str, Any]:
+    """``profile`` (demo) for 200 steps (warm-up 100) in bf16 (the product) and fp32; loss at every 10th step."""
     steps = 6 if dry else 200
-    train = {"max_steps": steps, "warmup_steps": steps // 2, "save_every_steps": steps, "valid_every_steps": max(steps // 4, 1),
+    train = {"max_steps": steps, "warmup_steps": steps // 2, "save_every_steps": steps,
+             "valid_every_steps": max(steps // 4, 1),
              "log_every_steps": 2 if dry else 10}
     out: dict[str, Any] = {}
     curves = {}
     for name in ("bf16", "fp32"):
         work = r.work / f"precision-{name}"
-        path = write_params(params_for("demo", data, work, **train), work)
+        path = write_params(params_for(profile, data, work, **train), work)
         if name == "bf16":
             out[name] = r.stage("precision-bf16", "train", path)
         else:
@@ -205,17 +213,22 @@ def compare_curves(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict
     return worst
 
 
-def step_determinism(r: Runner, data: Path, dry: bool) -> dict[str, Any]:
-    """Two uninterrupted runs and one killed after step ``kill`` and relaunched, per mode (torchrun, NCCL)."""
+def step_determinism(r: Runner, data: Path, profile: str, dry: bool) -> dict[str, Any]:
+    """Two uninterrupted runs and one killed after step ``kill`` and relaunched, per mode (torchrun, NCCL).
+
+    The dry run does the default mode only (tests/pipeline/training/test_deterministic_kernels.py runs the
+    switch on the CPU).
+    """
     steps, every, kill = (6, 2, 3) if dry else (40, 10, 21)
     train = {"max_steps": steps, "warmup_steps": steps // 2, "save_every_steps": every, "valid_every_steps": steps,
              "log_every_steps": every}
     out: dict[str, Any] = {}
-    for mode, extra in (("default", {}), ("deterministic", {"NMT_DETERMINISTIC": "1"})):
+    modes = (("default", {}), ("deterministic", {"NMT_DETERMINISTIC": "1"}))
+    for mode, extra in modes[:1] if dry else modes:
         runs: dict[str, Path] = {}
         for run in ("a", "b", "resumed"):
             work = r.work / f"det-{mode}-{run}"
-            path = write_params(params_for("demo", data, work, **train), work)
+            path = write_params(params_for(profile, data, work, **train), work)
             if run == "resumed":
                 r.stage(f"det-{mode}-{run}-killed", "launch", path, NMT_FAULT_KILL_AT_STEP=str(kill), **extra)
             done = r.stage(f"det-{mode}-{run}", "launch", path, **extra)
@@ -252,6 +265,41 @@ def compare_checkpoints(a: Path, b: Path) -> dict[str, Any]:
     return result
 
 
+def step_attention(dry: bool) -> dict[str, Any]:
+    """Seconds for 12 beam searches (beam 4, 12 steps, a random demo-sized model) whose shapes are new, then
+    the same again, with the model's attention backends and with cuDNN's allowed first (PyTorch's own order)."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    import model.layers
+    from model import Transformer, TransformerConfig, autocast, beam_search
+
+    dev = torch.device("cpu" if dry else "cuda")
+    torch.manual_seed(0)
+    net = Transformer(TransformerConfig(vocab_size=8000, d_model=128, n_heads=4, d_ff=512, n_layers=3)).to(dev).eval()
+    shipped = model.layers.CUDA_ATTENTION
+
+    def searches(first: int) -> float:
+        started = time.perf_counter()
+        with torch.inference_mode(), autocast(dev):
+            for b in range(first, first + (2 if dry else 12)):
+                src = torch.randint(4, 8000, (b, 5 + b % 23), device=dev)
+                beam_search(net, src, beam_size=4, max_len_a=0.0, max_len_b=12)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return round(time.perf_counter() - started, 3)
+
+    out: dict[str, Any] = {}
+    for name, backends, first in (("shipped", shipped, 1), ("cudnn_allowed", [SDPBackend.CUDNN_ATTENTION, *shipped],
+                                                                          100)):
+        model.layers.CUDA_ATTENTION = backends
+        try:
+            out[name] = {"new_shapes_s": searches(first), "same_shapes_again_s": searches(first)}
+        finally:
+            model.layers.CUDA_ATTENTION = shipped
+    return out
+
+
 def step_throughput(r: Runner, dry: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     configs = ("small",) if dry else ("base", "base-25k")
@@ -271,11 +319,13 @@ def run(args: argparse.Namespace) -> int:
     r = Runner(args.out.resolve(), args.work.resolve(), "cpu" if args.dry_run else "cuda")
     data = args.data
     r.save("env", step_env(r))
-    steps = {"tiny": lambda: step_profile(r, data, "tiny", "train", args.dry_run),
-             "demo": lambda: step_profile(r, data, "demo", "launch", args.dry_run),
+    one, big = args.profiles
+    steps = {"tiny": lambda: step_profile(r, data, one, "train", args.dry_run),
+             "demo": lambda: step_profile(r, data, big, "launch", args.dry_run),
              "pytest": lambda: step_pytest(r, args.dry_run),
-             "precision": lambda: step_precision(r, data, args.dry_run),
-             "determinism": lambda: step_determinism(r, data, args.dry_run),
+             "precision": lambda: step_precision(r, data, big, args.dry_run),
+             "determinism": lambda: step_determinism(r, data, big, args.dry_run),
+             "attention": lambda: step_attention(args.dry_run),
              "throughput": lambda: step_throughput(r, args.dry_run)}
     for name in args.steps or list(steps):
         started = time.monotonic()
@@ -292,7 +342,7 @@ def run(args: argparse.Namespace) -> int:
 def prepare(args: argparse.Namespace) -> int:
     """The data stages of the tiny and demo profiles, here (the device machine has no data)."""
     r = Runner(REPO / args.data / "prepare", REPO / args.data / "prepare", "cpu")
-    for profile in ("tiny", "demo"):
+    for profile in args.profiles:
         path = write_params(params_for(profile, args.data, None), REPO / args.data / profile)
         for stage in DATA_STAGES:
             done = r.stage(f"{profile}-{stage}", stage, path, timeout=1800)
@@ -320,13 +370,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     a = sub.add_parser("prepare")
-    a.add_argument("--data", type=Path, required=True)
+    a.add_argument("--data", type=Path, required=True, help="a folder under data/ (relative to the repository)")
+    a.add_argument("--profiles", nargs="+", default=["tiny", "demo"])
     a = sub.add_parser("run")
     a.add_argument("--data", type=Path, required=True)
     a.add_argument("--out", type=Path, required=True)
     a.add_argument("--work", type=Path, default=Path("/tmp/gpu_check"), help="runs and logs (default: %(default)s)")
     a.add_argument("--dry-run", action="store_true", help="CPU, a few steps: checks this script")
     a.add_argument("--steps", nargs="*", help="a subset of the steps, in order")
+    a.add_argument("--profiles", nargs=2, default=["tiny", "demo"], metavar=("ONE_PROCESS", "TORCHRUN"))
     a = sub.add_parser("fp32-train")
     a.add_argument("--params", type=Path, required=True)
     args = p.parse_args(argv)

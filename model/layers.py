@@ -12,8 +12,16 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.config import TransformerConfig
+
+#: SDPA backends on CUDA: every one but cuDNN. PyTorch prefers cuDNN attention on Hopper, and cuDNN builds
+#: an execution graph for every new (batch, heads, lengths) shape. Beam search changes shape at every step
+#: (sentences leave the batch, the keys grow) and training batches come in many shapes: on an H200 with
+#: torch 2.11, 12 beam searches over new shapes took 10.7 s with cuDNN allowed and 0.71 s without, while a
+#: fixed-shape base-model training step ran at the same speed either way (benchmarks/RESULTS.md, GPU).
+CUDA_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def sinusoid_table(n_positions: int, d_model: int) -> Tensor:
@@ -85,7 +93,11 @@ class MultiHeadAttention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
         """SDPA over heads, then the output projection: [B, H, T, dh] x3 -> [B, T, d]."""
         p = self.attn_dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        if q.is_cuda:  # every backend but cuDNN (CUDA_ATTENTION)
+            with sdpa_kernel(CUDA_ATTENTION):
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
         return self.out_proj(self._merge(out))
 
     def weights(self, q: Tensor, k: Tensor, mask: Tensor | None) -> Tensor:

@@ -180,9 +180,8 @@ class Settings:
         "NMT_MAX_TOKENS", integer(1), "padded tokens per forward pass of a training process (memory only: a step "
         "trains the same pairs in more passes)", shown="8192 on CUDA, 4096 on CPU"))
     deterministic: bool = field(default=False, metadata=meta(
-        "NMT_DETERMINISTIC", SWITCH, "deterministic CUDA kernels (`torch.use_deterministic_algorithms`); see the README's "
-        "GPU determinism",
-        shown="off"))
+        "NMT_DETERMINISTIC", SWITCH, "deterministic CUDA kernels (`torch.use_deterministic_algorithms`): GPU runs "
+        "and resumes bitwise equal", shown="off"))
     dist_timeout_s: float = field(default=1800.0, metadata=meta(
         "NMT_DIST_TIMEOUT_S", seconds(positive=True), "collective timeout: a rank that waits longer for its "
         "peers fails, naming this variable"))

@@ -1,8 +1,11 @@
-"""Beam search on CUDA against the CPU float64 search, token for token (skipped without CUDA).
+"""The model on CUDA (skipped without it): beam search against the CPU float64 search, and attention's backends.
 
-The product decodes on a GPU under bf16 autocast with fp32 logits (:mod:`model.precision`); the
-reference is the same trained model on the CPU in float64. A confidently trained model (the reverser
-of tests/helpers/models.py) leaves no near-ties for bf16 rounding to flip, so the answers must match.
+Beam search on the GPU in float64 must give the CPU's float64 hypotheses token for token: the search
+itself has no device-dependent step. The product decodes under bf16 autocast with fp32 logits
+(:mod:`model.precision`); bf16 activations move scores by ~1e-2, enough to flip a near-tie of the
+small trained reverser (tests/helpers/models.py): on an H200 a few of its 64 answers differed at beam 1
+and at beam 4, and under CPU bf16 autocast 63 of 64 matched (benchmarks/RESULTS.md, GPU), so that path
+must match on at least 60 of 64.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import copy
 import pytest
 import torch
 
-from model import autocast, beam_search, best_hypothesis
+import model.layers
+from model import Transformer, TransformerConfig, autocast, beam_search, best_hypothesis
 from tests.helpers.models import trained_reverser
 
 PAD, EOS = 0, 3
@@ -53,4 +57,27 @@ def test_cuda_beam_search_equals_cpu_float64_token_for_token(beam: int) -> None:
                                       gpu32.init_state(gpu32.encode(src[:2].to(dev)), beam, 4))
     assert logits.dtype == torch.float32  # decoding scores are never bf16
     for alpha in (0.0, 0.6):
-        assert [best_hypothesis(h, alpha) for h in got32] == [best_hypothesis(h, alpha) for h in want]
+        same = sum(best_hypothesis(g, alpha) == best_hypothesis(w, alpha) for g, w in zip(got32, want))
+        assert same >= 60, (alpha, same)
+
+
+@pytest.mark.gpu
+def test_attention_on_cuda_never_uses_cudnn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN attention builds a graph per new shape (seconds per batch while decoding): it is switched off."""
+    seen: list[bool] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(model.layers.F, "scaled_dot_product_attention", spy)
+    dev = torch.device("cuda")
+    m = Transformer(TransformerConfig(vocab_size=50, d_model=32, n_heads=2, d_ff=64, n_layers=1)).to(dev)
+    src = _sources(8, seed=0).to(dev)
+    with autocast(dev):
+        m(src, src).float().sum().backward()
+    with torch.inference_mode(), autocast(dev):
+        beam_search(m.eval(), src, beam_size=2, max_len_a=1.0, max_len_b=2)
+    assert seen and not any(seen)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # the process-wide setting is left alone
