@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import concurrent.futures as cf
 import hashlib
 import itertools
 import logging
-import multiprocessing
 import os
 import sys
 import time
@@ -35,6 +33,7 @@ from pipeline.core.config import CleanConfig, Params
 from pipeline.core.errors import DataError
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, count_lines, line_offsets, read_line_block
+from pipeline.data.workers import process_pool
 from pipeline.data.normalize import normalize
 
 log = logging.getLogger(__name__)
@@ -285,9 +284,7 @@ def run_blocks(blocks: list[Block], workers: int) -> Iterator[BlockResult]:
     if workers <= 1 or len(blocks) <= 1:
         yield from map(clean_block, blocks)
         return
-    ctx = multiprocessing.get_context("forkserver")  # no fork of a process that may hold tracking threads
-    ctx.set_forkserver_preload(list(WORKER_PRELOAD))
-    with cf.ProcessPoolExecutor(max_workers=min(workers, len(blocks)), mp_context=ctx) as pool:
+    with process_pool(min(workers, len(blocks)), WORKER_PRELOAD, "NMT_CLEAN_WORKERS") as pool:
         todo = iter(blocks)
         window = collections.deque(pool.submit(clean_block, b) for b in itertools.islice(todo, 2 * workers))
         while window:

@@ -20,7 +20,6 @@ import functools
 import itertools
 import json
 import logging
-import multiprocessing
 import os
 import sys
 import time
@@ -36,6 +35,7 @@ from pipeline.core.config import EncodeConfig, Params
 from pipeline.core.errors import DataError
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, line_offsets, read_line_block, sha256_file, write_text
+from pipeline.data.workers import process_pool
 
 log = logging.getLogger(__name__)
 
@@ -214,9 +214,7 @@ def run_tasks(tasks: list[ShardTask], workers: int) -> list[dict]:
         for i, task in enumerate(tasks):
             progress(i, encode_shard(task))
         return results  # type: ignore[return-value]
-    ctx = multiprocessing.get_context("forkserver")  # no fork of a process that may hold tracking threads
-    ctx.set_forkserver_preload(list(WORKER_PRELOAD))
-    with cf.ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx) as pool:
+    with process_pool(min(workers, len(tasks)), WORKER_PRELOAD, "NMT_ENCODE_WORKERS") as pool:
         futures = {pool.submit(encode_shard, t): i for i, t in enumerate(tasks)}
         for fut in cf.as_completed(futures):
             progress(futures[fut], fut.result())

@@ -1,6 +1,6 @@
 """A training workspace to test with: a real tiny SentencePiece model and shards written with pyarrow in
 the encode stage's shard schema (pipeline/encode.py) (a copy task on random ids), tiny-profile params,
-and the train stage run in-process.
+and the train stage run in-process or under torchrun.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import yaml
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 
 from pipeline.core.config import params_from_dict
 from pipeline.core.stage import run_stage

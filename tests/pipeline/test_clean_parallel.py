@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import random
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from pipeline import clean
 from pipeline.core.config import CleanConfig
-from pipeline.core.errors import DataError
+from pipeline.core.errors import ConfigError, DataError
 from tests.helpers.clean import write_raw
 
 WORDS = ["a", "cat", "dog", "the", "Über", "café", "e\u0301", "x\u200by", "tab\tbed", "big", ""]
@@ -59,3 +60,21 @@ def test_a_bad_line_in_a_later_block_is_named_and_nothing_is_written(tmp_path: P
         run(tmp_path, "out", monkeypatch, workers=workers, rows=7)
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+
+
+def test_a_temp_dir_too_long_for_the_workers_socket_is_named_before_any_output(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """multiprocessing's forkserver socket lives under TMPDIR; Linux caps its path at 107 bytes."""
+    pairs = corpus(60, 5)
+    write_raw(tmp_path / "raw", {"train": pairs, "valid": pairs[:5], "test": pairs[:5]})
+    deep = tmp_path / ("t" * (100 - len(str(tmp_path))))
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    expected = (f"TMPDIR={deep} is {len(str(deep))} bytes long: the worker processes' socket under it would pass "
+                "Linux's 107-byte limit; set TMPDIR to a folder of at most 75 bytes (e.g. /tmp), or "
+                "NMT_CLEAN_WORKERS=1 (no worker processes)")
+    with pytest.raises(ConfigError) as info:
+        run(tmp_path, "out", monkeypatch, workers=2, rows=7)
+    assert str(info.value) == f"environment: {expected}"
+    assert not (tmp_path / "out").exists()
+    assert run(tmp_path, "serial", monkeypatch, workers=1, rows=7)["train"]["pairs_out"] > 0  # the way out works
