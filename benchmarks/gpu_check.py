@@ -6,9 +6,9 @@
 
 Figures from a device run are in benchmarks/RESULTS.md (GPU).
 
-``run`` does these steps, each stage a subprocess with its own log under ``OUT/logs`` and a time limit,
-and rewrites ``OUT/gpu_check.json`` and ``OUT/logs.tar.gz`` (the logs and loss curves) after every step, so
-what finished comes back even if a later step hangs:
+``run`` does these steps, each stage a subprocess with its own log (under ``--work``, default
+/tmp/gpu_check) and a time limit, and rewrites ``OUT/gpu_check.json`` and ``OUT/logs.tar.gz`` (the logs
+and loss curves) after every step, so what finished comes back even if a later step hangs:
 
 - ``env``: torch, CUDA and the device.
 - ``tiny``: ``python -m pipeline.train`` (one process) -> ``average`` -> ``evaluate``.
@@ -62,8 +62,8 @@ GPU_TESTS = ("tests/model/test_cuda.py", "tests/pipeline/training/test_determini
 def params_for(profile: str, data: Path, work: Path | None, **train: Any) -> dict:
     """Profile ``profile``'s params: data paths under ``data/<profile>``, run paths under ``work``.
 
-    ``data`` is relative to the repository (the params loader takes data/, runs/, ... inside the checkout);
-    ``work`` is absolute, outside it.
+    ``data`` is relative to the repository (the params loader takes data/, runs/, ... inside the checkout)
+    or absolute outside it; ``work`` is absolute, outside it.
     """
     params = merged_profile(profile, REPO)
     params["paths"].update({k: str(data / profile / k) for k in DATA_PATHS})
@@ -74,6 +74,7 @@ def params_for(profile: str, data: Path, work: Path | None, **train: Any) -> dic
 
 
 def write_params(params: dict, folder: Path) -> Path:
+    """``folder/params.yaml`` holding ``params``."""
     import yaml
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -123,7 +124,8 @@ class Runner:
                 tar.add(curve, arcname=str(curve.relative_to(self.work)))
 
 
-def step_env(r: Runner) -> dict[str, Any]:
+def step_env() -> dict[str, Any]:
+    """torch, Python, the CUDA device and NCCL versions, ``nvidia-smi -L``."""
     import torch
 
     info: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(),
@@ -140,6 +142,7 @@ def step_env(r: Runner) -> dict[str, Any]:
 
 
 def step_pytest(r: Runner, dry: bool) -> dict[str, Any]:
+    """``pytest -m gpu`` on :data:`GPU_TESTS` (all skipped without CUDA); its last line is the summary."""
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-m", "gpu", *GPU_TESTS]
     done = r.cmd("pytest", argv, timeout=60 if dry else 300)
     tail = (r.work / "logs" / "pytest.log").read_text(encoding="utf-8").splitlines()[-1:]
@@ -318,7 +321,7 @@ def step_throughput(r: Runner, dry: bool) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     r = Runner(args.out.resolve(), args.work.resolve(), "cpu" if args.dry_run else "cuda")
     data = args.data
-    r.save("env", step_env(r))
+    r.save("env", step_env())
     one, big = args.profiles
     steps = {"tiny": lambda: step_profile(r, data, one, "train", args.dry_run),
              "demo": lambda: step_profile(r, data, big, "launch", args.dry_run),
