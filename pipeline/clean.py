@@ -33,8 +33,8 @@ from pipeline.core.config import CleanConfig, Params
 from pipeline.core.errors import DataError
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, count_lines, line_offsets, read_line_block
-from pipeline.data.workers import process_pool
 from pipeline.data.normalize import normalize
+from pipeline.data.workers import process_pool
 
 log = logging.getLogger(__name__)
 
