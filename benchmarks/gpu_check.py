@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import json
 import logging
 import os
@@ -49,6 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pipeline.project.profiles import merged_profile  # noqa: E402
+from pipeline.training.curves import read_history  # noqa: E402
 
 log = logging.getLogger("gpu_check")
 DATA_STAGES = ("download", "clean", "bpe", "encode")
@@ -176,8 +176,8 @@ def step_profile(r: Runner, data: Path, profile: str, launcher: str, dry: bool) 
 
 
 def _curve(work: Path) -> list[dict[str, float]]:
-    with (work / "plots" / "train.csv").open(encoding="utf-8") as fh:
-        return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(fh)]
+    """``train.csv``'s rows without their empty cells."""
+    return [{k: v for k, v in row.items() if v is not None} for row in read_history(work / "plots" / "train.csv")]
 
 
 def step_precision(r: Runner, data: Path, profile: str, dry: bool) -> dict[str, Any]:

@@ -7,6 +7,7 @@ Padding masks (``pad_mask``) are ``True`` at padding tokens. Sequences are right
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -93,10 +94,7 @@ class MultiHeadAttention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
         """SDPA over heads, then the output projection: [B, H, T, dh] x3 -> [B, T, d]."""
         p = self.attn_dropout if self.training else 0.0
-        if q.is_cuda:  # every backend but cuDNN (CUDA_ATTENTION)
-            with sdpa_kernel(CUDA_ATTENTION):
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
-        else:
+        with sdpa_kernel(CUDA_ATTENTION) if q.is_cuda else contextlib.nullcontext():  # every backend but cuDNN
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
         return self.out_proj(self._merge(out))
 
