@@ -87,7 +87,8 @@ def _top_candidates(flat: Tensor, tie_rank: Tensor, n_valid: Tensor, n2: int) ->
     ``topk`` finds the threshold (the n2-th largest score) and every candidate above it; which of
     several candidates equal to the threshold it returns is unspecified, so those are taken again by a
     second ``topk`` over ``tie_rank``: the lowest flat indices first. No pass over the candidates needs
-    a cumulative sum or a host sync.
+    a cumulative sum or a host sync. On CPU a batch with no tie at any row's threshold (the usual case
+    for a trained model) takes one ``topk`` instead (:func:`_top_without_boundary_ties`).
 
     Args:
         flat: [B, N] candidate scores, -inf where invalid (a valid candidate may score -inf too).
@@ -101,6 +102,15 @@ def _top_candidates(flat: Tensor, tie_rank: Tensor, n_valid: Tensor, n2: int) ->
         (index [B, n2] flat indices, score [B, n2], ok [B, n2] bool) in candidate order; invalid
         slots (fewer valid candidates than n2) are at the end with ok False and score -inf.
     """
+    if flat.device.type == "cpu":
+        found = _top_without_boundary_ties(flat, n2)
+        if found is not None:
+            return found
+    return _top_with_tie_pass(flat, tie_rank, n_valid, n2)
+
+
+def _top_with_tie_pass(flat: Tensor, tie_rank: Tensor, n_valid: Tensor, n2: int) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`_top_candidates` for any input (the threshold's ties taken by a second ``topk``)."""
     n = flat.shape[1]
     top, top_index = flat.topk(n2, dim=1)
     thr = top[:, -1:]
@@ -118,6 +128,24 @@ def _top_candidates(flat: Tensor, tie_rank: Tensor, n_valid: Tensor, n2: int) ->
     perm = perm[:, :n2]
     ok = ok.gather(1, perm)
     return index.gather(1, perm), score.gather(1, perm).masked_fill(~ok, float("-inf")), ok
+
+
+def _top_without_boundary_ties(flat: Tensor, n2: int) -> tuple[Tensor, Tensor, Tensor] | None:
+    """:func:`_top_candidates` in one ``topk`` when no row has a tie at its threshold, else None.
+
+    When the (n2+1)-th score of every row is below its n2-th, the first n2 are exactly the candidates
+    >= the threshold (all finite, so all valid) and only their order needs the index tie-break. The
+    check reads a device value on the host: used on CPU only, where that costs nothing.
+    """
+    if n2 >= flat.shape[1]:
+        return None
+    top, top_index = flat.topk(n2 + 1, dim=1)
+    if not bool((top[:, n2] < top[:, n2 - 1]).all()):
+        return None
+    index = top_index[:, :n2].sort(dim=1, stable=True).values  # index asc, then a stable sort by score desc
+    score = flat.gather(1, index)
+    order = score.sort(dim=1, descending=True, stable=True).indices
+    return index.gather(1, order), score.gather(1, order), torch.ones_like(index, dtype=torch.bool)
 
 
 def _first_k(mask: Tensor, values: list[Tensor], k: int, fill: list[float | int]) -> tuple[Tensor, list[Tensor]]:

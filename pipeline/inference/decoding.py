@@ -22,7 +22,7 @@ import torch
 
 from model import Transformer, TransformerConfig, autocast, beam_search, best_hypothesis, max_length
 from pipeline.core.errors import CheckpointError, PipelineError
-from pipeline.inference import model_file
+from pipeline.inference import allocator, model_file
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,8 @@ def decode_sources(
         ``{alpha: hypotheses}``: per α, per sentence in input order, the ids without BOS/EOS.
     """
     cfg = translator.config
+    if translator.device.type == "cpu":
+        allocator.keep_freed_memory()  # each step's [rows × V] tensors reuse the last step's memory
     out = {float(a): [[] for _ in sources] for a in alphas}
     lengths = [len(s) for s in sources]
     # Sentences whose length limit would pass the position table decode with the limit max_positions.

@@ -12,7 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from model import Hypothesis, Transformer, TransformerConfig, beam_search, best_hypothesis
-from model.beam import _top_candidates, length_penalty, max_length
+from model.beam import (_top_candidates, _top_with_tie_pass, _top_without_boundary_ties, length_penalty,
+                        max_length)
 from tests.helpers.models import trained_reverser
 
 PAD, A, BOS, EOS, B = 0, 1, 2, 3, 4  # toy vocabulary: V = 5
@@ -343,3 +344,30 @@ def test_finished_sentences_leave_the_batch_and_beams_share_cross_attention() ->
     # the short sentence is done after ~2 steps; from then on only the long one's 3 rows are fed
     assert m.rows[:2] == [2, 6] and m.rows[-1] == 3 and m.rows.count(3) >= 5, m.rows  # [BOS] once per sentence
     assert m.cross_moves == 1, "cross-attention K/V move only when a sentence leaves, never per step"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_topk_when_no_row_ties_at_its_threshold(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    b, n, n2 = 5, 40, 8
+    flat = torch.randperm(b * n, generator=g).view(b, n).float()  # distinct scores ...
+    flat[:, :6] = flat.max(1, keepdim=True).values + 1  # ... but for a tie above every threshold
+    flat[:, -3:] = float("-inf")
+    found = _top_without_boundary_ties(flat, n2)
+    assert found is not None
+    index, score, ok = found
+    for r in range(b):
+        want = sorted(range(n), key=lambda i: (-flat[r, i].item(), i))[:n2]
+        assert index[r].tolist() == want and score[r].tolist() == flat[r, want].tolist() and ok[r].all()
+    tie_rank = torch.arange(n, 0, -1, dtype=torch.int32)
+    general = _top_with_tie_pass(flat, tie_rank, torch.full((b,), n - 3), n2)
+    assert all(torch.equal(x, y) for x, y in zip(found, general))
+
+
+def test_a_tie_at_a_threshold_takes_the_general_path() -> None:
+    flat = torch.tensor([[5.0, 4.0, 3.0, 3.0, 1.0], [5.0, 4.0, 3.0, 2.0, 1.0]])
+    assert _top_without_boundary_ties(flat, 3) is None  # row 0: the 3rd and the 4th are equal
+    assert _top_without_boundary_ties(flat[1:], 3) is not None
+    assert _top_without_boundary_ties(flat[1:], 5) is None  # nothing beyond n2 to compare with
+    index, _, ok = _top_candidates(flat, torch.arange(5, 0, -1, dtype=torch.int32), torch.full((2,), 5), 3)
+    assert index.tolist() == [[0, 1, 2], [0, 1, 2]] and ok.all()

@@ -1,0 +1,60 @@
+"""glibc's allocator for CPU decoding: keep freed memory in the process instead of handing it back.
+
+A beam-search step on CPU allocates and frees a few tensors of [rows × vocabulary] floats (logits,
+log-probabilities, candidate scores: 8 MB each for 256 rows and an 8k vocabulary). glibc serves a
+request above its mmap threshold with a fresh ``mmap`` and returns it with ``munmap`` on free, and it
+trims the top of the heap once 128 KiB there are free, so every step page-faults again on memory it
+used a moment earlier. ``mallopt(3)`` raises the mmap threshold to 32 MiB (its most on 64-bit) and the
+trim threshold to 1 GiB: the freed blocks stay in the heap and the next step reuses them. The
+arithmetic is unchanged (the same kernels on the same values); the cost is memory the process keeps
+after decoding (about 150 MB more peak RSS for a d256 model decoding 64 sentences at a time).
+``benchmarks/RESULTS.md`` ("Decoding") has the effect on this project's sentences per second.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import sys
+
+log = logging.getLogger(__name__)
+
+# mallopt(3) parameters (glibc's malloc.h)
+M_TRIM_THRESHOLD = -1
+M_TOP_PAD = -2
+M_MMAP_THRESHOLD = -3
+
+#: (parameter, value) pairs set by :func:`keep_freed_memory`.
+SETTINGS: tuple[tuple[int, int], ...] = (
+    (M_MMAP_THRESHOLD, 32 << 20),
+    (M_TRIM_THRESHOLD, 1 << 30),
+    (M_TOP_PAD, 64 << 20),
+)
+
+_applied: bool | None = None
+
+
+def keep_freed_memory() -> bool:
+    """Apply :data:`SETTINGS` once per process (forked children inherit them).
+
+    Returns:
+        True when glibc took every setting; False elsewhere (another C library or platform, where
+        nothing is changed), logged once at debug level.
+    """
+    global _applied
+    if _applied is not None:
+        return _applied
+    _applied = False
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        log.debug("no glibc mallopt here: the allocator keeps its defaults")
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    _applied = all(mallopt(param, value) == 1 for param, value in SETTINGS)
+    log.debug("glibc allocator: freed memory stays in the heap (%s)", "set" if _applied else "refused")
+    return _applied
