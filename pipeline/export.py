@@ -1,0 +1,42 @@
+"""Optional DVC stage ``export`` (``export/dvc.yaml``): the averaged model as a CTranslate2 model directory.
+
+``dvc repro`` reads ./dvc.yaml, so the paper and demo pipelines never run this stage; ``dvc repro
+export/dvc.yaml`` runs it after ``average`` (reproducing what ``average`` needs first) and records it in
+``export/dvc.lock``. It writes ``<paths.model>-ct2/`` through :func:`pipeline.inference.ct2.export`, as
+``nmt export --format ctranslate2`` does (the SentencePiece model beside the weights, written into a
+temporary sibling and renamed into place); the weight type is the ``--quantization`` of that dvc.yaml's
+command. It opens no MLflow run: ``register`` ships an export of its own when ``NMT_REGISTER_CTRANSLATE2``
+asks for one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipeline.core.config import Params
+from pipeline.core.stage import run_cli, stage_parser
+from pipeline.inference import ct2, model_file
+
+
+def output_dir(model_dir: str | Path) -> Path:
+    """``<paths.model>-ct2``: beside the model folder, not inside it (DVC tracks that one as ``average``'s)."""
+    return Path(f"{str(model_dir).rstrip('/')}-ct2")
+
+
+def _run(params: Params, args: argparse.Namespace) -> None:
+    model_dir = params.paths.model
+    ct2.export(model_file.path_in(model_dir), output_dir(model_dir), args.quantization)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipeline.export [--quantization Q]``."""
+    parser = stage_parser("optional pipeline stage export: the averaged model as a CTranslate2 model directory")
+    parser.add_argument("--quantization", default="int8", choices=ct2.QUANTIZATIONS,
+                        help="CTranslate2 weight type (default: int8)")
+    return run_cli("export", _run, argv, parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
