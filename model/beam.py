@@ -252,7 +252,8 @@ def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: 
 
     Args:
         scores: [B, slots] raw scores of the slots, -inf for a slot without a live hypothesis.
-        lprobs: [B, slots, V] next-token log-probabilities (its ``banned`` columns are overwritten).
+        lprobs: [B, slots, V] next-token log-probabilities, overwritten with the candidates' scores (no
+            second [B, slots, V] buffer).
         live_ok: [B, slots] which slots hold a live hypothesis (a prefix of the slots).
         banned: [2] the ids that never extend a hypothesis (PAD and BOS).
         k: beam size.
@@ -261,7 +262,7 @@ def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: 
     """
     n_sent, slots, vocab = lprobs.shape
     n = slots * vocab
-    flat = (scores[:, :, None] + lprobs.index_fill_(2, banned, float("-inf"))).view(n_sent, n)
+    flat = lprobs.index_fill_(2, banned, float("-inf")).add_(scores[:, :, None]).view(n_sent, n)  # in place
     rank = torch.arange(n, 0, -1, device=flat.device, dtype=torch.int32).view(slots, vocab)
     tie_rank = rank.index_fill_(1, banned, 0).view(n)
     n_valid = live_ok.sum(1) * (vocab - banned.numel())

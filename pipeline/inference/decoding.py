@@ -2,7 +2,7 @@
 
 Shared by the ``evaluate`` stage and ``nmt translate``. Sentences are sorted by source length and
 cut into batches whose padded source size (sentences × longest source, EOS included) stays within
-``max_tokens`` (on CPU, also at most :data:`CPU_SEARCH_SENTENCES` sentences); results go back to the
+``max_tokens`` (on CPU, also at most :func:`cpu_search_sentences` sentences); results go back to the
 input order. One beam search per beam size serves every α:
 the finished set does not depend on α (the rule in ``model/beam.py``), so each α only re-ranks it.
 """
@@ -147,18 +147,24 @@ def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> torch.Tens
     return out.to(device)
 
 
-#: Sentences per beam search on CPU: each step's candidate passes walk [sentences × k × V] scores, and
-#: beyond ~64 sentences they leave the CPU caches, so larger batches ran slower (benchmarks/decode.py).
-CPU_SEARCH_SENTENCES = 64
+#: Candidate scores per step of one CPU search (sentences × beam × vocabulary): 2^23 fp32 scores, 32 MiB.
+#: Searches of 64 sentences (2^21 scores at beam 4 and 8k pieces) left the batch's tail, where few
+#: sentences are still searching, to run matrix products of a few rows; searches of ~256 decoded d256
+#: Multi30k 5-13% faster at one thread and ~512 slower again (A/B runs of ``decode_sources``, 2026-11-26).
+CPU_SEARCH_CANDIDATES = 1 << 23
 
 
-def search_batches(lengths: Sequence[int], max_tokens: int, device: torch.device) -> list[list[int]]:
-    """:func:`plan_batches` cut further into searches of at most :data:`CPU_SEARCH_SENTENCES`
-    sentences on CPU (sorted by length already, so the pieces pad no more than the whole)."""
+def cpu_search_sentences(beam_size: int, vocab_size: int) -> int:
+    """The most sentences in one CPU search: :data:`CPU_SEARCH_CANDIDATES` // (beam × vocabulary), at least 1."""
+    return max(1, CPU_SEARCH_CANDIDATES // (beam_size * vocab_size))
+
+
+def search_batches(lengths: Sequence[int], max_tokens: int, device: torch.device, cap: int) -> list[list[int]]:
+    """:func:`plan_batches` cut further into searches of at most ``cap`` sentences on CPU (sorted by
+    length already, so the pieces pad no more than the whole; :func:`cpu_search_sentences` gives the cap)."""
     batches = plan_batches(lengths, max_tokens)
     if device.type != "cpu":
         return batches
-    cap = CPU_SEARCH_SENTENCES
     return [batch[i : i + cap] for batch in batches for i in range(0, len(batch), cap)]
 
 
@@ -190,8 +196,9 @@ def decode_sources(
     # Sentences whose length limit would pass the position table decode with the limit max_positions.
     capped = [max_length(n, max_len_a, max_len_b) > cfg.max_positions for n in lengths]
     dev = translator.device
-    plain = search_batches([0 if c else n for n, c in zip(lengths, capped)], max_tokens, dev)
-    long = search_batches([n if c else 0 for n, c in zip(lengths, capped)], max_tokens, dev)
+    cap = cpu_search_sentences(beam_size, cfg.vocab_size)
+    plain = search_batches([0 if c else n for n, c in zip(lengths, capped)], max_tokens, dev, cap)
+    long = search_batches([n if c else 0 for n, c in zip(lengths, capped)], max_tokens, dev, cap)
     jobs = [(batch, max_len_a, max_len_b) for batch in plain] + [(batch, 0.0, cfg.max_positions) for batch in long]
 
     progress = _Progress(label, beam_size, sum(1 for n in lengths if n))

@@ -17,7 +17,15 @@ from pipeline.core.errors import CheckpointError, DataError
 from pipeline.core.stage import run_stage
 from pipeline.core.textio import count_lines, read_lines, write_lines
 from pipeline.evaluate import stage
-from pipeline.inference.decoding import decode_sources, load_translator, plan_batches, prepare_source
+from pipeline.inference.decoding import (
+    CPU_SEARCH_CANDIDATES,
+    cpu_search_sentences,
+    decode_sources,
+    load_translator,
+    plan_batches,
+    prepare_source,
+    search_batches,
+)
 from pipeline.inference.scoring import METRIC_KEYS, score_files
 from tests.helpers.eval_world import AVERAGED_STEP, NEWEST_STEP, TEST, VALID
 
@@ -204,6 +212,19 @@ def test_plan_batches_respects_the_budget_and_covers_every_sentence_once() -> No
         longest = max(lengths[i] for i in batch)
         assert len(batch) == 1 or len(batch) * longest <= 64
     assert [lengths[i] for i in flat] == sorted((n for n in lengths if n), reverse=True)
+
+
+def test_cpu_searches_hold_at_most_the_candidate_budget_and_keep_the_planned_order() -> None:
+    assert cpu_search_sentences(4, 8000) == CPU_SEARCH_CANDIDATES // 32000 == 262
+    assert cpu_search_sentences(4, CPU_SEARCH_CANDIDATES) == 1  # never zero sentences
+    rng = random.Random(2)
+    lengths = [rng.randint(0, 9) for _ in range(300)]
+    planned = plan_batches(lengths, max_tokens=4096)
+    cpu = search_batches(lengths, 4096, torch.device("cpu"), 50)
+    assert max(len(b) for b in planned) > 50 and max(len(b) for b in cpu) == 50
+    assert [i for b in cpu for i in b] == [i for b in planned for i in b]
+    assert all(set(piece) <= set(next(b for b in planned if piece[0] in b)) for piece in cpu)  # no batch mixing
+    assert search_batches(lengths, 4096, torch.device("cuda"), 50) == planned  # a GPU search takes the whole batch
 
 
 def test_batched_decoding_restores_order_and_equals_one_at_a_time(eval_world: Path) -> None:
