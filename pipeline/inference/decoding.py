@@ -148,9 +148,9 @@ def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> torch.Tens
 
 
 #: Candidate scores per step of one CPU search (sentences × beam × vocabulary): 2^23 fp32 scores, 32 MiB.
-#: Searches of 64 sentences (2^21 scores at beam 4 and 8k pieces) left the batch's tail, where few
-#: sentences are still searching, to run matrix products of a few rows; searches of ~256 decoded d256
-#: Multi30k 5-13% faster at one thread and ~512 slower again (A/B runs of ``decode_sources``, 2026-11-26).
+#: Searches of 64 sentences (2^21 scores at beam 4 and 8k pieces) left each search's tail, where few
+#: sentences are still searching, to matrix products of a few rows; ~256 sentences decoded faster and
+#: ~512 slower again (benchmarks/RESULTS.md, "Sentences per CPU search").
 CPU_SEARCH_CANDIDATES = 1 << 23
 
 
