@@ -2,10 +2,11 @@
 (fp32 and int8) on the same weights, beam 4, at 1 and 2 threads.
 
 For every model (``--model NAME=averaged.pt``) and source set (Multi30k test_2016_flickr, newstest2014),
-each row times a decode of the same sources (the fastest of ``--repeats``) and reports sentences/s, generated tokens/s (output pieces,
-EOS excluded), the mean output length, the share of sentences whose output equals this project's batched
-output at the same α, and sacreBLEU against the reference. A model's valid BLEU (Multi30k val, this
-project's batched search) is reported beside it: random weights decode to max_len and would not count.
+each row times a decode of the same sources (the fastest of ``--repeats``) and reports sentences/s,
+generated tokens/s (output pieces, EOS excluded), the mean output length, the share of sentences whose
+output equals this project's batched output at the same α, and sacreBLEU against the reference. A model's
+valid BLEU (Multi30k val, this project's batched search) is reported beside it: random weights decode to
+max_len and would not count.
 Thread layouts: this project runs W searches at once with one torch thread each (``workers``) or one
 search with T threads; CTranslate2 runs ``inter_threads`` × ``intra_threads``; the table gives each.
 The CTranslate2 export is made by ``pipeline.inference.ct2.export`` (the ``nmt export`` code).
