@@ -7,8 +7,8 @@ trims the top of the heap once 128 KiB there are free, so every step page-faults
 used a moment earlier. ``mallopt(3)`` raises the mmap threshold to 32 MiB (its most on 64-bit) and the
 trim threshold to 1 GiB, and grows the heap 64 MiB at a time: the freed blocks stay in the heap and the
 next step reuses them. The arithmetic is unchanged (the same kernels on the same values); the cost is
-memory the process keeps after decoding (120-150 MB more peak RSS for a d256 model decoding 64
-sentences at a time).
+memory the process keeps after decoding (120-150 MB more peak RSS for a d256 model, measured when a
+CPU search held 64 sentences; larger searches keep more).
 ``benchmarks/RESULTS.md`` ("Decoding") has the effect on this project's sentences per second.
 """
 
