@@ -216,8 +216,10 @@ def compare_curves(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict
     return worst
 
 
-def step_determinism(r: Runner, data: Path, profile: str, dry: bool) -> dict[str, Any]:
-    """Two uninterrupted runs and one killed after step ``kill`` and relaunched, per mode (torchrun, NCCL).
+def step_determinism(r: Runner, data: Path, profile: str, dry: bool,
+                      only: tuple[str, ...] = ("default", "deterministic")) -> dict[str, Any]:
+    """Two uninterrupted runs and one killed after step ``kill`` and relaunched, per mode in ``only`` (torchrun,
+    NCCL).
 
     The dry run does the default mode only (tests/pipeline/training/test_deterministic_kernels.py runs the
     switch on the CPU).
@@ -226,7 +228,7 @@ def step_determinism(r: Runner, data: Path, profile: str, dry: bool) -> dict[str
     train = {"max_steps": steps, "warmup_steps": steps // 2, "save_every_steps": every, "valid_every_steps": steps,
              "log_every_steps": every}
     out: dict[str, Any] = {}
-    modes = (("default", {}), ("deterministic", {"NMT_DETERMINISTIC": "1"}))
+    modes = [(m, e) for m, e in (("default", {}), ("deterministic", {"NMT_DETERMINISTIC": "1"})) if m in only]
     for mode, extra in modes[:1] if dry else modes:
         runs: dict[str, Path] = {}
         for run in ("a", "b", "resumed"):
@@ -327,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
              "demo": lambda: step_profile(r, data, big, "launch", args.dry_run),
              "pytest": lambda: step_pytest(r, args.dry_run),
              "precision": lambda: step_precision(r, data, big, args.dry_run),
-             "determinism": lambda: step_determinism(r, data, big, args.dry_run),
+             "determinism": lambda: step_determinism(r, data, big, args.dry_run, tuple(args.modes)),
              "attention": lambda: step_attention(args.dry_run),
              "throughput": lambda: step_throughput(r, args.dry_run)}
     for name in args.steps or list(steps):
@@ -382,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--dry-run", action="store_true", help="CPU, a few steps: checks this script")
     a.add_argument("--steps", nargs="*", help="a subset of the steps, in order")
     a.add_argument("--profiles", nargs=2, default=["tiny", "demo"], metavar=("ONE_PROCESS", "TORCHRUN"))
+    a.add_argument("--modes", nargs="+", default=["default", "deterministic"], choices=["default", "deterministic"],
+                   help="the determinism step's modes (default: both)")
     a = sub.add_parser("fp32-train")
     a.add_argument("--params", type=Path, required=True)
     args = p.parse_args(argv)

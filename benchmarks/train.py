@@ -11,11 +11,13 @@ pinned (``--threads``, interop 1). CUDA runs use bf16 autocast and fused Adam, a
 Usage:
     python benchmarks/train.py                                # CPU, small config
     python benchmarks/train.py --device cuda --config base    # GPU, the paper's base model
+    python benchmarks/train.py --device cuda --config base-25k --profile out/profile.txt
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -136,6 +138,20 @@ def measure(steps: dict, iters: int, repeats: int) -> dict[str, list[float]]:
     return times
 
 
+def write_profile(step, device: torch.device, path: Path, steps: int = 3) -> None:
+    """Run ``step`` ``steps`` times under ``torch.profiler``; write the operators' table to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=45, max_name_column_width=60)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{steps} steps of our model, sorted by {key}\n{table}\n", encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print a markdown table, write the JSON."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -145,20 +161,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--iters", type=int, default=3, help="steps per timed repeat")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "train.json")
+    p.add_argument("--profile", type=Path, default=None, help="also write a torch.profiler table of our step here")
+    p.add_argument("--compile", action="store_true", help="time our model under torch.compile")
     args = p.parse_args(argv)
     name = args.config or ("base" if args.device == "cuda" else "small")
     spec = CONFIGS[name]
     torch.set_num_threads(args.threads)
-    torch.set_num_interop_threads(1)
+    with contextlib.suppress(RuntimeError):  # refused once this process ran inter-op work (e.g. under pytest)
+        torch.set_num_interop_threads(1)
     device = torch.device(args.device)
     cfg = TransformerConfig(vocab_size=spec["vocab_size"], d_model=spec["d_model"], n_heads=spec["n_heads"],
                             d_ff=spec["d_ff"], n_layers=spec["n_layers"], max_positions=256)
     batch = make_batch(spec, device)
     torch.manual_seed(0)
     ours, base = Transformer(cfg).to(device).train(), TorchBaseline(cfg).to(device).train()
-    steps = {"ours": make_step(ours, _ours_loss, batch, device), "nn.Transformer": make_step(base, _torch_loss,
-                                                                                            batch, device)}
+    run_ours = torch.compile(ours) if args.compile else ours
+    steps = {"ours": make_step(run_ours, _ours_loss, batch, device),
+             "nn.Transformer": make_step(base, _torch_loss, batch, device)}
     times = measure(steps, args.iters, args.repeats)
+    if args.profile:
+        write_profile(steps["ours"], device, args.profile)
     n_tok = int(batch[2].ne(PAD).sum())
     med = {k: statistics.median(v) for k, v in times.items()}
     rows = [(k, sum(p.numel() for p in m.parameters()), med[k] * 1e3, n_tok / med[k])
@@ -175,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"config": name, "spec": spec, "device": args.device, "threads": args.threads, "target_tokens": n_tok,
               "repeats": args.repeats, "iters": args.iters, "seconds_per_step": times,
               "median_seconds_per_step": med, "tgt_tokens_per_s": {k: n_tok / v for k, v in med.items()},
-              "ratio": ratio, "paired_ratio_median": paired, "torch": torch.__version__, "python": platform.python_version(),
+              "ratio": ratio, "paired_ratio_median": paired, "compiled": args.compile, "torch": torch.__version__,
+              "python": platform.python_version(),
               "machine": platform.machine()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
