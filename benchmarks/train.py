@@ -7,6 +7,11 @@ The baseline uses ``nn.Transformer`` (batch_first, key-padding masks, causal mas
 ``F.cross_entropy(label_smoothing=...)``. Repeats alternate the two models (A B, B A, ...) so
 that drift on a shared machine hits both; the table reports medians over repeats. Threads are
 pinned (``--threads``, interop 1). CUDA runs use bf16 autocast and fused Adam, as the stage does.
+``--profile FILE`` then runs three more steps of ours under ``torch.profiler`` and writes the operators'
+table (self time, sorted by the device's time on CUDA) to FILE. ``--compile model|loss|step`` times ours with
+``torch.compile`` applied to the model, to the loss alone, or to both as one function (``--dynamic``: compiled
+for any batch shape, as the stage's varying batches would need; otherwise the fixed batch compiles once, in the
+warm-up).
 
 Usage:
     python benchmarks/train.py                                # CPU, small config
@@ -103,6 +108,24 @@ def _torch_loss(model, src, tgt_in, tgt_out):
                            label_smoothing=EPS)
 
 
+def compiled_loss(mode: str, dynamic: bool):
+    """Our loss function with ``torch.compile`` applied to the model, the loss, the two together, or nothing."""
+    if mode == "none":
+        return _ours_loss
+    if mode == "step":
+        return torch.compile(_ours_loss, dynamic=dynamic)
+    if mode == "loss":
+        loss = torch.compile(label_smoothed_nll_loss, dynamic=dynamic)
+        return lambda model, src, tgt_in, tgt_out: loss(model(src, tgt_in), tgt_out, epsilon=EPS,
+                                                        ignore_index=PAD)[0]
+    compiled: dict[int, nn.Module] = {}
+
+    def model_compiled(model, src, tgt_in, tgt_out):
+        net = compiled.setdefault(id(model), torch.compile(model, dynamic=dynamic))
+        return _ours_loss(net, src, tgt_in, tgt_out)
+    return model_compiled
+
+
 def make_step(model: nn.Module, loss_fn, batch, device: torch.device):
     """A closure running one full training step; returns nothing (syncs on CUDA)."""
     fused = {"fused": True} if device.type == "cuda" else {}
@@ -162,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=3, help="steps per timed repeat")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "train.json")
     p.add_argument("--profile", type=Path, default=None, help="also write a torch.profiler table of our step here")
-    p.add_argument("--compile", action="store_true", help="time our model under torch.compile")
+    p.add_argument("--compile", default="none", choices=["none", "model", "loss", "step"],
+                   help="torch.compile our model, our loss, or both as one function (default: %(default)s)")
+    p.add_argument("--dynamic", action="store_true", help="compile for any shape (torch.compile dynamic=True)")
     args = p.parse_args(argv)
     name = args.config or ("base" if args.device == "cuda" else "small")
     spec = CONFIGS[name]
@@ -175,8 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     batch = make_batch(spec, device)
     torch.manual_seed(0)
     ours, base = Transformer(cfg).to(device).train(), TorchBaseline(cfg).to(device).train()
-    run_ours = torch.compile(ours) if args.compile else ours
-    steps = {"ours": make_step(run_ours, _ours_loss, batch, device),
+    steps = {"ours": make_step(ours, compiled_loss(args.compile, args.dynamic), batch, device),
              "nn.Transformer": make_step(base, _torch_loss, batch, device)}
     times = measure(steps, args.iters, args.repeats)
     if args.profile:
@@ -197,9 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"config": name, "spec": spec, "device": args.device, "threads": args.threads, "target_tokens": n_tok,
               "repeats": args.repeats, "iters": args.iters, "seconds_per_step": times,
               "median_seconds_per_step": med, "tgt_tokens_per_s": {k: n_tok / v for k, v in med.items()},
-              "ratio": ratio, "paired_ratio_median": paired, "compiled": args.compile, "torch": torch.__version__,
-              "python": platform.python_version(),
-              "machine": platform.machine()}
+              "ratio": ratio, "paired_ratio_median": paired, "compiled": args.compile, "dynamic": args.dynamic,
+              "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return 0

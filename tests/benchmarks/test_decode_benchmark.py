@@ -3,7 +3,6 @@ CTranslate2 export), so it cannot silently fall behind their signatures: every r
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from pathlib import Path
 
@@ -13,18 +12,12 @@ import torch
 from pipeline.inference import ct2
 from pipeline.inference.decoding import load_translator
 from tests.helpers.models import CORPUS, make_averaged
-from tests.helpers.paths import REPO
+from tests.helpers.paths import load_benchmark
 
-
-def _benchmark():
-    spec = importlib.util.spec_from_file_location("decode_benchmark", REPO / "benchmarks" / "decode.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_row_of_the_decoding_benchmark_runs_on_a_tiny_model(tmp_path: Path) -> None:
-    bench = _benchmark()
+    bench = load_benchmark("decode")
     model = make_averaged(tmp_path, seed=2)
     exports = {q: ct2.export(model, tmp_path / q, q) for q in ("float32", "int8")}
     threads = torch.get_num_threads()
@@ -44,7 +37,7 @@ def test_every_row_of_the_decoding_benchmark_runs_on_a_tiny_model(tmp_path: Path
 
 
 def test_a_row_counts_the_fastest_of_its_repeats() -> None:
-    bench = _benchmark()
+    bench = load_benchmark("decode")
     bench.REPEATS = 3
     calls = []
 
@@ -59,5 +52,5 @@ def test_a_row_counts_the_fastest_of_its_repeats() -> None:
 
 def test_repeats_below_one_is_refused_before_any_work(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        _benchmark().main(["--model", "demo=missing.pt", "--repeats", "0"])
+        load_benchmark("decode").main(["--model", "demo=missing.pt", "--repeats", "0"])
     assert exit_info.value.code == 2 and "--repeats must be >= 1, got 0" in capsys.readouterr().err

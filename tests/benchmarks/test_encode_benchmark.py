@@ -3,25 +3,18 @@ silently fall behind their signatures: one tiny measurement of each."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.models import CORPUS, make_spm
-from tests.helpers.paths import REPO
+from tests.helpers.paths import load_benchmark
 
-
-def _benchmark():
-    spec = importlib.util.spec_from_file_location("encode_benchmark", REPO / "benchmarks" / "encode.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_clean_and_encode_measurements_run_the_real_stages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NMT_ENCODE_WORKERS", "1")
-    bench = _benchmark()
+    bench = load_benchmark("encode")
     (tmp_path / "raw").mkdir()
     pairs = list(zip(CORPUS[0::2], CORPUS[1::2]))
     for split in ("train", "valid", "test"):

@@ -5,7 +5,6 @@ drives the real stage commands end to end, so neither can rot."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import subprocess
 import sys
@@ -19,19 +18,13 @@ from pipeline.core.config import CleanConfig, DownloadConfig
 from pipeline.core.stage import run_stage
 from pipeline.core.textio import read_lines
 from pipeline.data.sources import WMT14
-from tests.helpers.paths import REPO
+from tests.helpers.paths import REPO, load_benchmark
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def synth():
-    return _load("synth_corpus")
+    return load_benchmark("synth_corpus")
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +62,7 @@ def test_the_clean_stage_meets_every_kind_of_noise(corpus: tuple[Path, dict], tm
 
 def test_the_mirror_layout_is_what_the_download_stage_reads(synth, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    scale = _load("scale")
+    scale = load_benchmark("scale")
     counts = (30, 50, 20)
     spec = dataclasses.replace(
         WMT14, train=tuple(dataclasses.replace(c, lines=n) for c, n in zip(WMT14.train, counts)),

@@ -1,9 +1,11 @@
-"""Where things are: the repository root and the shared EN-DE data folder."""
+"""Where things are: the repository root, the shared EN-DE data folder and the benchmark scripts."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,3 +21,11 @@ def shared_data() -> Path:
 
 
 SHARED = shared_data()
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` imported as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
