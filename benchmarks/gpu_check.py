@@ -25,7 +25,8 @@ and loss curves) after every step, so what finished comes back even if a later s
 ``--profiles A B`` picks the profiles (default ``tiny demo``): A for the one-process run, B for the torchrun
 run, the precision and the determinism steps (the dry run in the tests uses ``tiny tiny``).
 
-The stages run with MLflow tracking off (``NMT_TRACKING=off``): the device image has no MLflow.
+The stages run with MLflow tracking off (``NMT_TRACKING=off``): the device image has no MLflow. Other ``NMT_*``
+variables pass through to them (``NMT_COMPILE=on python3 benchmarks/gpu_check.py run ... --steps demo``).
 """
 
 from __future__ import annotations

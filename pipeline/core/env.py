@@ -182,6 +182,9 @@ class Settings:
     deterministic: bool = field(default=False, metadata=meta(
         "NMT_DETERMINISTIC", SWITCH, "deterministic CUDA kernels (`torch.use_deterministic_algorithms`): GPU runs "
         "and resumes bitwise equal", shown="off"))
+    compile: bool = field(default=False, metadata=meta(
+        "NMT_COMPILE", SWITCH, "`torch.compile` the training forward pass and loss (dynamic shapes): faster GPU "
+        "steps after minutes of compiling", shown="off"))
     dist_timeout_s: float = field(default=1800.0, metadata=meta(
         "NMT_DIST_TIMEOUT_S", seconds(positive=True), "collective timeout: a rank that waits longer for its "
         "peers fails, naming this variable"))

@@ -8,7 +8,9 @@ passes as ``NMT_MAX_TOKENS`` needs. Before each forward pass the global torch (a
 generators are reseeded from (seed, epoch, step of the epoch, rank, forward pass), so dropout is
 reproducible. Losses are sums; after the passes the gradients are summed over ranks and divided by
 the step's global number of non-pad target tokens, so the update does not depend on how the pairs
-fell into passes or ranks (with dropout 0 it is the same gradient up to float rounding). A
+fell into passes or ranks (with dropout 0 it is the same gradient up to float rounding). Each pass
+calls one function for the network and the loss (:mod:`pipeline.training.forward`; ``NMT_COMPILE``
+compiles it), as validation and the memory pre-flight do. A
 relaunch resumes from the newest complete checkpoint (:mod:`pipeline.training.setup`), also on
 another number of processes or another budget.
 
@@ -34,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from model import TransformerConfig, autocast, inverse_sqrt_lr, label_smoothed_nll_loss
+from model import TransformerConfig, autocast, inverse_sqrt_lr
 from pipeline.core import tracking
 from pipeline.core.config import TrainConfig
 from pipeline.core.errors import PipelineError
@@ -78,9 +80,7 @@ def train_step(tr: Trainer, passes: list[batching.Batch], state: TrainState) -> 
         try:
             tr.hooks.at("forward", step, rank)
             with autocast(dev):
-                logits = model(b.src, b.tgt_in)
-            loss_sum, nll_sum = label_smoothed_nll_loss(logits, b.tgt_out, epsilon=tr.cfg.label_smoothing,
-                                                        ignore_index=model.cfg.pad_id)
+                loss_sum, nll_sum = tr.loss(model, b.src, b.tgt_in, b.tgt_out, tr.cfg.label_smoothing)
             loss_sum.backward()
         except torch.OutOfMemoryError:
             oom = f"forward pass {batch.forward}: src {list(b.src.shape)}, tgt {list(b.tgt_in.shape)}"
@@ -131,9 +131,7 @@ def validate(tr: Trainer) -> dict[str, float]:
     for ids in tr.valid_batches[tr.ctx.rank::tr.ctx.world_size]:
         b = batching.collate(tr.valid.fetch(ids), pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id).to(dev)
         with autocast(dev):
-            logits = model(b.src, b.tgt_in)
-        loss_sum, nll_sum = label_smoothed_nll_loss(logits, b.tgt_out, epsilon=tr.cfg.label_smoothing,
-                                                    ignore_index=cfg.pad_id)
+            loss_sum, nll_sum = tr.loss(model, b.src, b.tgt_in, b.tgt_out, tr.cfg.label_smoothing)
         stats += torch.tensor([float(loss_sum), float(nll_sum), float(b.n_tokens)], dtype=torch.float64,
                               device=dev)
     model.train()

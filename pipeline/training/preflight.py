@@ -16,8 +16,9 @@ from collections.abc import Sequence
 
 import torch
 
-from model import Transformer, autocast, label_smoothed_nll_loss
+from model import Transformer, autocast
 from pipeline.core.errors import PipelineError
+from pipeline.training.forward import BatchLoss, batch_loss
 from pipeline.training.hooks import Hooks
 from pipeline.training.state import TrainState
 
@@ -49,8 +50,8 @@ def free_memory(device: torch.device) -> None:
 
 
 def check(model: Transformer, shapes: Sequence[tuple[int, int]], *, device: torch.device, max_tokens: int,
-          label_smoothing: float, rank: int = 0, hooks: Hooks | None = None) -> None:
-    """Run one forward+backward per shape; leave the model without gradients.
+          label_smoothing: float, rank: int = 0, hooks: Hooks | None = None, loss: BatchLoss = batch_loss) -> None:
+    """Run one forward+backward per shape with the training step's ``loss``; leave the model without gradients.
 
     ``hooks`` are reached at ``preflight`` before each shape (fault-injection tests).
 
@@ -67,9 +68,8 @@ def check(model: Transformer, shapes: Sequence[tuple[int, int]], *, device: torc
             (hooks or Hooks()).at("preflight", 0, rank)
             tokens = torch.randint(4, cfg.vocab_size, (3, n, length), generator=gen).to(device)
             with autocast(device):
-                logits = model(tokens[0], tokens[1])
-            loss, _ = label_smoothed_nll_loss(logits, tokens[2], epsilon=label_smoothing, ignore_index=cfg.pad_id)
-            loss.backward()
+                loss_sum, _ = loss(model, tokens[0], tokens[1], tokens[2], label_smoothing)
+            loss_sum.backward()
         except torch.OutOfMemoryError as exc:
             failed = (n, length, str(exc).splitlines()[0][:200] if str(exc) else "")
             break

@@ -19,7 +19,7 @@ from pipeline.core.errors import ConfigError, DataError
 from pipeline.core.textio import sha256_file
 from pipeline.data import batching
 from pipeline.data.shards import ShardSet
-from pipeline.training import checkpoint, distributed, preflight
+from pipeline.training import checkpoint, distributed, forward, preflight
 from pipeline.training.faults import Hooks
 from pipeline.training.logs import train_flops_per_target_token
 from pipeline.training.state import TrainState
@@ -48,6 +48,8 @@ class Trainer:
     shards_sha256: str
     flops_per_token: float
     hooks: Hooks
+    loss: forward.BatchLoss
+    """One forward pass's loss sums (:mod:`pipeline.training.forward`; compiled with ``NMT_COMPILE``)."""
 
 
 def vocab_size(spm_model: Path) -> int:
@@ -126,8 +128,9 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
     torch.manual_seed(seed)  # identical initial weights on every rank and device
     model = Transformer(tcfg).to(ctx.device)
     shapes = batching.forward_shapes(batches, rank=ctx.rank, world_size=ctx.world_size, max_tokens=max_tokens)
+    loss = forward.loss_function(env.settings().compile)
     preflight.check(model, preflight.largest_shapes(shapes), device=ctx.device, max_tokens=max_tokens,
-                    label_smoothing=cfg.label_smoothing, rank=ctx.rank, hooks=hooks)
+                    label_smoothing=cfg.label_smoothing, rank=ctx.rank, hooks=hooks, loss=loss)
     fused = {"fused": True} if ctx.device.type == "cuda" else {}
     optim = torch.optim.Adam(model.parameters(), lr=0.0, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                              weight_decay=cfg.weight_decay, **fused)
@@ -137,7 +140,7 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
     return Trainer(cfg=cfg, seed=seed, ctx=ctx, model=model, optim=optim, train=train, valid=valid, plan=batches,
                    valid_batches=valid_batches, max_tokens=max_tokens,
                    config={"model": tcfg.to_dict(), "train": section_dict(cfg), "seed": seed}, shards_sha256=sha,
-                   flops_per_token=flops, hooks=hooks)
+                   flops_per_token=flops, hooks=hooks, loss=loss)
 
 
 def resume(tr: Trainer, run_dir: Path) -> tuple[TrainState, str | None, int | None]:

@@ -1,0 +1,89 @@
+"""``NMT_COMPILE``: the training forward pass and loss under ``torch.compile`` (dynamic shapes) compute what the
+eager function computes, for every batch shape and in validation, and a compiled run resumes bitwise.
+
+Compiled on the CPU here (inductor's C++ backend); ``benchmarks/gpu_check.py`` runs the CUDA path.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import Transformer, TransformerConfig
+from pipeline.training.forward import batch_loss, loss_function
+from tests.helpers.faultutil import tensors
+from tests.helpers.train import make_workspace, run_torchrun, tiny_params
+
+LINE = "torch.compile (NMT_COMPILE): on; the first forward pass compiles"
+NO_DROPOUT = {"dropout": 0.0, "attn_dropout": 0.0, "ffn_dropout": 0.0}
+
+
+def _batch(gen: torch.Generator, n: int, length: int) -> tuple[torch.Tensor, ...]:
+    ids = torch.randint(4, 50, (3, n, length), generator=gen)
+    ids[:, 0, length - 2:] = 0  # one padded row
+    return ids[0], ids[1], ids[2]
+
+
+@pytest.mark.slow
+def test_the_compiled_loss_equals_the_eager_one_for_new_shapes_and_without_gradients() -> None:
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=1,
+                                          max_positions=64, **NO_DROPOUT))
+    compiled, gen = loss_function(True), torch.Generator().manual_seed(1)
+    assert loss_function(False) is batch_loss
+    for n, length in ((3, 7), (5, 11), (2, 4)):  # dynamic shapes: no recompile per shape, same numbers
+        batch = _batch(gen, n, length)
+        results = []
+        for fn in (batch_loss, compiled):
+            model.zero_grad(set_to_none=True)
+            loss_sum, nll_sum = fn(model, *batch, 0.1)
+            loss_sum.backward()
+            results.append((loss_sum.detach(), nll_sum.detach(), [p.grad.clone() for p in model.parameters()]))
+        (la, na, ga), (lb, nb, gb) = results
+        torch.testing.assert_close((la, na), (lb, nb), rtol=1e-5, atol=1e-5)
+        for a, b in zip(ga, gb):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(model, *batch, 0.1), batch_loss(model, *batch, 0.1))
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return make_workspace(tmp_path_factory.mktemp("ws"))
+
+
+def _state(folder: Path, step: int) -> tuple[dict, list]:
+    last = folder / "runs" / f"step-{step:08d}"
+    weights = {name: tensors(torch.load(last / name, weights_only=True)) for name in ("model.pt", "optim.pt")}
+    return weights, json.loads((last / "state.json").read_text(encoding="utf-8"))["history"]
+
+
+@pytest.mark.slow
+def test_a_compiled_training_run_with_dropout_resumes_bitwise(workspace, tmp_path):
+    """Training, validation and the pre-flight through the compiled function, dropout on (inductor draws the masks
+    from the reseeded generator); killed after step 3 and relaunched, it ends as the uninterrupted run does."""
+    runs = {}
+    for name in ("whole", "resumed"):
+        data = tiny_params(tmp_path / name, workspace, max_steps=5, valid_every_steps=5)
+        assert data["model"]["dropout"] > 0
+        if name == "resumed":
+            killed = run_torchrun(data, tmp_path / name, nproc=1, env={"NMT_COMPILE": "on",
+                                                                       "NMT_FAULT_KILL_AT_STEP": "3"})
+            assert killed.returncode != 0
+        proc = run_torchrun(data, tmp_path / name, nproc=1, env={"NMT_COMPILE": "on"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert LINE in proc.stderr, proc.stderr[-3000:]
+        runs[name] = _state(tmp_path / name, 5)
+    (whole, whole_log), (resumed, resumed_log) = runs.values()
+    for part in ("model.pt", "optim.pt"):
+        assert whole[part].keys() == resumed[part].keys()
+        assert all(torch.equal(whole[part][k], resumed[part][k]) for k in whole[part])
+    assert whole_log == resumed_log and [h["step"] for h in whole_log if "valid_loss" in h] == [5]
+
+
+def test_without_the_switch_training_runs_the_eager_function(workspace, tmp_path):
+    proc = run_torchrun(tiny_params(tmp_path, workspace, max_steps=3), tmp_path, nproc=1)
+    assert proc.returncode == 0 and LINE not in proc.stderr, proc.stderr[-3000:]
