@@ -108,22 +108,18 @@ def _torch_loss(model, src, tgt_in, tgt_out):
                            label_smoothing=EPS)
 
 
-def compiled_loss(mode: str, dynamic: bool):
-    """Our loss function with ``torch.compile`` applied to the model, the loss, the two together, or nothing."""
+def compiled_loss(mode: str, dynamic: bool, model: nn.Module):
+    """Our loss function for ``model``, with ``torch.compile`` applied to the model, the loss, the two together,
+    or nothing."""
     if mode == "none":
         return _ours_loss
     if mode == "step":
         return torch.compile(_ours_loss, dynamic=dynamic)
     if mode == "loss":
         loss = torch.compile(label_smoothed_nll_loss, dynamic=dynamic)
-        return lambda model, src, tgt_in, tgt_out: loss(model(src, tgt_in), tgt_out, epsilon=EPS,
-                                                        ignore_index=PAD)[0]
-    compiled: dict[int, nn.Module] = {}
-
-    def model_compiled(model, src, tgt_in, tgt_out):
-        net = compiled.setdefault(id(model), torch.compile(model, dynamic=dynamic))
-        return _ours_loss(net, src, tgt_in, tgt_out)
-    return model_compiled
+        return lambda net, src, tgt_in, tgt_out: loss(net(src, tgt_in), tgt_out, epsilon=EPS, ignore_index=PAD)[0]
+    compiled = torch.compile(model, dynamic=dynamic)
+    return lambda _net, src, tgt_in, tgt_out: _ours_loss(compiled, src, tgt_in, tgt_out)
 
 
 def make_step(model: nn.Module, loss_fn, batch, device: torch.device):
@@ -200,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     batch = make_batch(spec, device)
     torch.manual_seed(0)
     ours, base = Transformer(cfg).to(device).train(), TorchBaseline(cfg).to(device).train()
-    steps = {"ours": make_step(ours, compiled_loss(args.compile, args.dynamic), batch, device),
+    steps = {"ours": make_step(ours, compiled_loss(args.compile, args.dynamic, ours), batch, device),
              "nn.Transformer": make_step(base, _torch_loss, batch, device)}
     times = measure(steps, args.iters, args.repeats)
     if args.profile:

@@ -15,7 +15,6 @@ from tests.helpers.models import CORPUS, make_averaged
 from tests.helpers.paths import load_benchmark
 
 
-
 def test_every_row_of_the_decoding_benchmark_runs_on_a_tiny_model(tmp_path: Path) -> None:
     bench = load_benchmark("decode")
     model = make_averaged(tmp_path, seed=2)

@@ -11,7 +11,6 @@ from tests.helpers.models import CORPUS, make_spm
 from tests.helpers.paths import load_benchmark
 
 
-
 def test_clean_and_encode_measurements_run_the_real_stages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NMT_ENCODE_WORKERS", "1")
     bench = load_benchmark("encode")

@@ -21,7 +21,6 @@ from pipeline.data.sources import WMT14
 from tests.helpers.paths import REPO, load_benchmark
 
 
-
 @pytest.fixture(scope="module")
 def synth():
     return load_benchmark("synth_corpus")

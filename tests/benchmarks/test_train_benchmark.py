@@ -11,7 +11,6 @@ import torch
 from tests.helpers.paths import load_benchmark
 
 
-
 def test_the_training_benchmark_writes_its_json_and_the_profilers_table(tmp_path: Path) -> None:
     bench = load_benchmark("train")
     bench.CONFIGS["test"] = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300,
