@@ -193,44 +193,65 @@ class _History:
         self.eos_org.append(st.eos_org)
         self.eos_score.append(st.eos_score)
 
-    def to_host(self, n_sent: int) -> dict[str, list]:
-        """Every field as nested lists [step][sentence][slot] over all sentences (zeros where a
-        sentence had left), after one transfer per field."""
-        out = {}
-        for name in self.__dataclass_fields__:
-            if name == "sent":
-                continue
-            steps = [x.new_zeros((n_sent,) + x.shape[1:]).index_copy_(0, sent, x)
-                     for sent, x in zip(self.sent, getattr(self, name))]
-            out[name] = torch.stack(steps).cpu().tolist()
-        return out
+    def stacked(self, name: str, n_sent: int) -> Tensor:
+        """Field ``name`` as one [steps, n_sent, k] tensor over all sentences (zeros where a sentence had left)."""
+        return torch.stack([x.new_zeros((n_sent,) + x.shape[1:]).index_copy_(0, sent, x)
+                            for sent, x in zip(self.sent, getattr(self, name))])
 
 
-def _rebuild(h: _History, n_sent: int, k: int) -> list[list[Hypothesis]]:
-    """Backtrack every finished hypothesis from the host copy of the history."""
-    cpu = h.to_host(n_sent)
-    org, tok = cpu["live_org"], cpu["live_tok"]
+def _backtrack(org: Tensor, tok: Tensor, sent: Tensor, slot: Tensor, length: Tensor) -> Tensor:
+    """Tokens of many hypotheses at once, followed back through the live slots' origins.
 
-    def tokens(step: int, slot: int, b: int) -> list[int]:
-        out = []
-        while step >= 1:
-            out.append(tok[step - 1][b][slot])
-            slot = org[step - 1][b][slot]
-            step -= 1
-        return out[::-1]
+    Args:
+        org: [T, n_sent, k] the slot each step's live hypothesis continued.
+        tok: [T, n_sent, k] the token each step's live hypothesis appended.
+        sent, slot, length: [H] each hypothesis's sentence, the live slot it ends in at step
+            ``length``, and its number of tokens.
 
+    Returns:
+        [H, max length] tokens; row h's first ``length[h]`` entries are hypothesis h's.
+    """
+    out = tok.new_zeros(len(sent), int(length.max()) if len(sent) else 0)
+    slot = slot.clone()
+    for step in range(out.shape[1], 0, -1):
+        on = (length >= step).nonzero().view(-1)
+        b, s = sent[on], slot[on]
+        out[on, step - 1] = tok[step - 1, b, s]
+        slot[on] = org[step - 1, b, s]
+    return out
+
+
+def _rebuild(h: _History, n_sent: int) -> list[list[Hypothesis]]:
+    """Every finished hypothesis from the history, backtracked for all sentences at once on the host.
+
+    An EOS candidate finished at step n continues live slot ``eos_org`` of step n - 1 (n - 1 tokens); a
+    live hypothesis finished by the max_len rule is live slot j of step n (n tokens). Within a sentence
+    and step the order is the candidate position (j for an EOS among the first k, ``live_pos`` for a live one).
+    """
+    if not h.sent:
+        return [[] for _ in range(n_sent)]
+    org, tok = (h.stacked(name, n_sent).cpu() for name in ("live_org", "live_tok"))
+    parts = []
+    for flags, start, pos, score, extra in (("fin_eos", "eos_org", None, "eos_score", 0),
+                                            ("fin_live", None, "live_pos", "live_score", 1)):
+        step, b, j = h.stacked(flags, n_sent).cpu().nonzero(as_tuple=True)
+        slot = j if start is None else h.stacked(start, n_sent).cpu()[step, b, j]
+        key = j if pos is None else h.stacked(pos, n_sent).cpu()[step, b, j]
+        parts.append((step, b, slot, step + extra, key, h.stacked(score, n_sent).cpu()[step, b, j]))
+    step, b, slot, length, key, score = (torch.cat(cols) for cols in zip(*parts))
+    tokens = _backtrack(org, tok, b, slot, length)
+    # sentence, then step, then candidate position: stable sorts from the last key to the first
+    perm = key.argsort(stable=True)
+    for col in (step, b):
+        perm = perm[col[perm].argsort(stable=True)]
     result: list[list[Hypothesis]] = [[] for _ in range(n_sent)]
-    for i in range(len(org)):
-        n = i + 1
-        for b in range(n_sent):
-            found = []
-            for j in range(k):
-                if cpu["fin_eos"][i][b][j]:
-                    found.append((j, tokens(n - 1, cpu["eos_org"][i][b][j], b), cpu["eos_score"][i][b][j]))
-                if cpu["fin_live"][i][b][j]:
-                    found.append((cpu["live_pos"][i][b][j], tokens(n, j, b), cpu["live_score"][i][b][j]))
-            for order, (_, toks, score) in enumerate(sorted(found, key=lambda f: f[0])):
-                result[b].append(Hypothesis(toks, float(score), n, order))
+    prev, order = (-1, -1), 0
+    rows = tokens[perm].tolist()
+    for r, i, s, n, sc in zip(rows, b[perm].tolist(), step[perm].tolist(), length[perm].tolist(),
+                              score[perm].tolist()):
+        order = order + 1 if (i, s) == prev else 0
+        prev = (i, s)
+        result[i].append(Hypothesis(r[:n], float(sc), s + 1, order))
     return result
 
 
@@ -340,7 +361,7 @@ def beam_search_finished(
         rows = (keep[:, None] * live_ok.shape[1] + st.live_org).view(-1)  # old row of each new row
         state = model.reorder_state(state, rows, keep if leaving else None)
         last, scores, live_ok = st.live_tok.reshape(-1), st.live_score, st.live_ok
-    return _rebuild(hist, n_sent, k)
+    return _rebuild(hist, n_sent)
 
 
 def beam_search(
