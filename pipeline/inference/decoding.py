@@ -122,18 +122,21 @@ def prepare_source(ids: Sequence[int], config: TransformerConfig) -> tuple[list[
     return ids[:limit] + [config.eos_id], truncated
 
 
-def plan_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+def plan_batches(lengths: Sequence[int], max_tokens: int, max_sentences: int | None = None) -> list[list[int]]:
     """Indices grouped into batches of similar length, longest first.
 
     Sentences are ordered by (length descending, index ascending) and cut greedily so that
-    ``len(batch) × max(length in batch) <= max_tokens``; a single sentence longer than the budget
-    gets a batch of its own. Zero-length entries are left out (nothing to decode).
+    ``len(batch) × max(length in batch) <= max_tokens`` and ``len(batch) <= max_sentences`` (when given); a
+    single sentence longer than the budget gets a batch of its own. Zero-length entries are left out
+    (nothing to decode).
     """
     order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: (-lengths[i], i))
+    most = len(order) if max_sentences is None else max_sentences
     batches: list[list[int]] = []
     for i in order:
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= max_tokens:
-            batches[-1].append(i)
+        last = batches[-1] if batches else None
+        if last is not None and len(last) < most and (len(last) + 1) * lengths[last[0]] <= max_tokens:
+            last.append(i)
         else:
             batches.append([i])
     return batches
@@ -160,12 +163,10 @@ def cpu_search_sentences(beam_size: int, vocab_size: int) -> int:
 
 
 def search_batches(lengths: Sequence[int], max_tokens: int, device: torch.device, cap: int) -> list[list[int]]:
-    """:func:`plan_batches` cut further into searches of at most ``cap`` sentences on CPU (sorted by
-    length already, so the pieces pad no more than the whole; :func:`cpu_search_sentences` gives the cap)."""
-    batches = plan_batches(lengths, max_tokens)
-    if device.type != "cpu":
-        return batches
-    return [batch[i : i + cap] for batch in batches for i in range(0, len(batch), cap)]
+    """:func:`plan_batches` with at most ``cap`` sentences per search on CPU (:func:`cpu_search_sentences`),
+    both limits applied while cutting: a larger ``max_tokens`` gives full searches of ``cap`` sentences, not a
+    budget's batch cut into full pieces and a short rest. On a GPU a search takes the whole batch."""
+    return plan_batches(lengths, max_tokens, cap if device.type == "cpu" else None)
 
 
 def decode_sources(
