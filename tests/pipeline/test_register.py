@@ -166,8 +166,8 @@ def test_the_translator_can_carry_a_ctranslate2_export(model_dir: Path, tmp_path
     )
     out = _fresh_process(script, tmp_path)
     assert out["default"] == out["ctranslate2"]  # the export decodes by default
-    for engine in ("ctranslate2", "torch"):
-        assert len(out[engine]) == 3 and out[engine][1] == "" and out[engine][0] and out[engine][2]
+    for engine in ("ctranslate2", "torch"):  # a tiny model may end a sentence at once (seen: int8 on an Intel CPU)
+        assert len(out[engine]) == 3 and out[engine][1] == "" and (out[engine][0] or out[engine][2]), out
     assert "params.engine 'onnx': this model has torch, ctranslate2" in out["error"]
     version = _client().get_model_version_by_alias("tiny-ct2", "candidate")
     files = {Path(f).name for f in _artifact_files(version.source)}
