@@ -223,9 +223,10 @@ def test_cpu_searches_hold_at_most_the_candidate_budget_and_keep_the_planned_ord
     for budget in (16, 64, 4096, 16384):
         cpu = search_batches(lengths, budget, torch.device("cpu"), 50)
         assert [i for b in cpu for i in b] == [i for b in plan_batches(lengths, budget) for i in b]  # same order
-        for search, after in zip(cpu, cpu[1:]):  # each search full: the next sentence breaks the cap or the budget
-            assert len(search) == 50 or (len(search) + 1) * lengths[search[0]] > budget
+        for j, search in enumerate(cpu):
             assert len(search) <= 50 and (len(search) == 1 or len(search) * lengths[search[0]] <= budget)
+            if j + 1 < len(cpu):  # full: one more sentence would pass the cap or the budget
+                assert len(search) == 50 or (len(search) + 1) * lengths[search[0]] > budget
     assert max(len(b) for b in planned) > 50 and max(len(b) for b in cpu) == 50
     assert sum(len(b) < 50 for b in cpu) == 1  # a large budget: full searches, one short rest at the end
     assert search_batches(lengths, 4096, torch.device("cuda"), 50) == planned  # a GPU search takes the whole batch
