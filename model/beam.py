@@ -230,14 +230,18 @@ def _rebuild(h: _History, n_sent: int) -> list[list[Hypothesis]]:
     """
     if not h.sent:
         return [[] for _ in range(n_sent)]
-    org, tok = (h.stacked(name, n_sent).cpu() for name in ("live_org", "live_tok"))
+
+    def host(name: str) -> Tensor:
+        return h.stacked(name, n_sent).cpu()
+
+    org, tok = host("live_org"), host("live_tok")
     parts = []
     for flags, start, pos, score, extra in (("fin_eos", "eos_org", None, "eos_score", 0),
                                             ("fin_live", None, "live_pos", "live_score", 1)):
-        step, b, j = h.stacked(flags, n_sent).cpu().nonzero(as_tuple=True)
-        slot = j if start is None else h.stacked(start, n_sent).cpu()[step, b, j]
-        key = j if pos is None else h.stacked(pos, n_sent).cpu()[step, b, j]
-        parts.append((step, b, slot, step + extra, key, h.stacked(score, n_sent).cpu()[step, b, j]))
+        step, b, j = host(flags).nonzero(as_tuple=True)
+        slot = j if start is None else host(start)[step, b, j]
+        key = j if pos is None else host(pos)[step, b, j]
+        parts.append((step, b, slot, step + extra, key, host(score)[step, b, j]))
     step, b, slot, length, key, score = (torch.cat(cols) for cols in zip(*parts))
     tokens = _backtrack(org, tok, b, slot, length)
     # sentence, then step, then candidate position: stable sorts from the last key to the first
