@@ -12,8 +12,9 @@ import torch
 from torch import Tensor, nn
 
 from model import Hypothesis, Transformer, TransformerConfig, beam_search, best_hypothesis
-from model.beam import (_top_candidates, _top_with_tie_pass, _top_without_boundary_ties, length_penalty,
-                        max_length)
+import model.beam as beam_module
+from model.beam import length_penalty, max_length
+from model.candidates import top_from_chunk_maxima
 from tests.helpers.models import trained_reverser
 
 PAD, A, BOS, EOS, B = 0, 1, 2, 3, 4  # toy vocabulary: V = 5
@@ -110,9 +111,9 @@ def test_empty_source_and_length_rule() -> None:
 # ---- real (random, tiny, float64) models ---------------------------------------------------
 
 
-def tiny(seed: int, pre_norm: bool = False) -> Transformer:
+def tiny(seed: int, pre_norm: bool = False, vocab: int = 13) -> Transformer:
     torch.manual_seed(seed)
-    cfg = TransformerConfig(vocab_size=13, d_model=16, n_heads=2, d_ff=32, n_layers=2, pre_norm=pre_norm,
+    cfg = TransformerConfig(vocab_size=vocab, d_model=16, n_heads=2, d_ff=32, n_layers=2, pre_norm=pre_norm,
                             max_positions=64)
     m = Transformer(cfg).double().eval()
     with torch.no_grad():  # sharper, more varied distributions than the default init gives
@@ -183,16 +184,17 @@ def reference_beam(m: nn.Module, row: Tensor, k: int, a: float, b: float, lprobs
 
 
 class TiedProbs(nn.Module):
-    """V = 7 toy whose next-token weights are small integers drawn from a hash of the prefix: many exact ties."""
+    """Toy (V = 7 by default) whose next-token weights are small integers drawn from a hash of the prefix:
+    many exact ties."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, vocab: int = 7, weights: tuple[int, ...] = (1, 2, 2, 4)) -> None:
         super().__init__()
         self.cfg = SimpleNamespace(pad_id=PAD, bos_id=BOS, eos_id=EOS)
-        self.seed = seed
+        self.seed, self.vocab, self.weights = seed, vocab, weights
 
     def probs(self, prefix: list[int]) -> list[float]:
         rng = random.Random(zlib.crc32(repr((self.seed, prefix)).encode()))
-        w = [rng.choice([1, 2, 2, 4]) for _ in range(7)]
+        w = [rng.choice(self.weights) for _ in range(self.vocab)]
         w[EOS] = rng.choice([0, 1, 4])
         return [x / sum(w) for x in w]
 
@@ -226,6 +228,31 @@ def test_exact_ties_in_float32_match_the_literal_rule(seed: int) -> None:
         assert [(h.tokens, h.score, h.step) for h in hyps] == want
 
 
+def spy_on_chunk_path(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Record, per CPU step, whether the chunk-maxima path answered (True) or declined (False)."""
+    answered: list[bool] = []
+
+    def spy(*args):
+        found = top_from_chunk_maxima(*args)
+        answered.append(found is not None)
+        return found
+
+    monkeypatch.setattr(beam_module, "top_from_chunk_maxima", spy)
+    return answered
+
+
+def test_ties_in_a_larger_vocabulary_match_the_literal_rule_on_both_cpu_paths(monkeypatch) -> None:
+    answered = spy_on_chunk_path(monkeypatch)
+    src = torch.tensor([[A, EOS, PAD, PAD, PAD], [A, A, A, B, EOS], [B, B, EOS, PAD, PAD]])
+    for seed in range(6):
+        m = TiedProbs(seed, vocab=64, weights=tuple(range(1, 60)))
+        got = beam_search(m, src, beam_size=4, max_len_a=1.0, max_len_b=2, return_finished=True)
+        for row, hyps in zip(src, got):
+            want = reference_beam(m, row, 4, 1.0, 2, lprobs_fn=tied_lprobs)
+            assert [(h.tokens, h.score, h.step) for h in hyps] == want
+    assert True in answered and False in answered, answered
+
+
 def as_tuples(hyps: list[Hypothesis]) -> list[tuple[list[int], int]]:
     return [(h.tokens, h.step) for h in hyps]
 
@@ -246,6 +273,18 @@ def test_cached_batched_search_equals_uncached_reference(seed: int, k: int, pre_
         want = reference_beam(m, row, k, 1.2, 2)
         assert as_tuples(hyps) == [(t, n) for t, _, n in want]
         assert [h.score for h in hyps] == pytest.approx([s for _, s, _ in want], abs=1e-9)
+
+
+@pytest.mark.parametrize(("seed", "k"), [(0, 4), (1, 2), (2, 5)])
+def test_a_vocabulary_in_chunks_gives_the_literal_rules_hypotheses(seed: int, k: int, monkeypatch) -> None:
+    answered = spy_on_chunk_path(monkeypatch)
+    m, src = tiny(seed, vocab=96), sources(seed)
+    got = beam_search(m, src, beam_size=k, max_len_a=1.2, max_len_b=2, return_finished=True)
+    for row, hyps in zip(src, got):
+        want = reference_beam(m, row, k, 1.2, 2)
+        assert as_tuples(hyps) == [(t, n) for t, _, n in want]
+        assert [h.score for h in hyps] == pytest.approx([s for _, s, _ in want], abs=1e-9)
+    assert all(answered), answered
 
 
 @pytest.mark.parametrize("k", [1, 4])
@@ -272,26 +311,6 @@ def test_search_restores_training_mode_and_float32_runs() -> None:
     assert m.training and len(out) == 5
     with pytest.raises(ValueError, match="exceeds the model's max_positions 64"):
         beam_search(m, sources(0), beam_size=2, max_len_b=100)
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_top_candidates_equals_a_literal_sort_with_ties_and_invalid_slots(seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    b, slots, vocab, n2 = 6, 3, 7, 6
-    n = slots * vocab
-    flat = torch.randint(-3, 1, (b, n), generator=g).float()  # few distinct values: many exact ties
-    flat[torch.rand(b, n, generator=g) < [0.1, 0.3, 0.6, 0.9, 0.95, 1.0][seed]] = float("-inf")  # valid may be -inf
-    live = torch.randint(0, slots + 1, (b,), generator=g)  # live slots are a prefix
-    valid = ((torch.arange(slots) < live[:, None])[:, :, None] & (torch.arange(vocab) % 4 != 0)).view(b, n)
-    flat = flat.masked_fill(~valid, float("-inf"))
-    tie_rank = torch.where(torch.arange(n) % vocab % 4 != 0, torch.arange(n, 0, -1), 0)  # banned tokens: 0
-    index, score, ok = _top_candidates(flat, tie_rank.int(), valid.sum(1), n2)
-    for r in range(b):
-        want = sorted((i for i in range(n) if valid[r, i]), key=lambda i: (-flat[r, i].item(), i))[:n2]
-        assert index[r, : len(want)].tolist() == want
-        assert ok[r].tolist() == [True] * len(want) + [False] * (n2 - len(want))
-        assert score[r, : len(want)].tolist() == flat[r, want].tolist()
-        assert (score[r, len(want):] == float("-inf")).all()
 
 
 def test_a_trained_model_gives_the_literal_rules_hypotheses_in_a_batch() -> None:
@@ -346,30 +365,3 @@ def test_finished_sentences_leave_the_batch_and_beams_share_cross_attention() ->
     # the short sentence is done after ~2 steps; from then on only the long one's 3 rows are fed
     assert m.rows[:2] == [2, 6] and m.rows[-1] == 3 and m.rows.count(3) >= 5, m.rows  # [BOS] once per sentence
     assert m.cross_moves == 1, "cross-attention K/V move only when a sentence leaves, never per step"
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_one_topk_when_no_row_ties_at_its_threshold(seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    b, n, n2 = 5, 40, 8
-    flat = torch.randperm(b * n, generator=g).view(b, n).float()  # distinct scores ...
-    flat[:, :6] = flat.max(1, keepdim=True).values + 1  # ... but for a tie above every threshold
-    flat[:, -3:] = float("-inf")
-    found = _top_without_boundary_ties(flat, n2)
-    assert found is not None
-    index, score, ok = found
-    for r in range(b):
-        want = sorted(range(n), key=lambda i: (-flat[r, i].item(), i))[:n2]
-        assert index[r].tolist() == want and score[r].tolist() == flat[r, want].tolist() and ok[r].all()
-    tie_rank = torch.arange(n, 0, -1, dtype=torch.int32)
-    general = _top_with_tie_pass(flat, tie_rank, torch.full((b,), n - 3), n2)
-    assert all(torch.equal(x, y) for x, y in zip(found, general))
-
-
-def test_a_tie_at_a_threshold_takes_the_general_path() -> None:
-    flat = torch.tensor([[5.0, 4.0, 3.0, 3.0, 1.0], [5.0, 4.0, 3.0, 2.0, 1.0]])
-    assert _top_without_boundary_ties(flat, 3) is None  # row 0: the 3rd and the 4th are equal
-    assert _top_without_boundary_ties(flat[1:], 3) is not None
-    assert _top_without_boundary_ties(flat[1:], 5) is None  # nothing beyond n2 to compare with
-    index, _, ok = _top_candidates(flat, torch.arange(5, 0, -1, dtype=torch.int32), torch.full((2,), 5), 3)
-    assert index.tolist() == [[0, 1, 2], [0, 1, 2]] and ok.all()
