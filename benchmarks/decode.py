@@ -41,6 +41,10 @@ BEAM, ALPHA, MAX_LEN_A, MAX_LEN_B = 4, 0.6, 1.0, 50
 REPEATS = 1
 
 
+#: The sets a row is measured on (``--sets``); ``multi30k-val`` is read for the models' valid BLEU.
+SETS = ("multi30k-test", "newstest2014")
+
+
 def read_set(data: Path, name: str, limit: int | None) -> tuple[list[str], list[str]]:
     """(sources, references) of ``multi30k-test``, ``multi30k-val`` or ``newstest2014``, first ``limit`` lines."""
     if name == "newstest2014":
@@ -138,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", action="append", required=True, help="NAME=path/to/averaged.pt (repeatable)")
     p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (multi30k/, wmt14/)")
-    p.add_argument("--sets", default="multi30k-test,newstest2014")
+    p.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
     p.add_argument("--limit", type=int, default=1000, help="sentences per set (newstest2014 has 3,003)")
     p.add_argument("--news-limit", type=int, default=300, help="sentences of newstest2014 (long outputs)")
     p.add_argument("--single-limit", type=int, default=200, help="sentences for the one-at-a-time rows")
@@ -151,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("pipeline").setLevel(logging.WARNING)
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
+    unknown = sorted(set(args.sets.split(",")) - set(SETS) - {"multi30k-val"})
+    if unknown:
+        p.error(f"--sets {args.sets}: unknown set(s) {', '.join(unknown)}; use {', '.join(SETS)}")
     global REPEATS
     REPEATS = args.repeats
     if args.quick:

@@ -53,3 +53,10 @@ def test_repeats_below_one_is_refused_before_any_work(capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit) as exit_info:
         load_benchmark("decode").main(["--model", "demo=missing.pt", "--repeats", "0"])
     assert exit_info.value.code == 2 and "--repeats must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_an_unknown_set_is_refused_before_any_work(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        load_benchmark("decode").main(["--model", "demo=missing.pt", "--sets", "multi30k-test,multi30k"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "unknown set(s) multi30k; use multi30k-test, newstest2014" in err
