@@ -220,7 +220,8 @@ def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: 
         pad: id fed to empty slots.
     """
     n_sent, slots, vocab = lprobs.shape
-    n, n2 = slots * vocab, min(2 * k, slots * vocab)
+    n = slots * vocab
+    n2 = min(2 * k, n)
     lprobs.index_fill_(2, banned, float("-inf"))
     found = top_from_chunk_maxima(lprobs, scores, n2) if lprobs.device.type == "cpu" else None
     if found is None:

@@ -118,9 +118,11 @@ def top_from_chunk_maxima(lprobs: Tensor, scores: Tensor, n2: int) -> Found | No
         return None
     peaks = lprobs.view(n_sent, slots, vocab // w, w).amax(2).add_(scores[:, :, None]).view(n_sent, -1)
     chunk = peaks.topk(n2 + 1, dim=1).indices  # [B, n2 + 1], chunk q = slot q // w, tokens ≡ q % w (mod w)
-    first = chunk // w * vocab + chunk % w  # flat index of each chunk's first candidate
+    slot = chunk // w
+    first = slot * vocab + chunk % w  # flat index of each chunk's first candidate
     index = (first[:, :, None] + torch.arange(0, vocab, w, device=lprobs.device)).view(n_sent, -1)
-    cand = lprobs.view(n_sent, -1).gather(1, index).add_(scores.gather(1, index // vocab))
+    cand = lprobs.view(n_sent, -1).gather(1, index).view(n_sent, n2 + 1, -1)
+    cand = cand.add_(scores.gather(1, slot)[:, :, None]).view(n_sent, -1)  # each chunk's slot score, broadcast
     top, at = cand.topk(n2 + 1, dim=1)
     if not bool((top[:, n2] < top[:, n2 - 1]).all()):
         return None
