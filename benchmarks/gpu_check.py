@@ -87,8 +87,8 @@ def write_params(params: dict, folder: Path) -> Path:
 class Runner:
     """Runs commands with a log file each, and keeps the results JSON up to date."""
 
-    def __init__(self, out: Path, work: Path, device: str) -> None:
-        self.out, self.work, self.device = out, work, device
+    def __init__(self, out: Path, work: Path, device: str, results: str = "gpu_check.json") -> None:
+        self.out, self.work, self.device, self.results_name = out, work, device, results
         (work / "logs").mkdir(parents=True, exist_ok=True)
         out.mkdir(parents=True, exist_ok=True)
         self.results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "device": device}
@@ -118,7 +118,7 @@ class Runner:
     def save(self, step: str, value: Any) -> None:
         self.results[step] = value
         text = json.dumps(self.results, indent=1, default=str) + "\n"
-        (self.out / "gpu_check.json").write_text(text, encoding="utf-8")
+        (self.out / self.results_name).write_text(text, encoding="utf-8")
         with tarfile.open(self.out / "logs.tar.gz", "w:gz") as tar:  # few files come back from a device call
             tar.add(self.work / "logs", arcname="logs")
             for curve in sorted(self.work.glob("*/plots/train.csv")) + sorted(self.work.glob("*.json")):
