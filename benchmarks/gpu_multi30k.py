@@ -89,7 +89,8 @@ def chain_params(name: str, data: Path, work: Path | None, dry: bool) -> dict:
     if name == "news":
         params["paths"].update({k: str(data / "news" / k) for k in DATA_PATHS})
     overrides = NEWS_CHAIN if name == "news" else CANDIDATES.get(name, {})
-    for source in (overrides, DRY if dry else {}):  # dry: a toy model, a few steps
+    small_bpe = {"bpe": {"vocab_size": 200}} if dry and name == "news" else {}  # the tests' few hundred lines
+    for source in (overrides, DRY if dry else {}, small_bpe):  # dry: a toy model, a few steps
         for section, values in source.items():
             params[section].update(values)
     return params
@@ -227,7 +228,7 @@ def news(args: argparse.Namespace) -> int:
     for name in NEWS:
         shutil.copy(mirror / "test-full-txt" / name, REPO / args.data / "newstest" / name)
     r = Runner(target / "prepare", target / "prepare", "cpu")
-    path = write_params(chain_params("news", args.data, None, dry=False), target)
+    path = write_params(chain_params("news", args.data, None, dry=args.dry_run), target)
     for stage in DATA_STAGES[1:]:  # the raw files are written above
         if r.stage(f"news-{stage}", stage, path, timeout=1800)["rc"] != 0:
             log.error("news %s failed: see %s", stage, r.work / "logs" / f"news-{stage}.log")
@@ -242,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("news")
     a.add_argument("--data", type=Path, required=True, help="a folder under data/ (relative to the repository)")
     a.add_argument("--mirror", type=Path, default=REPO.parent / "shared" / "data", help="the shared data folder")
+    a.add_argument("--dry-run", action="store_true", help="a 200-piece BPE, for the tests' small mirror")
     a = sub.add_parser("run")
     a.add_argument("--data", type=Path, required=True)
     a.add_argument("--out", type=Path, required=True)

@@ -363,8 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", nargs="*", help="stages to run (default: all, in pipeline order)")
     parser.add_argument("--force", action="store_true", help="rerun even if DVC finds the stages up to date")
-    parser.add_argument("--profile", help="run with this profile's params.yaml (tiny, demo, paper); the previous "
-                                          "params.yaml is restored afterwards")
+    parser.add_argument("--profile", help="run with this profile's params.yaml (tiny, demo, multi30k, paper); the "
+                                          "previous params.yaml is restored afterwards")
     parser.add_argument("--repo", default=".", help="project checkout holding dvc.yaml (default: .)")
     parser.add_argument("--timeout", action="append", default=[], metavar="STAGE=SECONDS",
                         help="per-stage wall-clock limit (repeatable)")

@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="the Prefect flow: each stage's `dvc repro --single-item` under one MLflow "
                                    "parent run (python -m flows.pipeline)")
     p.add_argument("stages", nargs="*", help=f"stages to run, in pipeline order (default: all): {', '.join(NAMES)}")
-    p.add_argument("--profile", help="run with this profile's params.yaml (demo, tiny, paper); the previous "
+    p.add_argument("--profile", help="run with this profile's params.yaml (demo, multi30k, tiny, paper); the previous "
                                      "params.yaml is restored afterwards (`nmt profile NAME` switches for good)")
     p.add_argument("--force", action="store_true", help="rerun stages even if DVC thinks they are up to date")
     p.set_defaults(func=_cmd_run)
