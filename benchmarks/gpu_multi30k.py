@@ -1,18 +1,19 @@
 """Multi30k quality on one GPU through the stage code, newstest2014 decoding, training throughput: one device call.
 
     python benchmarks/gpu_check.py prepare --data data/gpu --profiles multi30k     # here, on CPU
-    python benchmarks/gpu_multi30k.py news --data data/gpu                         # here: newstest2014 text
+    python benchmarks/gpu_multi30k.py news --data data/gpu                         # here: the news chain's data
     python benchmarks/gpu_multi30k.py run --data data/gpu --out OUT                # on the GPU (carry data/gpu)
     python benchmarks/gpu_multi30k.py run --data D --out O --dry-run               # CPU, a few steps (tests)
 
 Figures from a device run are in benchmarks/RESULTS.md (GPU). ``run`` does these steps and rewrites
 ``OUT/gpu_multi30k.json`` and ``OUT/logs.tar.gz`` after each one:
 
-- ``sweep``: the ``multi30k`` profile and each of :data:`CANDIDATES` (overrides of it), each one
-  ``python -m pipeline.train`` -> ``average`` -> ``evaluate`` in its own process, all at once on the one GPU
-  (each wall time is then an upper bound on the time the run takes alone). ``evaluate`` picks beam and α
-  on Multi30k val and scores test_2016_flickr with them.
-- ``newstest``: the ``multi30k`` profile's averaged model (the base dimensions) translates newstest2014
+- ``sweep``: the chains named by ``--chains`` (default all): the ``multi30k`` profile, each of
+  :data:`CANDIDATES` (overrides of it) and ``news`` (:data:`NEWS_CHAIN`), each one ``python -m pipeline.train``
+  -> ``average`` -> ``evaluate`` in its own process, all at once on the one GPU (each wall time is then an
+  upper bound on the time the run takes alone). ``evaluate`` picks beam and α on the valid set and scores
+  the test set with them (Multi30k: val, test_2016_flickr; news: newstest2013, newstest2014).
+- ``newstest``: the ``news`` chain's averaged model (the base dimensions, 37k pieces) translates newstest2014
   (3,003 lines, beam 4) with :func:`pipeline.inference.translate.translate_lines` (normalise, BPE, batched
   search, detokenise): a warm-up, then timed runs; sacreBLEU and the output/reference length ratio beside.
 - ``throughput``: ``benchmarks/train.py --device cuda --config base-25k --compile step`` (the base model,
@@ -52,7 +53,7 @@ CANDIDATES: dict[str, dict[str, dict[str, Any]]] = {
 }
 #: The newstest2014 decoding model: the paper profile's base dimensions and 37k vocabulary, trained on the
 #: small news sets (``news`` command) long enough to stop where references stop; pre-norm, so that 6 + 6
-#: layers train at this batch size (post-norm ones learned slowly here: RESULTS.md, GPU: Multi30k).
+#: layers train at this batch size (post-norm ones learned slowly: benchmarks/RESULTS.md, "GPU, third session").
 NEWS_CHAIN: dict[str, dict[str, Any]] = {
     "model": {"pre_norm": True, "dropout": 0.3, "attn_dropout": 0.1, "ffn_dropout": 0.1},
     "train": {"tokens_per_step": 8192, "warmup_steps": 800, "max_steps": 1500, "save_every_steps": 60,
@@ -97,7 +98,7 @@ def chain_params(name: str, data: Path, work: Path | None, dry: bool) -> dict:
 
 
 def _chain(r: Runner, name: str, data: Path, dry: bool, timeout: float) -> dict[str, Any]:
-    """train -> average -> evaluate of one candidate; its metrics files."""
+    """train -> average -> evaluate of one chain; its metrics files."""
     work = r.work / name
     path = write_params(chain_params(name, data, work, dry), work)
     extra = {"NMT_MAX_TOKENS": "16384", "OMP_NUM_THREADS": "2"}
@@ -216,12 +217,17 @@ def news(args: argparse.Namespace) -> int:
     ``dev.tgz`` as training pairs, newstest2013 as valid, newstest2014 as test, through clean, bpe and encode
     (the ``paper`` profile's data settings); newstest2014's text for the ``newstest`` step."""
     mirror = args.mirror / "wmt14"
+    if not (mirror / "dev").is_dir() or not (mirror / "test-full-txt").is_dir():
+        log.error("%s: no wmt14/dev and wmt14/test-full-txt folders here; pass --mirror, the shared data folder",
+                  args.mirror)
+        return 2
     target = REPO / args.data / "news"
     raw = target / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     for lang in ("en", "de"):
         train = [(mirror / "dev" / f"{name}.{lang}").read_text(encoding="utf-8") for name in NEWS_TRAIN]
-        (raw / f"train.{lang}").write_text("".join(train), encoding="utf-8")
+        (raw / f"train.{lang}").write_text("".join(t if t.endswith("\n") else t + "\n" for t in train),
+                                           encoding="utf-8")
         shutil.copy(mirror / "dev" / f"newstest2013.{lang}", raw / f"valid.{lang}")
         shutil.copy(mirror / "test-full-txt" / f"newstest2014.{lang}", raw / f"test.{lang}")
     (REPO / args.data / "newstest").mkdir(exist_ok=True)

@@ -69,3 +69,12 @@ def test_the_multi30k_device_script_dry_runs_its_steps_on_the_cpu(tmp_path: Path
     with tarfile.open(out / "logs.tar.gz") as tar:
         assert {"logs/news-evaluate.log", "multi30k/plots/train.csv"} <= set(tar.getnames())
     assert sorted(p.name for p in out.iterdir()) == ["gpu_multi30k.json", "logs.tar.gz"]
+
+
+def test_news_data_without_the_shared_folder_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    done = _script("gpu_multi30k.py", "news", "--data", str(data), "--mirror", str(tmp_path / "nowhere"),
+                   env=dict(os.environ))
+    assert done.returncode == 2
+    assert "nowhere: no wmt14/dev and wmt14/test-full-txt folders here; pass --mirror" in done.stderr
+    assert not data.exists()
