@@ -11,18 +11,22 @@ pinned (``--threads``, interop 1). CUDA runs use bf16 autocast and fused Adam, a
 table (self time, sorted by the device's time on CUDA) to FILE. ``--compile model|loss|step`` times ours with
 ``torch.compile`` applied to the model, to the loss alone, or to both as one function (``--dynamic``: compiled
 for any batch shape, as the stage's varying batches would need; otherwise the fixed batch compiles once, in the
-warm-up).
+warm-up). ``--config news-25k`` times the steps the train stage would run on WMT-like lengths: global batches of
+~25k target tokens planned by the stage's own batching on the news sets' length histogram, each split into
+forward passes of ``--max-tokens`` padded tokens (:func:`make_news_steps`; compile with ``--dynamic`` there).
 
 Usage:
     python benchmarks/train.py                                # CPU, small config
     python benchmarks/train.py --device cuda --config base    # GPU, the paper's base model
     python benchmarks/train.py --device cuda --config base-25k --profile out/profile.txt
+    python benchmarks/train.py --device cuda --config news-25k --max-tokens 32768 --iters 10 --compile step --dynamic
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -40,18 +44,25 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from model import Transformer, TransformerConfig, label_smoothed_nll_loss  # noqa: E402
+from pipeline.core.env import DEFAULT_MAX_TOKENS  # noqa: E402
 
 CONFIGS = {  # dims, vocabulary, and the batch: sentences x max length (lengths vary in [max/2, max])
     "small": {"d_model": 256, "n_heads": 4, "d_ff": 1024, "n_layers": 3, "vocab_size": 8000, "batch": 48,
               "max_len": 32},
     "base": {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6, "vocab_size": 37000, "batch": 256,
              "max_len": 32},
-    # the paper's ~25k target tokens per step: 768 sentences of 22..44 tokens (WMT-like lengths)
+    # the paper's ~25k target tokens per step: 768 sentences of 22..44 tokens, one padded batch
     "base-25k": {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6, "vocab_size": 37000, "batch": 768,
                  "max_len": 44},
+    # the same steps as the train stage plans them on WMT-like lengths: see make_news_steps
+    "news-25k": {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6, "vocab_size": 37000,
+                 "tokens_per_step": 25000, "steps": 10},
 }
+NEWS_LENGTHS = REPO / "tests" / "data" / "news_lengths.json"
 EPS = 0.1
 PAD, BOS, EOS = 0, 2, 3
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (src [B,S], tgt_in [B,T], tgt_out [B,T]) int64
+Step = tuple[list[Batch], int]  # one optimizer step: its forward passes and its non-pad target tokens
 
 
 class TorchBaseline(nn.Module):
@@ -98,6 +109,48 @@ def make_batch(spec: dict, device: torch.device, seed: int = 0) -> tuple[torch.T
     return src.to(device), tgt_in.to(device), tgt_out.to(device)
 
 
+def make_news_steps(spec: dict, device: torch.device, max_tokens: int, seed: int = 0) -> list[Step]:
+    """``spec["steps"]`` optimizer steps planned as the train stage plans them, from short to long.
+
+    The pairs' (source, target) lengths come from the news sets' BPE length histogram
+    (``tests/data/news_lengths.json``, ``benchmarks/news_lengths.py``); :func:`pipeline.data.batching.
+    plan_global_batches` cuts them into global batches of ``spec["tokens_per_step"]`` target tokens and
+    :func:`~pipeline.data.batching.forward_passes` splits each into passes of <= ``max_tokens`` padded tokens
+    (one process). Evenly spaced batches of the length-sorted plan are taken; token ids are random.
+    """
+    import numpy as np
+
+    from pipeline.data.batching import forward_passes, plan_global_batches, token_lengths
+
+    hist = json.loads(NEWS_LENGTHS.read_text(encoding="utf-8"))["histogram"]
+    src_len = np.repeat([h[0] for h in hist], [h[2] for h in hist])
+    tgt_len = np.repeat([h[1] for h in hist], [h[2] for h in hist])
+    plan = plan_global_batches(np.arange(len(src_len)), token_lengths(src_len, tgt_len), tgt_len + 1,
+                               tokens_per_step=spec["tokens_per_step"], seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    steps = []
+    for k in np.linspace(0, len(plan) - 1, spec["steps"]).round().astype(int):
+        passes = []
+        for ids in forward_passes(plan[k], rank=0, world_size=1, max_tokens=max_tokens):
+            pairs = [(int(src_len[i]), int(tgt_len[i])) for i in ids]
+            passes.append(_pad_pairs(pairs, spec["vocab_size"], g, device))
+        steps.append((passes, int(sum(int(tgt_len[i]) + 1 for i in plan[k].ids))))
+    return steps
+
+
+def _pad_pairs(pairs: list[tuple[int, int]], vocab: int, g: torch.Generator, device: torch.device) -> Batch:
+    """(src, tgt_in, tgt_out) of random ids with the given (source, target) lengths, padded to the longest."""
+    s, t = max(a for a, _ in pairs) + 1, max(b for _, b in pairs) + 1
+    src, tgt_in, tgt_out = torch.full((len(pairs), s), PAD), torch.full((len(pairs), t), PAD), torch.full(
+        (len(pairs), t), PAD)
+    for i, (ls, lt) in enumerate(pairs):
+        src[i, :ls], src[i, ls] = torch.randint(4, vocab, (ls,), generator=g), EOS
+        body = torch.randint(4, vocab, (lt,), generator=g)
+        tgt_in[i, 0], tgt_in[i, 1:lt + 1] = BOS, body
+        tgt_out[i, :lt], tgt_out[i, lt] = body, EOS
+    return src.to(device), tgt_in.to(device), tgt_out.to(device)
+
+
 def _ours_loss(model, src, tgt_in, tgt_out):
     return label_smoothed_nll_loss(model(src, tgt_in), tgt_out, epsilon=EPS, ignore_index=PAD)[0]
 
@@ -122,18 +175,21 @@ def compiled_loss(mode: str, dynamic: bool, model: nn.Module):
     return lambda _net, src, tgt_in, tgt_out: _ours_loss(compiled, src, tgt_in, tgt_out)
 
 
-def make_step(model: nn.Module, loss_fn, batch, device: torch.device):
-    """A closure running one full training step; returns nothing (syncs on CUDA)."""
+def make_step(model: nn.Module, loss_fn, steps: list[Step], device: torch.device):
+    """A closure running one full training step (the next of ``steps``, in turn): each forward pass's loss,
+    backward, then Adam; returns nothing (syncs on CUDA)."""
     fused = {"fused": True} if device.type == "cuda" else {}
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **fused)
-    n_tok = int(batch[2].ne(PAD).sum())
+    turn = itertools.cycle(steps)
 
     def step() -> None:
-        ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
-            "cpu", enabled=False)
-        with ctx:
-            loss = loss_fn(model, *batch)
-        (loss / n_tok).backward()
+        passes, n_tok = next(turn)
+        for batch in passes:
+            ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
+                "cpu", enabled=False)
+            with ctx:
+                loss = loss_fn(model, *batch)
+            (loss / n_tok).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if device.type == "cuda":
@@ -184,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile", default="none", choices=["none", "model", "loss", "step"],
                    help="torch.compile our model, our loss, or both as one function (default: %(default)s)")
     p.add_argument("--dynamic", action="store_true", help="compile for any shape (torch.compile dynamic=True)")
+    p.add_argument("--max-tokens", type=int, default=None, help="news-25k: padded tokens per forward pass "
+                   "(default: the train stage's NMT_MAX_TOKENS default for the device)")
     args = p.parse_args(argv)
     name = args.config or ("base" if args.device == "cuda" else "small")
     spec = CONFIGS[name]
@@ -193,15 +251,24 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     cfg = TransformerConfig(vocab_size=spec["vocab_size"], d_model=spec["d_model"], n_heads=spec["n_heads"],
                             d_ff=spec["d_ff"], n_layers=spec["n_layers"], max_positions=256)
-    batch = make_batch(spec, device)
+    if "steps" in spec:
+        planned = make_news_steps(spec, device, args.max_tokens or DEFAULT_MAX_TOKENS[device.type])
+        shape = (f"{len(planned)} planned steps of {sum(len(p) for p, _ in planned) / len(planned):.1f} forward "
+                 f"passes on average")
+    else:
+        batch = make_batch(spec, device)
+        planned = [([batch], int(batch[2].ne(PAD).sum()))]
+        shape = f"batch {spec['batch']}x{spec['max_len']}"
+    if args.iters % len(planned):
+        raise SystemExit(f"--iters {args.iters}: config {name} has {len(planned)} steps; use a multiple of it")
     torch.manual_seed(0)
     ours, base = Transformer(cfg).to(device).train(), TorchBaseline(cfg).to(device).train()
-    steps = {"ours": make_step(ours, compiled_loss(args.compile, args.dynamic, ours), batch, device),
-             "nn.Transformer": make_step(base, _torch_loss, batch, device)}
+    steps = {"ours": make_step(ours, compiled_loss(args.compile, args.dynamic, ours), planned, device),
+             "nn.Transformer": make_step(base, _torch_loss, planned, device)}
     times = measure(steps, args.iters, args.repeats)
     if args.profile:
         write_profile(steps["ours"], device, args.profile)
-    n_tok = int(batch[2].ne(PAD).sum())
+    n_tok = sum(n for _, n in planned) / len(planned)  # per step, mean over the planned steps
     med = {k: statistics.median(v) for k, v in times.items()}
     rows = [(k, sum(p.numel() for p in m.parameters()), med[k] * 1e3, n_tok / med[k])
             for k, m in (("ours", ours), ("nn.Transformer", base))]
@@ -210,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     table = ["| model | parameters | step ms (median) | target tok/s (median) |", "|---|---|---|---|"]
     table += [f"| {k} | {n:,} | {ms:.1f} | {tps:,.0f} |" for k, n, ms, tps in rows]
     table.append(f"\nratio ours / nn.Transformer (tokens/s): **{ratio:.3f}** (config {name}, {args.device}, "
-                 f"{args.threads} threads, batch {spec['batch']}x{spec['max_len']}, {n_tok} target tokens, "
+                 f"{args.threads} threads, {shape}, {n_tok:.0f} target tokens per step, "
                  f"median of {args.repeats} alternating repeats x {args.iters} steps; median of per-repeat "
                  f"ratios {paired:.3f})")
     print("\n".join(table))
