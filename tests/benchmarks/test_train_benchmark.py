@@ -12,16 +12,21 @@ import torch
 from tests.helpers.paths import load_benchmark
 
 
+def _main(bench, *args: str) -> int:
+    """``bench.main(args)``, this process's torch thread count restored afterwards."""
+    threads = torch.get_num_threads()
+    try:
+        return bench.main(list(args))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_the_training_benchmark_writes_its_json_and_the_profilers_table(tmp_path: Path) -> None:
     bench = load_benchmark("train")
     bench.CONFIGS["test"] = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300,
                              "batch": 6, "max_len": 10}
-    threads = torch.get_num_threads()
-    try:
-        assert bench.main(["--config", "test", "--threads", "1", "--repeats", "2", "--iters", "1",
-                           "--out", str(tmp_path / "train.json"), "--profile", str(tmp_path / "profile.txt")]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    assert _main(bench, "--config", "test", "--threads", "1", "--repeats", "2", "--iters", "1",
+                 "--out", str(tmp_path / "train.json"), "--profile", str(tmp_path / "profile.txt")) == 0
     result = json.loads((tmp_path / "train.json").read_text(encoding="utf-8"))
     assert result["config"] == "test" and result["compiled"] == "none"
     assert {k: len(v) for k, v in result["seconds_per_step"].items()} == {"ours": 2, "nn.Transformer": 2}
@@ -50,14 +55,10 @@ def test_the_news_config_times_whole_cycles_of_its_steps(tmp_path: Path) -> None
     bench = load_benchmark("train")
     bench.CONFIGS["news-test"] = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300,
                                   "tokens_per_step": 800, "steps": 2}
-    threads = torch.get_num_threads()
-    try:
-        with pytest.raises(SystemExit, match="--iters 3: config news-test has 2 steps; use a multiple of it"):
-            bench.main(["--config", "news-test", "--threads", "1", "--iters", "3", "--out", str(tmp_path / "x")])
-        assert bench.main(["--config", "news-test", "--threads", "1", "--repeats", "1", "--iters", "2",
-                           "--max-tokens", "400", "--out", str(tmp_path / "train.json")]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    with pytest.raises(SystemExit, match="--iters 3: config news-test has 2 steps; use a multiple of it"):
+        _main(bench, "--config", "news-test", "--threads", "1", "--iters", "3", "--out", str(tmp_path / "x"))
+    assert _main(bench, "--config", "news-test", "--threads", "1", "--repeats", "1", "--iters", "2",
+                 "--max-tokens", "400", "--out", str(tmp_path / "train.json")) == 0
     result = json.loads((tmp_path / "train.json").read_text(encoding="utf-8"))
     assert 0 < result["target_tokens"] <= 800 and result["tgt_tokens_per_s"]["ours"] > 0
     assert not (tmp_path / "x").exists()
