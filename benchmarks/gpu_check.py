@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,16 @@ class Runner:
     def stage(self, name: str, stage: str, params: Path, timeout: float = 300, **extra: str) -> dict[str, Any]:
         module = "pipeline.launch" if stage == "launch" else f"pipeline.{stage}"
         return self.cmd(name, [sys.executable, "-m", module, "--params", str(params)], timeout, **extra)
+
+    def step(self, name: str, do: Callable[[], Any]) -> None:
+        """Run one step and save what it returns, or its error (the next step's figures are worth having)."""
+        started = time.monotonic()
+        try:
+            self.save(name, do())
+        except Exception as exc:
+            log.exception("step %s failed", name)
+            self.save(name, {"error": repr(exc)})
+        log.info("step %s: %.1f s", name, time.monotonic() - started)
 
     def save(self, step: str, value: Any) -> None:
         self.results[step] = value
@@ -334,13 +345,7 @@ def run(args: argparse.Namespace) -> int:
              "attention": lambda: step_attention(args.dry_run),
              "throughput": lambda: step_throughput(r, args.dry_run)}
     for name in args.steps or list(steps):
-        started = time.monotonic()
-        try:
-            r.save(name, steps[name]())
-        except Exception as exc:  # keep going: the next step's figures are worth having
-            log.exception("step %s failed", name)
-            r.save(name, {"error": repr(exc)})
-        log.info("step %s: %.1f s", name, time.monotonic() - started)
+        r.step(name, steps[name])
     print(json.dumps(r.results, indent=1, default=str)[-6000:])
     return 0
 

@@ -82,6 +82,11 @@ class Clock:
         return self.end - time.monotonic()
 
 
+def _overrides(name: str) -> dict[str, dict[str, Any]]:
+    """What chain ``name`` changes in its base profile (nothing for the ``multi30k`` profile itself)."""
+    return NEWS_CHAIN if name == "news" else CANDIDATES.get(name, {})
+
+
 def chain_params(name: str, data: Path, work: Path | None, dry: bool) -> dict:
     """``name``'s params: the ``multi30k`` profile, a candidate (overrides of it), or ``news`` (the paper profile
     on ``data/news``); run paths under ``work``."""
@@ -89,7 +94,7 @@ def chain_params(name: str, data: Path, work: Path | None, dry: bool) -> dict:
                         max_minutes=0 if dry else PAUSE_MINUTES)
     if name == "news":
         params["paths"].update({k: str(data / "news" / k) for k in DATA_PATHS})
-    overrides = NEWS_CHAIN if name == "news" else CANDIDATES.get(name, {})
+    overrides = _overrides(name)
     small_bpe = {"bpe": {"vocab_size": 200}} if dry and name == "news" else {}  # the tests' few hundred lines
     for source in (overrides, DRY if dry else {}, small_bpe):  # dry: a toy model, a few steps
         for section, values in source.items():
@@ -102,7 +107,7 @@ def _chain(r: Runner, name: str, data: Path, dry: bool, timeout: float) -> dict[
     work = r.work / name
     path = write_params(chain_params(name, data, work, dry), work)
     extra = {"NMT_MAX_TOKENS": "16384", "OMP_NUM_THREADS": "2"}
-    result: dict[str, Any] = {"overrides": NEWS_CHAIN if name == "news" else CANDIDATES.get(name, {})}
+    result: dict[str, Any] = {"overrides": _overrides(name)}
     started = time.monotonic()
     for stage in ("train", "average", "evaluate"):
         left = timeout - (time.monotonic() - started)
@@ -201,13 +206,7 @@ def run(args: argparse.Namespace) -> int:
             log.warning("step %s skipped: %.0f s left, it needs ~%d", name, clock.left(), needs)
             r.save(name, {"skipped": f"{clock.left():.0f} s left"})
             continue
-        started = time.monotonic()
-        try:
-            r.save(name, do())
-        except Exception as exc:  # keep going: the next step's figures are worth having
-            log.exception("step %s failed", name)
-            r.save(name, {"error": repr(exc)})
-        log.info("step %s: %.1f s", name, time.monotonic() - started)
+        r.step(name, do)
     print(json.dumps(r.results, indent=1, default=str)[-8000:])
     return 0
 
