@@ -2,13 +2,15 @@
 (fp32 and int8) on the same weights, beam 4, at 1 and 2 threads.
 
 For every model (``--model NAME=averaged.pt``) and source set (Multi30k test_2016_flickr, newstest2014),
-each row times a decode of the same sources (the fastest of ``--repeats``) and reports sentences/s,
+each row times a decode of the same sources (the fastest of ``--repeats``, run in rounds that each time every
+row once, so a slow spell of the machine falls on all rows alike) and reports sentences/s,
 generated tokens/s (output pieces, EOS excluded), the mean output length, the share of sentences whose
 output equals this project's batched output at the same α, and sacreBLEU against the reference. A model's
 valid BLEU (Multi30k val, this project's batched search) is reported beside it: random weights decode to
 max_len and would not count.
 Thread layouts: this project runs W searches at once with one torch thread each (``workers``) or one
-search with T threads; CTranslate2 runs ``inter_threads`` × ``intra_threads``; the table gives each.
+search with T threads; CTranslate2 runs ``inter_threads`` × ``intra_threads``, each at the batch budgets
+:data:`CT2_MAX_TOKENS`; the table gives each.
 The CTranslate2 export is made by ``pipeline.inference.ct2.export`` (the ``nmt export`` code).
 
 Usage:
@@ -28,6 +30,9 @@ import platform
 import sys
 import tempfile
 import time
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -64,49 +69,99 @@ def bleu(hyps: list[str], refs: list[str]) -> float:
     return round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
 
 
-def run_torch(translator: Any, sources: list[list[int]], *, alpha: float, max_tokens: int, workers: int,
-              threads: int) -> tuple[float, list[list[int]]]:
-    """Seconds and hypotheses of this project's decode (``decode_sources``) with a thread layout."""
+def torch_row(translator: Any, sources: list[list[int]], *, alpha: float, max_tokens: int, workers: int,
+              threads: int) -> Callable[[], tuple[float, list[list[int]]]]:
+    """One timed decode of this project's search (``decode_sources``) with a thread layout: (seconds, hypotheses)."""
     import torch
 
     from pipeline.inference.decoding import decode_sources
 
-    torch.set_num_threads(threads)
-    return fastest(lambda: decode_sources(translator, sources, beam_size=BEAM, alphas=[alpha], max_len_a=MAX_LEN_A,
-                                          max_len_b=MAX_LEN_B, max_tokens=max_tokens, workers=workers)[alpha])
+    def run() -> tuple[float, list[list[int]]]:
+        torch.set_num_threads(threads)
+        return timed(lambda: decode_sources(translator, sources, beam_size=BEAM, alphas=[alpha], max_len_a=MAX_LEN_A,
+                                            max_len_b=MAX_LEN_B, max_tokens=max_tokens, workers=workers)[alpha])
+    return run
 
 
-def fastest(decode: Any) -> tuple[float, list[list[int]]]:
-    """The fewest seconds of :data:`REPEATS` calls of ``decode`` and its hypotheses (the same every call)."""
-    best, hyps = float("inf"), []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        hyps = decode()
-        best = min(best, time.perf_counter() - start)
-    return best, hyps
-
-
-def run_ct2(export_dir: Path, sources: list[list[int]], *, alpha: float, inter: int, intra: int
-            ) -> tuple[float, list[list[int]]]:
+def ct2_row(export_dir: Path, sources: list[list[int]], *, alpha: float, inter: int, intra: int, max_tokens: int
+            ) -> Callable[[], tuple[float, list[list[int]]]]:
+    """One timed CTranslate2 decode (the engine loaded first, not timed): (seconds, hypotheses)."""
     from pipeline.inference import ct2
 
-    engine = ct2.load(export_dir, inter_threads=inter, intra_threads=intra)
-    return fastest(lambda: ct2.decode_sources(engine, sources, beam_size=BEAM, alpha=alpha, max_len_a=MAX_LEN_A,
-                                              max_len_b=MAX_LEN_B, max_tokens=4096))
+    def run() -> tuple[float, list[list[int]]]:
+        engine = ct2.load(export_dir, inter_threads=inter, intra_threads=intra)
+        return timed(lambda: ct2.decode_sources(engine, sources, beam_size=BEAM, alpha=alpha, max_len_a=MAX_LEN_A,
+                                                max_len_b=MAX_LEN_B, max_tokens=max_tokens))
+    return run
 
 
-def row(name: str, layout: str, seconds: float, hyps: list[list[int]], base: list[list[int]] | None,
-        texts: list[str], refs: list[str], **extra: Any) -> dict[str, Any]:
+def timed(decode: Callable[[], list[list[int]]]) -> tuple[float, list[list[int]]]:
+    start = time.perf_counter()
+    hyps = decode()
+    return time.perf_counter() - start, hyps
+
+
+@dataclass
+class Row:
+    """A table row: what it measures (``meta``), its timed decode, and the fastest run so far."""
+
+    meta: dict[str, Any]
+    run: Callable[[], tuple[float, list[list[int]]]]
+    seconds: float = math.inf
+    hyps: list[list[int]] = field(default_factory=list)
+
+
+def in_rounds(rows: list[Row]) -> None:
+    """Run every row :data:`REPEATS` times, round-robin (each round runs every row once), and keep each row's
+    fastest run: a slow spell of a shared machine then falls on every row alike instead of on the rows that
+    happened to be running, so ratios between rows of the same run hold."""
+    for _ in range(REPEATS):
+        for r in rows:
+            seconds, hyps = r.run()
+            if seconds < r.seconds:
+                r.seconds, r.hyps = seconds, hyps
+
+
+def result_row(r: Row, base: list[list[int]] | None, text: Callable[[list[list[int]]], list[str]],
+               refs: list[str]) -> dict[str, Any]:
+    """A row's JSON: sentences/s, generated tokens/s, mean length, share equal to ``base``, BLEU."""
+    hyps = r.hyps
     n, tokens = len(hyps), sum(len(h) for h in hyps)
     same = None if base is None else round(sum(a == b for a, b in zip(hyps, base)) / n, 4)
-    return {"engine": name, "layout": layout, "sentences": n, "seconds": round(seconds, 2),
-            "sent_per_s": round(n / seconds, 1), "tok_per_s": round(tokens / seconds, 1),
-            "mean_len": round(tokens / n, 2), "same_as_batched": same, "bleu": bleu(texts, refs), **extra}
+    return {**r.meta, "sentences": n, "seconds": round(r.seconds, 2), "sent_per_s": round(n / r.seconds, 1),
+            "tok_per_s": round(tokens / r.seconds, 1), "mean_len": round(tokens / n, 2), "same_as_batched": same,
+            "bleu": bleu(text(hyps), refs[:n])}
+
+
+#: ``max_tokens`` of the CTranslate2 rows: its int8 decoding ran fastest with small batches, fp32 with any.
+CT2_MAX_TOKENS = (512, 4096)
+
+
+def plan_rows(translator: Any, exports: dict[str, Path], sources: list[list[int]], t: int,
+              single_limit: int) -> list[Row]:
+    """Every timed row at ``t`` threads; the first is this project's batched search (the rows' ``base``)."""
+    rows = []
+    layouts = [(t, 1, m) for m in (1024, 4096, 16384)] + ([(1, t, 4096)] if t > 1 else [])
+    for workers, per, max_tokens in layouts:
+        rows.append(Row({"engine": "torch batched", "layout": f"{workers}x{per}", "threads": t,
+                         "max_tokens": max_tokens},
+                        torch_row(translator, sources, alpha=ALPHA, max_tokens=max_tokens, workers=workers,
+                                  threads=per)))
+    rows.append(Row({"engine": "torch one at a time", "layout": f"1x{t}", "threads": t},
+                    torch_row(translator, sources[:single_limit], alpha=ALPHA, max_tokens=1, workers=1, threads=t)))
+    for quant, export_dir in exports.items():
+        for inter, intra in ((t, 1), (1, t)) if t > 1 else ((1, 1),):
+            for max_tokens in CT2_MAX_TOKENS:
+                rows.append(Row({"engine": f"ctranslate2 {quant}", "layout": f"{inter}x{intra}", "threads": t,
+                                 "max_tokens": max_tokens},
+                                ct2_row(export_dir, sources, alpha=ALPHA, inter=inter, intra=intra,
+                                        max_tokens=max_tokens)))
+    return rows
 
 
 def measure_set(translator: Any, exports: dict[str, Path], srcs: list[str], refs: list[str], *, threads: list[int],
                 single_limit: int) -> list[dict[str, Any]]:
-    """Every row for one model and one source set."""
+    """Every row for one model and one source set, each thread count's rows timed in rounds."""
     from pipeline.inference.decoding import detokenize
 
     sources = encode_all(translator, srcs)
@@ -114,28 +169,19 @@ def measure_set(translator: Any, exports: dict[str, Path], srcs: list[str], refs
     def text(hyps: list[list[int]]) -> list[str]:
         return detokenize(translator.sp, hyps)
 
-    rows = []
+    out = []
     for t in threads:
-        base = None
-        layouts = [(t, 1, m) for m in (1024, 4096, 16384)] + ([(1, t, 4096)] if t > 1 else [])
-        for workers, per, max_tokens in layouts:
-            sec, hyps = run_torch(translator, sources, alpha=ALPHA, max_tokens=max_tokens, workers=workers,
-                                  threads=per)
-            base = hyps if base is None else base
-            rows.append(row("torch batched", f"{workers}x{per}", sec, hyps, base, text(hyps), refs, threads=t,
-                            max_tokens=max_tokens))
-        k = min(single_limit, len(sources))
-        sec, hyps = run_torch(translator, sources[:k], alpha=ALPHA, max_tokens=1, workers=1, threads=t)
-        rows.append(row("torch one at a time", f"1x{t}", sec, hyps, base[:k], text(hyps), refs[:k], threads=t))
-        for quant, export_dir in exports.items():
-            for inter, intra in ((t, 1), (1, t)) if t > 1 else ((1, 1),):
-                sec, hyps = run_ct2(export_dir, sources, alpha=ALPHA, inter=inter, intra=intra)
-                rows.append(row(f"ctranslate2 {quant}", f"{inter}x{intra}", sec, hyps, base, text(hyps), refs,
-                                threads=t))
-        sec, torch0 = run_torch(translator, sources, alpha=0.0, max_tokens=4096, workers=1, threads=t)
-        sec, ct0 = run_ct2(exports["float32"], sources, alpha=0.0, inter=1, intra=t)
-        rows.append(row("ctranslate2 float32, alpha 0", f"1x{t}", sec, ct0, torch0, text(ct0), refs, threads=t))
-    return rows
+        rows = plan_rows(translator, exports, sources, t, min(single_limit, len(sources)))
+        in_rounds(rows)
+        base = rows[0].hyps
+        out += [result_row(r, base, text, refs) for r in rows]
+        # CTranslate2's length penalty differs from GNMT's; at α 0 both searches should agree
+        _, torch0 = torch_row(translator, sources, alpha=0.0, max_tokens=4096, workers=1, threads=t)()
+        ct0 = Row({"engine": "ctranslate2 float32, alpha 0", "layout": f"1x{t}", "threads": t, "max_tokens": 4096},
+                  ct2_row(exports["float32"], sources, alpha=0.0, inter=1, intra=t, max_tokens=4096))
+        in_rounds([ct0])
+        out.append(result_row(ct0, torch0, text, refs))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--single-limit", type=int, default=200, help="sentences for the one-at-a-time rows")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--quick", action="store_true", help="100 sentences per set, 1 thread")
-    p.add_argument("--repeats", type=int, default=1, help="timed runs per row, the fastest counts")
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per row (in rounds), the fastest counts")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "decode.json")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -184,8 +230,8 @@ def measure_model(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     translator = load_translator(path, "cpu")
     n_params = sum(p.numel() for p in translator.model.parameters())
     val_src, val_ref = read_set(args.data, "multi30k-val", None)
-    _, val_hyps = run_torch(translator, encode_all(translator, val_src), alpha=ALPHA, max_tokens=4096, workers=1,
-                            threads=1)
+    _, val_hyps = torch_row(translator, encode_all(translator, val_src), alpha=ALPHA, max_tokens=4096, workers=1,
+                            threads=1)()
     out: dict[str, Any] = {"path": str(path), "parameters": n_params, "config": translator.config.to_dict(),
                            "valid_bleu": bleu(detokenize(translator.sp, val_hyps), val_ref), "sets": {}}
     log.info("%s: %d parameters, valid BLEU %.2f", path, n_params, out["valid_bleu"])

@@ -3,7 +3,6 @@ CTranslate2 export), so it cannot silently fall behind their signatures: every r
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ def test_every_row_of_the_decoding_benchmark_runs_on_a_tiny_model(tmp_path: Path
         torch.set_num_threads(threads)
     engines = {(r["engine"], r["layout"], r.get("max_tokens")) for r in rows}
     assert ("torch batched", "2x1", 16384) in engines and ("torch batched", "1x2", 4096) in engines
+    assert {("ctranslate2 int8", "2x1", m) for m in bench.CT2_MAX_TOKENS} <= engines
     assert {"torch one at a time", "ctranslate2 float32", "ctranslate2 int8", "ctranslate2 float32, alpha 0"} <= {
         e for e, _, _ in engines}
     for r in rows:
@@ -35,18 +35,21 @@ def test_every_row_of_the_decoding_benchmark_runs_on_a_tiny_model(tmp_path: Path
             assert r["same_as_batched"] == 1.0, r
 
 
-def test_a_row_counts_the_fastest_of_its_repeats() -> None:
+def test_rows_run_in_rounds_and_each_counts_its_fastest_run() -> None:
     bench = load_benchmark("decode")
     bench.REPEATS = 3
-    calls = []
+    calls: list[str] = []
 
-    def decode() -> list[list[int]]:
-        calls.append(1)
-        time.sleep(0.2 if len(calls) == 1 else 0.0)  # only the first run is slow
-        return [[5, 6]]
+    def row(name: str, slow_call: int) -> object:
+        def run() -> tuple[float, list[list[int]]]:
+            calls.append(name)
+            return (5.0 if calls.count(name) == slow_call else 1.0 + len(calls)), [[len(name)]]
+        return bench.Row({"engine": name}, run)
 
-    seconds, hyps = bench.fastest(decode)
-    assert len(calls) == 3 and seconds < 0.2 and hyps == [[5, 6]]
+    rows = [row("a", 1), row("bb", 3)]
+    bench.in_rounds(rows)
+    assert calls == ["a", "bb"] * 3  # round-robin, not one row's repeats back to back
+    assert [r.seconds for r in rows] == [4.0, 3.0] and [r.hyps for r in rows] == [[[1]], [[2]]]
 
 
 def test_repeats_below_one_is_refused_before_any_work(capsys: pytest.CaptureFixture) -> None:
