@@ -25,12 +25,12 @@ import argparse
 import gzip
 import json
 import logging
+import math
 import os
 import platform
 import sys
 import tempfile
 import time
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date

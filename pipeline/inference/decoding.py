@@ -157,9 +157,20 @@ def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> torch.Tens
 CPU_SEARCH_CANDIDATES = 1 << 23
 
 
-def cpu_search_sentences(beam_size: int, vocab_size: int) -> int:
-    """The most sentences in one CPU search: :data:`CPU_SEARCH_CANDIDATES` // (beam × vocabulary), at least 1."""
-    return max(1, CPU_SEARCH_CANDIDATES // (beam_size * vocab_size))
+#: With W > 1 workers a CPU search also holds at most 1 / (4W) of the sentences: the searches end at different
+#: times, and a few large ones leave workers idle at the end (at a large ``max_tokens`` the candidate cap alone cut
+#: 300 newstest2014 sentences into searches of 262 and 38, so one worker did nearly all the work;
+#: benchmarks/RESULTS.md, "Decoding in rounds").
+SEARCHES_PER_WORKER = 4
+
+
+def cpu_search_sentences(beam_size: int, vocab_size: int, sentences: int = 0, workers: int = 1) -> int:
+    """The most sentences in one CPU search: :data:`CPU_SEARCH_CANDIDATES` // (beam × vocabulary), at least 1;
+    with ``workers`` > 1 also at most ``sentences`` / (:data:`SEARCHES_PER_WORKER` × workers), rounded up."""
+    most = max(1, CPU_SEARCH_CANDIDATES // (beam_size * vocab_size))
+    if workers > 1:
+        most = min(most, max(1, -(-sentences // (SEARCHES_PER_WORKER * workers))))
+    return most
 
 
 def search_batches(lengths: Sequence[int], max_tokens: int, device: torch.device, cap: int) -> list[list[int]]:
@@ -184,7 +195,8 @@ def decode_sources(
         max_tokens: batch budget in padded source tokens.
         label: name in progress lines.
         workers: searches run at once on CPU, in forked processes with the caller's torch thread
-            count (the batches, and so the results, are the same for any number of workers).
+            count; with more than one, searches are also cut smaller so that the workers finish together
+            (the hypotheses do not depend on the batching: ``model/beam.py``'s exact rule).
 
     Returns:
         ``{alpha: hypotheses}``: per α, per sentence in input order, the ids without BOS/EOS.
@@ -197,7 +209,7 @@ def decode_sources(
     # Sentences whose length limit would pass the position table decode with the limit max_positions.
     capped = [max_length(n, max_len_a, max_len_b) > cfg.max_positions for n in lengths]
     dev = translator.device
-    cap = cpu_search_sentences(beam_size, cfg.vocab_size)
+    cap = cpu_search_sentences(beam_size, cfg.vocab_size, sum(1 for n in lengths if n), workers)
     plain = search_batches([0 if c else n for n, c in zip(lengths, capped)], max_tokens, dev, cap)
     long = search_batches([n if c else 0 for n, c in zip(lengths, capped)], max_tokens, dev, cap)
     jobs = [(batch, max_len_a, max_len_b) for batch in plain] + [(batch, 0.0, cfg.max_positions) for batch in long]

@@ -217,6 +217,9 @@ def test_plan_batches_respects_the_budget_and_covers_every_sentence_once() -> No
 def test_cpu_searches_hold_at_most_the_candidate_budget_and_keep_the_planned_order() -> None:
     assert cpu_search_sentences(4, 8000) == CPU_SEARCH_CANDIDATES // 32000 == 262
     assert cpu_search_sentences(4, CPU_SEARCH_CANDIDATES) == 1  # never zero sentences
+    # more than one worker: at least SEARCHES_PER_WORKER searches each, so no worker idles while one runs long
+    assert cpu_search_sentences(4, 8000, 300, workers=1) == 262 and cpu_search_sentences(4, 8000, 300, 2) == 38
+    assert cpu_search_sentences(4, 8000, 100_000, 2) == 262 and cpu_search_sentences(4, 8000, 3, 4) == 1
     rng = random.Random(2)
     lengths = [rng.randint(0, 9) for _ in range(300)]
     planned = plan_batches(lengths, max_tokens=4096)
