@@ -224,5 +224,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--model", required=True, help="an averaged.pt written by the average stage")
     p.add_argument("--output", required=True, help="directory to write (replaced atomically if it exists)")
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="float32",
-                   help="weight type in the export (int8: ~2x faster on CPUs with int8 dot products)")
+                   help="weight type in the export (int8: a quarter of the size, 1.0-2.3x float32's speed on the "
+                        "2-core CPUs of benchmarks/RESULTS.md)")
     p.set_defaults(func=_cmd_export)
