@@ -182,12 +182,14 @@ def make_step(model: nn.Module, loss_fn, steps: list[Step], device: torch.device
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **fused)
     turn = itertools.cycle(steps)
 
+    def autocast() -> torch.autocast:
+        return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
+            "cpu", enabled=False)
+
     def step() -> None:
         passes, n_tok = next(turn)
         for batch in passes:
-            ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
-                "cpu", enabled=False)
-            with ctx:
+            with autocast():
                 loss = loss_fn(model, *batch)
             (loss / n_tok).backward()
         opt.step()

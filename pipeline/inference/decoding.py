@@ -209,12 +209,13 @@ def decode_sources(
     # Sentences whose length limit would pass the position table decode with the limit max_positions.
     capped = [max_length(n, max_len_a, max_len_b) > cfg.max_positions for n in lengths]
     dev = translator.device
-    cap = cpu_search_sentences(beam_size, cfg.vocab_size, sum(1 for n in lengths if n), workers)
+    n_live = sum(1 for n in lengths if n)  # empty sources are answered without a search
+    cap = cpu_search_sentences(beam_size, cfg.vocab_size, n_live, workers)
     plain = search_batches([0 if c else n for n, c in zip(lengths, capped)], max_tokens, dev, cap)
     long = search_batches([n if c else 0 for n, c in zip(lengths, capped)], max_tokens, dev, cap)
     jobs = [(batch, max_len_a, max_len_b) for batch in plain] + [(batch, 0.0, cfg.max_positions) for batch in long]
 
-    progress = _Progress(label, beam_size, sum(1 for n in lengths if n))
+    progress = _Progress(label, beam_size, n_live)
     for batch, finished in _searches(translator, sources, beam_size, jobs, workers):
         for i, hyps in zip(batch, finished):
             for alpha in out:
