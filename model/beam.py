@@ -24,7 +24,8 @@ sentence and ``capacity`` steps; ``decode_step(tokens [N], state) -> (logits [N,
 the first step has one row per sentence ([BOS]) and later ones the rows ``reorder_state`` set;
 ``reorder_state(state, rows [N'], sentences [B'] or None) -> state`` (new row r continues old row
 ``rows[r]``, a sentence's rows adjacent; ``sentences`` lists the sentences kept when some leave); plus
-``cfg`` with ``pad_id``, ``bos_id``, ``eos_id``.
+``cfg`` with ``pad_id``, ``bos_id``, ``eos_id``. The logits ``decode_step`` returns belong to the search,
+which overwrites them with the log-probabilities (a fresh tensor each step, not a view of the state).
 ``decode_step``'s logits must be computed in fp32 or wider even under bf16 autocast (the
 Transformer's output projection disables autocast): bf16 logits, cast up here, would already be
 rounded to 8 significant bits, with artificial ties between candidates.
@@ -241,6 +242,16 @@ def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: 
     return _Step(eos_first_k, origin[:, :k], cand_score[:, :k], ok, org, tok, live_score, live_pos)
 
 
+def _log_softmax_(logits: Tensor) -> Tensor:
+    """Log-softmax over the last dimension written over ``logits`` [N, V] (the step's own tensor, see the module
+    docstring) on CPU: the same kernel and values as ``torch.log_softmax``, without a second [N, V] buffer (the
+    log-softmax of a [1000, 8000] step took 8.7 instead of 12.7 ms; benchmarks/RESULTS.md, "In-place
+    log-softmax"). Other devices get a new tensor: the in-place form is measured and tested on CPU only."""
+    if logits.device.type != "cpu":
+        return torch.log_softmax(logits, dim=-1)
+    return torch.log_softmax(logits, dim=-1, out=logits)
+
+
 def _max_lens(src: Tensor, pad: int, a: float, b: float, limit: int | None) -> list[int]:
     """Per sentence max_len (0 for an empty source), checked against the position table."""
     max_lens = [max_length(s, a, b) if s > 0 else 0 for s in src.ne(pad).sum(1).tolist()]
@@ -286,7 +297,7 @@ def beam_search_finished(
     hist = _History([], [], [], [], [], [], [], [], [])
     for n in range(1, max(max_lens) + 1):
         logits, state = model.decode_step(last, state)
-        lprobs = torch.log_softmax(wide(logits), dim=-1).view(len(sent), live_ok.shape[1], -1)  # fp32 stays fp32
+        lprobs = _log_softmax_(wide(logits)).view(len(sent), live_ok.shape[1], -1)  # fp32 stays fp32
         scores = lprobs.new_zeros(len(sent), 1) if scores is None else scores
         st = _extend(scores, lprobs, live_ok, banned, k, cfg.eos_id, cfg.pad_id)
         at_max = max_len_t.eq(n)

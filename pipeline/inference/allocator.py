@@ -6,10 +6,14 @@ request above its mmap threshold with a fresh ``mmap`` and returns it with ``mun
 trims the top of the heap once 128 KiB there are free, so every step page-faults again on memory it
 used a moment earlier. ``mallopt(3)`` raises the mmap threshold to 32 MiB (its most on 64-bit) and the
 trim threshold to 1 GiB, and grows the heap 64 MiB at a time: the freed blocks stay in the heap and the
-next step reuses them. The arithmetic is unchanged (the same kernels on the same values); the cost is
-memory the process keeps after decoding (120-150 MB more peak RSS for a d256 model, measured when a
-CPU search held 64 sentences; larger searches keep more).
-``benchmarks/RESULTS.md`` ("Decoding") has the effect on this project's sentences per second.
+next step reuses them. Blocks above 32 MiB would still be mapped afresh: a search's self-attention buffers
+(``Transformer.init_state``: 12 of about 69 MB for 240 sentences of a d256 model at beam 4), whose pages the
+kernel zeroes on first touch in every search (165k page faults, 0.35 s of system time in a 5.9 s decode), so
+mmap is switched off too (``M_MMAP_MAX`` 0) and the next search reuses them from the heap. The arithmetic is
+unchanged (the same kernels on the same values); the cost is memory the process keeps after decoding
+(120-150 MB more peak RSS for a d256 model, measured when a CPU search held 64 sentences; larger searches
+keep more). ``benchmarks/RESULTS.md`` ("Decoding", "Search buffers from the heap") has the effect on this
+project's sentences per second.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ log = logging.getLogger(__name__)
 M_TRIM_THRESHOLD = -1
 M_TOP_PAD = -2
 M_MMAP_THRESHOLD = -3
+M_MMAP_MAX = -4
 
 #: (parameter, value) pairs set by :func:`keep_freed_memory`.
 SETTINGS: tuple[tuple[int, int], ...] = (
     (M_MMAP_THRESHOLD, 32 << 20),
     (M_TRIM_THRESHOLD, 1 << 30),
     (M_TOP_PAD, 64 << 20),
+    (M_MMAP_MAX, 0),
 )
 
 _applied: bool | None = None

@@ -253,6 +253,15 @@ def test_ties_in_a_larger_vocabulary_match_the_literal_rule_on_both_cpu_paths(mo
     assert True in answered and False in answered, answered
 
 
+def test_the_steps_log_softmax_overwrites_the_logits_with_torchs_values() -> None:
+    logits = torch.randn(64, 8000, generator=torch.Generator().manual_seed(0)) * 4
+    logits[:, 100:200] = logits[:, :100]  # ties within a row stay ties
+    want = torch.log_softmax(logits, dim=-1)
+    got = beam_module._log_softmax_(logits)
+    assert got.data_ptr() == logits.data_ptr()
+    assert torch.equal(got, want)
+
+
 def as_tuples(hyps: list[Hypothesis]) -> list[tuple[list[int], int]]:
     return [(h.tokens, h.step) for h in hyps]
 
