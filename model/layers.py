@@ -190,9 +190,9 @@ class DecoderLayer(nn.Module):
 
         Args:
             x: [N, 1, d] the embedded token of every row at position t.
-            k_buf: [N, H, capacity, dh] self-attention keys, positions < t filled; this step's key is
+            k_buf: [N, capacity, H, dh] self-attention keys, positions < t filled; this step's key is
                 written at t in place.
-            v_buf: [N, H, capacity, dh] self-attention values, the same way.
+            v_buf: [N, capacity, H, dh] self-attention values, the same way.
             t: the position of this token.
             k_mem: [B, H, S, dh] cross-attention keys, one per sentence.
             v_mem: [B, H, S, dh] cross-attention values.
@@ -203,9 +203,10 @@ class DecoderLayer(nn.Module):
             one [beam, d] sequence of queries against the sentence's own K/V (no copy per beam).
         """
         q, k, v = self.self_attn.project_qkv(self.res_self.inp(x))
-        k_buf[:, :, t : t + 1] = k
-        v_buf[:, :, t : t + 1] = v
-        x = self._after_self(x, k_buf[:, :, : t + 1], v_buf[:, :, : t + 1], q, causal=False)
+        k_buf[:, t : t + 1] = k.transpose(1, 2)
+        v_buf[:, t : t + 1] = v.transpose(1, 2)
+        keys, values = k_buf[:, : t + 1].transpose(1, 2), v_buf[:, : t + 1].transpose(1, 2)  # [N, H, t + 1, dh]
+        x = self._after_self(x, keys, values, q, causal=False)
         n, _, d = x.shape
         b = k_mem.shape[0]
         return self._tail(x.view(b, n // b, d), k_mem, v_mem, mem_mask).view(n, 1, d)

@@ -41,9 +41,12 @@ class DecoderState:
     :meth:`Transformer.decode_step`.
 
     Attributes:
-        self_k: per layer [B·beam, H, capacity, dh] self-attention keys; the rows in use come first,
+        self_k: per layer [B·beam, capacity, H, dh] self-attention keys; the rows in use come first,
             their first ``length`` positions are filled, the next one is written in place at each step.
-        self_v: per layer [B·beam, H, capacity, dh] self-attention values.
+            Positions before heads: a row's filled prefix is one contiguous block, which the reorder
+            copies and attention reads faster than H blocks ``capacity`` apart (benchmarks/RESULTS.md,
+            "Search buffers from the heap").
+        self_v: per layer [B·beam, capacity, H, dh] self-attention values.
         spare_k: per layer a buffer like ``self_k`` that :meth:`Transformer.reorder_state` gathers into
             (then the two swap), so reordering allocates nothing.
         spare_v: the same for ``self_v``.
@@ -68,7 +71,7 @@ class DecoderState:
     @property
     def capacity(self) -> int:
         """How many tokens the self-attention buffers hold."""
-        return self.self_k[0].shape[2]
+        return self.self_k[0].shape[1]
 
 
 class Transformer(nn.Module):
@@ -201,7 +204,7 @@ class Transformer(nn.Module):
         like = cross[0][0]  # the decoder's dtype (bf16 under autocast)
 
         def buffers() -> list[Tensor]:
-            return [like.new_empty(b * beam, h, capacity, dh) for _ in self.decoder]
+            return [like.new_empty(b * beam, capacity, h, dh) for _ in self.decoder]
 
         return DecoderState(buffers(), buffers(), buffers(), buffers(), [k for k, _ in cross],
                             [v for _, v in cross], enc.attn_mask, beam)
@@ -247,7 +250,7 @@ class Transformer(nn.Module):
         t, n = state.length, rows.shape[0]
         for cur, spare in ((state.self_k, state.spare_k), (state.self_v, state.spare_v)):
             for i in range(len(cur)):
-                torch.index_select(cur[i][:, :, :t], 0, rows, out=spare[i][:n, :, :t])
+                torch.index_select(cur[i][:, :t], 0, rows, out=spare[i][:n, :t])
                 cur[i], spare[i] = spare[i], cur[i]
         if sentences is not None:
             state.cross_k = [k.index_select(0, sentences) for k in state.cross_k]
