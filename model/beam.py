@@ -245,8 +245,8 @@ def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: 
 def _log_softmax_(logits: Tensor) -> Tensor:
     """Log-softmax over the last dimension written over ``logits`` [N, V] (the step's own tensor, see the module
     docstring) on CPU: the same kernel and values as ``torch.log_softmax``, without a second [N, V] buffer (the
-    log-softmax of a [1000, 8000] step took 8.7 instead of 12.7 ms; benchmarks/RESULTS.md, "In-place
-    log-softmax"). Other devices get a new tensor: the in-place form is measured and tested on CPU only."""
+    log-softmax of a [1000, 8000] step took 8.7 instead of 12.7 ms; benchmarks/RESULTS.md, "Decoding:
+    search buffers from the heap"). Other devices get a new tensor: the in-place form is measured and tested on CPU only."""
     if logits.device.type != "cpu":
         return torch.log_softmax(logits, dim=-1)
     return torch.log_softmax(logits, dim=-1, out=logits)

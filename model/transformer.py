@@ -45,7 +45,7 @@ class DecoderState:
             their first ``length`` positions are filled, the next one is written in place at each step.
             Positions before heads: a row's filled prefix is one contiguous block, which the reorder
             copies and attention reads faster than H blocks ``capacity`` apart (benchmarks/RESULTS.md,
-            "Search buffers from the heap").
+            "Decoding: search buffers from the heap").
         self_v: per layer [B·beam, capacity, H, dh] self-attention values.
         spare_k: per layer a buffer like ``self_k`` that :meth:`Transformer.reorder_state` gathers into
             (then the two swap), so reordering allocates nothing.

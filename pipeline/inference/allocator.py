@@ -11,9 +11,9 @@ next step reuses them. Blocks above 32 MiB would still be mapped afresh: a searc
 kernel zeroes on first touch in every search (165k page faults, 0.35 s of system time in a 5.9 s decode), so
 mmap is switched off too (``M_MMAP_MAX`` 0) and the next search reuses them from the heap. The arithmetic is
 unchanged (the same kernels on the same values); the cost is memory the process keeps after decoding
-(120-150 MB more peak RSS for a d256 model, measured when a CPU search held 64 sentences; larger searches
-keep more). ``benchmarks/RESULTS.md`` ("Decoding", "Search buffers from the heap") has the effect on this
-project's sentences per second.
+(120-150 MB more peak RSS for a d256 model, measured when a CPU search held 64 sentences; with mmap off
+too, 1.01-1.03 vs 0.90-0.92 GB for searches of 240 sentences). ``benchmarks/RESULTS.md`` ("Decoding: search
+buffers from the heap" and the older "Decoding" sections) has the effect on this project's sentences per second.
 """
 
 from __future__ import annotations
