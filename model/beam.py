@@ -25,7 +25,7 @@ the first step has one row per sentence ([BOS]) and later ones the rows ``reorde
 ``reorder_state(state, rows [N'], sentences [B'] or None) -> state`` (new row r continues old row
 ``rows[r]``, a sentence's rows adjacent; ``sentences`` lists the sentences kept when some leave); plus
 ``cfg`` with ``pad_id``, ``bos_id``, ``eos_id``. The logits ``decode_step`` returns belong to the search,
-which overwrites them with the log-probabilities (a fresh tensor each step, not a view of the state).
+which may overwrite them with the log-probabilities (a fresh tensor each step, not a view of the state).
 ``decode_step``'s logits must be computed in fp32 or wider even under bf16 autocast (the
 Transformer's output projection disables autocast): bf16 logits, cast up here, would already be
 rounded to 8 significant bits, with artificial ties between candidates.
@@ -243,10 +243,11 @@ def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: 
 
 
 def _log_softmax_(logits: Tensor) -> Tensor:
-    """Log-softmax over the last dimension written over ``logits`` [N, V] (the step's own tensor, see the module
-    docstring) on CPU: the same kernel and values as ``torch.log_softmax``, without a second [N, V] buffer (the
-    log-softmax of a [1000, 8000] step took 8.7 instead of 12.7 ms; benchmarks/RESULTS.md, "Decoding:
-    search buffers from the heap"). Other devices get a new tensor: the in-place form is measured and tested on CPU only."""
+    """Log-softmax over the last dimension of ``logits`` [N, V] (the step's own tensor, see the module docstring),
+    on CPU written over them: the same kernel and values as ``torch.log_softmax`` without a second [N, V] buffer
+    (a [1000, 8000] step's log-softmax took 8.7 instead of 12.7 ms; benchmarks/RESULTS.md, "Decoding: search
+    buffers from the heap"). Other devices get a new tensor: the in-place form is measured and tested on CPU
+    only."""
     if logits.device.type != "cpu":
         return torch.log_softmax(logits, dim=-1)
     return torch.log_softmax(logits, dim=-1, out=logits)
