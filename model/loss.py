@@ -24,6 +24,56 @@ def _sums(logits: Tensor, target: Tensor, epsilon: float, ignore_index: int) -> 
     return loss_sum, nll_sum
 
 
+class _LeanSums(torch.autograd.Function):
+    """(loss_sum, nll_sum) from three per-row reductions; the backward recomputes the softmax from the logits.
+
+    Per kept row: nll = lse(x) - x[target] and mean_v(-log p[v]) = lse(x) - mean(x), so the forward saves
+    only the logits (already alive) and the fp32 log-sum-exp of each row, never an [N, V] fp32 log-softmax.
+    The gradient is dL/dx = (g_loss + g_nll) * softmax(x) - ((1 - eps) * g_loss + g_nll) * onehot(target)
+    - g_loss * eps / V on kept rows, zero on ignored ones.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, ignore_index: int) -> tuple[Tensor, Tensor]:
+        x = wide(logits)
+        keep = target.ne(ignore_index)
+        safe = target.masked_fill(~keep, 0)
+        lse = torch.logsumexp(x, dim=-1)
+        nll = lse - x.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+        smooth = lse - x.mean(dim=-1)
+        zero = nll.new_zeros(())
+        nll_sum = torch.where(keep, nll, zero).sum()
+        loss_sum = (1.0 - epsilon) * nll_sum + epsilon * torch.where(keep, smooth, zero).sum()
+        ctx.save_for_backward(logits, lse, safe, keep)
+        ctx.epsilon = epsilon
+        return loss_sum, nll_sum
+
+    @staticmethod
+    def backward(ctx, g_loss: Tensor, g_nll: Tensor) -> tuple[Tensor | None, ...]:
+        logits, lse, safe, keep = ctx.saved_tensors
+        eps, v = ctx.epsilon, logits.shape[-1]
+        x = wide(logits)
+        hit = torch.arange(v, device=x.device) == safe.unsqueeze(-1)  # one-hot by comparison: pointwise, no scatter
+        grad = (g_loss + g_nll) * torch.exp(x - lse.unsqueeze(-1)) - g_loss * (eps / v)
+        grad = grad - torch.where(hit, (1.0 - eps) * g_loss + g_nll, torch.zeros((), dtype=x.dtype, device=x.device))
+        grad = torch.where(keep.unsqueeze(-1), grad, torch.zeros((), dtype=x.dtype, device=x.device))
+        return grad.to(logits.dtype), None, None, None
+
+
+def label_smoothed_nll_loss_lean(
+    logits: Tensor, target: Tensor, epsilon: float = 0.1, ignore_index: int = 0
+) -> tuple[Tensor, Tensor]:
+    """:func:`label_smoothed_nll_loss` that keeps no [N, V] fp32 tensor for the backward pass.
+
+    The same sums up to float rounding (the log-softmax is not formed: log-sum-exp, the target's logit and the
+    row mean instead); the backward recomputes the softmax from the logits and the saved log-sum-exp.
+    """
+    _check(epsilon)
+    if logits.shape[:-1] != target.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match target {tuple(target.shape)} (+ vocab dim)")
+    return _LeanSums.apply(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), epsilon, ignore_index)
+
+
 def _check(epsilon: float) -> None:
     if not 0.0 <= epsilon < 1.0:
         raise ValueError(f"label smoothing epsilon must be in [0, 1), got {epsilon}")

@@ -9,7 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import inverse_sqrt_lr, label_smoothed_nll_loss, label_smoothed_nll_loss_chunked
+from model import (
+    inverse_sqrt_lr,
+    label_smoothed_nll_loss,
+    label_smoothed_nll_loss_chunked,
+    label_smoothed_nll_loss_lean,
+)
 
 PAD = 0
 
@@ -91,12 +96,45 @@ def test_chunked_equals_plain_in_value_and_gradient(chunk: int) -> None:
                                    plain[0])
 
 
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.bfloat16, 1e-5)])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_lean_equals_plain_in_value_and_gradient(dtype: torch.dtype, tol: float, eps: float) -> None:
+    """Both sums and d(0.7 loss + 0.3 nll)/d logits: pad rows get zero gradient, the gradient keeps the dtype."""
+    logits, target = batch(seed=2, v=37)
+    logits = (logits * 4).to(dtype)
+    sums, grads = [], []
+    for fn in (label_smoothed_nll_loss, label_smoothed_nll_loss_lean):
+        x = logits.clone().requires_grad_()
+        loss, nll = fn(x, target, epsilon=eps, ignore_index=PAD)
+        (0.7 * loss + 0.3 * nll).backward()
+        sums.append((loss, nll))
+        grads.append(x.grad)
+    for a, b in zip(*sums):
+        assert a.dtype == b.dtype == torch.promote_types(dtype, torch.float32)
+        assert math.isclose(a.item(), b.item(), rel_tol=tol)
+    assert grads[1].dtype == dtype and torch.equal(grads[1][target.eq(PAD)], torch.zeros_like(grads[1][target.eq(PAD)]))
+    torch.testing.assert_close(grads[1].double(), grads[0].double(), rtol=tol, atol=tol if dtype != torch.bfloat16
+                               else 1e-2)
+
+
+def test_lean_gradients_pass_gradcheck_and_it_compiles() -> None:
+    logits, target = batch(seed=3)
+    x = logits.clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: label_smoothed_nll_loss_lean(t, target, 0.1, PAD), (x,))
+    compiled = torch.compile(label_smoothed_nll_loss_lean, backend="eager", fullgraph=True)  # traceable, no break
+    got, want = compiled(x, target, 0.1, PAD), label_smoothed_nll_loss(x, target, 0.1, PAD)
+    torch.testing.assert_close(got, want)
+    g_got = torch.autograd.grad(got[0], x)[0]
+    torch.testing.assert_close(g_got, torch.autograd.grad(want[0], x)[0])
+
+
 def test_bad_inputs_are_named() -> None:
     logits, target = batch()
-    with pytest.raises(ValueError, match=r"epsilon must be in \[0, 1\), got 1.5"):
-        label_smoothed_nll_loss(logits, target, epsilon=1.5)
-    with pytest.raises(ValueError, match=r"logits \(3, 5, 11\) do not match target \(3, 4\)"):
-        label_smoothed_nll_loss(logits, target[:, :4])
+    for fn in (label_smoothed_nll_loss, label_smoothed_nll_loss_lean):
+        with pytest.raises(ValueError, match=r"epsilon must be in \[0, 1\), got 1.5"):
+            fn(logits, target, epsilon=1.5)
+        with pytest.raises(ValueError, match=r"logits \(3, 5, 11\) do not match target \(3, 4\)"):
+            fn(logits, target[:, :4])
     with pytest.raises(ValueError, match="chunk_tokens must be >= 1"):
         label_smoothed_nll_loss_chunked(logits, torch.zeros(4, 11), target, chunk_tokens=0)
 
