@@ -2,8 +2,10 @@
 pre-flight all call, eager or compiled.
 
 With ``NMT_COMPILE`` on, :func:`loss_function` returns :func:`batch_loss` under ``torch.compile`` with
-dynamic shapes: the network, the fp32 log-softmax over the vocabulary and the label-smoothed sums become
-fused kernels (PyTorch's ``torch.compile`` docs), compiled on the first call and reused for every batch shape;
+dynamic shapes: the network and the label-smoothed sums become fused kernels (PyTorch's ``torch.compile`` docs),
+compiled on the first call and reused for every batch shape. The compiled function takes its sums from
+:func:`model.loss.label_smoothed_nll_loss_lean` (log-sum-exp, the target's logit and the row mean; the backward
+recomputes the softmax), which inductor fuses into one reduction and one pointwise kernel over the [N, V] logits;
 a change of grad mode (validation) compiles once more. A compiled run resumes bitwise like an eager one. Without
 dropout the two compute the same losses and gradients up to float rounding; with dropout their masks differ
 (inductor draws its own random numbers, from the same reseeded generator), so the runs differ, each reproducible,
@@ -18,7 +20,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from model import Transformer, label_smoothed_nll_loss
+from model import Transformer, label_smoothed_nll_loss, label_smoothed_nll_loss_lean
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +45,20 @@ def batch_loss(model: Transformer, src: Tensor, tgt_in: Tensor, tgt_out: Tensor,
     return label_smoothed_nll_loss(logits, tgt_out, epsilon=epsilon, ignore_index=model.cfg.pad_id)
 
 
+def lean_batch_loss(model: Transformer, src: Tensor, tgt_in: Tensor, tgt_out: Tensor,
+                    epsilon: float) -> tuple[Tensor, Tensor]:
+    """:func:`batch_loss` through the lean loss (the same sums up to float rounding): what ``NMT_COMPILE`` runs."""
+    logits = model(src, tgt_in)
+    return label_smoothed_nll_loss_lean(logits, tgt_out, epsilon=epsilon, ignore_index=model.cfg.pad_id)
+
+
 def loss_function(compiled: bool) -> BatchLoss:
-    """:func:`batch_loss`, under ``torch.compile`` (dynamic shapes) when ``compiled``."""
+    """:func:`batch_loss`, or :func:`lean_batch_loss` under ``torch.compile`` (dynamic shapes) when ``compiled``.
+
+    Eager keeps the log-softmax loss: without fusion the lean one's backward makes several [N, V] fp32
+    temporaries (an eager draft of it took 45 ms against 23 ms for [29000, 37000] bf16 logits on an H100).
+    """
     if not compiled:
         return batch_loss
     log.info("torch.compile (NMT_COMPILE): on; the first forward pass compiles")
-    return torch.compile(batch_loss, dynamic=True)
+    return torch.compile(lean_batch_loss, dynamic=True)
