@@ -23,6 +23,12 @@ from model.config import TransformerConfig
 #: torch 2.11, 12 beam searches over new shapes took 10.7 s with cuDNN allowed and 0.71 s without, while a
 #: fixed-shape base-model training step ran at the same speed either way (benchmarks/RESULTS.md, GPU).
 CUDA_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+#: SDPA backends on CUDA for the teacher-forced causal self-attention: the memory-efficient kernel, not flash.
+#: At training lengths (tens of tokens) flash's causal pass took 0.72 ms per backward and 0.18 ms per forward,
+#: the memory-efficient kernel 0.21 and 0.11 ms on the masked attention of the same step, of similar shapes
+#: (base model, ~26k-token passes, H100, torch 2.11; benchmarks/RESULTS.md, GPU). The memory-efficient causal
+#: pass itself is not timed there yet.
+CAUSAL_ATTENTION = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def sinusoid_table(n_positions: int, d_model: int) -> Tensor:
@@ -94,7 +100,8 @@ class MultiHeadAttention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
         """SDPA over heads, then the output projection: [B, H, T, dh] x3 -> [B, T, d]."""
         p = self.attn_dropout if self.training else 0.0
-        with sdpa_kernel(CUDA_ATTENTION) if q.is_cuda else contextlib.nullcontext():  # every backend but cuDNN
+        backends = CAUSAL_ATTENTION if causal else CUDA_ATTENTION  # never cuDNN
+        with sdpa_kernel(backends) if q.is_cuda else contextlib.nullcontext():
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
         return self.out_proj(self._merge(out))
 

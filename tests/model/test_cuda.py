@@ -62,13 +62,16 @@ def test_cuda_beam_search_equals_cpu_float64_token_for_token(beam: int) -> None:
 
 
 @pytest.mark.gpu
-def test_attention_on_cuda_never_uses_cudnn(monkeypatch: pytest.MonkeyPatch) -> None:
-    """cuDNN attention builds a graph per new shape (seconds per batch while decoding): it is switched off."""
-    seen: list[bool] = []
+def test_attention_on_cuda_never_uses_cudnn_and_runs_the_causal_pass_without_flash(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN attention builds a graph per new shape (seconds per batch while decoding): it is switched off. The
+    teacher-forced causal self-attention runs on the memory-efficient kernel (flash off); the rest may use flash."""
+    seen: list[tuple[bool, bool, bool]] = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def spy(*args, **kwargs):
-        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+                     bool(kwargs.get("is_causal"))))
         return sdpa(*args, **kwargs)
 
     monkeypatch.setattr(model.layers.F, "scaled_dot_product_attention", spy)
@@ -79,5 +82,7 @@ def test_attention_on_cuda_never_uses_cudnn(monkeypatch: pytest.MonkeyPatch) -> 
         m(src, src).float().sum().backward()
     with torch.inference_mode(), autocast(dev):
         beam_search(m.eval(), src, beam_size=2, max_len_a=1.0, max_len_b=2)
-    assert seen and not any(seen)
-    assert torch.backends.cuda.cudnn_sdp_enabled()  # the process-wide setting is left alone
+    assert seen and not any(cudnn for cudnn, _, _ in seen)
+    assert {(flash, causal) for _, flash, causal in seen} == {(False, True), (True, False)}
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # the process-wide settings are left alone
+    assert torch.backends.cuda.flash_sdp_enabled()
