@@ -107,11 +107,15 @@ def attention_rows(b: int, length: int, h: int = 8, dh: int = 64) -> dict[str, f
     return rows
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Time the parts, print a markdown table, write the JSON."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--parts", nargs="+", default=["loss", "attention"], choices=["loss", "attention"])
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/gpu_parts.py times CUDA kernels and this machine has no CUDA device; run it on "
+                         "a GPU (benchmarks/train.py --device cpu times a whole CPU step)")
     rows = {}
     if "loss" in args.parts:
         rows.update(loss_rows(29000, 37000))

@@ -14,6 +14,9 @@ for any batch shape, as the stage's varying batches would need; otherwise the fi
 warm-up). ``--config news-25k`` times the steps the train stage would run on WMT-like lengths: global batches of
 ~25k target tokens planned by the stage's own batching on the news sets' length histogram, each split into
 forward passes of ``--max-tokens`` padded tokens (:func:`make_news_steps`; compile with ``--dynamic`` there).
+``--loss lean`` times ours with :func:`model.label_smoothed_nll_loss_lean` (what ``NMT_COMPILE`` trains with);
+``--causal-flash`` lets the causal self-attention use flash again (``model.layers.CAUSAL_ATTENTION``). Every planned
+step runs once untimed first (compiling happens there); progress lines go to stderr.
 
 Usage:
     python benchmarks/train.py                                # CPU, small config
@@ -28,6 +31,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import logging
 import math
 import os
 import platform
@@ -43,7 +47,13 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from model import Transformer, TransformerConfig, label_smoothed_nll_loss  # noqa: E402
+import model.layers  # noqa: E402
+from model import (  # noqa: E402
+    Transformer,
+    TransformerConfig,
+    label_smoothed_nll_loss,
+    label_smoothed_nll_loss_lean,
+)
 from pipeline.core.env import DEFAULT_MAX_TOKENS  # noqa: E402
 
 CONFIGS = {  # dims, vocabulary, and the batch: sentences x max length (lengths vary in [max/2, max])
@@ -63,6 +73,7 @@ EPS = 0.1
 PAD, BOS, EOS = 0, 2, 3
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (src [B,S], tgt_in [B,T], tgt_out [B,T]) int64
 Step = tuple[list[Batch], int]  # one optimizer step: its forward passes and its non-pad target tokens
+log = logging.getLogger("benchmarks.train")
 
 
 class TorchBaseline(nn.Module):
@@ -155,19 +166,24 @@ def _ours_loss(model, src, tgt_in, tgt_out):
     return label_smoothed_nll_loss(model(src, tgt_in), tgt_out, epsilon=EPS, ignore_index=PAD)[0]
 
 
+def _lean_loss(model, src, tgt_in, tgt_out):
+    return label_smoothed_nll_loss_lean(model(src, tgt_in), tgt_out, epsilon=EPS, ignore_index=PAD)[0]
+
+
 def _torch_loss(model, src, tgt_in, tgt_out):
     logits = model(src, tgt_in)
     return F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum",
                            label_smoothing=EPS)
 
 
-def compiled_loss(mode: str, dynamic: bool, model: nn.Module):
+def compiled_loss(mode: str, dynamic: bool, model: nn.Module, lean: bool = False):
     """Our loss function for ``model``, with ``torch.compile`` applied to the model, the loss, the two together,
-    or nothing."""
+    or nothing (``lean``: :func:`model.loss.label_smoothed_nll_loss_lean`; only with ``none`` or ``step``)."""
+    ours = _lean_loss if lean else _ours_loss
     if mode == "none":
-        return _ours_loss
+        return ours
     if mode == "step":
-        return torch.compile(_ours_loss, dynamic=dynamic)
+        return torch.compile(ours, dynamic=dynamic)
     if mode == "loss":
         loss = torch.compile(label_smoothed_nll_loss, dynamic=dynamic)
         return lambda net, src, tgt_in, tgt_out: loss(net(src, tgt_in), tgt_out, epsilon=EPS, ignore_index=PAD)[0]
@@ -199,19 +215,23 @@ def make_step(model: nn.Module, loss_fn, steps: list[Step], device: torch.device
     return step
 
 
-def measure(steps: dict, iters: int, repeats: int) -> dict[str, list[float]]:
-    """Seconds per step for each model, ``repeats`` times, alternating the order."""
+def measure(steps: dict, iters: int, repeats: int, warmup: int = 2) -> dict[str, list[float]]:
+    """Seconds per step for each model, ``repeats`` times, alternating the order, after ``warmup`` untimed steps
+    (every planned shape once, so that compiling happens there); progress goes to the log."""
     times: dict[str, list[float]] = {name: [] for name in steps}
     names = list(steps)
-    for name in names:  # warm up (allocator, kernels, first-touch)
-        for _ in range(2):
+    for name in names:  # warm up (compiling, allocator, kernels, first-touch)
+        t0 = time.perf_counter()
+        for _ in range(warmup):
             steps[name]()
+        log.info("warm-up %s: %d steps in %.1f s", name, warmup, time.perf_counter() - t0)
     for r in range(repeats):
         for name in (names if r % 2 == 0 else names[::-1]):
             t0 = time.perf_counter()
             for _ in range(iters):
                 steps[name]()
             times[name].append((time.perf_counter() - t0) / iters)
+            log.info("repeat %d/%d %s: %.1f ms per step", r + 1, repeats, name, times[name][-1] * 1e3)
     return times
 
 
@@ -241,10 +261,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=Path, default=None, help="also write a torch.profiler table of our step here")
     p.add_argument("--compile", default="none", choices=["none", "model", "loss", "step"],
                    help="torch.compile our model, our loss, or both as one function (default: %(default)s)")
+    p.add_argument("--loss", default="plain", choices=["plain", "lean"],
+                   help="our loss: the log-softmax one, or the lean one (no [N, V] fp32 tensor kept; "
+                   "--compile none or step only)")
+    p.add_argument("--causal-flash", action="store_true", help="ours: run the decoder's causal self-attention on "
+                   "flash too (model.layers.CUDA_ATTENTION), not the memory-efficient kernel (CUDA only)")
     p.add_argument("--dynamic", action="store_true", help="compile for any shape (torch.compile dynamic=True)")
     p.add_argument("--max-tokens", type=int, default=None, help="news-25k: padded tokens per forward pass "
                    "(default: the train stage's NMT_MAX_TOKENS default for the device)")
     args = p.parse_args(argv)
+    if args.loss == "lean" and args.compile in ("model", "loss"):
+        raise SystemExit(f"--loss lean with --compile {args.compile}: the lean loss is timed eager or inside the "
+                         "compiled step; use --compile none or step")
+    if args.causal_flash:  # the choice before model.layers.CAUSAL_ATTENTION, for an A/B in the same session
+        model.layers.CAUSAL_ATTENTION = model.layers.CUDA_ATTENTION
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     name = args.config or ("base" if args.device == "cuda" else "small")
     spec = CONFIGS[name]
     torch.set_num_threads(args.threads)
@@ -265,9 +296,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--iters {args.iters}: config {name} has {len(planned)} steps; use a multiple of it")
     torch.manual_seed(0)
     ours, base = Transformer(cfg).to(device).train(), TorchBaseline(cfg).to(device).train()
-    steps = {"ours": make_step(ours, compiled_loss(args.compile, args.dynamic, ours), planned, device),
+    loss_fn = compiled_loss(args.compile, args.dynamic, ours, args.loss == "lean")
+    steps = {"ours": make_step(ours, loss_fn, planned, device),
              "nn.Transformer": make_step(base, _torch_loss, planned, device)}
-    times = measure(steps, args.iters, args.repeats)
+    times = measure(steps, args.iters, args.repeats, warmup=max(2, len(planned)))
     if args.profile:
         write_profile(steps["ours"], device, args.profile)
     n_tok = sum(n for _, n in planned) / len(planned)  # per step, mean over the planned steps
@@ -287,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
               "repeats": args.repeats, "iters": args.iters, "seconds_per_step": times,
               "median_seconds_per_step": med, "tgt_tokens_per_s": {k: n_tok / v for k, v in med.items()},
               "ratio": ratio, "paired_ratio_median": paired, "compiled": args.compile, "dynamic": args.dynamic,
+              "loss": args.loss, "causal_flash": args.causal_flash,
               "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

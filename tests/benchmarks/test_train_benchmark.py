@@ -62,3 +62,16 @@ def test_the_news_config_times_whole_cycles_of_its_steps(tmp_path: Path) -> None
     result = json.loads((tmp_path / "train.json").read_text(encoding="utf-8"))
     assert 0 < result["target_tokens"] <= 800 and result["tgt_tokens_per_s"]["ours"] > 0
     assert not (tmp_path / "x").exists()
+
+
+def test_the_lean_loss_is_timed_eager_or_in_the_compiled_step_only(tmp_path: Path) -> None:
+    bench = load_benchmark("train")
+    bench.CONFIGS["test"] = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300,
+                             "batch": 6, "max_len": 10}
+    with pytest.raises(SystemExit, match="--loss lean with --compile loss: .* use --compile none or step"):
+        _main(bench, "--config", "test", "--loss", "lean", "--compile", "loss", "--out", str(tmp_path / "x"))
+    assert _main(bench, "--config", "test", "--threads", "1", "--repeats", "1", "--iters", "1", "--loss", "lean",
+                 "--out", str(tmp_path / "train.json")) == 0
+    result = json.loads((tmp_path / "train.json").read_text(encoding="utf-8"))
+    assert result["loss"] == "lean" and result["causal_flash"] is False and result["tgt_tokens_per_s"]["ours"] > 0
+    assert not (tmp_path / "x").exists()
