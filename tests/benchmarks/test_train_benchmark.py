@@ -11,6 +11,8 @@ import torch
 
 from tests.helpers.paths import load_benchmark
 
+TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300}  # a model for seconds, not speed
+
 
 def _main(bench, *args: str) -> int:
     """``bench.main(args)``, this process's torch thread count restored afterwards."""
@@ -23,8 +25,7 @@ def _main(bench, *args: str) -> int:
 
 def test_the_training_benchmark_writes_its_json_and_the_profilers_table(tmp_path: Path) -> None:
     bench = load_benchmark("train")
-    bench.CONFIGS["test"] = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300,
-                             "batch": 6, "max_len": 10}
+    bench.CONFIGS["test"] = {**TINY, "batch": 6, "max_len": 10}
     assert _main(bench, "--config", "test", "--threads", "1", "--repeats", "2", "--iters", "1",
                  "--out", str(tmp_path / "train.json"), "--profile", str(tmp_path / "profile.txt")) == 0
     result = json.loads((tmp_path / "train.json").read_text(encoding="utf-8"))
@@ -53,8 +54,7 @@ def test_news_steps_are_the_train_stages_plan_on_news_lengths() -> None:
 
 def test_the_news_config_times_whole_cycles_of_its_steps(tmp_path: Path) -> None:
     bench = load_benchmark("train")
-    bench.CONFIGS["news-test"] = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300,
-                                  "tokens_per_step": 800, "steps": 2}
+    bench.CONFIGS["news-test"] = {**TINY, "tokens_per_step": 800, "steps": 2}
     with pytest.raises(SystemExit, match="--iters 3: config news-test has 2 steps; use a multiple of it"):
         _main(bench, "--config", "news-test", "--threads", "1", "--iters", "3", "--out", str(tmp_path / "x"))
     assert _main(bench, "--config", "news-test", "--threads", "1", "--repeats", "1", "--iters", "2",
@@ -66,8 +66,7 @@ def test_the_news_config_times_whole_cycles_of_its_steps(tmp_path: Path) -> None
 
 def test_the_lean_loss_is_timed_eager_or_in_the_compiled_step_only(tmp_path: Path) -> None:
     bench = load_benchmark("train")
-    bench.CONFIGS["test"] = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300,
-                             "batch": 6, "max_len": 10}
+    bench.CONFIGS["test"] = {**TINY, "batch": 6, "max_len": 10}
     with pytest.raises(SystemExit, match="--loss lean with --compile loss: .* use --compile none or step"):
         _main(bench, "--config", "test", "--loss", "lean", "--compile", "loss", "--out", str(tmp_path / "x"))
     assert _main(bench, "--config", "test", "--threads", "1", "--repeats", "1", "--iters", "1", "--loss", "lean",
