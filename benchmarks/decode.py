@@ -238,10 +238,13 @@ def measure_model(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     threads = [int(t) for t in args.threads.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         exports = {q: ct2.export(path, Path(tmp) / q, q) for q in ("float32", "int8")}
-        for name in args.sets.split(","):
-            srcs, refs = read_set(args.data, name, args.news_limit if name == "newstest2014" else args.limit)
-            out["sets"][name] = measure_set(translator, exports, srcs, refs, threads=threads,
-                                            single_limit=args.single_limit)
+        try:
+            for name in args.sets.split(","):
+                srcs, refs = read_set(args.data, name, args.news_limit if name == "newstest2014" else args.limit)
+                out["sets"][name] = measure_set(translator, exports, srcs, refs, threads=threads,
+                                                single_limit=args.single_limit)
+        finally:
+            translator.close()  # its search workers, kept from one two-worker row to the next
     return out
 
 

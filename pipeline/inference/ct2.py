@@ -164,6 +164,10 @@ class Ct2Translator:
     config: TransformerConfig
     sp: Any  # sentencepiece.SentencePieceProcessor
 
+    def close(self) -> None:
+        """Nothing to end: CTranslate2's worker threads belong to its translator object (the torch engine's
+        ``Translator.close`` ends its worker processes)."""
+
 
 def load(model_dir: str | Path, *, device: str = "cpu", device_index: int = 0, inter_threads: int = 1,
          intra_threads: int = 0, compute_type: str = "default") -> Ct2Translator:

@@ -10,11 +10,10 @@ the finished set does not depend on α (the rule in ``model/beam.py``), so each 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import re
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import torch
 from model import Transformer, TransformerConfig, autocast, beam_search, best_hypothesis, max_length
 from pipeline.core.errors import CheckpointError, PipelineError
 from pipeline.inference import allocator, model_file
+from pipeline.inference.workers import Job, SearchPool
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,22 @@ class Translator:
     sp: Any  # sentencepiece.SentencePieceProcessor
     device: torch.device
     spm_bytes: bytes
+    _pool: SearchPool | None = field(default=None, repr=False, compare=False)
+
+    def search_pool(self, n_workers: int, threads: int) -> SearchPool:
+        """The CPU search workers of this model: forked on first use and kept for later decodes (remade when
+        ``n_workers`` or ``threads`` change). :meth:`close` ends them."""
+        pool = self._pool
+        if pool is None or (pool.workers, pool.threads) != (n_workers, threads):
+            self.close()
+            pool = self._pool = SearchPool(self, _search, n_workers, threads)
+        return pool
+
+    def close(self) -> None:
+        """End the search workers, if any (the model stays usable; a later decode with workers forks anew)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
 
 def default_device() -> torch.device:
@@ -194,9 +210,10 @@ def decode_sources(
         max_len_a, max_len_b: max output length = floor(a·S + b), capped at the model's ``max_positions``.
         max_tokens: batch budget in padded source tokens.
         label: name in progress lines.
-        workers: searches run at once on CPU, in forked processes with the caller's torch thread
-            count; with more than one, searches are also cut smaller so that the workers finish together
-            (the hypotheses do not depend on the batching: ``model/beam.py``'s exact rule).
+        workers: searches run at once on CPU, in the translator's worker processes (forked on first use, kept
+            for later calls: :meth:`Translator.search_pool`) with the caller's torch thread count; with more
+            than one, searches are also cut smaller so that the workers finish together (the hypotheses do not
+            depend on the batching: ``model/beam.py``'s exact rule).
 
     Returns:
         ``{alpha: hypotheses}``: per α, per sentence in input order, the ids without BOS/EOS.
@@ -213,10 +230,11 @@ def decode_sources(
     cap = cpu_search_sentences(beam_size, cfg.vocab_size, n_live, workers)
     plain = search_batches([0 if c else n for n, c in zip(lengths, capped)], max_tokens, dev, cap)
     long = search_batches([n if c else 0 for n, c in zip(lengths, capped)], max_tokens, dev, cap)
-    jobs = [(batch, max_len_a, max_len_b) for batch in plain] + [(batch, 0.0, cfg.max_positions) for batch in long]
+    jobs = [(batch, [list(sources[i]) for i in batch], beam_size, a, b)
+            for batches, a, b in ((plain, max_len_a, max_len_b), (long, 0.0, cfg.max_positions)) for batch in batches]
 
     progress = _Progress(label, beam_size, n_live)
-    for batch, finished in _searches(translator, sources, beam_size, jobs, workers):
+    for batch, finished in _searches(translator, jobs, workers):
         for i, hyps in zip(batch, finished):
             for alpha in out:
                 out[alpha][i] = best_hypothesis(hyps, alpha)
@@ -224,44 +242,24 @@ def decode_sources(
     return out
 
 
-Job = tuple[list[int], float, float]  # (sentence indices, max_len_a, max_len_b)
-#: What forked search workers inherit: (translator, sources, beam size); set only around a pool's life.
-_INHERITED: tuple[Translator, Sequence[Sequence[int]], int] | None = None
-
-
-def _search(translator: Translator, sources: Sequence[Sequence[int]], beam_size: int,
-            job: Job) -> tuple[list[int], list]:
+def _search(translator: Translator, job: Job) -> tuple[list[int], list]:
     """One beam search over the sentences of ``job``: (their indices, their finished hypotheses)."""
-    batch, a, b = job
+    batch, rows, beam_size, a, b = job
     dev = translator.device
-    src = _pad([list(sources[i]) for i in batch], translator.config.pad_id, dev)
+    src = _pad(rows, translator.config.pad_id, dev)
     with torch.inference_mode(), autocast(dev):
         return batch, beam_search(translator.model, src, beam_size=beam_size, max_len_a=a, max_len_b=b,
                                   return_finished=True)
 
 
-def _search_inherited(job: Job) -> tuple[list[int], list]:
-    assert _INHERITED is not None, "search workers are forked by _searches"
-    return _search(*_INHERITED, job)
-
-
-def _searches(translator: Translator, sources: Sequence[Sequence[int]], beam_size: int, jobs: list[Job],
-              workers: int) -> Iterator[tuple[list[int], list]]:
-    """Every job's result, in order of completion: one by one, or on CPU with ``workers`` > 1 in forked
-    processes with the caller's torch thread count (they inherit the loaded model; threads would share
-    one GIL)."""
-    global _INHERITED
-    if workers <= 1 or translator.device.type != "cpu" or len(jobs) < 2:
-        yield from (_search(translator, sources, beam_size, job) for job in jobs)
+def _searches(translator: Translator, jobs: list[Job], n_workers: int) -> Iterator[tuple[list[int], list]]:
+    """Every job's result, in order of completion: one by one, or on CPU with ``n_workers`` > 1 in the
+    translator's worker processes (:meth:`Translator.search_pool`) with the caller's torch thread count."""
+    if n_workers <= 1 or translator.device.type != "cpu" or len(jobs) < 2:
+        yield from (_search(translator, job) for job in jobs)
         return
-    _INHERITED = (translator, sources, beam_size)
-    try:
-        threads = torch.get_num_threads()  # each worker's: the caller's setting (nmt translate: 1 with --workers)
-        with multiprocessing.get_context("fork").Pool(workers, initializer=torch.set_num_threads,
-                                                      initargs=(threads,)) as pool:
-            yield from pool.imap_unordered(_search_inherited, jobs)
-    finally:
-        _INHERITED = None
+    # each worker's threads: the caller's setting (nmt translate: 1 with --workers)
+    yield from translator.search_pool(n_workers, torch.get_num_threads()).imap(jobs)
 
 
 class _Progress:

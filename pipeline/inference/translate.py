@@ -249,8 +249,6 @@ def _write_stdout(lines: Sequence[str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Body of ``nmt translate``."""
-    from pipeline.core.textio import write_lines
-
     _check_args(args)
     raw = None
     if args.input not in (None, "-"):
@@ -261,6 +259,17 @@ def run(args: argparse.Namespace) -> int:
         if args.attention_png:
             check_attention_line(raw, args.attention_line, args.input)
     translator = _load(args)
+    try:
+        _translate(args, translator, raw)
+    finally:
+        translator.close()  # the search workers, if --workers made any
+    return 0
+
+
+def _translate(args: argparse.Namespace, translator: Translator | Ct2Translator, raw: list[bytes] | None) -> None:
+    """Translate the input ``raw`` (or stdin when None) to the output, then draw the attention figure if asked."""
+    from pipeline.core.textio import write_lines
+
     pick = None
     if args.attention_png:
         check_attention_layer(args.attention_layer, translator.config.n_layers)
@@ -278,7 +287,6 @@ def run(args: argparse.Namespace) -> int:
         number, source, hyp = picked
         plot_cross_attention(translator, source, hyp, args.attention_layer, args.attention_png)
         log.info("wrote cross-attention of line %d to %s", number, args.attention_png)
-    return 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
