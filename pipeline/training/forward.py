@@ -1,15 +1,15 @@
 """One forward pass and its loss sums: the function that training steps, validation and the memory
 pre-flight all call, eager or compiled.
 
-With ``NMT_COMPILE`` on, :func:`loss_function` returns :func:`batch_loss` under ``torch.compile`` with
+With ``NMT_COMPILE`` on, :func:`loss_function` returns :func:`lean_batch_loss` under ``torch.compile`` with
 dynamic shapes: the network and the label-smoothed sums become fused kernels (PyTorch's ``torch.compile`` docs),
-compiled on the first call and reused for every batch shape. The compiled function takes its sums from
+compiled on the first call and reused for every batch shape. Its sums come from
 :func:`model.loss.label_smoothed_nll_loss_lean` (log-sum-exp, the target's logit and the row mean; the backward
-recomputes the softmax), which inductor fuses into one reduction and one pointwise kernel over the [N, V] logits;
-a change of grad mode (validation) compiles once more. A compiled run resumes bitwise like an eager one. Without
-dropout the two compute the same losses and gradients up to float rounding; with dropout their masks differ
-(inductor draws its own random numbers, from the same reseeded generator), so the runs differ, each reproducible,
-and a run resumed under the other setting is not bitwise equal to an uninterrupted one.
+recomputes the softmax from the logits, so no [N, V] fp32 tensor is kept between the passes). A change of grad
+mode (validation) compiles once more. A compiled run resumes bitwise like an eager one. Without dropout the two
+compute the same losses and gradients up to float rounding; with dropout their masks differ (inductor draws its
+own random numbers, from the same reseeded generator), so the runs differ, each reproducible, and a run resumed
+under the other setting is not bitwise equal to an uninterrupted one.
 """
 
 from __future__ import annotations
