@@ -20,7 +20,7 @@ import yaml
 
 from flows.pipeline import wmt14_pipeline
 from pipeline.core.errors import PipelineError
-from tests.helpers.toyflow import MakeRepo, alive, wait_dead, wait_for
+from tests.helpers.toyflow import MakeRepo, alive, group_pids, wait_dead, wait_for, wait_gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
@@ -128,6 +128,10 @@ def test_a_second_flow_in_the_same_workspace_is_refused_at_once(make_repo: MakeR
         assert (repo / "params.yaml").read_text() == params  # --profile never rewrote it under the first run
         assert first.poll() is None
     finally:
+        # the run's processes: its own group and the group of each lifeline tied to it (its `dvc repro`)
+        group = group_pids(first.pid) + [p for tied in _tied_to(first.pid) for p in group_pids(tied)]
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
+    # the lifeline ends the killed run's `dvc repro`; DVC's own lock lets a new run in once it has left /proc
+    assert wait_gone(group, GRACE_S + 10) == []
     assert wmt14_pipeline(repo=str(repo))["stages"][0]["status"] == "ran"  # the dead run's lock is gone

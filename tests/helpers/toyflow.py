@@ -118,6 +118,28 @@ def wait_dead(pids: list[int], limit_s: float = 10.0) -> list[int]:
     return left
 
 
+def group_pids(pgid: int) -> list[int]:
+    """The processes whose process group is ``pgid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[2]) == pgid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def wait_gone(pids: list[int], limit_s: float = 10.0) -> list[int]:
+    """Wait up to ``limit_s`` until every pid has left /proc (ended and reaped: DVC's lock check counts an
+    unreaped zombie as a holder); return those still there."""
+    deadline = time.monotonic() + limit_s
+    while (left := [p for p in pids if Path(f"/proc/{p}").exists()]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
 def wait_for(path: Path, proc, limit_s: float = 90.0) -> None:
     """Wait until ``path`` exists while ``proc`` (a Popen with piped output) still runs."""
     deadline = time.monotonic() + limit_s
