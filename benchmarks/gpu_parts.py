@@ -71,17 +71,16 @@ def attention_rows(b: int, length: int, h: int = 8, dh: int = 64) -> dict[str, f
     mask = keep[:, None, None, :]
     rows = {}
 
-    def sdpa(**kw):
+    def sdpa(backends=CUDA_ATTENTION, **kw):
         def run():
-            with sdpa_kernel(CUDA_ATTENTION):
+            with sdpa_kernel(backends):
                 F.scaled_dot_product_attention(q, k, v, **kw).sum().backward()
         return run
     tag = f"[{b}x{h}x{length}x{dh}]"
     rows[f"sdpa key mask (efficient) {tag}"] = timed(sdpa(attn_mask=mask))
     rows[f"sdpa no mask (flash) {tag}"] = timed(sdpa())
     rows[f"sdpa causal (flash) {tag}"] = timed(sdpa(is_causal=True))
-    with sdpa_kernel(CAUSAL_ATTENTION):
-        rows[f"sdpa causal (efficient) {tag}"] = timed(sdpa(is_causal=True))
+    rows[f"sdpa causal (efficient) {tag}"] = timed(sdpa(CAUSAL_ATTENTION, is_causal=True))
     try:
         from torch.nn.attention.varlen import varlen_attn
         print("varlen_attn", inspect.signature(varlen_attn), flush=True)
