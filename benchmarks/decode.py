@@ -7,7 +7,8 @@ row once, so a slow spell of the machine falls on all rows alike) and reports se
 generated tokens/s (output pieces, EOS excluded), the mean output length, the share of sentences whose
 output equals this project's batched output at the same α, and sacreBLEU against the reference. A model's
 valid BLEU (Multi30k val, this project's batched search) is reported beside it: random weights decode to
-max_len and would not count.
+max_len and would not count. This project's batched rows also give their searches (how many, and the most
+sentences in one): on CPU every budget from ``CPU_SEARCH_TOKENS`` (4096) up runs the same searches.
 Thread layouts: this project runs W searches at once with one torch thread each (``workers``) or one
 search with T threads; CTranslate2 runs ``inter_threads`` × ``intra_threads``, each at the batch budgets
 :data:`CT2_MAX_TOKENS`; the table gives each.
@@ -140,11 +141,16 @@ CT2_MAX_TOKENS = (512, 4096)
 def plan_rows(translator: Any, exports: dict[str, Path], sources: list[list[int]], t: int,
               single_limit: int) -> list[Row]:
     """Every timed row at ``t`` threads; the first is this project's batched search (the rows' ``base``)."""
+    from pipeline.inference.decoding import plan_searches
+
     rows = []
     layouts = [(t, 1, m) for m in (1024, 4096, 16384)] + ([(1, t, 4096)] if t > 1 else [])
     for workers, per, max_tokens in layouts:
+        plan = plan_searches(translator, sources, beam_size=BEAM, max_len_a=MAX_LEN_A, max_len_b=MAX_LEN_B,
+                             max_tokens=max_tokens, workers=workers)
         rows.append(Row({"engine": "torch batched", "layout": f"{workers}x{per}", "threads": t,
-                         "max_tokens": max_tokens},
+                         "max_tokens": max_tokens, "searches": len(plan),
+                         "largest_search": max((len(job[0]) for job in plan), default=0)},
                         torch_row(translator, sources, alpha=ALPHA, max_tokens=max_tokens, workers=workers,
                                   threads=per)))
     rows.append(Row({"engine": "torch one at a time", "layout": f"1x{t}", "threads": t},
@@ -255,15 +261,16 @@ def encode_all(translator: Any, lines: list[str]) -> list[list[int]]:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print("| model | set | threads | engine | layout | max_tokens | sent/s | tok/s | mean len | same as batched "
-          "| BLEU |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | set | threads | engine | layout | max_tokens | searches (largest) | sent/s | tok/s | mean len "
+          "| same as batched | BLEU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model, m in result["models"].items():
         for name, rows in m["sets"].items():
             for r in rows:
                 same = "" if r["same_as_batched"] is None else f"{100 * r['same_as_batched']:.1f}%"
+                plan = f"{r['searches']} ({r['largest_search']})" if "searches" in r else ""
                 print(f"| {model} (valid {m['valid_bleu']}) | {name} ({r['sentences']}) | {r['threads']} | "
-                      f"{r['engine']} | {r['layout']} | {r.get('max_tokens', '')} | {r['sent_per_s']} | "
+                      f"{r['engine']} | {r['layout']} | {r.get('max_tokens', '')} | {plan} | {r['sent_per_s']} | "
                       f"{r['tok_per_s']} | {r['mean_len']} | {same} | {r['bleu']} |")
 
 

@@ -2,8 +2,8 @@
 
 Shared by the ``evaluate`` stage and ``nmt translate``. Sentences are sorted by source length and
 cut into batches whose padded source size (sentences × longest source, EOS included) stays within
-``max_tokens`` (on CPU, also at most :func:`cpu_search_sentences` sentences); results go back to the
-input order. One beam search per beam size serves every α:
+``max_tokens`` (on CPU, also within :data:`CPU_SEARCH_TOKENS` and at most :func:`cpu_search_sentences`
+sentences); results go back to the input order. One beam search per beam size serves every α:
 the finished set does not depend on α (the rule in ``model/beam.py``), so each α only re-ranks it.
 """
 
@@ -172,6 +172,13 @@ def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> torch.Tens
 #: ~512 slower again (benchmarks/RESULTS.md, "Sentences per CPU search").
 CPU_SEARCH_CANDIDATES = 1 << 23
 
+#: Padded source tokens (sentences × longest source) of one CPU search, whatever ``max_tokens`` allows: a
+#: search's self-attention buffers and attention work grow with its sentences times their lengths, and on the
+#: 2-core CPUs of benchmarks/RESULTS.md searches of 4096 tokens decoded as fast as larger ones on short sentences
+#: and faster on long ones (newstest2014: 16384-token searches up to 14% slower; "A token budget for CPU
+#: searches"). So on CPU any ``max_tokens`` >= 4096 gives the same searches, and no larger budget is slower.
+CPU_SEARCH_TOKENS = 4096
+
 
 #: With W > 1 workers a CPU search also holds at most 1 / (4W) of the sentences: the searches end at different
 #: times, and a few large ones leave workers idle at the end (at a 16k budget 300 newstest2014 sentences were two
@@ -190,10 +197,34 @@ def cpu_search_sentences(beam_size: int, vocab_size: int, sentences: int = 0, wo
 
 
 def search_batches(lengths: Sequence[int], max_tokens: int, device: torch.device, cap: int) -> list[list[int]]:
-    """:func:`plan_batches` with at most ``cap`` sentences per search on CPU (:func:`cpu_search_sentences`),
-    both limits applied while cutting: a larger ``max_tokens`` gives full searches of ``cap`` sentences, not a
-    budget's batch cut into full pieces and a short rest. On a GPU a search takes the whole batch."""
-    return plan_batches(lengths, max_tokens, cap if device.type == "cpu" else None)
+    """:func:`plan_batches` with, on CPU, at most ``cap`` sentences (:func:`cpu_search_sentences`) and
+    :data:`CPU_SEARCH_TOKENS` padded tokens per search, every limit applied while cutting: a larger ``max_tokens``
+    gives full searches, not a budget's batch cut into full pieces and a short rest. On a GPU a search takes the
+    whole ``max_tokens`` batch."""
+    if device.type != "cpu":
+        return plan_batches(lengths, max_tokens)
+    return plan_batches(lengths, min(max_tokens, CPU_SEARCH_TOKENS), cap)
+
+
+def plan_searches(translator: Translator, sources: Sequence[Sequence[int]], *, beam_size: int, max_len_a: float,
+                  max_len_b: float, max_tokens: int, workers: int = 1) -> list[Job]:
+    """The searches :func:`decode_sources` runs for these arguments, in the order it starts them.
+
+    Empty sources get none; sentences whose length limit floor(a·S + b) would pass the position table search
+    apart, with the limit ``max_positions``.
+
+    Returns:
+        One :data:`~pipeline.inference.workers.Job` per search: (sentence indices, their sources, beam size,
+        max_len_a, max_len_b).
+    """
+    cfg, dev = translator.config, translator.device
+    lengths = [len(s) for s in sources]
+    capped = [max_length(n, max_len_a, max_len_b) > cfg.max_positions for n in lengths]
+    cap = cpu_search_sentences(beam_size, cfg.vocab_size, sum(1 for n in lengths if n), workers)
+    plain = search_batches([0 if c else n for n, c in zip(lengths, capped)], max_tokens, dev, cap)
+    long = search_batches([n if c else 0 for n, c in zip(lengths, capped)], max_tokens, dev, cap)
+    return [(batch, [list(sources[i]) for i in batch], beam_size, a, b)
+            for batches, a, b in ((plain, max_len_a, max_len_b), (long, 0.0, cfg.max_positions)) for batch in batches]
 
 
 def decode_sources(
@@ -218,22 +249,12 @@ def decode_sources(
     Returns:
         ``{alpha: hypotheses}``: per α, per sentence in input order, the ids without BOS/EOS.
     """
-    cfg = translator.config
     if translator.device.type == "cpu":
         allocator.keep_freed_memory()  # each step's [rows × V] tensors reuse the last step's memory
     out = {float(a): [[] for _ in sources] for a in alphas}
-    lengths = [len(s) for s in sources]
-    # Sentences whose length limit would pass the position table decode with the limit max_positions.
-    capped = [max_length(n, max_len_a, max_len_b) > cfg.max_positions for n in lengths]
-    dev = translator.device
-    n_live = sum(1 for n in lengths if n)  # empty sources are answered without a search
-    cap = cpu_search_sentences(beam_size, cfg.vocab_size, n_live, workers)
-    plain = search_batches([0 if c else n for n, c in zip(lengths, capped)], max_tokens, dev, cap)
-    long = search_batches([n if c else 0 for n, c in zip(lengths, capped)], max_tokens, dev, cap)
-    jobs = [(batch, [list(sources[i]) for i in batch], beam_size, a, b)
-            for batches, a, b in ((plain, max_len_a, max_len_b), (long, 0.0, cfg.max_positions)) for batch in batches]
-
-    progress = _Progress(label, beam_size, n_live)
+    jobs = plan_searches(translator, sources, beam_size=beam_size, max_len_a=max_len_a, max_len_b=max_len_b,
+                         max_tokens=max_tokens, workers=workers)
+    progress = _Progress(label, beam_size, sum(len(job[0]) for job in jobs))
     for batch, finished in _searches(translator, jobs, workers):
         for i, hyps in zip(batch, finished):
             for alpha in out:

@@ -304,7 +304,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty alpha (default 0.6)")
     p.add_argument("--max-len-a", type=float, default=1.0, help="max output length = a * source length + b")
     p.add_argument("--max-len-b", type=float, default=50, help="see --max-len-a (default 50)")
-    p.add_argument("--max-tokens", type=int, default=8192, help="batch budget in padded source tokens")
+    p.add_argument("--max-tokens", type=int, default=8192,
+                   help="batch budget in padded source tokens (on CPU a search holds at most 4096)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if torch sees one, else cpu; "
                                     "--engine ctranslate2: cpu)")
     p.add_argument("--workers", type=int, default=1, help="searches run at once (CPU: give each one thread)")

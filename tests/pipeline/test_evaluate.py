@@ -19,6 +19,7 @@ from pipeline.core.textio import count_lines, read_lines, write_lines
 from pipeline.evaluate import stage
 from pipeline.inference.decoding import (
     CPU_SEARCH_CANDIDATES,
+    CPU_SEARCH_TOKENS,
     cpu_search_sentences,
     decode_sources,
     load_translator,
@@ -233,6 +234,20 @@ def test_cpu_searches_hold_at_most_the_candidate_budget_and_keep_the_planned_ord
     assert max(len(b) for b in planned) > 50 and max(len(b) for b in cpu) == 50
     assert sum(len(b) < 50 for b in cpu) == 1  # a large budget: full searches, one short rest at the end
     assert search_batches(lengths, 4096, torch.device("cuda"), 50) == planned  # a GPU search takes the whole batch
+
+
+def test_cpu_searches_hold_at_most_cpu_search_tokens_so_any_larger_budget_plans_the_same_searches() -> None:
+    rng = random.Random(3)
+    lengths = [rng.randint(0, 120) for _ in range(600)]
+    cpu = torch.device("cpu")
+    at_cap = search_batches(lengths, CPU_SEARCH_TOKENS, cpu, 262)
+    for search in at_cap:
+        assert len(search) <= 262 and len(search) * max(lengths[i] for i in search) <= CPU_SEARCH_TOKENS
+    for budget in (CPU_SEARCH_TOKENS + 1, 2 * CPU_SEARCH_TOKENS, 16384):
+        assert search_batches(lengths, budget, cpu, 262) == at_cap
+    assert search_batches(lengths, 1024, cpu, 262) == plan_batches(lengths, 1024, 262) != at_cap  # below it: the budget
+    on_gpu = search_batches(lengths, 16384, torch.device("cuda"), 262)
+    assert on_gpu == plan_batches(lengths, 16384) and len(on_gpu) < len(at_cap)  # a GPU search takes the budget
 
 
 def test_batched_decoding_restores_order_and_equals_one_at_a_time(eval_world: Path) -> None:
