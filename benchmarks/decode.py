@@ -134,8 +134,8 @@ def result_row(r: Row, base: list[list[int]] | None, text: Callable[[list[list[i
             "bleu": bleu(text(hyps), refs[:n])}
 
 
-#: ``max_tokens`` of the CTranslate2 rows: its int8 decoding ran fastest with small batches, fp32 with any.
-CT2_MAX_TOKENS = (512, 4096)
+#: ``max_tokens`` of the CTranslate2 rows: its int8 decoding ran fastest with small batches (256-512), fp32 with any.
+CT2_MAX_TOKENS = (256, 512, 4096)
 
 
 def plan_rows(translator: Any, exports: dict[str, Path], sources: list[list[int]], t: int,
