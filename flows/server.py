@@ -95,7 +95,8 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: Path) -> No
     while not healthy(url):
         if proc.poll() is not None or time.monotonic() > deadline:
             tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
-            how = f"exited with code {proc.returncode}" if proc.returncode is not None else f"not healthy in {limit:.0f} s"
+            how = (f"exited with code {proc.returncode}" if proc.returncode is not None
+                   else f"not healthy in {limit:.0f} s")
             raise PipelineError(f"temporary Prefect server on {url} {how} (raise "
                                 f"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS on a slow machine, or set "
                                 f"PREFECT_API_URL to a running server); its log ends:\n{tail}")

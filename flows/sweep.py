@@ -5,8 +5,8 @@ refuses a bad one before anything runs, then:
 
 1. opens (or, on a restart, reopens) the MLflow parent run ``sweep-<name>``;
 2. runs the stages no variant changes (download ... encode when only training keys vary) once, in a clone
-   with the first variant's params (:func:`flows.sweep_spec.shared_params`; task ``sweep-shared-stages``); every variant's clone starts as a copy of it, so DVC
-   finds those stages up to date and skips them;
+   with the first variant's params (:func:`flows.sweep_spec.shared_params`; task ``sweep-shared-stages``); every
+   variant's clone starts as a copy of it, so DVC finds those stages up to date and skips them;
 3. runs each variant not yet finished as its own Prefect task run, at most ``concurrency`` at once: in its
    own clone (:mod:`flows.sweep_work`), ``dvc exp run --name <name>-<i> --set-param key=value ...`` under
    its own MLflow run (a child of the sweep's, tagged ``override.<key>``, with the headline metrics of a

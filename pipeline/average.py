@@ -3,8 +3,8 @@
 The paper averages the last 5 checkpoints (written every 10 minutes) of the base model. We average
 the model weights of the last ``average.last_n`` checkpoint folders that have their ``DONE`` marker,
 ordered by step (a folder without ``DONE`` among them is named in a warning and in the metrics'
-``skipped_incomplete``, and the N newest complete ones are used): floating tensors are averaged in fp32 (then cast back to their dtype), integer and
-boolean buffers (counters, masks) are taken from the newest checkpoint. The output
+``skipped_incomplete``, and the N newest complete ones are used): floating tensors are averaged in fp32 (then cast
+back to their dtype), integer and boolean buffers (counters, masks) are taken from the newest checkpoint. The output
 ``<paths.model>/averaged.pt`` holds ``{"model": state_dict, "config": TransformerConfig dict,
 "spm": spm.model bytes}``, so translating needs this one file, and loads with ``weights_only=True``.
 """

@@ -73,8 +73,8 @@ def _differences(recorded: dict[str, Any], now: dict[str, Any], split: str) -> l
     out = [f"{split}.{key} {recorded.get(key)!r} vs {now.get(key)!r}" for key in FIGURES
            if recorded.get(key) != now.get(key)]
     sig_a, sig_b = recorded.get("signatures") or {}, now.get("signatures") or {}
-    out += [f"{split} signature {key} {sig_a.get(key)!r} vs {sig_b.get(key)!r}" for key in sorted(set(sig_a) | set(sig_b))
-            if sig_a.get(key) != sig_b.get(key)]
+    out += [f"{split} signature {key} {sig_a.get(key)!r} vs {sig_b.get(key)!r}"
+            for key in sorted(set(sig_a) | set(sig_b)) if sig_a.get(key) != sig_b.get(key)]
     return out
 
 

@@ -122,7 +122,8 @@ _MODEL: tuple[Setting, ...] = (
     S("Attention-weight dropout", ("model.attn_dropout",), (0.0,),
       "none: dropout only on sub-layer outputs and embedding sums",
       f"§5.4; {T2T} attention_dropout=0.0; {FAIRSEQ} attention_dropout=0.0"),
-    S("FFN hidden dropout", ("model.ffn_dropout",), (0.0,), "none: dropout only on sub-layer outputs and embedding sums",
+    S("FFN hidden dropout", ("model.ffn_dropout",), (0.0,),
+      "none: dropout only on sub-layer outputs and embedding sums",
       f"§5.4; {T2T} relu_dropout=0.0; {FAIRSEQ} activation_dropout=0.0"),
     S("Normalisation", ("model.pre_norm",), (False,), "post-norm, LayerNorm(x + Sublayer(x))", "§3.1"),
 )

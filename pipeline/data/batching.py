@@ -243,7 +243,10 @@ class Batch:
 
 def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, pad_id: int, bos_id: int, eos_id: int,
             index: int = -1, forward: int = 0, pin: bool = False) -> Batch:
-    """Pad ``(src, tgt)`` id arrays into a :class:`Batch` (source = ids + EOS, decoder input = BOS + ids, target = ids + EOS)."""
+    """Pad ``(src, tgt)`` id arrays into a :class:`Batch`.
+
+    Source = ids + EOS, decoder input = BOS + ids, target = ids + EOS.
+    """
     b = len(pairs)
     s_max = max(len(s) for s, _ in pairs) + 1
     t_max = max(len(t) for _, t in pairs) + 1

@@ -1,4 +1,5 @@
-"""Beam search against the rule in model/beam.py: hand-computed toy cases, greedy, batch == one by one, cached == uncached."""
+"""Beam search against the rule in model/beam.py: hand-computed toy cases, greedy, batch == one by one,
+cached == uncached."""
 
 from __future__ import annotations
 
@@ -152,7 +153,8 @@ def full_lprobs(m: Transformer, row: Tensor, prefixes: list[list[int]]) -> Tenso
 
 def reference_beam(m: nn.Module, row: Tensor, k: int, a: float, b: float, lprobs_fn=full_lprobs
                    ) -> list[tuple[list[int], float, int]]:
-    """The rule of model/beam.py transcribed literally: one sentence, lists, no cache, a full recomputation every step."""
+    """The rule of model/beam.py transcribed literally: one sentence, lists, no cache, a full recomputation every
+    step."""
     n_src = int(row.ne(PAD).sum())
     if n_src == 0:
         return []
