@@ -73,8 +73,8 @@ def _bleu(audit: dict[str, Any]) -> list[str]:
 def _replay(replay: dict[str, Any]) -> list[str]:
     lines = ["## Replay", "",
              ("Are evaluate.details.json's figures what the hypothesis files on disk score, are those files what "
-              "dvc.lock recorded for the evaluate stage, and did the previous evaluation of the same model give the same "
-              "BLEU? (`dvc repro -f evaluate` followed by `dvc repro audit` checks a forced re-evaluation.) The "
+              "dvc.lock recorded for the evaluate stage, and did the previous evaluation of the same model give the "
+              "same BLEU? (`dvc repro -f evaluate` followed by `dvc repro audit` checks a forced re-evaluation.) The "
               "three Replay items are under Run checks."), ""]
     if replay.get("hypotheses_md5"):
         lines += [f"Hypotheses directory md5 (as DVC computes it): `{replay['eval_dir_md5']}`", ""]
