@@ -140,6 +140,29 @@ def _check_loads(config: TransformerConfig, weights: dict[str, torch.Tensor], wh
             )
 
 
+def _choose(last_n: int, train_dir: str | Path) -> tuple[list[Path], list[Path]]:
+    """(the newest ``last_n`` complete checkpoint folders, the incomplete ones passed over among them), with a
+    warning for fewer than ``last_n`` and for each passed-over folder.
+
+    Raises:
+        CheckpointError: no complete checkpoint.
+    """
+    available = complete_checkpoints(train_dir)
+    if not available:
+        raise CheckpointError(f"{train_dir}: no complete checkpoint (step-*/ with DONE); run the train stage first")
+    chosen = available[-last_n:]
+    if len(chosen) < last_n:
+        log.warning("average.last_n is %d but only %d complete checkpoint(s) exist in %s: averaging those",
+                    last_n, len(chosen), train_dir)
+    skipped = skipped_incomplete(train_dir, chosen)
+    if skipped:
+        log.warning("skipping %s: no DONE marker (a run died while writing it, or it is being written); "
+                    "averaging the %d newest complete checkpoints instead: %s", ", ".join(p.name for p in skipped),
+                    len(chosen), ", ".join(p.name for p in chosen))
+    log.info("averaging %s", ", ".join(p.name for p in chosen))
+    return chosen, skipped
+
+
 def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, model_dir: str | Path) -> dict:
     """Average the last ``cfg.last_n`` complete checkpoints of ``train_dir`` into ``model_dir/averaged.pt``.
 
@@ -159,19 +182,7 @@ def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, mod
     """
     from pipeline.core import tracking
 
-    available = complete_checkpoints(train_dir)
-    if not available:
-        raise CheckpointError(f"{train_dir}: no complete checkpoint (step-*/ with DONE); run the train stage first")
-    chosen = available[-cfg.last_n:]
-    if len(chosen) < cfg.last_n:
-        log.warning("average.last_n is %d but only %d complete checkpoint(s) exist in %s: averaging those",
-                    cfg.last_n, len(chosen), train_dir)
-    skipped = skipped_incomplete(train_dir, chosen)
-    if skipped:
-        log.warning("skipping %s: no DONE marker (a run died while writing it, or it is being written); "
-                    "averaging the %d newest complete checkpoints instead: %s", ", ".join(p.name for p in skipped),
-                    len(chosen), ", ".join(p.name for p in chosen))
-    log.info("averaging %s", ", ".join(p.name for p in chosen))
+    chosen, skipped = _choose(cfg.last_n, train_dir)
     spm_path = Path(bpe_dir) / "spm.model"
     try:
         spm_bytes = spm_path.read_bytes()
