@@ -249,8 +249,7 @@ def write_profile(step, device: torch.device, path: Path, steps: int = 3) -> Non
     path.write_text(f"{steps} steps of our model, sorted by {key}\n{table}\n", encoding="utf-8")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark, print a markdown table, write the JSON."""
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--config", default=None, choices=sorted(CONFIGS), help="default: small on CPU, base on CUDA")
@@ -269,7 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dynamic", action="store_true", help="compile for any shape (torch.compile dynamic=True)")
     p.add_argument("--max-tokens", type=int, default=None, help="news-25k: padded tokens per forward pass "
                    "(default: the train stage's NMT_MAX_TOKENS default for the device)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print a markdown table, write the JSON."""
+    args = _parser().parse_args(argv)
     if args.loss == "lean" and args.compile in ("model", "loss"):
         raise SystemExit(f"--loss lean with --compile {args.compile}: the lean loss is timed eager or inside the "
                          "compiled step; use --compile none or step")
