@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from model.candidates import top_candidates, top_from_chunk_maxima
+from model.config import beam_size_problem
 from model.precision import wide
 
 
@@ -273,15 +274,17 @@ def beam_search_finished(
     Args:
         model: see the module docstring; put it in eval mode first (dropout would randomise the search).
         src: [B, S] int64 source ids, right-padded with ``pad_id``.
-        beam_size: k >= 1 (k = 1 is greedy search).
+        beam_size: k in 1 .. :data:`~model.config.MAX_BEAM_SIZE` and at most the vocabulary size (k = 1 is
+            greedy search).
         max_len_a: a in max_len = max(1, floor(a · S + b)), S = non-pad tokens of the row.
         max_len_b: b in the same formula.
 
     Returns:
         Per sentence, its finished hypotheses in finishing order (empty for an empty source).
     """
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    problem = beam_size_problem(beam_size, getattr(model.cfg, "vocab_size", 0))
+    if problem:
+        raise ValueError(f"beam_size {beam_size!r:.40}: {problem}")
     cfg, n_sent, k, dev = model.cfg, src.shape[0], beam_size, src.device
     max_lens = _max_lens(src, cfg.pad_id, max_len_a, max_len_b, getattr(cfg, "max_positions", None))
     if n_sent == 0 or max(max_lens) == 0:

@@ -12,6 +12,30 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 #: ``field`` metadata of values that are not settings: they come from the BPE model, never from params.
 DERIVED = "derived"
 
+#: The widest beam any search here runs (``nmt translate --beam``, the served model's ``beam_size``,
+#: ``evaluate.beam_sizes``). The paper decodes with 4; a search keeps sentences x beam x vocabulary scores per
+#: step, so an unbounded beam lets one request take all of a machine's memory.
+MAX_BEAM_SIZE = 64
+
+#: The most weights (parameters and position-table entries) of a model trained here. Data-parallel training
+#: keeps fp32 weights, their gradients and Adam's two moments, 16 bytes per parameter, on every GPU: 2^32 of
+#: them make 64 GiB, all of an 80 GB GPU before the first activation. The paper's big model has 213 million.
+MAX_WEIGHTS = 2**32
+
+
+def beam_size_problem(beam_size: object, vocab_size: int = 0) -> str | None:
+    """Why a search cannot keep ``beam_size`` hypotheses over ``vocab_size`` pieces (0 = not known), or None.
+
+    Returns:
+        The rule broken, worded to follow the option or key that gave the value (``--beam 0: must be ...``).
+    """
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or not 1 <= beam_size <= MAX_BEAM_SIZE:
+        return f"must be an integer from 1 to {MAX_BEAM_SIZE} (the widest beam this project searches)"
+    if vocab_size > 0 and beam_size > vocab_size:
+        return (f"must be at most the vocabulary size ({vocab_size} pieces): a beam holds one hypothesis "
+                "per distinct token")
+    return None
+
 
 @dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
@@ -77,6 +101,21 @@ class TransformerConfig:
             problems.append(f"pad_id, bos_id and eos_id must differ, got {ids}")
         if problems:
             raise ValueError("invalid TransformerConfig: " + "; ".join(problems))
+
+    def weight_count(self, vocab_size: int | None = None) -> int:
+        """The numbers a :class:`~model.Transformer` of this config holds: its parameters (tied embedding,
+        attention and feed-forward projections, LayerNorms) and its sinusoidal position table.
+
+        Args:
+            vocab_size: the vocabulary to count with (default: this config's own, 0 while not known).
+        """
+        d, ff, vocab = self.d_model, self.d_ff, self.vocab_size if vocab_size is None else vocab_size
+        attention = 4 * d * d + 4 * d  # q, k, v and output projections with biases
+        ffn = 2 * d * ff + ff + d
+        encoder = attention + ffn + 2 * 2 * d  # two residual LayerNorms
+        decoder = 2 * attention + ffn + 3 * 2 * d
+        final_norms = 2 * 2 * d if self.pre_norm else 0
+        return vocab * d + self.max_positions * d + self.n_layers * (encoder + decoder) + final_norms
 
     @property
     def head_dim(self) -> int:

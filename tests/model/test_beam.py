@@ -105,8 +105,19 @@ def test_empty_source_and_length_rule() -> None:
     assert max_length(0, 1.0, -5) == 1
     assert max_length(3, 1.1, 0.2) == 3  # floor(3.5)
     assert max_length(10, 0.3, 0.0) == 3  # float64: 0.3 * 10 = 3.0000000000000004 -> 3
-    with pytest.raises(ValueError, match="beam_size must be >= 1"):
+    with pytest.raises(ValueError, match="beam_size 0: must be an integer from 1 to 64"):
         beam_search(m, src, beam_size=0)
+
+
+@pytest.mark.parametrize(("beam", "message"), [(65, "beam_size 65: must be an integer from 1 to 64"),
+                                               (14, r"beam_size 14: must be at most the vocabulary size \(13 ")])
+def test_a_beam_wider_than_the_cap_or_the_vocabulary_is_refused_before_any_step(beam: int, message: str) -> None:
+    """Wider than the vocabulary, the search failed mid-way ("stack expects each tensor to be equal size")."""
+    m = Transformer(TransformerConfig(vocab_size=13, d_model=16, n_heads=2, d_ff=32, n_layers=1, max_positions=64))
+    src = torch.tensor([[5, 6, 7, EOS]])
+    with pytest.raises(ValueError, match=message):
+        beam_search(m, src, beam_size=beam)
+    assert len(beam_search(m, src, beam_size=13, max_len_b=3)) == 1  # the whole vocabulary is a valid beam
 
 
 # ---- real (random, tiny, float64) models ---------------------------------------------------

@@ -64,6 +64,19 @@ def test_base_model_has_63m_parameters() -> None:
     assert not any(k.startswith("positions") for k in m.state_dict()), "positions are derived, not saved"
 
 
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_weight_count_is_what_the_built_model_holds(pre_norm: bool) -> None:
+    """The params check bounds a model by this count before anything is built (model.config.MAX_WEIGHTS)."""
+    from model.config import MAX_WEIGHTS
+
+    cfg = TransformerConfig(vocab_size=37, d_model=16, n_heads=2, d_ff=24, n_layers=3, max_positions=50,
+                            pre_norm=pre_norm)
+    m = Transformer(cfg)
+    assert cfg.weight_count() == sum(p.numel() for p in m.parameters()) + m.positions.numel()
+    big = TransformerConfig(d_model=1024, n_heads=16, d_ff=4096, n_layers=6)  # the paper's big model
+    assert 213e6 < big.weight_count(37000) < MAX_WEIGHTS / 16
+
+
 def test_init_pad_row_zero_and_embedding_scale() -> None:
     torch.manual_seed(0)
     m = Transformer(TransformerConfig(vocab_size=4000, d_model=64, n_heads=4, d_ff=128, n_layers=1))
