@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-import yaml
-
 from model.config import DERIVED, TransformerConfig
 from pipeline.core.errors import ConfigError
+from pipeline.core.yamlfile import load_yaml
 
 DATASETS = ("wmt14", "multi30k")
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def path_problem(value: str) -> str | None:
         reason = "is not inside an output folder"
     else:
         return None
-    return f"{value!r} {reason} (expected {PATH_RULE})"
+    return f"{shown(value)} {reason} (expected {PATH_RULE})"
 
 
 @dataclass(frozen=True)
@@ -79,10 +79,10 @@ class Range:
     def problem(self, value: float) -> str | None:
         """Why ``value`` is out of range, or None if it is in range (NaN and infinities never are)."""
         if isinstance(value, float) and not math.isfinite(value):
-            return f"{value!r} is not a finite number (expected {self})"
+            return f"{shown(value)} is not a finite number (expected {self})"
         ok = ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
               and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
-        return None if ok else f"{value!r} is out of range (expected {self})"
+        return None if ok else f"{shown(value)} is out of range (expected {self})"
 
 
 def _refuse_invalid(obj: Any) -> None:
@@ -256,6 +256,14 @@ class Params:
             raise ValueError(f"model.max_positions ({self.model.max_positions}) must be >= encode.max_len + 1")
 
 
+#: The longest rendering of a user's value in an error message (:func:`shown`).
+SHOWN_CHARS = 80
+#: The most problems one :class:`ConfigError` lists (the rest are counted).
+MAX_PROBLEMS = 30
+_REPR = reprlib.Repr()  # a few items of each container, a few levels deep (Repr takes no arguments before 3.12)
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict = 3, 4, 4
+_REPR.maxlong = _REPR.maxstring = _REPR.maxother = SHOWN_CHARS
+
 _POSITIVE, _NON_NEGATIVE, _PROBABILITY = Range(ge=1), Range(ge=0), Range(ge=0, lt=1)
 _SEED = Range(ge=0, le=2**32 - 1)
 
@@ -298,6 +306,20 @@ def _key_problems(cls: type, name: str, value: Any) -> list[tuple[str, str]]:
     return [("" if i is None else f"[{i}]", problem) for i, v in items if (problem := rng.problem(v))]
 
 
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error message, bounded: at most :data:`SHOWN_CHARS` characters, built
+    without walking more than a few items of a nested list or mapping (a value in a params file can be
+    arbitrarily large)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
+def _key_text(key: Any) -> str:
+    """A mapping key as an error message names it (a long one cut like :func:`shown`)."""
+    text = str(key) if isinstance(key, (str, int)) else shown(key)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -309,7 +331,7 @@ def _check_value(value: Any, tp: Any, key: str, errors: list[str]) -> Any:
         return _build(tp, value, key, errors)
     if origin is Literal:
         if value not in typing.get_args(tp):
-            errors.append(f"{key}: {value!r} is not one of {list(typing.get_args(tp))}")
+            errors.append(f"{key}: {shown(value)} is not one of {list(typing.get_args(tp))}")
         return value
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -319,20 +341,20 @@ def _check_value(value: Any, tp: Any, key: str, errors: list[str]) -> Any:
         return _check_value(value, inner[0], key, errors)
     if origin is list:
         if not isinstance(value, list):
-            errors.append(f"{key}: expected a list, got {type(value).__name__} {value!r}")
+            errors.append(f"{key}: expected a list, got {type(value).__name__} {shown(value)}")
             return value
         (item_tp,) = typing.get_args(tp)
         return [_check_value(v, item_tp, f"{key}[{i}]", errors) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            errors.append(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
+            errors.append(f"{key}: expected a mapping, got {type(value).__name__} {shown(value)}")
             return value
         _, val_tp = typing.get_args(tp)
-        return {str(k): _check_value(v, val_tp, f"{key}.{k}", errors) for k, v in value.items()}
+        return {str(k): _check_value(v, val_tp, f"{key}.{_key_text(k)}", errors) for k, v in value.items()}
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
-        errors.append(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+        errors.append(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {shown(value)}")
     return value
 
 
@@ -346,14 +368,16 @@ def _build(cls: type, data: Any, prefix: str, errors: list[str]) -> Any:
     every = {f.name: f for f in dataclasses.fields(cls)}
     fields = {name: f for name, f in every.items() if DERIVED not in f.metadata}
     dotted = (prefix + ".") if prefix else ""
-    for key in sorted(set(data) - set(fields)):
-        if f"{dotted}{key}" in MOVED_TO_ENV:
+    for key in sorted(set(data) - set(fields), key=str):
+        if not isinstance(key, str):
+            errors.append(f"{dotted}{_key_text(key)}: unknown key, and not text (known keys here: {', '.join(fields)})")
+        elif f"{dotted}{key}" in MOVED_TO_ENV:
             errors.append(f"{dotted}{key}: moved to the environment variable {MOVED_TO_ENV[dotted + key]} "
                           "(hardware, not a result-changing param); delete the key")
         elif key in every:
             errors.append(f"{dotted}{key}: not a setting (it is {every[key].metadata[DERIVED]}); remove it")
         else:
-            errors.append(f"{dotted}{key}: unknown key (known keys here: {', '.join(fields)})")
+            errors.append(f"{dotted}{_key_text(key)}: unknown key (known keys here: {', '.join(fields)})")
     kwargs: dict[str, Any] = {}
     n_before = len(errors)
     for name in fields:
@@ -378,20 +402,22 @@ def params_from_dict(data: dict[str, Any], source: str = "params.yaml") -> Param
     """Build :class:`Params` from a parsed mapping; raise one error listing every bad key."""
     errors: list[str] = []
     params = _build(Params, data, "", errors)
+    if len(errors) > MAX_PROBLEMS:  # a list of a million wrong items: say so once, not a million times
+        errors[MAX_PROBLEMS - 1:] = [f"... and {len(errors) - MAX_PROBLEMS + 1} more problem(s) like these"]
     if errors or params is None:
         raise ConfigError(source, errors or ["invalid configuration"])
     return params
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
-    """Load and validate ``path`` (a params.yaml)."""
+    """Load and validate ``path`` (a params.yaml; no YAML anchors or aliases, see :func:`load_yaml`)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path)
     except FileNotFoundError:
         raise ConfigError(str(path), ["file not found: run from the repository root or pass --params"]) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from None
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot be read ({exc.strerror or exc}); pass a readable file"]) from None
     return params_from_dict(data or {}, str(path))
 
 

@@ -93,6 +93,53 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
         load_params(bad)
 
 
+def test_alias_bomb_in_params_is_refused_with_one_line(repo_root: Path, tmp_path: Path) -> None:
+    """Nested anchors in evaluate.alphas (6 levels: 531,441 items) are refused, never expanded into the error."""
+    levels = ["[" + ", ".join(["0.6"] * 9) + "]", *(["[" + ", ".join([f"*a{i}"] * 9) + "]" for i in range(5)])]
+    bomb = "[" + ", ".join(f"&a{i} {level}" for i, level in enumerate(levels)) + "]"
+    text = (repo_root / "profiles" / "paper.yaml").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("  alphas:"))
+    lines[row] = f"  alphas: {bomb}"
+    (tmp_path / "params.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_params(tmp_path / "params.yaml")
+    assert str(info.value) == (f"{tmp_path / 'params.yaml'}: line {row + 1}, column 12: YAML anchors and aliases "
+                               "are not accepted (found &a0); write the value out in full")
+
+
+def test_errors_show_a_bounded_rendering_of_any_value(repo_root: Path) -> None:
+    """A huge value (here 10**7 shared items, built in memory) is shown in at most 80 characters."""
+    nested: list = [0.6] * 10
+    for _ in range(6):
+        nested = [nested] * 10
+    data = _paper(repo_root)
+    data["evaluate"]["alphas"] = [nested]
+    data["evaluate"]["beam_sizes"] = "x" * 100_000
+    data["train"]["k" * 100_000] = 1
+    with pytest.raises(ConfigError) as info:
+        params_from_dict(data)
+    problems = info.value.problems
+    assert len(problems) == 3 and all(len(p) < 1000 for p in problems), problems
+    assert any(p.startswith("evaluate.alphas[0]: expected float, got list [[[") and p.endswith("...")
+               for p in problems), problems
+    assert any(p.startswith("evaluate.beam_sizes: expected a list, got str 'xxx") for p in problems), problems
+    assert any(p.startswith("train.kkk") and "...: unknown key" in p for p in problems), problems
+
+
+def test_a_long_list_of_bad_items_is_counted_not_listed(repo_root: Path) -> None:
+    data = _paper(repo_root)
+    data["evaluate"]["alphas"] = ["x"] * 100_000
+    data["train"][3] = "a key that is not text"
+    with pytest.raises(ConfigError) as info:
+        params_from_dict(data)
+    problems = info.value.problems
+    assert len(problems) == 30 and problems[-1] == "... and 99972 more problem(s) like these"
+    assert any(p.startswith("train.3: unknown key, and not text") for p in problems), problems
+    assert "evaluate.alphas[0]: expected float, got str 'x'" in problems
+    assert len(str(info.value)) < 5000
+
+
 def test_ints_are_accepted_for_floats_and_flatten(repo_root: Path) -> None:
     p = load_params(repo_root / "profiles" / "paper.yaml")
     assert isinstance(p.train.max_minutes, float)

@@ -1,0 +1,111 @@
+"""Reading a YAML file that a person writes (params, profiles, sweep specs, prefect.yaml): bounded.
+
+``yaml.safe_load`` expands every alias into a shared reference, so a few kilobytes of nested anchors
+(``a: &a [1, 1, 1]``, ``b: &b [*a, *a, *a]``, ...) become a value with billions of items that any
+traversal, copy or repr of it walks in full. None of this project's YAML files needs anchors, so
+:func:`load_yaml` refuses an anchor or alias at the line holding it, and refuses a file larger than
+:data:`MAX_BYTES` before parsing it. Every refusal is one line naming the file (and line).
+No torch or MLflow here: the flows use it too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.core.errors import ConfigError
+
+#: The largest YAML file read (the paper profile is about 4 KB; a sweep spec, prefect.yaml: a few KB).
+MAX_BYTES = 1 << 20
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """Valid YAML that this loader does not accept (an anchor or alias)."""
+
+
+class _NoAnchorLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that stops at the first anchor (``&name``) or alias (``*name``)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        """PyYAML's, refusing a node with an anchor and an alias (the error marks where it is)."""
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            sign = "*" if isinstance(event, yaml.AliasEvent) else "&"
+            raise _Refused(problem=f"YAML anchors and aliases are not accepted (found "
+                                   f"{sign}{_clip(str(event.anchor), 40)}); write the value out in full",
+                           problem_mark=event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """PyYAML's, with a ValueError from a scalar's conversion marked at the scalar's line."""
+        try:
+            return super().construct_object(node, deep)
+        except ValueError as exc:  # int() past its digit limit, a date like 2024-13-45: name the line
+            reason = str(exc).split(";", 1)[0]
+            raise yaml.constructor.ConstructorError(problem=f"cannot read this value ({_clip(reason, 100)})",
+                                                    problem_mark=node.start_mark) from None
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _where(exc: yaml.YAMLError, text: str) -> str:
+    """``line L, column C: `` of a YAML error in ``text`` (empty when PyYAML gave no position)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if mark is not None:
+        return f"line {mark.line + 1}, column {mark.column + 1}: "
+    position = getattr(exc, "position", None)  # a ReaderError: a character PyYAML cannot read
+    if isinstance(position, int):
+        before = text[:position]
+        return f"line {before.count(chr(10)) + 1}, column {position - before.rfind(chr(10))}: "
+    return ""
+
+
+def _problem(exc: yaml.YAMLError) -> str:
+    """The YAML error's reason on one line (PyYAML's own text spans several, with a snippet)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        text = ": ".join(p for p in (exc.context, exc.problem) if p)
+    else:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return _clip(" ".join(text.split()), 200)
+
+
+def load_yaml(path: str | Path, *, max_bytes: int = MAX_BYTES) -> Any:
+    """Parse the YAML file ``path``, refusing anchors, aliases and files over ``max_bytes``.
+
+    Args:
+        path: the file.
+        max_bytes: the largest size accepted.
+
+    Returns:
+        The parsed value (None for an empty file).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist (each caller says what to do about it).
+        OSError: ``path`` cannot be read.
+        ConfigError: larger than ``max_bytes``, not UTF-8, not valid YAML, or holding an anchor or
+            alias; one line naming the file and, where known, the line and column.
+    """
+    path = Path(path)
+    with open(path, "rb") as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ConfigError(str(path), [f"larger than {max_bytes} bytes, far more than a YAML settings file needs; "
+                                      "check that this is the file you meant"])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), [f"invalid UTF-8 at byte {exc.start}; re-encode the file as UTF-8"]) from None
+    try:
+        return yaml.load(text, Loader=_NoAnchorLoader)  # a SafeLoader subclass
+    except RecursionError:
+        raise ConfigError(str(path), ["not valid YAML: lists or mappings nested too deeply; "
+                                      "check that this is the file you meant"]) from None
+    except yaml.YAMLError as exc:
+        if isinstance(exc, _Refused):
+            raise ConfigError(str(path), [f"{_where(exc, text)}{exc.problem}"]) from None
+        problem = f"{_where(exc, text)}not valid YAML: {_problem(exc)}; fix the file there"
+        raise ConfigError(str(path), [problem]) from None
