@@ -15,6 +15,7 @@ import yaml
 from pipeline.core.config import params_from_dict
 from pipeline.core.errors import ConfigError
 from pipeline.core.textio import atomic_path, write_text
+from pipeline.core.yamlfile import load_yaml
 
 BASE = "paper"
 # While a profile run has params.yaml rewritten, the bytes it replaced wait here (or the ABSENT marker when
@@ -51,8 +52,8 @@ def describe(path: str | Path) -> str:
 def active_profile(root: str | Path = ".") -> str | None:
     """The ``profile:`` value of ``<root>/params.yaml``; None when the file is missing, does not load or has none."""
     try:
-        data = yaml.safe_load((Path(root) / "params.yaml").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = load_yaml(Path(root) / "params.yaml")
+    except (OSError, ConfigError):
         return None
     value = data.get("profile") if isinstance(data, dict) else None
     return value if isinstance(value, str) else None
@@ -74,9 +75,9 @@ def merged_profile(name: str, root: str | Path = ".") -> dict[str, Any]:
     path = folder / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(str(path), [f"no such profile {name!r}; known: {', '.join(profile_names(root))}"])
-    data = yaml.safe_load((folder / f"{BASE}.yaml").read_text(encoding="utf-8"))
+    data = load_yaml(folder / f"{BASE}.yaml")
     if name != BASE:
-        data = deep_merge(data, yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+        data = deep_merge(data, load_yaml(path) or {})
     params_from_dict(data, str(path))  # refuse to write an invalid params.yaml
     return data
 

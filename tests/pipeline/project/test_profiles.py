@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.config import params_from_dict
+from pipeline.core.errors import ConfigError
 from pipeline.project.profiles import active_profile, listing, merged_profile, write_profile
 from tests.helpers.paths import REPO
 
@@ -76,7 +77,8 @@ def test_listing_shows_each_profile_with_its_description_and_marks_the_active_on
     ]
 
 
-@pytest.mark.parametrize("params", [None, "profile: [unclosed\n", "just text\n", "profile: nosuch\n"])
+@pytest.mark.parametrize("params", [None, "profile: [unclosed\n", "just text\n", "profile: nosuch\n",
+                                    "profile: &p tiny\nother: *p\n"])
 def test_listing_marks_nothing_without_a_params_yaml_that_names_a_profile(root: Path, params: str | None) -> None:
     target = root / "params.yaml"
     if params is None:
@@ -85,3 +87,13 @@ def test_listing_marks_nothing_without_a_params_yaml_that_names_a_profile(root: 
         target.write_text(params, encoding="utf-8")
     assert active_profile(root) == (None if params is None or "nosuch" not in params else "nosuch")
     assert [line.split()[0] for line in listing(root)] == PROFILES
+
+
+def test_a_profile_with_yaml_anchors_is_refused_naming_its_line(root: Path) -> None:
+    (root / "profiles" / "anchored.yaml").write_text("# anchors\ntrain:\n  warmup_steps: &w 100\n  log_every_steps: *w\n",
+                                                     encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        merged_profile("anchored", root)
+    assert str(info.value) == (f"{root / 'profiles' / 'anchored.yaml'}: line 3, column 17: YAML anchors and aliases "
+                               "are not accepted (found &w); write the value out in full")
+    assert not list(root.glob("params.yaml.*"))
