@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from model.config import DERIVED, TransformerConfig
+from model.config import DERIVED, MAX_BEAM_SIZE, MAX_WEIGHTS, TransformerConfig, beam_size_problem
 from pipeline.core.errors import ConfigError
 from pipeline.core.yamlfile import load_yaml
 
@@ -254,6 +254,39 @@ class Params:
             )
         if self.model.max_positions < longest:
             raise ValueError(f"model.max_positions ({self.model.max_positions}) must be >= encode.max_len + 1")
+        for problem in (_model_size_problem(self.model, self.bpe.vocab_size),
+                        _beam_vocabulary_problem(self.evaluate.beam_sizes, self.bpe.vocab_size)):
+            if problem:
+                raise ValueError(problem)
+
+
+def _model_size_problem(model: TransformerConfig, vocab_size: int) -> str | None:
+    """Why the model that ``model`` and ``bpe.vocab_size`` describe cannot be trained here, or None.
+
+    It can not when it holds more than :data:`model.config.MAX_WEIGHTS` numbers; the key named is the one
+    furthest above the paper's base model (``model.d_model: 1e12`` once died in training naming no key).
+    """
+    count = model.weight_count(vocab_size)
+    if count <= MAX_WEIGHTS:
+        return None
+    base_model, base_bpe = TransformerConfig(), BpeConfig()
+    sizes = {f"model.{name}": (getattr(model, name), getattr(base_model, name))
+             for name in ("d_model", "d_ff", "n_layers", "max_positions")}
+    sizes["bpe.vocab_size"] = (vocab_size, base_bpe.vocab_size)
+    key = max(sizes, key=lambda k: math.log(sizes[k][0]) - math.log(sizes[k][1]))  # exact for huge ints
+    others = ", ".join(f"{k} {shown(v)}" for k, (v, _) in sizes.items() if k != key)
+    amount = f"{count:.2e}" if count < 10**300 else f"about 2^{count.bit_length() - 1}"
+    return (f"{key}: {shown(sizes[key][0])} makes a model of {amount} weights (with {others}), more than the "
+            f"{MAX_WEIGHTS:.2e} one GPU can train (model.config.MAX_WEIGHTS: fp32 weights, gradients and Adam's "
+            f"moments take 16 bytes each); lower {key}")
+
+
+def _beam_vocabulary_problem(beam_sizes: list[int], vocab_size: int) -> str | None:
+    """Why a beam of ``evaluate.beam_sizes`` cannot search ``bpe.vocab_size`` pieces, or None."""
+    for i, beam in enumerate(beam_sizes):
+        if problem := beam_size_problem(beam, vocab_size):
+            return f"evaluate.beam_sizes[{i}]: {shown(beam)} {problem} (bpe.vocab_size); lower it"
+    return None
 
 
 #: The longest rendering of a user's value in an error message (:func:`shown`).
@@ -289,8 +322,9 @@ RANGES: dict[type, dict[str, Range]] = {
                   "save_every_steps": _POSITIVE, "keep_last": _POSITIVE, "valid_every_steps": _POSITIVE,
                   "log_every_steps": _POSITIVE},
     AverageConfig: {"last_n": _POSITIVE},
-    EvaluateConfig: {"beam_sizes": _POSITIVE, "alphas": _NON_NEGATIVE, "max_len_a": _NON_NEGATIVE,
-                     "max_len_b": _NON_NEGATIVE, "max_tokens": _POSITIVE},
+    EvaluateConfig: {"beam_sizes": Range(ge=1, le=MAX_BEAM_SIZE),  # and <= bpe.vocab_size (Params)
+                     "alphas": _NON_NEGATIVE, "max_len_a": _NON_NEGATIVE, "max_len_b": _NON_NEGATIVE,
+                     "max_tokens": _POSITIVE},
 }
 
 
