@@ -74,6 +74,7 @@ def _only_problem(data: dict) -> str:
         ("train.lr_scale", float("nan"), "train.lr_scale"),
         ("average.last_n", 0, "average.last_n"),
         ("evaluate.beam_sizes", [4, 0], "evaluate.beam_sizes[1]"),
+        ("evaluate.beam_sizes", [500], "evaluate.beam_sizes[0]"),  # wider than model.config.MAX_BEAM_SIZE
         ("evaluate.max_len_a", -1.0, "evaluate.max_len_a"),
     ],
 )
@@ -82,6 +83,33 @@ def test_out_of_range_values_are_one_line_naming_the_key(repo_root: Path, dotted
     problem = _only_problem(_set(_paper(repo_root), dotted, value))
     assert problem.startswith(f"{named}: "), problem
     assert "\n" not in problem and ("out of range" in problem or "not a finite number" in problem), problem
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value"),
+    [("model.d_model", 10**12), ("model.d_ff", 10**12), ("model.n_layers", 10**9), ("model.max_positions", 10**12),
+     ("bpe.vocab_size", 10**12), pytest.param("model.d_model", 2**4096, id="model.d_model-2^4096")],
+)
+def test_a_model_too_large_to_train_is_refused_naming_the_key(repo_root: Path, dotted: str, value: int) -> None:
+    """``model.d_model: 1e12`` passed the params check and died in training naming no key."""
+    problem = _only_problem(_set(_paper(repo_root), dotted, value))
+    assert problem.startswith(f"params: {dotted}: ") and f"lower {dotted}" in problem, problem
+    assert "\n" not in problem and len(problem) < 400, problem  # the value shown cut short, never whole
+
+
+def test_the_papers_big_model_is_not_too_large(repo_root: Path) -> None:
+    data = _paper(repo_root)
+    data["model"].update(d_model=1024, n_heads=16, d_ff=4096, n_layers=6)
+    assert params_from_dict(data).model.weight_count(37000) > 213e6
+
+
+def test_a_beam_wider_than_the_vocabulary_is_refused_naming_evaluate_beam_sizes(repo_root: Path) -> None:
+    """With a 300-piece vocabulary, ``evaluate.beam_sizes: [500]`` trained and then died in evaluate."""
+    data = _set(_set(_paper(repo_root), "bpe.vocab_size", 32), "evaluate.beam_sizes", [4, 40])
+    problem = _only_problem(data)
+    assert problem.startswith("params: evaluate.beam_sizes[1]: 40 must be at most the vocabulary size (32 pieces)")
+    assert "bpe.vocab_size" in problem
+    params_from_dict(_set(data, "evaluate.beam_sizes", [4, 32]))
 
 
 def test_the_red_team_example_reads_as_documented(repo_root: Path) -> None:
