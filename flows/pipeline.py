@@ -50,13 +50,13 @@ from flows.dvc_task import (ProcessResult, kill_all_groups, publish_hint, repro_
                             stage_status)
 from flows.report import AUDIT_ARTIFACT_KEY, StageOutcome, headline_metrics, render_report
 from flows.server import start_temporary_server
-from flows.workspace import exclusive_run
 from pipeline.core import env
 from pipeline.core import stages as stage_table
 from pipeline.core import tracking
 from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
 from pipeline.core.errors import PipelineError
 from pipeline.project.profiles import profile_run, restore_params
+from pipeline.project.workspace import exclusive_run
 
 log = logging.getLogger(__name__)
 
@@ -295,8 +295,8 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
         ``{"stages": [StageOutcome as dict], "mlflow_run_id", "git_commit", "markdown"}``.
 
     Raises:
-        PipelineError: another run holds this workspace (:mod:`flows.workspace`), or bad arguments (an
-            unknown stage is refused before the workspace, params.yaml or MLflow are touched).
+        PipelineError: another run holds this workspace (:mod:`pipeline.project.workspace`), or bad arguments
+            (an unknown stage is refused before the workspace, params.yaml or MLflow are touched).
         StageFailed: a stage failed (after its retries) or timed out.
     """
     root = Path(repo).resolve()

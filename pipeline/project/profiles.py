@@ -15,6 +15,7 @@ import yaml
 from pipeline.core.config import params_from_dict
 from pipeline.core.errors import ConfigError
 from pipeline.core.textio import atomic_path, write_text
+from pipeline.project.workspace import exclusive_run
 from pipeline.core.yamlfile import load_yaml
 
 BASE = "paper"
@@ -109,12 +110,23 @@ def _keep_edits(target: Path, root: Path) -> None:
 
 
 def write_profile(name: str, root: str | Path = ".", target: str | Path | None = None) -> Path:
-    """Write profile ``name`` as ``params.yaml``; a hand-edited file is first kept as ``params.yaml.<time>.bak``."""
+    """Write profile ``name`` as ``params.yaml``; a hand-edited file is first kept as ``params.yaml.<time>.bak``.
+
+    Holds the workspace lock (:mod:`pipeline.project.workspace`) while it writes, so a running pipeline's
+    params.yaml is never switched under it, and first undoes a killed profile run (:func:`restore_params`).
+
+    Raises:
+        ConfigError: no such profile, or it does not validate (nothing is written then).
+        PipelineError: a pipeline run holds the workspace (its pid is named; nothing is written).
+    """
     root = Path(root)
     target = Path(target) if target else root / "params.yaml"
     text = render(name, root)
-    _keep_edits(target, root)
-    write_text(target, text)
+    with exclusive_run(root, f"nmt profile {name}",
+                       remedy=f"wait for it to end or stop it, then run `nmt profile {name}` again"):
+        restore_params(root)
+        _keep_edits(target, root)
+        write_text(target, text)
     return target
 
 
@@ -122,7 +134,7 @@ def restore_params(root: str | Path = ".", logger: logging.Logger | logging.Logg
     """Put back the params.yaml a profile run replaced (:func:`profile_run`); False when there is nothing to undo.
 
     Also undoes a run that was killed (SIGKILL) before it could restore: call it while holding the
-    workspace lock (:mod:`flows.workspace`), before anything reads params.yaml. Logs one line on
+    workspace lock (:mod:`pipeline.project.workspace`), before anything reads params.yaml. Logs one line on
     ``logger`` (default: this module's) when it restored something.
     """
     root = Path(root)

@@ -12,7 +12,8 @@ import pytest
 
 from pipeline.core.config import params_from_dict
 from pipeline.core.errors import ConfigError
-from pipeline.project.profiles import active_profile, listing, merged_profile, write_profile
+from pipeline.project.profiles import (SAVED, active_profile, listing, merged_profile, render, restore_params,
+                                       write_profile)
 from tests.helpers.paths import REPO
 
 
@@ -87,6 +88,49 @@ def test_listing_marks_nothing_without_a_params_yaml_that_names_a_profile(root: 
         target.write_text(params, encoding="utf-8")
     assert active_profile(root) == (None if params is None or "nosuch" not in params else "nosuch")
     assert [line.split()[0] for line in listing(root)] == PROFILES
+
+
+def _nmt(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=root, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_the_switch_is_refused_while_a_run_holds_the_workspace(root: Path) -> None:
+    """The profile switch takes the run's lock: params.yaml stays what the running pipeline reads."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pipeline.project.workspace import exclusive_run\n"
+                               "with exclusive_run(sys.argv[1], 'flow run f00'):\n"
+                               "    print('held', flush=True); sys.stdin.read()\n", str(root)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline() == "held\n"
+        params = (root / "params.yaml").read_bytes()
+        proc = _nmt(root, "profile", "demo")
+        assert proc.returncode == 1
+        assert proc.stderr.splitlines() == [
+            "error: .dvc/tmp/nmt-pipeline.lock: another pipeline run holds this workspace "
+            f"(pid {holder.pid}, since {proc.stderr.split('since ')[1].split(',')[0]}, flow run f00); wait for it "
+            "to end or stop it, then run `nmt profile demo` again"]
+        assert (root / "params.yaml").read_bytes() == params and not list(root.glob("params.yaml.*"))
+    finally:
+        holder.communicate("", timeout=30)
+    assert _nmt(root, "profile", "demo").returncode == 0  # the run ended: the lock is free
+    assert active_profile(root) == "demo"
+
+
+def test_the_switch_first_undoes_a_killed_profile_run(root: Path) -> None:
+    """A profile run killed before it restored params.yaml would otherwise undo the switch at the next run."""
+    params = root / "params.yaml"
+    edited = params.read_text(encoding="utf-8").replace("warmup_steps: 4000", "warmup_steps: 8000")
+    params.write_text(edited, encoding="utf-8")
+    (root / SAVED).parent.mkdir(parents=True, exist_ok=True)
+    (root / SAVED).write_text(edited, encoding="utf-8")  # what a killed `nmt run --profile tiny` leaves behind
+    params.write_text(render("tiny", root), encoding="utf-8")
+    write_profile("demo", root)
+    assert not (root / SAVED).exists() and active_profile(root) == "demo"
+    assert restore_params(root) is False  # the next run finds nothing to put back over the switch
+    (backup,) = root.glob("params.yaml.*.bak")  # the hand edits the killed run replaced are kept
+    assert backup.read_text(encoding="utf-8") == edited
 
 
 def test_a_profile_with_yaml_anchors_is_refused_naming_its_line(root: Path) -> None:

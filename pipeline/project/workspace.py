@@ -1,8 +1,9 @@
-"""One pipeline run per workspace: a second flow run in the same checkout is refused at once.
+"""One pipeline run per workspace: a second flow run, or a profile switch, in the same checkout is refused at once.
 
 DVC allows one ``dvc`` process per repository at a time and fails the second with "Unable to acquire
 lock", which the flow would take for a failed stage and retry for minutes; and a second run's
-``--profile`` would rewrite ``params.yaml`` under the first. So the flow takes an exclusive
+``--profile`` (or an ``nmt profile NAME``) would rewrite ``params.yaml`` under the first, and ``dvc.lock`` would
+then record one profile's stages under another's params. So the flow and the profile switch take an exclusive
 ``flock(2)`` on ``<repo>/.dvc/tmp/nmt-pipeline.lock`` before it touches anything and holds it to the
 end. The kernel drops the lock when the holder dies, however it dies, so a killed run never leaves
 a stale lock behind. Deployments get the same guarantee across machines from their work pool's
@@ -22,15 +23,17 @@ from pathlib import Path
 from pipeline.core.errors import PipelineError
 
 LOCK_NAME = Path(".dvc") / "tmp" / "nmt-pipeline.lock"
+RUN_REMEDY = "wait for it to end or stop it, or run in another clone"
 
 
 @contextmanager
-def exclusive_run(repo: str | Path, what: str) -> Iterator[None]:
+def exclusive_run(repo: str | Path, what: str, remedy: str = RUN_REMEDY) -> Iterator[None]:
     """Hold the workspace's pipeline lock for the ``with`` block.
 
     Args:
         repo: the project checkout.
         what: what holds it, recorded in the lock file for the refusal message (e.g. the flow run id).
+        remedy: what the refusal tells the user to do.
 
     Raises:
         PipelineError: another run holds the lock (its pid, start time and description are named).
@@ -42,8 +45,8 @@ def exclusive_run(repo: str | Path, what: str) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise PipelineError(f"{path}: another pipeline run holds this workspace ({_holder(fd)}); wait for it "
-                                "to end or stop it, or run in another clone") from None
+            raise PipelineError(f"{path}: another pipeline run holds this workspace ({_holder(fd)}); "
+                                f"{remedy}") from None
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                  "what": what}).encode())
