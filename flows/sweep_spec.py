@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pipeline.core.config import flatten, params_from_dict
 from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.core.yamlfile import load_yaml
 from pipeline.project.profiles import merged_profile, profile_names
 
 MAX_VARIANTS = 64
@@ -209,13 +208,13 @@ def load_spec(path: str | Path, root: str | Path = ".") -> SweepSpec:
     """
     source, root = str(path), Path(root)
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = load_yaml(path)
     except FileNotFoundError:
         raise SpecError(source, "file not found") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(source, f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+    except OSError as exc:
+        raise SpecError(source, f"cannot be read ({exc.strerror or exc}); pass a readable file") from None
+    except ConfigError as exc:  # not YAML, an anchor or alias, too large: one line naming the place
+        raise SpecError(source, exc.problems[0]) from None
     name, profile, concurrency = _header(source, data, root)
     base = merged_profile(profile, root)
     known = flatten(base)

@@ -114,8 +114,14 @@ def test_a_bad_spec_is_refused_with_the_key_named(tmp_path: Path, spec: dict | s
 def test_a_missing_or_unreadable_spec_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"nope\.yaml: file not found$"):
         load_spec(tmp_path / "nope.yaml", REPO)
-    assert _refused(tmp_path, "name: [") == "not valid YAML at line 1, column 8: expected the node content, " \
-        "but found '<stream end>'"
+    assert _refused(tmp_path, "name: [") == "line 1, column 8: not valid YAML: while parsing a flow node: " \
+        "expected the node content, but found '<stream end>'; fix the file there"
+
+
+def test_a_spec_with_yaml_anchors_is_refused_at_the_anchor(tmp_path: Path) -> None:
+    spec = "name: s\nprofile: tiny\ngrid:\n  train.warmup_steps: &w [100, 200]\n  train.max_steps: *w\n"
+    assert _refused(tmp_path, spec) == "line 4, column 23: YAML anchors and aliases are not accepted (found &w); " \
+        "write the value out in full"
 
 
 def test_shared_stages_are_the_leading_stages_no_varied_key_touches() -> None:
