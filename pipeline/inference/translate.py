@@ -10,8 +10,8 @@ Standard input is read as fairseq-interactive reads it: the lines that have arri
 written (and flushed) whenever the input has nothing more ready (``select`` with timeout 0 on the file
 descriptor, read with ``os.read`` so that no Python buffer hides data) or :data:`STREAM_LINES` lines are
 waiting; a piped file thus still gets large batches, and a person typing gets each line back at once.
-Every option is checked before any sentence is decoded: ``--device`` before the model is loaded,
-``--attention-layer`` against the loaded model's config, ``--attention-line`` against an ``--input`` file.
+Every option is checked before any sentence is decoded: ``--device`` before the model is loaded, ``--beam``
+and ``--attention-layer`` against the loaded model's config, ``--attention-line`` against an ``--input`` file.
 
 Heavy imports (torch, the model, matplotlib) happen inside the command so ``nmt`` stays fast.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import select
 import sys
@@ -27,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from model.config import MAX_BEAM_SIZE, beam_size_problem
 from pipeline.core.errors import PipelineError
 from pipeline.inference.attention import (AttentionPick, check_attention_layer, check_attention_line,
                                           plot_cross_attention)
@@ -165,10 +167,27 @@ def translate_lines(translator: Translator | Ct2Translator, lines: Sequence[str]
     return detokenize(translator.sp, hyps), sources, hyps, truncated
 
 
+def check_beam(beam: int, vocab_size: int = 0, option: str = "--beam") -> None:
+    """Refuse a beam the search cannot run: outside 1 .. :data:`model.config.MAX_BEAM_SIZE`, or (once the model
+    is loaded) wider than its ``vocab_size`` pieces.
+
+    Raises:
+        PipelineError: one line naming ``option``.
+    """
+    if problem := beam_size_problem(beam, vocab_size):
+        raise PipelineError(f"{option} {beam!r:.40}: {problem}")
+
+
 def _check_args(args: argparse.Namespace) -> None:
     """The options that need no model and no input, each refused in one line."""
-    if args.beam < 1 or args.max_tokens < 1 or args.workers < 1 or args.threads < 0:
-        raise PipelineError("--beam, --max-tokens and --workers must be >= 1, --threads >= 0")
+    check_beam(args.beam)
+    for option, value, least in (("--max-tokens", args.max_tokens, 1), ("--workers", args.workers, 1),
+                                 ("--threads", args.threads, 0)):
+        if value < least:
+            raise PipelineError(f"{option} {value!r:.40}: must be >= {least}")
+    for option, number in (("--alpha", args.alpha), ("--max-len-a", args.max_len_a), ("--max-len-b", args.max_len_b)):
+        if not math.isfinite(number):
+            raise PipelineError(f"{option} {number}: must be a finite number")
     if not args.attention_png:
         if args.attention_layer is not None or args.attention_line is not None:
             raise PipelineError("--attention-layer and --attention-line choose what --attention-png draws: "
@@ -260,6 +279,7 @@ def run(args: argparse.Namespace) -> int:
             check_attention_line(raw, args.attention_line, args.input)
     translator = _load(args)
     try:
+        check_beam(args.beam, translator.config.vocab_size)
         _translate(args, translator, raw)
     finally:
         translator.close()  # the search workers, if --workers made any
@@ -300,7 +320,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", help="input file, one sentence per line (default: stdin, translated as lines arrive)")
     p.add_argument("--output", help="output file, written atomically at the end (default: stdout, written as "
                                     "lines are translated)")
-    p.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
+    p.add_argument("--beam", type=int, default=4,
+                   help=f"beam size, 1 to {MAX_BEAM_SIZE} and at most the vocabulary size (default 4)")
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty alpha (default 0.6)")
     p.add_argument("--max-len-a", type=float, default=1.0, help="max output length = a * source length + b")
     p.add_argument("--max-len-b", type=float, default=50, help="see --max-len-a (default 50)")
