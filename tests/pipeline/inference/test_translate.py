@@ -257,11 +257,53 @@ def test_parallel_searches_give_the_same_translations(model_file: Path, tmp_path
     assert outs[0] == outs[1] and outs[0].count("\n") == 42
 
 
-@pytest.mark.parametrize("option", [["--workers", "0"], ["--threads", "-1"]])
-def test_bad_worker_options_are_refused_before_any_work(model_file: Path, tmp_path: Path, option: list[str],
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("option", "message"), [
+    (["--workers", "0"], "--workers 0: must be >= 1"), (["--threads", "-1"], "--threads -1: must be >= 0"),
+    (["--max-tokens", "0"], "--max-tokens 0: must be >= 1"),
+    (["--beam", "0"], "--beam 0: must be an integer from 1 to 64"),
+    (["--beam", "1000000"], "--beam 1000000: must be an integer from 1 to 64"),
+    (["--alpha", "nan"], "--alpha nan: must be a finite number"),
+    (["--max-len-b", "inf"], "--max-len-b inf: must be a finite number"),
+])
+def test_bad_options_are_refused_before_any_work_naming_the_option(model_file: Path, tmp_path: Path,
+                                                                   option: list[str], message: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out.de"
     args = ["translate", "--model", str(model_file), "--input", str(model_file), "--output", str(out), *option]
     assert main(args) == 1
-    assert "error: --beam, --max-tokens and --workers must be >= 1, --threads >= 0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"error: {message} (the widest beam this project searches)"
+                                if option[0] == "--beam" else f"error: {message}"], err
     assert not out.exists()
+
+
+def _sixteen_piece_model(root: Path) -> Path:
+    """An ``averaged.pt`` whose BPE model has 16 pieces (fewer than model.config.MAX_BEAM_SIZE), built like
+    :func:`tests.helpers.models.make_averaged` from a three-letter corpus."""
+    from pipeline.average import stage
+    from pipeline.bpe import train_model
+    from pipeline.core.config import AverageConfig, BpeConfig
+    from pipeline.core.stage import run_stage
+    from tests.helpers.models import spm_vocab_size, tiny_model, write_checkpoint
+
+    (root / "bpe").mkdir(parents=True)
+    sample = root / "sample.txt"
+    sample.write_text("\n".join(["ab ba abc cab", "bac cba a b c"] * 20) + "\n", encoding="utf-8")
+    train_model(sample, root / "bpe" / "spm", BpeConfig(vocab_size=16, input_sentence_size=0), 1)
+    model = tiny_model(spm_vocab_size(root / "bpe" / "spm.model"), 0)
+    write_checkpoint(root / "train", 10, model.state_dict(), model.cfg.to_dict())
+    run_stage("average", lambda: stage(AverageConfig(last_n=1), train_dir=root / "train", bpe_dir=root / "bpe",
+                                       model_dir=root / "model"), metrics_dir=root / "metrics")
+    return root / "model" / "averaged.pt"
+
+
+def test_a_beam_wider_than_the_models_vocabulary_is_refused_before_decoding(tmp_path: Path) -> None:
+    """``--beam 301`` on a 300-piece model failed inside the search ("stack expects each tensor to be equal size")."""
+    model = _sixteen_piece_model(tmp_path / "small")
+    src, out = tmp_path / "in.en", tmp_path / "out.de"
+    src.write_text("a b c\n", encoding="utf-8")
+    proc = _nmt("--model", str(model), "--input", str(src), "--output", str(out), "--beam", "17")
+    assert proc.returncode == 1 and not out.exists()
+    assert proc.stderr.decode().splitlines() == ["error: --beam 17: must be at most the vocabulary size (16 pieces): "
+                                                 "a beam holds one hypothesis per distinct token"]
+    assert _nmt("--model", str(model), "--input", str(src), "--output", str(out), "--beam", "16").returncode == 0
