@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-import yaml
-
 from pipeline.core.errors import PipelineError
+from pipeline.core.yamlfile import load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +35,13 @@ def deployment_spec(name: str = DEFAULT_SPEC, path: Path = PREFECT_YAML) -> tupl
     """The deployment ``name`` of ``prefect.yaml`` and the file's pull steps.
 
     Raises:
-        PipelineError: no such file or deployment (the known ones are named).
+        PipelineError: no such file or deployment (the known ones are named), or the file is not valid YAML
+            or holds an anchor or alias (:func:`pipeline.core.yamlfile.load_yaml`; the line is named).
     """
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise PipelineError(f"{path}: cannot be read ({exc}); restore it from git") from None
+        data = load_yaml(path) or {}
+    except OSError as exc:
+        raise PipelineError(f"{path}: cannot be read ({exc.strerror or exc}); restore it from git") from None
     specs = {d.get("name"): d for d in data.get("deployments") or []}
     if name not in specs:
         raise PipelineError(f"{path}: no deployment {name!r}; known: {', '.join(map(str, specs))}")

@@ -12,13 +12,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pipeline.core import env, gitstate, stages
 from pipeline.core.config import Params, section_dict
-from pipeline.core.errors import DataError, PipelineError
+from pipeline.core.errors import ConfigError, DataError, PipelineError
 from pipeline.core.stage import read_json
 from pipeline.core.textio import sha256_file
+from pipeline.core.yamlfile import load_yaml
 from pipeline.inference import model_file
 
 log = logging.getLogger(__name__)
@@ -66,14 +65,15 @@ def read_yaml(path: Path) -> dict[str, Any] | None:
     """A YAML mapping, or None when the file does not exist.
 
     Raises:
-        PipelineError: the file exists but is not a valid YAML mapping (names the file).
+        PipelineError: the file exists but is not a valid YAML mapping (names the file, and the line where
+            the YAML is broken or holds an anchor or alias).
     """
     if not path.is_file():
         return None
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise PipelineError(f"{path}: not valid YAML ({exc}); restore it from git or rerun `dvc repro`") from None
+        data = load_yaml(path)
+    except ConfigError as exc:
+        raise PipelineError(f"{exc}, or restore it from git or rerun `dvc repro`") from None
     if not isinstance(data, dict):
         raise PipelineError(f"{path}: expected a YAML mapping, got {type(data).__name__}")
     return data

@@ -368,3 +368,14 @@ def test_deploy_refuses_bad_overrides_and_unknown_deployments(capsys: pytest.Cap
     assert main(["--repository", "x", "--commit", "abc", "--spec", "weekly"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and err.endswith("prefect.yaml: no deployment 'weekly'; known: nightly")
+
+
+def test_a_prefect_yaml_with_anchors_is_refused_naming_its_line(tmp_path: Path) -> None:
+    from flows.deploy import deployment_spec
+
+    path = tmp_path / "prefect.yaml"
+    path.write_text("deployments:\n- name: nightly\n  tags: &t [a]\n  parameters: {tags: *t}\n", encoding="utf-8")
+    with pytest.raises(PipelineError) as info:
+        deployment_spec("nightly", path)
+    assert str(info.value) == f"{path}: line 3, column 9: YAML anchors and aliases are not accepted (found &t); " \
+        "write the value out in full"

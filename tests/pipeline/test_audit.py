@@ -265,7 +265,10 @@ def test_audit_is_deterministic(audit_world: Path, tmp_path: Path) -> None:
     ("data/metrics/evaluate.details.json", "[1, 2]", DataError,
      "data/metrics/evaluate.details.json: expected a JSON object, got list"),
     ("data/shards/manifest.json", "", PipelineError, "data/shards/manifest.json: not valid JSON"),
-    ("dvc.lock", "stages: [unclosed", PipelineError, "dvc.lock: not valid YAML"),
+    ("dvc.lock", "stages: [unclosed", PipelineError,
+     r"dvc.lock: line 1, column \d+: not valid YAML: .*; fix the file there, or restore it from git"),
+    ("dvc.lock", "a: &x [1]\nb: *x\n", PipelineError,
+     r"dvc.lock: line 1, column 4: YAML anchors and aliases are not accepted \(found &x\)"),
     ("data/model/averaged.pt", "garbage", CheckpointError, "data/model/averaged.pt: not a checkpoint written by this pipeline"),
 ])
 def test_malformed_inputs_are_named_and_nothing_is_written(audit_world: Path, tmp_path: Path, target: str, content: str,
