@@ -44,18 +44,35 @@ def skipped_incomplete(train_dir: str | Path, chosen: list[Path]) -> list[Path]:
     return [p for s, p in checkpoint.incomplete_checkpoints(train_dir) if s > oldest]
 
 
-def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+def corrupt_remedy(folder: Path, window: int) -> str:
+    """What to do about a corrupt checkpoint among the ``window`` newest that averaging uses: delete it, and
+    which checkpoints a rerun then averages (the ``window`` newest of the others)."""
+    others = [p.name for p in complete_checkpoints(folder.parent) if p != folder][-window:]
+    if not others:
+        return (f"delete the folder {folder} (or move it away) and retrain (`dvc repro train`): it is the only "
+                "complete checkpoint")
+    return (f"delete the folder {folder} (or move it away) and rerun `dvc repro average`: it then averages "
+            f"{', '.join(others)}")
+
+
+def load_state_dict(path: Path, *, remedy: str | None = None) -> dict[str, torch.Tensor]:
     """Load a ``model.pt`` state_dict on CPU with ``weights_only=True``, after checking it against the size
     and sha256 its folder's ``state.json`` recorded at save (:func:`pipeline.training.checkpoint.verify`;
-    checkpoints from before hashes were recorded are checked by size only).
+    a checkpoint without those records is refused).
+
+    Args:
+        path: ``<step folder>/model.pt``.
+        remedy: what to do about a corrupt file (default: delete the folder and resume training from the newest
+            other checkpoint; averaging names what it then averages: :func:`corrupt_remedy`).
 
     Raises:
-        CheckpointError: the file is missing, truncated, changed since it was saved, or not a state_dict of
-            tensors.
+        CheckpointError: the file is missing, truncated, changed since it was saved, without a recorded sha256,
+            or not a state_dict of tensors.
     """
-    checkpoint.verify(path.parent, path.name)
-    state = torchfile.load(path, remedy=f"the file is truncated or corrupt: delete the folder {path.parent} and rerun",
-                           missing=f"missing although DONE exists; delete the folder {path.parent}")
+    fix = remedy or checkpoint.corrupt_remedy(path.parent)
+    checkpoint.verify(path.parent, path.name, remedy=fix)
+    state = torchfile.load(path, remedy=f"the file is truncated or corrupt: {fix}",
+                           missing="missing although DONE exists")
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: not a state_dict of tensors; was it written by the train stage?")
     return state
@@ -92,10 +109,10 @@ def average_state_dicts(paths: list[Path]) -> dict[str, torch.Tensor]:
     """
     if not paths:
         raise CheckpointError("no checkpoints to average")
-    first = load_state_dict(paths[0])
+    first = load_state_dict(paths[0], remedy=corrupt_remedy(paths[0].parent, len(paths)))
     sums = {k: v.to(torch.float32, copy=True) if v.is_floating_point() else v for k, v in first.items()}
     for path in paths[1:]:
-        state = load_state_dict(path)
+        state = load_state_dict(path, remedy=corrupt_remedy(path.parent, len(paths)))
         _check_same_layout(first, paths[0], state, path)
         for key, value in state.items():
             sums[key] = sums[key].add_(value.to(torch.float32)) if value.is_floating_point() else value

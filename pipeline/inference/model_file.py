@@ -8,8 +8,8 @@ it; decoding, ``nmt translate``, the MLflow translator, register and the audit :
 ``sha256`` is the digest of the contents (:func:`content_sha256`: every tensor's name, dtype, shape and
 bytes, the config as sorted JSON, the BPE model), recorded at save and checked at every read, so bytes
 changed after the fact (bit rot, a bad copy) are refused although the file still unpickles; the file
-stays self-contained and byte-identical for equal contents. Files from before the digest was recorded
-(no ``sha256`` key) are accepted unchecked.
+stays self-contained and byte-identical for equal contents. A file without the ``sha256`` key (from before
+the digest was recorded, or edited) is refused: a missing digest never skips the check.
 """
 
 from __future__ import annotations
@@ -81,14 +81,16 @@ def _read(path: Path, *, mmap: bool = False) -> dict[str, Any]:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: no 'model' state_dict of tensors; was it written by the average stage?")
     recorded = blob.get("sha256")
-    if recorded is not None:
-        try:
-            actual = content_sha256(state, blob["config"], blob["spm"])
-        except (TypeError, ValueError, RuntimeError):
-            actual = None
-        if actual != recorded:
-            raise CheckpointError(f"{path}: content does not match the sha256 recorded at save (bit rot, a bad copy "
-                                  f"or an edit?); {REMEDY}")
+    if not isinstance(recorded, str):
+        raise CheckpointError(f"{path}: no 'sha256' key, so its content cannot be checked (written by an older "
+                              f"version, or edited); {REMEDY}")
+    try:
+        actual = content_sha256(state, blob["config"], blob["spm"])
+    except (TypeError, ValueError, RuntimeError):
+        actual = None
+    if actual != recorded:
+        raise CheckpointError(f"{path}: content does not match the sha256 recorded at save (bit rot, a bad copy "
+                              f"or an edit?); {REMEDY}")
     return blob
 
 
@@ -96,8 +98,8 @@ def load(path: str | Path, *, mmap: bool = False) -> ModelFile:
     """Read and check the file (weights not yet fitted to a model: see :func:`build_model`).
 
     Raises:
-        CheckpointError: missing, truncated or corrupt file, contents that do not match the sha256 recorded
-            at save, or not the average stage's format (names the path and the remedy).
+        CheckpointError: missing, truncated or corrupt file, no ``sha256`` key or contents that do not match
+            the sha256 recorded at save, or not the average stage's format (names the path and the remedy).
     """
     path = Path(path)
     blob = _read(path, mmap=mmap)

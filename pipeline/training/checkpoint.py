@@ -6,7 +6,8 @@ place, so a crash leaves either a complete folder or nothing; a ``step-*`` folde
 ``DONE`` (from an older or foreign writer) does not exist for the loader and is deleted by
 :func:`clean_incomplete`. ``state.json`` records the byte size and sha256 of ``model.pt`` and
 ``optim.pt`` (``files``), checked before every load (:func:`verify`): a file truncated or changed
-after the fact (a full disk, a copy cut short, bit rot) is named before unpickling. A disk that fills
+after the fact (a full disk, a copy cut short, bit rot) is named before unpickling, and a ``state.json``
+without those records (an older writer, or an edit) is refused rather than skipped. A disk that fills
 up during the save is one :class:`OutputError` naming the file and the checkpoint a rerun resumes from.
 Everything is loaded with ``torch.load(weights_only=True)``. Fault-injection points
 (:mod:`pipeline.training.faults`): ``before_save``, ``mid_save``, ``after_save``.
@@ -202,13 +203,14 @@ def read_state(folder: str | Path) -> dict[str, Any]:
     try:
         return json.loads((folder / STATE).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{folder / STATE}: unreadable ({exc}); {_remedy(folder)}") from None
+        raise CheckpointError(f"{folder / STATE}: unreadable ({exc}); {corrupt_remedy(folder)}") from None
 
 
-def _remedy(folder: Path) -> str:
-    """What to do about a corrupt complete checkpoint: delete it, naming the one the run then resumes from."""
-    older = [p for s, p in complete_checkpoints(folder.parent) if p.name < folder.name]
-    then = f"from {older[-1].name}" if older else "from scratch (it is the only checkpoint)"
+def corrupt_remedy(folder: Path) -> str:
+    """What to do about a corrupt complete checkpoint: delete it, naming the one the run then resumes from (the
+    newest of the others: training always resumes from the newest complete checkpoint)."""
+    others = [p for _, p in complete_checkpoints(folder.parent) if p != folder]
+    then = f"from {others[-1].name}" if others else "from scratch (it is the only checkpoint)"
     return f"delete the folder {folder} (or move it away) and rerun to resume {then}"
 
 
@@ -220,46 +222,67 @@ def load_tensors(folder: str | Path, name: str, device: torch.device | str = "cp
         raise CheckpointError(f"{folder}: no {DONE} marker; the checkpoint is incomplete and cannot be loaded")
     verify(folder, name)
     return torchfile.load(folder / name, map_location=device, what="cannot be loaded with weights_only=True",
-                          remedy=_remedy(folder))
+                          remedy=corrupt_remedy(folder))
 
 
-def verify(folder: str | Path, name: str) -> None:
+def recorded_file(folder: str | Path, name: str, *, remedy: str | None = None) -> tuple[int, str]:
+    """The byte size and sha256 of ``folder/name`` that ``state.json`` recorded at save (``files.<name>``).
+
+    Raises:
+        CheckpointError: ``state.json`` unreadable, or no ``files.<name>.bytes`` integer or
+            ``files.<name>.sha256`` string (a checkpoint from before sizes and hashes were recorded, or an
+            edited ``state.json``): one line naming the file, the key and ``remedy`` (default: delete the
+            folder and resume from the newest other checkpoint).
+    """
+    folder = Path(folder)
+    remedy = remedy or corrupt_remedy(folder)
+    try:
+        state = json.loads((folder / STATE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{folder / STATE}: unreadable ({type(exc).__name__}); {remedy}") from None
+    files = state.get("files") if isinstance(state, dict) else None
+    recorded = files.get(name) if isinstance(files, dict) else None
+    size = recorded.get("bytes") if isinstance(recorded, dict) else None
+    digest = recorded.get("sha256") if isinstance(recorded, dict) else None
+    for key, value, kind in (("sha256", digest, str), ("bytes", size, int)):
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise CheckpointError(f"{folder / STATE}: no files.{name}.{key} recorded, so {name} cannot be checked "
+                                  f"(written by an older version, or edited); {remedy}")
+    return size, digest  # type: ignore[return-value]
+
+
+def verify(folder: str | Path, name: str, *, remedy: str | None = None) -> None:
     """Check ``folder/name`` against the size and sha256 that ``state.json`` recorded at save.
 
     A file shorter than recorded is named as truncated, one of another size or other bytes (bit rot,
-    a bad copy, an edit) as not matching. Checkpoints from before hashes were recorded (``files``
-    holding a bare byte count) are checked by size only, and those with no ``files`` record (or no
-    readable ``state.json``: :func:`read_state` names that on resume) are not checked.
+    a bad copy, an edit) as not matching. A ``state.json`` without both records for ``name`` (from before
+    hashes were recorded, or edited) is refused too: a missing digest never skips the check.
+
+    Args:
+        folder: the checkpoint folder.
+        name: ``model.pt`` or ``optim.pt``.
+        remedy: what the message tells the user to do (default: delete the folder and resume from the
+            newest other checkpoint).
 
     Raises:
-        CheckpointError: one line naming the file, what is wrong and the remedy (delete the folder and
-            resume from the previous checkpoint).
+        CheckpointError: one line naming the file (or ``state.json`` and the key), what is wrong and the remedy.
     """
     folder = Path(folder)
-    try:
-        files = json.loads((folder / STATE).read_text(encoding="utf-8")).get("files")
-        recorded = files.get(name) if isinstance(files, dict) else None
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return
-    if isinstance(recorded, dict):
-        size, digest = recorded.get("bytes"), recorded.get("sha256")
-    else:
-        size, digest = recorded, None
-    if not isinstance(size, int):
-        return
+    remedy = remedy or corrupt_remedy(folder)
+    size, digest = recorded_file(folder, name, remedy=remedy)
     try:
         actual = (folder / name).stat().st_size
     except OSError:
-        raise CheckpointError(f"{folder / name}: missing although {DONE} exists; {_remedy(folder)}") from None
+        raise CheckpointError(f"{folder / name}: missing although {DONE} exists; {remedy}") from None
     if actual < size:
         raise CheckpointError(f"{folder / name}: truncated ({actual} of the {size} bytes written; a full "
-                              f"disk or an interrupted copy?); {_remedy(folder)}")
+                              f"disk or an interrupted copy?); {remedy}")
     if actual != size:
         raise CheckpointError(f"{folder / name}: {actual} bytes, but {size} were written at save (overwritten or "
-                              f"a bad copy?); {_remedy(folder)}")
-    if isinstance(digest, str) and sha256_file(folder / name) != digest:
+                              f"a bad copy?); {remedy}")
+    if sha256_file(folder / name) != digest:
         raise CheckpointError(f"{folder / name}: content does not match the sha256 recorded at save (bit rot, a "
-                              f"bad copy or an edit?); {_remedy(folder)}")
+                              f"bad copy or an edit?); {remedy}")
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:

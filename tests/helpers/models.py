@@ -6,6 +6,7 @@ complete ``averaged.pt`` built by the average stage itself.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from pathlib import Path
 
@@ -62,11 +63,14 @@ def tiny_model(vocab_size: int, seed: int, **overrides: object) -> Transformer:
 
 def write_checkpoint(train_dir: Path, step: int, state_dict: dict[str, torch.Tensor],
                      model_section: dict | None = None, done: bool = True) -> Path:
-    """A checkpoint folder as the train stage writes it (model.pt, state.json, DONE last)."""
+    """A checkpoint folder as the train stage writes it (model.pt, state.json recording its size and sha256,
+    DONE last)."""
     folder = train_dir / f"step-{step:08d}"
     folder.mkdir(parents=True)
     torch.save(state_dict, folder / "model.pt")
-    state = {"step": step, "config": {"model": model_section or TINY_MODEL, "train": {}, "seed": 1}}
+    data = (folder / "model.pt").read_bytes()
+    state = {"step": step, "config": {"model": model_section or TINY_MODEL, "train": {}, "seed": 1},
+             "files": {"model.pt": {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}}}
     (folder / "state.json").write_text(json.dumps(state), encoding="utf-8")
     if done:
         (folder / "DONE").write_text("", encoding="utf-8")

@@ -65,9 +65,8 @@ def test_integer_buffers_come_from_the_newest_and_floats_are_averaged_in_fp32(tm
            "mask": torch.tensor([True, False])}
     new = {"w": torch.tensor([2.0, 3.0], dtype=torch.bfloat16), "n": torch.tensor([7, 9]),
            "mask": torch.tensor([False, True])}
-    torch.save(old, tmp_path / "old.pt")
-    torch.save(new, tmp_path / "new.pt")
-    avg = average_state_dicts([tmp_path / "old.pt", tmp_path / "new.pt"])
+    avg = average_state_dicts([write_checkpoint(tmp_path, 1, old) / "model.pt",
+                               write_checkpoint(tmp_path, 2, new) / "model.pt"])
     assert avg["w"].dtype == torch.bfloat16
     assert avg["w"].tolist() == [1.5, 2.5]
     assert avg["n"].tolist() == [7, 9] and avg["n"].dtype == torch.int64
@@ -141,7 +140,7 @@ def test_corrupt_checkpoint_and_no_checkpoint_are_clear_errors(tmp_path: Path, s
     folder = write_checkpoint(tmp_path / "train", 1, {"w": torch.zeros(1000)})
     data = (folder / "model.pt").read_bytes()
     (folder / "model.pt").write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match=r"step-00000001/model\.pt: cannot be read .*truncated or corrupt"):
+    with pytest.raises(CheckpointError, match=r"step-00000001/model\.pt: truncated \(\d+ of the \d+ bytes written"):
         _run(tmp_path, spm_dir, last_n=1)
     assert not (tmp_path / "model" / AVERAGED_NAME).exists()
 
@@ -163,8 +162,46 @@ def test_flipped_bytes_in_a_checkpoint_are_refused_naming_file_and_remedy(tmp_pa
         folder = _saved_checkpoint(tmp_path / "train", step, tiny_model(vocab, step))
     flip_in_largest_record(folder / "model.pt")
     with pytest.raises(CheckpointError, match=r"step-00000002/model\.pt: content does not match the sha256 recorded "
-                                              r"at save .*delete the folder .*step-00000002.* from step-00000001"):
+                                              r"at save .*delete the folder .*step-00000002 .*rerun `dvc repro "
+                                              r"average`: it then averages step-00000001$"):
         _run(tmp_path, spm_dir, last_n=2)
+    assert not (tmp_path / "model" / AVERAGED_NAME).exists()
+
+
+@pytest.mark.parametrize(("corrupt", "then"), [(2, "step-00000001, step-00000003"),
+                                                (3, "step-00000001, step-00000002")])
+def test_the_remedy_for_a_corrupt_checkpoint_names_what_a_rerun_averages(tmp_path: Path, spm_dir: Path, corrupt: int,
+                                                                         then: str) -> None:
+    from tests.helpers.corruption import flip_in_largest_record
+
+    vocab = spm_vocab_size(spm_dir / "spm.model")
+    folders = {step: _saved_checkpoint(tmp_path / "train", step, tiny_model(vocab, step)) for step in (1, 2, 3)}
+    flip_in_largest_record(folders[corrupt] / "model.pt")
+    with pytest.raises(CheckpointError) as info:
+        _run(tmp_path, spm_dir, last_n=2)
+    assert str(info.value) == (
+        f"{folders[corrupt] / 'model.pt'}: content does not match the sha256 recorded at save (bit rot, a bad copy "
+        f"or an edit?); delete the folder {folders[corrupt]} (or move it away) and rerun `dvc repro average`: it "
+        f"then averages {then}")
+
+
+def test_a_renamed_sha256_key_in_state_json_is_refused_not_skipped(tmp_path: Path, spm_dir: Path) -> None:
+    import json
+
+    from tests.helpers.corruption import flip_in_largest_record
+
+    vocab = spm_vocab_size(spm_dir / "spm.model")
+    folder = _saved_checkpoint(tmp_path / "train", 1, tiny_model(vocab, 1))
+    state = json.loads((folder / "state.json").read_text())
+    state["files"]["model.pt"]["sha257"] = state["files"]["model.pt"].pop("sha256")
+    (folder / "state.json").write_text(json.dumps(state))
+    flip_in_largest_record(folder / "model.pt")
+    with pytest.raises(CheckpointError) as info:
+        _run(tmp_path, spm_dir, last_n=1)
+    assert str(info.value) == (
+        f"{folder / 'state.json'}: no files.model.pt.sha256 recorded, so model.pt cannot be checked (written by an "
+        f"older version, or edited); delete the folder {folder} (or move it away) and retrain (`dvc repro train`): "
+        "it is the only complete checkpoint")
     assert not (tmp_path / "model" / AVERAGED_NAME).exists()
 
 

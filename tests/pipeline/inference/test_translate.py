@@ -217,15 +217,26 @@ def test_flipped_bytes_in_the_model_file_are_refused_naming_file_and_remedy(mode
     assert f"error: {broken}: content does not match the sha256 recorded at save" in proc.stderr.decode()
 
 
-def test_a_model_file_without_a_recorded_sha256_still_loads(model_file: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("key", [None, "sha257"])
+def test_a_model_file_without_a_recorded_sha256_is_refused_not_skipped(model_file: Path, tmp_path: Path,
+                                                                       key: str | None) -> None:
     import torch
 
     from pipeline.inference import model_file as mf
 
     blob = torch.load(model_file, weights_only=True)
-    old = tmp_path / "old.pt"
-    torch.save({k: blob[k] for k in mf.KEYS}, old)
-    assert mf.load(old).spm == blob["spm"]
+    weights = {name: tensor.clone() for name, tensor in blob["model"].items()}
+    weights["embed.weight"][0] += 1.0  # flipped weights that a skipped check would accept
+    old = tmp_path / "averaged.pt"
+    torch.save({"model": weights, "config": blob["config"], "spm": blob["spm"],
+                **({key: blob["sha256"]} if key else {})}, old)  # the key absent, or renamed by one byte
+    with pytest.raises(CheckpointError) as info:
+        mf.load(old)
+    assert str(info.value) == (f"{old}: no 'sha256' key, so its content cannot be checked (written by an older "
+                               "version, or edited); rerun `dvc repro average` (or copy the file again)")
+    proc = _nmt("--model", str(old), stdin=b"Hello\n")
+    assert proc.returncode == 1 and proc.stdout == b""
+    assert proc.stderr.decode().splitlines() == [f"error: {info.value}"]
 
 
 def test_a_file_that_is_not_a_model_is_named_without_torch_advice(tmp_path: Path) -> None:

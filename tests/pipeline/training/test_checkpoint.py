@@ -75,16 +75,21 @@ def test_unwrap_strips_ddp_and_compile_prefixes():
     assert checkpoint.unwrap_state_dict(sd) == {"a.weight": 1, "b": 2, "c": 3}
 
 
-def _forget_hashes(folder: Path) -> None:
+def _record_again(folder: Path) -> None:
+    """Record the files' current sizes and hashes in state.json, as a foreign writer would."""
+    import hashlib
+
     state = json.loads((folder / checkpoint.STATE).read_text())
-    state.pop("files", None)
+    names = (checkpoint.MODEL, checkpoint.OPTIM)
+    state["files"] = {name: {"bytes": len(data := (folder / name).read_bytes()),
+                             "sha256": hashlib.sha256(data).hexdigest()} for name in names}
     (folder / checkpoint.STATE).write_text(json.dumps(state))
 
 
 def test_pickled_objects_are_refused(tmp_path):
     folder = _save(tmp_path, 1)
     torch.save({"w": torch.zeros(1), "obj": Path("x")}, folder / "model.pt")  # not weights-only
-    _forget_hashes(folder)  # as if written so by an older or foreign writer (else the sha256 check names it)
+    _record_again(folder)  # as if written so by a foreign writer (else the sha256 check names it)
     expected = (r"model.pt: not a checkpoint written by this pipeline \(it holds Python objects, not only "
                 r"tensors: GLOBAL pathlib.PosixPath\); .*move .* away")
     with pytest.raises(CheckpointError, match=expected):
@@ -144,16 +149,41 @@ def test_flipped_bytes_of_the_same_size_are_refused_naming_file_and_remedy(tmp_p
     assert "\n" not in str(info.value)
 
 
-def test_old_checkpoints_without_hashes_load_with_the_size_check_only(tmp_path):
-    folder = _save_big(tmp_path, 1)
+@pytest.mark.parametrize("edit", ["bare size", "renamed sha256", "no files", "renamed bytes"])
+def test_a_state_json_without_a_recorded_size_or_sha256_is_refused_naming_the_key(tmp_path, edit):
+    _save_big(tmp_path, 1)
+    folder = _save_big(tmp_path, 2)
     state = json.loads((folder / checkpoint.STATE).read_text())
-    state["files"] = {name: (folder / name).stat().st_size for name in (checkpoint.MODEL, checkpoint.OPTIM)}
+    files = state["files"]
+    if edit == "bare size":  # the layout of checkpoints from before hashes were recorded
+        state["files"] = {name: files[name]["bytes"] for name in files}
+    elif edit == "renamed sha256":  # one byte of state.json changed
+        files[checkpoint.MODEL]["sha257"] = files[checkpoint.MODEL].pop("sha256")
+    elif edit == "renamed bytes":
+        files[checkpoint.MODEL]["bytez"] = files[checkpoint.MODEL].pop("bytes")
+    else:
+        del state["files"]
     (folder / checkpoint.STATE).write_text(json.dumps(state))
-    assert torch.equal(checkpoint.load_tensors(folder, checkpoint.MODEL)["w"], torch.arange(4096.0) + 1)
-    data = (folder / checkpoint.MODEL).read_bytes()
-    (folder / checkpoint.MODEL).write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match=r"model\.pt: truncated \(\d+ of the \d+ bytes written"):
+    from tests.helpers.corruption import flip_in_largest_record
+
+    flip_in_largest_record(folder / checkpoint.MODEL)  # what a check that was skipped would let through
+    key = "bytes" if edit == "renamed bytes" else "sha256"
+    expected = (rf"^{folder / checkpoint.STATE}: no files\.model\.pt\.{key} recorded, so model\.pt cannot be "
+                rf"checked \(written by an older version, or edited\); delete the folder .*step-00000002 .*resume "
+                rf"from step-00000001$")
+    with pytest.raises(CheckpointError, match=expected) as info:
         checkpoint.load_tensors(folder, checkpoint.MODEL)
+    assert "\n" not in str(info.value)
+
+
+def test_the_remedy_for_a_corrupt_older_checkpoint_names_the_newest_as_the_resume_point(tmp_path):
+    from tests.helpers.corruption import flip_in_largest_record
+
+    folders = [_save_big(tmp_path, step) for step in (1, 2, 3)]
+    flip_in_largest_record(folders[0] / checkpoint.MODEL)
+    with pytest.raises(CheckpointError, match=r"step-00000001 \(or move it away\) and rerun to resume from "
+                                              r"step-00000003$"):
+        checkpoint.verify(folders[0], checkpoint.MODEL)
 
 
 DISK_FULL = ("[enforce fail at inline_container.cc:672] . unexpected pos 8768 vs 8674\n"
@@ -227,7 +257,7 @@ def test_a_file_that_is_not_a_checkpoint_is_named_without_torch_advice(tmp_path)
     folder = _save(tmp_path, 1)
     with open(folder / "model.pt", "wb") as fh:
         pickle.dump({"w": Path("x")}, fh)
-    _forget_hashes(folder)
+    _record_again(folder)
     with pytest.raises(CheckpointError) as info:
         checkpoint.load_tensors(folder, checkpoint.MODEL)
     message = str(info.value)
