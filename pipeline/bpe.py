@@ -164,7 +164,7 @@ def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path) -> dict
     no_text = f"{files[0]} and {files[1]} hold no text; rerun `dvc repro clean`"
     if len(sample.chosen) == 0:
         raise DataError(no_text)
-    with atomic_path(bpe_dir) as tmp:
+    with atomic_path(bpe_dir, role="bpe") as tmp:
         tmp.mkdir()
         log.info("bpe: training a %d-piece model on up to %d sentences with %d threads (SentencePiece reads "
                  "them all, then learns the merges without reporting progress)", cfg.vocab_size, len(sample.chosen),

@@ -338,7 +338,7 @@ def stage(cfg: CleanConfig, *, raw_dir: str | Path, clean_dir: str | Path) -> di
         _raw_files(raw_dir, split)
     metrics: dict = {}
     workers = clean_workers()
-    with atomic_path(clean_dir) as tmp:
+    with atomic_path(clean_dir, role="clean") as tmp:
         tmp.mkdir()
         for split in SPLITS:
             metrics[split] = clean_split(cfg, split, raw_dir, tmp, workers)

@@ -1,8 +1,10 @@
 """Stage ``download``: fetch a dataset's parallel text into ``<paths.raw>/{train,valid,test}.{en,de}``.
 
-Each source file is looked up, in order, as ``$NMT_DATA_MIRROR/<dataset>/<path>`` (an extracted
-file), ``$NMT_DATA_MIRROR/<dataset>/<archive name>``, then its upstream URL (through the download
-cache ``$NMT_DOWNLOAD_CACHE``, default ``<repo>/.cache/downloads``). The outputs and
+With ``NMT_DATA_MIRROR`` set, each source file is looked up, in order, as
+``$NMT_DATA_MIRROR/<dataset>/<path>`` (an extracted file), then ``$NMT_DATA_MIRROR/<dataset>/<archive name>``;
+a file in neither place is an error naming both (a mirror is never silently bypassed). Without a mirror,
+each comes from its upstream URL (through the download cache ``$NMT_DOWNLOAD_CACHE``, default
+``<repo>/.cache/downloads``). The outputs and
 ``manifest.json`` depend only on the files' bytes, never on where they were found, so a mirror run
 and a network run are byte-identical. The whole raw folder is built under a temporary sibling and
 renamed into place: a failure leaves the previous outputs (or nothing) behind.
@@ -39,6 +41,7 @@ from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, newest_file, pid_alive, read_lines, write_error
 from pipeline.data.fetch import (
     CorruptArchive,
+    HostNotFound,
     NotFound,
     RetryPolicy,
     Unreachable,
@@ -73,18 +76,37 @@ class FetchEnv:
 
         Raises:
             ConfigError: a malformed ``NMT_*`` variable (named, with what is expected).
-            DownloadError: the mirror is neither an existing folder nor an http(s) URL.
+            DownloadError: the mirror is neither an existing folder nor a valid http(s) URL.
         """
         env = env_settings()
         mirror = env.data_mirror  # a file:// prefix is already stripped
         auth = None
         if mirror and re.match(r"^https?://", mirror):
+            _check_mirror_url(mirror)
             mirror, auth = split_userinfo(mirror)
         elif mirror and not Path(mirror).is_dir():
             raise DownloadError(f"NMT_DATA_MIRROR={split_userinfo(mirror)[0]!r} is neither a directory nor an "
                                 "http(s) URL; fix or unset it")
         return cls(mirror=mirror, cache_dir=env.download_cache, auth=auth,
                    policy=RetryPolicy(retries=cfg.retries, timeout_s=cfg.timeout_s, backoff_s=env.download_backoff_s))
+
+
+def _check_mirror_url(url: str) -> None:
+    """Refuse an http(s) mirror URL that ``urllib`` cannot take apart (``http://[::1``, a bad port, no host).
+
+    Raises:
+        DownloadError: naming ``NMT_DATA_MIRROR`` and the URL (any ``user:password@`` masked).
+    """
+    try:
+        parts = urlsplit(url)
+        problem = None if parts.hostname else "it has no host"
+        _ = parts.port  # a port that is not a number in 0..65535 raises here
+    except ValueError as exc:
+        problem = str(exc)
+    if problem:
+        shown = re.sub(r"^(https?://)[^/]*@", r"\1***@", url)
+        raise DownloadError(f"NMT_DATA_MIRROR={shown!r} is not a valid URL ({problem}); set it to a folder or an "
+                            "http(s) base URL such as https://host/data, or unset it")
 
 
 def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
@@ -238,7 +260,27 @@ def _from_mirror(env: FetchEnv, rel: str) -> Located | None:
             _fetch(env, url, dest)
         except NotFound:
             return None
+        except (HostNotFound, Unreachable) as exc:
+            raise DownloadError(f"{exc}; check NMT_DATA_MIRROR, or unset it to download from upstream") from None
     return Located(dest, "mirror", dest, cached=True)
+
+
+def _from_mirror_or_upstream(env: FetchEnv, spec: DatasetSpec, sf: SourceFile, tried: str) -> Located:
+    """``sf``'s download unit (its archive, or the plain file) from the mirror, else from upstream when no
+    mirror is set; ``tried``: the ``<dataset>/<path>`` already looked for in the mirror.
+
+    Raises:
+        DownloadError: a mirror is set and holds neither ``tried`` nor ``<dataset>/<archive name>``.
+    """
+    if env.mirror is None:
+        return _fetch_upstream(env, spec, sf)
+    rel = f"{spec.name}/{sf.url_name}"
+    found = _from_mirror(env, rel)
+    if found is None:
+        looked = " nor ".join(dict.fromkeys((tried, rel)))
+        raise DownloadError(f"NMT_DATA_MIRROR={env.mirror}: holds neither {looked}; add one of them to the mirror, "
+                            f"or unset NMT_DATA_MIRROR to download {sf.url}")
+    return found
 
 
 def _fetch_upstream(env: FetchEnv, spec: DatasetSpec, sf: SourceFile) -> Located:
@@ -248,13 +290,13 @@ def _fetch_upstream(env: FetchEnv, spec: DatasetSpec, sf: SourceFile) -> Located
         return Located(dest, "cache", dest, cached=True)
     try:
         return Located(_fetch(env, sf.url, dest), "network", dest, cached=True)
-    except Unreachable as exc:
+    except (Unreachable, HostNotFound) as exc:
         raise DownloadError(f"{exc}; {_mirror_hint(spec, sf)}") from None
 
 
 def _locate(env: FetchEnv, spec: DatasetSpec, staging: Path, archives: dict[str, dict[str, Any]],
             expected: dict[str, list[Expectation]]) -> dict[SourceFile, Located]:
-    """Find every source file's bytes: mirror (extracted), mirror (archive), cache, network."""
+    """Find every source file's bytes: mirror (extracted), mirror (archive); with no mirror, cache or network."""
     located: dict[SourceFile, Located] = {}
     by_archive: dict[str, list[SourceFile]] = {}
     for _, _, _, sf in spec.files():
@@ -266,9 +308,9 @@ def _locate(env: FetchEnv, spec: DatasetSpec, staging: Path, archives: dict[str,
         elif sf.archive:
             by_archive.setdefault(sf.url, []).append(sf)
         else:
-            located[sf] = _from_mirror(env, f"{spec.name}/{sf.url_name}") or _fetch_upstream(env, spec, sf)
+            located[sf] = _from_mirror_or_upstream(env, spec, sf, f"{spec.name}/{sf.path}")
     # fetch every archive before unpacking any, so one bad archive does not hold up the others' downloads
-    wheres = {url: _from_mirror(env, f"{spec.name}/{files[0].url_name}") or _fetch_upstream(env, spec, files[0])
+    wheres = {url: _from_mirror_or_upstream(env, spec, files[0], f"{spec.name}/{files[0].path}")
               for url, files in by_archive.items()}
     for url, files in by_archive.items():
         first, where = files[0], wheres[url]
@@ -372,7 +414,7 @@ def stage(cfg: DownloadConfig, *, raw_dir: Path, sources: DatasetSpec | None = N
         located = _locate(env, spec, staging, archives, expected)
         files: list[dict[str, Any]] = []
         outputs: dict[str, Any] = {}
-        with atomic_path(raw_dir) as out_dir:
+        with atomic_path(raw_dir, role="raw") as out_dir:
             out_dir.mkdir()
             for split in SPLITS:
                 entries, outs = _write_split(split, spec.split(split), located, out_dir, staging, expected)

@@ -261,7 +261,7 @@ def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shar
         raise DataError(f"{spm_model}: not a SentencePiece model ({exc}); rerun `dvc repro bpe`") from None
     workers = encode_workers()
     start = time.monotonic()
-    with atomic_path(shards_dir) as tmp:
+    with atomic_path(shards_dir, role="shards") as tmp:
         for split in SPLITS:
             (tmp / split).mkdir(parents=True)
         tasks, lines = plan_tasks(cfg, clean_dir, spm_model.resolve(), spm_sha256, tmp, workers)

@@ -3,8 +3,9 @@
 Every unknown, missing, mistyped or out-of-range key is collected and reported together in one
 :class:`ConfigError` that names each key by its dotted path, one line per problem. Each numeric key's
 valid range is in :data:`RANGES` (checked once the key's type is right; a test makes every numeric
-field have one), and every ``paths.*`` value must lie inside one of :data:`OUTPUT_ROOTS`. Cross-field
-rules live in ``__post_init__`` of the section they concern (they run only once every key is valid).
+field have one), and every ``paths.*`` value must lie inside one of :data:`OUTPUT_ROOTS` (the layout as a
+whole, overlaps and other profiles included, is :mod:`pipeline.core.paths`'s, checked by :func:`load_params`).
+Cross-field rules live in ``__post_init__`` of the section they concern (they run only once every key is valid).
 Derived values (vocabulary size, forward passes per step) are computed elsewhere, never stored. The
 ``model`` section validates into the network's own :class:`model.config.TransformerConfig` (its
 derived fields, the vocabulary size and special ids, are not params).
@@ -23,6 +24,7 @@ from typing import Any, Literal
 
 from model.config import DERIVED, MAX_BEAM_SIZE, MAX_WEIGHTS, TransformerConfig, beam_size_problem
 from pipeline.core.errors import ConfigError
+from pipeline.core.paths import layout_problems
 from pipeline.core.yamlfile import load_yaml
 
 DATASETS = ("wmt14", "multi30k")
@@ -33,16 +35,16 @@ MOVED_TO_ENV = {"train.max_tokens": "NMT_MAX_TOKENS"}
 #: The git-ignored output folders: every ``paths.*`` value lies strictly inside one of them, so a stage
 #: that clears its output can never delete tracked files (docs/, src/) or write outside the repository.
 OUTPUT_ROOTS = ("data", "runs", "metrics", "plots", "reports")
-PATH_RULE = (f"a relative path without '..' inside one of {', '.join(r + '/' for r in OUTPUT_ROOTS)}, "
-             "or an absolute path outside the checkout")
+PATH_RULE = (f"a relative path without '..' inside one of {', '.join(r + '/' for r in OUTPUT_ROOTS)}; "
+             "an absolute path only for a params file kept outside the checkout, inside that file's folder")
 
 
 def path_problem(value: str) -> str | None:
     """Why ``value`` may not be a ``paths.*`` setting, or None if it may.
 
-    A relative path must lie inside one of :data:`OUTPUT_ROOTS` of the checkout (no ``..``). An
-    absolute path is a deliberate choice of another disk (a scratch file system) and is accepted when
-    it lies outside the checkout; inside it, it is refused like a relative path outside the output folders.
+    A relative path must lie inside one of :data:`OUTPUT_ROOTS` of the checkout (no ``..``). An absolute
+    path inside the checkout is refused like a relative path outside the output folders; one outside it
+    passes this per-key rule, and :func:`load_params` then accepts it only inside the params file's folder.
     """
     parts = PurePosixPath(value).parts
     if value.startswith(("/", "\\")) or PurePosixPath(value).is_absolute():
@@ -452,7 +454,11 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         raise ConfigError(str(path), ["file not found: run from the repository root or pass --params"]) from None
     except OSError as exc:
         raise ConfigError(str(path), [f"cannot be read ({exc.strerror or exc}); pass a readable file"]) from None
-    return params_from_dict(data or {}, str(path))
+    params = params_from_dict(data or {}, str(path))
+    problems = layout_problems(section_dict(params.paths), path.parent, params.profile)
+    if problems:
+        raise ConfigError(str(path), problems)
+    return params
 
 
 def section_dict(obj: Any) -> dict[str, Any]:

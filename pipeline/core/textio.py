@@ -22,6 +22,9 @@ from pipeline.core.errors import DataError, OutputError
 log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
+#: The file inside every folder written whole by :func:`atomic_path`: it names the folder's role, so a
+#: later run replaces that folder only if it is the same kind of output (never a folder a user made).
+MARKER = ".nmt-output"
 # A temporary sibling made by atomic_path: .<name>.<pid>.<8 random chars>.tmp
 _TMP_NAME = re.compile(r"^\.(.+)\.\d+\.[A-Za-z0-9_]{8}\.tmp$")
 _DISK_FULL = {
@@ -248,19 +251,57 @@ def _as_write_error(exc: OSError, tmp: Path, path: Path) -> OutputError | None:
     return write_error(exc, path if failed == tmp else path / failed.relative_to(tmp), path)
 
 
+def marker_role(folder: Path) -> str | None:
+    """The role a folder's :data:`MARKER` names, or None (no marker: not a folder this project wrote whole)."""
+    try:
+        return (folder / MARKER).read_text(encoding="utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def refuse_foreign(path: Path, role: str | None, *, replacing_with_folder: bool = False) -> None:
+    """Raise :class:`OutputError` unless whatever is at ``path`` may be replaced by the ``role`` output.
+
+    Nothing there, or a folder whose marker names ``role``, may be replaced; so may a plain file, unless a
+    folder is to take its place. A symbolic link, or a folder without the marker, is someone else's.
+    """
+    shown = public_path(path)
+    if path.is_symlink():
+        raise OutputError(f"{shown}: is a symbolic link, not an output this project wrote; refusing to replace "
+                          "it: remove the link or choose another output path")
+    if path.is_dir():
+        found = marker_role(path)
+        if role is None or found != role:
+            what = f"a {role} folder" if role else "an output folder"
+            why = f"its {MARKER} says {found!r}" if found else f"it holds no {MARKER} marker"
+            raise OutputError(f"{shown}: refusing to replace this folder: it is not {what} this project wrote "
+                              f"({why}); move it away or choose another output path")
+    elif replacing_with_folder and path.exists():
+        raise OutputError(f"{shown}: is a file; refusing to replace it with a folder: move it away or choose "
+                          "another output path")
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
+def atomic_path(path: str | Path, role: str | None = None) -> Iterator[Path]:
     """Yield a temporary sibling path; on success rename it onto ``path``, on error delete it.
 
-    Works for files and directories: the caller creates whatever it likes at the yielded path.
-    An existing directory at ``path`` is removed just before the rename. Stale temporary siblings
-    of ``path`` from a killed run are deleted first.
+    Works for files and directories: the caller creates whatever it likes at the yielded path. A folder
+    built this way gets a :data:`MARKER` file naming ``role``; an existing folder at ``path`` is replaced
+    only when its marker names the same ``role`` (a folder this project wrote for the same job), checked
+    before the work starts and again just before the swap. Stale temporary siblings of ``path`` from a
+    killed run are deleted first.
+
+    Args:
+        path: the output file or folder.
+        role: what the folder is (``"clean"``, ``"shards"``, ...); required to replace a folder.
 
     Raises:
-        OutputError: the disk filled up (or a quota, file size limit or permission stopped a write);
-            names the file being written and the remedy. Nothing was renamed onto ``path``.
+        OutputError: ``path`` is a folder (or a symbolic link) this project did not write as ``role``;
+            or the disk filled up (or a quota, file size limit or permission stopped a write). The
+            message names the path and the remedy. Nothing was renamed onto ``path``.
     """
     path = Path(path)
+    refuse_foreign(path, role)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if public_path(path.parent) == path.parent:  # a folder we are building holds no stale siblings
@@ -273,10 +314,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     try:
         yield tmp
         if tmp.is_dir():
+            if role is not None:
+                (tmp / MARKER).write_text(role + "\n", encoding="utf-8")
+            refuse_foreign(path, role, replacing_with_folder=True)
             if path.is_dir():
                 shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
         if tmp.is_file():
             with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())

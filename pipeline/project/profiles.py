@@ -12,11 +12,12 @@ from typing import Any
 
 import yaml
 
-from pipeline.core.config import params_from_dict
+from pipeline.core.config import params_from_dict, section_dict
 from pipeline.core.errors import ConfigError
+from pipeline.core.paths import layout_problems
 from pipeline.core.textio import atomic_path, write_text
-from pipeline.project.workspace import exclusive_run
 from pipeline.core.yamlfile import load_yaml
+from pipeline.project.workspace import exclusive_run
 
 BASE = "paper"
 # While a profile run has params.yaml rewritten, the bytes it replaced wait here (or the ABSENT marker when
@@ -79,7 +80,10 @@ def merged_profile(name: str, root: str | Path = ".") -> dict[str, Any]:
     data = load_yaml(folder / f"{BASE}.yaml")
     if name != BASE:
         data = deep_merge(data, load_yaml(path) or {})
-    params_from_dict(data, str(path))  # refuse to write an invalid params.yaml
+    params = params_from_dict(data, str(path))  # refuse to write an invalid params.yaml
+    problems = layout_problems(section_dict(params.paths), root, name)
+    if problems:
+        raise ConfigError(str(path), problems)
     return data
 
 

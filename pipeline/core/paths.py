@@ -1,0 +1,122 @@
+"""Where outputs may go: the ``paths.*`` layout of a params file, and the output options of commands.
+
+Every stage replaces its output folder whole, so a path that names the wrong folder could cost a user
+their files. The rules, checked before any stage runs (:func:`layout_problems`, from the params loader and
+``nmt profile``):
+
+- a relative ``paths.*`` value lies inside one of the git-ignored output folders (``data/``, ``runs/`` ...;
+  the per-key rule in :mod:`pipeline.core.config`); an absolute one lies strictly inside the folder that
+  holds the params file (a params file kept outside a checkout, as tests do), never in its ``.git``;
+- no two ``paths.*`` of one params file are the same folder or one inside the other;
+- none is the same as, inside, or around a path of another profile in ``profiles/``, except that profiles
+  on one dataset share its data folders (the same key and the same folder: ``raw``, ``clean``, ``bpe``,
+  ``shards``).
+
+:func:`output_problem` is the rule for a folder or file a user names on a command line (``nmt export
+--output``): never the current folder, the checkout, ``.git``, or a folder holding one of the inputs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.yamlfile import load_yaml
+
+#: The ``paths.*`` keys whose folder several profiles on one dataset may share (the data stages' outputs).
+SHARED_DATA = ("raw", "clean", "bpe", "shards")
+BASE_PROFILE = "paper"
+
+
+def _resolve(value: str, root: Path) -> Path:
+    path = Path(value)
+    return Path(os.path.normpath(path if path.is_absolute() else root / path))
+
+
+def _related(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are the same folder or one lies inside the other."""
+    return a == b or a.is_relative_to(b) or b.is_relative_to(a)
+
+
+def layout_problems(paths: Mapping[str, str], root: str | Path, profile: str | None = None) -> list[str]:
+    """Problems with a params file's ``paths`` section, one line each naming the key (empty when fine).
+
+    Args:
+        paths: ``paths.*`` as written (key -> folder).
+        root: the folder holding the params file; relative paths are relative to it.
+        profile: the params file's ``profile`` (its own entry in ``profiles/`` is not compared with it).
+    """
+    root = Path(os.path.abspath(root))
+    mine, problems = {}, []
+    for key, value in paths.items():
+        where = _resolve(value, root)
+        if Path(value).is_absolute() and (where == root or not where.is_relative_to(root)):
+            problems.append(f"paths.{key}: {value} lies outside {root}, the folder of the params file; use a "
+                            "relative path inside data/, runs/, metrics/, plots/ or reports/")
+        elif where.is_relative_to(root / ".git"):
+            problems.append(f"paths.{key}: {value} lies inside .git; choose a folder under data/ or runs/")
+        else:
+            mine[key] = where
+    keys = sorted(mine)
+    for i, a in enumerate(keys):
+        problems += [f"paths.{a} ({paths[a]}) and paths.{b} ({paths[b]}) overlap: each stage replaces its folder "
+                     "whole, so give every key a folder of its own" for b in keys[i + 1:] if _related(mine[a], mine[b])]
+    others = other_profiles(root, profile)
+    for key in keys:
+        clash = next(((name, their_key, value) for name, theirs in others.items() for their_key, value in theirs.items()
+                      if _clash(key, mine[key], their_key, _resolve(value, root))), None)
+        if clash:
+            name, their_key, value = clash
+            problems.append(f"paths.{key} ({paths[key]}) overlaps profile {name}'s paths.{their_key} ({value}, "
+                            f"profiles/{name}.yaml): choose a folder no other profile uses")
+    return problems
+
+
+def _clash(key: str, where: Path, their_key: str, theirs: Path) -> bool:
+    """Whether ``paths.key`` at ``where`` collides with another profile's ``paths.their_key`` at ``theirs``."""
+    shared_data = key == their_key and key in SHARED_DATA and where == theirs
+    return not shared_data and _related(where, theirs)
+
+
+def other_profiles(root: Path, profile: str | None) -> dict[str, dict[str, str]]:
+    """``paths`` of every profile in ``<root>/profiles`` but ``profile`` (the base file's merged under each)."""
+    folder = root / "profiles"
+    if not (folder / f"{BASE_PROFILE}.yaml").is_file():
+        return {}
+    base = _paths_of(load_yaml(folder / f"{BASE_PROFILE}.yaml"))
+    found = {}
+    for path in sorted(folder.glob("*.yaml")):
+        if path.stem != profile:
+            found[path.stem] = base | (_paths_of(load_yaml(path)) if path.stem != BASE_PROFILE else {})
+    return found
+
+
+def _paths_of(data: Any) -> dict[str, str]:  # noqa: ANN401 - a parsed YAML file
+    paths = data.get("paths") if isinstance(data, dict) else None
+    return {str(k): v for k, v in paths.items() if isinstance(v, str)} if isinstance(paths, dict) else {}
+
+
+def output_problem(output: str | Path, *, inputs: Iterable[str | Path] = (),
+                   root: str | Path | None = None) -> str | None:
+    """Why a command may not write (and so replace) ``output``, or None if it may.
+
+    Args:
+        output: the file or folder a user named (``--output``).
+        inputs: what the command reads: the output may not be one of them, nor hold one.
+        root: the checkout (default: the one this module lies in).
+    """
+    target = Path(os.path.abspath(output))
+    root = Path(os.path.abspath(root)) if root is not None else Path(__file__).resolve().parents[2]
+    if target == Path(os.path.abspath(os.curdir)):
+        return f"{output} is the current folder"
+    if target == root or root.is_relative_to(target):
+        return f"{output} is the checkout {root} or a folder around it"
+    if target.is_relative_to(root / ".git"):
+        return f"{output} lies inside .git"
+    for item in inputs:
+        source = Path(os.path.abspath(item))
+        if source == target or source.is_relative_to(target):
+            return f"{output} is or holds the input {item}"
+    return None
