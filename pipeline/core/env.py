@@ -202,8 +202,9 @@ class Settings:
         "0 = off"))
     # Data (pipeline/download.py, pipeline/clean.py, pipeline/encode.py).
     data_mirror: str | None = field(default=None, metadata=meta(
-        "NMT_DATA_MIRROR", MIRROR, "looked up before the upstream URLs (`user:password@` in a URL is sent as "
-        "basic auth, never logged)"))
+        "NMT_DATA_MIRROR", MIRROR, "used instead of the upstream URLs: `<dataset>/<file path>`, else "
+        "`<dataset>/<archive name>`; a file in neither is an error (`user:password@` in a URL is sent as basic "
+        "auth, never logged)"))
     download_cache: Path = field(default=DEFAULT_DOWNLOAD_CACHE, metadata=meta(
         "NMT_DOWNLOAD_CACHE", PATH, "cache of upstream downloads", shown="`<repo>/.cache/downloads`"))
     download_backoff_s: float = field(default=1.0, metadata=meta(

@@ -3,7 +3,8 @@
 :func:`fetch_url` streams a URL into a cache file through ``<name>.part``: an interrupted transfer
 resumes with an HTTP ``Range`` request (a server that ignores it and answers 200 restarts the file
 cleanly), transient failures (connection errors, timeouts, 5xx/429, truncated bodies) are retried with
-exponential backoff, and the file is renamed into place only once complete.
+exponential backoff, and the file is renamed into place only once complete. A failure that waiting
+cannot fix (404/410, a host name that does not resolve, an invalid URL) ends the download at once.
 :func:`extract_members` and :func:`gunzip` read archives completely, so a truncated or corrupt file is
 an error naming it (never a silently short corpus), and refuse tar members that would escape their
 folder.
@@ -68,6 +69,15 @@ class Unreachable(DownloadError):
     def __init__(self, url: str, attempts: int, last: str) -> None:
         self.url = url
         super().__init__(f"{url}: could not download after {attempts} attempt(s): {last}")
+
+
+class HostNotFound(DownloadError):
+    """The host of ``url`` has no address (DNS lookup failed): a typo, or no network to resolve it."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        super().__init__(f"{url}: host {urlsplit(url).hostname!r} not found (DNS lookup failed); check the "
+                         "host name and the network")
 
 
 class CorruptArchive(DownloadError):
@@ -179,6 +189,16 @@ def _open(session: requests.Session, url: str, part: Path, timeout: float) -> tu
     raise DownloadError(f"{url}: HTTP {status} {resp.reason}; check the URL (or NMT_DATA_MIRROR)")
 
 
+def _name_not_resolved(exc: BaseException | None, depth: int = 0) -> bool:
+    """Whether ``exc`` (a requests/urllib3 error) comes from a failed DNS lookup: its reason/cause chain."""
+    if exc is None or depth > 4:
+        return False
+    if isinstance(exc, urllib3.exceptions.NameResolutionError):
+        return True
+    nested = [getattr(exc, "reason", None), exc.__cause__, *(a for a in exc.args if isinstance(a, BaseException))]
+    return any(_name_not_resolved(e, depth + 1) for e in nested if e is not exc)
+
+
 def _attempt(session: requests.Session, url: str, part: Path, timeout: float, label: str) -> None:
     """One try at completing ``part``; raises :class:`_Transient` for anything worth retrying."""
     try:
@@ -186,6 +206,8 @@ def _attempt(session: requests.Session, url: str, part: Path, timeout: float, la
     except _PERMANENT_REQUEST_ERRORS as exc:
         raise DownloadError(f"{url}: not a valid URL ({exc})") from None
     except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
+        if _name_not_resolved(exc):
+            raise HostNotFound(url) from None
         raise _Transient(f"{type(exc).__name__}: {exc}") from None
     if offset < 0:
         return
@@ -214,6 +236,7 @@ def fetch_url(url: str, dest: Path, *, policy: RetryPolicy, session: requests.Se
 
     Raises:
         NotFound: HTTP 404/410 (names the URL).
+        HostNotFound: the URL's host name does not resolve (not retried).
         Unreachable: every attempt failed with a transient error.
         DownloadError: another HTTP error (names the URL and status).
     """

@@ -369,11 +369,63 @@ def test_mirror_without_network_for_missing_file_fails_clearly(tmp_path: Path, m
     mirror = tmp_path / "mirror"
     (mirror / "wmt14").mkdir(parents=True)
     monkeypatch.setenv("NMT_DATA_MIRROR", str(mirror))
-    with pytest.raises(DownloadError, match=r"could not download .*NMT_DATA_MIRROR"):
+    with pytest.raises(DownloadError, match=rf"^NMT_DATA_MIRROR={mirror}: holds neither "
+                                            r"wmt14/training/europarl-v7.de-en.en nor "
+                                            r"wmt14/training-parallel-europarl-v7.tgz; add one of them"):
         _run(tmp_path, _spec("http://127.0.0.1:9"), retries=0)
     monkeypatch.setenv("NMT_DATA_MIRROR", str(tmp_path / "absent"))
     with pytest.raises(DownloadError, match=r"NMT_DATA_MIRROR=.*absent.* neither a directory"):
         _run(tmp_path, _spec("http://127.0.0.1:9"))
+
+
+def test_a_file_missing_from_an_http_mirror_is_an_error_not_a_download(statmt, tmp_path: Path,
+                                                                       monkeypatch) -> None:
+    """A mirror answering 404 for both the extracted file and the archive fails naming both; upstream is not asked."""
+    base, faults, _, root = statmt
+    mirror = tmp_path / "mirror"
+    _mirror_tree(root, mirror)
+    (mirror / "wmt14/training-parallel-nc-v9.tgz").unlink()
+    n_requests = len(faults.log)
+    with serve(mirror) as (mirror_url, mirror_faults):
+        monkeypatch.setenv("NMT_DATA_MIRROR", mirror_url)
+        with pytest.raises(DownloadError) as info:
+            _run(tmp_path, _spec(base))
+    assert str(info.value) == (f"NMT_DATA_MIRROR={mirror_url}: holds neither "
+                               "wmt14/training/news-commentary-v9.de-en.en nor wmt14/training-parallel-nc-v9.tgz; "
+                               "add one of them to the mirror, or unset NMT_DATA_MIRROR to download "
+                               f"{base}/wmt14/training-parallel-nc-v9.tgz")
+    assert ("/wmt14/training-parallel-nc-v9.tgz", None, 404) in mirror_faults.log
+    assert len(faults.log) == n_requests  # upstream never asked
+    assert not (tmp_path / "raw").exists()
+
+
+@pytest.mark.parametrize(("url", "problem"), [
+    ("http://[::1", "Invalid IPv6 URL"),
+    ("https://user:secret@[::1/data", "Invalid IPv6 URL"),
+    ("http://host:99999/data", "Port out of range 0-65535"),
+    ("http:///data", "it has no host"),
+])
+def test_a_malformed_mirror_url_is_one_line_naming_the_variable(tmp_path: Path, monkeypatch, url: str,
+                                                                problem: str) -> None:
+    monkeypatch.setenv("NMT_DATA_MIRROR", url)
+    with pytest.raises(DownloadError) as info:
+        _run(tmp_path, _spec("http://127.0.0.1:9"))
+    message = str(info.value)
+    assert message.startswith("NMT_DATA_MIRROR=") and f"is not a valid URL ({problem}); set it to a folder" in message
+    assert "secret" not in message and "\n" not in message
+
+
+def test_a_host_name_that_does_not_resolve_fails_at_once(tmp_path: Path, monkeypatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """No retries for a DNS failure (``.invalid`` never resolves), upstream or mirror."""
+    with pytest.raises(DownloadError, match=r"http://nohost.invalid/wmt13/training-parallel-europarl-v7.tgz: host "
+                                            r"'nohost.invalid' not found \(DNS lookup failed\).*set NMT_DATA_MIRROR"):
+        _run(tmp_path, _spec("http://nohost.invalid"), retries=5)
+    monkeypatch.setenv("NMT_DATA_MIRROR", "http://nohost.invalid/data")
+    with pytest.raises(DownloadError, match=r"http://nohost.invalid/data/wmt14/training/europarl-v7.de-en.en: host "
+                                            r"'nohost.invalid' not found .*; check NMT_DATA_MIRROR, or unset it"):
+        _run(tmp_path, _spec("http://127.0.0.1:9"), retries=5)
+    assert "retrying" not in caplog.text
 
 
 def test_corrupt_gzip_source_is_rejected(tmp_path: Path, monkeypatch) -> None:
