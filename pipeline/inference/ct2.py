@@ -5,8 +5,10 @@ The export builds the model through CTranslate2's Python spec API
 fairseq and OpenNMT-py converters do; CTranslate2 writes ``model.bin``, ``config.json`` and the
 vocabularies itself. Beside them this module writes ``spm.model`` (the SentencePiece model) and
 ``nmt_model.json`` (this project's ``TransformerConfig``), so the directory is all that
-``nmt translate --engine ctranslate2`` needs. It is written into a temporary sibling and renamed
-into place: an interrupted export leaves no half-written directory.
+``nmt translate --engine ctranslate2`` needs, and last ``nmt_sha256.json``, the size and sha256 of every
+file (:mod:`pipeline.core.digest`), checked by :func:`load` before CTranslate2 reads anything: flipped
+bytes in ``model.bin`` are refused, not translated into garbage. It is written into a temporary sibling and
+renamed into place: an interrupted export leaves no half-written directory.
 
 Decoding: sources are prepared exactly as for the torch engine (normalised, BPE, cut to
 ``max_positions`` with EOS); sentences with one max length (a function of the source length) go
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from model import TransformerConfig, max_length
+from pipeline.core import digest
 from pipeline.core.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -147,6 +150,7 @@ def export(model_path: str | Path, output: str | Path, quantization: str = "floa
         _FromSpec().convert(str(tmp / "model"), quantization=None if quantization == "float32" else quantization)
         (tmp / "model" / SPM_NAME).write_bytes(mf.spm)
         (tmp / "model" / CONFIG_NAME).write_text(json.dumps(mf.config.to_dict(), indent=1) + "\n")
+        digest.write(tmp / "model")  # last: it records every file above
         if output.exists():
             shutil.rmtree(output)
         os.replace(tmp / "model", output)
@@ -169,26 +173,74 @@ class Ct2Translator:
         ``Translator.close`` ends its worker processes)."""
 
 
-def load(model_dir: str | Path, *, device: str = "cpu", device_index: int = 0, inter_threads: int = 1,
-         intra_threads: int = 0, compute_type: str = "default") -> Ct2Translator:
-    """Load a directory written by :func:`export`.
+def _export_command(model_dir: Path) -> str:
+    return f"`nmt export --format ctranslate2 --model averaged.pt --output {model_dir}`"
+
+
+def check(model_dir: str | Path, *, remedy: str | None = None) -> Path:
+    """Refuse anything but a complete, unchanged export: a folder holding the files :func:`export` writes,
+    each matching the size and sha256 its ``nmt_sha256.json`` recorded.
+
+    Args:
+        model_dir: the export folder.
+        remedy: what to do about a damaged export (default: export it again, the command named).
+
+    Returns:
+        ``model_dir`` as a path.
 
     Raises:
-        PipelineError: not such a directory (names what is missing and how to make it).
+        PipelineError: one line naming the path (missing, a file, files missing, not listed, changed, or no
+            digest) and the remedy.
+    """
+    model_dir = Path(model_dir)
+    remedy = remedy or f"export it again with {_export_command(model_dir)}"
+    if not model_dir.is_dir():
+        what = "is a file, not a CTranslate2 export folder" if model_dir.exists() else "not found"
+        raise PipelineError(f"{model_dir}: {what}; give the folder `nmt export` wrote (an averaged.pt goes with "
+                            f"--engine torch), or write one with {_export_command(model_dir)}")
+    missing = [n for n in ("model.bin", SPM_NAME, CONFIG_NAME) if not (model_dir / n).is_file()]
+    if missing:
+        raise PipelineError(f"{model_dir}: not a CTranslate2 export ({', '.join(missing)} missing); write one "
+                            f"with {_export_command(model_dir)}")
+    digest.check(model_dir, remedy=remedy)
+    return model_dir
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def load(model_dir: str | Path, *, device: str = "cpu", device_index: int = 0, inter_threads: int = 1,
+         intra_threads: int = 0, compute_type: str = "default", remedy: str | None = None) -> Ct2Translator:
+    """Load a directory written by :func:`export`, after checking it with :func:`check`.
+
+    Args:
+        remedy: what to do about a damaged export (default: export it again).
+
+    Raises:
+        PipelineError: not such a directory, or a damaged one (one line naming what is missing or changed and
+            the remedy), or one CTranslate2 or SentencePiece cannot load (their first line).
     """
     import ctranslate2
     import sentencepiece as spm
 
-    model_dir = Path(model_dir)
-    missing = [n for n in ("model.bin", SPM_NAME, CONFIG_NAME) if not (model_dir / n).is_file()]
-    if missing:
-        raise PipelineError(f"{model_dir}: not a CTranslate2 export ({', '.join(missing)} missing); write one "
-                            f"with `nmt export --format ctranslate2 --model averaged.pt --output {model_dir}`")
-    config = TransformerConfig(**json.loads((model_dir / CONFIG_NAME).read_text()))
-    translator = ctranslate2.Translator(str(model_dir), device=device, device_index=device_index,
-                                        inter_threads=inter_threads, intra_threads=intra_threads,
-                                        compute_type=compute_type)
-    return Ct2Translator(translator, config, spm.SentencePieceProcessor(model_file=str(model_dir / SPM_NAME)))
+    model_dir = check(model_dir, remedy=remedy)
+    remedy = remedy or f"export it again with {_export_command(model_dir)}"
+    try:
+        config = TransformerConfig(**json.loads((model_dir / CONFIG_NAME).read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, ValueError) as exc:
+        raise PipelineError(f"{model_dir / CONFIG_NAME}: not this code's model config ({_first_line(exc)}); "
+                            f"{remedy}") from None
+    try:
+        translator = ctranslate2.Translator(str(model_dir), device=device, device_index=device_index,
+                                            inter_threads=inter_threads, intra_threads=intra_threads,
+                                            compute_type=compute_type)
+        sp = spm.SentencePieceProcessor(model_file=str(model_dir / SPM_NAME))
+    except (RuntimeError, ValueError, OSError) as exc:
+        raise PipelineError(f"{model_dir}: CTranslate2 or SentencePiece cannot load it ({_first_line(exc)}); "
+                            f"{remedy}") from None
+    return Ct2Translator(translator, config, sp)
 
 
 def decode_sources(ct2: Ct2Translator, sources: Sequence[Sequence[int]], *, beam_size: int, alpha: float,

@@ -31,6 +31,8 @@ DEFAULTS: dict[str, Any] = {"beam_size": 4, "alpha": 0.6, "max_len_a": 1.0, "max
                             "engine": "torch"}
 #: settings a request may override through ``params``.
 REQUEST_PARAMS = ("beam_size", "alpha", "engine")
+#: what to do about a shipped CTranslate2 export that fails its digest check.
+REGISTER_AGAIN = "register the model again (`dvc repro register` with NMT_REGISTER_CTRANSLATE2 set)"
 
 
 def source_lines(model_input: Any) -> list[str]:
@@ -71,7 +73,7 @@ class Translator(mlflow.pyfunc.PythonModel):
 
         self._engines: dict[str, Any] = {"torch": load_translator(context.artifacts["averaged"])}
         if "ctranslate2" in context.artifacts:
-            self._engines["ctranslate2"] = ct2.load(context.artifacts["ctranslate2"])
+            self._engines["ctranslate2"] = ct2.load(context.artifacts["ctranslate2"], remedy=REGISTER_AGAIN)
         self._settings = {**DEFAULTS, **{k: v for k, v in (context.model_config or {}).items() if k in DEFAULTS}}
         log.info("translator loaded (%s) with %s", ", ".join(self._engines), self._settings)
 

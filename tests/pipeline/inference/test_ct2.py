@@ -105,7 +105,139 @@ def test_bad_exports_and_options_are_refused_naming_the_problem(exported: tuple[
         ct2.export(model, tmp_path / "x", "int4")
     assert main(["translate", "--engine", "ctranslate2", "--model", str(model), "--input", str(model)]) == 1
     err = capsys.readouterr().err
-    assert f"{model}: not a CTranslate2 export (model.bin, spm.model, nmt_model.json missing)" in err
+    assert f"{model}: is a file, not a CTranslate2 export folder; give the folder `nmt export` wrote" in err
     assert main(["translate", "--engine", "ctranslate2", "--model", str(out), "--attention-png", "a.png"]) == 1
     assert "--attention-png draws the torch model's attention" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def _copy(out: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(out, tmp_path / "export"))
+
+
+def _flip(path: Path, n: int = 64) -> None:
+    """Invert ``n`` bytes in the middle of ``path`` (same size, other weights)."""
+    data = bytearray(path.read_bytes())
+    start = len(data) // 2
+    data[start:start + n] = bytes(b ^ 0xFF for b in data[start:start + n])
+    path.write_bytes(bytes(data))
+
+
+def _translate_error(folder: Path) -> list[str]:
+    """``nmt translate --engine ctranslate2 --model folder``'s stderr lines (it must fail with no output)."""
+    proc = _translate("--engine", "ctranslate2", "--model", str(folder), stdin=b"A man.\n")
+    assert proc.returncode == 1 and proc.stdout == b"", proc.stderr.decode()
+    return proc.stderr.decode().splitlines()
+
+
+def test_the_export_records_the_size_and_sha256_of_every_file(exported: tuple[Path, Path]) -> None:
+    import hashlib
+
+    _, out = exported
+    recorded = json.loads((out / "nmt_sha256.json").read_text())["files"]
+    assert set(recorded) == {p.name for p in out.iterdir()} - {"nmt_sha256.json", ".nmt-output"}
+    for name, entry in recorded.items():
+        data = (out / name).read_bytes()
+        assert entry == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_an_output_marker_beside_the_files_is_neither_recorded_nor_refused(exported: tuple[Path, Path],
+                                                                           tmp_path: Path) -> None:
+    folder = _copy(exported[1], tmp_path)
+    (folder / ".nmt-output").write_text("ctranslate2\n")  # what a folder writer may leave to mark its output
+    assert ct2.check(folder) == folder
+
+
+def test_flipped_bytes_in_model_bin_are_refused_in_one_line_naming_file_and_remedy(exported: tuple[Path, Path],
+                                                                                   tmp_path: Path) -> None:
+    folder = _copy(exported[1], tmp_path)
+    _flip(folder / "model.bin")
+    assert _translate_error(folder) == [
+        f"error: {folder / 'model.bin'}: content does not match the sha256 in nmt_sha256.json (bit rot, a bad copy "
+        f"or an edit?); export it again with `nmt export --format ctranslate2 --model averaged.pt --output {folder}`"]
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    ("no digest", "{d}: no nmt_sha256.json (the sha256 of every file, written at export), so its files cannot be "
+                  "checked; export it again"),
+    ("renamed key", "{d}/nmt_sha256.json: no files.model.bin.sha256 recorded, so model.bin cannot be checked; "
+                    "export it again"),
+    ("entry removed", "{d}/model.bin: not listed in nmt_sha256.json (added after the export?); export it again"),
+    ("digest not JSON", "{d}/nmt_sha256.json: unreadable (JSONDecodeError); export it again"),
+    ("file added", "{d}/shared_vocabulary.txt: not listed in nmt_sha256.json (added after the export?); export it "
+                   "again"),
+    ("truncated", "{d}/model.bin: truncated ("),
+])
+def test_a_missing_digest_or_key_is_an_error_not_a_skip(exported: tuple[Path, Path], tmp_path: Path, damage: str,
+                                                        message: str) -> None:
+    folder = _copy(exported[1], tmp_path)
+    digest = folder / "nmt_sha256.json"
+    recorded = json.loads(digest.read_text())
+    _flip(folder / "model.bin")  # what a skipped check would let through
+    if damage == "no digest":
+        digest.unlink()
+    elif damage == "renamed key":  # one byte of the digest changed
+        entry = recorded["files"]["model.bin"]
+        entry["sha257"] = entry.pop("sha256")
+        digest.write_text(json.dumps(recorded))
+    elif damage == "entry removed":
+        del recorded["files"]["model.bin"]
+        digest.write_text(json.dumps(recorded))
+    elif damage == "digest not JSON":
+        digest.write_text("{")
+    elif damage == "file added":
+        (folder / "shared_vocabulary.txt").write_text("a\n")
+    else:
+        data = (folder / "model.bin").read_bytes()
+        (folder / "model.bin").write_bytes(data[: len(data) // 2])
+    lines = _translate_error(folder)
+    assert len(lines) == 1 and lines[0].startswith("error: " + message.format(d=folder)), lines
+
+
+@pytest.mark.parametrize("oddity", ["missing folder", "a file", "averaged.pt", "no model.bin", "path below a file"])
+def test_odd_paths_are_one_line(exported: tuple[Path, Path], tmp_path: Path, oddity: str) -> None:
+    model, out = exported
+    folder = {"missing folder": tmp_path / "nowhere", "averaged.pt": model, "path below a file": model / "x"}.get(
+        oddity, tmp_path / "export")
+    if oddity == "a file":
+        folder.write_text("not an export\n")
+    elif oddity == "no model.bin":
+        _copy(out, tmp_path)
+        (folder / "model.bin").unlink()
+    lines = _translate_error(folder)
+    assert len(lines) == 1 and lines[0].startswith(f"error: {folder}: "), lines
+    assert "nmt export --format ctranslate2" in lines[0]
+
+
+@pytest.mark.parametrize("damage", ["model.bin", "nmt_model.json", "spm.model"])
+def test_a_damaged_file_recorded_in_a_new_digest_is_still_one_line(exported: tuple[Path, Path], tmp_path: Path,
+                                                                    damage: str) -> None:
+    from pipeline.core import digest
+
+    folder = _copy(exported[1], tmp_path)
+    data = (folder / damage).read_bytes()
+    (folder / damage).write_bytes(data[: len(data) // 2] if damage != "nmt_model.json" else b'{"d_model": "x"}')
+    digest.write(folder)  # as if the export had been written so
+    lines = _translate_error(folder)
+    where = folder / damage if damage == "nmt_model.json" else folder
+    assert len(lines) == 1 and lines[0].startswith(f"error: {where}: "), lines
+    assert lines[0].endswith(f"export it again with `nmt export --format ctranslate2 --model averaged.pt --output "
+                             f"{folder}`")
+
+
+def test_the_served_model_refuses_a_damaged_export_naming_the_file(exported: tuple[Path, Path],
+                                                                    tmp_path: Path) -> None:
+    from mlflow.pyfunc import PythonModelContext
+
+    from pipeline.inference.mlflow_model import Translator
+
+    model, out = exported
+    folder = _copy(out, tmp_path)
+    _flip(folder / "model.bin")
+    with pytest.raises(PipelineError) as info:
+        Translator().load_context(PythonModelContext({"averaged": str(model), "ctranslate2": str(folder)}, {}))
+    message = str(info.value)
+    assert message.startswith(f"{folder / 'model.bin'}: content does not match the sha256 in nmt_sha256.json")
+    assert "register the model again" in message and "\n" not in message
