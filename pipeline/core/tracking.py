@@ -294,7 +294,8 @@ def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict
                      params: dict[str, int | float | str] | None = None, registered_model_name: str | None = None,
                      pip_requirements: list[str] | None = None, name: str = "translator",
                      root: str | Path = ".") -> dict[str, Any] | None:
-    """Log a models-from-code pyfunc (one string column in, one string per row out) into ``run``; maybe register.
+    """Log a models-from-code pyfunc (one column in, checked by the model; one string per row out) into ``run``;
+    maybe register.
 
     Args:
         run: an open stage run (a no-op handle gives None).
@@ -316,12 +317,15 @@ def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict
     import mlflow
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+    from mlflow.types.schema import AnyType
 
     def kind(v: int | float | str) -> str:
         return "string" if isinstance(v, str) else "long" if type(v) is int else "double"  # True: not a long
 
     specs = [ParamSpec(k, kind(v), v) for k, v in (params or {}).items()]
-    signature = ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]),
+    # Inputs typed Any, not string: MLflow casts a string column's values to text before predict ([1, 2] and
+    # [null] would arrive as "1", "2" and "None"), so the model checks that each input is a string itself.
+    signature = ModelSignature(inputs=Schema([ColSpec(AnyType())]), outputs=Schema([ColSpec("string")]),
                                params=ParamSchema(specs) if specs else None)
     uri = tracking_uri(root)
     # The fluent API logs into the active run: make the stage's run active against this store for

@@ -16,13 +16,24 @@ Per request, ``params={"beam_size": 4, "alpha": 0.6, "engine": "torch"}`` overri
 Input: strings (a DataFrame whose ``src`` column, or only column, holds the source sentences; a
 Series; a list; one string). Output: one German string per input line, normalised and decoded
 exactly as ``nmt translate`` does (empty line in, empty line out).
+
+Bounds: a request holds at most :data:`MAX_REQUEST_LINES` lines of at most :data:`MAX_LINE_CHARS` characters,
+each a string (``null``, numbers and objects are refused, not turned into text); ``beam_size`` lies in
+1 .. ``model.config.MAX_BEAM_SIZE`` and within the vocabulary, ``alpha`` in 0 .. :data:`MAX_ALPHA`. The output
+length comes from the model config (``max_len_a``, ``max_len_b``, capped at the model's ``max_positions``),
+never from a request. Anything else is refused before decoding with an ``MlflowException`` of
+``INVALID_PARAMETER_VALUE`` naming the field, which ``mlflow models serve`` answers with HTTP 400.
 """
 
 import logging
+import math
+import numbers
 from typing import Any
 
 import mlflow
 import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 log = logging.getLogger(__name__)
 
@@ -31,35 +42,67 @@ DEFAULTS: dict[str, Any] = {"beam_size": 4, "alpha": 0.6, "max_len_a": 1.0, "max
                             "engine": "torch"}
 #: settings a request may override through ``params``.
 REQUEST_PARAMS = ("beam_size", "alpha", "engine")
+#: The most source lines one request may hold: a request is decoded whole, and the scoring server gives up on
+#: it after MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT (60 s) while the decode goes on.
+MAX_REQUEST_LINES = 256
+#: The most characters of one source line: the model reads at most ``max_positions`` tokens of it (the rest is
+#: cut), so a longer line only costs normalisation and BPE time.
+MAX_LINE_CHARS = 10_000
+#: The largest length-penalty exponent a request may ask for: the paper uses 0.6, and ((5 + n) / 6)^alpha
+#: overflows a float at alpha ~ 138 for n = 1024 tokens.
+MAX_ALPHA = 10.0
 #: what to do about a shipped CTranslate2 export that fails its digest check.
 REGISTER_AGAIN = "register the model again (`dvc repro register` with NMT_REGISTER_CTRANSLATE2 set)"
 
 
+def invalid(message: str) -> MlflowException:
+    """A refused request: ``mlflow models serve`` answers it with HTTP 400 and ``message``."""
+    return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+
+
 def source_lines(model_input: Any) -> list[str]:
-    """The source sentences of a pyfunc input, in order.
+    """The source sentences of a pyfunc input, in order, each checked to be a string of bounded length.
 
     Raises:
-        TypeError: an input that holds no strings column (names what was given).
+        MlflowException: (``INVALID_PARAMETER_VALUE``) no strings column, more than :data:`MAX_REQUEST_LINES`
+            lines, or a line that is not a string or is longer than :data:`MAX_LINE_CHARS` (names ``inputs[i]``).
     """
     if isinstance(model_input, str):
-        return [model_input]
+        model_input = [model_input]
     if isinstance(model_input, pd.DataFrame):
         if "src" in model_input.columns:
             column = model_input["src"]
         elif len(model_input.columns) == 1:
             column = model_input.iloc[:, 0]
         else:
-            raise TypeError(f"input DataFrame has columns {list(model_input.columns)}; give one column 'src' "
-                            "holding the source sentences")
+            names = [str(c)[:40] for c in model_input.columns[:5]]
+            raise invalid(f"inputs: a table with columns {names}{' ...' if len(model_input.columns) > 5 else ''}; "
+                          "send a list of strings or one column 'src' holding the source sentences")
         model_input = column
-    if isinstance(model_input, pd.Series):
-        model_input = model_input.tolist()
-    if hasattr(model_input, "tolist"):  # numpy arrays
-        model_input = model_input.tolist()
-    if isinstance(model_input, (list, tuple)):
-        return ["" if line is None else str(line) for line in model_input]
-    raise TypeError(f"cannot translate input of type {type(model_input).__name__}: give a list of strings "
-                    "or a DataFrame with a 'src' column")
+    if not isinstance(model_input, (list, tuple)) and not hasattr(model_input, "tolist"):  # Series, numpy arrays
+        raise invalid(f"inputs: cannot translate a {type(model_input).__name__}; send a list of strings or one "
+                      "column 'src' holding the source sentences")
+    if len(model_input) > MAX_REQUEST_LINES:
+        raise invalid(f"inputs: {len(model_input)} lines, more than the {MAX_REQUEST_LINES} one request may hold "
+                      "(MAX_REQUEST_LINES); split the request")
+    lines = model_input if isinstance(model_input, (list, tuple)) else model_input.tolist()
+    for i, line in enumerate(lines):
+        if not isinstance(line, str):
+            what = "null" if line is None else f"a value of type {type(line).__name__}"
+            raise invalid(f"inputs[{i}]: {what} is not a string; send each source sentence as a string "
+                          "(\"\" for an empty line)")
+        if len(line) > MAX_LINE_CHARS:
+            raise invalid(f"inputs[{i}]: {len(line)} characters, more than the {MAX_LINE_CHARS} of one line "
+                          "(MAX_LINE_CHARS); split it into sentences")
+    return [str(line) for line in lines]  # numpy strings as plain str
+
+
+def check_alpha(alpha: Any) -> float:
+    """``alpha`` as a float, or an error naming ``params.alpha`` when it is not a number in 0 .. MAX_ALPHA."""
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= MAX_ALPHA:
+        shown = "NaN" if isinstance(alpha, float) and math.isnan(alpha) else f"{alpha!r:.40}"
+        raise invalid(f"params.alpha {shown}: must be a finite number from 0 to {MAX_ALPHA} (MAX_ALPHA)")
+    return float(alpha)
 
 
 class Translator(mlflow.pyfunc.PythonModel):
@@ -83,26 +126,34 @@ class Translator(mlflow.pyfunc.PythonModel):
         Args:
             context: the pyfunc context (unused; the model was loaded in :meth:`load_context`).
             model_input: source sentences (see :func:`source_lines`).
-            params: optional ``beam_size`` (int >= 1), ``alpha`` (float) and ``engine`` (``torch``, or
-                ``ctranslate2`` when the model carries the export) for this request.
+            params: optional ``beam_size`` (1 .. ``model.config.MAX_BEAM_SIZE``, at most the vocabulary size),
+                ``alpha`` (0 .. :data:`MAX_ALPHA`) and ``engine`` (``torch``, or ``ctranslate2`` when the model
+                carries the export) for this request.
 
         Returns:
             One translation per input line.
+
+        Raises:
+            MlflowException: (``INVALID_PARAMETER_VALUE``, HTTP 400 when served) a param or input out of bounds,
+                before anything is decoded.
         """
+        from model.config import beam_size_problem
         from pipeline.inference.translate import translate_lines
 
         settings = dict(self._settings)
         settings.update({k: v for k, v in (params or {}).items() if k in REQUEST_PARAMS and v is not None})
-        beam = int(settings["beam_size"])
-        if beam < 1:
-            raise ValueError(f"params.beam_size must be >= 1, got {beam}")
-        engine = self._engines.get(str(settings["engine"]))
+        engine = self._engines.get(settings["engine"]) if isinstance(settings["engine"], str) else None
         if engine is None:
-            raise ValueError(f"params.engine {settings['engine']!r}: this model has {', '.join(self._engines)} "
-                             "(register with NMT_REGISTER_CTRANSLATE2 to ship a CTranslate2 export)")
+            raise invalid(f"params.engine {settings['engine']!r:.40}: this model has {', '.join(self._engines)} "
+                          "(register with NMT_REGISTER_CTRANSLATE2 to ship a CTranslate2 export)")
+        beam = settings["beam_size"]
+        beam = int(beam) if isinstance(beam, numbers.Integral) and not isinstance(beam, bool) else beam  # numpy ints
+        if problem := beam_size_problem(beam, engine.config.vocab_size):
+            raise invalid(f"params.beam_size {beam!r:.40}: {problem}")
+        alpha = check_alpha(settings["alpha"])
         lines = source_lines(model_input)
         out, _, _, truncated = translate_lines(
-            engine, lines, beam_size=beam, alpha=float(settings["alpha"]),
+            engine, lines, beam_size=beam, alpha=alpha,
             max_len_a=float(settings["max_len_a"]), max_len_b=float(settings["max_len_b"]),
             max_tokens=int(settings["max_tokens"]))
         if truncated:

@@ -87,6 +87,21 @@ def make_averaged(root: Path, seed: int = 0, **overrides: object) -> Path:
     return root / "model" / AVERAGED_NAME
 
 
+def make_small_vocab_averaged(root: Path, seed: int = 0) -> Path:
+    """An ``averaged.pt`` like :func:`make_averaged`'s whose BPE model has 16 pieces, fewer than
+    ``model.config.MAX_BEAM_SIZE`` (learnt from three letters), to test beams wider than the vocabulary."""
+    (root / "bpe").mkdir(parents=True)
+    sample = root / "sample.txt"
+    sample.write_text("\n".join(["ab ba abc cab", "bac cba a b c"] * 20) + "\n", encoding="utf-8")
+    train_model(sample, root / "bpe" / "spm", BpeConfig(vocab_size=16, input_sentence_size=0), 1)
+    sample.unlink()
+    model = tiny_model(spm_vocab_size(root / "bpe" / "spm.model"), seed)
+    write_checkpoint(root / "train", 10, model.state_dict(), model.cfg.to_dict())
+    run_stage("average", lambda: stage(AverageConfig(last_n=1), train_dir=root / "train", bpe_dir=root / "bpe",
+                                       model_dir=root / "model"), metrics_dir=root / "metrics")
+    return root / "model" / AVERAGED_NAME
+
+
 @functools.cache
 def trained_reverser(seed: int = 0, steps: int = 400) -> Transformer:
     """A tiny float64 Transformer trained (in fp32, a few seconds) to reverse sequences of ids 4..12:

@@ -136,11 +136,23 @@ def test_candidate_loads_in_a_fresh_process_and_translates(model_dir: Path, tmp_
         "m = mlflow.pyfunc.load_model('models:/tiny-translator@candidate')\n"
         "a = m.predict(['The dog sees the cat.', '', 'A house by the river.'])\n"
         "b = m.predict(pd.DataFrame({'src': ['The dog sees the cat.']}), params={'beam_size': 1, 'alpha': 0.0})\n"
+        "refused = []\n"
+        "for x, p in [([1, 2], {}), ([None], {}), ([{'a': 1}], {}), (['x'], {'beam_size': 65}),\n"
+        "             (['x'], {'alpha': float('nan')})]:\n"
+        "    try:\n"
+        "        m.predict(x, params=p)\n"
+        "        refused.append(None)\n"
+        "    except mlflow.exceptions.MlflowException as exc:\n"
+        "        refused.append([exc.error_code, exc.message])\n"
         "import pipeline\n"
         "print(json.dumps({'a': list(a), 'b': list(b), 'params': str(m.metadata.get_params_schema()),\n"
-        "                  'code': pipeline.__file__}))\n"
+        "                  'code': pipeline.__file__, 'refused': refused}))\n"
     )
     out = _fresh_process(script, tmp_path)
+    # the signature's Any input type lets non-strings reach the model (a string one cast [1, 2] to "1", "2")
+    assert [code for code, _ in out["refused"]] == ["INVALID_PARAMETER_VALUE"] * 5, out["refused"]
+    assert [message.split(":")[0] for _, message in out["refused"]] == [
+        "inputs[0]", "inputs[0]", "inputs[0]", "params.beam_size 65", "params.alpha NaN"], out["refused"]
     assert len(out["a"]) == 3 and out["a"][1] == "" and all(isinstance(s, str) for s in out["a"])
     assert out["a"][0] and len(out["b"]) == 1 and out["b"][0]
     assert Path(out["code"]).parts[-3:] == ("code", "pipeline", "__init__.py")  # the copy shipped with the model
@@ -201,6 +213,41 @@ def _wait_ready(url: str, proc: subprocess.Popen, seconds: float) -> None:
     raise AssertionError(f"{url} not ready within {seconds} s")
 
 
+def _invoke(port: int, payload: dict) -> tuple[int, dict]:
+    """POST ``payload`` to the served model's /invocations: (HTTP status, parsed answer)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of process ``pid`` and its descendants (the server and its workers)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+
+
+def _refuses_out_of_bounds_requests(port: int, server_pid: int) -> None:
+    """A 10^6 beam (once 504 after 60 s at 14.8 GB), non-string inputs and a NaN alpha (once translated with 200):
+    each refused with 400 naming the field, fast and without the server's memory growing."""
+    before = _tree_rss(server_pid)
+    for payload, field in [({"inputs": ["A man."], "params": {"beam_size": 1000000}}, "params.beam_size 1000000"),
+                           ({"inputs": [1, 2]}, "inputs[0]: a value of type int"),
+                           ({"inputs": [None]}, "inputs[0]: null is not a string"),
+                           ({"inputs": [{"a": 1}]}, "inputs[0]"),
+                           ({"inputs": ["A man."], "params": {"alpha": float("nan")}}, "params.alpha NaN")]:
+        start = time.monotonic()
+        status, answer = _invoke(port, payload)
+        assert time.monotonic() - start < 1.0 and status == 400, (payload, status, answer)
+        assert answer["error_code"] == "INVALID_PARAMETER_VALUE" and f"Error: {field}" in answer["message"], answer
+    assert _tree_rss(server_pid) - before < 100 * 2**20  # flat: nothing was decoded
+
+
 @pytest.mark.slow
 def test_served_candidate_answers_invocations(model_dir: Path, tmp_path: Path, mlflow_sqlite: str) -> None:
     _register(model_dir, tmp_path, valid_bleu=5.0, test_hyps=GOOD)
@@ -211,12 +258,10 @@ def test_served_candidate_answers_invocations(model_dir: Path, tmp_path: Path, m
                             cwd=tmp_path, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_ready(f"http://127.0.0.1:{port}/ping", proc, 90)
-        body = json.dumps({"inputs": ["The dog sees the cat.", ""], "params": {"beam_size": 1}}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=60) as response:
-            answer = json.loads(response.read())
-        assert len(answer["predictions"]) == 2 and answer["predictions"][0] and answer["predictions"][1] == ""
+        status, answer = _invoke(port, {"inputs": ["The dog sees the cat.", ""], "params": {"beam_size": 1}})
+        assert status == 200 and len(answer["predictions"]) == 2
+        assert answer["predictions"][0] and answer["predictions"][1] == ""
+        _refuses_out_of_bounds_requests(port, proc.pid)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

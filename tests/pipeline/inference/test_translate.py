@@ -17,7 +17,7 @@ from pipeline.core.errors import CheckpointError, PipelineError
 from pipeline.core.textio import read_lines
 from pipeline.inference.decoding import check_cuda, load_translator
 from pipeline.inference.translate import read_input, translate_lines
-from tests.helpers.models import make_averaged
+from tests.helpers.models import make_averaged, make_small_vocab_averaged
 from tests.helpers.paths import REPO
 
 LONG = " ".join(["Gutach Sicherheit für Fußgänger"] * 60)  # far beyond max_positions (64)
@@ -288,29 +288,9 @@ def test_bad_options_are_refused_before_any_work_naming_the_option(model_file: P
     assert not out.exists()
 
 
-def _sixteen_piece_model(root: Path) -> Path:
-    """An ``averaged.pt`` whose BPE model has 16 pieces (fewer than model.config.MAX_BEAM_SIZE), built like
-    :func:`tests.helpers.models.make_averaged` from a three-letter corpus."""
-    from pipeline.average import stage
-    from pipeline.bpe import train_model
-    from pipeline.core.config import AverageConfig, BpeConfig
-    from pipeline.core.stage import run_stage
-    from tests.helpers.models import spm_vocab_size, tiny_model, write_checkpoint
-
-    (root / "bpe").mkdir(parents=True)
-    sample = root / "sample.txt"
-    sample.write_text("\n".join(["ab ba abc cab", "bac cba a b c"] * 20) + "\n", encoding="utf-8")
-    train_model(sample, root / "bpe" / "spm", BpeConfig(vocab_size=16, input_sentence_size=0), 1)
-    model = tiny_model(spm_vocab_size(root / "bpe" / "spm.model"), 0)
-    write_checkpoint(root / "train", 10, model.state_dict(), model.cfg.to_dict())
-    run_stage("average", lambda: stage(AverageConfig(last_n=1), train_dir=root / "train", bpe_dir=root / "bpe",
-                                       model_dir=root / "model"), metrics_dir=root / "metrics")
-    return root / "model" / "averaged.pt"
-
-
 def test_a_beam_wider_than_the_models_vocabulary_is_refused_before_decoding(tmp_path: Path) -> None:
     """``--beam 301`` on a 300-piece model failed inside the search ("stack expects each tensor to be equal size")."""
-    model = _sixteen_piece_model(tmp_path / "small")
+    model = make_small_vocab_averaged(tmp_path / "small")
     src, out = tmp_path / "in.en", tmp_path / "out.de"
     src.write_text("a b c\n", encoding="utf-8")
     proc = _nmt("--model", str(model), "--input", str(src), "--output", str(out), "--beam", "17")
