@@ -47,6 +47,17 @@ def read_manifest(shards_dir: str | Path) -> dict:
     return manifest
 
 
+def _check_types(table: pa.Table, path: Path) -> None:
+    """Refuse columns of another type than the encode stage writes (``id`` integers, ``src``/``tgt`` lists of
+    unsigned integers)."""
+    for name in table.column_names:
+        kind = table.schema.field(name).type
+        ok = (pa.types.is_integer(kind) if name in ("id", "src_len", "tgt_len")
+              else pa.types.is_list(kind) and pa.types.is_unsigned_integer(kind.value_type))
+        if not ok:
+            raise DataError(f"{path}: column {name!r} is {kind}, not what the encode stage writes; {_REMEDY}")
+
+
 @dataclass(frozen=True)
 class _Shard:
     """One decoded shard: ids [n] int64, flat tokens and offsets [n + 1] per side."""
@@ -122,8 +133,13 @@ class ShardSet:
 
     def _decode(self, k: int) -> _Shard:
         table = self._read(k, _COLUMNS)
+        _check_types(table, self._path(k))
         src, src_off = _flat(table.column("src"))
         tgt, tgt_off = _flat(table.column("tgt"))
+        for side, tokens in (("src", src), ("tgt", tgt)):
+            if tokens.size and int(tokens.max()) >= self.vocab_size:
+                raise DataError(f"{self._path(k)}: column {side!r} holds token id {int(tokens.max())}, beyond the "
+                                f"vocabulary of {self.vocab_size} in {self.root / 'manifest.json'}; {_REMEDY}")
         return _Shard(table.column("id").to_numpy(), src, src_off, tgt, tgt_off)
 
     def _shard(self, k: int) -> _Shard:
@@ -140,6 +156,8 @@ class ShardSet:
         """(ids [n] int64, src_len [n] int32, tgt_len [n] int32) of every row, in id order (no EOS)."""
         if self._lengths is None:
             parts = [self._read(k, ("id", "src_len", "tgt_len")) for k in range(len(self._shards))]
+            for k, part in enumerate(parts):
+                _check_types(part, self._path(k))
             cols = [[p.column(c).to_numpy() for p in parts] for c in ("id", "src_len", "tgt_len")]
             dtypes = (np.int64, np.int32, np.int32)
             self._lengths = tuple(np.concatenate(c).astype(d, copy=False) if c else np.zeros(0, d)
@@ -189,17 +207,25 @@ class ShardSet:
                             f"{spm_model} has sha256 {actual}; {_REMEDY} (or `dvc repro` to rebuild both)")
 
     def verify(self) -> None:
-        """Check every shard file of this split against the sha256 recorded in the manifest.
+        """Check every shard file of this split against the sha256 recorded in the manifest (the whole split is
+        read once: about a second per GB).
 
         Raises:
-            DataError: listing each missing or modified shard.
+            DataError: one line naming the first shard that is missing, changed since encode (rewritten ids,
+                emptied targets, zeroed bytes) or has no recorded sha256, how many others are, and the remedy.
         """
+        manifest = self.root / "manifest.json"
         problems = []
         for k, entry in enumerate(self._shards):
             path = self._path(k)
-            if not path.is_file():
-                problems.append(f"{path}: missing")
-            elif (digest := sha256_file(path)) != entry["sha256"]:
-                problems.append(f"{path}: sha256 {digest}, manifest says {entry['sha256']}")
+            recorded = entry.get("sha256") if isinstance(entry, dict) else None
+            if not isinstance(recorded, str):
+                problems.append(f"{path}: no sha256 recorded in {manifest}, so it cannot be checked")
+            elif not path.is_file():
+                problems.append(f"{path}: missing shard listed in {manifest}")
+            elif sha256_file(path) != recorded:
+                problems.append(f"{path}: content does not match the sha256 in {manifest} (rewritten or damaged "
+                                "after encode)")
         if problems:
-            raise DataError("shards do not match their manifest: " + "; ".join(problems) + f"; {_REMEDY}")
+            more = f" (and {len(problems) - 1} other shard(s) of split {self.split!r})" if len(problems) > 1 else ""
+            raise DataError(f"{problems[0]}{more}; {_REMEDY}")

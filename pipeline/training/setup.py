@@ -109,12 +109,15 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
     """Plan the global batches, build the model (same initial weights on every rank), check memory, make Adam.
 
     Raises:
-        DataError: an empty train split or a BPE model that does not match the shards.
+        DataError: an empty train split, a shard that does not match the manifest's sha256, or a BPE model
+            that does not match the shards.
         ConfigError: ``NMT_MAX_TOKENS`` smaller than the longest pair.
         PipelineError: the largest forward pass does not fit in memory (pre-flight).
     """
     train, valid = ShardSet(shards_dir, "train"), ShardSet(shards_dir, "valid")
     train.check_spm(spm_model)
+    for shards in (train, valid):  # once per process: a shard rewritten since encode never reaches a step
+        shards.verify()
     tcfg = model_cfg.with_vocab(vocab_size(spm_model))
     lengths = train.lengths()  # read once: the plan and the FLOP count both need it
     batches = plan(cfg, train, lengths, seed=seed, world_size=ctx.world_size)

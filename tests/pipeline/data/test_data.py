@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import sentencepiece as spm
 
@@ -98,8 +100,10 @@ def test_corrupt_shard_is_named(shards_copy: Path) -> None:
     data = ShardSet(shards_copy, "train")
     with pytest.raises(DataError, match=r"train/part-00001\.parquet: corrupt Parquet shard .*rerun `dvc repro encode`"):
         data.lengths()
-    with pytest.raises(DataError, match=r"part-00001\.parquet: sha256 [0-9a-f]+, manifest says"):
+    with pytest.raises(DataError) as info:
         data.verify()
+    assert str(info.value) == (f"{part}: content does not match the sha256 in {shards_copy / 'manifest.json'} "
+                               "(rewritten or damaged after encode); rerun `dvc repro encode`")
     ShardSet(shards_copy, "valid").verify()
 
 
@@ -120,3 +124,56 @@ def test_missing_shard_and_manifest(shards_copy: Path) -> None:
     (shards_copy / "manifest.json").unlink()
     with pytest.raises(DataError, match=r"manifest\.json: missing; run `dvc repro encode`"):
         ShardSet(shards_copy, "train")
+
+
+def test_a_shard_without_a_recorded_sha256_is_refused_not_skipped(shards_copy: Path) -> None:
+    manifest = json.loads((shards_copy / "manifest.json").read_text())
+    entry = manifest["splits"]["valid"]["shards"][0]
+    entry["sha257"] = entry.pop("sha256")  # one byte of the manifest changed
+    (shards_copy / "manifest.json").write_text(json.dumps(manifest))
+    part = shards_copy / entry["path"]
+    part.write_bytes(b"\0" * part.stat().st_size)  # what a skipped check would let through
+    with pytest.raises(DataError) as info:
+        ShardSet(shards_copy, "valid").verify()
+    assert str(info.value) == (f"{part}: no sha256 recorded in {shards_copy / 'manifest.json'}, so it cannot be "
+                               "checked; rerun `dvc repro encode`")
+
+
+def test_several_changed_shards_are_one_line_with_a_count(shards_copy: Path) -> None:
+    parts = sorted((shards_copy / "train").glob("*.parquet"))
+    for part in parts:
+        part.write_bytes(part.read_bytes()[:-1])
+    with pytest.raises(DataError) as info:
+        ShardSet(shards_copy, "train").verify()
+    message = str(info.value)
+    assert message.startswith(f"{parts[0]}: content does not match the sha256") and "\n" not in message
+    assert f"(and {len(parts) - 1} other shard(s) of split 'train'); rerun `dvc repro encode`" in message
+
+
+def _rewrite(part: Path, column: str, values: list) -> None:
+    """Rewrite one column of a shard, keeping the others (the manifest is not updated)."""
+    table = pq.read_table(part)
+    table = table.set_column(table.column_names.index(column), column, pa.array(values))
+    pq.write_table(table, part)
+
+
+def test_token_ids_beyond_the_vocabulary_are_named_with_the_shard(shards_copy: Path) -> None:
+    data = ShardSet(shards_copy, "valid")
+    part = shards_copy / data.manifest["splits"]["valid"]["shards"][0]["path"]
+    rows = pq.read_table(part).column("src").to_pylist()
+    _rewrite(part, "src", pa.array([[data.vocab_size + 5] * len(r) for r in rows], pa.list_(pa.uint16())))
+    with pytest.raises(DataError) as info:
+        data.fetch([0])
+    assert str(info.value) == (f"{part}: column 'src' holds token id {data.vocab_size + 5}, beyond the vocabulary of "
+                               f"{data.vocab_size} in {shards_copy / 'manifest.json'}; rerun `dvc repro encode`")
+
+
+def test_columns_of_another_type_are_named_with_the_shard(shards_copy: Path) -> None:
+    data = ShardSet(shards_copy, "valid")
+    part = shards_copy / data.manifest["splits"]["valid"]["shards"][0]["path"]
+    ids = pq.read_table(part).column("id").to_pylist()
+    _rewrite(part, "id", [str(i) for i in ids])
+    for read in (data.lengths, lambda: data.fetch([0])):
+        with pytest.raises(DataError, match=rf"^{part}: column 'id' is string, not what the encode stage writes; "
+                                            r"rerun `dvc repro encode`$"):
+            read()

@@ -348,3 +348,54 @@ def test_more_processes_than_gpus_is_one_line_naming_nmt_nproc(monkeypatch):
         distributed.init("cuda")
     assert str(info.value) == (f"environment: local rank {n} needs cuda:{n}, but this machine has {n} CUDA "
                                f"device(s); set NMT_NPROC <= {n}")
+
+
+def _rewritten_shards(workspace: dict[str, Path], tmp_path: Path, change: str, *, record: bool) -> tuple[dict, Path]:
+    """A copy of the workspace whose first train shard is rewritten (``record``: its new sha256 put in the
+    manifest too, as a consistent rewrite would)."""
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shards = Path(shutil.copytree(workspace["shards"], tmp_path / "shards"))
+    part = shards / "train" / "part-00000.parquet"
+    table = pq.read_table(part)
+    if change == "string ids":
+        table = table.set_column(0, "id", pa.array([str(i) for i in table.column("id").to_pylist()]))
+    elif change == "all zeros":
+        zeros = pa.array([[0] * len(r) for r in table.column("src").to_pylist()], table.schema.field("src").type)
+        table = table.set_column(1, "src", zeros)
+    elif change == "empty targets":
+        empty = pa.array([[] for _ in range(table.num_rows)], table.schema.field("tgt").type)
+        table = table.set_column(2, "tgt", empty).set_column(4, "tgt_len", pa.array([0] * table.num_rows, pa.int32()))
+    else:  # ids beyond the 60-piece vocabulary
+        tgt = table.column("tgt")
+        beyond = pa.array([[60 + t for t in r] for r in tgt.to_pylist()], tgt.type)
+        table = table.set_column(2, "tgt", beyond)
+    pq.write_table(table, part)
+    if record:
+        manifest = json.loads((shards / "manifest.json").read_text())
+        manifest["splits"]["train"]["shards"][0]["sha256"] = hashlib.sha256(part.read_bytes()).hexdigest()
+        (shards / "manifest.json").write_text(json.dumps(manifest))
+    return {**workspace, "shards": shards}, part
+
+
+@pytest.mark.parametrize("change", ["string ids", "all zeros", "empty targets", "ids beyond the vocabulary"])
+def test_a_shard_rewritten_after_encode_is_refused_before_the_first_step(workspace, tmp_path, change):
+    ws, part = _rewritten_shards(workspace, tmp_path, change, record=False)
+    with pytest.raises(PipelineError) as info:
+        run_inprocess(tiny_params(tmp_path, ws, max_steps=3), tmp_path)
+    assert str(info.value) == (f"{part}: content does not match the sha256 in {ws['shards'] / 'manifest.json'} "
+                               "(rewritten or damaged after encode); rerun `dvc repro encode`")
+    assert checkpoint.latest(tmp_path / "runs") is None
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ("ids beyond the vocabulary", "column 'tgt' holds token id \\d+, beyond the vocabulary of 60 in "),
+    ("string ids", "column 'id' is string, not what the encode stage writes; "),
+])
+def test_bad_ids_under_a_matching_manifest_are_one_line_naming_the_shard(workspace, tmp_path, change, message):
+    ws, part = _rewritten_shards(workspace, tmp_path, change, record=True)
+    with pytest.raises(PipelineError, match=rf"^{part}: {message}.*rerun `dvc repro encode`$"):
+        run_inprocess(tiny_params(tmp_path, ws, max_steps=3), tmp_path)
