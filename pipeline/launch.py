@@ -25,8 +25,10 @@ Several nodes (run the same command on every node, e.g. from a Slurm or Kubernet
     NMT_MASTER_ADDR / NMT_MASTER_PORT  with NMT_NODE_RANK: node 0's address and a free port (29500)
     NMT_RDZV_ID      job id shared by the nodes (default ``nmt-train``)
     NMT_RDZV_TIMEOUT_S  how long a node waits at the rendezvous for the others (default 600; torchrun's
-                     ``join_timeout``), at the start and after a restart; then it stops with one line
-                     naming the endpoint and the timeout (:func:`pipeline.training.distributed.run_torchrun`)
+                     ``join_timeout`` and ``read_timeout`` (at most 60 s) of c10d, ``timeout`` of the static
+                     rendezvous), at the start and after a restart, in every mode: for its host to resolve,
+                     for the other nodes, for a store that never answers; then it stops with one line naming
+                     the endpoint (:func:`wait_until_resolvable`, :func:`pipeline.training.distributed.run_torchrun`)
     -> torchrun --nnodes=M --nproc_per_node=N (--node_rank/--master_addr | --rdzv_*) -m pipeline.train
 
 A loopback NMT_RDZV_ENDPOINT (127.0.0.1, localhost, ::1) means every node runs on this machine:
@@ -60,7 +62,9 @@ import logging
 import os
 import re
 import shlex
+import socket
 import sys
+import time
 
 from pipeline.core import env
 from pipeline.core.config import load_params
@@ -74,6 +78,8 @@ AGENT_FLAG = "--torchrun"
 #: The agent's pid, handed to its ranks (see :func:`pipeline.train.die_with_agent`).
 AGENT_PID_ENV = "PIPELINE_AGENT_PID"
 LOOPBACK = "127.0.0.1"
+#: torchrun's c10d ``read_timeout`` (its default): a store operation's limit, lowered to NMT_RDZV_TIMEOUT_S.
+READ_TIMEOUT_S = 60
 
 
 def default_nproc() -> int:
@@ -109,7 +115,7 @@ def torchrun_command(train_args: list[str]) -> list[str]:
         host = rendezvous_host(s.rdzv_endpoint)
         cmd += [f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
                 f"--rdzv_endpoint={s.rdzv_endpoint}", f"--rdzv_id={s.rdzv_id}",
-                f"--rdzv_conf=join_timeout={s.rdzv_timeout_s}"]
+                f"--rdzv_conf=join_timeout={s.rdzv_timeout_s},read_timeout={min(s.rdzv_timeout_s, READ_TIMEOUT_S)}"]
         if _is_loopback(host):  # every node on this machine: the stores and the ranks' sockets stay on loopback
             cmd.append(f"--local_addr={LOOPBACK}")
     else:
@@ -120,7 +126,8 @@ def torchrun_command(train_args: list[str]) -> list[str]:
         if s.node_rank >= nnodes:
             raise ConfigError(env.SOURCE, [f"NMT_NODE_RANK={s.node_rank} must be < NMT_NNODES={nnodes}"])
         cmd += [f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", f"--node_rank={s.node_rank}",
-                f"--master_addr={s.master_addr}", f"--master_port={s.master_port}"]
+                f"--master_addr={s.master_addr}", f"--master_port={s.master_port}",
+                f"--rdzv_conf=timeout={s.rdzv_timeout_s}"]
     restarts = default_max_restarts() if s.max_restarts is None else s.max_restarts
     if restarts:
         cmd.append(f"--max-restarts={restarts}")
@@ -155,17 +162,61 @@ def _is_loopback(host: str) -> bool:
 def run_agent(torchrun_args: list[str]) -> int:
     """Be torchrun's agent: its store servers on their host only, the agent's pid in the ranks' env.
 
-    A rendezvous that fails (a node that never joins within ``NMT_RDZV_TIMEOUT_S``) ends it with one
-    line naming the endpoint, not torchrun's traceback.
+    A rendezvous that fails (a host that does not resolve, a node that never joins, something else on
+    the port) ends it within about ``NMT_RDZV_TIMEOUT_S`` with one line naming the endpoint, not
+    torchrun's traceback. The agent's own C++ log lines (each failed connection attempt of a store
+    client, with its C++ stack) are silenced unless ``TORCH_CPP_LOG_LEVEL`` is set; the ranks keep theirs.
     """
     os.environ[AGENT_PID_ENV] = str(os.getpid())
+    try:
+        wait_until_resolvable()
+    except PipelineError as exc:
+        print(f"error: stage train: {exc}", file=sys.stderr)
+        return 1
+    quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ
+    if quiet:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"  # read once, when torch loads
     from pipeline.training import distributed  # torch only now: --dry-run and errors stay fast
 
+    if quiet:
+        del os.environ["TORCH_CPP_LOG_LEVEL"]  # the ranks inherit this environment
     try:
         return distributed.run_torchrun(torchrun_args)
     except PipelineError as exc:
         print(f"error: stage train: {exc}", file=sys.stderr)
         return 1
+
+
+def wait_until_resolvable() -> None:
+    """Wait, up to ``NMT_RDZV_TIMEOUT_S``, for the host of a multi-node rendezvous to resolve.
+
+    A cluster's name service may list a node only once it runs, so a name that does not resolve is
+    asked again each second. torch's store client would retry too, for 60 s per attempt, and print a
+    C++ stack for each.
+
+    Raises:
+        ConfigError: the host still does not resolve: one line naming the variable and the host.
+    """
+    s = env.settings()
+    if s.nnodes == 1:
+        return
+    name, value = ("NMT_RDZV_ENDPOINT", s.rdzv_endpoint) if s.rdzv_endpoint else ("NMT_MASTER_ADDR", s.master_addr)
+    if not value:
+        return
+    host = rendezvous_host(value).strip("[]") if name == "NMT_RDZV_ENDPOINT" else value.strip("[]")
+    deadline = time.monotonic() + s.rdzv_timeout_s
+    while True:
+        try:
+            socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            return
+        except (socket.gaierror, UnicodeError) as exc:
+            if time.monotonic() >= deadline:
+                why = getattr(exc, "strerror", None) or str(exc)
+                raise ConfigError(env.SOURCE, [
+                    f"{name}={value!r}: host {host!r} did not resolve within {s.rdzv_timeout_s} s "
+                    f"(NMT_RDZV_TIMEOUT_S) [{why}]; name a host every node can resolve (node 0's name or "
+                    "address), or raise NMT_RDZV_TIMEOUT_S if its name is published later"]) from None
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
 def check_params(train_args: list[str]) -> None:

@@ -165,8 +165,8 @@ class Settings:
     rdzv_id: str = field(default="nmt-train", metadata=meta(
         "NMT_RDZV_ID", TEXT, "job id shared by the nodes of a dynamic rendezvous"))
     rdzv_timeout_s: int = field(default=600, metadata=meta(
-        "NMT_RDZV_TIMEOUT_S", integer(1), "seconds a node waits at the dynamic rendezvous for the others (start, "
-        "restart: torchrun's `join_timeout`)"))
+        "NMT_RDZV_TIMEOUT_S", integer(1), "seconds a node waits at the rendezvous in every mode (start, restart): for "
+        "its host, the others, a store that answers"))
     max_restarts: int | None = field(default=None, metadata=meta(
         "NMT_MAX_RESTARTS", integer(0), "how often torchrun restarts the worker group after a rank fails; "
         "each restart resumes from the newest checkpoint", shown="3 on GPU jobs, else 0"))

@@ -21,13 +21,16 @@ A rank dies with its torchrun agent: :func:`pipeline.train.die_with_agent` arms 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import ipaddress
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterable
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +45,9 @@ DEFAULT_TIMEOUT_S = env.Settings.dist_timeout_s
 _BUCKET_BYTES = 32 << 20
 #: The rendezvous round the ranks were started in, set by the agent (:func:`fresh_store_every_round`).
 ROUND_ENV = "PIPELINE_RDZV_ROUND"
+#: Seconds past ``NMT_RDZV_TIMEOUT_S`` before a rendezvous torch did not end by itself is ended
+#: (:func:`bound_rendezvous`): torch's own timeout error, a few seconds after the timeout, comes first.
+RDZV_GRACE_S = 10
 
 
 class CollectiveError(PipelineError):
@@ -344,16 +350,25 @@ def fresh_store_every_round() -> None:
     DynamicRendezvousHandler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
 
 
+def _rendezvous_where(s: env.Settings) -> tuple[str, str]:
+    """Where this node meets the others, and the variables the other nodes must share (for the messages)."""
+    if s.nnodes == 1:
+        return "127.0.0.1 (this node's own rendezvous)", "NMT_RDZV_ID"
+    if s.rdzv_endpoint:
+        return f"{s.rdzv_endpoint} (NMT_RDZV_ENDPOINT)", "NMT_RDZV_ENDPOINT and NMT_RDZV_ID"
+    return f"{s.master_addr}:{s.master_port} (NMT_MASTER_ADDR:NMT_MASTER_PORT)", "NMT_MASTER_ADDR and NMT_MASTER_PORT"
+
+
 def rendezvous_error_message(exc: Exception) -> str:
     """One line for a failed rendezvous (a ``RendezvousError`` of torchrun), naming the endpoint and what to do."""
     from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
 
     s = env.settings()
-    where = f"{s.rdzv_endpoint} (NMT_RDZV_ENDPOINT)"
+    where, same = _rendezvous_where(s)
     if isinstance(exc, RendezvousTimeoutError):
         return (f"rendezvous {s.rdzv_id!r} at {where} timed out after {s.rdzv_timeout_s} s (NMT_RDZV_TIMEOUT_S): "
                 f"fewer than NMT_NNODES={s.nnodes} nodes joined; start the missing node(s) with the same "
-                "NMT_RDZV_ENDPOINT and NMT_RDZV_ID, or raise NMT_RDZV_TIMEOUT_S")
+                f"{same}, or raise NMT_RDZV_TIMEOUT_S")
     inner = exc.__cause__ or exc
     cause = (str(inner).strip().splitlines() or [type(inner).__name__])[0][-200:]
     if isinstance(exc, RendezvousConnectionError):
@@ -362,8 +377,76 @@ def rendezvous_error_message(exc: Exception) -> str:
     return f"rendezvous {s.rdzv_id!r} at {where} failed: {type(exc).__name__}: {cause}"
 
 
+def hung_rendezvous_message() -> str:
+    """One line for a rendezvous still waiting after ``NMT_RDZV_TIMEOUT_S`` (:func:`bound_rendezvous`)."""
+    s = env.settings()
+    where, same = _rendezvous_where(s)
+    return (f"rendezvous {s.rdzv_id!r} at {where} did not complete within {s.rdzv_timeout_s} s (NMT_RDZV_TIMEOUT_S): "
+            f"nothing there answered as a rendezvous store (another program on that port?) or fewer than "
+            f"NMT_NNODES={s.nnodes} nodes joined; check {same} on every node, or raise NMT_RDZV_TIMEOUT_S")
+
+
+@contextlib.contextmanager
+def bound_rendezvous(limit_s: float, on_hang: Callable[[], None]) -> Iterator[None]:
+    """Make every rendezvous of torchrun's agent in the block end within ``limit_s`` seconds, in every mode.
+
+    torch gives up by itself where it has a timeout for the wait (``join_timeout`` and ``read_timeout`` of the
+    c10d backend, ``timeout`` of the static one, all set from ``NMT_RDZV_TIMEOUT_S`` by :mod:`pipeline.launch`),
+    but a store client that reached something other than a store (an HTTP server on the port) waits for its
+    answer forever, inside C++, where no Python signal handler runs. So a timer calls ``on_hang`` (which
+    must end the process) unless the rendezvous is done by then: the first one counts from this call (torchrun
+    connects to the c10d store while it builds the rendezvous handler), each later one (after a restart) from
+    its start; each ends when ``SimpleElasticAgent._rendezvous`` (torch/distributed/elastic/agent/server/api.py:
+    the rendezvous and the ranks' assignment, before any worker starts) returns. A store error it raises (a
+    static rendezvous' ``DistStoreError``/``DistNetworkError``, which torchrun would print as a traceback)
+    becomes torchrun's ``RendezvousTimeoutError``/``RendezvousConnectionError``.
+    """
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.rendezvous import (RendezvousConnectionError, RendezvousError,
+                                                      RendezvousTimeoutError)
+
+    def arm() -> threading.Timer:
+        timer = threading.Timer(limit_s, on_hang)
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    armed = [arm()]  # the first rendezvous: from now
+    original = SimpleElasticAgent._rendezvous
+
+    def _rendezvous(self, worker_group):  # noqa: ANN001, ANN202 - torch's signature
+        timer = armed.pop() if armed else arm()
+        try:
+            return original(self, worker_group)
+        except RendezvousError:
+            raise
+        except (dist.DistError, TimeoutError) as exc:
+            kind = RendezvousTimeoutError if "timed out" in str(exc).lower() else RendezvousConnectionError
+            raise kind(str(exc)) from exc
+        finally:
+            timer.cancel()
+
+    SimpleElasticAgent._rendezvous = _rendezvous  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        SimpleElasticAgent._rendezvous = original  # type: ignore[method-assign]
+        for timer in armed:  # torchrun ended before its first rendezvous
+            timer.cancel()
+
+
+def _end_hung_agent() -> None:
+    """End this agent at once with :func:`hung_rendezvous_message` (its main thread is stuck in C++)."""
+    sys.stderr.write(f"error: stage train: {hung_rendezvous_message()}\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
 def run_torchrun(torchrun_args: list[str]) -> int:
     """Run torchrun's agent in this process, its store servers bound to their host only.
+
+    A rendezvous still waiting ``RDZV_GRACE_S`` after ``NMT_RDZV_TIMEOUT_S`` ends the process (exit code 1)
+    with one line naming the endpoint (:func:`bound_rendezvous`).
 
     Returns:
         0 when every rank succeeded, else the first failed rank's exit code (``128 + signal`` for a
@@ -382,7 +465,8 @@ def run_torchrun(torchrun_args: list[str]) -> int:
     from torch.distributed.run import main as torchrun
 
     try:
-        torchrun(torchrun_args)
+        with bound_rendezvous(env.settings().rdzv_timeout_s + RDZV_GRACE_S, _end_hung_agent):
+            torchrun(torchrun_args)
     except RendezvousError as exc:
         raise RendezvousFailed(rendezvous_error_message(exc)) from None
     except ChildFailedError as exc:

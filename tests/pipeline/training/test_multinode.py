@@ -14,9 +14,13 @@ rendezvous on a loopback port, gloo, one CPU process each), checked against one 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,7 +29,9 @@ import pytest
 from pipeline import launch
 from pipeline.core.errors import ConfigError
 from tests.helpers import faultutil as fu
-from tests.helpers.nodes import LoopbackJob
+from tests.helpers.httpserver import serve
+from tests.helpers.nodes import LoopbackJob, free_port
+from tests.helpers.paths import REPO
 from tests.helpers.train import make_workspace, tiny_params
 
 STEPS = 8
@@ -180,12 +186,17 @@ def test_a_loopback_rendezvous_keeps_every_node_on_loopback_and_passes_the_join_
     monkeypatch.setenv("NMT_RDZV_TIMEOUT_S", "30")
     assert launch.torchrun_command([])[4:] == [
         "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29411",
-        "--rdzv_id=nmt-train", "--rdzv_conf=join_timeout=30", "--local_addr=127.0.0.1", "--max-restarts=2",
-        "-m", "pipeline.train"]
+        "--rdzv_id=nmt-train", "--rdzv_conf=join_timeout=30,read_timeout=30", "--local_addr=127.0.0.1",
+        "--max-restarts=2", "-m", "pipeline.train"]
     monkeypatch.setenv("NMT_RDZV_ENDPOINT", "node0.internal:29400")  # a cluster: each node's own address
     monkeypatch.delenv("NMT_RDZV_TIMEOUT_S")
     cmd = launch.torchrun_command([])
-    assert "--rdzv_conf=join_timeout=600" in cmd and not any(a.startswith("--local_addr") for a in cmd)
+    assert "--rdzv_conf=join_timeout=600,read_timeout=60" in cmd
+    assert not any(a.startswith("--local_addr") for a in cmd)
+    monkeypatch.delenv("NMT_RDZV_ENDPOINT")  # the static rendezvous waits as long
+    monkeypatch.setenv("NMT_NODE_RANK", "1")
+    monkeypatch.setenv("NMT_MASTER_ADDR", "node0.internal")
+    assert "--rdzv_conf=timeout=600" in launch.torchrun_command([])
 
 
 @pytest.mark.parametrize(("name", "value", "message"), [
@@ -204,3 +215,61 @@ def test_a_bad_rendezvous_setting_is_one_line_naming_the_variable(monkeypatch, n
     with pytest.raises(ConfigError) as info:
         launch.torchrun_command([])
     assert str(info.value) == message
+
+
+RDZV_TIMEOUT_S = 3
+#: What each rendezvous that cannot complete ends with (``{where}``: the endpoint as the line names it).
+HUNG = ("error: stage train: rendezvous 'nmt-train' at {where} did not complete within 3 s (NMT_RDZV_TIMEOUT_S): "
+        "nothing there answered as a rendezvous store (another program on that port?) or fewer than NMT_NNODES=2 "
+        "nodes joined; check NMT_RDZV_ENDPOINT and NMT_RDZV_ID on every node, or raise NMT_RDZV_TIMEOUT_S")
+ALONE = ("error: stage train: rendezvous 'nmt-train' at {where} timed out after 3 s (NMT_RDZV_TIMEOUT_S): fewer than "
+         "NMT_NNODES=2 nodes joined; start the missing node(s) with the same NMT_MASTER_ADDR and NMT_MASTER_PORT, or "
+         "raise NMT_RDZV_TIMEOUT_S")
+UNRESOLVED = (r"error: stage train: environment: NMT_RDZV_ENDPOINT='nonexistent\.invalid:29400': host "
+              r"'nonexistent\.invalid' did not resolve within 3 s \(NMT_RDZV_TIMEOUT_S\) \[[^]]+\]; name a host every "
+              r"node can resolve \(node 0's name or address\), or raise NMT_RDZV_TIMEOUT_S if its name is published later")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["unresolvable", "http-server", "static-node-0-alone", "static-node-1-alone"])
+def test_every_rendezvous_wait_ends_within_the_timeout_with_one_line_naming_the_endpoint(tmp_path, case):
+    """``NMT_RDZV_TIMEOUT_S`` bounds each way a rendezvous can wait: a host that does not resolve, a port where
+    something other than a store answers (it never replies to the store's handshake), and a static rendezvous
+    whose other node is missing (node 0 waits for its clients, node 1 for node 0's store). No rank starts, so
+    the tiny profile's params (its data never made) are enough."""
+    from pipeline.project.profiles import render
+    from pipeline.training.distributed import RDZV_GRACE_S
+
+    params = tmp_path / "params.yaml"
+    params.write_text(render("tiny", REPO), encoding="utf-8")
+    with contextlib.ExitStack() as stack:
+        if case == "unresolvable":
+            rdzv = {"NMT_RDZV_ENDPOINT": "nonexistent.invalid:29400"}
+        elif case == "http-server":
+            url, _ = stack.enter_context(serve(tmp_path))
+            rdzv = {"NMT_RDZV_ENDPOINT": url.removeprefix("http://").rstrip("/")}
+            expected = HUNG.format(where=f"{rdzv['NMT_RDZV_ENDPOINT']} (NMT_RDZV_ENDPOINT)")
+        else:
+            port = free_port()
+            rdzv = {"NMT_NODE_RANK": case[len("static-node-")], "NMT_MASTER_ADDR": "127.0.0.1",
+                    "NMT_MASTER_PORT": str(port)}
+            expected = ALONE.format(where=f"127.0.0.1:{port} (NMT_MASTER_ADDR:NMT_MASTER_PORT)")
+        env = fu.job_env(1, {"NMT_NNODES": "2", "NMT_RDZV_TIMEOUT_S": str(RDZV_TIMEOUT_S), **rdzv})
+        started = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.launch", "--params", str(params)], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        elapsed = time.monotonic() - started
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    if case == "unresolvable":
+        assert len(errors) == 1 and re.fullmatch(UNRESOLVED, errors[0]), out[-3000:]
+    else:
+        assert errors == [expected], out[-3000:]
+    assert proc.returncode == 1, out[-3000:]
+    assert "Traceback" not in out and "frame #" not in out and "[c10d]" not in out, out[-3000:]
+    # the timeout, the watchdog's grace, and the start-up (torch's import) on 2 busy cores
+    assert elapsed < RDZV_TIMEOUT_S + RDZV_GRACE_S + 20, elapsed
