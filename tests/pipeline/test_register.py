@@ -183,7 +183,7 @@ def test_the_translator_can_carry_a_ctranslate2_export(model_dir: Path, tmp_path
     assert "params.engine 'onnx': this model has torch, ctranslate2" in out["error"]
     version = _client().get_model_version_by_alias("tiny-ct2", "candidate")
     files = {Path(f).name for f in _artifact_files(version.source)}
-    assert {"model.bin", "nmt_model.json", "spm.model"} <= files
+    assert {"model.bin", "nmt_model.json", "spm.model", "nmt_sha256.json"} <= files  # the digest travels along
 
 
 def _artifact_files(model_uri: str) -> list[str]:
