@@ -25,6 +25,7 @@ from pipeline.core import torchfile
 from pipeline.core.config import AverageConfig, Params
 from pipeline.core.errors import CheckpointError
 from pipeline.core.stage import read_json, stage_main
+from pipeline.core.textio import atomic_path, refuse_foreign
 from pipeline.inference import model_file
 from pipeline.training import checkpoint
 
@@ -187,7 +188,7 @@ def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, mod
         cfg: the ``average`` section.
         train_dir: ``paths.train`` with ``step-NNNNNNNN/{model.pt,state.json,DONE}`` folders.
         bpe_dir: ``paths.bpe`` holding ``spm.model`` (embedded in the output).
-        model_dir: ``paths.model``; receives ``averaged.pt``.
+        model_dir: ``paths.model``; written whole (``averaged.pt``), replacing only a folder this stage wrote.
 
     Returns:
         The checkpoints and steps used, how many were requested, the incomplete folders (no ``DONE``)
@@ -199,6 +200,7 @@ def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, mod
     """
     from pipeline.core import tracking
 
+    refuse_foreign(Path(model_dir), "model")  # before the work, not only at the swap
     chosen, skipped = _choose(cfg.last_n, train_dir)
     spm_path = Path(bpe_dir) / "spm.model"
     try:
@@ -217,7 +219,9 @@ def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, mod
     weights = average_state_dicts([p / "model.pt" for p in chosen])
     _check_loads(config, weights, chosen[-1] / "model.pt")
     out = model_file.path_in(model_dir)
-    model_file.save(out, weights=weights, config=config, spm=spm_bytes)
+    with atomic_path(model_dir, role="model") as tmp:  # the folder whole: replaced only if this stage wrote it
+        tmp.mkdir()
+        model_file.save(model_file.path_in(tmp), weights=weights, config=config, spm=spm_bytes)
     metrics = {
         "checkpoints": [p.name for p in chosen],
         "steps": [int(p.name.split("-")[1]) for p in chosen],

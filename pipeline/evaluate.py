@@ -33,7 +33,7 @@ from pipeline import average
 from pipeline.core.config import EvaluateConfig, Params
 from pipeline.core.errors import CheckpointError, DataError
 from pipeline.core.stage import stage_main
-from pipeline.core.textio import read_lines, write_lines
+from pipeline.core.textio import atomic_path, read_lines, refuse_foreign, write_lines
 from pipeline.data.shards import ShardSet
 from pipeline.inference import model_file
 from pipeline.inference.decoding import Translator, decode_sources, detokenize, load_translator, prepare_source
@@ -251,7 +251,8 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, shards_dir: str | Path,
         model_dir: ``paths.model`` holding ``averaged.pt``.
         shards_dir: ``paths.shards`` (valid and test splits are decoded).
         raw_dir: ``paths.raw`` holding the untouched references ``{valid,test}.de``.
-        eval_dir: ``paths.eval``; receives ``{valid,test}.hyp.de`` and ``valid.newest.hyp.de``.
+        eval_dir: ``paths.eval``; written whole (``{valid,test}.hyp.de``, ``valid.newest.hyp.de``), replacing
+            only a folder this stage wrote.
         train_dir: ``paths.train``; its newest complete checkpoint is scored on valid.
         spm_model: ``<paths.bpe>/spm.model``, the BPE model the checkpoints were trained with.
 
@@ -263,6 +264,7 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, shards_dir: str | Path,
         CheckpointError: unreadable model file or checkpoint, no checkpoint in ``train_dir``.
         DataError: shards/references/BPE model that disagree.
     """
+    refuse_foreign(Path(eval_dir), "eval")  # before the work, not only at the swap
     translator = load_translator(model_file.path_in(model_dir))
     log.info("evaluating on %s", translator.device)
     data = {}
@@ -273,14 +275,19 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, shards_dir: str | Path,
     newest = checkpoint_translator(folder, spm_model)  # on CPU until the averaged model is done
     newest_sources = load_sources(shards_dir, "valid", newest)
     valid_shards = ShardSet(shards_dir, "valid")
-    hyp_paths = {split: Path(eval_dir) / f"{split}.hyp.{TARGET_LANG}" for split in SETS}
-    report = _evaluate_averaged(cfg, translator, data, hyp_paths)
-    report["valid"].update(_perplexity_fields(translator.model, valid_shards, cfg.max_tokens))
-    translator.model.to("cpu")  # one model on the accelerator at a time
-    newest.model.to(translator.device)
-    newest = dataclasses.replace(newest, device=translator.device)
-    figures = _evaluate_newest(cfg, newest, newest_sources, data["valid"][2], Path(eval_dir) / NEWEST_HYP,
-                               beam=report["chosen"]["beam"], alpha=report["chosen"]["alpha"])
+    with atomic_path(eval_dir, role="eval") as out:  # the folder whole: replaced only if this stage wrote it
+        out.mkdir()
+        report = _evaluate_averaged(cfg, translator, data, {split: out / f"{split}.hyp.{TARGET_LANG}"
+                                                            for split in SETS})
+        report["valid"].update(_perplexity_fields(translator.model, valid_shards, cfg.max_tokens))
+        translator.model.to("cpu")  # one model on the accelerator at a time
+        newest.model.to(translator.device)
+        newest = dataclasses.replace(newest, device=translator.device)
+        figures = _evaluate_newest(cfg, newest, newest_sources, data["valid"][2], out / NEWEST_HYP,
+                                   beam=report["chosen"]["beam"], alpha=report["chosen"]["alpha"])
+    for entry in (report["valid"], report["test"], figures):  # name the files where they now are
+        if "hypotheses" in entry:
+            entry["hypotheses"] = str(Path(eval_dir) / Path(entry["hypotheses"]).name)
     report["valid_newest"] = {"step": step, "checkpoint": str(folder), **figures,
                               **_perplexity_fields(newest.model, valid_shards, cfg.max_tokens)}
     _log_run(report)

@@ -6,9 +6,10 @@ fairseq and OpenNMT-py converters do; CTranslate2 writes ``model.bin``, ``config
 vocabularies itself. Beside them this module writes ``spm.model`` (the SentencePiece model) and
 ``nmt_model.json`` (this project's ``TransformerConfig``), so the directory is all that
 ``nmt translate --engine ctranslate2`` needs, and last ``nmt_sha256.json``, the size and sha256 of every
-file (:mod:`pipeline.core.digest`), checked by :func:`load` before CTranslate2 reads anything: flipped
+file (:mod:`pipeline.inference.digest`), checked by :func:`load` before CTranslate2 reads anything: flipped
 bytes in ``model.bin`` are refused, not translated into garbage. It is written into a temporary sibling and
-renamed into place: an interrupted export leaves no half-written directory.
+renamed into place: an interrupted export leaves no half-written directory, and the swap replaces only a
+folder an earlier export wrote (its ``.nmt-output`` marker), never the current folder or one holding the input.
 
 Decoding: sources are prepared exactly as for the torch engine (normalised, BPE, cut to
 ``max_positions`` with EOS); sentences with one max length (a function of the source length) go
@@ -22,23 +23,24 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from model import TransformerConfig, max_length
-from pipeline.core import digest
 from pipeline.core.errors import PipelineError
+from pipeline.core.paths import output_problem
+from pipeline.core.textio import atomic_path
+from pipeline.inference import digest
 
 log = logging.getLogger(__name__)
 
 SPM_NAME = "spm.model"
 CONFIG_NAME = "nmt_model.json"
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16")
+#: The role an export folder's marker names (pipeline/core/textio.py, atomic_path): only such a folder is replaced.
+EXPORT_ROLE = "ctranslate2 export"
 #: The layer-norm epsilon of torch.nn.LayerNorm (CTranslate2's default differs).
 LAYER_NORM_EPS = 1e-5
 
@@ -131,6 +133,10 @@ def export(model_path: str | Path, output: str | Path, quantization: str = "floa
 
     if quantization not in QUANTIZATIONS:
         raise PipelineError(f"--quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
+    output = Path(output)
+    if problem := output_problem(output, inputs=[model_path]):
+        raise PipelineError(f"--output {output}: refusing to write there: {problem}; name a new folder, e.g. "
+                            f"{Path(model_path).parent}-ct2")
     mf = model_file.load(model_path)
     sp = spm.SentencePieceProcessor(model_proto=mf.spm)
     vocabulary = _vocabulary(sp)
@@ -143,19 +149,11 @@ def export(model_path: str | Path, output: str | Path, quantization: str = "floa
         def _load(self) -> Any:
             return spec
 
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
-        _FromSpec().convert(str(tmp / "model"), quantization=None if quantization == "float32" else quantization)
-        (tmp / "model" / SPM_NAME).write_bytes(mf.spm)
-        (tmp / "model" / CONFIG_NAME).write_text(json.dumps(mf.config.to_dict(), indent=1) + "\n")
-        digest.write(tmp / "model")  # last: it records every file above
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(tmp / "model", output)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with atomic_path(output, role=EXPORT_ROLE) as tmp:  # replaces only an export this function wrote
+        _FromSpec().convert(str(tmp), quantization=None if quantization == "float32" else quantization)
+        (tmp / SPM_NAME).write_bytes(mf.spm)
+        (tmp / CONFIG_NAME).write_text(json.dumps(mf.config.to_dict(), indent=1) + "\n")
+        digest.write(tmp)  # last: it records every file above
     log.info("exported %s to %s (CTranslate2, %s)", model_path, output, quantization)
     return output
 
@@ -278,7 +276,9 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("export", help="export an averaged.pt for another inference engine (CTranslate2)")
     p.add_argument("--format", choices=("ctranslate2",), default="ctranslate2", help="engine format")
     p.add_argument("--model", required=True, help="an averaged.pt written by the average stage")
-    p.add_argument("--output", required=True, help="directory to write (replaced atomically if it exists)")
+    p.add_argument("--output", required=True,
+                   help="folder to write (a folder an earlier export wrote is replaced atomically; any other is "
+                        "refused)")
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="float32",
                    help="weight type in the export (int8: a quarter of the size, 1.0-2.3x float32's speed on the "
                         "2-core CPUs of benchmarks/RESULTS.md)")

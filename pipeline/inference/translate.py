@@ -288,13 +288,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _translate(args: argparse.Namespace, translator: Translator | Ct2Translator, raw: list[bytes] | None) -> None:
     """Translate the input ``raw`` (or stdin when None) to the output, then draw the attention figure if asked."""
-    from pipeline.core.textio import write_lines
+    from pipeline.core.textio import refuse_foreign, write_lines
 
+    to_file = args.output not in (None, "-")
+    if to_file:
+        refuse_foreign(Path(args.output), None)  # a folder is refused before the work, not after it
     pick = None
     if args.attention_png:
         check_attention_layer(args.attention_layer, translator.config.n_layers)
         pick = AttentionPick(args.attention_line)
-    to_file = args.output not in (None, "-")
     outputs: list[str] = []
     total = translate_chunks(
         translator, [raw] if raw is not None else stream_chunks(sys.stdin.fileno()),

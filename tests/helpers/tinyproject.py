@@ -28,8 +28,8 @@ def make_tiny_project(dest: Path, *, gitignore: bool = True) -> Path:
         shutil.copy(REPO / ".gitignore", dest / ".gitignore")
     for folder in {*code_folders(REPO / "dvc.yaml"), "profiles"}:
         shutil.copytree(REPO / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    init_git_dvc(dest)  # first: the profile switch takes the workspace lock, which lives in .dvc/tmp
     write_profile("tiny", dest)
-    init_git_dvc(dest)
     git(dest, "add", "-A")
     git(dest, "commit", "-qm", "tiny project")
     return dest

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -285,7 +286,8 @@ def test_cli_reads_paths_from_params(model_dir: Path, tmp_path: Path, repo_root:
 
     paths = _write_eval(tmp_path, valid_bleu=5.0, test_hyps=GOOD)
     params = merged_profile("tiny", repo_root)
-    params["paths"].update(model=str(model_dir), eval=str(paths["eval_dir"]), raw=str(paths["raw_dir"]),
+    shutil.copytree(model_dir, tmp_path / "model")  # paths.* lie in the params file's folder
+    params["paths"].update(model=str(tmp_path / "model"), eval=str(paths["eval_dir"]), raw=str(paths["raw_dir"]),
                            metrics=str(tmp_path / "metrics"))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     assert main(["--params", str(tmp_path / "params.yaml")]) == 0

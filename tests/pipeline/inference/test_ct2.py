@@ -214,7 +214,7 @@ def test_odd_paths_are_one_line(exported: tuple[Path, Path], tmp_path: Path, odd
 @pytest.mark.parametrize("damage", ["model.bin", "nmt_model.json", "spm.model"])
 def test_a_damaged_file_recorded_in_a_new_digest_is_still_one_line(exported: tuple[Path, Path], tmp_path: Path,
                                                                     damage: str) -> None:
-    from pipeline.core import digest
+    from pipeline.inference import digest
 
     folder = _copy(exported[1], tmp_path)
     data = (folder / damage).read_bytes()
