@@ -192,10 +192,13 @@ def check(model_dir: str | Path, *, remedy: str | None = None) -> Path:
     """
     model_dir = Path(model_dir)
     remedy = remedy or f"export it again with {_export_command(model_dir)}"
+    if model_dir.exists() and not model_dir.is_dir():
+        raise PipelineError(f"{model_dir}: a file, not a CTranslate2 export folder; translate an averaged.pt with "
+                            f"--engine torch, or export it with `nmt export --format ctranslate2 --model {model_dir} "
+                            f"--output {model_dir.parent}-ct2` and give that folder")
     if not model_dir.is_dir():
-        what = "is a file, not a CTranslate2 export folder" if model_dir.exists() else "not found"
-        raise PipelineError(f"{model_dir}: {what}; give the folder `nmt export` wrote (an averaged.pt goes with "
-                            f"--engine torch), or write one with {_export_command(model_dir)}")
+        raise PipelineError(f"{model_dir}: not found; give the folder `nmt export` wrote, or write one with "
+                            f"{_export_command(model_dir)}")
     missing = [n for n in ("model.bin", SPM_NAME, CONFIG_NAME) if not (model_dir / n).is_file()]
     if missing:
         raise PipelineError(f"{model_dir}: not a CTranslate2 export ({', '.join(missing)} missing); write one "

@@ -105,7 +105,9 @@ def test_bad_exports_and_options_are_refused_naming_the_problem(exported: tuple[
         ct2.export(model, tmp_path / "x", "int4")
     assert main(["translate", "--engine", "ctranslate2", "--model", str(model), "--input", str(model)]) == 1
     err = capsys.readouterr().err
-    assert f"{model}: is a file, not a CTranslate2 export folder; give the folder `nmt export` wrote" in err
+    assert (f"error: {model}: a file, not a CTranslate2 export folder; translate an averaged.pt with --engine torch, "
+            f"or export it with `nmt export --format ctranslate2 --model {model} --output {model.parent}-ct2` and give "
+            "that folder\n") in err
     assert main(["translate", "--engine", "ctranslate2", "--model", str(out), "--attention-png", "a.png"]) == 1
     assert "--attention-png draws the torch model's attention" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
@@ -208,7 +210,7 @@ def test_odd_paths_are_one_line(exported: tuple[Path, Path], tmp_path: Path, odd
         (folder / "model.bin").unlink()
     lines = _translate_error(folder)
     assert len(lines) == 1 and lines[0].startswith(f"error: {folder}: "), lines
-    assert "nmt export --format ctranslate2" in lines[0]
+    assert "nmt export --format ctranslate2 --model " in lines[0]
 
 
 @pytest.mark.parametrize("damage", ["model.bin", "nmt_model.json", "spm.model"])
