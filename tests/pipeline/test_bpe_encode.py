@@ -37,7 +37,7 @@ def test_bpe_is_deterministic_with_fixed_special_ids(tmp_path: Path, corpus: tup
     _, clean, first = corpus
     second = run_bpe(tmp_path, clean, "again")
     assert sha_tree(first) == sha_tree(second)
-    assert sorted(sha_tree(first)) == ["spm.model", "spm.vocab"]
+    assert sorted(sha_tree(first)) == [".nmt-output", "spm.model", "spm.vocab"]  # the marker names the role
     sp = spm.SentencePieceProcessor(model_file=str(first / "spm.model"))
     assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (0, 1, 2, 3)
     assert [sp.id_to_piece(i) for i in range(4)] == ["<pad>", "<unk>", "<s>", "</s>"]
@@ -106,7 +106,7 @@ def test_encode_twice_byte_identical_any_worker_count(tmp_path: Path, corpus: tu
     monkeypatch.setenv("NMT_ENCODE_WORKERS", "2")
     pooled = sha_tree(run_encode(tmp_path, clean, bpe_dir, "two", shard_rows=70))
     assert first == again == pooled
-    assert len(first) == 1 + 5 + 1 + 1  # manifest + 300/70 train + valid + test shards
+    assert len(first) == 1 + 1 + 5 + 1 + 1  # marker + manifest + 300/70 train + valid + test shards
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 

@@ -134,7 +134,7 @@ def _sacrebleu_sgm(data: bytes, tmp: Path) -> list[str]:
 def test_full_download_over_http(statmt, tmp_path: Path) -> None:
     base, faults, c, root = statmt
     raw = _run(tmp_path, _spec(base))
-    assert sorted(os.listdir(raw)) == ["manifest.json", "test.de", "test.en", "train.de", "train.en",
+    assert sorted(os.listdir(raw)) == [".nmt-output", "manifest.json", "test.de", "test.en", "train.de", "train.en",
                                       "valid.de", "valid.en"]
     for lang in ("en", "de"):
         train = c["europarl"][lang] + c["commoncrawl"][lang] + c["news-commentary"][lang]
