@@ -377,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         timeouts, delays = _parse_timeouts(args.timeout), _parse_timeouts(args.retry_delay)
         _select(args.stages, dvc_stages(args.repo), args.repo)  # refused before any server, lock or MLflow run
+        tracking.require_configured_server()  # an unreachable MLflow server too
         if not PREFECT_API_URL.value():  # no server configured: a temporary one, then this command again
             os.environ["PREFECT_API_URL"] = start_temporary_server()
             sys.stdout.flush()

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from pipeline.core import env, gitstate
+from pipeline.core.errors import PipelineError
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,47 @@ def tracking_uri(root: str | Path = ".") -> str:
     store = Path(root).resolve() / ".mlflow"
     store.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{store / 'mlflow.db'}"
+
+
+#: How long the reachability check of a tracking server waits (MLflow's own requests retry for minutes).
+SERVER_CHECK_TIMEOUT_S = 5.0
+
+
+@functools.lru_cache(maxsize=8)  # an answer is kept for the process; a failure is not (it raises)
+def require_server(uri: str, timeout_s: float = SERVER_CHECK_TIMEOUT_S) -> None:
+    """Fail at once, in one line, when ``uri`` is an http(s) tracking server that does not answer.
+
+    MLflow's client retries a refused connection with a backoff that lasts minutes, then fails with a
+    traceback of a hundred lines; this asks the server's ``/health`` once, within ``timeout_s``. Any
+    HTTP answer counts as reachable (MLflow then reports its own errors); other stores are not checked.
+
+    Raises:
+        PipelineError: naming ``MLFLOW_TRACKING_URI`` (credentials in it masked), why, and what to do.
+    """
+    if not re.match(r"^https?://", uri):
+        return
+    import requests
+
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s, allow_redirects=False).close()
+        return
+    except requests.exceptions.SSLError:
+        return  # a server answered; TLS settings are MLflow's to apply (MLFLOW_TRACKING_INSECURE_TLS...)
+    except requests.exceptions.Timeout:
+        reason = f"no answer within {timeout_s:g} s"
+    except requests.RequestException as exc:
+        inner = getattr(exc.args[0], "reason", None) if exc.args else None
+        reason = str(inner or exc).rsplit("): ", 1)[-1]
+    shown = re.sub(r"^(https?://)[^/]*@", r"\1***@", uri)
+    raise PipelineError(f"MLFLOW_TRACKING_URI={shown}: no tracking server answers ({reason}); start it or set "
+                        "MLFLOW_TRACKING_URI to a running server, or set NMT_TRACKING=off to run without tracking")
+
+
+def require_configured_server() -> None:
+    """:func:`require_server` on ``MLFLOW_TRACKING_URI`` when tracking is on and the variable is set."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri and enabled():
+        require_server(uri)
 
 
 def git_tags(root: str | Path = ".", *, temporary_params: bool = False) -> dict[str, str]:
@@ -205,6 +249,7 @@ def stage_run(stage: str, *, root: str | Path = ".", resume_run_id: str | None =
     if not (active and enabled()):
         handle = StageRun()
     else:
+        require_configured_server()  # before the stage's work, not when its run first opens
         started_ms = int(time.time() * 1000)
         handle = StageRun(opener=lambda resume: _open_stage_run(stage, Path(root), resume, started_ms))
         handle.resume(resume_run_id)
@@ -261,9 +306,11 @@ def current() -> StageRun:
 
 
 def mlflow_client(root: str | Path = ".") -> Any:
+    """An MLflow client on :func:`tracking_uri` (tracking and registry), its server checked first."""
     from mlflow.tracking import MlflowClient
 
     uri = tracking_uri(root)
+    require_server(uri)
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 

@@ -25,6 +25,7 @@ from flows.pipeline import ARTIFACT_KEY, StageFailed, dvc_stages, wmt14_pipeline
 from flows.report import HEADLINE_METRICS
 from pipeline.core.errors import PipelineError
 from pipeline.project.profiles import merged_profile
+from tests.helpers.paths import REPO
 from tests.helpers.repoutil import git as _git
 from tests.helpers.toyflow import PIPELINE, MakeRepo, wait_dead
 
@@ -368,6 +369,27 @@ def test_deploy_refuses_bad_overrides_and_unknown_deployments(capsys: pytest.Cap
     assert main(["--repository", "x", "--commit", "abc", "--spec", "weekly"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and err.endswith("prefect.yaml: no deployment 'weekly'; known: nightly")
+
+
+def test_an_unreachable_tracking_server_is_refused_before_any_prefect_server(tmp_path: Path) -> None:
+    """One line within seconds (MLflow's own retries took minutes and a 109-line traceback); nothing started."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "NMT_TRACKING": "on", "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}",
+           "PYTHONPATH": str(REPO)}
+    env.pop("PREFECT_API_URL", None)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "flows.pipeline", "--repo", str(REPO)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and time.monotonic() - start < 30
+    assert proc.stderr.strip().splitlines() == [
+        f"error: MLFLOW_TRACKING_URI=http://127.0.0.1:{port}: no tracking server answers (Failed to establish a new "
+        "connection: [Errno 111] Connection refused); start it or set MLFLOW_TRACKING_URI to a running server, or "
+        "set NMT_TRACKING=off to run without tracking"]
+    assert "temporary Prefect server" not in proc.stdout + proc.stderr
 
 
 def test_a_prefect_yaml_with_anchors_is_refused_naming_its_line(tmp_path: Path) -> None:

@@ -3,16 +3,22 @@ and tag dirtiness honestly during a profile run."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pipeline.core import tracking
 from pipeline.core.config import load_params
+from pipeline.core.errors import PipelineError
 from pipeline.core.stage import run_stage
-from pipeline.project.profiles import write_profile
+from pipeline.project.profiles import merged_profile, write_profile
 from tests.helpers.paths import REPO
 from tests.helpers.repoutil import git
 
@@ -111,3 +117,98 @@ def test_dirty_ignores_the_runs_own_records_and_the_profile_runs_params_yaml(tmp
     assert tracking.git_tags(tmp_path, temporary_params=True)["git_dirty"] == "false"
     (tmp_path / "code.py").write_text("x = 2\n")  # a real uncommitted change still counts
     assert tracking.git_tags(tmp_path, temporary_params=True)["git_dirty"] == "true"
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _refusal(port: int) -> str:
+    return (f"MLFLOW_TRACKING_URI=http://***@127.0.0.1:{port}: no tracking server answers (Failed to establish a "
+            "new connection: [Errno 111] Connection refused); start it or set MLFLOW_TRACKING_URI to a running "
+            "server, or set NMT_TRACKING=off to run without tracking")
+
+
+def test_an_unreachable_tracking_server_fails_the_stage_before_its_work(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within seconds (MLflow's own retries took 4 minutes and a 109-line traceback), the body never run."""
+    port = _closed_port()
+    monkeypatch.setenv("NMT_TRACKING", "on")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:secret@127.0.0.1:{port}")
+    ran: list[int] = []
+    start = time.monotonic()
+    with pytest.raises(PipelineError) as info:
+        run_stage("download", lambda: ran.append(1) or {}, metrics_dir=tmp_path / "metrics", root=tmp_path)
+    assert time.monotonic() - start < 10 and ran == []
+    assert str(info.value) == _refusal(port)
+    # the stage's command line: one line on stderr, exit 1
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(merged_profile("tiny", REPO)), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "pipeline.download", "--params", "params.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [f"error: stage download: {_refusal(port)}"]
+
+
+def test_a_server_that_answers_anything_passes_and_a_silent_one_times_out(tmp_path: Path) -> None:
+    from tests.helpers.httpserver import serve
+
+    with serve(tmp_path) as (url, faults):
+        tracking.require_server(url)  # 404 for /health: a server is there, MLflow reports the rest
+    assert faults.log == [("/health", None, 404)]
+    with socket.socket() as silent:  # accepts connections (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(PipelineError, match=rf"^MLFLOW_TRACKING_URI={url}: no tracking server answers "
+                                                r"\(no answer within 0.5 s\)"):
+            tracking.require_server(url, 0.5)
+
+
+def _killed_stage_run(root: Path, stage: str) -> str:
+    """A stage process that opens its MLflow run and is SIGKILLed inside it (no code runs to close it)."""
+    script = ("import os, signal, sys; from pipeline.core import tracking\n"
+              "with tracking.stage_run(sys.argv[1], root=sys.argv[2]) as run:\n"
+              "    print(run.run_id, flush=True)\n"
+              "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", script, stage, str(root)], cwd=REPO, capture_output=True,
+                          text=True, check=False, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == -9, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_runs_a_killed_process_left_running_are_ended_at_the_next_start(tmp_path: Path, mlflow_sqlite: str) -> None:
+    """Only runs of this checkout (or a clone in it) whose owner on this host is gone: a live owner's run, another
+    checkout's, another host's and one without an owner tag stay RUNNING."""
+    from pipeline.core import owner
+
+    checkout, other = tmp_path / "checkout", tmp_path / "elsewhere"
+    (checkout / "clone").mkdir(parents=True)
+    other.mkdir()
+    killed = _killed_stage_run(checkout, "train")
+    client = _client(mlflow_sqlite)
+    run = client.get_run(killed)
+    assert run.info.status == "RUNNING" and run.data.tags[owner.CHECKOUT_TAG] == str(checkout)
+    exp = run.info.experiment_id
+    dead_owner = run.data.tags[owner.OWNER_TAG]
+    host, pid, start = dead_owner.split("/")
+    assert host == socket.gethostname() and pid.isdigit() and start.isdigit()
+    in_clone, elsewhere = (client.create_run(exp, tags={owner.OWNER_TAG: dead_owner, owner.CHECKOUT_TAG: str(path)})
+                           .info.run_id for path in (checkout / "clone", other))
+    left = {name: client.create_run(exp, tags={owner.CHECKOUT_TAG: str(checkout), **tags}).info.run_id
+            for name, tags in {"live": {owner.OWNER_TAG: owner.owner()},
+                               "other host": {owner.OWNER_TAG: f"not-{host}/{pid}/{start}"},
+                               "reused pid": {owner.OWNER_TAG: f"{host}/{os.getpid()}/1"},
+                               "no owner": {}}.items()}
+
+    ended = tracking.end_orphaned_runs(checkout)
+    assert sorted(ended) == sorted([killed, in_clone, left["reused pid"]])  # a live pid that is not the owner
+    for run_id in ended:
+        run = client.get_run(run_id)
+        assert run.info.status == "KILLED" and run.info.end_time is not None
+    assert client.get_run(elsewhere).info.status == "RUNNING"
+    assert {name: client.get_run(run_id).info.status for name, run_id in left.items()} == {
+        "live": "RUNNING", "other host": "RUNNING", "reused pid": "KILLED", "no owner": "RUNNING"}
+    assert tracking.end_orphaned_runs(checkout) == []  # nothing left to end
+    assert tracking.end_orphaned_runs(other) == [elsewhere]
