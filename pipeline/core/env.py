@@ -202,9 +202,8 @@ class Settings:
         "0 = off"))
     # Data (pipeline/download.py, pipeline/clean.py, pipeline/encode.py).
     data_mirror: str | None = field(default=None, metadata=meta(
-        "NMT_DATA_MIRROR", MIRROR, "used instead of the upstream URLs: `<dataset>/<file path>`, else "
-        "`<dataset>/<archive name>`; a file in neither is an error (`user:password@` in a URL is sent as basic "
-        "auth, never logged)"))
+        "NMT_DATA_MIRROR", MIRROR, "replaces the upstream URLs (a file it lacks is an error); `user:password@` in "
+        "a URL is sent as basic auth, never logged"))
     download_cache: Path = field(default=DEFAULT_DOWNLOAD_CACHE, metadata=meta(
         "NMT_DOWNLOAD_CACHE", PATH, "cache of upstream downloads", shown="`<repo>/.cache/downloads`"))
     download_backoff_s: float = field(default=1.0, metadata=meta(
