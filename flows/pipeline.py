@@ -304,6 +304,7 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
     with exclusive_run(root, f"flow run {flow_run_ctx.id or '?'}"), contextlib.ExitStack() as profiled:
         logger = get_run_logger()
         restore_params(root, logger)  # a --profile run killed before it could restore params.yaml
+        parent_run.end_orphans(root, logger)  # the MLflow runs a killed run left RUNNING
         if profile:
             logger.info("params.yaml holds profile %s for this run; the previous one comes back after", profile)
             profiled.enter_context(profile_run(profile, root, logger))

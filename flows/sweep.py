@@ -56,7 +56,7 @@ from flows.sweep_report import OBJECTIVE, best_variant, render_sweep
 from flows.sweep_spec import SweepSpec, Variant, load_spec, shared_params, variant_params
 from flows.sweep_work import (REPORTS_DIR, SweepState, cache_dir, exp_push_command, exp_ref, exp_run_command,
                               head_commit, held, prepare_clone, shared_stages, sweep_dir, write_params)
-from pipeline.core import env
+from pipeline.core import env, owner
 from pipeline.core import stages as stage_table
 from pipeline.core import tracking
 from pipeline.core.config import flatten
@@ -180,8 +180,9 @@ def run_variant(variant: Variant, ctx: SweepContext, base: dict[str, Any]) -> di
                           template=Path(ctx.base_clone) if ctx.base_clone else None)
     params = variant_params(base, variant.applied)
     write_params(clone, params, _header(ctx, f", variant {variant.name}: {variant.label()}"))
+    earlier = parent_run.child_run(ctx.parent_run_id, "sweep.variant", variant.name, root)  # an interrupted try's
     with parent_run.pipeline_run(variant.name, params=flatten(params), root=clone,
-                                 tags=_variant_tags(ctx, variant, clone)) as run:
+                                 tags=_variant_tags(ctx, variant, clone), reopen=earlier) as run:
         env = _env(ctx, run.run_id)
         result = run_in_group(exp_run_command(variant.name, variant.applied), cwd=clone, env=env,
                               grace_s=ctx.grace_s, logger=logger)
@@ -216,15 +217,18 @@ def sweep_parent_run(root: Path, spec: SweepSpec, state: SweepState) -> Iterator
         return
     client = tracking.mlflow_client(root)
     run_id = state.data.get("mlflow_run_id")
+    holder = owner.owner_tags(root)  # a later sweep ends the run if this process is killed
     try:
         if run_id:
             client.update_run(run_id, status="RUNNING")
+            for key, value in holder.items():
+                client.set_tag(run_id, key, value)
     except Exception as exc:  # noqa: BLE001 - e.g. another tracking store since the last run
         log.warning("could not reopen the sweep's MLflow run %s (%s): opening a new one", run_id, exc)
         run_id = None
     if not run_id:
         tags = {**tracking.git_tags(root), "sweep": spec.name, "sweep.parent": "true", "profile": spec.profile,
-                "prefect.flow_run_id": str(flow_run_ctx.id or "")}
+                "prefect.flow_run_id": str(flow_run_ctx.id or ""), **holder}
         run_id = client.create_run(tracking.experiment_id(client, root), tags=tags, run_name=spec.run_name).info.run_id
         state.data["mlflow_run_id"] = run_id
         state.save()
@@ -298,6 +302,7 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
     if tracking.enabled():
         os.environ.setdefault("MLFLOW_TRACKING_URI", tracking.tracking_uri(root))  # clones log to this store
     with held(sweep_dir(root, spec.name) / "sweep.lock", f"sweep {spec.name}", wait=False):
+        parent_run.end_orphans(root, get_run_logger())
         state = SweepState.load(root, spec, head)
         if state.data["commit"] != head:
             logger.warning("sweep %s started at commit %s; its variants keep running that commit, not HEAD %s",

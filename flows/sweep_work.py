@@ -77,8 +77,8 @@ def prepare_clone(root: Path, clone: Path, commit: str, cache: str, template: Pa
 
     A new clone is a copy of ``template`` (the base clone, with the shared stages' outputs and their
     ``dvc.lock`` entries) when there is one. A clone left by an interrupted run keeps its untracked and ignored
-    files (dvc.lock, data, checkpoints: training resumes from its newest checkpoint) and loses its tracked
-    changes and its unfinished experiment's refs.
+    files (dvc.lock, data, checkpoints: its built stages are skipped, training resumes from its newest
+    checkpoint) and loses its changes to tracked files and its unfinished experiment's refs.
     """
     if not (clone / ".git").is_dir() and template is not None and (template / ".git").is_dir():
         clone.parent.mkdir(parents=True, exist_ok=True)
@@ -96,6 +96,10 @@ def prepare_clone(root: Path, clone: Path, commit: str, cache: str, template: Pa
         if done.returncode != 0:
             raise PipelineError(f"{clone}: `dvc cache dir --local {cache}` failed: {done.stderr.strip()}")
         return clone
+    # `dvc exp run` stages dvc.lock after each stage (``_repro_and_track`` in dvc/repo/experiments/executor/
+    # base.py): unstaged first, it stays an untracked file, which `reset --hard` would otherwise delete with
+    # the record of the stages the interrupted run had built.
+    git(clone, "reset", "-q")
     git(clone, "reset", "-q", "--hard")
     git(clone, "checkout", "-q", "--detach", commit)
     for ref in git(clone, "for-each-ref", "--format=%(refname)", "refs/exps").splitlines():

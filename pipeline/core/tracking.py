@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.core import env, gitstate
+from pipeline.core import env, gitstate, owner
 from pipeline.core.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -282,9 +282,12 @@ def _open_stage_run(stage: str, root: Path, resume_run_id: str | None, started_m
     client = MlflowClient(tracking_uri=tracking_uri(root))
     if resume_run_id:
         client.update_run(resume_run_id, status="RUNNING")
+        for key, value in owner.owner_tags(root).items():  # this process holds it open now
+            client.set_tag(resume_run_id, key, value)
         return client, resume_run_id
     profile = temporary_profile()
-    tags = {"stage": stage, "mlflow.runName": stage, **git_tags(root, temporary_params=bool(profile))}
+    tags = {"stage": stage, "mlflow.runName": stage, **git_tags(root, temporary_params=bool(profile)),
+            **owner.owner_tags(root)}
     if profile:
         tags["profile"] = profile
     parent = os.environ.get("MLFLOW_PARENT_RUN_ID")
@@ -300,6 +303,44 @@ def _open_stage_run(stage: str, root: Path, resume_run_id: str | None, started_m
 def current() -> StageRun:
     """The run of the stage being executed (inside :func:`stage_run`), else a no-op handle."""
     return _CURRENT.get() or StageRun()
+
+
+def end_orphaned_runs(root: str | Path = ".",
+                      logger: logging.Logger | logging.LoggerAdapter | None = None) -> list[str]:
+    """Mark ``KILLED`` every run of ``root`` (or of a clone inside it) left ``RUNNING`` by a process that is gone.
+
+    A SIGKILLed flow, sweep or stage cannot end its runs. The runs this project opens name their owning
+    process and checkout in tags (:mod:`pipeline.core.owner`); a run whose owner on this host has ended is
+    an orphan. Runs of other hosts, of live processes, or without those tags are left alone. Call it when a
+    pipeline run or sweep starts. Logs one line per run it ends.
+
+    Returns:
+        The ids of the runs it ended (none when tracking is off or the experiment does not exist yet).
+    """
+    if not enabled():
+        return []
+    client = mlflow_client(root)
+    exp = client.get_experiment_by_name(os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT))
+    if exp is None:
+        return []
+    ended: list[str] = []
+    token = None
+    while True:
+        page = client.search_runs([exp.experiment_id], filter_string="attributes.status = 'RUNNING'",
+                                  max_results=1000, page_token=token)
+        for run in page:
+            tags = run.data.tags
+            if not (owner.in_checkout(tags.get(owner.CHECKOUT_TAG, ""), root)
+                    and owner.owner_gone(tags.get(owner.OWNER_TAG, ""))):
+                continue
+            client.set_tag(run.info.run_id, "nmt.ended_by", "a later run: the process that held it open was gone")
+            client.set_terminated(run.info.run_id, status="KILLED")
+            (logger or log).info("marked MLflow run %s (%s) KILLED: its process %s ended without closing it",
+                                 run.info.run_id, tags.get("mlflow.runName", "?"), tags[owner.OWNER_TAG])
+            ended.append(run.info.run_id)
+        token = page.token
+        if not token:
+            return ended
 
 
 # --- model lineage: the pyfunc translator, the registry alias, dataset inputs (stage `register`) ---

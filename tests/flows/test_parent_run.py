@@ -1,12 +1,21 @@
-"""What the MLflow parent run is called and which headline metrics it carries (plain functions, no servers)."""
+"""What the MLflow parent run is called, which headline metrics it carries, and how a killed or resumed run's
+MLflow run is ended or continued (a SQLite store)."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
-from flows.parent_run import run_name
+import pytest
+
+from flows.parent_run import child_run, end_orphans, pipeline_run, run_name
 from flows.report import HEADLINE_METRICS, headline_metrics
+from tests.helpers.paths import REPO
 
 EVALUATE = {"valid": {"bleu": 25.5, "chrf2": 51.0, "ppl": 6.25, "signatures": {}},
             "test": {"bleu": 27.25, "chrf2": 55.5}, "chosen": {"beam": 4}}
@@ -32,3 +41,49 @@ def test_missing_files_and_odd_values_are_left_out() -> None:
     assert headline_metrics({}, {}) == {}
     odd = {"valid": {"bleu": "n/a", "ppl": True}, "test": {"bleu": 20}}
     assert headline_metrics(odd, {"step": None}) == {"test_bleu": 20.0}
+
+
+def test_a_reopened_variant_run_is_continued_not_duplicated(tmp_path: Path, mlflow_sqlite: str) -> None:
+    """A resumed sweep variant finds the run its interrupted try opened under the sweep's run and continues it."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.core import owner
+
+    client = MlflowClient(tracking_uri=mlflow_sqlite)
+    with pipeline_run("sweep-x", params={}, root=tmp_path) as sweep:
+        params = {"train.warmup_steps": 13, "model.d_model": 64}
+        tags = {"mlflow.parentRunId": sweep.run_id, "sweep.variant": "x-2"}
+        with pytest.raises(RuntimeError), pipeline_run("x-2", params=params, root=tmp_path, tags=tags):
+            raise RuntimeError("killed")  # the interrupted try: its run ends FAILED
+        with pipeline_run("x-1", params=params, root=tmp_path, tags={**tags, "sweep.variant": "x-1"}):
+            pass
+        earlier = child_run(sweep.run_id, "sweep.variant", "x-2", tmp_path)
+        assert client.get_run(earlier).info.status == "FAILED"
+        with pipeline_run("x-2", params=params, root=tmp_path, tags=tags, reopen=earlier) as again:
+            assert again.run_id == earlier and client.get_run(earlier).info.status == "RUNNING"
+        assert child_run(sweep.run_id, "sweep.variant", "x-3", tmp_path) is None
+    children = client.search_runs([client.get_run(earlier).info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{sweep.run_id}'")
+    assert sorted(r.data.tags["sweep.variant"] for r in children) == ["x-1", "x-2"]  # one run per variant
+    run = client.get_run(earlier)
+    assert run.info.status == "FINISHED" and run.data.params == {"model.d_model": "64", "train.warmup_steps": "13"}
+    assert run.data.tags[owner.OWNER_TAG] == owner.owner()
+    with pipeline_run("x-4", params={}, root=tmp_path, reopen="0" * 32) as new:  # gone: a new run instead
+        assert new.run_id != "0" * 32
+
+
+def test_a_killed_flows_parent_run_is_ended_when_the_next_run_starts(tmp_path: Path, mlflow_sqlite: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    script = ("import os, signal, sys; from flows.parent_run import pipeline_run\n"
+              "with pipeline_run('tiny abc 2026', params={'a': 1}, root=sys.argv[1]) as run:\n"
+              "    print(run.run_id, flush=True)\n"
+              "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          check=False, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    run_id = done.stdout.strip()
+    client = MlflowClient(tracking_uri=mlflow_sqlite)
+    assert client.get_run(run_id).info.status == "RUNNING"
+    end_orphans(tmp_path)
+    assert client.get_run(run_id).info.status == "KILLED"

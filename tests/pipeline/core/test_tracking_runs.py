@@ -212,3 +212,51 @@ def test_runs_a_killed_process_left_running_are_ended_at_the_next_start(tmp_path
         "live": "RUNNING", "other host": "RUNNING", "reused pid": "KILLED", "no owner": "RUNNING"}
     assert tracking.end_orphaned_runs(checkout) == []  # nothing left to end
     assert tracking.end_orphaned_runs(other) == [elsewhere]
+
+
+def _killed_stage_run(root: Path, stage: str) -> str:
+    """A stage process that opens its MLflow run and is SIGKILLed inside it (no code runs to close it)."""
+    script = ("import os, signal, sys; from pipeline.core import tracking\n"
+              "with tracking.stage_run(sys.argv[1], root=sys.argv[2]) as run:\n"
+              "    print(run.run_id, flush=True)\n"
+              "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", script, stage, str(root)], cwd=REPO, capture_output=True,
+                          text=True, check=False, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == -9, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_runs_a_killed_process_left_running_are_ended_at_the_next_start(tmp_path: Path, mlflow_sqlite: str) -> None:
+    """Only runs of this checkout (or a clone in it) whose owner on this host is gone: a live owner's run, another
+    checkout's, another host's and one without an owner tag stay RUNNING."""
+    from pipeline.core import owner
+
+    checkout, other = tmp_path / "checkout", tmp_path / "elsewhere"
+    (checkout / "clone").mkdir(parents=True)
+    other.mkdir()
+    killed = _killed_stage_run(checkout, "train")
+    client = _client(mlflow_sqlite)
+    run = client.get_run(killed)
+    assert run.info.status == "RUNNING" and run.data.tags[owner.CHECKOUT_TAG] == str(checkout)
+    exp = run.info.experiment_id
+    dead_owner = run.data.tags[owner.OWNER_TAG]
+    host, pid, start = dead_owner.split("/")
+    assert host == socket.gethostname() and pid.isdigit() and start.isdigit()
+    in_clone, elsewhere = (client.create_run(exp, tags={owner.OWNER_TAG: dead_owner, owner.CHECKOUT_TAG: str(path)})
+                           .info.run_id for path in (checkout / "clone", other))
+    left = {name: client.create_run(exp, tags={owner.CHECKOUT_TAG: str(checkout), **tags}).info.run_id
+            for name, tags in {"live": {owner.OWNER_TAG: owner.owner()},
+                               "other host": {owner.OWNER_TAG: f"not-{host}/{pid}/{start}"},
+                               "reused pid": {owner.OWNER_TAG: f"{host}/{os.getpid()}/1"},
+                               "no owner": {}}.items()}
+
+    ended = tracking.end_orphaned_runs(checkout)
+    assert sorted(ended) == sorted([killed, in_clone, left["reused pid"]])  # a live pid that is not the owner
+    for run_id in ended:
+        run = client.get_run(run_id)
+        assert run.info.status == "KILLED" and run.info.end_time is not None
+    assert client.get_run(elsewhere).info.status == "RUNNING"
+    assert {name: client.get_run(run_id).info.status for name, run_id in left.items()} == {
+        "live": "RUNNING", "other host": "RUNNING", "reused pid": "KILLED", "no owner": "RUNNING"}
+    assert tracking.end_orphaned_runs(checkout) == []  # nothing left to end
+    assert tracking.end_orphaned_runs(other) == [elsewhere]
