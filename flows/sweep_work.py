@@ -152,14 +152,15 @@ def _touches(param: str | None, key: str) -> bool:
 
 def shared_stages(dvc_yaml: Path, keys: Iterable[str]) -> list[str]:
     """The stages every variant runs identically: the leading stages of ``dvc_yaml`` (upstream first) whose
-    params none of ``keys`` touches, up to the first with a ``persist`` output (``train``: each variant trains)."""
+    params none of ``keys`` touches, up to the first with a ``persist`` output DVC does not cache (``train``'s
+    checkpoints: each variant trains; the data stages' folders are ``persist`` but cached)."""
     stages = (yaml.safe_load(dvc_yaml.read_text(encoding="utf-8")) or {}).get("stages") or {}
     keys = list(keys)
     shared = []
     for name, stage in stages.items():
         params = list(_params_entries(stage.get("params") or []))
-        persists = any(isinstance(out, dict) and any(isinstance(o, dict) and o.get("persist") for o in out.values())
-                       for out in stage.get("outs") or [])
+        persists = any(isinstance(o, dict) and o.get("persist") and o.get("cache") is False
+                       for out in stage.get("outs") or [] if isinstance(out, dict) for o in out.values())
         if persists or any(_touches(p, k) for p in params for k in keys):
             break
         shared.append(name)
