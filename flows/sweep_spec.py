@@ -147,6 +147,16 @@ def _listed(source: str, variants: Any, known: dict[str, Any]) -> list[dict[str,
     return out
 
 
+def _check_not_shared(source: str, shared: dict[str, Any], own: list[dict[str, Any]], where: str) -> None:
+    """A key the variants set must not be under ``set`` too: the variant's value would silently win."""
+    for i, overrides in enumerate(own, 1):
+        both = [key for key in overrides if key in shared]
+        if both:
+            place = "grid" if where == "grid" else f"variants[{i}]"
+            raise SpecError(source, f"set / {place}: {both[0]} is in both, and the variant's value would "
+                                    "replace the shared one; keep the key in one of them")
+
+
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     *parents, leaf = key.split(".")
     node = data
@@ -222,6 +232,7 @@ def load_spec(path: str | Path, root: str | Path = ".") -> SweepSpec:
     _check_keys(source, "set", shared, known)
     own = _grid(source, _mapping(source, "grid", data["grid"]), known) if "grid" in data \
         else _listed(source, data["variants"], known)
+    _check_not_shared(source, shared, own, "grid" if "grid" in data else "variants")
     variants, seen = [], {}
     for i, overrides in enumerate(own, 1):
         variant = Variant(i, f"{name}-{i}", overrides, {**shared, **overrides})
