@@ -33,7 +33,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,12 +69,28 @@ FLOW_NAME = "wmt14-sweep"
 
 
 class VariantFailed(PipelineError):
-    """A command of one variant (clone, ``dvc exp run``, ``dvc exp push``) failed."""
+    """A command of one variant (clone, ``dvc exp run``, ``dvc exp push``) failed.
+
+    Attributes:
+        summary: one line: the failed stage's own error line (``error: stage <name>: ...``, which
+            :func:`pipeline.core.stage.run_cli` prints), else DVC's last line, then the command.
+    """
 
     def __init__(self, name: str, result: ProcessResult) -> None:
         tail = "\n".join(result.stderr_tail[-8:]) or "(no stderr)"
-        super().__init__(f"variant {name}: `{' '.join(result.args)}` failed with exit code {result.returncode} "
-                         f"after {result.duration_s:.0f} s; last lines of stderr:\n{tail}")
+        cause = stage_error(result.stderr_tail) or (result.stderr_tail[-1].strip() if result.stderr_tail
+                                                    else "(no stderr)")
+        self.summary = (f"variant {name}: {cause} (`{' '.join(result.args)}` failed with exit code "
+                        f"{result.returncode} after {result.duration_s:.0f} s)")
+        super().__init__(f"{self.summary}; last lines of stderr:\n{tail}")
+
+
+def stage_error(lines: Sequence[str]) -> str | None:
+    """The last ``error: stage <name>: ...`` line among ``lines`` (a stage's own one-line error), or None."""
+    for line in reversed(lines):
+        if line.strip().startswith("error: stage "):
+            return line.strip()
+    return None
 
 
 @dataclass(frozen=True)
@@ -255,8 +271,10 @@ def _run_variants(todo: list[Variant], ctx: SweepContext, base: dict[str, Any], 
                 except Exception as exc:  # noqa: BLE001 - recorded and reported; the others go on
                     logger.error("variant %s failed: %s", variant.name, exc)
                     lines = str(exc).splitlines() or [type(exc).__name__]
+                    error = exc.summary if isinstance(exc, VariantFailed) else \
+                        " ".join(dict.fromkeys([lines[0], lines[-1]]))
                     record = {"name": variant.name, "index": variant.index, "overrides": variant.overrides,
-                              "status": "failed", "error": " ".join(dict.fromkeys([lines[0], lines[-1]]))}
+                              "status": "failed", "error": error}
                 state.record(variant.key, record)
         except BaseException:
             kill_all_groups(grace_s=ctx.grace_s)  # Ctrl-C, SIGTERM, cancel: no variant outlives the flow

@@ -1,8 +1,9 @@
 """The sweep flow on the toy DVC pipeline (``tests/helpers/toyflow.py``): seconds, not minutes.
 
 What is under test is the flow around the variants: the shared stage built once and skipped in the
-variants, a failing variant reported while the other finishes, the restart that reruns only the failed one,
-``dvc exp show`` in the checkout, and a changed spec refused against the state file. Tracking is off.
+variants, a failing variant reported (by its stage's own error line) while the other finishes, the restart that
+reruns only the failed one under the MLflow run of its first try, ``dvc exp show`` in the checkout, and a changed
+spec refused against the state file.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mlflow.tracking import MlflowClient
 
 from flows.sweep import wmt14_sweep
 from flows.sweep_spec import SpecError
@@ -25,9 +27,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 def _stages(marker: Path) -> dict[str, dict]:
     """``prep`` reads only ``download`` params (shared); ``fit`` reads ``train`` and fails for warmup 13 while
-    ``marker`` exists; ``toy.py bleu`` writes an evaluate.details.json (valid BLEU 25.25, test 27.31)."""
+    ``marker`` exists, with a stage's one-line error (pipeline/core/stage.py); ``toy.py bleu`` writes an
+    evaluate.details.json (valid BLEU 25.25, test 27.31)."""
     fail = (f"python -c \"import os, sys, yaml; p = yaml.safe_load(open('params.yaml')); "
-            f"sys.exit(7 if p['train']['warmup_steps'] == 13 and os.path.exists('{marker}') else 0)\"")
+            f"bad = p['train']['warmup_steps'] == 13 and os.path.exists('{marker}'); "
+            f"bad and print('error: stage fit: warmup 13 diverged', file=sys.stderr); sys.exit(1 if bad else 0)\"")
     return {"prep": {"cmd": "python toy.py write prep.txt", "deps": ["toy.py"], "params": ["download"],
                      "outs": ["prep.txt"]},
             "fit": {"cmd": f"{fail} && python toy.py bleu score.txt", "deps": ["toy.py", "prep.txt"],
@@ -40,7 +44,8 @@ def _spec(path: Path, warmups: list[int]) -> Path:
     return path
 
 
-def test_a_failed_variant_is_reported_and_only_it_runs_again(make_repo: MakeRepo, tmp_path: Path) -> None:
+def test_a_failed_variant_is_reported_and_only_it_runs_again(make_repo: MakeRepo, tmp_path: Path,
+                                                            mlflow_sqlite: str) -> None:
     marker = tmp_path / "broken"
     marker.write_text("")
     repo = make_repo(_stages(marker))
@@ -53,7 +58,8 @@ def test_a_failed_variant_is_reported_and_only_it_runs_again(make_repo: MakeRepo
                                  "command again to retry them (finished variants are not rerun)")
     table = report.read_text(encoding="utf-8")
     assert "| **toy-1** (best) | 10 | 25.25 | 27.31 |" in table and "| toy-2 | 13 | - | - |" in table
-    assert "- toy-2: variant toy-2: `dvc exp run --name toy-2 --set-param train.warmup_steps=13` failed" in table
+    assert ("- toy-2: variant toy-2: error: stage fit: warmup 13 diverged (`dvc exp run --name toy-2 --set-param "
+            "train.warmup_steps=13` failed with exit code 255 after ") in table  # the stage's line, not DVC's last
     state = json.loads((sweep_dir(repo, "toy") / "state.json").read_text(encoding="utf-8"))
     assert sorted(r["status"] for r in state["variants"].values()) == ["done", "failed"]
 
@@ -63,6 +69,11 @@ def test_a_failed_variant_is_reported_and_only_it_runs_again(make_repo: MakeRepo
     # prep ran once, in the sweep's base clone; each variant's clone is a copy of it (toy-2's, reused, kept it)
     assert [r["stages"] for r in second["records"]] == [{"prep": "skipped", "fit": "ran"}] * 2
     assert second["best"] == "toy-1"  # equal valid BLEU: the first in spec order
+    client = MlflowClient(tracking_uri=mlflow_sqlite)
+    children = client.search_runs([client.get_run(second["mlflow_run_id"]).info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{second['mlflow_run_id']}'")
+    assert sorted((r.data.tags["sweep.variant"], r.info.status) for r in children) == [
+        ("toy-1", "FINISHED"), ("toy-2", "FINISHED")]  # toy-2's rerun continued its failed try's run
     third = wmt14_sweep(spec_path=str(spec), repo=str(repo))
     assert third["ran"] == [] and third["records"] == second["records"]
 
