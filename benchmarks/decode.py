@@ -1,5 +1,6 @@
 """Benchmark decoding: this project's beam search (batched, and one sentence at a time) against CTranslate2
-(fp32 and int8) on the same weights, beam 4, at 1 and 2 threads.
+(fp32 and int8) on the same weights, beam 4, at 1 and 2 threads; and (``process``) the whole
+``nmt translate --engine ctranslate2`` process against a plain CTranslate2 script on the same export.
 
 For every model (``--model NAME=averaged.pt``) and source set (Multi30k test_2016_flickr, newstest2014),
 each row times a decode of the same sources (the fastest of ``--repeats``, run in rounds that each time every
@@ -8,16 +9,20 @@ generated tokens/s (output pieces, EOS excluded), the mean output length, the sh
 output equals this project's batched output at the same α, and sacreBLEU against the reference. A model's
 valid BLEU (Multi30k val, this project's batched search) is reported beside it: random weights decode to
 max_len and would not count. This project's batched rows also give their searches (how many, and the most
-sentences in one): on CPU every budget from ``CPU_SEARCH_TOKENS`` (4096) up runs the same searches.
-Thread layouts: this project runs W searches at once with one torch thread each (``workers``) or one
-search with T threads; CTranslate2 runs ``inter_threads`` × ``intra_threads``, each at the batch budgets
+sentences in one) at each batch budget. Thread layouts: this project runs one search at a time with T torch
+threads; CTranslate2 runs ``inter_threads`` × ``intra_threads``, each at the batch budgets
 :data:`CT2_MAX_TOKENS`; the table gives each.
 The CTranslate2 export is made by ``pipeline.inference.ct2.export`` (the ``nmt export`` code).
+
+``process`` times whole processes, start-up included (the fastest of ``--repeats``): ``nmt translate --engine
+ctranslate2`` and :data:`PLAIN_CT2`, a plain CTranslate2 script, each translating the same file with the same
+export at beam 4 and α 0.6.
 
 Usage:
     python benchmarks/decode.py --model demo=runs/demo/model/averaged.pt --model d256=/path/averaged.pt
     python benchmarks/decode.py --model demo=... --quick     # 100 sentences per set, 1 thread layout
     python benchmarks/decode.py --model ... --repeats 2      # each row the faster of two runs (a noisy machine)
+    python benchmarks/decode.py process --export runs/demo/ct2 --repeats 3   # whole processes, Multi30k test
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import logging
 import math
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -70,9 +76,9 @@ def bleu(hyps: list[str], refs: list[str]) -> float:
     return round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
 
 
-def torch_row(translator: Any, sources: list[list[int]], *, alpha: float, max_tokens: int, workers: int,
+def torch_row(translator: Any, sources: list[list[int]], *, alpha: float, max_tokens: int,
               threads: int) -> Callable[[], tuple[float, list[list[int]]]]:
-    """One timed decode of this project's search (``decode_sources``) with a thread layout: (seconds, hypotheses)."""
+    """One timed decode of this project's search (``decode_sources``) on ``threads`` threads: (seconds, hypotheses)."""
     import torch
 
     from pipeline.inference.decoding import decode_sources
@@ -80,7 +86,7 @@ def torch_row(translator: Any, sources: list[list[int]], *, alpha: float, max_to
     def run() -> tuple[float, list[list[int]]]:
         torch.set_num_threads(threads)
         return timed(lambda: decode_sources(translator, sources, beam_size=BEAM, alphas=[alpha], max_len_a=MAX_LEN_A,
-                                            max_len_b=MAX_LEN_B, max_tokens=max_tokens, workers=workers)[alpha])
+                                            max_len_b=MAX_LEN_B, max_tokens=max_tokens)[alpha])
     return run
 
 
@@ -136,6 +142,8 @@ def result_row(r: Row, base: list[list[int]] | None, text: Callable[[list[list[i
 
 #: ``max_tokens`` of the CTranslate2 rows: its int8 decoding ran fastest with small batches (256-512), fp32 with any.
 CT2_MAX_TOKENS = (256, 512, 4096)
+#: ``max_tokens`` of this project's batched rows (what one search holds).
+TORCH_MAX_TOKENS = (1024, 4096, 16384)
 
 
 def plan_rows(translator: Any, exports: dict[str, Path], sources: list[list[int]], t: int,
@@ -144,17 +152,15 @@ def plan_rows(translator: Any, exports: dict[str, Path], sources: list[list[int]
     from pipeline.inference.decoding import plan_searches
 
     rows = []
-    layouts = [(t, 1, m) for m in (1024, 4096, 16384)] + ([(1, t, 4096)] if t > 1 else [])
-    for workers, per, max_tokens in layouts:
+    for max_tokens in TORCH_MAX_TOKENS:
         plan = plan_searches(translator, sources, beam_size=BEAM, max_len_a=MAX_LEN_A, max_len_b=MAX_LEN_B,
-                             max_tokens=max_tokens, workers=workers)
-        rows.append(Row({"engine": "torch batched", "layout": f"{workers}x{per}", "threads": t,
+                             max_tokens=max_tokens)
+        rows.append(Row({"engine": "torch batched", "layout": f"1x{t}", "threads": t,
                          "max_tokens": max_tokens, "searches": len(plan),
                          "largest_search": max((len(job[0]) for job in plan), default=0)},
-                        torch_row(translator, sources, alpha=ALPHA, max_tokens=max_tokens, workers=workers,
-                                  threads=per)))
+                        torch_row(translator, sources, alpha=ALPHA, max_tokens=max_tokens, threads=t)))
     rows.append(Row({"engine": "torch one at a time", "layout": f"1x{t}", "threads": t},
-                    torch_row(translator, sources[:single_limit], alpha=ALPHA, max_tokens=1, workers=1, threads=t)))
+                    torch_row(translator, sources[:single_limit], alpha=ALPHA, max_tokens=1, threads=t)))
     for quant, export_dir in exports.items():
         for inter, intra in ((t, 1), (1, t)) if t > 1 else ((1, 1),):
             for max_tokens in CT2_MAX_TOKENS:
@@ -168,7 +174,7 @@ def plan_rows(translator: Any, exports: dict[str, Path], sources: list[list[int]
 def measure_set(translator: Any, exports: dict[str, Path], srcs: list[str], refs: list[str], *, threads: list[int],
                 single_limit: int) -> list[dict[str, Any]]:
     """Every row for one model and one source set, each thread count's rows timed in rounds."""
-    from pipeline.inference.decoding import detokenize
+    from pipeline.inference.common import detokenize
 
     sources = encode_all(translator, srcs)
 
@@ -182,7 +188,7 @@ def measure_set(translator: Any, exports: dict[str, Path], srcs: list[str], refs
         base = rows[0].hyps
         out += [result_row(r, base, text, refs) for r in rows]
         # CTranslate2's length penalty differs from GNMT's; at α 0 both searches should agree
-        _, torch0 = torch_row(translator, sources, alpha=0.0, max_tokens=4096, workers=1, threads=t)()
+        _, torch0 = torch_row(translator, sources, alpha=0.0, max_tokens=4096, threads=t)()
         ct0 = Row({"engine": "ctranslate2 float32, alpha 0", "layout": f"1x{t}", "threads": t, "max_tokens": 4096},
                   ct2_row(exports["float32"], sources, alpha=0.0, inter=1, intra=t, max_tokens=4096))
         in_rounds([ct0])
@@ -190,7 +196,81 @@ def measure_set(translator: Any, exports: dict[str, Path], srcs: list[str], refs
     return out
 
 
+#: A plain CTranslate2 script on an ``nmt export`` folder (argv: the folder, an input file, an output file, the
+#: longest output: the model's ``max_positions``, past which CTranslate2 has no position encoding): what ``process``
+#: sets ``nmt translate --engine ctranslate2`` beside, at its defaults (beam 4, α 0.6, 8192 tokens).
+PLAIN_CT2 = """\
+import sys
+
+import ctranslate2
+import sentencepiece as spm
+
+model_dir, src_path, out_path, longest = sys.argv[1:5]
+sp = spm.SentencePieceProcessor(model_file=model_dir + "/spm.model")
+translator = ctranslate2.Translator(model_dir, device="cpu")
+with open(src_path, encoding="utf-8") as f:
+    tokens = [sp.encode(line, out_type=str) for line in f.read().splitlines()]
+results = translator.translate_batch(tokens, beam_size=4, length_penalty=0.6, max_batch_size=8192,
+                                     batch_type="tokens", max_decoding_length=int(longest))
+with open(out_path, "w", encoding="utf-8") as f:
+    f.writelines(sp.decode(r.hypotheses[0]) + "\\n" for r in results)
+"""
+NMT_CT2, PLAIN = "nmt translate --engine ctranslate2", "plain CTranslate2 script"
+
+
+def imports_torch(command: list[str]) -> bool:
+    """Whether the Python process ``command`` (``[python, args...]``) imports torch (``python -X importtime``)."""
+    proc = subprocess.run([command[0], "-X", "importtime", *command[1:]], cwd=REPO, capture_output=True, text=True,
+                          check=True)
+    return any(line.rsplit("|", 1)[-1].strip() == "torch" for line in proc.stderr.splitlines())
+
+
+def measure_processes(export: Path, lines: list[str], repeats: int) -> dict[str, Any]:
+    """Wall seconds of whole processes translating ``lines`` with ``export``, the fastest of ``repeats`` rounds
+    (each round runs both once): ``nmt translate --engine ctranslate2`` and :data:`PLAIN_CT2`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        src, script = folder / "in.en", folder / "plain_ct2.py"
+        src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        script.write_text(PLAIN_CT2, encoding="utf-8")
+        longest = json.loads((export / "nmt_model.json").read_text(encoding="utf-8"))["max_positions"]
+        commands = {
+            NMT_CT2: [sys.executable, "-m", "pipeline.cli", "translate", "--engine", "ctranslate2", "--model",
+                      str(export), "--input", str(src), "--output", str(folder / "nmt.de")],
+            PLAIN: [sys.executable, str(script), str(export), str(src), str(folder / "plain.de"), str(longest)],
+        }
+        best = dict.fromkeys(commands, math.inf)
+        for _ in range(repeats):
+            for name, command in commands.items():
+                start = time.perf_counter()
+                subprocess.run(command, cwd=REPO, capture_output=True, check=True)
+                best[name] = min(best[name], time.perf_counter() - start)
+        return {"sentences": len(lines), "seconds": {k: round(v, 2) for k, v in best.items()},
+                "ratio": round(best[NMT_CT2] / best[PLAIN], 2), "nmt_imports_torch": imports_torch(commands[NMT_CT2])}
+
+
+def process_main(argv: list[str]) -> int:
+    """``decode.py process``: :func:`measure_processes` on a set of :func:`read_set`, printed as JSON."""
+    p = argparse.ArgumentParser(prog="decode.py process", description=measure_processes.__doc__.splitlines()[0])
+    p.add_argument("--export", type=Path, required=True, help="a folder `nmt export` wrote")
+    p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (multi30k/, wmt14/)")
+    p.add_argument("--set", default="multi30k-test", choices=(*SETS, "multi30k-val"))
+    p.add_argument("--repeats", type=int, default=3, help="rounds; each command's fastest counts")
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    result = {"date": date.today().isoformat(), "machine": platform.machine(), "cpus": os.cpu_count(),
+              "command": " ".join(["decode.py", "process", *argv]), "set": args.set,
+              **measure_processes(args.export, read_set(args.data, args.set, None)[0], args.repeats)}
+    print(json.dumps(result, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["process"]:
+        return process_main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", action="append", required=True, help="NAME=path/to/averaged.pt (repeatable)")
     p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (multi30k/, wmt14/)")
@@ -215,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.limit, args.news_limit, args.single_limit, args.threads = 100, 100, 20, "1"
     result = {"date": date.today().isoformat(), "machine": platform.machine(), "cpus": os.cpu_count(),
-              "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+              "command": " ".join([Path(sys.argv[0]).name, *argv]),
               "beam": BEAM, "alpha": ALPHA, "repeats": REPEATS, "models": {}}
     for spec in args.model:
         name, _, path = spec.partition("=")
@@ -230,27 +310,24 @@ def measure_model(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from pipeline.inference import ct2
-    from pipeline.inference.decoding import detokenize, load_translator
+    from pipeline.inference.common import detokenize
+    from pipeline.inference.decoding import load_translator
 
     torch.set_num_threads(1)
     translator = load_translator(path, "cpu")
     n_params = sum(p.numel() for p in translator.model.parameters())
     val_src, val_ref = read_set(args.data, "multi30k-val", None)
-    _, val_hyps = torch_row(translator, encode_all(translator, val_src), alpha=ALPHA, max_tokens=4096, workers=1,
-                            threads=1)()
+    _, val_hyps = torch_row(translator, encode_all(translator, val_src), alpha=ALPHA, max_tokens=4096, threads=1)()
     out: dict[str, Any] = {"path": str(path), "parameters": n_params, "config": translator.config.to_dict(),
                            "valid_bleu": bleu(detokenize(translator.sp, val_hyps), val_ref), "sets": {}}
     log.info("%s: %d parameters, valid BLEU %.2f", path, n_params, out["valid_bleu"])
     threads = [int(t) for t in args.threads.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         exports = {q: ct2.export(path, Path(tmp) / q, q) for q in ("float32", "int8")}
-        try:
-            for name in args.sets.split(","):
-                srcs, refs = read_set(args.data, name, args.news_limit if name == "newstest2014" else args.limit)
-                out["sets"][name] = measure_set(translator, exports, srcs, refs, threads=threads,
-                                                single_limit=args.single_limit)
-        finally:
-            translator.close()  # its search workers, kept from one two-worker row to the next
+        for name in args.sets.split(","):
+            srcs, refs = read_set(args.data, name, args.news_limit if name == "newstest2014" else args.limit)
+            out["sets"][name] = measure_set(translator, exports, srcs, refs, threads=threads,
+                                            single_limit=args.single_limit)
     return out
 
 

@@ -247,7 +247,7 @@ def step_determinism(r: Runner, data: Path, profile: str, dry: bool,
             work = r.work / f"det-{mode}-{run}"
             path = write_params(params_for(profile, data, work, **train), work)
             if run == "resumed":
-                r.stage(f"det-{mode}-{run}-killed", "launch", path, NMT_FAULT_KILL_AT_STEP=str(kill), **extra)
+                r.stage(f"det-{mode}-{run}-killed", "launch", path, NMT_FAULT_POINT=f"after_step:{kill}", **extra)
             done = r.stage(f"det-{mode}-{run}", "launch", path, **extra)
             if done["rc"] != 0:
                 out[mode] = {"failed": f"det-{mode}-{run}", **done}

@@ -23,10 +23,9 @@ _LAZY = {
     "best_hypothesis": "model.beam",
     "inverse_sqrt_lr": "model.schedule",
     "label_smoothed_nll_loss": "model.loss",
-    "label_smoothed_nll_loss_chunked": "model.loss",
     "label_smoothed_nll_loss_lean": "model.loss",
     "length_penalty": "model.beam",
-    "max_length": "model.beam",
+    "max_length": "model.config",
 }
 
 __all__ = [
@@ -41,16 +40,15 @@ __all__ = [
     "best_hypothesis",
     "inverse_sqrt_lr",
     "label_smoothed_nll_loss",
-    "label_smoothed_nll_loss_chunked",
     "label_smoothed_nll_loss_lean",
     "length_penalty",
     "max_length",
 ]
 
 if TYPE_CHECKING:
-    from model.beam import Hypothesis, beam_search, beam_search_finished, best_hypothesis, length_penalty, max_length
-    from model.config import TransformerConfig
-    from model.loss import label_smoothed_nll_loss, label_smoothed_nll_loss_chunked, label_smoothed_nll_loss_lean
+    from model.beam import Hypothesis, beam_search, beam_search_finished, best_hypothesis, length_penalty
+    from model.config import TransformerConfig, max_length
+    from model.loss import label_smoothed_nll_loss, label_smoothed_nll_loss_lean
     from model.precision import autocast
     from model.schedule import inverse_sqrt_lr
     from model.transformer import DecoderState, EncoderOut, Transformer

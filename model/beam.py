@@ -33,15 +33,13 @@ rounded to 8 significant bits, with artificial ties between candidates.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from model.candidates import top_candidates, top_from_chunk_maxima
-from model.config import beam_size_problem
+from model.config import beam_size_problem, max_length
 from model.precision import wide
 
 
@@ -69,11 +67,6 @@ class Hypothesis:
 def length_penalty(n: int, alpha: float) -> float:
     """GNMT length penalty ((5 + n) / 6)^alpha."""
     return ((5.0 + n) / 6.0) ** alpha
-
-
-def max_length(src_len: int, a: float, b: float) -> int:
-    """max(1, floor(a · S + b)) in Python float64."""
-    return max(1, math.floor(a * float(src_len) + b))
 
 
 def best_hypothesis(finished: list[Hypothesis], alpha: float) -> list[int]:
@@ -208,13 +201,52 @@ class _Step(NamedTuple):
     live_pos: Tensor
 
 
+def _top_candidates(flat: Tensor, tie_rank: Tensor, n_valid: Tensor, n2: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The first ``n2`` candidates by (score desc, flat index asc), exactly (ties included), on any device.
+
+    ``topk`` finds the threshold (the n2-th largest score) and every candidate above it; which of several
+    candidates equal to the threshold it returns is unspecified, so those are taken again by a second ``topk``
+    over ``tie_rank``: the lowest flat indices first. No pass over the candidates needs a cumulative sum or a
+    host sync.
+
+    Args:
+        flat: [B, N] candidate scores, -inf where invalid (a valid candidate may score -inf too).
+        tie_rank: [N] int32, N - flat index for a token that may extend a hypothesis, 0 for one that
+            may not. Invalid candidates of empty slots keep their rank: the slots holding live
+            hypotheses come first, so a valid candidate always precedes them.
+        n_valid: [B] number of valid candidates per row.
+        n2: how many to take (<= N).
+
+    Returns:
+        (index [B, n2] flat indices, score [B, n2], ok [B, n2] bool) in candidate order; invalid
+        slots (fewer valid candidates than n2) are at the end with ok False and score -inf.
+    """
+    n = flat.shape[1]
+    top, top_index = flat.topk(n2, dim=1)
+    thr = top[:, -1:]
+    above = top > thr  # [B, n2]: every candidate above the threshold is among topk's
+    n_tie = n_valid.clamp(max=n2) - above.sum(1)  # [B] how many candidates equal to it to take
+    tie_key, tie_index = torch.where(flat == thr, tie_rank, 0).topk(n2, dim=1)
+    tie_ok = (tie_key > 0) & (torch.arange(n2, device=flat.device) < n_tie[:, None])
+    index = torch.cat([top_index, tie_index], dim=1)  # [B, 2·n2]
+    ok = torch.cat([above, tie_ok], dim=1)
+    score = flat.gather(1, index)
+    # order (ok first, score desc, index asc): stable sorts from the last key to the first
+    perm = index.masked_fill(~ok, n).sort(dim=1, stable=True).indices
+    for key in (score, ok.to(torch.int8)):  # an int8 key: sorting bool tensors is not supported everywhere
+        perm = perm.gather(1, key.gather(1, perm).sort(dim=1, descending=True, stable=True).indices)
+    perm = perm[:, :n2]
+    ok = ok.gather(1, perm)
+    return index.gather(1, perm), score.gather(1, perm).masked_fill(~ok, float("-inf")), ok
+
+
 def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: int, eos: int, pad: int) -> _Step:
     """Rank every extension of the live hypotheses; EOS candidates among the first k finish, others stay live.
 
     Args:
         scores: [B, slots] raw scores of the slots, -inf for a slot without a live hypothesis.
-        lprobs: [B, slots, V] next-token log-probabilities, overwritten (banned tokens; on the general path
-            the candidates' scores, in place: no second [B, slots, V] buffer).
+        lprobs: [B, slots, V] next-token log-probabilities, overwritten (banned tokens, then the candidates'
+            scores, in place: no second [B, slots, V] buffer).
         live_ok: [B, slots] which slots hold a live hypothesis (a prefix of the slots).
         banned: [2] the ids that never extend a hypothesis (PAD and BOS).
         k: beam size.
@@ -225,13 +257,10 @@ def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: 
     n = slots * vocab
     n2 = min(2 * k, n)
     lprobs.index_fill_(2, banned, float("-inf"))
-    found = top_from_chunk_maxima(lprobs, scores, n2) if lprobs.device.type == "cpu" else None
-    if found is None:
-        flat = lprobs.add_(scores[:, :, None]).view(n_sent, n)  # in place
-        rank = torch.arange(n, 0, -1, device=flat.device, dtype=torch.int32).view(slots, vocab)
-        tie_rank = rank.index_fill_(1, banned, 0).view(n)
-        found = top_candidates(flat, tie_rank, live_ok.sum(1) * (vocab - banned.numel()), n2)
-    index, cand_score, cand_ok = found
+    flat = lprobs.add_(scores[:, :, None]).view(n_sent, n)  # in place
+    rank = torch.arange(n, 0, -1, device=flat.device, dtype=torch.int32).view(slots, vocab)
+    tie_rank = rank.index_fill_(1, banned, 0).view(n)
+    index, cand_score, cand_ok = _top_candidates(flat, tie_rank, live_ok.sum(1) * (vocab - banned.numel()), n2)
     origin, token = index // vocab, index % vocab
     is_eos = token.eq(eos)
     m = index.shape[1]

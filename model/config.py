@@ -1,8 +1,12 @@
-"""The network's configuration: one frozen dataclass, serialisable to a plain dict."""
+"""The network's configuration (one frozen dataclass, serialisable to a plain dict) and the search limits that
+need no torch: a beam's width and an output's length limit, which ``nmt translate --engine ctranslate2`` applies
+without importing torch.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +39,11 @@ def beam_size_problem(beam_size: object, vocab_size: int = 0) -> str | None:
         return (f"must be at most the vocabulary size ({vocab_size} pieces): a beam holds one hypothesis "
                 "per distinct token")
     return None
+
+
+def max_length(src_len: int, a: float, b: float) -> int:
+    """An output's length limit for a source of ``src_len`` tokens: max(1, floor(a · S + b)) in Python float64."""
+    return max(1, math.floor(a * float(src_len) + b))
 
 
 @dataclass(frozen=True, kw_only=True)

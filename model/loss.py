@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from model.precision import wide
 
@@ -104,51 +103,3 @@ def label_smoothed_nll_loss(
         raise ValueError(f"logits {tuple(logits.shape)} do not match target {tuple(target.shape)} (+ vocab dim)")
     return _sums(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), epsilon, ignore_index)
 
-
-def _chunk_sums(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int) -> Tensor:
-    loss_sum, nll_sum = _sums(F.linear(hidden, weight), target, epsilon, ignore_index)
-    return torch.stack([loss_sum, nll_sum])
-
-
-def label_smoothed_nll_loss_chunked(
-    hidden: Tensor,
-    weight: Tensor,
-    target: Tensor,
-    epsilon: float = 0.1,
-    ignore_index: int = 0,
-    chunk_tokens: int = 4096,
-) -> tuple[Tensor, Tensor]:
-    """:func:`label_smoothed_nll_loss` of ``hidden @ weight.T`` without materialising all logits.
-
-    Pad positions are dropped first, then the kept tokens are processed ``chunk_tokens`` at a time;
-    each chunk's logits are recomputed in the backward pass (activation checkpointing), so peak
-    memory is one chunk's [chunk_tokens, V] logits instead of [B, T, V].
-
-    Args:
-        hidden: [..., d] decoder output (``Transformer.features``).
-        weight: [V, d] output projection (``Transformer.embed.weight``).
-        target: [...] int64 target ids.
-        epsilon: smoothing mass in [0, 1).
-        ignore_index: id whose positions are ignored.
-        chunk_tokens: tokens per chunk (>= 1).
-
-    Returns:
-        (loss_sum, nll_sum) equal to the plain function's.
-    """
-    _check(epsilon)
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    if hidden.shape[:-1] != target.shape:
-        raise ValueError(f"hidden {tuple(hidden.shape)} does not match target {tuple(target.shape)} (+ model dim)")
-    flat_t = target.reshape(-1)
-    keep = flat_t.ne(ignore_index)
-    h = hidden.reshape(-1, hidden.shape[-1])[keep]
-    t = flat_t[keep]
-    total = h.new_zeros(2, dtype=torch.promote_types(h.dtype, torch.float32))
-    for start in range(0, t.shape[0], chunk_tokens):
-        args = (h[start : start + chunk_tokens], weight, t[start : start + chunk_tokens], epsilon, ignore_index)
-        if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-            total = total + checkpoint(_chunk_sums, *args, use_reentrant=False)
-        else:
-            total = total + _chunk_sums(*args)
-    return total[0], total[1]

@@ -36,7 +36,8 @@ from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, read_lines, refuse_foreign, write_lines
 from pipeline.data.shards import ShardSet
 from pipeline.inference import model_file
-from pipeline.inference.decoding import Translator, decode_sources, detokenize, load_translator, prepare_source
+from pipeline.inference.common import detokenize, prepare_source
+from pipeline.inference.decoding import Translator, decode_sources, load_translator
 from pipeline.inference.perplexity import perplexity
 from pipeline.inference.scoring import METRIC_KEYS, primary_bleu, score_files
 from pipeline.training import checkpoint

@@ -197,9 +197,6 @@ class Settings:
     fault_once: Path | None = field(default=None, metadata=meta(
         "NMT_FAULT_ONCE", PATH, "test hook: fire the fault only if this file does not exist (it is created "
         "just before firing)"))
-    fault_kill_at_step: int = field(default=0, metadata=meta(
-        "NMT_FAULT_KILL_AT_STEP", integer(0), "test hook: older spelling of NMT_FAULT_POINT=after_step:<n>; "
-        "0 = off"))
     # Data (pipeline/download.py, pipeline/clean.py, pipeline/encode.py).
     data_mirror: str | None = field(default=None, metadata=meta(
         "NMT_DATA_MIRROR", MIRROR, "replaces the upstream URLs (a file it lacks is an error); `user:password@` in "
@@ -232,10 +229,8 @@ class Settings:
 
     @property
     def fault(self) -> Fault | None:
-        """The configured fault: ``NMT_FAULT_POINT``, else ``NMT_FAULT_KILL_AT_STEP`` (> 0), else None."""
-        if self.fault_point is not None:
-            return self.fault_point
-        return Fault("after_step", self.fault_kill_at_step) if self.fault_kill_at_step else None
+        """The configured fault (``NMT_FAULT_POINT``), or None."""
+        return self.fault_point
 
 
 #: ``NMT_MAX_TOKENS`` when unset, per device type: fixed, never derived from free memory, so a

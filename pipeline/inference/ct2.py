@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model import TransformerConfig, max_length
+from model.config import TransformerConfig, max_length
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import output_problem
 from pipeline.core.textio import atomic_path
@@ -165,10 +165,6 @@ class Ct2Translator:
     translator: Any  # ctranslate2.Translator
     config: TransformerConfig
     sp: Any  # sentencepiece.SentencePieceProcessor
-
-    def close(self) -> None:
-        """Nothing to end: CTranslate2's worker threads belong to its translator object (the torch engine's
-        ``Translator.close`` ends its worker processes)."""
 
 
 def _export_command(model_dir: Path) -> str:

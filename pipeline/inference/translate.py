@@ -13,7 +13,8 @@ waiting; a piped file thus still gets large batches, and a person typing gets ea
 Every option is checked before any sentence is decoded: ``--device`` before the model is loaded, ``--beam``
 and ``--attention-layer`` against the loaded model's config, ``--attention-line`` against an ``--input`` file.
 
-Heavy imports (torch, the model, matplotlib) happen inside the command so ``nmt`` stays fast.
+Heavy imports (torch, the model, matplotlib) happen inside the command so ``nmt`` stays fast; with ``--engine
+ctranslate2`` torch is never imported (what both engines share is in :mod:`pipeline.inference.common`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from model.config import MAX_BEAM_SIZE, beam_size_problem
 from pipeline.core.errors import PipelineError
+from pipeline.inference.common import check_cuda, detokenize, parse_device, prepare_source
 from pipeline.inference.attention import (AttentionPick, check_attention_layer, check_attention_line,
                                           plot_cross_attention)
 
@@ -133,7 +135,6 @@ def prepare_lines(translator: Translator | Ct2Translator, lines: Sequence[str]) 
         (sources, ``[]`` for an empty line; 1-based numbers of truncated lines).
     """
     from pipeline.data.normalize import normalize
-    from pipeline.inference.decoding import prepare_source
 
     sources, truncated = [], []
     for number, line in enumerate(lines, start=1):
@@ -147,23 +148,23 @@ def prepare_lines(translator: Translator | Ct2Translator, lines: Sequence[str]) 
 
 
 def translate_lines(translator: Translator | Ct2Translator, lines: Sequence[str], *, beam_size: int = 4,
-                    alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: float = 50, max_tokens: int = 8192,
-                    workers: int = 1) -> tuple[list[str], list[list[int]], list[list[int]], list[int]]:
+                    alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: float = 50,
+                    max_tokens: int = 8192) -> tuple[list[str], list[list[int]], list[list[int]], list[int]]:
     """Translate raw lines (normalised like training text) with either engine.
 
     Returns:
         (translations, model sources, hypothesis ids, 1-based numbers of truncated lines).
     """
     from pipeline.inference import ct2
-    from pipeline.inference.decoding import decode_sources, detokenize
 
     sources, truncated = prepare_lines(translator, lines)
     settings = {"beam_size": beam_size, "max_len_a": max_len_a, "max_len_b": max_len_b, "max_tokens": max_tokens}
     if isinstance(translator, ct2.Ct2Translator):
         hyps = ct2.decode_sources(translator, sources, alpha=alpha, **settings)
     else:
-        hyps = decode_sources(translator, sources, alphas=[alpha], label="translate", workers=workers,
-                              **settings)[float(alpha)]
+        from pipeline.inference.decoding import decode_sources
+
+        hyps = decode_sources(translator, sources, alphas=[alpha], label="translate", **settings)[float(alpha)]
     return detokenize(translator.sp, hyps), sources, hyps, truncated
 
 
@@ -181,9 +182,13 @@ def check_beam(beam: int, vocab_size: int = 0, option: str = "--beam") -> None:
 def _check_args(args: argparse.Namespace) -> None:
     """The options that need no model and no input, each refused in one line."""
     check_beam(args.beam)
+    if args.workers is not None and args.engine != "ctranslate2":
+        raise PipelineError(f"--workers {args.workers!r:.40}: sets how many translations CTranslate2 runs at once; "
+                            "use it with --engine ctranslate2 (the torch engine runs one search at a time: "
+                            "--threads sets its threads)")
     for option, value, least in (("--max-tokens", args.max_tokens, 1), ("--workers", args.workers, 1),
                                  ("--threads", args.threads, 0)):
-        if value < least:
+        if value is not None and value < least:
             raise PipelineError(f"{option} {value!r:.40}: must be >= {least}")
     for option, number in (("--alpha", args.alpha), ("--max-len-a", args.max_len_a), ("--max-len-b", args.max_len_b)):
         if not math.isfinite(number):
@@ -208,10 +213,8 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace) -> Translator | Ct2Translator:
-    """The engine ``--engine`` names on the ``--device`` checked first, with ``--workers`` searches of
-    ``--threads`` threads each."""
-    from pipeline.inference.decoding import check_cuda, load_translator, parse_device, resolve_device
-
+    """The engine ``--engine`` names on the ``--device`` checked first: CTranslate2 with ``--workers``
+    translations of ``--threads`` threads each, or the torch model with ``--threads`` threads."""
     if args.engine == "ctranslate2":
         import ctranslate2
 
@@ -221,15 +224,15 @@ def _load(args: argparse.Namespace) -> Translator | Ct2Translator:
         if kind == "cuda":
             check_cuda(args.device, index, ctranslate2.get_cuda_device_count(), library="ctranslate2",
                        probe="ctranslate2.get_cuda_device_count() is 0")
-        return ct2.load(args.model, device=kind, device_index=index or 0, inter_threads=args.workers,
+        return ct2.load(args.model, device=kind, device_index=index or 0, inter_threads=args.workers or 1,
                         intra_threads=args.threads)
     import torch
+
+    from pipeline.inference.decoding import load_translator, resolve_device
 
     device = resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    elif args.workers > 1:
-        torch.set_num_threads(1)  # parallel searches, one thread each (the layout that decodes fastest on CPU)
     return load_translator(args.model, device)
 
 
@@ -278,11 +281,8 @@ def run(args: argparse.Namespace) -> int:
         if args.attention_png:
             check_attention_line(raw, args.attention_line, args.input)
     translator = _load(args)
-    try:
-        check_beam(args.beam, translator.config.vocab_size)
-        _translate(args, translator, raw)
-    finally:
-        translator.close()  # the search workers, if --workers made any
+    check_beam(args.beam, translator.config.vocab_size)
+    _translate(args, translator, raw)
     return 0
 
 
@@ -301,7 +301,7 @@ def _translate(args: argparse.Namespace, translator: Translator | Ct2Translator,
     total = translate_chunks(
         translator, [raw] if raw is not None else stream_chunks(sys.stdin.fileno()),
         outputs.extend if to_file else _write_stdout, pick=pick, beam_size=args.beam, alpha=args.alpha,
-        max_len_a=args.max_len_a, max_len_b=args.max_len_b, max_tokens=args.max_tokens, workers=args.workers)
+        max_len_a=args.max_len_a, max_len_b=args.max_len_b, max_tokens=args.max_tokens)
     picked = pick.result(total) if pick is not None else None  # refused before --output is written
     if to_file:
         write_lines(args.output, outputs)
@@ -328,12 +328,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-len-a", type=float, default=1.0, help="max output length = a * source length + b")
     p.add_argument("--max-len-b", type=float, default=50, help="see --max-len-a (default 50)")
     p.add_argument("--max-tokens", type=int, default=8192,
-                   help="batch budget in padded source tokens (on CPU a search holds at most 4096)")
+                   help="batch budget in padded source tokens: what one search holds (default 8192)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if torch sees one, else cpu; "
                                     "--engine ctranslate2: cpu)")
-    p.add_argument("--workers", type=int, default=1, help="searches run at once (CPU: give each one thread)")
+    p.add_argument("--workers", type=int,
+                   help="--engine ctranslate2 only: translations run at once (CTranslate2's inter_threads, default 1)")
     p.add_argument("--threads", type=int, default=0,
-                   help="threads per search (default: 1 with --workers > 1, else the library's default)")
+                   help="threads per translation (CTranslate2's intra_threads) or of the torch engine "
+                        "(default: the library's)")
     p.add_argument("--attention-png", help="draw one sentence's cross-attention into this PNG")
     p.add_argument("--attention-layer", type=int, help="decoder layer to draw, 1..number of layers "
                                                        "(default: the last)")

@@ -19,8 +19,7 @@ Points (``step`` is the optimizer step being run or just finished):
 Actions: ``kill`` (SIGKILL this process, the default), ``exit`` (die at once with exit code 3),
 ``stall`` (sleep forever: a hung rank), ``oom`` (raise ``torch.OutOfMemoryError``). ``rank``
 restricts the fault to one rank (default: every rank that reaches the point).
-``NMT_FAULT_KILL_AT_STEP=<n>`` is the older spelling of ``after_step:<n>``. The variables are parsed
-and checked in :mod:`pipeline.core.env` (which defines :class:`Fault` and the points and actions).
+The variables are parsed and checked in :mod:`pipeline.core.env` (which defines :class:`Fault` and the points and actions).
 """
 
 from __future__ import annotations
@@ -38,12 +37,12 @@ from pipeline.core.env import Fault
 from pipeline.core.env import parse_fault as parse
 from pipeline.training.hooks import Hooks
 
-__all__ = ["ACTIONS", "ENV", "EXIT_CODE", "LEGACY_ENV", "ONCE_ENV", "POINTS", "Fault", "FaultHooks", "Hooks", "active",
+__all__ = ["ACTIONS", "ENV", "EXIT_CODE", "ONCE_ENV", "POINTS", "Fault", "FaultHooks", "Hooks", "active",
            "from_env", "hit", "parse"]
 
 log = logging.getLogger(__name__)
 
-ENV, ONCE_ENV, LEGACY_ENV = "NMT_FAULT_POINT", "NMT_FAULT_ONCE", "NMT_FAULT_KILL_AT_STEP"
+ENV, ONCE_ENV = "NMT_FAULT_POINT", "NMT_FAULT_ONCE"
 EXIT_CODE = 3
 
 

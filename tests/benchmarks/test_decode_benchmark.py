@@ -1,8 +1,9 @@
-"""benchmarks/decode.py drives the real decoding code (this project's search, its parallel workers and the
-CTranslate2 export), so it cannot silently fall behind their signatures: every row on a tiny model."""
+"""benchmarks/decode.py drives the real decoding code (this project's search, the CTranslate2 export and
+``nmt translate``), so it cannot silently fall behind their signatures: every row on a tiny model."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,14 +26,24 @@ def test_every_row_of_the_decoding_benchmark_runs_on_a_tiny_model(tmp_path: Path
     finally:
         torch.set_num_threads(threads)
     engines = {(r["engine"], r["layout"], r.get("max_tokens")) for r in rows}
-    assert ("torch batched", "2x1", 16384) in engines and ("torch batched", "1x2", 4096) in engines
+    assert {("torch batched", f"1x{t}", m) for t in (1, 2) for m in bench.TORCH_MAX_TOKENS} <= engines
     assert {("ctranslate2 int8", "2x1", m) for m in bench.CT2_MAX_TOKENS} <= engines
     assert {"torch one at a time", "ctranslate2 float32", "ctranslate2 int8", "ctranslate2 float32, alpha 0"} <= {
         e for e, _, _ in engines}
     for r in rows:
         assert r["sentences"] in (2, 6) and r["sent_per_s"] > 0 and 0 <= r["bleu"] <= 100
-        if r["engine"].startswith("torch"):  # any batching and any workers: the same outputs
+        if r["engine"].startswith("torch"):  # any batching and any thread count: the same outputs
             assert r["same_as_batched"] == 1.0, r
+
+
+def test_the_process_mode_times_nmt_translate_beside_a_plain_script_and_sees_no_torch(tmp_path: Path) -> None:
+    bench = load_benchmark("decode")
+    export = ct2.export(make_averaged(tmp_path, seed=2), tmp_path / "ct2")
+    result = bench.measure_processes(export, CORPUS[1::2][:6], repeats=1)
+    assert result["sentences"] == 6 and set(result["seconds"]) == {bench.NMT_CT2, bench.PLAIN}
+    assert all(s > 0 for s in result["seconds"].values()) and result["ratio"] > 0
+    assert result["nmt_imports_torch"] is False
+    assert bench.imports_torch([sys.executable, "-c", "import torch"])  # the probe sees torch where it is imported
 
 
 def test_rows_run_in_rounds_and_each_counts_its_fastest_run() -> None:

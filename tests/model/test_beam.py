@@ -15,7 +15,6 @@ from torch import Tensor, nn
 from model import Hypothesis, Transformer, TransformerConfig, beam_search, best_hypothesis
 import model.beam as beam_module
 from model.beam import length_penalty, max_length
-from model.candidates import top_from_chunk_maxima
 from tests.helpers.models import trained_reverser
 
 PAD, A, BOS, EOS, B = 0, 1, 2, 3, 4  # toy vocabulary: V = 5
@@ -241,21 +240,7 @@ def test_exact_ties_in_float32_match_the_literal_rule(seed: int) -> None:
         assert [(h.tokens, h.score, h.step) for h in hyps] == want
 
 
-def spy_on_chunk_path(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Record, per CPU step, whether the chunk-maxima path answered (True) or declined (False)."""
-    answered: list[bool] = []
-
-    def spy(*args):
-        found = top_from_chunk_maxima(*args)
-        answered.append(found is not None)
-        return found
-
-    monkeypatch.setattr(beam_module, "top_from_chunk_maxima", spy)
-    return answered
-
-
-def test_ties_in_a_larger_vocabulary_match_the_literal_rule_on_both_cpu_paths(monkeypatch) -> None:
-    answered = spy_on_chunk_path(monkeypatch)
+def test_ties_in_a_larger_vocabulary_match_the_literal_rule() -> None:
     src = torch.tensor([[A, EOS, PAD, PAD, PAD], [A, A, A, B, EOS], [B, B, EOS, PAD, PAD]])
     for seed in range(6):
         m = TiedProbs(seed, vocab=64, weights=tuple(range(1, 60)))
@@ -263,7 +248,34 @@ def test_ties_in_a_larger_vocabulary_match_the_literal_rule_on_both_cpu_paths(mo
         for row, hyps in zip(src, got):
             want = reference_beam(m, row, 4, 1.0, 2, lprobs_fn=tied_lprobs)
             assert [(h.tokens, h.score, h.step) for h in hyps] == want
-    assert True in answered and False in answered, answered
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_steps_candidates_equal_a_literal_sort_with_ties_and_invalid_slots(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    b, slots, vocab, n2 = 6, 3, 7, 6
+    n = slots * vocab
+    flat = torch.randint(-3, 1, (b, n), generator=g).float()  # few distinct values: many exact ties
+    flat[torch.rand(b, n, generator=g) < [0.1, 0.3, 0.6, 0.9, 0.95, 1.0][seed]] = float("-inf")  # valid may be -inf
+    live = torch.randint(0, slots + 1, (b,), generator=g)  # live slots are a prefix
+    valid = ((torch.arange(slots) < live[:, None])[:, :, None] & (torch.arange(vocab) % 4 != 0)).view(b, n)
+    flat = flat.masked_fill(~valid, float("-inf"))
+    tie_rank = torch.where(torch.arange(n) % vocab % 4 != 0, torch.arange(n, 0, -1), 0)  # banned tokens: 0
+    index, score, ok = beam_module._top_candidates(flat, tie_rank.int(), valid.sum(1), n2)
+    for r in range(b):
+        want = sorted((i for i in range(n) if valid[r, i]), key=lambda i: (-flat[r, i].item(), i))[:n2]
+        assert index[r, : len(want)].tolist() == want
+        assert ok[r].tolist() == [True] * len(want) + [False] * (n2 - len(want))
+        assert score[r, : len(want)].tolist() == flat[r, want].tolist()
+        assert (score[r, len(want):] == float("-inf")).all()
+
+
+def test_a_tie_at_the_threshold_goes_to_the_lower_flat_index() -> None:
+    flat = torch.tensor([[5.0, 4.0, 3.0, 3.0, 1.0], [5.0, 3.0, 4.0, 3.0, 3.0]])
+    index, score, ok = beam_module._top_candidates(flat, torch.arange(5, 0, -1, dtype=torch.int32),
+                                                   torch.full((2,), 5), 3)
+    assert index.tolist() == [[0, 1, 2], [0, 2, 1]] and score.tolist() == [[5.0, 4.0, 3.0], [5.0, 4.0, 3.0]]
+    assert ok.all()
 
 
 def test_the_steps_log_softmax_overwrites_the_logits_with_torchs_values() -> None:
@@ -298,15 +310,13 @@ def test_cached_batched_search_equals_uncached_reference(seed: int, k: int, pre_
 
 
 @pytest.mark.parametrize(("seed", "k"), [(0, 4), (1, 2), (2, 5)])
-def test_a_vocabulary_in_chunks_gives_the_literal_rules_hypotheses(seed: int, k: int, monkeypatch) -> None:
-    answered = spy_on_chunk_path(monkeypatch)
+def test_a_larger_vocabulary_gives_the_literal_rules_hypotheses(seed: int, k: int) -> None:
     m, src = tiny(seed, vocab=96), sources(seed)
     got = beam_search(m, src, beam_size=k, max_len_a=1.2, max_len_b=2, return_finished=True)
     for row, hyps in zip(src, got):
         want = reference_beam(m, row, k, 1.2, 2)
         assert as_tuples(hyps) == [(t, n) for t, _, n in want]
         assert [h.score for h in hyps] == pytest.approx([s for _, s, _ in want], abs=1e-9)
-    assert all(answered), answered
 
 
 @pytest.mark.parametrize("k", [1, 4])

@@ -1,4 +1,4 @@
-"""Label-smoothed loss (plain and chunked) and the inverse square-root learning-rate schedule."""
+"""Label-smoothed loss (plain and lean) and the inverse square-root learning-rate schedule."""
 
 from __future__ import annotations
 
@@ -9,12 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import (
-    inverse_sqrt_lr,
-    label_smoothed_nll_loss,
-    label_smoothed_nll_loss_chunked,
-    label_smoothed_nll_loss_lean,
-)
+from model import inverse_sqrt_lr, label_smoothed_nll_loss, label_smoothed_nll_loss_lean
 
 PAD = 0
 
@@ -77,25 +72,6 @@ def test_log_softmax_runs_in_fp32_for_half_logits() -> None:
     assert math.isclose(loss.item(), ref.item(), rel_tol=1e-5)
 
 
-@pytest.mark.parametrize("chunk", [1, 4, 7, 100])
-def test_chunked_equals_plain_in_value_and_gradient(chunk: int) -> None:
-    torch.manual_seed(1)
-    hidden = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(11, 8, dtype=torch.float64, requires_grad=True)
-    _, target = batch()
-    plain = label_smoothed_nll_loss(hidden @ weight.T, target, 0.1, PAD)
-    g_plain = torch.autograd.grad(plain[0], [hidden, weight])
-    chunked = label_smoothed_nll_loss_chunked(hidden, weight, target, 0.1, PAD, chunk_tokens=chunk)
-    g_chunked = torch.autograd.grad(chunked[0], [hidden, weight])
-    torch.testing.assert_close(chunked[0], plain[0])
-    torch.testing.assert_close(chunked[1], plain[1])
-    for a, b in zip(g_chunked, g_plain):
-        torch.testing.assert_close(a, b)
-    with torch.no_grad():
-        torch.testing.assert_close(label_smoothed_nll_loss_chunked(hidden, weight, target, 0.1, PAD, chunk)[0],
-                                   plain[0])
-
-
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-5), (torch.bfloat16, 1e-5)])
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 def test_lean_equals_plain_in_value_and_gradient(dtype: torch.dtype, tol: float, eps: float) -> None:
@@ -135,8 +111,6 @@ def test_bad_inputs_are_named() -> None:
             fn(logits, target, epsilon=1.5)
         with pytest.raises(ValueError, match=r"logits \(3, 5, 11\) do not match target \(3, 4\)"):
             fn(logits, target[:, :4])
-    with pytest.raises(ValueError, match="chunk_tokens must be >= 1"):
-        label_smoothed_nll_loss_chunked(logits, torch.zeros(4, 11), target, chunk_tokens=0)
 
 
 # ---- schedule -------------------------------------------------------------------------------

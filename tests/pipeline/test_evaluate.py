@@ -8,6 +8,7 @@ import math
 import random
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,16 +18,8 @@ from pipeline.core.errors import CheckpointError, DataError
 from pipeline.core.stage import run_stage
 from pipeline.core.textio import count_lines, read_lines, write_lines
 from pipeline.evaluate import stage
-from pipeline.inference.decoding import (
-    CPU_SEARCH_CANDIDATES,
-    CPU_SEARCH_TOKENS,
-    cpu_search_sentences,
-    decode_sources,
-    load_translator,
-    plan_batches,
-    prepare_source,
-    search_batches,
-)
+from pipeline.inference.common import prepare_source
+from pipeline.inference.decoding import decode_sources, load_translator, plan_batches, plan_searches
 from pipeline.inference.scoring import METRIC_KEYS, score_files
 from tests.helpers.eval_world import AVERAGED_STEP, NEWEST_STEP, TEST, VALID
 
@@ -215,39 +208,19 @@ def test_plan_batches_respects_the_budget_and_covers_every_sentence_once() -> No
     assert [lengths[i] for i in flat] == sorted((n for n in lengths if n), reverse=True)
 
 
-def test_cpu_searches_hold_at_most_the_candidate_budget_and_keep_the_planned_order() -> None:
-    assert cpu_search_sentences(4, 8000) == CPU_SEARCH_CANDIDATES // 32000 == 262
-    assert cpu_search_sentences(4, CPU_SEARCH_CANDIDATES) == 1  # never zero sentences
-    # more than one worker: at least SEARCHES_PER_WORKER searches each, so no worker idles while one runs long
-    assert cpu_search_sentences(4, 8000, 300, workers=1) == 262 and cpu_search_sentences(4, 8000, 300, 2) == 38
-    assert cpu_search_sentences(4, 8000, 100_000, 2) == 262 and cpu_search_sentences(4, 8000, 3, 4) == 1
-    rng = random.Random(2)
-    lengths = [rng.randint(0, 9) for _ in range(300)]
-    planned = plan_batches(lengths, max_tokens=4096)
-    for budget in (16, 64, 4096, 16384):
-        cpu = search_batches(lengths, budget, torch.device("cpu"), 50)
-        assert [i for b in cpu for i in b] == [i for b in plan_batches(lengths, budget) for i in b]  # same order
-        for j, search in enumerate(cpu):
-            assert len(search) <= 50 and (len(search) == 1 or len(search) * lengths[search[0]] <= budget)
-            if j + 1 < len(cpu):  # full: one more sentence would pass the cap or the budget
-                assert len(search) == 50 or (len(search) + 1) * lengths[search[0]] > budget
-    assert max(len(b) for b in planned) > 50 and max(len(b) for b in cpu) == 50
-    assert sum(len(b) < 50 for b in cpu) == 1  # a large budget: full searches, one short rest at the end
-    assert search_batches(lengths, 4096, torch.device("cuda"), 50) == planned  # a GPU search takes the whole batch
-
-
-def test_cpu_searches_hold_at_most_cpu_search_tokens_so_any_larger_budget_plans_the_same_searches() -> None:
+def test_a_search_holds_what_max_tokens_allows_and_overlong_limits_search_apart() -> None:
     rng = random.Random(3)
-    lengths = [rng.randint(0, 120) for _ in range(600)]
-    cpu = torch.device("cpu")
-    at_cap = search_batches(lengths, CPU_SEARCH_TOKENS, cpu, 262)
-    for search in at_cap:
-        assert len(search) <= 262 and len(search) * max(lengths[i] for i in search) <= CPU_SEARCH_TOKENS
-    for budget in (CPU_SEARCH_TOKENS + 1, 2 * CPU_SEARCH_TOKENS, 16384):
-        assert search_batches(lengths, budget, cpu, 262) == at_cap
-    assert search_batches(lengths, 1024, cpu, 262) == plan_batches(lengths, 1024, 262) != at_cap  # below it: the budget
-    on_gpu = search_batches(lengths, 16384, torch.device("cuda"), 262)
-    assert on_gpu == plan_batches(lengths, 16384) and len(on_gpu) < len(at_cap)  # a GPU search takes the budget
+    sources = [[5] * rng.randint(0, 20) for _ in range(600)]
+    translator = SimpleNamespace(config=SimpleNamespace(max_positions=24))  # plan_searches reads max_positions only
+    jobs = plan_searches(translator, sources, beam_size=4, max_len_a=1.0, max_len_b=5, max_tokens=16384)
+    lengths = [len(s) for s in sources]
+    capped = [n if n + 5 > 24 else 0 for n in lengths]  # floor(S + 5) passes the position table
+    plain = plan_batches([n if not c else 0 for n, c in zip(lengths, capped)], 16384)
+    assert [job[0] for job in jobs] == plain + plan_batches(capped, 16384)
+    assert [job[3:] for job in jobs] == [(1.0, 5)] * len(plain) + [(0.0, 24)] * (len(jobs) - len(plain))
+    first = jobs[0][0]
+    assert len(first) > 262 and len(first) * lengths[first[0]] > 4096  # no cap of its own on any device
+    assert all(job[1] == [sources[i] for i in job[0]] and job[2] == 4 for job in jobs)
 
 
 def test_batched_decoding_restores_order_and_equals_one_at_a_time(eval_world: Path) -> None:

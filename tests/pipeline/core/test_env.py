@@ -104,17 +104,10 @@ def test_tracking_stays_on_otherwise(value: str) -> None:
     assert settings({"NMT_TRACKING": value}).tracking is True
 
 
-def test_legacy_fault_spelling() -> None:
-    assert settings({"NMT_FAULT_KILL_AT_STEP": "5"}).fault == Fault("after_step", 5)
-    assert settings({"NMT_FAULT_KILL_AT_STEP": "0"}).fault is None
-    both = {"NMT_FAULT_KILL_AT_STEP": "5", "NMT_FAULT_POINT": "mid_save:4"}
-    assert settings(both).fault == Fault("mid_save", 4)
-
-
 def test_bad_values_give_one_error_naming_each_variable() -> None:
     bad = {"NMT_NPROC": "zero", "NMT_NNODES": "0", "NMT_NODE_RANK": "-1", "NMT_MASTER_PORT": "70000",
            "NMT_MAX_RESTARTS": "-1", "NMT_DEVICE": "gpu", "NMT_THREADS": "1.5", "NMT_DIST_TIMEOUT_S": "0",
-           "NMT_DIST_BACKEND": "mpi", "NMT_FAULT_POINT": "mid_sav:x", "NMT_FAULT_KILL_AT_STEP": "soon",
+           "NMT_DIST_BACKEND": "mpi", "NMT_FAULT_POINT": "mid_sav:x",
            "NMT_DOWNLOAD_BACKOFF_S": "-1", "NMT_ENCODE_WORKERS": "many", "NMT_TRACKING": "off"}
     with pytest.raises(ConfigError) as err:
         settings(bad)
@@ -133,11 +126,10 @@ def test_bad_values_give_one_error_naming_each_variable() -> None:
         ("NMT_FAULT_POINT='mid_sav:x': unknown point 'mid_sav'; one of preflight, forward, mid_accum, collective, "
          "before_save, mid_save, after_save, after_step"),
         "NMT_FAULT_POINT='mid_sav:x': step 'x' is not a non-negative integer",
-        "NMT_FAULT_KILL_AT_STEP='soon': expected an integer >= 0",
         "NMT_DOWNLOAD_BACKOFF_S='-1': expected a number of seconds >= 0",
         "NMT_ENCODE_WORKERS='many': expected an integer >= 1",
     ]
-    assert str(err.value).startswith("environment: 14 problem(s) in the configuration:\n  - NMT_NPROC='zero'")
+    assert str(err.value).startswith("environment: 13 problem(s) in the configuration:\n  - NMT_NPROC='zero'")
 
 
 @pytest.mark.parametrize("name, value", [("NMT_DIST_TIMEOUT_S", "nan"), ("NMT_DIST_TIMEOUT_S", "inf"),

@@ -14,7 +14,8 @@ import torch
 from pipeline.cli import main
 from pipeline.core.errors import PipelineError
 from pipeline.inference import ct2
-from pipeline.inference.decoding import load_translator, prepare_source
+from pipeline.inference.common import prepare_source
+from pipeline.inference.decoding import load_translator
 from tests.helpers.models import make_averaged
 from tests.helpers.paths import REPO
 
@@ -75,6 +76,21 @@ def test_translate_with_ctranslate2_behaves_like_the_torch_engine(exported: tupl
     assert [bool(x) for x in lines["torch"]] == [bool(x) for x in lines["ctranslate2"]]
     warning = "1 line(s) longer than the model's max_positions (64 tokens with EOS) were truncated: line(s) 1"
     assert all((warning in proc.stderr.decode()) == (LONG.encode() in stdin) for proc in runs.values())
+
+
+def test_translate_with_ctranslate2_never_imports_torch_and_any_workers_give_one_output(
+        exported: tuple[Path, Path]) -> None:
+    _, out = exported
+    probe = ("import sys; from pipeline.cli import main; rc = main(sys.argv[1:]); "
+             "sys.exit(9 if 'torch' in sys.modules else rc)")
+    outputs = []
+    for workers in ("1", "2"):
+        proc = subprocess.run([sys.executable, "-c", probe, "translate", "--engine", "ctranslate2", "--model",
+                               str(out), "--workers", workers], input="".join(en + "\n" for en, _ in PAIRS).encode(),
+                              capture_output=True, timeout=120, cwd=REPO)
+        assert proc.returncode == 0, (proc.returncode, proc.stderr.decode())  # 9: it imported torch
+        outputs.append(proc.stdout)
+    assert outputs[0] == outputs[1] and outputs[0].count(b"\n") == len(PAIRS)
 
 
 def test_at_alpha_zero_the_engines_agree_on_this_model(exported: tuple[Path, Path], tmp_path: Path) -> None:

@@ -15,7 +15,8 @@ import torch
 from pipeline.cli import main
 from pipeline.core.errors import CheckpointError, PipelineError
 from pipeline.core.textio import read_lines
-from pipeline.inference.decoding import check_cuda, load_translator
+from pipeline.inference.common import check_cuda
+from pipeline.inference.decoding import load_translator
 from pipeline.inference.translate import read_input, translate_lines
 from tests.helpers.models import make_averaged, make_small_vocab_averaged
 from tests.helpers.paths import REPO
@@ -251,25 +252,11 @@ def test_a_file_that_is_not_a_model_is_named_without_torch_advice(tmp_path: Path
     assert "weights_only=False" not in message and "\n" not in message
 
 
-def test_parallel_searches_give_the_same_translations(model_file: Path, tmp_path: Path) -> None:
-    src = tmp_path / "in.en"
-    src.write_text("".join(f"Sentence number {i} of the price.\n" for i in range(40)) + "\nThe mayor.\n",
-                   encoding="utf-8")
-    outs, threads = [], torch.get_num_threads()
-    try:
-        for workers in ("1", "3"):  # --threads 1 for both: CPU results may depend on the thread count
-            out = tmp_path / f"out{workers}.de"
-            rc = main(["translate", "--model", str(model_file), "--input", str(src), "--output", str(out),
-                       "--beam", "3", "--max-tokens", "40", "--workers", workers, "--threads", "1"])
-            assert rc == 0
-            outs.append(out.read_text(encoding="utf-8"))
-    finally:
-        torch.set_num_threads(threads)
-    assert outs[0] == outs[1] and outs[0].count("\n") == 42
-
-
 @pytest.mark.parametrize(("option", "message"), [
-    (["--workers", "0"], "--workers 0: must be >= 1"), (["--threads", "-1"], "--threads -1: must be >= 0"),
+    (["--engine", "ctranslate2", "--workers", "0"], "--workers 0: must be >= 1"),
+    (["--workers", "2"], "--workers 2: sets how many translations CTranslate2 runs at once; use it with --engine "
+                         "ctranslate2 (the torch engine runs one search at a time: --threads sets its threads)"),
+    (["--threads", "-1"], "--threads -1: must be >= 0"),
     (["--max-tokens", "0"], "--max-tokens 0: must be >= 1"),
     (["--beam", "0"], "--beam 0: must be an integer from 1 to 64"),
     (["--beam", "1000000"], "--beam 1000000: must be an integer from 1 to 64"),

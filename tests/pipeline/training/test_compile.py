@@ -71,7 +71,7 @@ def test_a_compiled_training_run_with_dropout_resumes_bitwise(workspace, tmp_pat
         assert data["model"]["dropout"] > 0
         if name == "resumed":
             killed = run_torchrun(data, tmp_path / name, nproc=1, env={"NMT_COMPILE": "on",
-                                                                       "NMT_FAULT_KILL_AT_STEP": "3"})
+                                                                       "NMT_FAULT_POINT": "after_step:3"})
             assert killed.returncode != 0
         proc = run_torchrun(data, tmp_path / name, nproc=1, env={"NMT_COMPILE": "on"})
         assert proc.returncode == 0, proc.stderr[-3000:]

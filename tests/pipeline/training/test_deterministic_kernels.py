@@ -37,7 +37,7 @@ def _bitwise_equal(a: dict, b: dict) -> bool:
 def _killed_and_resumed(workspace: dict, tmp: Path, env: dict, steps: int) -> Path:
     """Killed after step 5 (newest checkpoint: 4), then relaunched to ``steps``."""
     data = tiny_params(tmp, workspace, max_steps=steps)
-    proc = run_torchrun(data, tmp, nproc=1, env={**env, "NMT_FAULT_KILL_AT_STEP": "5"})
+    proc = run_torchrun(data, tmp, nproc=1, env={**env, "NMT_FAULT_POINT": "after_step:5"})
     assert proc.returncode != 0
     assert [s for s, _ in checkpoint.complete_checkpoints(tmp / "runs")][-1] == 4
     proc = run_torchrun(data, tmp, nproc=1, env=env)

@@ -198,9 +198,8 @@ def test_fault_specs_and_restart_counts_are_checked(monkeypatch):
     with pytest.raises(ConfigError, match=r"(?s)unknown action 'explode'.*step 'x' is not a non-negative integer"):
         faults.parse("forward:x:explode")
     assert faults.parse("collective:3:stall:1") == faults.Fault("collective", 3, "stall", 1)
-    monkeypatch.delenv("NMT_FAULT_POINT", raising=False)
-    monkeypatch.setenv("NMT_FAULT_KILL_AT_STEP", "5")
-    assert faults.active() == faults.Fault("after_step", 5)
+    monkeypatch.setenv("NMT_FAULT_POINT", "after_step:5")
+    assert faults.active() == faults.Fault("after_step", 5, "kill")
     monkeypatch.setenv("NMT_MAX_RESTARTS", "2")
     assert "--max-restarts=2" in launch.torchrun_command([])
     monkeypatch.setenv("NMT_MAX_RESTARTS", "0")

@@ -102,7 +102,7 @@ def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(workspa
     proc = run_torchrun(tiny_params(ref, workspace, max_steps=10), ref, nproc=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = tiny_params(crash, workspace, max_steps=10)
-    proc = run_torchrun(data, crash, nproc=2, env={"NMT_FAULT_KILL_AT_STEP": "5"})
+    proc = run_torchrun(data, crash, nproc=2, env={"NMT_FAULT_POINT": "after_step:5"})
     assert proc.returncode != 0
     assert [s for s, _ in checkpoint.complete_checkpoints(crash / "runs")] == [2, 4]
     one = _check_world_size_change(data, crash, tmp_path / "one")
