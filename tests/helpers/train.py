@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -84,11 +85,24 @@ def make_workspace(tmp: Path, n_train: int = 160, n_valid: int = 24) -> dict[str
     return {"shards": shards, "spm": spm_model, "root": tmp}
 
 
+def _under(tmp: Path, folder: Path, name: str) -> Path:
+    """``folder`` if it lies inside ``tmp``, else a copy of it at ``tmp/data/<name>``."""
+    if Path(os.path.abspath(folder)).is_relative_to(os.path.abspath(tmp)):
+        return folder
+    shutil.copytree(folder, tmp / "data" / name, dirs_exist_ok=True)
+    return tmp / "data" / name
+
+
 def tiny_params(tmp: Path, ws: dict[str, Path], **train) -> dict:
-    """The tiny profile's params with paths under ``tmp`` and ``train`` overrides."""
+    """The tiny profile's params with paths under ``tmp`` and ``train`` overrides.
+
+    The workspace's shards and BPE model are copied under ``tmp`` unless they lie there (they are small):
+    every ``paths.*`` of a params file lies inside its folder, none inside another (pipeline/core/paths.py).
+    """
     data = merged_profile("tiny", REPO)
-    data["paths"].update(shards=str(ws["shards"]), bpe=str(ws["spm"].parent), train=str(tmp / "runs"),
-                         metrics=str(tmp / "metrics"), plots=str(tmp / "plots"))
+    shards, bpe = (_under(tmp, ws["shards"], "shards"), _under(tmp, ws["spm"].parent, "bpe"))
+    data["paths"].update(shards=str(shards), bpe=str(bpe), train=str(tmp / "runs"), model=str(tmp / "model"),
+                         eval=str(tmp / "eval"), metrics=str(tmp / "metrics"), plots=str(tmp / "plots"))
     data["model"].update(d_model=16, n_heads=2, d_ff=32, n_layers=1, max_positions=128)
     data["train"].update(dict(tokens_per_step=192, warmup_steps=2, max_steps=6, save_every_steps=2,
                               keep_last=10, valid_every_steps=3, log_every_steps=1, lr_scale=2.0) | train)
