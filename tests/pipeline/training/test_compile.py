@@ -1,7 +1,7 @@
 """``NMT_COMPILE``: the training forward pass and loss under ``torch.compile`` (dynamic shapes) compute what the
 eager function computes, for every batch shape and in validation, and a compiled run resumes bitwise.
 
-Compiled on the CPU here (inductor's C++ backend); ``benchmarks/gpu_check.py`` runs the CUDA path.
+Compiled on the CPU here (inductor's C++ backend); ``benchmarks/gpu.py check`` runs the CUDA path.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 ends bitwise equal to an uninterrupted one: the README's "On a GPU").
 
 On the CPU the switch must change nothing (CPU kernels are deterministic for a fixed thread count);
-the CUDA test is skipped without a GPU and runs in ``benchmarks/gpu_check.py`` on a device.
+the CUDA test is skipped without a GPU and runs in ``benchmarks/gpu.py check`` on a device.
 """
 
 from __future__ import annotations

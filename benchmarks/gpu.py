@@ -1,0 +1,145 @@
+"""The GPU benchmarks and checks a lent CUDA machine runs, one command each (dry-run on a CPU by the tests).
+
+    python benchmarks/gpu.py prepare --data data/gpu [--profiles tiny demo multi30k]   # here, on CPU: data stages
+    python benchmarks/gpu.py news --data data/gpu            # here: the news chain's data from the shared folder
+    python benchmarks/gpu.py check --data data/gpu --out OUT      # on the GPU machine (carry data/gpu)
+    python benchmarks/gpu.py multi30k --data data/gpu --out OUT   # on the GPU machine
+    python benchmarks/gpu.py parts --out OUT                      # on the GPU machine
+    python benchmarks/gpu.py check --data D --out O --dry-run     # CPU, a few steps (tests/benchmarks)
+
+Figures from device runs are in benchmarks/RESULTS.md. ``check`` and ``multi30k`` run their steps in order (a
+subset with ``--steps``), each stage a subprocess with its own log (under ``--work``) and a time limit, and
+rewrite ``OUT/gpu_<command>.json`` and ``OUT/logs.tar.gz`` (the logs and loss curves) after every step, so what
+finished comes back even if a later step hangs; a step that would start with less than it needs left of
+``--budget-s`` is skipped, so the JSON comes back within a device call's limit. Both begin with ``env`` (torch,
+CUDA and the device) and end with ``throughput``: ``benchmarks/train.py --device cuda --config base-25k
+--compile step`` (the base model, 37k vocabulary, ~25k target tokens a step; ``nn.Transformer`` beside it).
+
+``check`` (``--profiles A B``, default ``tiny demo``; the dry run uses ``tiny tiny``):
+
+- ``tiny``: A through ``python -m pipeline.train`` (one process) -> ``average`` -> ``evaluate``.
+- ``demo``: B through ``python -m pipeline.launch`` (torchrun, one process, NCCL) -> ``average`` -> ``evaluate``.
+- ``pytest``: the ``gpu``-marked tests (the rest of the suite needs MLflow, DVC and Prefect).
+- ``precision``: B for 200 steps in bf16 autocast (what training does on CUDA) and in fp32 (autocast off, the
+  ``fp32-train`` command): train and valid loss at every logged step.
+- ``determinism``: B's steps run twice, and killed + resumed, in the ``--modes`` (with and without
+  ``NMT_DETERMINISTIC``): are the final weights and Adam moments bitwise equal, and if not, how far apart.
+- ``attention``: beam searches over new shapes with the model's attention backends and with cuDNN's allowed
+  (cuDNN builds a graph per new shape; :data:`model.layers.CUDA_ATTENTION`).
+
+``multi30k``:
+
+- ``sweep``: the chains named by ``--chains`` (default all): the ``multi30k`` profile, each of its variants in
+  ``benchmarks/gpu_steps/multi30k.py`` and ``news`` (the paper profile's base dimensions and 37k vocabulary on
+  the small WMT14 news sets), each ``python -m pipeline.train`` -> ``average`` -> ``evaluate`` in its own process,
+  all at once on the one GPU (each wall time is then an upper bound on the time the run takes alone). ``evaluate``
+  picks beam and α on the valid set and scores the test set with them (Multi30k: val, test_2016_flickr; news:
+  newstest2013, newstest2014).
+- ``newstest``: the ``--news-model`` chain's averaged model translates newstest2014 (3,003 lines, beam 4) with
+  :func:`pipeline.inference.translate.translate_lines` (normalise, BPE, batched search, detokenise): a warm-up,
+  then timed runs at 8k-32k tokens a batch; sacreBLEU and the output/reference length ratio beside.
+
+``parts`` (CUDA only) writes ``OUT/gpu_parts.json``: forward + backward of the label-smoothed loss on bf16 logits
+[29000, 37000] (eager and compiled; :func:`model.loss.label_smoothed_nll_loss` and its lean variant) and of
+attention on [B, 8, L, 64] bf16 (SDPA with a key-padding mask, without, causal; ``varlen_attn`` and flex attention
+where this torch has them), CUDA events, median of 20 after 5.
+
+The stages run with MLflow tracking off (``NMT_TRACKING=off``): the device image has no MLflow. Other ``NMT_*``
+variables pass through to them (``NMT_COMPILE=on python3 benchmarks/gpu.py check ... --steps demo``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.gpu_steps import check, multi30k  # noqa: E402
+from benchmarks.gpu_steps.runner import Runner, params_for, step_env, write_params  # noqa: E402
+
+
+def run(args: argparse.Namespace) -> int:
+    """``check`` or ``multi30k``: ``env``, then the steps, within the budget."""
+    budget = args.budget_s if args.budget_s is not None else (3600 if args.dry_run else 540)
+    r = Runner(args.out.resolve(), args.work.resolve(), "cpu" if args.dry_run else "cuda",
+               f"gpu_{args.command}.json", budget)
+    r.results["commit"] = args.commit
+    r.save("env", step_env())
+    if args.command == "check":
+        steps = check.steps(r, args.data, args.profiles, args.modes, args.dry_run)
+    else:
+        steps = multi30k.steps(r, args.data, args.chains, args.news_model, args.dry_run)
+    r.run_steps(steps, args.steps, args.dry_run)
+    return 0
+
+
+def prepare(args: argparse.Namespace) -> int:
+    """The data stages of ``--profiles``, here (the device machine has no data)."""
+    r = Runner(REPO / args.data / "prepare", REPO / args.data / "prepare", "cpu")
+    for profile in args.profiles:
+        if not r.data_stages(profile, write_params(params_for(profile, args.data, None), REPO / args.data / profile)):
+            return 1
+    return 0
+
+
+def parts(args: argparse.Namespace) -> int:
+    """Time the parts; write ``OUT/gpu_parts.json``."""
+    from benchmarks.gpu_steps import parts
+
+    result = parts.run(args.parts)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_parts.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line and run one command."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("prepare", help="the data stages of some profiles, here")
+    a.add_argument("--data", type=Path, required=True, help="a folder under data/ (relative to the repository)")
+    a.add_argument("--profiles", nargs="+", default=["tiny", "demo"])
+    a = sub.add_parser("news", help="the news chain's data from the shared data folder, here")
+    a.add_argument("--data", type=Path, required=True, help="a folder under data/ (relative to the repository)")
+    a.add_argument("--mirror", type=Path, default=REPO.parent / "shared" / "data", help="the shared data folder")
+    a.add_argument("--dry-run", action="store_true", help="a 200-piece BPE, for the tests' small mirror")
+    for name, steps in (("check", ["tiny", "demo", "pytest", "precision", "determinism", "attention"]),
+                        ("multi30k", ["sweep", "newstest"])):
+        a = sub.add_parser(name, help=f"the {name} steps on the GPU")
+        a.add_argument("--data", type=Path, required=True)
+        a.add_argument("--out", type=Path, required=True)
+        a.add_argument("--work", type=Path, default=Path(f"/tmp/gpu_{name}"), help="runs and logs (%(default)s)")
+        a.add_argument("--dry-run", action="store_true", help="CPU, a few steps: checks this script")
+        a.add_argument("--steps", nargs="*", choices=[*steps, "throughput"], help="a subset of the steps, in order")
+        a.add_argument("--budget-s", type=float, help="the whole run's seconds (default: 540; a dry run 3600)")
+        a.add_argument("--commit", default="", help="recorded in the JSON")
+    a = sub.choices["check"]
+    a.add_argument("--profiles", nargs=2, default=["tiny", "demo"], metavar=("ONE_PROCESS", "TORCHRUN"))
+    a.add_argument("--modes", nargs="+", default=["default", "deterministic"], choices=["default", "deterministic"],
+                   help="the determinism step's modes (default: both)")
+    a = sub.choices["multi30k"]
+    a.add_argument("--chains", nargs="+", choices=multi30k.CHAINS, default=list(multi30k.CHAINS),
+                   help="the sweep's runs")
+    a.add_argument("--news-model", default="news", choices=multi30k.CHAINS, help="the chain that decodes newstest")
+    a = sub.add_parser("parts", help="the loss and attention kernels in isolation (CUDA only)")
+    a.add_argument("--out", type=Path, required=True)
+    a.add_argument("--parts", nargs="+", default=["loss", "attention"], choices=["loss", "attention"])
+    a = sub.add_parser("fp32-train", help="the train stage with autocast off (the precision step's reference)")
+    a.add_argument("--params", type=Path, required=True)
+    args = p.parse_args(argv)
+    if args.command == "news":
+        return multi30k.news_data(args.data, args.mirror, args.dry_run)
+    if args.command == "fp32-train":
+        return check.fp32_train(args.params)
+    return {"prepare": prepare, "parts": parts, "check": run, "multi30k": run}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
