@@ -39,6 +39,9 @@ TAIL_LINES = 20
 _PROGRESS_EVERY_S = 10.0  # \r-terminated progress updates are logged at most this often
 
 _live_groups: set[int] = set()
+# Groups being stopped (an interrupt or a cancellation): what they print while they die (torchrun's
+# shutdown warnings and traceback, DVC's) is kept in the result but no longer logged.
+_stopping: set[int] = set()
 _live_lock = threading.Lock()
 
 PUBLISH_HINT = ("dvc.lock changed: to publish this run, commit it with its params and numbers: "
@@ -138,8 +141,10 @@ def kill_group(pgid: int, proc: subprocess.Popen[bytes] | None = None, grace_s: 
 
 
 def kill_all_groups(grace_s: float = 10.0) -> None:
-    """End every process group started by :func:`run_in_group` that is still alive."""
+    """End every process group started by :func:`run_in_group` that is still alive (its output no longer logged)."""
     for pgid in live_process_groups():
+        with _live_lock:
+            _stopping.add(pgid)
         kill_group(pgid, grace_s=grace_s)
 
 
@@ -184,7 +189,8 @@ def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str]
 
     Returns:
         The :class:`ProcessResult`. Any exception raised while waiting (``TerminationSignal``,
-        ``KeyboardInterrupt``) propagates after the group is gone.
+        ``KeyboardInterrupt``) propagates after the group is gone; what the group prints from then on
+        is not logged (a stopped training's shutdown warnings, DVC's own lines).
 
     Raises:
         FileNotFoundError: the executable does not exist.
@@ -192,16 +198,18 @@ def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str]
     out = logger or log
     stdout_lines: list[str] = []
     stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)
+    group: list[int] = []  # the group's id, once started
 
     def on_stdout(line: str) -> None:
         stdout_lines.append(line)
-        if line.strip():
+        if line.strip() and group[0] not in _stopping:
             out.info("%s", line)
 
     def on_stderr(line: str) -> None:
         if line.strip():
             stderr_tail.append(line)
-            out.info("%s", line)
+            if group[0] not in _stopping:
+                out.info("%s", line)
 
     start = time.monotonic()
     if shutil.which(args[0], path=(env or os.environ).get("PATH")) is None:
@@ -210,6 +218,7 @@ def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str]
                             env=dict(env) if env is not None else None, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     pgid = proc.pid  # a new session's leader: its pid is the group id
+    group.append(pgid)
     with _live_lock:
         _live_groups.add(pgid)
     readers = [threading.Thread(target=_pump, args=(s, f), daemon=True, name=f"pump-{pgid}")
@@ -229,6 +238,10 @@ def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str]
                 proc.wait(timeout=wait)
             except subprocess.TimeoutExpired:
                 pass
+    except BaseException:  # Ctrl-C, SIGTERM, cancellation: the flow says it stopped, in one line
+        with _live_lock:
+            _stopping.add(pgid)
+        raise
     finally:
         # Reached on normal exit (leftover group members), timeout, and any interrupt.
         kill_group(pgid, proc, grace_s=grace_s)
@@ -237,6 +250,7 @@ def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str]
             t.join(timeout=5.0)
         with _live_lock:
             _live_groups.discard(pgid)
+            _stopping.discard(pgid)
     return ProcessResult(args=tuple(args), returncode=proc.returncode, duration_s=time.monotonic() - start,
                          timed_out=timed_out, stdout_lines=tuple(stdout_lines), stderr_tail=tuple(stderr_tail))
 

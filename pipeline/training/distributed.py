@@ -27,6 +27,7 @@ import functools
 import ipaddress
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -452,7 +453,8 @@ def run_torchrun(torchrun_args: list[str]) -> int:
         0 when every rank succeeded, else the first failed rank's exit code (``128 + signal`` for a
         rank killed by a signal). Each rank has already printed its own one-line error, so torchrun's
         ``ChildFailedError`` traceback and failure table (dozens of lines that bury it) are replaced by
-        one line naming the rank and its exit code.
+        one line naming the rank and its exit code. ``128 + signal`` with one line, not torchrun's
+        ``SignalException`` traceback, when this agent is stopped by SIGTERM or SIGINT.
 
     Raises:
         RendezvousFailed: the nodes did not all join within ``NMT_RDZV_TIMEOUT_S`` (at the start or
@@ -460,6 +462,7 @@ def run_torchrun(torchrun_args: list[str]) -> int:
     """
     bind_stores_to_their_host()
     fresh_store_every_round()
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.run import main as torchrun
@@ -476,4 +479,8 @@ def run_torchrun(torchrun_args: list[str]) -> int:
             return 128 - failure.exitcode
         log.error("training failed: rank %d ended with exit code %d (its error is above)", rank, failure.exitcode)
         return failure.exitcode or 1
+    except SignalException as exc:  # SIGTERM (how a flow stops its stage) or SIGINT: torchrun stopped the ranks
+        log.error("training stopped by %s (its ranks too); run the stage again to resume from the newest complete "
+                  "checkpoint", signal.Signals(exc.sigval).name)
+        return 128 + int(exc.sigval)
     return 0

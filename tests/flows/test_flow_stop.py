@@ -135,3 +135,30 @@ def test_a_second_flow_in_the_same_workspace_is_refused_at_once(make_repo: MakeR
     # the lifeline ends the killed run's `dvc repro`; DVC's own lock lets a new run in once it has left /proc
     assert wait_gone(group, GRACE_S + 10) == []
     assert wmt14_pipeline(repo=str(repo))["stages"][0]["status"] == "ran"  # the dead run's lock is gone
+
+
+def test_ctrl_c_of_a_flow_whose_stage_runs_torchrun_is_one_line_without_torchruns_output(
+        make_repo: MakeRepo, repo_root: Path) -> None:
+    """The stage is torchrun's agent (``python -m pipeline.launch --torchrun``, as the train stage runs it) with one
+    rank counting; the flow stops it with SIGTERM. What torchrun prints while it dies is not shown."""
+    agent = ("python -m pipeline.launch --torchrun --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:0 "
+             "--local_addr=127.0.0.1 --nnodes=1 --nproc_per_node=1")
+    repo = make_repo({"count": {**COUNT["count"], "cmd": f"{agent} toy.py count work.txt out.txt {STEPS} pids.txt"}})
+    proc = _start_flow(repo, repo_root)
+    try:
+        wait_for(repo / "pids.txt", proc)
+        child, rank = map(int, (repo / "pids.txt").read_text().split())
+        os.killpg(proc.pid, signal.SIGINT)
+        output = proc.communicate(timeout=90)[0].decode()
+        assert wait_dead([child, rank], GRACE_S + 5) == [], output
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, output
+    assert [line for line in output.splitlines() if "error" in line.lower() and "Crash" not in line
+            and "Crashed" not in line] == [
+        "error: interrupted: the running stage was stopped (a checkpoint being written is discarded); run the same "
+        "command again to resume"], output
+    for torchruns_own in ("Traceback", "SignalException", "death signal", "closing signal", "training stopped"):
+        assert torchruns_own not in output, output

@@ -163,3 +163,36 @@ def test_a_rank_whose_agent_is_gone_exits_before_importing_anything(tmp_path):
     env[launch.AGENT_PID_ENV] = str(os.getpid())  # its real parent: goes on (and fails on the missing params)
     child = subprocess.run(cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert child.returncode == 1 and "missing.yaml" in child.stderr, child.stderr[-2000:]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_stopped_agent_ends_its_ranks_with_one_line_not_torchruns_traceback(tmp_path, sig):
+    """SIGTERM to the launcher's group is how the flow stops a stage (flows/dvc_task.py); Ctrl-C in a terminal
+    sends SIGINT. The ranks here only sleep and end quietly, as a stage's ranks do (pipeline/core/stage.py): what
+    is left is the agent's own output, torch's warnings and one line instead of its traceback."""
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text(f"import os, pathlib, time\npathlib.Path({str(ranks)!r}, str(os.getpid())).write_text('')\n"
+                       "try:\n    time.sleep(600)\nexcept KeyboardInterrupt:\n    raise SystemExit(130)\n",
+                       encoding="utf-8")
+    cmd = [sys.executable, "-m", "pipeline.launch", launch.AGENT_FLAG, "--rdzv_backend=c10d",
+           "--rdzv_endpoint=127.0.0.1:0", f"--local_addr={launch.LOOPBACK}", "--nnodes=1", "--nproc_per_node=2",
+           str(sleeper)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=fu.job_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        assert fu.wait_for(lambda: len(list(ranks.iterdir())) == 2 or proc.poll() is not None, 120, 0.1)
+        assert proc.poll() is None
+        os.killpg(proc.pid, sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + sig, out
+    assert "Traceback" not in out and "SignalException" not in out, out
+    (line,) = [line for line in out.splitlines() if "stopped" in line or "error" in line.lower()]
+    assert line.endswith(f"ERROR pipeline.training.distributed: training stopped by {sig.name} (its ranks too); run "
+                         "the stage again to resume from the newest complete checkpoint"), out
+    assert fu.wait_for(lambda: not any(Path(f"/proc/{p.name}").exists() for p in ranks.iterdir()), 10, 0.1)
