@@ -9,43 +9,24 @@
 
 Figures from device runs are in benchmarks/RESULTS.md. ``check`` and ``multi30k`` run their steps in order (a
 subset with ``--steps``), each stage a subprocess with its own log (under ``--work``) and a time limit, and
-rewrite ``OUT/gpu_<command>.json`` and ``OUT/logs.tar.gz`` (the logs and loss curves) after every step, so what
+rewrite ``OUT/gpu_<command>.json`` and ``OUT/logs.tar.gz`` (logs and loss curves) after every step, so what
 finished comes back even if a later step hangs; a step that would start with less than it needs left of
-``--budget-s`` is skipped, so the JSON comes back within a device call's limit. Both begin with ``env`` (torch,
-CUDA and the device) and end with ``throughput``: ``benchmarks/train.py --device cuda --config base-25k
---compile step`` (the base model, 37k vocabulary, ~25k target tokens a step; ``nn.Transformer`` beside it).
+``--budget-s`` is skipped. Both begin with ``env`` (torch, CUDA, the device) and end with ``throughput`` (the
+base model's compiled step in ``benchmarks/train.py``). The steps (each function's docstring says more):
 
-``check`` (``--profiles A B``, default ``tiny demo``; the dry run uses ``tiny tiny``):
+- ``check`` (benchmarks/gpu_steps/check.py): ``tiny`` and ``demo``, the profiles of ``--profiles`` through
+  ``pipeline.train`` and through ``pipeline.launch`` (torchrun) -> ``average`` -> ``evaluate``; ``pytest``, the
+  ``gpu``-marked tests; ``precision``, bf16 autocast against fp32 (the ``fp32-train`` command); ``determinism``,
+  runs twice and killed + resumed, with and without ``NMT_DETERMINISTIC``; ``attention``, beam searches over new
+  shapes with and without cuDNN attention (:data:`model.layers.CUDA_ATTENTION`).
+- ``multi30k`` (benchmarks/gpu_steps/multi30k.py): ``sweep``, the Multi30k profile, its variants and the ``news``
+  chain trained at once on the one GPU, each scored by ``evaluate``; ``newstest``, newstest2014 (3,003 lines)
+  decoded by the ``news`` model through ``translate_lines``, timed.
+- ``parts`` (benchmarks/gpu_steps/parts.py, CUDA only): the loss and attention kernels of a base step in
+  isolation, written to ``OUT/gpu_parts.json``.
 
-- ``tiny``: A through ``python -m pipeline.train`` (one process) -> ``average`` -> ``evaluate``.
-- ``demo``: B through ``python -m pipeline.launch`` (torchrun, one process, NCCL) -> ``average`` -> ``evaluate``.
-- ``pytest``: the ``gpu``-marked tests (the rest of the suite needs MLflow, DVC and Prefect).
-- ``precision``: B for 200 steps in bf16 autocast (what training does on CUDA) and in fp32 (autocast off, the
-  ``fp32-train`` command): train and valid loss at every logged step.
-- ``determinism``: B's steps run twice, and killed + resumed, in the ``--modes`` (with and without
-  ``NMT_DETERMINISTIC``): are the final weights and Adam moments bitwise equal, and if not, how far apart.
-- ``attention``: beam searches over new shapes with the model's attention backends and with cuDNN's allowed
-  (cuDNN builds a graph per new shape; :data:`model.layers.CUDA_ATTENTION`).
-
-``multi30k``:
-
-- ``sweep``: the chains named by ``--chains`` (default all): the ``multi30k`` profile, each of its variants in
-  ``benchmarks/gpu_steps/multi30k.py`` and ``news`` (the paper profile's base dimensions and 37k vocabulary on
-  the small WMT14 news sets), each ``python -m pipeline.train`` -> ``average`` -> ``evaluate`` in its own process,
-  all at once on the one GPU (each wall time is then an upper bound on the time the run takes alone). ``evaluate``
-  picks beam and α on the valid set and scores the test set with them (Multi30k: val, test_2016_flickr; news:
-  newstest2013, newstest2014).
-- ``newstest``: the ``--news-model`` chain's averaged model translates newstest2014 (3,003 lines, beam 4) with
-  :func:`pipeline.inference.translate.translate_lines` (normalise, BPE, batched search, detokenise): a warm-up,
-  then timed runs at 8k-32k tokens a batch; sacreBLEU and the output/reference length ratio beside.
-
-``parts`` (CUDA only) writes ``OUT/gpu_parts.json``: forward + backward of the label-smoothed loss on bf16 logits
-[29000, 37000] (eager and compiled; :func:`model.loss.label_smoothed_nll_loss` and its lean variant) and of
-attention on [B, 8, L, 64] bf16 (SDPA with a key-padding mask, without, causal; ``varlen_attn`` and flex attention
-where this torch has them), CUDA events, median of 20 after 5.
-
-The stages run with MLflow tracking off (``NMT_TRACKING=off``): the device image has no MLflow. Other ``NMT_*``
-variables pass through to them (``NMT_COMPILE=on python3 benchmarks/gpu.py check ... --steps demo``).
+Stages run with MLflow tracking off (``NMT_TRACKING=off``): the device image has no MLflow. Other ``NMT_*``
+variables pass through (``NMT_COMPILE=on python3 benchmarks/gpu.py check ... --steps demo``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``benchmarks/gpu.py check``: the GPU code paths end to end, the CUDA tests, bf16 against fp32, determinism and
-attention backends (each step is described in ``benchmarks/gpu.py``)."""
+attention backends, one ``step_*`` function each."""
 
 from __future__ import annotations
 
