@@ -15,7 +15,7 @@ export SACREBLEU ?= $(abspath .sacrebleu)
 # Offline machines: use the shared data folder beside the checkout as the download mirror when present.
 export NMT_DATA_MIRROR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 
-.PHONY: install test demo run bench bench-decode bench-scale clean-venv
+.PHONY: install test test-quick demo run bench bench-decode bench-scale clean-venv
 
 install: $(VENV)/.installed
 
@@ -28,6 +28,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 test: install
 	$(BIN)/python -m pytest -q tests
+
+# The everyday loop: every test not marked slow (the slow ones build pipelines, run torchrun or serve models).
+test-quick: install
+	$(BIN)/python -m pytest -q -m "not slow" tests
 
 # The main job: the whole DAG on the demo profile through the Prefect flow (temporary Prefect server,
 # MLflow in ./.mlflow, no servers to start). params.yaml holds `demo` for the run only: the flow puts the tracked

@@ -16,6 +16,8 @@ import pytest
 
 from tests.helpers.paths import REPO
 
+pytest_plugins = ["tests.helpers.reaper"]  # no process a test started outlives the session
+
 _HOME = Path(tempfile.mkdtemp(prefix="nmt-tests-"))
 os.environ.update(
     PREFECT_HOME=str(_HOME / "prefect"),

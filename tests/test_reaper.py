@@ -1,0 +1,56 @@
+"""Interrupting pytest (SIGTERM, Ctrl-C) leaves no process a test started behind (tests/helpers/reaper.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.paths import REPO
+from tests.helpers.reaper import MARK
+
+INNER = '''
+import subprocess, time
+from pathlib import Path
+
+def test_starts_a_detached_process_and_hangs(tmp_path):
+    proc = subprocess.Popen(["sleep", "300"], start_new_session=True)  # out of pytest's process group
+    Path({pidfile!r}).write_text(str(proc.pid))
+    time.sleep(300)
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_an_interrupted_session_leaves_no_process_behind(tmp_path: Path, sig: signal.Signals) -> None:
+    pidfile = tmp_path / "pid"
+    (tmp_path / "test_inner.py").write_text(INNER.format(pidfile=str(pidfile)), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != MARK}  # the inner session is a session of its own
+    env["PYTHONPATH"] = str(REPO)
+    inner = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                              "tests.helpers.reaper", str(tmp_path / "test_inner.py")], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not pidfile.is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pidfile.is_file(), inner.communicate(timeout=30)[0]
+    sleeper = int(pidfile.read_text())
+    assert _alive(sleeper)
+    inner.send_signal(sig)
+    inner.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while _alive(sleeper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(sleeper), "the detached process outlived the interrupted session"
