@@ -3,7 +3,7 @@
 The corpus is Multi30k train grown to ``--copies`` shuffled copies (each with its own seed and a
 numbered token appended, so dedup keeps every copy): 35 copies ≈ 1.0M distinct pairs. The BPE
 model (``--vocab``) is trained once on the original text. Every measurement runs in its own
-subprocess with threads pinned (OMP/MKL/OpenBLAS = 1, ``NMT_ENCODE_WORKERS`` = ``--workers``);
+subprocess with threads pinned (OMP/MKL/OpenBLAS = 1, ``NMT_DATA_WORKERS`` = ``--workers``);
 its peak RSS is sampled from /proc over the whole process tree. The ceiling is raw
 ``SentencePieceProcessor.encode`` of the same text (both sides) with the same number of
 processes and no I/O; "threaded" is one process with ``--workers`` SentencePiece threads.
@@ -141,7 +141,7 @@ def measure(kind: str, work: Path, workers: int) -> dict:
 
 def run_measure(kind: str, work: Path, workers: int) -> dict:
     """Run :func:`measure` in a subprocess, sampling its process tree's RSS every 20 ms."""
-    env = {**os.environ, **PINNED, "NMT_ENCODE_WORKERS": str(workers)}
+    env = {**os.environ, **PINNED, "NMT_DATA_WORKERS": str(workers)}
     cmd = [sys.executable, __file__, "--measure", kind, "--work", str(work), "--workers", str(workers)]
     load_before = os.getloadavg()[0]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)

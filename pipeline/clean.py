@@ -8,7 +8,7 @@ raw files and the references BLEU is computed against.
 
 Deduplication keeps one 16-byte digest per kept pair (:class:`DigestSet`), never the text, so the
 stage streams corpora of any size. Normalising and the per-pair rules run in blocks of 65,536 lines in
-``NMT_CLEAN_WORKERS`` processes (default ``os.cpu_count()``); dedup and writing stay in the stage's
+``NMT_DATA_WORKERS`` processes (default ``os.cpu_count()``); dedup and writing stay in the stage's
 process, in line order, so the output bytes do not depend on the number of workers.
 """
 
@@ -19,7 +19,6 @@ import collections
 import hashlib
 import itertools
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -28,13 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.core import env
 from pipeline.core.config import CleanConfig, Params
 from pipeline.core.errors import DataError
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, count_lines, line_offsets, read_line_block
 from pipeline.data.normalize import normalize
-from pipeline.data.workers import process_pool
+from pipeline.data.workers import data_workers, process_pool
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +282,7 @@ def run_blocks(blocks: list[Block], workers: int) -> Iterator[BlockResult]:
     if workers <= 1 or len(blocks) <= 1:
         yield from map(clean_block, blocks)
         return
-    with process_pool(min(workers, len(blocks)), WORKER_PRELOAD, "NMT_CLEAN_WORKERS") as pool:
+    with process_pool(min(workers, len(blocks)), WORKER_PRELOAD) as pool:
         todo = iter(blocks)
         window = collections.deque(pool.submit(clean_block, b) for b in itertools.islice(todo, 2 * workers))
         while window:
@@ -292,11 +290,6 @@ def run_blocks(blocks: list[Block], workers: int) -> Iterator[BlockResult]:
             if (block := next(todo, None)) is not None:
                 window.append(pool.submit(clean_block, block))
             yield result
-
-
-def clean_workers() -> int:
-    """Worker processes: ``NMT_CLEAN_WORKERS`` or ``os.cpu_count()``."""
-    return env.settings().clean_workers or os.cpu_count() or 1
 
 
 def _check_blank(split: str, src: Path, tgt: Path, pairs: int, blank: int) -> None:
@@ -337,7 +330,7 @@ def stage(cfg: CleanConfig, *, raw_dir: str | Path, clean_dir: str | Path) -> di
     for split in SPLITS:  # fail before writing anything
         _raw_files(raw_dir, split)
     metrics: dict = {}
-    workers = clean_workers()
+    workers = data_workers()
     with atomic_path(clean_dir, role="clean") as tmp:
         tmp.mkdir()
         for split in SPLITS:

@@ -9,7 +9,7 @@ line is an empty list). One process-pool task encodes one shard with SentencePie
 without a Python loop per token. The whole shards directory is built under a temporary sibling
 and renamed into place; writer options are fixed, so reruns give byte-identical files.
 
-Environment: ``NMT_ENCODE_WORKERS`` (processes; default ``os.cpu_count()``), parsed in :mod:`pipeline.core.env`.
+Environment: ``NMT_DATA_WORKERS`` (processes; default ``os.cpu_count()``), read by :mod:`pipeline.data.workers`.
 """
 
 from __future__ import annotations
@@ -30,12 +30,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.core import env
 from pipeline.core.config import EncodeConfig, Params
 from pipeline.core.errors import DataError
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, line_offsets, read_line_block, sha256_file, write_text
-from pipeline.data.workers import process_pool
+from pipeline.data.workers import data_workers, process_pool
 
 log = logging.getLogger(__name__)
 
@@ -150,15 +149,6 @@ def encode_shard(task: ShardTask) -> dict:
             "sha256": sha256_file(task.out_path), "dropped": count - len(ids)}
 
 
-def encode_workers() -> int:
-    """Worker processes: ``NMT_ENCODE_WORKERS`` or ``os.cpu_count()``.
-
-    Raises:
-        ConfigError: a malformed ``NMT_*`` variable (named, with what is expected).
-    """
-    return env.settings().encode_workers or os.cpu_count() or 1
-
-
 def plan_tasks(cfg: EncodeConfig, clean_dir: Path, spm_model: Path, spm_sha256: str, out_dir: Path,
                workers: int) -> tuple[list[ShardTask], dict[str, int]]:
     """Cut every split into shard tasks; return them and each split's line count."""
@@ -214,7 +204,7 @@ def run_tasks(tasks: list[ShardTask], workers: int) -> list[dict]:
         for i, task in enumerate(tasks):
             progress(i, encode_shard(task))
         return results  # type: ignore[return-value]
-    with process_pool(min(workers, len(tasks)), WORKER_PRELOAD, "NMT_ENCODE_WORKERS") as pool:
+    with process_pool(min(workers, len(tasks)), WORKER_PRELOAD) as pool:
         futures = {pool.submit(encode_shard, t): i for i, t in enumerate(tasks)}
         for fut in cf.as_completed(futures):
             progress(futures[fut], fut.result())
@@ -259,7 +249,7 @@ def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shar
         vocab_size = _processor(str(spm_model.resolve()), spm_sha256).get_piece_size()
     except (OSError, RuntimeError) as exc:
         raise DataError(f"{spm_model}: not a SentencePiece model ({exc}); rerun `dvc repro bpe`") from None
-    workers = encode_workers()
+    workers = data_workers()
     start = time.monotonic()
     with atomic_path(shards_dir, role="shards") as tmp:
         for split in SPLITS:

@@ -5,7 +5,8 @@ environment, never in params.yaml, so moving between machines never invalidates 
 :class:`Settings` lists each variable with its type, default and meaning; :func:`settings` reads
 them all at once, validates them and raises one :class:`~pipeline.core.errors.ConfigError` naming
 every bad variable, its value and what is expected (the same one-line-per-problem style as
-params.yaml). A variable that is unset or blank takes its default.
+params.yaml). A variable that is unset or blank takes its default. A retired variable (:data:`RETIRED`) that
+is still set is one such line too, naming what replaced it.
 
 The parsed table is cached per distinct set of ``NMT_*`` values: a process reads and validates its
 environment once, and a changed variable (a test's ``monkeypatch.setenv``) is seen on the next call.
@@ -205,10 +206,9 @@ class Settings:
         "NMT_DOWNLOAD_CACHE", PATH, "cache of upstream downloads", shown="`<repo>/.cache/downloads`"))
     download_backoff_s: float = field(default=1.0, metadata=meta(
         "NMT_DOWNLOAD_BACKOFF_S", seconds(positive=False), "first retry delay of a failed download (doubling)"))
-    clean_workers: int | None = field(default=None, metadata=meta(
-        "NMT_CLEAN_WORKERS", integer(1), "clean worker processes", shown="`os.cpu_count()`"))
-    encode_workers: int | None = field(default=None, metadata=meta(
-        "NMT_ENCODE_WORKERS", integer(1), "encode worker processes", shown="`os.cpu_count()`"))
+    data_workers: int | None = field(default=None, metadata=meta(
+        "NMT_DATA_WORKERS", integer(1), "worker processes of the clean and encode stages (1: none, the stage's own "
+        "process does the work)", shown="`os.cpu_count()`"))
     # Tracking and logging (pipeline/core/, pipeline/register.py).
     tracking: bool = field(default=True, metadata=meta(
         "NMT_TRACKING", SWITCH, "MLflow tracking; `off`, `0`, `false` or `no` turns every tracking call into "
@@ -246,6 +246,13 @@ def max_tokens(device_type: str) -> int:
 FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(Settings)
 NAMES: tuple[str, ...] = tuple(f.metadata["env"] for f in FIELDS)
 
+#: Variables no longer read, each with what replaced it. Not part of the table: setting one (non-blank) is
+#: an error naming its replacement, so a value set for an older version is never silently ignored.
+RETIRED: dict[str, str] = {
+    "NMT_CLEAN_WORKERS": "set NMT_DATA_WORKERS (worker processes of clean and encode) instead",
+    "NMT_ENCODE_WORKERS": "set NMT_DATA_WORKERS (worker processes of clean and encode) instead",
+}
+
 
 def _problems(name: str, raw: str, exc: ValueError) -> list[str]:
     """One line per problem of ``exc`` (a parser's ``ValueError``), naming the variable and its value."""
@@ -253,7 +260,7 @@ def _problems(name: str, raw: str, exc: ValueError) -> list[str]:
 
 
 def _snapshot(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple((name, environ[name]) for name in NAMES if name in environ)
+    return tuple((name, environ[name]) for name in (*NAMES, *RETIRED) if name in environ)
 
 
 @functools.lru_cache(maxsize=32)
@@ -270,6 +277,9 @@ def _parse(snapshot: tuple[tuple[str, str], ...]) -> Settings:
             values[f.name] = f.metadata["parse"](raw)
         except ValueError as exc:
             problems.extend(_problems(name, raw, exc))
+    for name, replacement in RETIRED.items():
+        if raw_values.get(name, "").strip():
+            problems.append(f"{name}={raw_values[name].strip()!r}: no longer read; {replacement}")
     if problems:
         raise ConfigError(SOURCE, problems)
     return Settings(**values)

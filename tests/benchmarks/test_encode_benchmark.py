@@ -12,7 +12,7 @@ from tests.helpers.paths import load_benchmark
 
 
 def test_clean_and_encode_measurements_run_the_real_stages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NMT_ENCODE_WORKERS", "1")
+    monkeypatch.setenv("NMT_DATA_WORKERS", "1")
     bench = load_benchmark("encode")
     (tmp_path / "raw").mkdir()
     pairs = list(zip(CORPUS[0::2], CORPUS[1::2]))

@@ -122,7 +122,7 @@ def _multi30k_expectations(done: subprocess.CompletedProcess, out: Path) -> dict
 @pytest.mark.timeout(1500)
 def test_the_device_script_dry_runs_every_command_on_the_cpu(tmp_path: Path) -> None:
     env = {**os.environ, "NMT_DATA_MIRROR": str(write_multi30k_mirror(tmp_path / "mirror")),
-           "NMT_CLEAN_WORKERS": "1", "NMT_ENCODE_WORKERS": "1", "NMT_THREADS": "1", "OMP_NUM_THREADS": "1"}
+           "NMT_DATA_WORKERS": "1", "NMT_THREADS": "1", "OMP_NUM_THREADS": "1"}
     data, work = tmp_path / "data", tmp_path / "work"
     done = _script("prepare", "--data", str(data), "--profiles", "tiny", env=env)
     assert done.returncode == 0 and (data / "tiny" / "shards" / "manifest.json").is_file(), done.stderr[-3000:]

@@ -89,7 +89,7 @@ def build_audit_world(root: Path) -> Path:
     """A complete tiny-profile workspace under ``root``, produced by the real stages (~10 s)."""
     data, p, _ = profile_params("tiny", root)
     mp = pytest.MonkeyPatch()
-    mp.setenv("NMT_ENCODE_WORKERS", "1")
+    mp.setenv("NMT_DATA_WORKERS", "1")
     mp.setenv("NMT_DEVICE", "cpu")
     mp.chdir(root)
     try:

@@ -45,7 +45,7 @@ def build_eval_world(root: Path) -> Path:
             write_lines(root / "clean" / f"{split}.{lang}", [r[side] for r in rows])
             write_lines(root / "raw" / f"{split}.{lang}", [r[side] for r in rows])
     mp = pytest.MonkeyPatch()
-    mp.setenv("NMT_ENCODE_WORKERS", "1")
+    mp.setenv("NMT_DATA_WORKERS", "1")
     try:
         run_stage("encode", lambda: encode_stage(EncodeConfig(max_len=64, shard_rows=2), clean_dir=root / "clean",
                                                  bpe_dir=root / "bpe", shards_dir=root / "shards"),

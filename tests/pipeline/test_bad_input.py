@@ -136,7 +136,7 @@ def test_bpe_rejects_bad_training_text(tmp_path: Path, text: tuple[Path, Path], 
 ])
 def test_encode_rejects_bad_bytes_and_empty_splits(tmp_path: Path, text: tuple[Path, Path],
                                                    monkeypatch: pytest.MonkeyPatch, bad: bytes, message: str) -> None:
-    monkeypatch.setenv("NMT_ENCODE_WORKERS", "1")
+    monkeypatch.setenv("NMT_DATA_WORKERS", "1")
     clean, bpe_dir = text
     lines = (clean / "test.de").read_bytes().split(b"\n")
     lines[6] = bad + lines[6]

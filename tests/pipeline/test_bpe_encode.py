@@ -100,10 +100,10 @@ def test_encode_round_trip_and_schema(tmp_path: Path, corpus: tuple[Path, Path, 
 def test_encode_twice_byte_identical_any_worker_count(tmp_path: Path, corpus: tuple[Path, Path, Path],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     _, clean, bpe_dir = corpus
-    monkeypatch.setenv("NMT_ENCODE_WORKERS", "1")
+    monkeypatch.setenv("NMT_DATA_WORKERS", "1")
     first = sha_tree(run_encode(tmp_path, clean, bpe_dir, "one", shard_rows=70))
     again = sha_tree(run_encode(tmp_path, clean, bpe_dir, "one", shard_rows=70))
-    monkeypatch.setenv("NMT_ENCODE_WORKERS", "2")
+    monkeypatch.setenv("NMT_DATA_WORKERS", "2")
     pooled = sha_tree(run_encode(tmp_path, clean, bpe_dir, "two", shard_rows=70))
     assert first == again == pooled
     assert len(first) == 1 + 1 + 5 + 1 + 1  # marker + manifest + 300/70 train + valid + test shards
@@ -153,8 +153,8 @@ def test_encode_bad_inputs(tmp_path: Path, corpus: tuple[Path, Path, Path], monk
     with pytest.raises(DataError, match=r"junk/spm\.model: not a SentencePiece model"):
         run_encode(tmp_path, clean, tmp_path / "junk")
     shutil.rmtree(tmp_path / "junk")
-    monkeypatch.setenv("NMT_ENCODE_WORKERS", "many")
-    with pytest.raises(ConfigError, match="NMT_ENCODE_WORKERS"):
+    monkeypatch.setenv("NMT_DATA_WORKERS", "many")
+    with pytest.raises(ConfigError, match="NMT_DATA_WORKERS"):
         run_encode(tmp_path, clean, bpe_dir)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["badclean"]
 

@@ -31,7 +31,7 @@ def corpus(n: int, seed: int) -> list[tuple[str, str]]:
 
 
 def run(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch, *, workers: int, rows: int) -> dict:
-    monkeypatch.setenv("NMT_CLEAN_WORKERS", str(workers))
+    monkeypatch.setenv("NMT_DATA_WORKERS", str(workers))
     monkeypatch.setattr(clean, "BLOCK_ROWS", rows)
     return clean.stage(CleanConfig(max_ratio=2.0), raw_dir=tmp_path / "raw", clean_dir=tmp_path / name)
 
@@ -72,7 +72,7 @@ def test_a_temp_dir_too_long_for_the_workers_socket_is_named_before_any_output(
     monkeypatch.setattr(tempfile, "tempdir", str(deep))
     expected = (f"TMPDIR={deep} is {len(str(deep))} bytes long: the worker processes' socket under it would pass "
                 "Linux's 107-byte limit; set TMPDIR to a folder of at most 75 bytes (e.g. /tmp), or "
-                "NMT_CLEAN_WORKERS=1 (no worker processes)")
+                "NMT_DATA_WORKERS=1 (no worker processes)")
     with pytest.raises(ConfigError) as info:
         run(tmp_path, "out", monkeypatch, workers=2, rows=7)
     assert str(info.value) == f"environment: {expected}"

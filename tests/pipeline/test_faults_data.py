@@ -228,7 +228,7 @@ def test_encode_hitting_the_file_size_limit_in_a_worker_writes_nothing(workspace
     params, data = load_params(workspace / "params.yaml"), workspace / "data/tiny"
     clean.stage(params.clean, raw_dir=data / "raw", clean_dir=data / "clean")
     bpe.stage(params.bpe, clean_dir=data / "clean", bpe_dir=data / "bpe")
-    proc = stage_cli("encode", workspace, fsize_limit(64 << 10), env={"NMT_ENCODE_WORKERS": "2"})
+    proc = stage_cli("encode", workspace, fsize_limit(64 << 10), env={"NMT_DATA_WORKERS": "2"})
     assert proc.returncode == 1, proc.stderr
     assert last_line(proc) == (
         "error: stage encode: cannot write data/tiny/shards/train/part-00000.parquet: file size limit reached "

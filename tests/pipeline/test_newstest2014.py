@@ -33,7 +33,7 @@ STAND_IN = Corpus(name="newstest2012", lines=3003,
 def test_newstest2014_keeps_all_3003_lines_from_download_to_bleu(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NMT_DATA_MIRROR", str(SHARED))
-    monkeypatch.setenv("NMT_ENCODE_WORKERS", "1")
+    monkeypatch.setenv("NMT_DATA_WORKERS", "1")
     spec = dataclasses.replace(WMT14, train=(STAND_IN,))
     download_stage(DownloadConfig(dataset="wmt14"), raw_dir=tmp_path / "raw", sources=spec)
     clean = clean_stage(CleanConfig(), raw_dir=tmp_path / "raw", clean_dir=tmp_path / "clean")

@@ -42,7 +42,7 @@ def test_encode_with_a_process_pool_has_no_runpy_warning(tmp_path: Path) -> None
     data["encode"]["shard_rows"] = 50
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(data), encoding="utf-8")
-    proc = _run_module("pipeline.encode", "--params", str(params), env={"NMT_ENCODE_WORKERS": "2"})
+    proc = _run_module("pipeline.encode", "--params", str(params), env={"NMT_DATA_WORKERS": "2"})
     assert proc.returncode == 0, proc.stderr
     assert len(list((tmp_path / "shards" / "train").glob("part-*.parquet"))) >= 4
     assert RUNPY_WARNING not in proc.stderr, proc.stderr
