@@ -7,6 +7,7 @@ from typing import Any
 from pipeline.auditing.items import fmt
 from pipeline.auditing.paper import PAPER
 from pipeline.auditing.summary import counts_line
+from pipeline.core.textio import MARKER
 
 _MARK = {"matches": "matches", "deviates": "**deviates**", "not measured": "*not measured*",
          "informational": "informational", "warning": "**warning**"}
@@ -80,7 +81,8 @@ def _replay(replay: dict[str, Any]) -> list[str]:
         lines += [f"Hypotheses directory md5 (as DVC computes it): `{replay['eval_dir_md5']}`", ""]
         sha = replay["record"]["hypotheses_sha256"]
         lines += _table(("file", "md5", "sha256"), [(rel, md5, sha.get(rel) or "")
-                                                     for rel, md5 in replay["hypotheses_md5"].items()])
+                                                     for rel, md5 in replay["hypotheses_md5"].items()
+                                                     if rel != MARKER])  # the folder's role, not a hypothesis
     return lines
 
 
