@@ -36,16 +36,22 @@ TRACKING_OFF = ("off", "0", "false", "no")
 FAULT_POINTS = ("preflight", "forward", "mid_accum", "collective", "before_save", "mid_save", "after_save",
                 "after_step")
 FAULT_ACTIONS = ("kill", "exit", "stall", "oom")
+FAULT_SYNTAX = "<point>:<step>[:<action>[:<rank>]][@<file>]"
 
 
 @dataclass(frozen=True)
 class Fault:
-    """One parsed ``NMT_FAULT_POINT`` (see :mod:`pipeline.training.faults`)."""
+    """One parsed ``NMT_FAULT_POINT`` (see :mod:`pipeline.training.faults`).
+
+    Attributes:
+        once: fire only if this file does not exist (it is created just before firing); None: every time.
+    """
 
     point: str
     step: int
     action: str = "kill"
     rank: int | None = None
+    once: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -106,11 +112,14 @@ def _mirror(raw: str) -> str:
 
 
 def _fault(raw: str) -> Fault:
-    """``<point>:<step>[:<action>[:<rank>]]``; every problem of the spec is reported."""
-    parts = raw.split(":")
+    """``<point>:<step>[:<action>[:<rank>]][@<file>]``; every problem of the spec is reported."""
+    spec, at, once = raw.partition("@")  # the file may hold ':' and '@'; the spec before it holds neither '@'
+    parts = spec.split(":")
     if not 2 <= len(parts) <= 4:
-        raise ValueError("expected <point>:<step>[:<action>[:<rank>]]")
+        raise ValueError(f"expected {FAULT_SYNTAX}")
     problems = []
+    if at and not once.strip():
+        problems.append("no file after '@'")
     if parts[0] not in FAULT_POINTS:
         problems.append(f"unknown point {parts[0]!r}; one of {', '.join(FAULT_POINTS)}")
     if len(parts) > 2 and parts[2] not in FAULT_ACTIONS:
@@ -121,7 +130,7 @@ def _fault(raw: str) -> Fault:
     if problems:
         raise ValueError(*problems)
     return Fault(point=parts[0], step=int(parts[1]), action=parts[2] if len(parts) > 2 else "kill",
-                 rank=int(parts[3]) if len(parts) > 3 else None)
+                 rank=int(parts[3]) if len(parts) > 3 else None, once=Path(once.strip()) if at else None)
 
 
 TEXT = Parser("text", str)
@@ -129,7 +138,7 @@ PATH = Parser("path", Path)
 MIRROR = Parser("folder or http(s) URL", _mirror)
 SWITCH = Parser("on/off", lambda raw: raw.lower() not in TRACKING_OFF)
 LEVEL = Parser("logging level", str.upper)
-FAULT_SPEC = Parser("`<point>:<step>[:<action>[:<rank>]]`", _fault)
+FAULT_SPEC = Parser(f"`{FAULT_SYNTAX}`", _fault)
 
 
 def meta(name: str, parse: Parser, doc: str, shown: str | None = None) -> dict[str, Any]:
@@ -193,11 +202,8 @@ class Settings:
         "NMT_DIST_BACKEND", choice("gloo", "nccl"), "process-group backend", shown="`nccl` on CUDA, else `gloo`"))
     # Fault injection (pipeline/training/faults.py): test hooks, unset in normal runs.
     fault_point: Fault | None = field(default=None, metadata=meta(
-        "NMT_FAULT_POINT", FAULT_SPEC, "test hook: kill, crash or stall training at a named point "
-        "(pipeline/training/faults.py)"))
-    fault_once: Path | None = field(default=None, metadata=meta(
-        "NMT_FAULT_ONCE", PATH, "test hook: fire the fault only if this file does not exist (it is created "
-        "just before firing)"))
+        "NMT_FAULT_POINT", FAULT_SPEC, "test hook: kill, crash or stall training at a named point; with `@<file>` "
+        "only once (pipeline/training/faults.py)"))
     # Data (pipeline/download.py, pipeline/clean.py, pipeline/encode.py).
     data_mirror: str | None = field(default=None, metadata=meta(
         "NMT_DATA_MIRROR", MIRROR, "replaces the upstream URLs (a file it lacks is an error); `user:password@` in "
@@ -251,6 +257,7 @@ NAMES: tuple[str, ...] = tuple(f.metadata["env"] for f in FIELDS)
 RETIRED: dict[str, str] = {
     "NMT_CLEAN_WORKERS": "set NMT_DATA_WORKERS (worker processes of clean and encode) instead",
     "NMT_ENCODE_WORKERS": "set NMT_DATA_WORKERS (worker processes of clean and encode) instead",
+    "NMT_FAULT_ONCE": "append @<file> to NMT_FAULT_POINT instead",
 }
 
 

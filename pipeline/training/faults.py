@@ -3,9 +3,10 @@
 Unset (the normal case) every :func:`hit` is one cached read of :func:`pipeline.core.env.settings`
 and returns. Set::
 
-    NMT_FAULT_POINT=<point>:<step>[:<action>[:<rank>]]     e.g. mid_save:4  or  collective:3:stall:1
-    NMT_FAULT_ONCE=<file>       fire only if <file> does not exist (it is created just before firing),
-                                so a job restarted by torchrun does not hit the same fault again
+    NMT_FAULT_POINT=<point>:<step>[:<action>[:<rank>]][@<file>]   e.g. mid_save:4  or  collective:3:stall:1@/tmp/once
+
+With ``@<file>`` the fault fires only if ``<file>`` does not exist (it is created just before firing), so a
+job restarted by torchrun does not hit the same fault again; without it, every time the point is reached.
 
 Points (``step`` is the optimizer step being run or just finished):
     preflight      inside the pre-flight forward/backward on the largest batch shape (step 0)
@@ -19,7 +20,7 @@ Points (``step`` is the optimizer step being run or just finished):
 Actions: ``kill`` (SIGKILL this process, the default), ``exit`` (die at once with exit code 3),
 ``stall`` (sleep forever: a hung rank), ``oom`` (raise ``torch.OutOfMemoryError``). ``rank``
 restricts the fault to one rank (default: every rank that reaches the point).
-The variables are parsed and checked in :mod:`pipeline.core.env` (which defines :class:`Fault` and the points and actions).
+The variable is parsed and checked in :mod:`pipeline.core.env` (which defines :class:`Fault` and the points and actions).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import logging
 import os
 import signal
 import time
-from pathlib import Path
 
 from pipeline.core import env
 from pipeline.core.env import FAULT_ACTIONS as ACTIONS
@@ -37,12 +37,12 @@ from pipeline.core.env import Fault
 from pipeline.core.env import parse_fault as parse
 from pipeline.training.hooks import Hooks
 
-__all__ = ["ACTIONS", "ENV", "EXIT_CODE", "ONCE_ENV", "POINTS", "Fault", "FaultHooks", "Hooks", "active",
+__all__ = ["ACTIONS", "ENV", "EXIT_CODE", "POINTS", "Fault", "FaultHooks", "Hooks", "active",
            "from_env", "hit", "parse"]
 
 log = logging.getLogger(__name__)
 
-ENV, ONCE_ENV = "NMT_FAULT_POINT", "NMT_FAULT_ONCE"
+ENV = "NMT_FAULT_POINT"
 EXIT_CODE = 3
 
 
@@ -56,7 +56,7 @@ def active() -> Fault | None:
 
 
 class FaultHooks(Hooks):  # the default Hooks (pipeline/training/hooks.py) do nothing
-    """Fires the fault configured in the environment (``NMT_FAULT_POINT``, ``NMT_FAULT_ONCE``)."""
+    """Fires the fault configured in the environment (``NMT_FAULT_POINT``)."""
 
     def at(self, point: str, step: int, rank: int = 0) -> None:
         """Fire the configured fault if it names ``point`` at ``step`` (and this ``rank``)."""
@@ -67,20 +67,19 @@ def from_env() -> Hooks:
     """:class:`FaultHooks` when a fault is configured, else the no-op :class:`Hooks`.
 
     Raises:
-        ConfigError: a malformed ``NMT_FAULT_*`` variable (named, with what is expected).
+        ConfigError: a malformed ``NMT_*`` variable (named, with what is expected).
     """
     return FaultHooks() if active() is not None else Hooks()
 
 
 def hit(point: str, step: int, rank: int = 0) -> None:
     """Fire the configured fault if it names ``point`` at ``step`` (and this ``rank``); else return."""
-    settings = env.settings()
-    fault = settings.fault
+    fault = env.settings().fault
     if fault is None or fault.point != point or fault.step != step or fault.rank not in (None, rank):
         return
-    if settings.fault_once is not None:
+    if fault.once is not None:
         try:
-            Path(settings.fault_once).touch(exist_ok=False)
+            fault.once.touch(exist_ok=False)
         except FileExistsError:
             return
     _fire(fault, rank)

@@ -77,7 +77,7 @@ def test_defaults_when_unset_or_blank() -> None:
     assert s == Settings()
     assert (s.nproc, s.nnodes, s.node_rank, s.master_addr, s.master_port) == (None, 1, None, None, 29500)
     assert (s.rdzv_endpoint, s.rdzv_id, s.max_restarts, s.device, s.threads) == (None, "nmt-train", None, None, None)
-    assert (s.dist_timeout_s, s.dist_backend, s.fault, s.fault_once) == (1800.0, None, None, None)
+    assert (s.dist_timeout_s, s.dist_backend, s.fault) == (1800.0, None, None)
     assert (s.data_mirror, s.download_cache, s.download_backoff_s) == (None, REPO / ".cache" / "downloads", 1.0)
     assert (s.data_workers, s.tracking, s.log_level, s.model_name) == (None, True, "INFO", "wmt14-transformer")
     assert s.prefect_flow_run_id is None
@@ -90,14 +90,14 @@ def test_good_values_are_parsed_to_their_types(tmp_path: Path) -> None:
         "NMT_NPROC": "4", "NMT_NNODES": " 2 ", "NMT_NODE_RANK": "0", "NMT_MASTER_ADDR": "10.0.0.1",
         "NMT_MASTER_PORT": "29501", "NMT_RDZV_ENDPOINT": "node0:29400", "NMT_RDZV_ID": "job", "NMT_MAX_RESTARTS": "0",
         "NMT_DEVICE": "cpu", "NMT_THREADS": "1", "NMT_DIST_TIMEOUT_S": "8", "NMT_DIST_BACKEND": "gloo",
-        "NMT_FAULT_POINT": "collective:3:stall:1", "NMT_FAULT_ONCE": str(tmp_path / "once"),
+        "NMT_FAULT_POINT": f"collective:3:stall:1@{tmp_path / 'a:b@c'}",
         "NMT_DATA_MIRROR": f"file://{tmp_path}", "NMT_DOWNLOAD_CACHE": str(tmp_path / "cache"),
         "NMT_DOWNLOAD_BACKOFF_S": "0", "NMT_DATA_WORKERS": "2", "NMT_TRACKING": "off", "NMT_LOG_LEVEL": "debug",
         "NMT_MODEL_NAME": " tiny ", "NMT_PREFECT_FLOW_RUN_ID": "abc"})
     assert (s.nproc, s.nnodes, s.node_rank, s.master_addr, s.master_port) == (4, 2, 0, "10.0.0.1", 29501)
     assert (s.rdzv_endpoint, s.rdzv_id, s.max_restarts, s.device, s.threads) == ("node0:29400", "job", 0, "cpu", 1)
     assert (s.dist_timeout_s, s.dist_backend) == (8.0, "gloo")
-    assert s.fault == Fault("collective", 3, "stall", 1) and s.fault_once == tmp_path / "once"
+    assert s.fault == Fault("collective", 3, "stall", 1, once=tmp_path / "a:b@c")  # the file may hold ':' and '@'
     assert (s.data_mirror, s.download_cache, s.download_backoff_s) == (str(tmp_path), tmp_path / "cache", 0.0)
     assert (s.data_workers, s.tracking, s.log_level, s.model_name) == (2, False, "DEBUG", "tiny")
     assert s.prefect_flow_run_id == "abc"
@@ -143,7 +143,8 @@ def test_bad_values_give_one_error_naming_each_variable() -> None:
 
 @pytest.mark.parametrize("name, value", [("NMT_DIST_TIMEOUT_S", "nan"), ("NMT_DIST_TIMEOUT_S", "inf"),
                                          ("NMT_DOWNLOAD_BACKOFF_S", "soon"), ("NMT_NPROC", "2_0"),
-                                         ("NMT_FAULT_POINT", "forward"), ("NMT_FAULT_POINT", "forward:1:kill:0:x")])
+                                         ("NMT_FAULT_POINT", "forward"), ("NMT_FAULT_POINT", "forward:1:kill:0:x"),
+                                         ("NMT_FAULT_POINT", "forward:1@"), ("NMT_FAULT_POINT", "forward@x:1")])
 def test_more_bad_values(name: str, value: str) -> None:
     with pytest.raises(ConfigError, match=rf"^environment: {name}='{re.escape(value)}': [^\n]+$"):
         settings({name: value})
@@ -151,6 +152,9 @@ def test_more_bad_values(name: str, value: str) -> None:
 
 def test_parse_fault_names_the_variable() -> None:
     assert env.parse_fault("forward:3") == Fault("forward", 3)
+    assert env.parse_fault("forward:3:exit@/tmp/x") == Fault("forward", 3, "exit", once=Path("/tmp/x"))
+    with pytest.raises(ConfigError, match=r"NMT_FAULT_POINT='forward:3@': no file after '@'$"):
+        env.parse_fault("forward:3@")
     with pytest.raises(ConfigError, match=r"NMT_FAULT_POINT='forward:1:explode': unknown action 'explode'"):
         env.parse_fault("forward:1:explode")
     with pytest.raises(ConfigError, match=r"NMT_FAULT_POINT='': expected <point>:<step>"):
@@ -227,11 +231,10 @@ def test_stage_modules_read_the_table(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert workers.data_workers() == 3
     monkeypatch.setenv("NMT_TRACKING", "No")
     assert tracking.enabled() is False
-    monkeypatch.setenv("NMT_FAULT_POINT", "after_step:5:exit")
-    monkeypatch.setenv("NMT_FAULT_ONCE", str(tmp_path / "once"))
+    monkeypatch.setenv("NMT_FAULT_POINT", f"after_step:5:exit@{tmp_path / 'once'}")
     (tmp_path / "once").touch()  # already fired: hit() returns
     faults.hit("after_step", 5)
-    assert faults.active() == Fault("after_step", 5, "exit")
+    assert faults.active() == Fault("after_step", 5, "exit", once=tmp_path / "once")
     monkeypatch.setenv("NMT_DATA_WORKERS", "0")
     with pytest.raises(ConfigError, match=r"NMT_DATA_WORKERS='0': expected an integer >= 1"):
         workers.data_workers()

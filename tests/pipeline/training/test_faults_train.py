@@ -101,7 +101,7 @@ def test_process_group_killed_at_a_seeded_random_time(workspace, reference, tmp_
 @pytest.mark.slow
 def test_a_rank_crashing_once_is_restarted_by_torchrun(workspace, reference, tmp_path):
     marker = tmp_path / "crashed-once"
-    env = {"NMT_FAULT_POINT": "after_step:5:exit:1", "NMT_FAULT_ONCE": str(marker), "NMT_MAX_RESTARTS": "1"}
+    env = {"NMT_FAULT_POINT": f"after_step:5:exit:1@{marker}", "NMT_MAX_RESTARTS": "1"}
     rc, out = fu.run(job_params(tmp_path, workspace), tmp_path, env=env)
     assert rc == 0, out[-3000:]
     assert marker.exists() and "exit 3" in out and "resuming from" in out and "step-00000004" in out
@@ -111,7 +111,7 @@ def test_a_rank_crashing_once_is_restarted_by_torchrun(workspace, reference, tmp
 @pytest.mark.slow
 def test_a_hung_rank_times_out_with_the_env_var_named_and_the_restart_resumes(workspace, reference, tmp_path):
     marker = tmp_path / "stalled-once"
-    env = {"NMT_FAULT_POINT": "collective:7:stall:1", "NMT_FAULT_ONCE": str(marker), "NMT_MAX_RESTARTS": "1",
+    env = {"NMT_FAULT_POINT": f"collective:7:stall:1@{marker}", "NMT_MAX_RESTARTS": "1",
            "NMT_DIST_TIMEOUT_S": "8"}
     start = time.monotonic()
     rc, out = fu.run(job_params(tmp_path, workspace), tmp_path, env=env, timeout=150)
@@ -149,15 +149,14 @@ def test_preflight_shapes_are_the_plans_largest():
 
 
 def test_an_out_of_memory_step_is_skipped_and_counted(workspace, tmp_path, monkeypatch):
-    monkeypatch.setenv("NMT_FAULT_POINT", "forward:3:oom")
-    monkeypatch.setenv("NMT_FAULT_ONCE", str(tmp_path / "oom-once"))
+    monkeypatch.setenv("NMT_FAULT_POINT", f"forward:3:oom@{tmp_path / 'oom-once'}")
     metrics = run_inprocess(tiny_params(tmp_path, workspace), tmp_path)
     assert metrics["step"] == 6 and metrics["oom_skipped_steps"] == 1
     assert checkpoint.read_state(tmp_path / "runs" / "step-00000006")["oom_skipped"] == 1
 
 
 def test_repeated_out_of_memory_stops_with_the_shape_and_max_tokens(workspace, tmp_path, monkeypatch):
-    monkeypatch.setenv("NMT_FAULT_POINT", "forward:3:oom")  # no ONCE: step 3 fails every time it is tried
+    monkeypatch.setenv("NMT_FAULT_POINT", "forward:3:oom")  # no @<file>: step 3 fails every time it is tried
     with pytest.raises(PipelineError, match=r"train step 3: 3 optimizer steps in a row ran out of memory \(last: "
                                             r"rank 0, forward pass \d+: src \[\d+, \d+\], tgt \[\d+, \d+\]\) .*"
                                             r"set NMT_MAX_TOKENS lower and rerun"):
@@ -167,7 +166,7 @@ def test_repeated_out_of_memory_stops_with_the_shape_and_max_tokens(workspace, t
 
 @pytest.mark.slow
 def test_out_of_memory_on_one_rank_skips_the_step_on_both(workspace, tmp_path):
-    env = {"NMT_FAULT_POINT": "forward:3:oom:1", "NMT_FAULT_ONCE": str(tmp_path / "oom-once")}
+    env = {"NMT_FAULT_POINT": f"forward:3:oom:1@{tmp_path / 'oom-once'}"}
     rc, out = fu.run(job_params(tmp_path, workspace, max_steps=4), tmp_path, env=env)
     assert rc == 0, out[-3000:]
     assert "train step 3: out of memory (rank 1, forward pass" in out

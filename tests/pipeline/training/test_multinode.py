@@ -68,8 +68,7 @@ def _assert_same_model(one_node: Path, two_nodes: Path) -> None:
 
 def _stall_fault(tmp: Path, step: int, rank: int) -> dict[str, str]:
     """Rank ``rank`` stalls once before step ``step``'s all-reduce; torchrun may restart a rank once."""
-    return {"NMT_FAULT_POINT": f"collective:{step}:stall:{rank}", "NMT_FAULT_ONCE": str(tmp / "stalled"),
-            "NMT_MAX_RESTARTS": "1"}
+    return {"NMT_FAULT_POINT": f"collective:{step}:stall:{rank}@{tmp / 'stalled'}", "NMT_MAX_RESTARTS": "1"}
 
 
 def _start_two_until_stalled(job: LoopbackJob, stalling: int) -> tuple:
