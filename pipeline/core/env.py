@@ -198,8 +198,6 @@ class Settings:
     dist_timeout_s: float = field(default=1800.0, metadata=meta(
         "NMT_DIST_TIMEOUT_S", seconds(positive=True), "collective timeout: a rank that waits longer for its "
         "peers fails, naming this variable"))
-    dist_backend: str | None = field(default=None, metadata=meta(
-        "NMT_DIST_BACKEND", choice("gloo", "nccl"), "process-group backend", shown="`nccl` on CUDA, else `gloo`"))
     # Fault injection (pipeline/training/faults.py): test hooks, unset in normal runs.
     fault_point: Fault | None = field(default=None, metadata=meta(
         "NMT_FAULT_POINT", FAULT_SPEC, "test hook: kill, crash or stall training at a named point; with `@<file>` "
@@ -258,6 +256,7 @@ RETIRED: dict[str, str] = {
     "NMT_CLEAN_WORKERS": "set NMT_DATA_WORKERS (worker processes of clean and encode) instead",
     "NMT_ENCODE_WORKERS": "set NMT_DATA_WORKERS (worker processes of clean and encode) instead",
     "NMT_FAULT_ONCE": "append @<file> to NMT_FAULT_POINT instead",
+    "NMT_DIST_BACKEND": "the backend follows NMT_DEVICE (nccl on cuda, gloo on cpu)",
 }
 
 

@@ -10,8 +10,9 @@ Environment:
                          naming this variable instead of hanging forever (gloo and NCCL both honour
                          the process group's timeout); torchrun then stops the job or, with
                          ``NMT_MAX_RESTARTS``, restarts it from the newest checkpoint.
-    NMT_DIST_BACKEND     force ``gloo`` or ``nccl`` (default: nccl on CUDA, else gloo).
-Both are parsed and checked with every other ``NMT_*`` variable in :mod:`pipeline.core.env`.
+It is parsed and checked with every other ``NMT_*`` variable in :mod:`pipeline.core.env`. The backend
+follows the device (``NMT_DEVICE``): NCCL for CUDA tensors, gloo for CPU ones, as torch.distributed's
+documentation recommends.
 
 On a single node (torchrun's store at a loopback ``MASTER_ADDR``, as :mod:`pipeline.launch` sets it)
 gloo's and NCCL's own sockets are bound to the loopback interface too (``GLOO_SOCKET_IFNAME`` /
@@ -114,7 +115,7 @@ def init(device: str | None = None) -> DistContext:
         dev = torch.device("cpu")
     if "WORLD_SIZE" in os.environ and not dist.is_initialized():
         bind_to_loopback_if_local()
-        backend = env.settings().dist_backend or ("nccl" if use_cuda else "gloo")
+        backend = "nccl" if use_cuda else "gloo"
         kwargs = {"device_id": dev} if backend == "nccl" else {}
         timeout = datetime.timedelta(seconds=timeout_s())
         dist.init_process_group(backend=backend, store=_attempt_store(timeout), rank=rank, world_size=world,

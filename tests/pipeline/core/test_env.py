@@ -77,7 +77,7 @@ def test_defaults_when_unset_or_blank() -> None:
     assert s == Settings()
     assert (s.nproc, s.nnodes, s.node_rank, s.master_addr, s.master_port) == (None, 1, None, None, 29500)
     assert (s.rdzv_endpoint, s.rdzv_id, s.max_restarts, s.device, s.threads) == (None, "nmt-train", None, None, None)
-    assert (s.dist_timeout_s, s.dist_backend, s.fault) == (1800.0, None, None)
+    assert (s.dist_timeout_s, s.fault) == (1800.0, None)
     assert (s.data_mirror, s.download_cache, s.download_backoff_s) == (None, REPO / ".cache" / "downloads", 1.0)
     assert (s.data_workers, s.tracking, s.log_level, s.model_name) == (None, True, "INFO", "wmt14-transformer")
     assert s.prefect_flow_run_id is None
@@ -89,14 +89,14 @@ def test_good_values_are_parsed_to_their_types(tmp_path: Path) -> None:
     s = settings({
         "NMT_NPROC": "4", "NMT_NNODES": " 2 ", "NMT_NODE_RANK": "0", "NMT_MASTER_ADDR": "10.0.0.1",
         "NMT_MASTER_PORT": "29501", "NMT_RDZV_ENDPOINT": "node0:29400", "NMT_RDZV_ID": "job", "NMT_MAX_RESTARTS": "0",
-        "NMT_DEVICE": "cpu", "NMT_THREADS": "1", "NMT_DIST_TIMEOUT_S": "8", "NMT_DIST_BACKEND": "gloo",
+        "NMT_DEVICE": "cpu", "NMT_THREADS": "1", "NMT_DIST_TIMEOUT_S": "8",
         "NMT_FAULT_POINT": f"collective:3:stall:1@{tmp_path / 'a:b@c'}",
         "NMT_DATA_MIRROR": f"file://{tmp_path}", "NMT_DOWNLOAD_CACHE": str(tmp_path / "cache"),
         "NMT_DOWNLOAD_BACKOFF_S": "0", "NMT_DATA_WORKERS": "2", "NMT_TRACKING": "off", "NMT_LOG_LEVEL": "debug",
         "NMT_MODEL_NAME": " tiny ", "NMT_PREFECT_FLOW_RUN_ID": "abc"})
     assert (s.nproc, s.nnodes, s.node_rank, s.master_addr, s.master_port) == (4, 2, 0, "10.0.0.1", 29501)
     assert (s.rdzv_endpoint, s.rdzv_id, s.max_restarts, s.device, s.threads) == ("node0:29400", "job", 0, "cpu", 1)
-    assert (s.dist_timeout_s, s.dist_backend) == (8.0, "gloo")
+    assert s.dist_timeout_s == 8.0
     assert s.fault == Fault("collective", 3, "stall", 1, once=tmp_path / "a:b@c")  # the file may hold ':' and '@'
     assert (s.data_mirror, s.download_cache, s.download_backoff_s) == (str(tmp_path), tmp_path / "cache", 0.0)
     assert (s.data_workers, s.tracking, s.log_level, s.model_name) == (2, False, "DEBUG", "tiny")
@@ -116,7 +116,7 @@ def test_tracking_stays_on_otherwise(value: str) -> None:
 def test_bad_values_give_one_error_naming_each_variable() -> None:
     bad = {"NMT_NPROC": "zero", "NMT_NNODES": "0", "NMT_NODE_RANK": "-1", "NMT_MASTER_PORT": "70000",
            "NMT_MAX_RESTARTS": "-1", "NMT_DEVICE": "gpu", "NMT_THREADS": "1.5", "NMT_DIST_TIMEOUT_S": "0",
-           "NMT_DIST_BACKEND": "mpi", "NMT_FAULT_POINT": "mid_sav:x",
+           "NMT_FAULT_POINT": "mid_sav:x",
            "NMT_DOWNLOAD_BACKOFF_S": "-1", "NMT_DATA_WORKERS": "many", "NMT_TRACKING": "off"}
     with pytest.raises(ConfigError) as err:
         settings(bad)
@@ -131,14 +131,13 @@ def test_bad_values_give_one_error_naming_each_variable() -> None:
         "NMT_DEVICE='gpu': expected one of cpu, cuda",
         "NMT_THREADS='1.5': expected an integer >= 1",
         "NMT_DIST_TIMEOUT_S='0': expected a number of seconds > 0",
-        "NMT_DIST_BACKEND='mpi': expected one of gloo, nccl",
         ("NMT_FAULT_POINT='mid_sav:x': unknown point 'mid_sav'; one of preflight, forward, mid_accum, collective, "
          "before_save, mid_save, after_save, after_step"),
         "NMT_FAULT_POINT='mid_sav:x': step 'x' is not a non-negative integer",
         "NMT_DOWNLOAD_BACKOFF_S='-1': expected a number of seconds >= 0",
         "NMT_DATA_WORKERS='many': expected an integer >= 1",
     ]
-    assert str(err.value).startswith("environment: 13 problem(s) in the configuration:\n  - NMT_NPROC='zero'")
+    assert str(err.value).startswith("environment: 12 problem(s) in the configuration:\n  - NMT_NPROC='zero'")
 
 
 @pytest.mark.parametrize("name, value", [("NMT_DIST_TIMEOUT_S", "nan"), ("NMT_DIST_TIMEOUT_S", "inf"),
