@@ -20,16 +20,16 @@ Fault tolerance (every mode):
 
 Several nodes (run the same command on every node, e.g. from a Slurm or Kubernetes job):
     NMT_NNODES       number of nodes (> 1 switches to multi-node mode)
-    NMT_NODE_RANK    this node's rank, 0 .. NMT_NNODES-1 (static rendezvous), or leave it unset and set
-    NMT_RDZV_ENDPOINT  host:port of the c10d rendezvous (e.g. node 0:29400) for dynamic rendezvous
-    NMT_MASTER_ADDR / NMT_MASTER_PORT  with NMT_NODE_RANK: node 0's address and a free port (29500)
-    NMT_RDZV_ID      job id shared by the nodes (default ``nmt-train``)
+    NMT_RDZV_ENDPOINT  host:port where the nodes meet (e.g. node 0:29400): a c10d rendezvous, or with
+                     NMT_NODE_RANK node 0's address and a free port of it (static rendezvous; port default 29500)
+    NMT_NODE_RANK    this node's rank, 0 .. NMT_NNODES-1: a static rendezvous; unset: the c10d one assigns ranks
+    NMT_RDZV_ID      job id shared by the nodes of a c10d rendezvous (default ``nmt-train``)
     NMT_RDZV_TIMEOUT_S  how long a node waits at the rendezvous for the others (default 600; torchrun's
                      ``join_timeout`` and ``read_timeout`` (at most 60 s) of c10d, ``timeout`` of the static
                      rendezvous), at the start and after a restart, in every mode: for its host to resolve,
                      for the other nodes, for a store that never answers; then it stops with one line naming
                      the endpoint (:func:`wait_until_resolvable`, :func:`pipeline.training.distributed.run_torchrun`)
-    -> torchrun --nnodes=M --nproc_per_node=N (--node_rank/--master_addr | --rdzv_*) -m pipeline.train
+    -> torchrun --nnodes=M --nproc_per_node=N (--rdzv_* | --node_rank/--master_addr/--master_port) -m pipeline.train
 
 A loopback NMT_RDZV_ENDPOINT (127.0.0.1, localhost, ::1) means every node runs on this machine:
 ``--local_addr=127.0.0.1`` keeps the ranks' store and sockets on loopback too (tests/pipeline/training/
@@ -38,8 +38,8 @@ test_multinode.py runs two such nodes). A node whose agent dies makes the others
 scheduler starts the node's launcher again (docs/cluster.md, section 5).
 
 On several nodes each store listens only on the address it is named by: the rendezvous store on the
-host of NMT_RDZV_ENDPOINT (or on NMT_MASTER_ADDR), the ranks' shared store on the node's own address
-(its FQDN, as torchrun hands it to the ranks). So NMT_RDZV_ENDPOINT / NMT_MASTER_ADDR must resolve, on
+host of NMT_RDZV_ENDPOINT, the ranks' shared store on the node's own address
+(its FQDN, as torchrun hands it to the ranks). So NMT_RDZV_ENDPOINT's host must resolve, on
 the node that hosts the store, to the address the other nodes reach it by (not to 127.0.1.1), and
 that network should be private to the job: the stores do not authenticate their clients.
 
@@ -80,6 +80,8 @@ AGENT_PID_ENV = "PIPELINE_AGENT_PID"
 LOOPBACK = "127.0.0.1"
 #: torchrun's c10d ``read_timeout`` (its default): a store operation's limit, lowered to NMT_RDZV_TIMEOUT_S.
 READ_TIMEOUT_S = 60
+#: node 0's port of a static rendezvous when NMT_RDZV_ENDPOINT names none (torchrun's ``--master_port`` default).
+STATIC_PORT = 29500
 
 
 def default_nproc() -> int:
@@ -111,22 +113,23 @@ def torchrun_command(train_args: list[str]) -> list[str]:
     if nnodes == 1:  # --standalone, on loopback only
         cmd += ["--rdzv_backend=c10d", f"--rdzv_endpoint={LOOPBACK}:0", f"--rdzv_id={s.rdzv_id}",
                 f"--local_addr={LOOPBACK}", "--nnodes=1", f"--nproc_per_node={nproc}"]
-    elif s.rdzv_endpoint:
-        host = rendezvous_host(s.rdzv_endpoint)
+    elif not s.rdzv_endpoint:
+        raise ConfigError(env.SOURCE, [
+            (f"NMT_NNODES={nnodes} needs NMT_RDZV_ENDPOINT (host:port where the nodes meet; with NMT_NODE_RANK, "
+             "node 0's address: a static rendezvous)")])
+    elif s.node_rank is None:
+        host, _ = rendezvous_address(s.rdzv_endpoint)
         cmd += [f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
                 f"--rdzv_endpoint={s.rdzv_endpoint}", f"--rdzv_id={s.rdzv_id}",
                 f"--rdzv_conf=join_timeout={s.rdzv_timeout_s},read_timeout={min(s.rdzv_timeout_s, READ_TIMEOUT_S)}"]
         if _is_loopback(host):  # every node on this machine: the stores and the ranks' sockets stay on loopback
             cmd.append(f"--local_addr={LOOPBACK}")
     else:
-        if s.node_rank is None or s.master_addr is None:
-            raise ConfigError(env.SOURCE, [
-                (f"NMT_NNODES={nnodes} needs either NMT_RDZV_ENDPOINT (host:port, dynamic rendezvous) or "
-                 "NMT_NODE_RANK and NMT_MASTER_ADDR (static rendezvous)")])
         if s.node_rank >= nnodes:
             raise ConfigError(env.SOURCE, [f"NMT_NODE_RANK={s.node_rank} must be < NMT_NNODES={nnodes}"])
+        host, port = rendezvous_address(s.rdzv_endpoint)
         cmd += [f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", f"--node_rank={s.node_rank}",
-                f"--master_addr={s.master_addr}", f"--master_port={s.master_port}",
+                f"--master_addr={host}", f"--master_port={port or STATIC_PORT}",
                 f"--rdzv_conf=timeout={s.rdzv_timeout_s}"]
     restarts = default_max_restarts() if s.max_restarts is None else s.max_restarts
     if restarts:
@@ -134,8 +137,10 @@ def torchrun_command(train_args: list[str]) -> list[str]:
     return cmd + ["-m", "pipeline.train", *train_args]
 
 
-def rendezvous_host(endpoint: str) -> str:
-    """The host of ``NMT_RDZV_ENDPOINT`` (``host``, ``host:port`` or ``[v6]:port``; torchrun's default port 29400).
+def rendezvous_address(endpoint: str) -> tuple[str, int | None]:
+    """The host and port (None when omitted) of ``NMT_RDZV_ENDPOINT``: ``host``, ``host:port`` or ``[v6]:port``.
+
+    Without a port torchrun uses 29400 for a c10d rendezvous; a static one uses :data:`STATIC_PORT`.
 
     Raises:
         ConfigError: not of that form, or a port outside 1..65535 (0 would pick a different port on each node).
@@ -149,7 +154,7 @@ def rendezvous_host(endpoint: str) -> str:
         why = "picks another free port on each node, so they never meet" if int(port) == 0 else "is out of range"
         raise ConfigError(env.SOURCE, [f"NMT_RDZV_ENDPOINT={endpoint!r}: port {port} {why}; name a fixed free port "
                                        "in 1..65535, e.g. 29400"])
-    return host
+    return host, None if port is None else int(port)
 
 
 def _is_loopback(host: str) -> bool:
@@ -200,10 +205,10 @@ def wait_until_resolvable() -> None:
     s = env.settings()
     if s.nnodes == 1:
         return
-    name, value = ("NMT_RDZV_ENDPOINT", s.rdzv_endpoint) if s.rdzv_endpoint else ("NMT_MASTER_ADDR", s.master_addr)
+    value = s.rdzv_endpoint
     if not value:
         return
-    host = rendezvous_host(value).strip("[]") if name == "NMT_RDZV_ENDPOINT" else value.strip("[]")
+    host = rendezvous_address(value)[0]
     deadline = time.monotonic() + s.rdzv_timeout_s
     while True:
         try:
@@ -213,7 +218,7 @@ def wait_until_resolvable() -> None:
             if time.monotonic() >= deadline:
                 why = getattr(exc, "strerror", None) or str(exc)
                 raise ConfigError(env.SOURCE, [
-                    f"{name}={value!r}: host {host!r} did not resolve within {s.rdzv_timeout_s} s "
+                    f"NMT_RDZV_ENDPOINT={value!r}: host {host!r} did not resolve within {s.rdzv_timeout_s} s "
                     f"(NMT_RDZV_TIMEOUT_S) [{why}]; name a host every node can resolve (node 0's name or "
                     "address), or raise NMT_RDZV_TIMEOUT_S if its name is published later"]) from None
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))

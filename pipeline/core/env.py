@@ -163,17 +163,14 @@ class Settings:
         shown="number of CUDA GPUs, else 1"))
     nnodes: int = field(default=1, metadata=meta(
         "NMT_NNODES", integer(1), "number of nodes; > 1 switches to a multi-node torchrun job"))
-    node_rank: int | None = field(default=None, metadata=meta(
-        "NMT_NODE_RANK", integer(0), "this node's rank, 0 .. NMT_NNODES-1 (static rendezvous, with NMT_MASTER_ADDR)"))
-    master_addr: str | None = field(default=None, metadata=meta(
-        "NMT_MASTER_ADDR", TEXT, "node 0's address (static multi-node rendezvous)"))
-    master_port: int = field(default=29500, metadata=meta(
-        "NMT_MASTER_PORT", integer(1, 65535), "a free port on node 0 (static multi-node rendezvous)"))
     rdzv_endpoint: str | None = field(default=None, metadata=meta(
-        "NMT_RDZV_ENDPOINT", TEXT, "`host:port` of the c10d rendezvous (dynamic multi-node rendezvous; "
-        "wins over NMT_NODE_RANK)"))
+        "NMT_RDZV_ENDPOINT", TEXT, "`host:port` where the nodes meet: a c10d rendezvous, or with NMT_NODE_RANK "
+        "node 0 (static; port 29500 if none)"))
+    node_rank: int | None = field(default=None, metadata=meta(
+        "NMT_NODE_RANK", integer(0), "this node's rank, 0 .. NMT_NNODES-1, for a static rendezvous; unset: the c10d "
+        "one assigns them"))
     rdzv_id: str = field(default="nmt-train", metadata=meta(
-        "NMT_RDZV_ID", TEXT, "job id shared by the nodes of a dynamic rendezvous"))
+        "NMT_RDZV_ID", TEXT, "job id shared by the nodes of a c10d rendezvous"))
     rdzv_timeout_s: int = field(default=600, metadata=meta(
         "NMT_RDZV_TIMEOUT_S", integer(1), "seconds a node waits at the rendezvous in every mode (start, restart): for "
         "its host, the others, a store that answers"))
@@ -257,6 +254,8 @@ RETIRED: dict[str, str] = {
     "NMT_ENCODE_WORKERS": "set NMT_DATA_WORKERS (worker processes of clean and encode) instead",
     "NMT_FAULT_ONCE": "append @<file> to NMT_FAULT_POINT instead",
     "NMT_DIST_BACKEND": "the backend follows NMT_DEVICE (nccl on cuda, gloo on cpu)",
+    "NMT_MASTER_ADDR": "set NMT_RDZV_ENDPOINT=<node 0>:<port> with NMT_NODE_RANK (static rendezvous) instead",
+    "NMT_MASTER_PORT": "set NMT_RDZV_ENDPOINT=<node 0>:<port> with NMT_NODE_RANK (static rendezvous) instead",
 }
 
 

@@ -356,9 +356,9 @@ def _rendezvous_where(s: env.Settings) -> tuple[str, str]:
     """Where this node meets the others, and the variables the other nodes must share (for the messages)."""
     if s.nnodes == 1:
         return "127.0.0.1 (this node's own rendezvous)", "NMT_RDZV_ID"
-    if s.rdzv_endpoint:
+    if s.node_rank is None:
         return f"{s.rdzv_endpoint} (NMT_RDZV_ENDPOINT)", "NMT_RDZV_ENDPOINT and NMT_RDZV_ID"
-    return f"{s.master_addr}:{s.master_port} (NMT_MASTER_ADDR:NMT_MASTER_PORT)", "NMT_MASTER_ADDR and NMT_MASTER_PORT"
+    return f"{s.rdzv_endpoint} (NMT_RDZV_ENDPOINT, static)", "NMT_RDZV_ENDPOINT"
 
 
 def rendezvous_error_message(exc: Exception) -> str:

@@ -47,6 +47,11 @@ def test_every_variable_in_the_source_is_in_the_table() -> None:
     assert not missing, f"NMT_* variables read or named in the code but absent from pipeline/core/env.py: {missing}"
 
 
+def test_the_table_holds_at_most_24_variables_and_no_retired_one() -> None:
+    assert len(env.NAMES) <= 24, env.NAMES
+    assert not set(env.RETIRED) & set(env.NAMES)
+
+
 @pytest.mark.parametrize("name", sorted(env.RETIRED))
 def test_a_retired_variable_is_one_line_naming_its_replacement(name: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -75,7 +80,7 @@ def test_every_variable_is_typed_and_documented_once() -> None:
 def test_defaults_when_unset_or_blank() -> None:
     s = settings({})
     assert s == Settings()
-    assert (s.nproc, s.nnodes, s.node_rank, s.master_addr, s.master_port) == (None, 1, None, None, 29500)
+    assert (s.nproc, s.nnodes, s.node_rank) == (None, 1, None)
     assert (s.rdzv_endpoint, s.rdzv_id, s.max_restarts, s.device, s.threads) == (None, "nmt-train", None, None, None)
     assert (s.dist_timeout_s, s.fault) == (1800.0, None)
     assert (s.data_mirror, s.download_cache, s.download_backoff_s) == (None, REPO / ".cache" / "downloads", 1.0)
@@ -87,14 +92,14 @@ def test_defaults_when_unset_or_blank() -> None:
 
 def test_good_values_are_parsed_to_their_types(tmp_path: Path) -> None:
     s = settings({
-        "NMT_NPROC": "4", "NMT_NNODES": " 2 ", "NMT_NODE_RANK": "0", "NMT_MASTER_ADDR": "10.0.0.1",
-        "NMT_MASTER_PORT": "29501", "NMT_RDZV_ENDPOINT": "node0:29400", "NMT_RDZV_ID": "job", "NMT_MAX_RESTARTS": "0",
+        "NMT_NPROC": "4", "NMT_NNODES": " 2 ", "NMT_NODE_RANK": "0",
+        "NMT_RDZV_ENDPOINT": "node0:29400", "NMT_RDZV_ID": "job", "NMT_MAX_RESTARTS": "0",
         "NMT_DEVICE": "cpu", "NMT_THREADS": "1", "NMT_DIST_TIMEOUT_S": "8",
         "NMT_FAULT_POINT": f"collective:3:stall:1@{tmp_path / 'a:b@c'}",
         "NMT_DATA_MIRROR": f"file://{tmp_path}", "NMT_DOWNLOAD_CACHE": str(tmp_path / "cache"),
         "NMT_DOWNLOAD_BACKOFF_S": "0", "NMT_DATA_WORKERS": "2", "NMT_TRACKING": "off", "NMT_LOG_LEVEL": "debug",
         "NMT_MODEL_NAME": " tiny ", "NMT_PREFECT_FLOW_RUN_ID": "abc"})
-    assert (s.nproc, s.nnodes, s.node_rank, s.master_addr, s.master_port) == (4, 2, 0, "10.0.0.1", 29501)
+    assert (s.nproc, s.nnodes, s.node_rank) == (4, 2, 0)
     assert (s.rdzv_endpoint, s.rdzv_id, s.max_restarts, s.device, s.threads) == ("node0:29400", "job", 0, "cpu", 1)
     assert s.dist_timeout_s == 8.0
     assert s.fault == Fault("collective", 3, "stall", 1, once=tmp_path / "a:b@c")  # the file may hold ':' and '@'
@@ -114,7 +119,7 @@ def test_tracking_stays_on_otherwise(value: str) -> None:
 
 
 def test_bad_values_give_one_error_naming_each_variable() -> None:
-    bad = {"NMT_NPROC": "zero", "NMT_NNODES": "0", "NMT_NODE_RANK": "-1", "NMT_MASTER_PORT": "70000",
+    bad = {"NMT_NPROC": "zero", "NMT_NNODES": "0", "NMT_NODE_RANK": "-1",
            "NMT_MAX_RESTARTS": "-1", "NMT_DEVICE": "gpu", "NMT_THREADS": "1.5", "NMT_DIST_TIMEOUT_S": "0",
            "NMT_FAULT_POINT": "mid_sav:x",
            "NMT_DOWNLOAD_BACKOFF_S": "-1", "NMT_DATA_WORKERS": "many", "NMT_TRACKING": "off"}
@@ -126,7 +131,6 @@ def test_bad_values_give_one_error_naming_each_variable() -> None:
         "NMT_NPROC='zero': expected an integer >= 1",
         "NMT_NNODES='0': expected an integer >= 1",
         "NMT_NODE_RANK='-1': expected an integer >= 0",
-        "NMT_MASTER_PORT='70000': expected an integer in 1..65535",
         "NMT_MAX_RESTARTS='-1': expected an integer >= 0",
         "NMT_DEVICE='gpu': expected one of cpu, cuda",
         "NMT_THREADS='1.5': expected an integer >= 1",
@@ -137,7 +141,7 @@ def test_bad_values_give_one_error_naming_each_variable() -> None:
         "NMT_DOWNLOAD_BACKOFF_S='-1': expected a number of seconds >= 0",
         "NMT_DATA_WORKERS='many': expected an integer >= 1",
     ]
-    assert str(err.value).startswith("environment: 12 problem(s) in the configuration:\n  - NMT_NPROC='zero'")
+    assert str(err.value).startswith("environment: 11 problem(s) in the configuration:\n  - NMT_NPROC='zero'")
 
 
 @pytest.mark.parametrize("name, value", [("NMT_DIST_TIMEOUT_S", "nan"), ("NMT_DIST_TIMEOUT_S", "inf"),
@@ -204,20 +208,22 @@ def test_launch_reads_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "--nproc_per_node=2" in launch.torchrun_command([])
     assert not any(a.startswith("--max-restarts") for a in launch.torchrun_command([]))  # cpu: 0 restarts
     monkeypatch.setenv("NMT_NNODES", "2")
-    with pytest.raises(ConfigError, match=r"NMT_NNODES=2 needs either NMT_RDZV_ENDPOINT"):
+    with pytest.raises(ConfigError, match=r"NMT_NNODES=2 needs NMT_RDZV_ENDPOINT \(host:port where the nodes meet"):
         launch.torchrun_command([])
-    monkeypatch.setenv("NMT_NODE_RANK", "2")
-    monkeypatch.setenv("NMT_MASTER_ADDR", "10.0.0.1")
-    with pytest.raises(ConfigError, match=r"NMT_NODE_RANK=2 must be < NMT_NNODES=2"):
-        launch.torchrun_command([])
-    monkeypatch.setenv("NMT_NODE_RANK", "1")
-    assert launch.torchrun_command([])[4:9] == ["--nnodes=2", "--nproc_per_node=2", "--node_rank=1",
-                                                "--master_addr=10.0.0.1", "--master_port=29500"]
     monkeypatch.setenv("NMT_RDZV_ENDPOINT", "node0:29400")
     monkeypatch.setenv("NMT_RDZV_ID", "job7")
-    assert "--rdzv_id=job7" in launch.torchrun_command([])
-    monkeypatch.setenv("NMT_MASTER_PORT", "http")
-    with pytest.raises(ConfigError, match=r"NMT_MASTER_PORT='http': expected an integer in 1..65535"):
+    assert "--rdzv_id=job7" in launch.torchrun_command([])  # no NMT_NODE_RANK: a c10d rendezvous
+    monkeypatch.setenv("NMT_NODE_RANK", "2")
+    with pytest.raises(ConfigError, match=r"NMT_NODE_RANK=2 must be < NMT_NNODES=2"):
+        launch.torchrun_command([])
+    monkeypatch.setenv("NMT_NODE_RANK", "1")  # a static rendezvous at node 0's address and port
+    monkeypatch.setenv("NMT_RDZV_ENDPOINT", "10.0.0.1:29501")
+    assert launch.torchrun_command([])[4:9] == ["--nnodes=2", "--nproc_per_node=2", "--node_rank=1",
+                                                "--master_addr=10.0.0.1", "--master_port=29501"]
+    monkeypatch.setenv("NMT_RDZV_ENDPOINT", "[fd00::1]")
+    assert launch.torchrun_command([])[7:9] == ["--master_addr=fd00::1", "--master_port=29500"]
+    monkeypatch.setenv("NMT_RDZV_ENDPOINT", "10.0.0.1:http")
+    with pytest.raises(ConfigError, match=r"NMT_RDZV_ENDPOINT='10.0.0.1:http': expected host:port of the rendezvous"):
         launch.torchrun_command([])
 
 

@@ -192,9 +192,7 @@ def test_a_loopback_rendezvous_keeps_every_node_on_loopback_and_passes_the_join_
     cmd = launch.torchrun_command([])
     assert "--rdzv_conf=join_timeout=600,read_timeout=60" in cmd
     assert not any(a.startswith("--local_addr") for a in cmd)
-    monkeypatch.delenv("NMT_RDZV_ENDPOINT")  # the static rendezvous waits as long
-    monkeypatch.setenv("NMT_NODE_RANK", "1")
-    monkeypatch.setenv("NMT_MASTER_ADDR", "node0.internal")
+    monkeypatch.setenv("NMT_NODE_RANK", "1")  # the static rendezvous waits as long
     assert "--rdzv_conf=timeout=600" in launch.torchrun_command([])
 
 
@@ -222,7 +220,7 @@ HUNG = ("error: stage train: rendezvous 'nmt-train' at {where} did not complete 
         "nothing there answered as a rendezvous store (another program on that port?) or fewer than NMT_NNODES=2 "
         "nodes joined; check NMT_RDZV_ENDPOINT and NMT_RDZV_ID on every node, or raise NMT_RDZV_TIMEOUT_S")
 ALONE = ("error: stage train: rendezvous 'nmt-train' at {where} timed out after 3 s (NMT_RDZV_TIMEOUT_S): fewer than "
-         "NMT_NNODES=2 nodes joined; start the missing node(s) with the same NMT_MASTER_ADDR and NMT_MASTER_PORT, or "
+         "NMT_NNODES=2 nodes joined; start the missing node(s) with the same NMT_RDZV_ENDPOINT, or "
          "raise NMT_RDZV_TIMEOUT_S")
 UNRESOLVED = (r"error: stage train: environment: NMT_RDZV_ENDPOINT='nonexistent\.invalid:29400': host "
               r"'nonexistent\.invalid' did not resolve within 3 s \(NMT_RDZV_TIMEOUT_S\) \[[^]]+\]; name a host every "
@@ -250,9 +248,8 @@ def test_every_rendezvous_wait_ends_within_the_timeout_with_one_line_naming_the_
             expected = HUNG.format(where=f"{rdzv['NMT_RDZV_ENDPOINT']} (NMT_RDZV_ENDPOINT)")
         else:
             port = free_port()
-            rdzv = {"NMT_NODE_RANK": case[len("static-node-")], "NMT_MASTER_ADDR": "127.0.0.1",
-                    "NMT_MASTER_PORT": str(port)}
-            expected = ALONE.format(where=f"127.0.0.1:{port} (NMT_MASTER_ADDR:NMT_MASTER_PORT)")
+            rdzv = {"NMT_NODE_RANK": case[len("static-node-")], "NMT_RDZV_ENDPOINT": f"127.0.0.1:{port}"}
+            expected = ALONE.format(where=f"127.0.0.1:{port} (NMT_RDZV_ENDPOINT, static)")
         env = fu.job_env(1, {"NMT_NNODES": "2", "NMT_RDZV_TIMEOUT_S": str(RDZV_TIMEOUT_S), **rdzv})
         started = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "pipeline.launch", "--params", str(params)], cwd=REPO, env=env,

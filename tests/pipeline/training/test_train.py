@@ -201,11 +201,10 @@ def test_launch_builds_torchrun_commands_from_the_environment(monkeypatch):
                        "--rdzv_id=nmt-train", "--local_addr=127.0.0.1", "--nnodes=1", "--nproc_per_node=4",
                        "-m", "pipeline.train", "--params", "p.yaml"]
     monkeypatch.setenv("NMT_NNODES", "2")
-    monkeypatch.setenv("NMT_NODE_RANK", "1")
-    monkeypatch.setenv("NMT_MASTER_ADDR", "10.0.0.1")
-    assert "--node_rank=1" in launch.torchrun_command([]) and "--master_addr=10.0.0.1" in launch.torchrun_command([])
     monkeypatch.setenv("NMT_RDZV_ENDPOINT", "10.0.0.1:29400")
     assert "--rdzv_endpoint=10.0.0.1:29400" in launch.torchrun_command([])
+    monkeypatch.setenv("NMT_NODE_RANK", "1")
+    assert "--node_rank=1" in launch.torchrun_command([]) and "--master_addr=10.0.0.1" in launch.torchrun_command([])
     monkeypatch.setenv("NMT_NPROC", "zero")
     with pytest.raises(PipelineError, match=r"NMT_NPROC='zero': expected an integer >= 1"):
         launch.torchrun_command([])
