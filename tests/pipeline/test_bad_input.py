@@ -163,7 +163,8 @@ def test_corrupt_shard_through_the_evaluate_cli(eval_world: Path, tmp_path: Path
     shards = Path(shutil.copytree(eval_world / "shards", tmp_path / "shards"))
     part = shards / "valid" / "part-00001.parquet"
     part.write_bytes(part.read_bytes()[:40])
-    params = params_file(tmp_path, repo_root, model=eval_world / "model", raw=eval_world / "raw", shards=shards)
+    model, raw = (Path(shutil.copytree(eval_world / name, tmp_path / name)) for name in ("model", "raw"))
+    params = params_file(tmp_path, repo_root, model=model, raw=raw, shards=shards)  # paths inside its folder
     assert evaluate_main(["--params", str(params)]) == 1
     assert re.fullmatch(rf"error: stage evaluate: {re.escape(str(part))}: corrupt Parquet shard \(.+\); .*"
                         r"`dvc repro encode`.*", stage_error(capsys))

@@ -349,8 +349,8 @@ def test_sigkill_mid_average_leaves_no_model_and_the_rerun_is_byte_identical(aud
         proc = subprocess.Popen([sys.executable, "-c", HOLD_BEFORE_RENAME], cwd=world, stdout=out, stderr=out,
                                 env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
         kill_group_when(proc, lambda: any(p.stat().st_size > 0 for p in world.rglob(".averaged.pt.*.tmp")), log)
-    assert not (model_dir / "averaged.pt").exists() and not (world / "data/metrics/average.details.json").exists()
-    assert stale_outputs(model_dir) == ["averaged"]  # only the dead writer's sibling, never a partial model
+    assert not model_dir.exists() and not (world / "data/metrics/average.details.json").exists()
+    assert stale_outputs(model_dir.parent) == ["model"]  # only the dead writer's sibling, never a partial model
     again = stage_cli("average", world)
     assert again.returncode == 0, again.stderr
     assert sha_tree(model_dir) == expected and temps(world) == []
