@@ -136,7 +136,7 @@ def test_an_unreachable_tracking_server_fails_the_stage_before_its_work(tmp_path
     """Within seconds (MLflow's own retries took 4 minutes and a 109-line traceback), the body never run."""
     port = _closed_port()
     monkeypatch.setenv("NMT_TRACKING", "on")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:secret@127.0.0.1:{port}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:password@127.0.0.1:{port}")
     ran: list[int] = []
     start = time.monotonic()
     with pytest.raises(PipelineError) as info:
