@@ -401,7 +401,7 @@ def test_a_file_missing_from_an_http_mirror_is_an_error_not_a_download(statmt, t
 
 @pytest.mark.parametrize(("url", "problem"), [
     ("http://[::1", "Invalid IPv6 URL"),
-    ("https://user:secret@[::1/data", "Invalid IPv6 URL"),
+    ("https://user:password@[::1/data", "Invalid IPv6 URL"),
     ("http://host:99999/data", "Port out of range 0-65535"),
     ("http:///data", "it has no host"),
 ])
@@ -412,7 +412,7 @@ def test_a_malformed_mirror_url_is_one_line_naming_the_variable(tmp_path: Path, 
         _run(tmp_path, _spec("http://127.0.0.1:9"))
     message = str(info.value)
     assert message.startswith("NMT_DATA_MIRROR=") and f"is not a valid URL ({problem}); set it to a folder" in message
-    assert "secret" not in message and "\n" not in message
+    assert "password" not in message and "\n" not in message
 
 
 def test_a_host_name_that_does_not_resolve_fails_at_once(tmp_path: Path, monkeypatch,
