@@ -253,6 +253,7 @@ RETIRED: dict[str, str] = {
     "NMT_CLEAN_WORKERS": "set NMT_DATA_WORKERS (worker processes of clean and encode) instead",
     "NMT_ENCODE_WORKERS": "set NMT_DATA_WORKERS (worker processes of clean and encode) instead",
     "NMT_FAULT_ONCE": "append @<file> to NMT_FAULT_POINT instead",
+    "NMT_FAULT_KILL_AT_STEP": "set NMT_FAULT_POINT=after_step:<N> instead",
     "NMT_DIST_BACKEND": "the backend follows NMT_DEVICE (nccl on cuda, gloo on cpu)",
     "NMT_MASTER_ADDR": "set NMT_RDZV_ENDPOINT=<node 0>:<port> with NMT_NODE_RANK (static rendezvous) instead",
     "NMT_MASTER_PORT": "set NMT_RDZV_ENDPOINT=<node 0>:<port> with NMT_NODE_RANK (static rendezvous) instead",
