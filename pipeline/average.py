@@ -21,13 +21,11 @@ from typing import Any
 import torch
 
 from model.config import TransformerConfig
-from pipeline.core import torchfile
+from pipeline.artifacts import checkpoint, model_file, torchfile
 from pipeline.core.config import AverageConfig, Params
 from pipeline.core.errors import CheckpointError
 from pipeline.core.stage import read_json, stage_main
 from pipeline.core.textio import atomic_path, refuse_foreign
-from pipeline.inference import model_file
-from pipeline.training import checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +56,7 @@ def corrupt_remedy(folder: Path, window: int) -> str:
 
 def load_state_dict(path: Path, *, remedy: str | None = None) -> dict[str, torch.Tensor]:
     """Load a ``model.pt`` state_dict on CPU with ``weights_only=True``, after checking it against the size
-    and sha256 its folder's ``state.json`` recorded at save (:func:`pipeline.training.checkpoint.verify`;
+    and sha256 its folder's ``state.json`` recorded at save (:func:`pipeline.artifacts.checkpoint.verify`;
     a checkpoint without those records is refused).
 
     Args:

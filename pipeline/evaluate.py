@@ -30,17 +30,16 @@ from typing import Any
 import torch
 
 from pipeline import average
+from pipeline.artifacts import checkpoint, model_file
 from pipeline.core.config import EvaluateConfig, Params
 from pipeline.core.errors import CheckpointError, DataError
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, read_lines, refuse_foreign, write_lines
 from pipeline.data.shards import ShardSet
-from pipeline.inference import model_file
 from pipeline.inference.common import detokenize, prepare_source
 from pipeline.inference.decoding import Translator, decode_sources, load_translator
 from pipeline.inference.perplexity import perplexity
 from pipeline.inference.scoring import METRIC_KEYS, primary_bleu, score_files
-from pipeline.training import checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +141,7 @@ def checkpoint_translator(folder: Path, spm_model: str | Path, device: torch.dev
     The model is built as the average stage builds ``averaged.pt``'s: the config from ``state.json``'s
     ``config.model`` with ``spm.model``'s vocabulary (:func:`pipeline.average.transformer_config`), the
     weights from ``model.pt`` (:func:`pipeline.average.load_state_dict`), fitted by
-    :func:`pipeline.inference.model_file.build_model`.
+    :func:`pipeline.artifacts.model_file.build_model`.
 
     Args:
         folder: ``<paths.train>/step-NNNNNNNN`` with ``DONE``.

@@ -15,9 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipeline.artifacts import model_file
 from pipeline.core.config import Params
 from pipeline.core.stage import run_cli, stage_parser
-from pipeline.inference import ct2, model_file
+from pipeline.inference import ct2
 
 
 def output_dir(model_dir: str | Path) -> Path:

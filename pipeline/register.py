@@ -36,12 +36,13 @@ from typing import Any
 
 import yaml
 
+from pipeline.artifacts import model_file
 from pipeline.core import env, stages, tracking
 from pipeline.core.config import EvaluateConfig, Params
 from pipeline.core.errors import DataError
 from pipeline.core.stage import read_json, stage_main
 from pipeline.core.textio import read_lines, sha256_file
-from pipeline.inference import ct2, model_file
+from pipeline.inference import ct2
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pipeline.artifacts import checkpoint, model_file
 from pipeline.core import env, gitstate, stages
 from pipeline.core.config import Params, section_dict
 from pipeline.core.errors import ConfigError, DataError, PipelineError
 from pipeline.core.stage import read_json
 from pipeline.core.textio import sha256_file
 from pipeline.core.yamlfile import load_yaml
-from pipeline.inference import model_file
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,6 @@ def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Pat
     ``previous_audit`` is the audit.json this run replaces (its replay record is compared with now).
     """
     from pipeline.auditing.replay import replay
-    from pipeline.training import checkpoint
 
     paths = params.paths
     raw_params = section_dict(params)

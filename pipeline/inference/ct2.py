@@ -129,7 +129,7 @@ def export(model_path: str | Path, output: str | Path, quantization: str = "floa
     import sentencepiece as spm
     from ctranslate2.converters.converter import Converter
 
-    from pipeline.inference import model_file
+    from pipeline.artifacts import model_file
 
     if quantization not in QUANTIZATIONS:
         raise PipelineError(f"--quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")

@@ -19,8 +19,8 @@ import torch
 
 from model import Transformer, TransformerConfig, autocast, beam_search, best_hypothesis
 from model.config import max_length
+from pipeline.artifacts import model_file
 from pipeline.core.errors import CheckpointError
-from pipeline.inference import model_file
 from pipeline.inference.common import check_cuda, parse_device
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def resolve_device(spec: str | None, option: str = "--device") -> torch.device:
 
 
 def load_translator(path: str | Path, device: torch.device | str | None = None) -> Translator:
-    """Load an ``averaged.pt`` (:mod:`pipeline.inference.model_file`) into a model in eval mode.
+    """Load an ``averaged.pt`` (:mod:`pipeline.artifacts.model_file`) into a model in eval mode.
 
     Raises:
         CheckpointError: missing, truncated or corrupt file, or weights that do not fit the config

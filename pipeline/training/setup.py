@@ -13,13 +13,14 @@ import sentencepiece as spm
 import torch
 
 from model import Transformer, TransformerConfig
+from pipeline.artifacts import checkpoint
 from pipeline.core import env
 from pipeline.core.config import TrainConfig, section_dict
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.core.textio import sha256_file
 from pipeline.data import batching
 from pipeline.data.shards import ShardSet
-from pipeline.training import checkpoint, distributed, forward, preflight
+from pipeline.training import distributed, forward, preflight
 from pipeline.training.faults import Hooks
 from pipeline.training.logs import train_flops_per_target_token
 from pipeline.training.state import TrainState
@@ -183,6 +184,6 @@ def save(tr: Trainer, state: TrainState, run_dir: Path, run_id: str | None) -> N
                              mlflow_run_id=run_id)
         folder = checkpoint.save(run_dir, state.step, model_state=tr.model.state_dict(),
                                  optim_state=tr.optim.state_dict(), state=meta, keep_last=tr.cfg.keep_last,
-                                 hooks=tr.hooks)
+                                 at=tr.hooks.at)
         log.info("checkpoint %s", folder)
     distributed.barrier()

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from pipeline.training import checkpoint
+from pipeline.artifacts import checkpoint
 from tests.helpers.paths import REPO
 
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from model import Transformer, TransformerConfig
+from pipeline.artifacts.model_file import NAME as AVERAGED_NAME
 from pipeline.average import average_state_dicts, complete_checkpoints, stage
 from pipeline.core.config import AverageConfig
 from pipeline.core.errors import CheckpointError
-from pipeline.inference.model_file import NAME as AVERAGED_NAME
 from tests.helpers.models import TINY_MODEL, make_spm, spm_vocab_size, tiny_model, write_checkpoint
 
 
@@ -148,7 +148,7 @@ def test_corrupt_checkpoint_and_no_checkpoint_are_clear_errors(tmp_path: Path, s
 
 def _saved_checkpoint(train_dir: Path, step: int, model: Transformer) -> Path:
     """A checkpoint written by the train stage's own writer (state.json records sizes and sha256)."""
-    from pipeline.training import checkpoint
+    from pipeline.artifacts import checkpoint
 
     state = {"step": step, "config": {"model": model.cfg.to_dict(), "train": {}, "seed": 1}}
     return checkpoint.save(train_dir, step, model_state=model.state_dict(), optim_state={}, state=state,

@@ -223,7 +223,7 @@ def test_a_model_file_without_a_recorded_sha256_is_refused_not_skipped(model_fil
                                                                        key: str | None) -> None:
     import torch
 
-    from pipeline.inference import model_file as mf
+    from pipeline.artifacts import model_file as mf
 
     blob = torch.load(model_file, weights_only=True)
     weights = {name: tensor.clone() for name, tensor in blob["model"].items()}

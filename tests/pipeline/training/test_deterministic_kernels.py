@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.training import checkpoint
+from pipeline.artifacts import checkpoint
 from tests.helpers.faultutil import tensors
 from tests.helpers.train import make_workspace, run_torchrun, tiny_params
 

@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 
 from pipeline import launch
+from pipeline.artifacts import checkpoint
 from pipeline.core.errors import CheckpointError, ConfigError, PipelineError
 from pipeline.data import batching
-from pipeline.training import checkpoint, faults, preflight
+from pipeline.training import faults, preflight
 from tests.helpers import faultutil as fu
 from tests.helpers.train import make_workspace, run_inprocess, tiny_params
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.artifacts import checkpoint
 from pipeline.core import stages
 from pipeline.core.errors import CheckpointError, ConfigError, PipelineError
-from pipeline.training import checkpoint
 from tests.helpers.faultutil import tensors
 from tests.helpers.paths import REPO
 from tests.helpers.train import make_workspace, run_inprocess, run_torchrun, tiny_params

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from model import TransformerConfig
-from pipeline.core import torchfile
+from pipeline.artifacts import torchfile
 from pipeline.core.errors import CheckpointError
 from pipeline.core.textio import atomic_path
 

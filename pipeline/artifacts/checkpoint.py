@@ -9,8 +9,7 @@ place, so a crash leaves either a complete folder or nothing; a ``step-*`` folde
 after the fact (a full disk, a copy cut short, bit rot) is named before unpickling, and a ``state.json``
 without those records (an older writer, or an edit) is refused rather than skipped. A disk that fills
 up during the save is one :class:`OutputError` naming the file and the checkpoint a rerun resumes from.
-Everything is loaded with ``torch.load(weights_only=True)``. Fault-injection points
-(:mod:`pipeline.training.faults`): ``before_save``, ``mid_save``, ``after_save``.
+Everything is loaded with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -21,15 +20,15 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipeline.core import torchfile
+from pipeline.artifacts import torchfile
 from pipeline.core.errors import CheckpointError, OutputError
 from pipeline.core.textio import atomic_path, sha256_file
-from pipeline.training.hooks import Hooks
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +100,11 @@ def _fsync(path: Path) -> None:
 
 
 def save(run_dir: str | Path, step: int, *, model_state: dict[str, torch.Tensor], optim_state: dict[str, Any],
-         state: dict[str, Any], keep_last: int, hooks: Hooks | None = None) -> Path:
+         state: dict[str, Any], keep_last: int, at: Callable[[str, int], None] | None = None) -> Path:
     """Write checkpoint ``step`` atomically, then prune to the newest ``keep_last`` complete ones.
 
-    Call on rank 0 only. An existing complete folder for ``step`` is left as it is. ``hooks`` are
-    reached at ``before_save``, ``mid_save`` and ``after_save`` (fault-injection tests).
+    Call on rank 0 only. An existing complete folder for ``step`` is left as it is. ``at(point, step)`` is
+    called at ``before_save``, ``mid_save`` and ``after_save`` (fault injection: pipeline/training/faults.py).
 
     Returns:
         The checkpoint folder.
@@ -113,14 +112,14 @@ def save(run_dir: str | Path, step: int, *, model_state: dict[str, torch.Tensor]
     final = step_dir(run_dir, step)
     if (final / DONE).is_file():
         return final
-    hooks = hooks or Hooks()
-    hooks.at("before_save", step)
+    at = at or (lambda point, step: None)
+    at("before_save", step)
     with atomic_path(final) as tmp:
         tmp.mkdir()
         writing = MODEL
         try:
             torch.save(unwrap_state_dict(model_state), tmp / MODEL)
-            hooks.at("mid_save", step)
+            at("mid_save", step)
             writing = OPTIM
             torch.save(optim_state, tmp / OPTIM)
             files = {name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
@@ -139,7 +138,7 @@ def save(run_dir: str | Path, step: int, *, model_state: dict[str, torch.Tensor]
             # Raised inside atomic_path: the temporary folder is deleted, no step folder appears.
             raise OutputError(_disk_full_message(final / writing)) from None
     _fsync_dir(final.parent)
-    hooks.at("after_save", step)
+    at("after_save", step)
     prune(run_dir, keep_last)
     return final
 

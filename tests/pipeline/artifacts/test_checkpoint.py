@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pipeline.core.errors import CheckpointError
-from pipeline.training import checkpoint
+from pipeline.artifacts import checkpoint
 
 CONFIG = {"model": {"d_model": 16, "n_layers": 1, "vocab_size": 60}, "train": {"lr_scale": 1.0, "max_steps": 10},
           "seed": 1}
@@ -223,7 +223,7 @@ FSIZE_SCRIPT = r"""
 import resource, signal, sys
 import torch
 from pipeline.core.errors import PipelineError
-from pipeline.training import checkpoint
+from pipeline.artifacts import checkpoint
 run = sys.argv[1]
 state = {"step": 1, "config": {}, "shards_sha256": "abc"}
 checkpoint.save(run, 1, model_state={"w": torch.zeros(10)}, optim_state={}, state=state, keep_last=5)
