@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from pipeline import average
 from pipeline.artifacts import checkpoint, model_file
 from pipeline.core.config import EvaluateConfig, Params
 from pipeline.core.errors import CheckpointError, DataError
@@ -139,8 +138,8 @@ def checkpoint_translator(folder: Path, spm_model: str | Path, device: torch.dev
     """A training checkpoint folder and the run's BPE model as a :class:`Translator` in eval mode.
 
     The model is built as the average stage builds ``averaged.pt``'s: the config from ``state.json``'s
-    ``config.model`` with ``spm.model``'s vocabulary (:func:`pipeline.average.transformer_config`), the
-    weights from ``model.pt`` (:func:`pipeline.average.load_state_dict`), fitted by
+    ``config.model`` with ``spm.model``'s vocabulary (:func:`pipeline.artifacts.model_file.checkpoint_config`),
+    the weights from ``model.pt`` (:func:`pipeline.artifacts.checkpoint.load_state_dict`), fitted by
     :func:`pipeline.artifacts.model_file.build_model`.
 
     Args:
@@ -162,9 +161,9 @@ def checkpoint_translator(folder: Path, spm_model: str | Path, device: torch.dev
         raise DataError(f"{spm_path}: not found; run `dvc repro bpe`") from None
     except (TypeError, ValueError, RuntimeError) as exc:
         raise DataError(f"{spm_path}: not a SentencePiece model ({exc}); rerun `dvc repro bpe`") from None
-    config = average.transformer_config(checkpoint.read_state(folder), sp.get_piece_size(), folder / checkpoint.STATE)
+    config = model_file.checkpoint_config(folder, sp.get_piece_size())
     weights_path = folder / checkpoint.MODEL
-    mf = model_file.ModelFile(weights=average.load_state_dict(weights_path), config=config, spm=spm_bytes)
+    mf = model_file.ModelFile(weights=checkpoint.load_state_dict(folder), config=config, spm=spm_bytes)
     model = model_file.build_model(mf, weights_path, remedy=f"was it trained with {spm_path}? If not, point "
                                    "paths.bpe at the run's BPE model or retrain (`dvc repro train`)")
     device = torch.device(device)

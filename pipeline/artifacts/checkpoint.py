@@ -14,6 +14,7 @@ Everything is loaded with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -35,9 +36,6 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^step-(\d{8})$")
 _PREFIXES = ("module.", "_orig_mod.")
 MODEL, OPTIM, STATE, DONE = "model.pt", "optim.pt", "state.json", "DONE"
-# train keys that never change the trajectory: resuming with other values is allowed.
-RESUMABLE_TRAIN_KEYS = frozenset({"max_steps", "max_epochs", "max_minutes", "save_every_steps", "keep_last",
-                                  "valid_every_steps", "log_every_steps"})
 
 
 def step_dir(run_dir: str | Path, step: int) -> Path:
@@ -82,16 +80,12 @@ def clean_incomplete(run_dir: str | Path) -> list[Path]:
 
 def unwrap_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Strip DDP's ``module.`` and torch.compile's ``_orig_mod.`` prefixes from every key."""
-    out = {}
-    for key, value in state.items():
-        changed = True
-        while changed:
-            changed = False
-            for prefix in _PREFIXES:
-                if key.startswith(prefix):
-                    key, changed = key[len(prefix):], True
-        out[key] = value
-    return out
+    def unwrap(key: str) -> str:
+        while key.startswith(_PREFIXES):  # each prefix is one dotted component
+            key = key.split(".", 1)[1]
+        return key
+
+    return {unwrap(key): value for key, value in state.items()}
 
 
 def _fsync(path: Path) -> None:
@@ -171,16 +165,12 @@ def _disk_full_message(path: Path) -> str:
 
 def _fsync_dir(folder: Path) -> None:
     """Make a rename inside ``folder`` durable (POSIX; a no-op where directories cannot be opened)."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def prune(run_dir: str | Path, keep_last: int) -> list[Path]:
@@ -194,47 +184,66 @@ def prune(run_dir: str | Path, keep_last: int) -> list[Path]:
     return old
 
 
+def _require_done(folder: Path) -> None:
+    if not (folder / DONE).is_file():
+        raise CheckpointError(f"{folder}: no {DONE} marker; the checkpoint is incomplete and cannot be loaded")
+
+
 def read_state(folder: str | Path) -> dict[str, Any]:
     """``state.json`` of a complete checkpoint folder."""
     folder = Path(folder)
-    if not (folder / DONE).is_file():
-        raise CheckpointError(f"{folder}: no {DONE} marker; the checkpoint is incomplete and cannot be loaded")
+    _require_done(folder)
     try:
         return json.loads((folder / STATE).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{folder / STATE}: unreadable ({exc}); {corrupt_remedy(folder)}") from None
 
 
-def corrupt_remedy(folder: Path) -> str:
-    """What to do about a corrupt complete checkpoint: delete it, naming the one the run then resumes from (the
-    newest of the others: training always resumes from the newest complete checkpoint)."""
-    others = [p for _, p in complete_checkpoints(folder.parent) if p != folder]
-    then = f"from {others[-1].name}" if others else "from scratch (it is the only checkpoint)"
-    return f"delete the folder {folder} (or move it away) and rerun to resume {then}"
+def corrupt_remedy(folder: Path, average_window: int | None = None) -> str:
+    """What to do about a corrupt complete checkpoint: delete it, and what a rerun then does.
+
+    Args:
+        folder: the corrupt checkpoint folder.
+        average_window: None for training, which resumes from the newest other checkpoint (named); for
+            averaging, its ``last_n``: the remedy names the checkpoints a rerun of ``average`` then averages.
+    """
+    others = [p.name for _, p in complete_checkpoints(folder.parent) if p != folder]
+    delete = f"delete the folder {folder} (or move it away)"
+    if average_window is None:
+        return f"{delete} and rerun to resume " + (f"from {others[-1]}" if others else
+                                                    "from scratch (it is the only checkpoint)")
+    if not others:
+        return f"{delete} and retrain (`dvc repro train`): it is the only complete checkpoint"
+    return f"{delete} and rerun `dvc repro average`: it then averages {', '.join(others[-average_window:])}"
 
 
-def load_tensors(folder: str | Path, name: str, device: torch.device | str = "cpu") -> dict[str, Any]:
+def load_tensors(folder: str | Path, name: str, device: torch.device | str = "cpu", *,
+                 remedy: str | None = None) -> dict[str, Any]:
     """``model.pt`` or ``optim.pt`` of a complete folder, checked by :func:`verify`, then loaded with
-    ``weights_only=True``."""
+    ``weights_only=True``; ``remedy`` ends any error (default: :func:`corrupt_remedy` for training)."""
     folder = Path(folder)
-    if not (folder / DONE).is_file():
-        raise CheckpointError(f"{folder}: no {DONE} marker; the checkpoint is incomplete and cannot be loaded")
-    verify(folder, name)
+    _require_done(folder)
+    remedy = remedy or corrupt_remedy(folder)
+    verify(folder, name, remedy=remedy)
     return torchfile.load(folder / name, map_location=device, what="cannot be loaded with weights_only=True",
-                          remedy=corrupt_remedy(folder))
+                          remedy=remedy)
 
 
-def recorded_file(folder: str | Path, name: str, *, remedy: str | None = None) -> tuple[int, str]:
-    """The byte size and sha256 of ``folder/name`` that ``state.json`` recorded at save (``files.<name>``).
+def load_state_dict(folder: str | Path, *, remedy: str | None = None) -> dict[str, torch.Tensor]:
+    """``model.pt`` of a complete folder on CPU (:func:`load_tensors`), checked to be a state_dict of tensors.
 
     Raises:
-        CheckpointError: ``state.json`` unreadable, or no ``files.<name>.bytes`` integer or
-            ``files.<name>.sha256`` string (a checkpoint from before sizes and hashes were recorded, or an
-            edited ``state.json``): one line naming the file, the key and ``remedy`` (default: delete the
-            folder and resume from the newest other checkpoint).
+        CheckpointError: as :func:`load_tensors`, or a file that holds anything but tensors.
     """
-    folder = Path(folder)
-    remedy = remedy or corrupt_remedy(folder)
+    state = load_tensors(folder, MODEL, remedy=remedy)
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{Path(folder) / MODEL}: not a state_dict of tensors; was it written by the train "
+                              "stage?")
+    return state
+
+
+def _recorded(folder: Path, name: str, remedy: str) -> tuple[int, str]:
+    """The byte size and sha256 of ``folder/name`` that ``state.json`` recorded at save (``files.<name>``)."""
     try:
         state = json.loads((folder / STATE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -255,20 +264,15 @@ def verify(folder: str | Path, name: str, *, remedy: str | None = None) -> None:
 
     A file shorter than recorded is named as truncated, one of another size or other bytes (bit rot,
     a bad copy, an edit) as not matching. A ``state.json`` without both records for ``name`` (from before
-    hashes were recorded, or edited) is refused too: a missing digest never skips the check.
-
-    Args:
-        folder: the checkpoint folder.
-        name: ``model.pt`` or ``optim.pt``.
-        remedy: what the message tells the user to do (default: delete the folder and resume from the
-            newest other checkpoint).
+    hashes were recorded, or edited) is refused too: a missing digest never skips the check. ``remedy`` ends
+    every message (default: :func:`corrupt_remedy` for training).
 
     Raises:
         CheckpointError: one line naming the file (or ``state.json`` and the key), what is wrong and the remedy.
     """
     folder = Path(folder)
     remedy = remedy or corrupt_remedy(folder)
-    size, digest = recorded_file(folder, name, remedy=remedy)
+    size, digest = _recorded(folder, name, remedy)
     try:
         actual = (folder / name).stat().st_size
     except OSError:
@@ -282,41 +286,3 @@ def verify(folder: str | Path, name: str, *, remedy: str | None = None) -> None:
     if sha256_file(folder / name) != digest:
         raise CheckpointError(f"{folder / name}: content does not match the sha256 recorded at save (bit rot, a "
                               f"bad copy or an edit?); {remedy}")
-
-
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            out.update(_flat(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: data}
-
-
-def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Dotted keys whose values differ between two resolved configs, as ``key: saved -> current`` lines.
-
-    ``train`` keys in :data:`RESUMABLE_TRAIN_KEYS` (stopping, saving, logging cadence) are ignored.
-    """
-    a, b = _flat(saved), _flat(current)
-    ignored = {f"train.{k}" for k in RESUMABLE_TRAIN_KEYS}
-    keys = sorted((set(a) | set(b)) - ignored)
-    return [f"{k}: checkpoint {a.get(k, '<absent>')!r}, now {b.get(k, '<absent>')!r}"
-            for k in keys if a.get(k, "<absent>") != b.get(k, "<absent>")]
-
-
-def check_resumable(folder: Path, state: dict[str, Any], *, config: dict[str, Any], shards_sha256: str) -> None:
-    """Refuse to resume from ``folder`` under another configuration or other shards.
-
-    Raises:
-        CheckpointError: naming every differing key and the remedy.
-    """
-    diffs = config_differences(state.get("config", {}), config)
-    if state.get("shards_sha256") != shards_sha256:
-        diffs.append(f"shards manifest sha256: checkpoint {state.get('shards_sha256')!r}, now {shards_sha256!r}")
-    if diffs:
-        listing = "\n".join(f"  - {d}" for d in diffs)
-        raise CheckpointError(
-            f"{folder}: cannot resume, the run was started with another configuration or data:\n{listing}\n"
-            f"Restore those params (git checkout params.yaml / the shards) to continue this run, or move "
-            f"{folder.parent} away to start a new one.")

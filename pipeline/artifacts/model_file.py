@@ -2,8 +2,8 @@
 
 The file holds ``{"model": state_dict, "config": TransformerConfig as dict, "spm": spm.model bytes,
 "sha256": digest}`` and loads with ``torch.load(weights_only=True)``. The average stage :func:`save`\\ s
-it; decoding, ``nmt translate``, the MLflow translator, register and the audit :func:`load` or
-:func:`describe` it.
+it, with the config of its newest checkpoint (:func:`checkpoint_config`); decoding, ``nmt translate``, the
+MLflow translator, register and the audit :func:`load` or :func:`describe` it.
 
 ``sha256`` is the digest of the contents (:func:`content_sha256`: every tensor's name, dtype, shape and
 bytes, the config as sorted JSON, the BPE model), recorded at save and checked at every read, so bytes
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from model import TransformerConfig
-from pipeline.artifacts import torchfile
+from pipeline.artifacts import checkpoint, torchfile
 from pipeline.core.errors import CheckpointError
 from pipeline.core.textio import atomic_path
 
@@ -118,6 +118,30 @@ def verify(path: str | Path) -> None:
         CheckpointError: as :func:`load`.
     """
     _read(Path(path), mmap=True)
+
+
+def checkpoint_config(folder: str | Path, vocab_size: int) -> TransformerConfig:
+    """The config of the model in a checkpoint folder: ``state.json``'s ``config.model`` with the vocabulary
+    size of ``spm.model`` (``averaged.pt`` takes it from the newest checkpoint averaged).
+
+    Raises:
+        CheckpointError: ``state.json`` unreadable or without a ``config.model`` section, a vocabulary size
+            other than ``vocab_size``, or a config the model rejects.
+    """
+    state, where = checkpoint.read_state(folder), Path(folder) / checkpoint.STATE
+    section = (state.get("config") or {}).get("model") if isinstance(state, dict) else None
+    if not isinstance(section, dict):
+        raise CheckpointError(f"{where}: no 'config.model' section; was it written by the train stage?")
+    saved = section.get("vocab_size", vocab_size)
+    if saved != vocab_size:
+        raise CheckpointError(f"{where}: the model was trained with vocabulary size {saved}, but spm.model has "
+                              f"{vocab_size} pieces; use the BPE model the run was trained with")
+    known = set(TransformerConfig.__dataclass_fields__)
+    try:
+        return TransformerConfig.from_dict({**{k: v for k, v in section.items() if k in known},
+                                            "vocab_size": vocab_size})
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{where}: its model config is not valid for this code: {exc}") from None
 
 
 def build_model(mf: ModelFile, path: str | Path, *, remedy: str = REMEDY) -> torch.nn.Module:

@@ -16,7 +16,7 @@ from model import Transformer, TransformerConfig
 from pipeline.artifacts import checkpoint
 from pipeline.core import env
 from pipeline.core.config import TrainConfig, section_dict
-from pipeline.core.errors import ConfigError, DataError
+from pipeline.core.errors import CheckpointError, ConfigError, DataError
 from pipeline.core.textio import sha256_file
 from pipeline.data import batching
 from pipeline.data.shards import ShardSet
@@ -26,6 +26,10 @@ from pipeline.training.logs import train_flops_per_target_token
 from pipeline.training.state import TrainState
 
 log = logging.getLogger(__name__)
+
+# train keys that never change the trajectory: resuming with other values is allowed.
+RESUMABLE_TRAIN_KEYS = frozenset({"max_steps", "max_epochs", "max_minutes", "save_every_steps", "keep_last",
+                                  "valid_every_steps", "log_every_steps"})
 
 
 @dataclass
@@ -147,6 +151,45 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
                    flops_per_token=flops, hooks=hooks, loss=loss)
 
 
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``."""
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: data}
+
+
+def _config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between two resolved configs, as ``key: saved -> current`` lines.
+
+    ``train`` keys in :data:`RESUMABLE_TRAIN_KEYS` (stopping, saving, logging cadence) are ignored.
+    """
+    a, b = _flat(saved), _flat(current)
+    ignored = {f"train.{k}" for k in RESUMABLE_TRAIN_KEYS}
+    keys = sorted((set(a) | set(b)) - ignored)
+    return [f"{k}: checkpoint {a.get(k, '<absent>')!r}, now {b.get(k, '<absent>')!r}"
+            for k in keys if a.get(k, "<absent>") != b.get(k, "<absent>")]
+
+
+def check_resumable(folder: Path, state: dict[str, Any], *, config: dict[str, Any], shards_sha256: str) -> None:
+    """Refuse to resume from ``folder`` under another configuration or other shards.
+
+    Raises:
+        CheckpointError: naming every differing key and the remedy.
+    """
+    diffs = _config_differences(state.get("config", {}), config)
+    if state.get("shards_sha256") != shards_sha256:
+        diffs.append(f"shards manifest sha256: checkpoint {state.get('shards_sha256')!r}, now {shards_sha256!r}")
+    if diffs:
+        listing = "\n".join(f"  - {d}" for d in diffs)
+        raise CheckpointError(
+            f"{folder}: cannot resume, the run was started with another configuration or data:\n{listing}\n"
+            f"Restore those params (git checkout params.yaml / the shards) to continue this run, or move "
+            f"{folder.parent} away to start a new one.")
+
+
 def resume(tr: Trainer, run_dir: Path) -> tuple[TrainState, str | None, int | None]:
     """Load the newest complete checkpoint (if any).
 
@@ -165,7 +208,7 @@ def resume(tr: Trainer, run_dir: Path) -> tuple[TrainState, str | None, int | No
     if folder is None:
         return TrainState(), None, None
     saved = checkpoint.read_state(folder)
-    checkpoint.check_resumable(folder, saved, config=tr.config, shards_sha256=tr.shards_sha256)
+    check_resumable(folder, saved, config=tr.config, shards_sha256=tr.shards_sha256)
     tr.model.load_state_dict(checkpoint.load_tensors(folder, checkpoint.MODEL))
     tr.optim.load_state_dict(checkpoint.load_tensors(folder, checkpoint.OPTIM))
     if saved["world_size"] != tr.ctx.world_size:

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from model import Transformer, TransformerConfig
+from pipeline.artifacts.averaging import average_state_dicts
 from pipeline.artifacts.model_file import NAME as AVERAGED_NAME
-from pipeline.average import average_state_dicts, complete_checkpoints, stage
+from pipeline.average import stage
 from pipeline.core.config import AverageConfig
 from pipeline.core.errors import CheckpointError
 from tests.helpers.models import TINY_MODEL, make_spm, spm_vocab_size, tiny_model, write_checkpoint
@@ -66,8 +67,7 @@ def test_integer_buffers_come_from_the_newest_and_floats_are_averaged_in_fp32(tm
            "mask": torch.tensor([True, False])}
     new = {"w": torch.tensor([2.0, 3.0], dtype=torch.bfloat16), "n": torch.tensor([7, 9]),
            "mask": torch.tensor([False, True])}
-    avg = average_state_dicts([write_checkpoint(tmp_path, 1, old) / "model.pt",
-                               write_checkpoint(tmp_path, 2, new) / "model.pt"])
+    avg = average_state_dicts([write_checkpoint(tmp_path, 1, old), write_checkpoint(tmp_path, 2, new)])
     assert avg["w"].dtype == torch.bfloat16
     assert avg["w"].tolist() == [1.5, 2.5]
     assert avg["n"].tolist() == [7, 9] and avg["n"].dtype == torch.int64
@@ -85,15 +85,6 @@ def test_fewer_checkpoints_than_last_n_uses_what_exists_and_says_so(tmp_path: Pa
     assert metrics["requested"] == 5 and metrics["used"] == 1 and metrics["fewer_than_requested"]
     for key in a:
         assert torch.equal(out["model"][key], a[key])
-
-
-def test_checkpoints_are_ordered_by_step_not_by_name(tmp_path: Path) -> None:
-    for step in (900, 10000, 50):
-        (tmp_path / f"step-{step:08d}").mkdir()
-        (tmp_path / f"step-{step:08d}" / "DONE").touch()
-    (tmp_path / "step-00000007").mkdir()  # no DONE
-    (tmp_path / "other").mkdir()
-    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000050", "step-00000900", "step-00010000"]
 
 
 @pytest.mark.parametrize(("change", "message"), [
