@@ -122,6 +122,17 @@ def test_subpackages_import_only_what_they_may(path: Path) -> None:
             f"{path.relative_to(REPO)} imports the stage entry point {name}"
 
 
+_STAGE_MODULES = sorted(p for p in (REPO / "pipeline").glob("*.py") if p.name not in ("__init__.py", "cli.py"))
+
+
+@pytest.mark.parametrize("path", _STAGE_MODULES, ids=lambda p: p.name)
+def test_no_stage_module_imports_another(path: Path) -> None:
+    others = {f"pipeline.{p.stem}" for p in _STAGE_MODULES if p != path}
+    found = sorted(others & _runtime_imports(path, type_checking=True))
+    assert not found, f"{path.relative_to(REPO)} imports the stage module(s) {found}: what stages share belongs " \
+                      "in a subpackage (pipeline/artifacts/ for file formats)"
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """A cycle of ``graph`` (module -> modules it imports) as a path ``[a, b, ..., a]``, or None."""
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
