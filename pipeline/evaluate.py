@@ -1,17 +1,10 @@
 """Stage ``evaluate``: decode valid and test with the averaged model and score against the raw references.
 
-Beam size and α are chosen on the valid set only, the test set is then decoded once with the chosen (beam, α)
-(:mod:`pipeline.inference.evaluation`). Hypotheses are scored against the untouched
-``<paths.raw>/{valid,test}.de`` (never cleaned or BPE-decoded text) with sacreBLEU's five figures and the
-paper's tokenized, compound-split BLEU (:mod:`pipeline.inference.scoring`). Every line of both sets is kept:
-an empty source gives an empty hypothesis line.
-
-Beside the averaged model, the newest complete training checkpoint of ``paths.train`` (no averaging)
-decodes valid once at the chosen (beam, α) into ``valid.newest.hyp.de``, and both models get the
-valid set's teacher-forced per-token perplexity (:mod:`pipeline.inference.perplexity`): the paper's
-Table 3 reports newstest2013 BLEU and perplexity of single models without checkpoint averaging, so
-the audit compares ``valid_newest`` with it, and a newest checkpoint that beats the average is logged
-as a warning.
+Beam size and α are chosen on valid only, test is decoded once with the chosen pair
+(:mod:`pipeline.inference.evaluation`). The newest complete training checkpoint (no averaging) decodes valid
+once at that pair into ``valid.newest.hyp.de``, and both models get the valid set's teacher-forced perplexity:
+the paper's Table 3 reports newstest2013 BLEU and perplexity of single models without checkpoint averaging, so
+the audit compares ``valid_newest`` with it; a newest checkpoint that beats the average is a warning.
 """
 
 from __future__ import annotations

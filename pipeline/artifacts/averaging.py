@@ -47,21 +47,15 @@ def choose(train_dir: str | Path, last_n: int) -> tuple[list[Path], list[Path]]:
 def _check_same_layout(ref: dict[str, torch.Tensor], ref_path: Path, other: dict[str, torch.Tensor],
                        path: Path) -> None:
     """Raise naming ``path`` and the first offending key if ``other`` differs in keys, shapes or dtypes."""
-    missing = sorted(set(ref) - set(other))
-    extra = sorted(set(other) - set(ref))
-    if missing:
-        raise CheckpointError(f"{path}: key {missing[0]!r} is missing (present in {ref_path}); "
-                              "the checkpoints come from different models: average a consistent run")
-    if extra:
-        raise CheckpointError(f"{path}: unexpected key {extra[0]!r} (absent from {ref_path}); "
-                              "the checkpoints come from different models: average a consistent run")
+    fix = "the checkpoints come from different models: average a consistent run"
+    if missing := sorted(set(ref) - set(other)):
+        raise CheckpointError(f"{path}: key {missing[0]!r} is missing (present in {ref_path}); {fix}")
+    if extra := sorted(set(other) - set(ref)):
+        raise CheckpointError(f"{path}: unexpected key {extra[0]!r} (absent from {ref_path}); {fix}")
     for key, tensor in ref.items():
         if other[key].shape != tensor.shape or other[key].dtype != tensor.dtype:
-            raise CheckpointError(
-                f"{path}: key {key!r} has shape {list(other[key].shape)} {other[key].dtype} but "
-                f"{list(tensor.shape)} {tensor.dtype} in {ref_path}; the checkpoints come from different "
-                "models: average a consistent run"
-            )
+            raise CheckpointError(f"{path}: key {key!r} has shape {list(other[key].shape)} {other[key].dtype} but "
+                                  f"{list(tensor.shape)} {tensor.dtype} in {ref_path}; {fix}")
 
 
 def average_state_dicts(folders: list[Path]) -> dict[str, torch.Tensor]:
@@ -76,12 +70,11 @@ def average_state_dicts(folders: list[Path]) -> dict[str, torch.Tensor]:
     """
     if not folders:
         raise CheckpointError("no checkpoints to average")
-    paths = [folder / checkpoint.MODEL for folder in folders]
     first = checkpoint.load_state_dict(folders[0], remedy=checkpoint.corrupt_remedy(folders[0], len(folders)))
     sums = {k: v.to(torch.float32, copy=True) if v.is_floating_point() else v for k, v in first.items()}
-    for folder, path in zip(folders[1:], paths[1:]):
+    for folder in folders[1:]:
         state = checkpoint.load_state_dict(folder, remedy=checkpoint.corrupt_remedy(folder, len(folders)))
-        _check_same_layout(first, paths[0], state, path)
+        _check_same_layout(first, folders[0] / checkpoint.MODEL, state, folder / checkpoint.MODEL)
         for key, value in state.items():
             sums[key] = sums[key].add_(value.to(torch.float32)) if value.is_floating_point() else value
     n = float(len(folders))

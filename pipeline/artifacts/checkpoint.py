@@ -200,13 +200,8 @@ def read_state(folder: str | Path) -> dict[str, Any]:
 
 
 def corrupt_remedy(folder: Path, average_window: int | None = None) -> str:
-    """What to do about a corrupt complete checkpoint: delete it, and what a rerun then does.
-
-    Args:
-        folder: the corrupt checkpoint folder.
-        average_window: None for training, which resumes from the newest other checkpoint (named); for
-            averaging, its ``last_n``: the remedy names the checkpoints a rerun of ``average`` then averages.
-    """
+    """What to do about a corrupt complete checkpoint: delete it; training then resumes from the newest other one,
+    or with ``average_window`` (``average.last_n``) the remedy names what a rerun of ``average`` then averages."""
     others = [p.name for _, p in complete_checkpoints(folder.parent) if p != folder]
     delete = f"delete the folder {folder} (or move it away)"
     if average_window is None:

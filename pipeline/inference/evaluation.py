@@ -1,10 +1,10 @@
-"""What the evaluate stage does with a model: its inputs checked, the (beam, α) grid on valid, scored decodes.
+"""The evaluate stage's work: its inputs checked, the (beam, α) grid on valid, scored decodes.
 
-Beam size and α are chosen on the valid set only (:func:`choose_on_valid`): one decode per beam size, every
-α re-ranked from its finished set, valid BLEU (13a cased) for the whole grid; the test set is then decoded
-once with the chosen (beam, α). Hypotheses are detokenised with the model's own SentencePiece model and
-scored against the untouched references (:mod:`pipeline.inference.scoring`). The newest training checkpoint
-is decoded as a model of its own (:func:`newest_checkpoint`, :func:`checkpoint_translator`).
+One decode per beam size, every α re-ranked from its finished set, valid BLEU (13a cased) for the whole grid
+(:func:`choose_on_valid`). Hypotheses are detokenised with the model's own SentencePiece model and scored
+against the untouched ``<paths.raw>/{valid,test}.de`` (never cleaned or BPE-decoded text) with sacreBLEU's
+five figures and the paper's tokenized, compound-split BLEU (:mod:`pipeline.inference.scoring`). Every line
+is kept: an empty source gives an empty hypothesis line.
 """
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ class EvalSet:
     refs: list[str]
 
 
-def load_sources(shards_dir: str | Path, split: str, translator: Translator) -> tuple[list[list[int]], int]:
-    """Model sources of a valid/test split, in line order, and how many were truncated.
+def load_set(shards_dir: str | Path, raw_dir: str | Path, split: str, translator: Translator) -> EvalSet:
+    """A split's model sources for ``translator`` (line order) and its references ``<raw_dir>/<split>.de``.
 
     Raises:
-        DataError: shards from another BPE model, or a split that lost lines (ids not 0..n-1).
+        DataError: shards from another BPE model, a split that lost lines (ids not 0..n-1), or a reference
+            file missing or of another line count.
     """
     shards = ShardSet(shards_dir, split)
     actual = hashlib.sha256(translator.spm_bytes).hexdigest()
@@ -68,16 +69,6 @@ def load_sources(shards_dir: str | Path, split: str, translator: Translator) -> 
     if truncated:
         log.warning("%s: %d source(s) longer than max_positions %d were truncated", split, truncated,
                     translator.config.max_positions)
-    return sources, truncated
-
-
-def load_set(shards_dir: str | Path, raw_dir: str | Path, split: str, translator: Translator) -> EvalSet:
-    """A split's sources for ``translator`` and its references ``<raw_dir>/<split>.de``, line for line.
-
-    Raises:
-        DataError: as :func:`load_sources`, or a reference file missing or of another line count.
-    """
-    sources, truncated = load_sources(shards_dir, split, translator)
     ref_path = Path(raw_dir) / f"{split}.{TARGET_LANG}"
     if not ref_path.is_file():
         raise DataError(f"{ref_path}: reference missing; run `dvc repro download`")
@@ -137,11 +128,8 @@ def decode_and_score(cfg: EvaluateConfig, translator: Translator, data: EvalSet,
 
 def evaluate_averaged(cfg: EvaluateConfig, translator: Translator, valid: EvalSet, test: EvalSet,
                       hyp_paths: dict[str, Path]) -> dict[str, Any]:
-    """The grid on valid, test at the chosen (beam, α); writes ``hyp_paths["valid"]`` and ``["test"]``.
-
-    Returns:
-        ``valid`` and ``test`` (every figure and signature), ``grid``, ``chosen`` and ``device``.
-    """
+    """The grid on valid, test at the chosen (beam, α); writes ``hyp_paths["valid"]`` and ``["test"]``; returns
+    ``valid`` and ``test`` (every figure and signature), ``grid``, ``chosen`` and ``device``."""
     grid, chosen, valid_text = choose_on_valid(cfg, translator, valid.sources, valid.refs)
     beam, alpha = chosen["beam"], chosen["alpha"]
     write_lines(hyp_paths["valid"], valid_text)
@@ -174,17 +162,9 @@ def newest_checkpoint(train_dir: str | Path) -> tuple[int, Path]:
 
 
 def checkpoint_translator(folder: Path, spm_model: str | Path, device: torch.device | str = "cpu") -> Translator:
-    """A training checkpoint folder and the run's BPE model as a :class:`Translator` in eval mode.
-
-    The model is built as the average stage builds ``averaged.pt``'s: the config from ``state.json``'s
-    ``config.model`` with ``spm.model``'s vocabulary (:func:`pipeline.artifacts.model_file.checkpoint_config`),
-    the weights from ``model.pt`` (:func:`pipeline.artifacts.checkpoint.load_state_dict`), fitted by
-    :func:`pipeline.artifacts.model_file.build_model`.
-
-    Args:
-        folder: ``<paths.train>/step-NNNNNNNN`` with ``DONE``.
-        spm_model: ``<paths.bpe>/spm.model``.
-        device: where the model goes.
+    """A training checkpoint folder (``step-NNNNNNNN`` with ``DONE``) and the run's BPE model (``spm_model``) as a
+    :class:`Translator` in eval mode on ``device``, built as ``averaged.pt``'s model is
+    (:func:`pipeline.artifacts.model_file.checkpoint_config`, :func:`pipeline.artifacts.model_file.build_model`).
 
     Raises:
         CheckpointError: incomplete folder, unreadable ``state.json``/``model.pt``, or weights, config and

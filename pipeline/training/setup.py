@@ -152,7 +152,6 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``."""
     if isinstance(data, dict):
         out: dict[str, Any] = {}
         for key, value in data.items():
@@ -162,10 +161,7 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Dotted keys whose values differ between two resolved configs, as ``key: saved -> current`` lines.
-
-    ``train`` keys in :data:`RESUMABLE_TRAIN_KEYS` (stopping, saving, logging cadence) are ignored.
-    """
+    """``key: checkpoint X, now Y`` for each dotted key that differs, but :data:`RESUMABLE_TRAIN_KEYS`."""
     a, b = _flat(saved), _flat(current)
     ignored = {f"train.{k}" for k in RESUMABLE_TRAIN_KEYS}
     keys = sorted((set(a) | set(b)) - ignored)
