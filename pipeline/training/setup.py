@@ -161,7 +161,7 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``key: checkpoint X, now Y`` for each dotted key that differs, but :data:`RESUMABLE_TRAIN_KEYS`."""
+    """``key: checkpoint X, now Y`` for each differing dotted key (:data:`RESUMABLE_TRAIN_KEYS` aside)."""
     a, b = _flat(saved), _flat(current)
     ignored = {f"train.{k}" for k in RESUMABLE_TRAIN_KEYS}
     keys = sorted((set(a) | set(b)) - ignored)
