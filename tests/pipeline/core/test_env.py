@@ -249,7 +249,7 @@ def test_stage_modules_read_the_table(monkeypatch: pytest.MonkeyPatch, tmp_path:
 
 def test_download_reads_the_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from pipeline.core.config import DownloadConfig
-    from pipeline.download import FetchEnv
+    from pipeline.data.locate import FetchEnv
 
     cfg = DownloadConfig(dataset="multi30k", retries=1, timeout_s=5.0)
     monkeypatch.setenv("NMT_DATA_MIRROR", f"file://{tmp_path}")
