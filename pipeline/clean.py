@@ -18,8 +18,7 @@ from pipeline.core.config import CleanConfig, Params
 from pipeline.core.errors import DataError
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, count_lines
-from pipeline.data.filters import clean_split
-from pipeline.data.sources import LANGS, SPLITS
+from pipeline.data.filters import LANGS, SPLITS, clean_split
 from pipeline.data.workers import data_workers
 
 

@@ -24,11 +24,12 @@ from pipeline.core.errors import DataError
 from pipeline.core.textio import line_offsets, read_line_block
 from pipeline.data.dedup import DigestSet, pair_digest
 from pipeline.data.normalize import normalize
-from pipeline.data.sources import LANGS
 from pipeline.data.workers import process_pool
 
 log = logging.getLogger(__name__)
 
+SPLITS = ("train", "valid", "test")  # as in pipeline.data.sources, not imported: its tables are no dep of clean
+LANGS = ("en", "de")
 RULES = ("empty", "too_short", "too_long", "ratio", "copy", "duplicate")
 BLOCK_ROWS = 65536  # pairs per block: one task of a worker, ~10-20 MB of text
 _LOG_EVERY_S = 10.0
