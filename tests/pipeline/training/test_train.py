@@ -1,6 +1,6 @@
 """The training stage: one process vs two (gloo) processes, crash + resume, bad runs stop cleanly.
 
-Shards are written with pyarrow in the encode stage's shard schema (pipeline/encode.py) (a copy task on random ids), the BPE
+Shards are written with pyarrow in the encode stage's shard schema (pipeline/data/sharding.py) (a copy task on random ids), the BPE
 model is a real tiny SentencePiece model (its piece count is the vocabulary size).
 """
 
