@@ -1,43 +1,16 @@
-"""torchrun's command line for this node, from the ``NMT_*`` environment (hardware is environment, not
-params, so moving between machines never invalidates the train stage); :mod:`pipeline.launch` runs it.
+"""torchrun's command line for this node, from the ``NMT_*`` environment (README, Environment; docs/cluster.md):
+hardware is environment, not params, so moving between machines never invalidates the train stage.
 
-Single node (default):
-    NMT_NPROC        processes on this node (default: the number of CUDA GPUs, else 1)
-    -> torchrun --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:0 --local_addr=127.0.0.1 --nnodes=1
-       --nproc_per_node=N -m pipeline.train [args]
-    Everything the job listens on is bound to 127.0.0.1: torchrun's rendezvous store, the store the
-    ranks share (their MASTER_ADDR) and, through GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME=lo
-    (:mod:`pipeline.training.distributed`), the ranks' own sockets. These stores are unauthenticated
-    key-value servers; ``torchrun --standalone`` would listen on every interface.
-
-Fault tolerance (every mode):
-    NMT_MAX_RESTARTS  how often torchrun restarts the whole worker group after a rank fails (a crash,
-                      a collective timeout, see NMT_DIST_TIMEOUT_S); each restart resumes from the
-                      newest complete checkpoint. Default 3 on GPU jobs (CUDA available and
-                      NMT_DEVICE not ``cpu``), else 0; ``--max-restarts`` is passed only when > 0.
-                      A deterministic failure (bad config or data) is retried too, so keep it small.
-
-Several nodes (run the same command on every node, e.g. from a Slurm or Kubernetes job):
-    NMT_NNODES       number of nodes (> 1 switches to multi-node mode)
-    NMT_RDZV_ENDPOINT  host:port where the nodes meet (e.g. node 0:29400): a c10d rendezvous, or with
-                     NMT_NODE_RANK node 0's address and a free port of it (static rendezvous; port default 29500)
-    NMT_NODE_RANK    this node's rank, 0 .. NMT_NNODES-1: a static rendezvous; unset: the c10d one assigns ranks
-    NMT_RDZV_ID      job id shared by the nodes of a c10d rendezvous (default ``nmt-train``)
-    NMT_RDZV_TIMEOUT_S  how long a node waits at the rendezvous for the others (default 600; torchrun's
-                     ``join_timeout`` and ``read_timeout`` (at most 60 s) of c10d, ``timeout`` of the static
-                     rendezvous), at the start and after a restart, in every mode: for its host to resolve,
-                     for the other nodes, for a store that never answers; then it stops with one line naming
-                     the endpoint (:func:`wait_until_resolvable`, :func:`pipeline.training.distributed.run_torchrun`)
-    -> torchrun --nnodes=M --nproc_per_node=N (--rdzv_* | --node_rank/--master_addr/--master_port) -m pipeline.train
-
-A loopback NMT_RDZV_ENDPOINT (127.0.0.1, localhost, ::1) means every node runs on this machine:
-``--local_addr=127.0.0.1`` keeps the ranks' store and sockets on loopback too (tests/pipeline/training/
-test_multinode.py runs two such nodes). On several nodes each store listens only on the address it is
-named by: the rendezvous store on the host of NMT_RDZV_ENDPOINT, the ranks' shared store on the node's own
-address (its FQDN, as torchrun hands it to the ranks). So NMT_RDZV_ENDPOINT's host must resolve, on the
-node that hosts the store, to the address the other nodes reach it by (not to 127.0.1.1), and that network
-should be private to the job: the stores do not authenticate their clients. The variables are parsed and
-checked, all at once, in :mod:`pipeline.core.env`.
+One node (``NMT_NNODES`` 1): ``torchrun --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:0 --local_addr=127.0.0.1
+--nnodes=1 --nproc_per_node=$NMT_NPROC -m pipeline.train``. Everything the job listens on is bound to
+127.0.0.1: torchrun's rendezvous store, the ranks' shared store and, through GLOO/NCCL_SOCKET_IFNAME=lo
+(:mod:`pipeline.training.distributed`), the ranks' own sockets; these stores are unauthenticated, and
+``torchrun --standalone`` would listen on every interface. Several nodes: a c10d rendezvous at
+``NMT_RDZV_ENDPOINT``, or with ``NMT_NODE_RANK`` a static one at node 0's address; a loopback endpoint means
+every node runs on this machine, so ``--local_addr=127.0.0.1`` keeps their stores and sockets on loopback too.
+``NMT_RDZV_TIMEOUT_S`` bounds every wait: for the host to resolve (:func:`wait_until_resolvable`), for the
+other nodes, for a store that never answers. ``--max-restarts`` (``NMT_MAX_RESTARTS``, default 3 on GPU jobs,
+else 0) restarts the worker group after a rank fails; each restart resumes from the newest checkpoint.
 """
 
 from __future__ import annotations
