@@ -49,7 +49,6 @@ class NotFound(DownloadError):
     """The server answered 404/410 for ``url``."""
 
     def __init__(self, url: str, status: int) -> None:
-        self.url = url
         super().__init__(f"{url}: HTTP {status} (not found); check the URL or the mirror's layout")
 
 
@@ -57,7 +56,6 @@ class Unreachable(DownloadError):
     """Every attempt at ``url`` failed with a transient error."""
 
     def __init__(self, url: str, attempts: int, last: str) -> None:
-        self.url = url
         super().__init__(f"{url}: could not download after {attempts} attempt(s): {last}")
 
 
@@ -65,7 +63,6 @@ class HostNotFound(DownloadError):
     """The host of ``url`` has no address (DNS lookup failed): a typo, or no network to resolve it."""
 
     def __init__(self, url: str) -> None:
-        self.url = url
         super().__init__(f"{url}: host {urlsplit(url).hostname!r} not found (DNS lookup failed); check the "
                          "host name and the network")
 

@@ -20,7 +20,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
@@ -34,8 +34,6 @@ from pipeline.data.fetch import HostNotFound, NotFound, RetryPolicy, Unreachable
 from pipeline.data.sources import DatasetSpec, SourceFile
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,7 +154,7 @@ class Located:
             return "the cached copy was deleted: run the stage again to download it anew"
         return f"replace the mirror's copy {self.copy} with a good one"
 
-    def unpack(self, fn: Callable[..., T], *args: Any) -> T:
+    def unpack(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args, remedy=...)`` (an unpacker of :mod:`pipeline.data.archives`, the destination last); a
         corrupt cached copy is deleted so that a rerun fetches it anew."""
         try:
@@ -190,12 +188,7 @@ def _from_mirror(env: FetchEnv, rel: str) -> Located | None:
 
 
 def _download_unit(env: FetchEnv, spec: DatasetSpec, sf: SourceFile) -> Located:
-    """``sf``'s download unit (its archive, or the plain file) from the mirror, else from upstream when no
-    mirror is set (``<dataset>/<path>`` was already looked for in the mirror).
-
-    Raises:
-        DownloadError: a mirror is set and holds neither ``<dataset>/<path>`` nor ``<dataset>/<archive name>``.
-    """
+    """``sf``'s archive or plain file from the mirror (an error if it has neither), else from upstream."""
     tried, rel = f"{spec.name}/{sf.path}", f"{spec.name}/{sf.url_name}"
     if env.mirror is not None:
         if (found := _from_mirror(env, rel)) is None:

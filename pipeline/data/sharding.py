@@ -77,10 +77,7 @@ class ShardTask:
 
 
 def _read_block(path: str, start: int, end: int, count: int, first_line: int) -> list[str]:
-    """The ``count`` lines in bytes ``[start, end)`` of ``path`` (``end`` -1: to EOF), read in one go.
-
-    ``first_line`` (0-based) is the line id at ``start``, for error messages.
-    """
+    """The ``count`` lines in bytes ``[start, end)`` of ``path`` (``end`` -1: to EOF; line ``first_line`` first)."""
     lines = read_line_block(path, start, end, first_line)
     if len(lines) != count:
         raise DataError(f"{path}: expected {count} lines from line {first_line + 1}, found {len(lines)}; "
