@@ -1,29 +1,19 @@
-"""Getting bytes onto the disk reliably: HTTP with resume and retries, archives with integrity checks.
+"""Getting bytes onto the disk reliably: HTTP with resume and retries.
 
 :func:`fetch_url` streams a URL into a cache file through ``<name>.part``: an interrupted transfer
 resumes with an HTTP ``Range`` request (a server that ignores it and answers 200 restarts the file
 cleanly), transient failures (connection errors, timeouts, 5xx/429, truncated bodies) are retried with
 exponential backoff, and the file is renamed into place only once complete. A failure that waiting
 cannot fix (404/410, a host name that does not resolve, an invalid URL) ends the download at once.
-:func:`extract_members` and :func:`gunzip` read archives completely, so a truncated or corrupt file is
-an error naming it (never a silently short corpus), and refuse tar members that would escape their
-folder.
 """
 
 from __future__ import annotations
 
-import gzip
-import hashlib
 import logging
 import os
-import posixpath
 import re
-import shutil
 import sys
-import tarfile
 import time
-import zlib
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -59,7 +49,6 @@ class NotFound(DownloadError):
     """The server answered 404/410 for ``url``."""
 
     def __init__(self, url: str, status: int) -> None:
-        self.url = url
         super().__init__(f"{url}: HTTP {status} (not found); check the URL or the mirror's layout")
 
 
@@ -67,7 +56,6 @@ class Unreachable(DownloadError):
     """Every attempt at ``url`` failed with a transient error."""
 
     def __init__(self, url: str, attempts: int, last: str) -> None:
-        self.url = url
         super().__init__(f"{url}: could not download after {attempts} attempt(s): {last}")
 
 
@@ -75,28 +63,12 @@ class HostNotFound(DownloadError):
     """The host of ``url`` has no address (DNS lookup failed): a typo, or no network to resolve it."""
 
     def __init__(self, url: str) -> None:
-        self.url = url
         super().__init__(f"{url}: host {urlsplit(url).hostname!r} not found (DNS lookup failed); check the "
                          "host name and the network")
 
 
-class CorruptArchive(DownloadError):
-    """A gzip/tar file is truncated or not what its name says."""
-
-
 class _Transient(Exception):
     """A failure worth retrying."""
-
-
-def sha256_file(path: str | Path) -> tuple[str, int]:
-    """The sha256 hex digest and size in bytes of ``path``."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
 
 
 def cache_path(cache_dir: Path, url: str) -> Path:
@@ -266,82 +238,4 @@ def fetch_url(url: str, dest: Path, *, policy: RetryPolicy, session: requests.Se
             session.close()
     os.replace(part, dest)
     log.info("downloaded %s (%d bytes)", url, dest.stat().st_size)
-    return dest
-
-
-def _corrupt(path: Path, exc: BaseException, remedy: str) -> CorruptArchive:
-    return CorruptArchive(f"{path}: corrupt or truncated archive ({type(exc).__name__}: {exc}); {remedy}")
-
-
-def _escapes(name: str) -> bool:
-    """Whether the relative path ``name`` points outside the folder it is extracted into."""
-    if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
-        return True
-    return posixpath.normpath(name).split("/", 1)[0] == ".."
-
-
-def _check_member(info: tarfile.TarInfo, archive: Path) -> str:
-    """Refuse members that would escape the target folder; return the normalised name."""
-    if _escapes(info.name):
-        raise DownloadError(f"{archive}: member {info.name!r} points outside the archive's folder; refusing "
-                            "to use this archive (delete it and check where it came from)")
-    if info.issym() or info.islnk():
-        base = posixpath.dirname(info.name) if info.issym() else ""
-        if info.linkname.startswith("/") or _escapes(posixpath.join(base, info.linkname)):
-            raise DownloadError(f"{archive}: link {info.name!r} -> {info.linkname!r} points outside the archive's "
-                                "folder; refusing to use this archive (delete it and check where it came from)")
-    if info.isdev():
-        raise DownloadError(f"{archive}: member {info.name!r} is a device file; refusing to use this archive")
-    return posixpath.normpath(info.name)
-
-
-def extract_members(archive: Path, members: Iterable[str], dest: Path, *, remedy: str) -> dict[str, Path]:
-    """Read the whole tar(.gz) ``archive`` and copy ``members`` to ``dest/<member>``.
-
-    Every member is checked (no absolute paths, no ``..``, no links or devices pointing out), and
-    the archive is read to its end so that truncation is detected.
-
-    Args:
-        archive: a local ``.tar``/``.tgz`` file.
-        members: member paths to extract (a leading ``./`` in the archive is ignored).
-        dest: folder to extract into.
-        remedy: what to tell the user when the archive is corrupt (e.g. which cached copy to delete).
-
-    Returns:
-        member path -> extracted file.
-    """
-    wanted = {posixpath.normpath(m) for m in members}
-    found: dict[str, Path] = {}
-    try:
-        with tarfile.open(archive, mode="r|*") as tar:
-            for info in tar:
-                name = _check_member(info, archive)
-                if name not in wanted:
-                    continue
-                if not info.isfile():
-                    raise DownloadError(f"{archive}: member {name!r} is not a regular file")
-                target = dest.joinpath(*name.split("/"))
-                target.parent.mkdir(parents=True, exist_ok=True)
-                src = tar.extractfile(info)
-                assert src is not None  # a regular file always has data
-                with src, open(target, "wb") as fh:
-                    shutil.copyfileobj(src, fh, _CHUNK)
-                found[name] = target
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise _corrupt(archive, exc, remedy) from None
-    missing = sorted(wanted - set(found))
-    if missing:
-        raise DownloadError(f"{archive}: no member(s) {missing}; the archive is not the expected one or is "
-                            f"incomplete: {remedy}")
-    return found
-
-
-def gunzip(src: Path, dest: Path, *, remedy: str) -> Path:
-    """Decompress the gzip file ``src`` into ``dest`` completely (truncation is an error)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with gzip.open(src, "rb") as fin, open(dest, "wb") as fout:
-            shutil.copyfileobj(fin, fout, _CHUNK)
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise _corrupt(src, exc, remedy) from None
     return dest

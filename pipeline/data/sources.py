@@ -58,6 +58,16 @@ class SourceFile:
         """A human-readable name: ``dev.tgz:dev/newstest2013.en`` or the plain URL."""
         return f"{self.url_name}:{self.path}" if self.archive else self.url
 
+    @property
+    def member(self) -> str | None:
+        """``path`` when it names a member of the archive at ``url``, else None."""
+        return self.path if self.archive else None
+
+    @property
+    def key(self) -> str:
+        """``<url>|<path>``: how the manifest and the stage's details name this file."""
+        return f"{self.url}|{self.path}"
+
     def names(self) -> tuple[str, ...]:
         """File names a ``download.sha256`` key may use for this file's own bytes."""
         if self.archive:

@@ -13,10 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 import sentencepiece as spm
 
-from pipeline import bpe, encode
+from pipeline import bpe
 from pipeline.core.config import BpeConfig
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.core.textio import read_lines
+from pipeline.data import sharding
+from pipeline.data.sample import Sample, sample_indices
 from tests.helpers.bpe_encode import run_bpe, run_encode, synthetic_clean
 
 
@@ -52,10 +54,10 @@ def test_bpe_sample_is_seeded(tmp_path: Path, corpus: tuple[Path, Path, Path]) -
     b = run_bpe(tmp_path, clean, "b", input_sentence_size=200, seed=7)
     assert sha_tree(a) == sha_tree(b)
     assert json.loads((tmp_path / "metrics" / "a" / "bpe.details.json").read_text())["sentences"] == 200
-    idx = bpe.sample_indices(1000, 100, seed=3)
+    idx = sample_indices(1000, 100, seed=3)
     assert len(set(idx.tolist())) == 100 and (np.diff(idx) > 0).all()
-    assert (idx == bpe.sample_indices(1000, 100, seed=3)).all()
-    assert not (idx == bpe.sample_indices(1000, 100, seed=4)).all()
+    assert (idx == sample_indices(1000, 100, seed=3)).all()
+    assert not (idx == sample_indices(1000, 100, seed=4)).all()
 
 
 def test_bpe_bad_inputs(tmp_path: Path, corpus: tuple[Path, Path, Path]) -> None:
@@ -80,7 +82,7 @@ def test_encode_round_trip_and_schema(tmp_path: Path, corpus: tuple[Path, Path, 
         rows = 0
         for e in entries:
             table = pq.read_table(shards / e["path"])
-            assert table.schema == encode.shard_schema(80)
+            assert table.schema == sharding.shard_schema(80)
             assert table.schema.field("src").type == pa.list_(pa.uint16())
             assert table.num_rows == e["rows"] <= 100
             assert e["sha256"] == hashlib.sha256((shards / e["path"]).read_bytes()).hexdigest()
@@ -160,15 +162,17 @@ def test_encode_bad_inputs(tmp_path: Path, corpus: tuple[Path, Path, Path], monk
 
 
 def test_token_type_widens_for_large_vocab() -> None:
-    assert encode.token_type(65536) == pa.uint16()
-    assert encode.token_type(65537) == pa.uint32()
+    assert sharding.token_type(65536) == pa.uint16()
+    assert sharding.token_type(65537) == pa.uint32()
 
 
 def test_bpe_bytes_do_not_depend_on_threads_or_paths(tmp_path: Path, corpus: tuple[Path, Path, Path]) -> None:
     _, clean, first = corpus
     sample = tmp_path / "elsewhere" / "sample.txt"
     sample.parent.mkdir()
-    assert bpe.write_sample([clean / "train.en", clean / "train.de"], sample, 10**7, seed=1) == 600
+    lines = list(Sample([clean / "train.en", clean / "train.de"], 10**7, seed=1))
+    sample.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    assert len(lines) == 600
     for threads in (1, 3):
         bpe.train_model(sample, tmp_path / f"t{threads}", BpeConfig(vocab_size=80), threads)
         assert (tmp_path / f"t{threads}.model").read_bytes() == (first / "spm.model").read_bytes()

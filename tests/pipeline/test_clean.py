@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.clean import DigestSet, pair_digest, stage
+from pipeline.clean import stage
 from pipeline.core.config import CleanConfig
 from pipeline.core.errors import DataError
 from pipeline.core.textio import read_lines
+from pipeline.data.dedup import DigestSet, pair_digest
 from pipeline.data.normalize import normalize
 from tests.helpers.clean import write_raw
 

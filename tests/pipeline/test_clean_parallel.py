@@ -12,6 +12,7 @@ import pytest
 from pipeline import clean
 from pipeline.core.config import CleanConfig
 from pipeline.core.errors import ConfigError, DataError
+from pipeline.data import filters
 from tests.helpers.clean import write_raw
 
 WORDS = ["a", "cat", "dog", "the", "Über", "café", "e\u0301", "x\u200by", "tab\tbed", "big", ""]
@@ -32,7 +33,7 @@ def corpus(n: int, seed: int) -> list[tuple[str, str]]:
 
 def run(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch, *, workers: int, rows: int) -> dict:
     monkeypatch.setenv("NMT_DATA_WORKERS", str(workers))
-    monkeypatch.setattr(clean, "BLOCK_ROWS", rows)
+    monkeypatch.setattr(filters, "BLOCK_ROWS", rows)
     return clean.stage(CleanConfig(max_ratio=2.0), raw_dir=tmp_path / "raw", clean_dir=tmp_path / name)
 
 

@@ -199,32 +199,32 @@ def test_env_module_imports_no_torch_or_mlflow() -> None:
 
 
 def test_launch_reads_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline import launch
+    from pipeline.training import torchrun
 
     for name in env.NAMES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NMT_NPROC", "2")
     monkeypatch.setenv("NMT_DEVICE", "cpu")
-    assert "--nproc_per_node=2" in launch.torchrun_command([])
-    assert not any(a.startswith("--max-restarts") for a in launch.torchrun_command([]))  # cpu: 0 restarts
+    assert "--nproc_per_node=2" in torchrun.torchrun_command([])
+    assert not any(a.startswith("--max-restarts") for a in torchrun.torchrun_command([]))  # cpu: 0 restarts
     monkeypatch.setenv("NMT_NNODES", "2")
     with pytest.raises(ConfigError, match=r"NMT_NNODES=2 needs NMT_RDZV_ENDPOINT \(host:port where the nodes meet"):
-        launch.torchrun_command([])
+        torchrun.torchrun_command([])
     monkeypatch.setenv("NMT_RDZV_ENDPOINT", "node0:29400")
     monkeypatch.setenv("NMT_RDZV_ID", "job7")
-    assert "--rdzv_id=job7" in launch.torchrun_command([])  # no NMT_NODE_RANK: a c10d rendezvous
+    assert "--rdzv_id=job7" in torchrun.torchrun_command([])  # no NMT_NODE_RANK: a c10d rendezvous
     monkeypatch.setenv("NMT_NODE_RANK", "2")
     with pytest.raises(ConfigError, match=r"NMT_NODE_RANK=2 must be < NMT_NNODES=2"):
-        launch.torchrun_command([])
+        torchrun.torchrun_command([])
     monkeypatch.setenv("NMT_NODE_RANK", "1")  # a static rendezvous at node 0's address and port
     monkeypatch.setenv("NMT_RDZV_ENDPOINT", "10.0.0.1:29501")
-    assert launch.torchrun_command([])[4:9] == ["--nnodes=2", "--nproc_per_node=2", "--node_rank=1",
+    assert torchrun.torchrun_command([])[4:9] == ["--nnodes=2", "--nproc_per_node=2", "--node_rank=1",
                                                 "--master_addr=10.0.0.1", "--master_port=29501"]
     monkeypatch.setenv("NMT_RDZV_ENDPOINT", "[fd00::1]")
-    assert launch.torchrun_command([])[7:9] == ["--master_addr=fd00::1", "--master_port=29500"]
+    assert torchrun.torchrun_command([])[7:9] == ["--master_addr=fd00::1", "--master_port=29500"]
     monkeypatch.setenv("NMT_RDZV_ENDPOINT", "10.0.0.1:http")
     with pytest.raises(ConfigError, match=r"NMT_RDZV_ENDPOINT='10.0.0.1:http': expected host:port of the rendezvous"):
-        launch.torchrun_command([])
+        torchrun.torchrun_command([])
 
 
 def test_stage_modules_read_the_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -249,7 +249,7 @@ def test_stage_modules_read_the_table(monkeypatch: pytest.MonkeyPatch, tmp_path:
 
 def test_download_reads_the_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from pipeline.core.config import DownloadConfig
-    from pipeline.download import FetchEnv
+    from pipeline.data.locate import FetchEnv
 
     cfg = DownloadConfig(dataset="multi30k", retries=1, timeout_s=5.0)
     monkeypatch.setenv("NMT_DATA_MIRROR", f"file://{tmp_path}")

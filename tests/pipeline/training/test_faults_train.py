@@ -19,11 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import launch
 from pipeline.artifacts import checkpoint
 from pipeline.core.errors import CheckpointError, ConfigError, PipelineError
 from pipeline.data import batching
-from pipeline.training import faults, preflight
+from pipeline.training import faults, preflight, torchrun
 from tests.helpers import faultutil as fu
 from tests.helpers.train import make_workspace, run_inprocess, tiny_params
 
@@ -201,12 +200,12 @@ def test_fault_specs_and_restart_counts_are_checked(monkeypatch):
     monkeypatch.setenv("NMT_FAULT_POINT", "after_step:5")
     assert faults.active() == faults.Fault("after_step", 5, "kill")
     monkeypatch.setenv("NMT_MAX_RESTARTS", "2")
-    assert "--max-restarts=2" in launch.torchrun_command([])
+    assert "--max-restarts=2" in torchrun.torchrun_command([])
     monkeypatch.setenv("NMT_MAX_RESTARTS", "0")
-    assert not any(a.startswith("--max-restarts") for a in launch.torchrun_command([]))
+    assert not any(a.startswith("--max-restarts") for a in torchrun.torchrun_command([]))
     monkeypatch.setenv("NMT_MAX_RESTARTS", "-1")
     with pytest.raises(ConfigError, match=r"NMT_MAX_RESTARTS='-1': expected an integer >= 0"):
-        launch.torchrun_command([])
+        torchrun.torchrun_command([])
 
 
 @pytest.mark.gpu

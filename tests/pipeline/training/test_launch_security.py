@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import launch
+from pipeline.training import torchrun
 from tests.helpers import faultutil as fu
 from tests.helpers.paths import REPO
 from tests.helpers.train import make_workspace, tiny_params
@@ -176,8 +177,8 @@ def test_a_stopped_agent_ends_its_ranks_with_one_line_not_torchruns_traceback(tm
     sleeper.write_text(f"import os, pathlib, time\npathlib.Path({str(ranks)!r}, str(os.getpid())).write_text('')\n"
                        "try:\n    time.sleep(600)\nexcept KeyboardInterrupt:\n    raise SystemExit(130)\n",
                        encoding="utf-8")
-    cmd = [sys.executable, "-m", "pipeline.launch", launch.AGENT_FLAG, "--rdzv_backend=c10d",
-           "--rdzv_endpoint=127.0.0.1:0", f"--local_addr={launch.LOOPBACK}", "--nnodes=1", "--nproc_per_node=2",
+    cmd = [sys.executable, "-m", "pipeline.launch", torchrun.AGENT_FLAG, "--rdzv_backend=c10d",
+           "--rdzv_endpoint=127.0.0.1:0", f"--local_addr={torchrun.LOOPBACK}", "--nnodes=1", "--nproc_per_node=2",
            str(sleeper)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=fu.job_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)

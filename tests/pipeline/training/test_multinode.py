@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import launch
 from pipeline.core.errors import ConfigError
+from pipeline.training import torchrun
 from tests.helpers import faultutil as fu
 from tests.helpers.httpserver import serve
 from tests.helpers.nodes import LoopbackJob, free_port
@@ -183,17 +183,17 @@ def test_a_loopback_rendezvous_keeps_every_node_on_loopback_and_passes_the_join_
     monkeypatch.setenv("NMT_MAX_RESTARTS", "2")
     monkeypatch.setenv("NMT_RDZV_ENDPOINT", "127.0.0.1:29411")
     monkeypatch.setenv("NMT_RDZV_TIMEOUT_S", "30")
-    assert launch.torchrun_command([])[4:] == [
+    assert torchrun.torchrun_command([])[4:] == [
         "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29411",
         "--rdzv_id=nmt-train", "--rdzv_conf=join_timeout=30,read_timeout=30", "--local_addr=127.0.0.1",
         "--max-restarts=2", "-m", "pipeline.train"]
     monkeypatch.setenv("NMT_RDZV_ENDPOINT", "node0.internal:29400")  # a cluster: each node's own address
     monkeypatch.delenv("NMT_RDZV_TIMEOUT_S")
-    cmd = launch.torchrun_command([])
+    cmd = torchrun.torchrun_command([])
     assert "--rdzv_conf=join_timeout=600,read_timeout=60" in cmd
     assert not any(a.startswith("--local_addr") for a in cmd)
     monkeypatch.setenv("NMT_NODE_RANK", "1")  # the static rendezvous waits as long
-    assert "--rdzv_conf=timeout=600" in launch.torchrun_command([])
+    assert "--rdzv_conf=timeout=600" in torchrun.torchrun_command([])
 
 
 @pytest.mark.parametrize(("name", "value", "message"), [
@@ -210,7 +210,7 @@ def test_a_bad_rendezvous_setting_is_one_line_naming_the_variable(monkeypatch, n
     monkeypatch.setenv("NMT_RDZV_ENDPOINT", "127.0.0.1:29400")
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError) as info:
-        launch.torchrun_command([])
+        torchrun.torchrun_command([])
     assert str(info.value) == message
 
 

@@ -1,6 +1,6 @@
 """The training stage: one process vs two (gloo) processes, crash + resume, bad runs stop cleanly.
 
-Shards are written with pyarrow in the encode stage's shard schema (pipeline/encode.py) (a copy task on random ids), the BPE
+Shards are written with pyarrow in the encode stage's shard schema (pipeline/data/sharding.py) (a copy task on random ids), the BPE
 model is a real tiny SentencePiece model (its piece count is the vocabulary size).
 """
 
@@ -191,23 +191,23 @@ def test_clip_norm_bounds_the_update(workspace, tmp_path):
 
 
 def test_launch_builds_torchrun_commands_from_the_environment(monkeypatch):
-    from pipeline import launch
+    from pipeline.training import torchrun
 
     monkeypatch.setenv("NMT_NPROC", "4")
     monkeypatch.setenv("NMT_MAX_RESTARTS", "0")  # else --max-restarts=3 on a CUDA machine
-    cmd = launch.torchrun_command(["--params", "p.yaml"])
+    cmd = torchrun.torchrun_command(["--params", "p.yaml"])
     # torchrun --standalone, with every store on loopback (test_launch_security.py checks the sockets)
     assert cmd[1:] == ["-m", "pipeline.launch", "--torchrun", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0",
                        "--rdzv_id=nmt-train", "--local_addr=127.0.0.1", "--nnodes=1", "--nproc_per_node=4",
                        "-m", "pipeline.train", "--params", "p.yaml"]
     monkeypatch.setenv("NMT_NNODES", "2")
     monkeypatch.setenv("NMT_RDZV_ENDPOINT", "10.0.0.1:29400")
-    assert "--rdzv_endpoint=10.0.0.1:29400" in launch.torchrun_command([])
+    assert "--rdzv_endpoint=10.0.0.1:29400" in torchrun.torchrun_command([])
     monkeypatch.setenv("NMT_NODE_RANK", "1")
-    assert "--node_rank=1" in launch.torchrun_command([]) and "--master_addr=10.0.0.1" in launch.torchrun_command([])
+    assert "--node_rank=1" in torchrun.torchrun_command([]) and "--master_addr=10.0.0.1" in torchrun.torchrun_command([])
     monkeypatch.setenv("NMT_NPROC", "zero")
     with pytest.raises(PipelineError, match=r"NMT_NPROC='zero': expected an integer >= 1"):
-        launch.torchrun_command([])
+        torchrun.torchrun_command([])
 
 
 @pytest.mark.slow
