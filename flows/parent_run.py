@@ -3,8 +3,8 @@
 A pipeline run's name says which run it is at a glance (``demo 291a2df 2026-11-25 18:40``); it carries the
 flattened params, ``params.yaml`` and ``dvc.lock`` as artifacts, each stage's run as ``produced_by.<stage>``
 and the headline metrics (:func:`flows.report.headline_metrics`), so that MLflow's Compare view has columns to
-compare. Tracking never fails a run: what cannot be recorded is a warning. Built on
-:mod:`pipeline.core.tracking`, which alone imports ``mlflow``.
+compare. Tracking never fails a run: what cannot be recorded is a warning. Neither Prefect nor DVC opens MLflow
+runs, so this is ours; it is built on :mod:`pipeline.core.tracking`, which alone imports ``mlflow``.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ SIGKILL, a cancel) ends the running stage's whole process tree within ``--kill-g
 
     python -m flows.pipeline --profile tiny
     python -m flows.pipeline --stages train average evaluate --timeout train=86400
+
+Ours around theirs: DVC runs the stages and Prefect the tasks; the flow adds what neither knows (the MLflow parent
+run, the profile switch, the report).
 """
 
 from __future__ import annotations

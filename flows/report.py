@@ -1,6 +1,8 @@
 """The markdown a pipeline run and a sweep leave as Prefect artifacts, and the headline metrics of their MLflow runs.
 
-Plain Python, no Prefect import.
+Ours and not ``dvc exp show --md`` / ``dvc metrics show --md``: those tabulate every param and metric DVC
+recorded, not a run's stage statuses, failed variants, best variant, audit or MLflow runs. Plain Python, no Prefect
+import.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ skips them). The table of variants x headline metrics, best valid BLEU named, be
 checkout's committed HEAD; ``MLFLOW_TRACKING_URI`` defaults to the checkout's store, as for ``nmt run``::
 
     python -m flows.sweep sweeps/demo-warmup.yaml
+
+Ours and not DVC's experiment queue (``dvc exp run --queue``, ``dvc queue start -j N``): see :mod:`flows.sweep_work`.
 """
 
 from __future__ import annotations
