@@ -1,47 +1,90 @@
-"""A lifeline between a flow and the process tree it starts: the tree ends when the flow does.
+"""The processes a flow starts, tied to its life: each command runs in its own process group under a lifeline.
 
-``python -m flows.lifeline --parent PID --grace S -- CMD ...`` runs ``CMD`` as its child and waits
-for it, forwarding its exit code. It is meant to be started as the leader of a new session
-(``start_new_session=True``), so that ``CMD`` and everything ``CMD`` starts share its process group,
-and a terminal's Ctrl-C to the flow's group does not reach them directly: the flow decides when
-they stop.
+Ours and not Prefect's: a Prefect task's timeout or cancellation raises in the task's thread and leaves the
+processes it started running, a cancelled flow run's process is signalled alone (PrefectHQ/prefect#20979), and a
+SIGKILLed flow signals nobody, so a stage's torchrun ranks (grandchildren) would outlive it.
 
-When the parent ``PID`` dies, however it dies (SIGKILL, the OOM killer, a lost node agent), the
-kernel sends this process SIGTERM (``PR_SET_PDEATHSIG``, Linux, ``prctl(2)``); it then sends SIGTERM
-to its whole group, waits ``--grace`` seconds for it to end (a checkpoint being written completes or
-is left incomplete without its ``DONE`` marker, which the loader ignores), and SIGKILLs what is left.
-A parent that died before the lifeline armed that is caught by comparing ``os.getppid()`` with
-``PID``. While the parent lives, a SIGTERM or SIGINT here is left to the parent, which signals the
-whole group itself (:func:`flows.dvc_task.kill_group`): the child then ends and so does the lifeline.
-
-Plain Python with no imports beyond the standard library: it starts in a few tens of milliseconds.
+:func:`run_in_group` starts ``python -m flows.lifeline --parent PID --grace S -- CMD ...`` as the leader of a new
+session, so ``CMD`` and everything it starts share its process group and a terminal's Ctrl-C to the flow's group
+does not reach them. The flow ends the whole group (SIGTERM, a grace period, SIGKILL: :func:`kill_group`) when
+the command exits with members still alive and when the caller is interrupted (Prefect's timeout or
+``TerminationSignal``, ``KeyboardInterrupt``). When ``PID`` dies, however it dies (SIGKILL, the OOM killer, a lost
+node agent), the kernel sends the lifeline SIGTERM (``PR_SET_PDEATHSIG``, ``prctl(2)``) and it ends its own group
+the same way (a checkpoint being written completes, or is left without its ``DONE`` marker, which the loader
+ignores). Standard library only: the lifeline starts in a few tens of milliseconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
+import errno
+import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+log = logging.getLogger(__name__)
+
+TAIL_LINES = 20
+_PROGRESS_EVERY_S = 10.0  # \r-terminated progress updates are logged at most this often
+
+_live_groups: set[int] = set()
+# Groups being stopped (an interrupt or a cancellation): what they print while they die (torchrun's
+# shutdown warnings and traceback, DVC's) is kept in the result but no longer logged.
+_stopping: set[int] = set()
+_live_lock = threading.Lock()
 
 _PR_SET_PDEATHSIG = 1
 
 
-def arm(parent: int) -> bool:
-    """Ask for SIGTERM when the parent dies; return False when ``parent`` is already gone."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: only the getppid check below
-        pass
-    return os.getppid() == parent
+def _wait_until(gone: Callable[[], bool], limit_s: float) -> bool:
+    """Poll ``gone`` every 50 ms for up to ``limit_s`` seconds; whether it became true."""
+    deadline = time.monotonic() + limit_s
+    while not gone():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
-def _group_members_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` other than this one is alive (zombies count as ended)."""
+def kill_group(pgid: int, proc: subprocess.Popen[bytes] | None = None, grace_s: float = 10.0) -> None:
+    """SIGTERM process group ``pgid``, wait up to ``grace_s``, then SIGKILL what is left.
+
+    ``proc`` (the group leader, our child) is reaped while waiting, so its zombie does not keep the group
+    looking alive.
+    """
+    def gone() -> bool:
+        if proc is not None:
+            proc.poll()
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):  # PermissionError: a foreign process reused the id
+            return True
+        return False
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        if gone():
+            return
+        if sig == signal.SIGKILL:
+            log.warning("process group %d still alive %.0f s after SIGTERM: sending SIGKILL", pgid, grace_s)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        _wait_until(gone, wait_s)
+
+
+def _others_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` other than this one is alive (zombies count as ended)."""
     me = os.getpid()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
@@ -56,38 +99,33 @@ def _group_members_alive(pgid: int) -> bool:
     return False
 
 
-def end_group(child: subprocess.Popen[bytes] | None, grace_s: float) -> None:
-    """SIGTERM this process's group (itself excepted), wait up to ``grace_s``, then SIGKILL the rest."""
+def _end_own_group(child: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM this process's group (itself excepted), wait up to ``grace_s``, then SIGKILL it, this one too."""
     pgid = os.getpgrp()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if child is not None:
-            child.poll()
-        if not _group_members_alive(pgid):
-            return
-        time.sleep(0.1)
-    os.killpg(pgid, signal.SIGKILL)  # ends this process too
+    if not _wait_until(lambda: child.poll() is not None and not _others_alive(pgid), grace_s):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def run(cmd: list[str], *, parent: int, grace_s: float) -> int:
-    """Run ``cmd`` tied to ``parent``; return its exit code (``128 + signal`` when a signal ended it)."""
-    orphaned = False
+    """Run ``cmd`` tied to ``parent``; return its exit code (``128 + signal`` when a signal ended it).
 
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal orphaned
-        if os.getppid() != parent:  # the flow died: its death signal, or a stop that came after
-            orphaned = True
-
+    While ``parent`` lives, a SIGTERM or SIGINT here is left to it (it signals the whole group itself); a
+    parent that died before the death signal was armed is caught by comparing ``os.getppid()`` with it.
+    """
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    if not arm(parent):
+        signal.signal(sig, lambda signum, frame: None)  # the loop below sees whether the parent is gone
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: only the getppid check
+        pass
+    if os.getppid() != parent:
         return 128 + signal.SIGTERM  # the flow is gone before anything started
     child = subprocess.Popen(cmd)
     while child.poll() is None:
-        if orphaned or os.getppid() != parent:
-            end_group(child, grace_s)
+        if os.getppid() != parent:
+            _end_own_group(child, grace_s)
             break
         try:
             child.wait(timeout=0.5)
@@ -95,6 +133,146 @@ def run(cmd: list[str], *, parent: int, grace_s: float) -> int:
             pass
     code = child.wait()
     return code if code >= 0 else 128 - code
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    """What one command did.
+
+    Attributes:
+        args: the command line.
+        returncode: exit status (negative: killed by that signal).
+        duration_s: wall time from start to the group being gone.
+        stdout_lines: every complete stdout line (DVC's own messages are short).
+        stderr_tail: the last ``TAIL_LINES`` lines of stderr.
+    """
+
+    args: tuple[str, ...]
+    returncode: int
+    duration_s: float
+    stdout_lines: tuple[str, ...] = field(default=())
+    stderr_tail: tuple[str, ...] = field(default=())
+
+
+def live_process_groups() -> set[int]:
+    """Process-group ids of commands started here that have not been reaped yet."""
+    with _live_lock:
+        return set(_live_groups)
+
+
+def kill_all_groups(grace_s: float = 10.0) -> None:
+    """End every process group started by :func:`run_in_group` that is still alive (its output no longer logged)."""
+    for pgid in live_process_groups():
+        with _live_lock:
+            _stopping.add(pgid)
+        kill_group(pgid, grace_s=grace_s)
+
+
+def _visible(segment: bytes) -> str:
+    """What a terminal would show for ``segment``: the text after its last carriage return."""
+    return segment.rstrip(b"\r").rsplit(b"\r", 1)[-1].decode("utf-8", "replace")
+
+
+def _pump(stream: IO[bytes], emit: Callable[[str], None]) -> None:
+    """Split ``stream`` into lines on \\n and emit each; \\r progress updates at most every 10 s."""
+    buf = b""
+    last_progress = 0.0
+    while chunk := stream.read1(65536):  # type: ignore[attr-defined]
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            emit(_visible(line))
+        if b"\r" in buf.rstrip(b"\r"):
+            head, _, buf = buf.rstrip(b"\r").rpartition(b"\r")
+            buf = b"\r" + buf
+            now = time.monotonic()
+            if now - last_progress >= _PROGRESS_EVERY_S:
+                last_progress = now
+                emit(_visible(head))
+    if buf.strip(b"\r"):
+        emit(_visible(buf))
+    stream.close()
+
+
+def _wait(proc: subprocess.Popen[bytes]) -> None:
+    """Wait for ``proc`` in steps of a second, so that Prefect's cancellation can raise in a worker thread."""
+    while proc.poll() is None:
+        try:
+            proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _start(args: Sequence[str], cwd: str | Path, env: Mapping[str, str] | None,
+           grace_s: float) -> subprocess.Popen[bytes]:
+    """Start ``args`` under a lifeline to this process as the leader of a new session, registered as live."""
+    if shutil.which(args[0], path=(env or os.environ).get("PATH")) is None:
+        raise FileNotFoundError(errno.ENOENT, "command not found", args[0])
+    proc = subprocess.Popen(command(list(args), parent=os.getpid(), grace_s=grace_s), cwd=cwd,
+                            env=dict(env) if env is not None else None, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    with _live_lock:
+        _live_groups.add(proc.pid)
+    return proc
+
+
+def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str] | None = None,
+                 grace_s: float = 10.0,
+                 logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None) -> ProcessResult:
+    """Run ``args`` in a new session under a lifeline, log each output line, end the whole group when done.
+
+    Args:
+        args: command line, e.g. ``["dvc", "exp", "run", ...]``; cwd: its folder; env: its whole environment
+            (default: this process's); grace_s: seconds between SIGTERM and SIGKILL when the group is ended;
+            logger: where stdout/stderr lines go (INFO; default this module's).
+
+    Returns:
+        The :class:`ProcessResult`. An exception raised while waiting (Prefect's timeout or ``TerminationSignal``,
+        ``KeyboardInterrupt``) propagates once the group is gone; what it prints from then on is not logged.
+
+    Raises:
+        FileNotFoundError: the executable does not exist.
+    """
+    out = logger or log
+    stdout_lines: list[str] = []
+    stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)
+
+    def show(line: str) -> None:
+        if line.strip() and pgid not in _stopping:
+            out.info("%s", line)
+
+    def on_stdout(line: str) -> None:
+        stdout_lines.append(line)
+        show(line)
+
+    def on_stderr(line: str) -> None:
+        if line.strip():
+            stderr_tail.append(line)
+            show(line)
+
+    start = time.monotonic()
+    proc = _start(args, cwd, env, grace_s)
+    pgid = proc.pid  # a new session's leader: its pid is the group id
+    readers = [threading.Thread(target=_pump, args=(s, f), daemon=True, name=f"pump-{pgid}")
+               for s, f in ((proc.stdout, on_stdout), (proc.stderr, on_stderr))]
+    for t in readers:
+        t.start()
+    try:
+        _wait(proc)
+    except BaseException:  # Ctrl-C, SIGTERM, a timeout, a cancellation: the flow says it stopped, in one line
+        with _live_lock:
+            _stopping.add(pgid)
+        raise
+    finally:  # also on a normal exit: leftover members of the group
+        kill_group(pgid, proc, grace_s=grace_s)
+        proc.wait()
+        for t in readers:
+            t.join(timeout=5.0)
+        with _live_lock:
+            _live_groups.discard(pgid)
+            _stopping.discard(pgid)
+    return ProcessResult(args=tuple(args), returncode=proc.returncode, duration_s=time.monotonic() - start,
+                         stdout_lines=tuple(stdout_lines), stderr_tail=tuple(stderr_tail))
 
 
 def command(cmd: list[str], *, parent: int, grace_s: float) -> list[str]:

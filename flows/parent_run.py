@@ -1,21 +1,30 @@
-"""The MLflow parent run of one pipeline run (the Prefect flow opens it; stage runs become its children).
+"""The MLflow parent runs the flows open: a pipeline run's (stage runs become its children) and a sweep's.
 
-Its name says which run it is at a glance (``demo 291a2df 2026-11-25 18:40``); it carries the flattened
-params, ``params.yaml`` and ``dvc.lock`` as artifacts, and the headline metrics the flow logs at the end
-(:func:`flows.report.headline_metrics`), so that MLflow's Compare view has columns to compare. Built on
-:mod:`pipeline.core.tracking`, which alone imports ``mlflow``.
+A pipeline run's name says which run it is at a glance (``demo 291a2df 2026-11-25 18:40``); it carries the
+flattened params, ``params.yaml`` and ``dvc.lock`` as artifacts, each stage's run as ``produced_by.<stage>``
+and the headline metrics (:func:`flows.report.headline_metrics`), so that MLflow's Compare view has columns to
+compare. Tracking never fails a run: what cannot be recorded is a warning. Neither Prefect nor DVC opens MLflow
+runs, so this is ours; it is built on :mod:`pipeline.core.tracking`, which alone imports ``mlflow``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from flows.report import headline_from
+from flows.sweep_spec import SweepSpec
+from flows.sweep_work import SweepState
 from pipeline.core import owner, tracking
+from pipeline.core import stages as stage_table
 
 log = logging.getLogger(__name__)
 
@@ -27,42 +36,52 @@ def run_name(profile: str, commit: str, when: float | None = None) -> str:
 
 
 @contextlib.contextmanager
-def pipeline_run(name: str, *, params: dict[str, Any], root: str | Path = ".",
-                 tags: dict[str, str] | None = None, reopen: str | None = None) -> Iterator[tracking.StageRun]:
-    """Open the parent run of one pipeline run; stage runs find it via ``MLFLOW_PARENT_RUN_ID``.
+def mlflow_run(name: str, *, root: str | Path, tags: dict[str, str],
+               reopen: str | None = None) -> Iterator[tracking.StageRun]:
+    """An MLflow run named ``name`` for the ``with`` block, ended FINISHED, or FAILED when the block raises.
 
-    Logs the flattened params once and ``params.yaml`` as an artifact. The caller exports
-    ``MLFLOW_PARENT_RUN_ID`` only to the child processes it starts (never globally). ``tags``
-    override the default git tags (:func:`pipeline.core.tracking.git_tags` of ``root``); the run also
-    names this process as its owner (:mod:`pipeline.core.owner`), so that a later run can end it if
-    this process is killed. ``reopen``: continue that run (a resumed sweep variant, the same params)
-    instead of creating one; a run that cannot be reopened is replaced by a new one.
+    Besides ``tags`` the run names this process as its owner (:mod:`pipeline.core.owner`), so that a later
+    run can end it if this process is killed. ``reopen``: continue that run (set RUNNING with the tags again)
+    instead of creating one; a run the store no longer has is replaced by a new one.
     """
     if not tracking.enabled():
         yield tracking.StageRun()
         return
-    root = Path(root)
     client = tracking.mlflow_client(root)
-    all_tags = {"mlflow.runName": name, "pipeline": "true", **tracking.git_tags(root), **(tags or {}),
-                **owner.owner_tags(root)}
+    all_tags = {"mlflow.runName": name, **tags, **owner.owner_tags(root)}
     run_id = _reopen(client, reopen, all_tags) if reopen else None
     if run_id is None:
         run_id = client.create_run(tracking.experiment_id(client, root), tags=all_tags, run_name=name).info.run_id
-    handle = tracking.StageRun(client, run_id)
-    handle.log_params(params)
-    if (root / "params.yaml").is_file():
-        handle.log_artifact(root / "params.yaml")
     status = "FAILED"
     try:
-        yield handle
+        yield tracking.StageRun(client, run_id)
         status = "FINISHED"
     finally:
-        if (root / "dvc.lock").is_file():
-            try:
-                handle.log_artifact(root / "dvc.lock")
-            except Exception as exc:  # noqa: BLE001
-                log.warning("could not log dvc.lock: %s", exc)
         client.set_terminated(run_id, status=status)
+
+
+@contextlib.contextmanager
+def pipeline_run(name: str, *, params: dict[str, Any], root: str | Path = ".",
+                 tags: dict[str, str] | None = None, reopen: str | None = None) -> Iterator[tracking.StageRun]:
+    """Open the parent run of one pipeline run (:func:`mlflow_run`); stage runs find it via ``MLFLOW_PARENT_RUN_ID``.
+
+    Logs the flattened params once, ``params.yaml`` as an artifact and, at the end, ``dvc.lock``. The caller
+    exports ``MLFLOW_PARENT_RUN_ID`` only to the child processes it starts (never globally). ``tags``
+    override the default git tags (:func:`pipeline.core.tracking.git_tags` of ``root``); ``reopen``: a
+    resumed sweep variant's run, with the same params.
+    """
+    root = Path(root)
+    with mlflow_run(name, root=root, tags={"pipeline": "true", **tracking.git_tags(root), **(tags or {})},
+                    reopen=reopen) as handle:
+        handle.log_params(params)
+        if (root / "params.yaml").is_file():
+            handle.log_artifact(root / "params.yaml")
+        try:
+            yield handle
+        finally:
+            if (root / "dvc.lock").is_file():
+                with _never_fails("log dvc.lock"):
+                    handle.log_artifact(root / "dvc.lock")
 
 
 def _reopen(client: Any, run_id: str, tags: dict[str, str]) -> str | None:
@@ -75,6 +94,21 @@ def _reopen(client: Any, run_id: str, tags: dict[str, str]) -> str | None:
         log.warning("could not reopen MLflow run %s (%s): opening a new one", run_id, exc)
         return None
     return run_id
+
+
+@contextlib.contextmanager
+def sweep_run(root: Path, spec: SweepSpec, state: SweepState, flow_run_id: str) -> Iterator[tracking.StageRun]:
+    """The MLflow parent run ``sweep-<name>``: created once (its id kept in the state file, the spec logged as its
+    artifact), reopened on a restart."""
+    tags = {**tracking.git_tags(root), "sweep": spec.name, "sweep.parent": "true", "profile": spec.profile,
+            "prefect.flow_run_id": flow_run_id}
+    earlier = state.data.get("mlflow_run_id")
+    with mlflow_run(spec.run_name, root=root, tags=tags, reopen=earlier) as run:
+        if run.run_id and run.run_id != earlier:
+            state.data["mlflow_run_id"] = run.run_id
+            state.save()
+            run.log_artifact(spec.source, "spec")
+        yield run
 
 
 def child_run(parent_id: str | None, tag: str, value: str, root: str | Path = ".") -> str | None:
@@ -103,12 +137,38 @@ def end_orphans(root: str | Path = ".", logger: logging.Logger | logging.LoggerA
         (logger or log).warning("could not end the MLflow runs a killed run left RUNNING: %s", exc)
 
 
-def tag_run(run_id: str, tags: dict[str, str], root: str | Path = ".") -> None:
-    """Set tags on an existing run (e.g. a stage's dvc.lock md5 once DVC has written it)."""
-    if tracking.enabled() and run_id:
-        client = tracking.mlflow_client(root)
-        for k, v in tags.items():
-            client.set_tag(run_id, k, str(v))
+@contextlib.contextmanager
+def _never_fails(what: str) -> Iterator[None]:
+    """Log an error inside the block as a warning (``could not <what>``): tracking must never fail a run."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001
+        log.warning("could not %s: %s", what, exc)
+
+
+def record_stage(parent: tracking.StageRun, root: Path, metrics_dir: Path, stage: str) -> None:
+    """Tag ``stage``'s MLflow run (its id from ``<stage>.details.json``) with its dvc.lock md5, and the parent
+    with ``produced_by.<stage>`` (also for a stage DVC skipped: the run that produced its outputs)."""
+    lock, details = root / "dvc.lock", root / stage_table.details_file(metrics_dir, stage)
+    if not (tracking.enabled() and lock.is_file() and details.is_file()):
+        return
+    with _never_fails(f"tag the MLflow run of stage {stage}"):
+        run_id = json.loads(details.read_text(encoding="utf-8")).get("mlflow_run_id")
+        if run_id:
+            md5 = stage_table.lock_md5(yaml.safe_load(lock.read_text(encoding="utf-8")) or {}, stage)
+            tracking.mlflow_client(root).set_tag(run_id, "dvc_lock_md5", md5)
+            parent.set_tags({f"produced_by.{stage}": run_id})
+
+
+def record_end(parent: tracking.StageRun, root: Path, metrics_dir: Path | None, *, succeeded: bool) -> None:
+    """Tag the parent with the md5 of ``dvc.lock`` as the run left it and, after a success, log the headline
+    metrics from the details files as the DAG left them (so they are there also when DVC skipped every stage)."""
+    if (root / "dvc.lock").is_file():
+        with _never_fails("tag the parent run with the dvc.lock md5"):
+            parent.set_tags({"dvc_lock_md5": hashlib.md5((root / "dvc.lock").read_bytes()).hexdigest()})  # not security
+    if succeeded and metrics_dir is not None:
+        with _never_fails("log the headline metrics on the parent run"):
+            parent.log_metrics(headline_from(root / metrics_dir))
 
 
 def ui_page(run_id: str, root: str | Path = ".", port: int = 5000) -> str | None:

@@ -1,16 +1,31 @@
-"""The markdown report a pipeline run leaves as a Prefect artifact (plain Python, no Prefect import)."""
+"""The markdown a pipeline run and a sweep leave as Prefect artifacts, and the headline metrics of their MLflow runs.
+
+Ours and not ``dvc exp show --md`` / ``dvc metrics show --md``: those tabulate every param and metric DVC
+recorded, not a run's stage statuses, failed variants, best variant, audit or MLflow runs. Plain Python, no Prefect
+import.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from flows.sweep_spec import SweepSpec
+from pipeline.core import stages as stage_table
 
 _SETS = ("valid", "test")
 AUDIT_ARTIFACT_KEY = "wmt14-audit"
 AUDIT_LINES = 12  # deviations quoted in the run report; the rest stay in audit.md
 #: What the MLflow parent run carries, for MLflow's Compare view (README, "Comparing runs in MLflow").
 HEADLINE_METRICS = ("test_bleu", "valid_bleu", "test_chrf", "valid_chrf", "valid_ppl", "train_steps", "gpu_hours")
+OBJECTIVE = "valid_bleu"  # a sweep's: higher is better
+# A sweep table's columns: (headline metric, title, format); valid BLEU first: it decides.
+SWEEP_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("valid_bleu", "valid BLEU", "{:.2f}"), ("test_bleu", "test BLEU", "{:.2f}"),
+    ("valid_chrf", "valid chrF", "{:.2f}"), ("valid_ppl", "valid ppl", "{:.2f}"), ("train_steps", "steps", "{:.0f}"))
 
 
 @dataclass(frozen=True)
@@ -19,7 +34,8 @@ class StageOutcome:
 
     Attributes:
         stage: DVC stage name.
-        status: ``ran``, ``skipped``, ``restored``, ``unknown`` or ``failed (exit N)``.
+        status: ``ran``, ``skipped``, ``restored``, ``unknown``, ``failed (exit N)``, ``timed out`` or
+            ``interrupted``.
         duration_s: wall time of the last attempt (of all attempts for a failure).
         attempts: how many times the task ran (retries included).
     """
@@ -28,6 +44,15 @@ class StageOutcome:
     status: str
     duration_s: float
     attempts: int = 1
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; empty when it is missing, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _number(record: Mapping[str, Any], *keys: str) -> float | None:
@@ -54,15 +79,21 @@ def headline_metrics(evaluate: Mapping[str, Any], train: Mapping[str, Any]) -> d
     return {key: value for key, value in found.items() if value is not None}
 
 
+def headline_from(metrics_dir: Path) -> dict[str, float]:
+    """:func:`headline_metrics` of the details files in ``metrics_dir`` as the DAG left them."""
+    return headline_metrics(read_json(stage_table.details_file(metrics_dir, "evaluate")),
+                            read_json(stage_table.details_file(metrics_dir, "train")))
+
+
 def _cell(value: Any) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
-def stage_table(outcomes: Sequence[StageOutcome]) -> list[str]:
+def stage_rows(outcomes: Sequence[StageOutcome]) -> list[str]:
     """Markdown rows: stage, status, duration, attempts."""
     rows = ["| stage | status | duration | attempts |", "|---|---|---:|---:|"]
-    rows += [f"| {_cell(o.stage)} | {_cell(o.status)} | {o.duration_s:.1f} s | {o.attempts} |" for o in outcomes]
-    return rows
+    return rows + [f"| {_cell(o.stage)} | {_cell(o.status)} | {o.duration_s:.1f} s | {o.attempts} |" for o in outcomes]
 
 
 def bleu_table(bleu: Mapping[str, Any]) -> list[str]:
@@ -73,8 +104,7 @@ def bleu_table(bleu: Mapping[str, Any]) -> list[str]:
         if not isinstance(figures, Mapping):
             continue
         signatures = figures.get("signatures") or {}
-        keys = list(signatures) or [k for k, v in figures.items() if k == "bleu" and isinstance(v, (int, float))]
-        for key in keys:
+        for key in list(signatures) or ["bleu"]:
             value = figures.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 rows.append(f"| {name} | {_cell(key)} | {value:.2f} | `{_cell(signatures.get(key, ''))}` |")
@@ -82,8 +112,7 @@ def bleu_table(bleu: Mapping[str, Any]) -> list[str]:
         return []
     chosen = bleu.get("chosen")
     if isinstance(chosen, Mapping):
-        rows.append("")
-        rows.append(f"Beam {chosen.get('beam')}, alpha {chosen.get('alpha')} (chosen on {chosen.get('chosen_on')}).")
+        rows += ["", f"Beam {chosen.get('beam')}, alpha {chosen.get('alpha')} (chosen on {chosen.get('chosen_on')})."]
     return rows
 
 
@@ -91,8 +120,7 @@ def mlflow_link(tracking_uri: str | None, run_id: str) -> str:
     """A link to the run in the MLflow UI when the store is a server, else the id and the store."""
     if tracking_uri and tracking_uri.startswith(("http://", "https://")):
         return f"[{run_id}]({tracking_uri.rstrip('/')}/#/runs/{run_id})"
-    where = f" in `{tracking_uri}`" if tracking_uri else ""
-    return f"`{run_id}`{where}"
+    return f"`{run_id}`" + (f" in `{tracking_uri}`" if tracking_uri else "")
 
 
 def mlflow_ui_hint(tracking_uri: str | None, page: str | None = None) -> str | None:
@@ -100,14 +128,19 @@ def mlflow_ui_hint(tracking_uri: str | None, page: str | None = None) -> str | N
     its own UI); ``page`` defaults to the UI's start page."""
     if not tracking_uri or tracking_uri.startswith(("http://", "https://")):
         return None
-    page = page or "http://127.0.0.1:5000"
-    return f"`.venv/bin/mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1` (then {page})"
+    return f"`.venv/bin/mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1` (then " \
+           f"{page or 'http://127.0.0.1:5000'})"
 
 
-def audit_deviations(audit_md: str) -> list[str]:
-    """The bullet lines of the ``## Deviations`` section of ``audit.md`` (empty when it has none)."""
-    bullets: list[str] = []
-    inside = False
+def audit_section(audit_path: str, audit_md: str | None, max_lines: int = AUDIT_LINES) -> list[str]:
+    """Markdown lines: where the audit report is, its summary line and the first bullets of its ``## Deviations``."""
+    if audit_md is None:
+        return ["## Replication audit", "", f"No `{audit_path}` yet (the `audit` stage writes it).", ""]
+    lines = ["## Replication audit", "", f"Report: `{audit_path}` (also the `{AUDIT_ARTIFACT_KEY}` artifact)."]
+    summary = next((ln for ln in audit_md.splitlines()[1:] if ln.strip() and not ln.startswith("#")), "")
+    if summary:
+        lines += ["", summary]
+    bullets, inside = [], False
     for line in audit_md.splitlines():
         if line.startswith("## "):
             if inside:
@@ -115,18 +148,6 @@ def audit_deviations(audit_md: str) -> list[str]:
             inside = line.strip().lower() == "## deviations"
         elif inside and line.startswith("- "):
             bullets.append(line)
-    return bullets
-
-
-def audit_section(audit_path: str, audit_md: str | None, max_lines: int = AUDIT_LINES) -> list[str]:
-    """Markdown lines: where the audit report is, its summary line and its first deviations."""
-    if audit_md is None:
-        return ["## Replication audit", "", f"No `{audit_path}` yet (the `audit` stage writes it).", ""]
-    lines = ["## Replication audit", "", f"Report: `{audit_path}` (also the `{AUDIT_ARTIFACT_KEY}` artifact)."]
-    summary = next((ln for ln in audit_md.splitlines()[1:] if ln.strip() and not ln.startswith("#")), "")
-    if summary:
-        lines += ["", summary]
-    bullets = audit_deviations(audit_md)
     if bullets:
         lines += ["", "Deviations from the paper:", "", *bullets[:max_lines]]
         if len(bullets) > max_lines:
@@ -140,15 +161,12 @@ def registry_lines(register: Mapping[str, Any]) -> list[str]:
     if not (name and version):
         reason = register.get("decision") or register.get("tracking")
         return [f"- registered model: none ({_cell(reason)})"] if reason else []
-    alias = register.get("alias") or "candidate"
-    holder = register.get("candidate_version")
+    alias, holder = register.get("alias") or "candidate", register.get("candidate_version")
     moved = "moved to this version" if register.get("alias_moved") else "not moved"
     lines = [f"- registered model: `models:/{name}/{version}`",
              f"- alias `{alias}`: {moved} (held by version {holder}: `models:/{name}@{alias}`)"
              if holder else f"- alias `{alias}`: {moved}"]
-    if register.get("decision"):
-        lines.append(f"- decision: {_cell(register['decision'])}")
-    return lines
+    return lines + ([f"- decision: {_cell(register['decision'])}"] if register.get("decision") else [])
 
 
 def render_report(outcomes: Sequence[StageOutcome], *, bleu: Mapping[str, Any], mlflow_run_id: str | None,
@@ -169,21 +187,81 @@ def render_report(outcomes: Sequence[StageOutcome], *, bleu: Mapping[str, Any], 
         register: ``register.details.json`` (None or empty: no registry lines).
         ui_page: the page a local ``mlflow ui`` should open (:func:`flows.parent_run.ui_page`).
     """
-    lines = ["# wmt14-pipeline", "", "## Stages", "", *stage_table(outcomes), ""]
-    table = bleu_table(bleu)
-    lines += ["## BLEU", "", *table, ""] if table else ["## BLEU", "", "No `evaluate.details.json` yet.", ""]
+    table = bleu_table(bleu) or ["No `evaluate.details.json` yet."]
+    lines = ["# wmt14-pipeline", "", "## Stages", "", *stage_rows(outcomes), "", "## BLEU", "", *table, ""]
     if audit_path:
         lines += audit_section(audit_path, audit_md)
-    lines += ["## Lineage", ""]
-    commit = git.get("git_commit") or "unknown (not a git checkout)"
     dirty = " (uncommitted changes)" if git.get("git_dirty") == "true" else ""
-    lines.append(f"- git commit: `{commit}`{dirty}")
     run = mlflow_link(tracking_uri, mlflow_run_id) if mlflow_run_id else "tracking off (`NMT_TRACKING=off`)"
-    lines.append(f"- MLflow parent run: {run}")
+    lines += ["## Lineage", "", f"- git commit: `{git.get('git_commit') or 'unknown (not a git checkout)'}`{dirty}",
+              f"- MLflow parent run: {run}"]
     hint = mlflow_ui_hint(tracking_uri, ui_page) if mlflow_run_id else None
-    if hint:
-        lines.append(f"- MLflow UI: {hint}")
-    lines += registry_lines(register or {})
+    lines += ([f"- MLflow UI: {hint}"] if hint else []) + registry_lines(register or {})
     if failure:
         lines += ["", "## Failure", "", "```", failure, "```"]
+    return "\n".join(lines) + "\n"
+
+
+def best_variant(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The finished sweep variant with the highest valid BLEU (the first of equals, in spec order), or None."""
+    best = None
+    for record in records:
+        score = (record.get("metrics") or {}).get(OBJECTIVE)
+        if record.get("status") == "done" and isinstance(score, (int, float)):
+            if best is None or score > best["metrics"][OBJECTIVE]:
+                best = record
+    return best
+
+
+def _overrides(record: Mapping[str, Any], keys: Sequence[str]) -> str:
+    return ", ".join(f"{k}={_cell(record['overrides'][k])}" for k in keys if k in record["overrides"])
+
+
+def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commit: str, ran: int,
+                 mlflow_run_id: str | None, tracking_uri: str | None) -> str:
+    """A sweep's markdown: variants x headline metrics, the best variant, where DVC and MLflow show them.
+
+    Args:
+        spec: the checked spec.
+        records: one per variant, in spec order (``name``, ``overrides``, ``status``, ``metrics``, ``error``).
+        commit: the commit every variant ran.
+        ran: how many variants this run executed (0: all were done already).
+        mlflow_run_id: the sweep's parent run (None: tracking off).
+        tracking_uri: the MLflow store.
+    """
+    keys = spec.keys
+    shared = ", ".join(f"{k}={_cell(v)}" for k, v in spec.shared.items())
+    intro = (f"Base profile `{spec.profile}`{f' with {shared}' if shared else ''}; {len(records)} variants at commit "
+             f"`{commit[:12]}`; {ran} run now. The objective is valid BLEU (higher is better).")
+    best = best_variant(records)
+    head = ["variant", *keys, *(title for _, title, _ in SWEEP_COLUMNS), "status"]
+    lines = [f"# Sweep {spec.name}", "", intro, "", "| " + " | ".join(head) + " |",
+             "|---|" + "---:|" * (len(keys) + len(SWEEP_COLUMNS)) + "---|"]
+    for record in records:
+        metrics = record.get("metrics") or {}
+        cells = [f"**{record['name']}** (best)" if record is best else record["name"],
+                 *(_cell(record["overrides"][k]) if k in record["overrides"] else "" for k in keys),
+                 *(fmt.format(metrics[m]) if isinstance(metrics.get(m), (int, float)) else "-"
+                   for m, _, fmt in SWEEP_COLUMNS), _cell(record.get("status", "not run"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    if best is not None:
+        test = best["metrics"].get("test_bleu", float("nan"))
+        lines.append(f"Best: **{best['name']}** ({_overrides(best, keys) or 'the base profile'}): valid BLEU "
+                     f"{best['metrics'][OBJECTIVE]:.2f}, test BLEU {test:.2f}.")
+    else:
+        lines.append("Best: none (no variant finished with a valid BLEU).")
+    lines += ["", "## Where to look", "",
+              f"- DVC: `dvc exp show --only-changed` in this checkout lists the experiments "
+              f"{', '.join(r['name'] for r in records)}; `dvc exp apply {best['name'] if best else '<name>'}` "
+              "brings one's params and metrics into the workspace."]
+    if mlflow_run_id:
+        lines.append(f"- MLflow: parent run `{spec.run_name}` {mlflow_link(tracking_uri, mlflow_run_id)}; "
+                     "expand it in the runs table, select its variant runs and press Compare.")
+        hint = mlflow_ui_hint(tracking_uri)
+        lines += [f"- MLflow UI: {hint}"] if hint else []
+    failed = [r for r in records if r.get("status") != "done"]
+    if failed:
+        lines += ["", "## Not finished", "", *(f"- {r['name']}: {_cell(r.get('error') or r.get('status', 'not run'))}"
+                                               for r in failed)]
     return "\n".join(lines) + "\n"

@@ -1,64 +1,52 @@
 """The Prefect flow ``wmt14-sweep``: variants of a base profile run as DVC experiments, compared in MLflow.
 
-``nmt sweep SPEC.yaml`` (or ``python -m flows.sweep SPEC.yaml``) reads the spec (:mod:`flows.sweep_spec`),
-refuses a bad one before anything runs, then:
-
-1. opens (or, on a restart, reopens) the MLflow parent run ``sweep-<name>``;
-2. runs the stages no variant changes (download ... encode when only training keys vary) once, in a clone
-   with the first variant's params (:func:`flows.sweep_spec.shared_params`; task ``sweep-shared-stages``); every
-   variant's clone starts as a copy of it, so DVC finds those stages up to date and skips them;
-3. runs each variant not yet finished as its own Prefect task run, at most ``concurrency`` at once: in its
-   own clone (:mod:`flows.sweep_work`), ``dvc exp run --name <name>-<i> --set-param key=value ...`` under
-   its own MLflow run (a child of the sweep's, tagged ``override.<key>``, with the headline metrics of a
-   pipeline parent run: :func:`flows.report.headline_metrics`), then ``dvc exp push`` back to the checkout,
-   where ``dvc exp show`` lists it;
-4. records each finished variant in ``.dvc/tmp/sweeps/<name>/state.json`` (a restart skips those: a
-   finished sweep runs nothing), and writes the table of variants x headline metrics, best valid BLEU
-   named, as the Prefect artifact ``wmt14-sweep-<name>``, ``reports/sweeps/<name>.md`` and an artifact of
-   the MLflow parent run.
-
-Variants run the committed code at the checkout's HEAD; ``MLFLOW_TRACKING_URI`` defaults to the
-checkout's store, as for ``nmt run``::
+``nmt sweep SPEC.yaml`` (``python -m flows.sweep SPEC.yaml``) refuses a bad spec (:mod:`flows.sweep_spec`)
+before anything runs, then opens (on a restart, reopens) the MLflow parent run ``sweep-<name>``, runs the
+stages no variant changes once (task ``sweep-shared-stages``), and runs each unfinished variant as a Prefect
+task run, at most ``concurrency`` at once: ``dvc exp run --name <name>-<i> --set-param key=value ...`` in its
+own clone (:mod:`flows.sweep_work`) under its own MLflow run (a child of the sweep's, tagged
+``override.<key>``, with a pipeline run's headline metrics), then ``dvc exp push`` back to the checkout, where
+``dvc exp show`` lists it. Finished variants are recorded in ``.dvc/tmp/sweeps/<name>/state.json`` (a restart
+skips them). The table of variants x headline metrics, best valid BLEU named, becomes the Prefect artifact
+``wmt14-sweep-<name>``, ``reports/sweeps/<name>.md`` and an artifact of the MLflow parent. Variants run the
+checkout's committed HEAD; ``MLFLOW_TRACKING_URI`` defaults to the checkout's store, as for ``nmt run``::
 
     python -m flows.sweep sweeps/demo-warmup.yaml
+
+Ours and not DVC's experiment queue (``dvc exp run --queue``, ``dvc queue start -j N``): see :mod:`flows.sweep_work`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
 import re
 import sys
+import threading
 import time
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.runtime import flow_run as flow_run_ctx
-from prefect.settings import PREFECT_API_URL
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import parent_run
-from flows.dvc_task import ProcessResult, kill_all_groups, repro_command, run_in_group, stage_status
-from flows.pipeline import dvc_stages
-from flows.report import headline_metrics
-from flows.server import start_temporary_server
-from flows.sweep_report import OBJECTIVE, best_variant, render_sweep
+from flows.dvc_task import dvc_stages, repro_command, stage_env, stage_status
+from flows.lifeline import kill_all_groups, run_in_group
+from flows.report import OBJECTIVE, best_variant, headline_from, render_sweep
+from flows.server import ensure_api
 from flows.sweep_spec import SweepSpec, Variant, load_spec, shared_params, variant_params
-from flows.sweep_work import (REPORTS_DIR, SweepState, cache_dir, exp_push_command, exp_ref, exp_run_command,
-                              head_commit, held, prepare_clone, shared_stages, sweep_dir, write_params)
-from pipeline.core import env, owner
-from pipeline.core import stages as stage_table
-from pipeline.core import tracking
+from flows.sweep_work import (REPORTS_DIR, SweepState, VariantFailed, cache_dir, check_applied, exp_push_command,
+                              exp_ref, exp_run_command, head_commit, held, prepare_clone, shared_stages, sweep_dir,
+                              write_params)
+from pipeline.core import env, tracking
 from pipeline.core.config import flatten
 from pipeline.core.errors import PipelineError
 from pipeline.project.profiles import merged_profile
@@ -66,31 +54,7 @@ from pipeline.project.profiles import merged_profile
 log = logging.getLogger(__name__)
 
 FLOW_NAME = "wmt14-sweep"
-
-
-class VariantFailed(PipelineError):
-    """A command of one variant (clone, ``dvc exp run``, ``dvc exp push``) failed.
-
-    Attributes:
-        summary: one line: the failed stage's own error line (``error: stage <name>: ...``, which
-            :func:`pipeline.core.stage.run_cli` prints), else DVC's last line, then the command.
-    """
-
-    def __init__(self, name: str, result: ProcessResult) -> None:
-        tail = "\n".join(result.stderr_tail[-8:]) or "(no stderr)"
-        cause = stage_error(result.stderr_tail) or (result.stderr_tail[-1].strip() if result.stderr_tail
-                                                    else "(no stderr)")
-        self.summary = (f"variant {name}: {cause} (`{' '.join(result.args)}` failed with exit code "
-                        f"{result.returncode} after {result.duration_s:.0f} s)")
-        super().__init__(f"{self.summary}; last lines of stderr:\n{tail}")
-
-
-def stage_error(lines: Sequence[str]) -> str | None:
-    """The last ``error: stage <name>: ...`` line among ``lines`` (a stage's own one-line error), or None."""
-    for line in reversed(lines):
-        if line.strip().startswith("error: stage "):
-            return line.strip()
-    return None
+_PUSH_LOCK = threading.Lock()  # one `dvc exp push` into the checkout's refs at a time (the sweep lock: one sweep)
 
 
 @dataclass(frozen=True)
@@ -107,27 +71,22 @@ class SweepContext:
     flow_run_id: str
     grace_s: float
 
+    def env(self, parent_id: str | None) -> dict[str, str]:
+        """The environment of a clone's ``dvc`` command: its stage runs become children of ``parent_id``."""
+        out = stage_env({"NMT_PROFILE_RUN": self.profile, "NMT_PREFECT_FLOW_RUN_ID": self.flow_run_id,
+                         "MLFLOW_PARENT_RUN_ID": parent_id or ""})
+        out.setdefault("NMT_DOWNLOAD_CACHE", str(Path(self.root) / ".cache" / "downloads"))  # one, not one a clone
+        return out
+
+    def header(self, what: str) -> str:
+        """The comment lines on top of a clone's params.yaml."""
+        return (f"# Written by the sweep {self.sweep} (flows/sweep.py): profile {self.profile}{what}.\n"
+                "# The checkout's params.yaml is not touched.\n")
+
 
 def artifact_key(name: str) -> str:
     """The Prefect artifact key of sweep ``name`` (keys allow lowercase letters, digits and dashes)."""
     return "wmt14-sweep-" + re.sub(r"[^a-z0-9-]", "-", name.lower())
-
-
-def _env(ctx: SweepContext, parent_id: str | None) -> dict[str, str]:
-    """The environment of a clone's ``dvc`` command: its stage runs become children of ``parent_id``."""
-    env = dict(os.environ)
-    for name in ("MLFLOW_RUN_ID", "MLFLOW_PARENT_RUN_ID", "NMT_PREFECT_FLOW_RUN_ID", "NMT_PROFILE_RUN"):
-        env.pop(name, None)
-    env.update({"NMT_PROFILE_RUN": ctx.profile, "NMT_PREFECT_FLOW_RUN_ID": ctx.flow_run_id})
-    if parent_id:
-        env["MLFLOW_PARENT_RUN_ID"] = parent_id
-    env.setdefault("NMT_DOWNLOAD_CACHE", str(Path(ctx.root) / ".cache" / "downloads"))  # one cache, not one a clone
-    return env
-
-
-def _header(ctx: SweepContext, what: str) -> str:
-    return (f"# Written by the sweep {ctx.sweep} (flows/sweep.py): profile {ctx.profile}{what}.\n"
-            "# The checkout's params.yaml is not touched.\n")
 
 
 @task(name="sweep-shared-stages", cache_policy=NO_CACHE, task_run_name="shared stages {stages}")
@@ -139,33 +98,16 @@ def build_shared(stages: list[str], ctx: SweepContext, params: dict[str, Any]) -
     """
     logger = get_run_logger()
     clone = prepare_clone(Path(ctx.root), sweep_dir(Path(ctx.root), ctx.sweep) / "base", ctx.commit, ctx.cache)
-    write_params(clone, params, _header(ctx, " with the shared overrides"))
+    write_params(clone, params, ctx.header(" with the shared overrides"))
     statuses: dict[str, str] = {}
     for stage in stages:
-        result = run_in_group(repro_command(stage), cwd=clone, env=_env(ctx, ctx.parent_run_id),
-                              grace_s=ctx.grace_s, logger=logger)
+        result = run_in_group(repro_command(stage), cwd=clone, env=ctx.env(ctx.parent_run_id), grace_s=ctx.grace_s,
+                              logger=logger)
         if result.returncode != 0:
             raise VariantFailed("base", result)
         statuses[stage] = stage_status(stage, result.stdout_lines)
     logger.info("shared stages: %s", ", ".join(f"{s} {v}" for s, v in statuses.items()))
     return statuses
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _check_applied(clone: Path, variant: Variant) -> None:
-    """The clone's params.yaml after ``dvc exp run`` holds every override as the spec gave it."""
-    got = flatten(yaml.safe_load((clone / "params.yaml").read_text(encoding="utf-8")) or {})
-    for key, value in variant.applied.items():
-        if got.get(key) != value:
-            raise PipelineError(f"{clone / 'params.yaml'}: `dvc exp run --set-param` left {key}={got.get(key)!r}, "
-                                f"not {value!r} as the spec says; quote the value in the spec")
 
 
 def _variant_tags(ctx: SweepContext, variant: Variant, clone: Path) -> dict[str, str]:
@@ -190,71 +132,34 @@ def run_variant(variant: Variant, ctx: SweepContext, base: dict[str, Any]) -> di
         VariantFailed: ``dvc exp run`` or ``dvc exp push`` failed (the command and its stderr tail named).
     """
     logger = get_run_logger()
-    started = time.monotonic()
-    root = Path(ctx.root)
+    started, root = time.monotonic(), Path(ctx.root)
     clone = prepare_clone(root, sweep_dir(root, ctx.sweep) / variant.name, ctx.commit, ctx.cache,
                           template=Path(ctx.base_clone) if ctx.base_clone else None)
     params = variant_params(base, variant.applied)
-    write_params(clone, params, _header(ctx, f", variant {variant.name}: {variant.label()}"))
+    write_params(clone, params, ctx.header(f", variant {variant.name}: {variant.label()}"))
     earlier = parent_run.child_run(ctx.parent_run_id, "sweep.variant", variant.name, root)  # an interrupted try's
     with parent_run.pipeline_run(variant.name, params=flatten(params), root=clone,
                                  tags=_variant_tags(ctx, variant, clone), reopen=earlier) as run:
-        env = _env(ctx, run.run_id)
-        result = run_in_group(exp_run_command(variant.name, variant.applied), cwd=clone, env=env,
+        result = run_in_group(exp_run_command(variant.name, variant.applied), cwd=clone, env=ctx.env(run.run_id),
                               grace_s=ctx.grace_s, logger=logger)
         if result.returncode != 0:
             raise VariantFailed(variant.name, result)
-        _check_applied(clone, variant)
-        with held(sweep_dir(root, ctx.sweep) / "push.lock", "a push", wait=True):  # one writer of the refs
-            pushed = run_in_group(exp_push_command(variant.name), cwd=clone, env=env, grace_s=ctx.grace_s,
-                                  logger=logger)
+        check_applied(clone, variant.applied)
+        with _PUSH_LOCK:
+            pushed = run_in_group(exp_push_command(variant.name), cwd=clone, env=ctx.env(run.run_id),
+                                  grace_s=ctx.grace_s, logger=logger)
         if pushed.returncode != 0:
             raise VariantFailed(variant.name, pushed)
-        metrics_dir = clone / params["paths"]["metrics"]
-        metrics = headline_metrics(_read_json(stage_table.details_file(metrics_dir, "evaluate")),
-                                   _read_json(stage_table.details_file(metrics_dir, "train")))
+        metrics = headline_from(clone / params["paths"]["metrics"])
         run.log_metrics(metrics)
         rev = exp_ref(root, variant.name, ctx.commit) or ""
         run.set_tags({"dvc_exp_rev": rev})
-        run_id = run.run_id
     statuses = {s: stage_status(s, result.stdout_lines) for s in dvc_stages(clone)}
     logger.info("variant %s: valid BLEU %s, stages %s", variant.name, metrics.get(OBJECTIVE),
                 ", ".join(f"{s} {v}" for s, v in statuses.items()))
     return {"name": variant.name, "index": variant.index, "overrides": variant.overrides, "status": "done",
-            "metrics": metrics, "mlflow_run_id": run_id, "exp_rev": rev, "stages": statuses,
+            "metrics": metrics, "mlflow_run_id": run.run_id, "exp_rev": rev, "stages": statuses,
             "duration_s": round(time.monotonic() - started, 1)}
-
-
-@contextlib.contextmanager
-def sweep_parent_run(root: Path, spec: SweepSpec, state: SweepState) -> Iterator[tracking.StageRun]:
-    """The MLflow parent run ``sweep-<name>``: created once (its id kept in the state file), reopened on a restart."""
-    if not tracking.enabled():
-        yield tracking.StageRun()
-        return
-    client = tracking.mlflow_client(root)
-    run_id = state.data.get("mlflow_run_id")
-    holder = owner.owner_tags(root)  # a later sweep ends the run if this process is killed
-    try:
-        if run_id:
-            client.update_run(run_id, status="RUNNING")
-            for key, value in holder.items():
-                client.set_tag(run_id, key, value)
-    except Exception as exc:  # noqa: BLE001 - e.g. another tracking store since the last run
-        log.warning("could not reopen the sweep's MLflow run %s (%s): opening a new one", run_id, exc)
-        run_id = None
-    if not run_id:
-        tags = {**tracking.git_tags(root), "sweep": spec.name, "sweep.parent": "true", "profile": spec.profile,
-                "prefect.flow_run_id": str(flow_run_ctx.id or ""), **holder}
-        run_id = client.create_run(tracking.experiment_id(client, root), tags=tags, run_name=spec.run_name).info.run_id
-        state.data["mlflow_run_id"] = run_id
-        state.save()
-        client.log_artifact(run_id, spec.source, "spec")
-    status = "FAILED"
-    try:
-        yield tracking.StageRun(client, run_id)
-        status = "FINISHED"
-    finally:
-        client.set_terminated(run_id, status=status)
 
 
 def _run_variants(todo: list[Variant], ctx: SweepContext, base: dict[str, Any], spec: SweepSpec,
@@ -319,8 +224,8 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
     head = head_commit(root)
     if tracking.enabled():
         os.environ.setdefault("MLFLOW_TRACKING_URI", tracking.tracking_uri(root))  # clones log to this store
-    with held(sweep_dir(root, spec.name) / "sweep.lock", f"sweep {spec.name}", wait=False):
-        parent_run.end_orphans(root, get_run_logger())
+    with held(sweep_dir(root, spec.name) / "sweep.lock", f"sweep {spec.name}"):
+        parent_run.end_orphans(root, logger)
         state = SweepState.load(root, spec, head)
         if state.data["commit"] != head:
             logger.warning("sweep %s started at commit %s; its variants keep running that commit, not HEAD %s",
@@ -329,7 +234,7 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
         logger.info("sweep %s: %d variants, %d to run, %d at once", spec.name, len(spec.variants), len(todo),
                     spec.concurrency)
         base = merged_profile(spec.profile, root)
-        with sweep_parent_run(root, spec, state) as parent:
+        with parent_run.sweep_run(root, spec, state, str(flow_run_ctx.id or "")) as parent:
             shared = shared_stages(root / "dvc.yaml", spec.keys) if todo else []
             ctx = SweepContext(root=str(root), sweep=spec.name, profile=spec.profile, commit=state.data["commit"],
                                cache=cache_dir(root) if todo else "",
@@ -369,11 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     env.prefer_this_interpreter()  # dvc and DVC's `python -m pipeline.<stage>` run in this environment
     try:
         load_spec(args.spec, args.repo)  # a bad spec is refused before any server, clone or MLflow run
-        if not PREFECT_API_URL.value():
-            os.environ["PREFECT_API_URL"] = start_temporary_server()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.execv(sys.executable, [sys.executable, "-m", "flows.sweep", *(sys.argv[1:] if argv is None else argv)])
+        ensure_api("flows.sweep", argv)
         result = wmt14_sweep(spec_path=args.spec, repo=args.repo, kill_grace_s=args.kill_grace)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)

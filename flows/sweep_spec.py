@@ -16,7 +16,9 @@ file and the key::
     #   - {train.warmup_steps: 50}
     #   - {train.warmup_steps: 100, train.lr_scale: 1.0}
 
-The objective is valid BLEU (``valid_bleu``, higher is better); test BLEU is shown beside it.
+The objective is valid BLEU (``valid_bleu``, higher is better); test BLEU is shown beside it. Ours and not DVC's
+``-S 'key=choice(...)'`` sweeps: DVC expands those only into ``--queue`` runs (dvc/repo/experiments/run.py),
+which a sweep cannot use (:mod:`flows.sweep_work`), and checks no key or value against params.yaml first.
 """
 
 from __future__ import annotations

@@ -1,15 +1,18 @@
 """Where a sweep's variants run and what it remembers: one git clone per variant, the state file, DVC's commands.
 
-One DVC workspace runs one ``dvc`` command at a time, and ``dvc exp run`` keeps its bookkeeping in refs
-(``refs/exps/stash``, ``refs/exps/exec/*``) that ``git worktree`` would share between workspaces; so each
-variant runs in its own clone under ``<repo>/.dvc/tmp/sweeps/<name>/`` (DVC ignores ``.dvc/``; DVC's own
-``--temp`` runs live there too), at the commit the sweep started from, with the checkout's DVC cache
-(``dvc cache dir --local``). The stages no variant changes run once, in the clone ``base``; each variant's
-clone starts as a copy of it, so its ``dvc.lock`` already records them and ``dvc exp run`` skips them. (DVC's
-run cache cannot do this here: DVC 3 saves no run-cache entry for a stage with a ``cache: false`` output that
-is not a metric or plot, ``no_cache_outs`` in dvc/stage/__init__.py, and every stage writes such a
-``<stage>.details.json``.) A finished experiment is pushed back with ``dvc exp push`` (git refs only), so
-``dvc exp show`` in the checkout lists it. Plain Python, no Prefect import.
+Ours and not DVC's ``dvc exp run --temp`` / ``--queue``: their executors start each experiment from git-tracked
+files and the DVC cache alone in a folder they delete afterwards (``TempDirExecutor`` in
+dvc/repo/experiments/executor/local.py), so uncached outputs (every stage's ``<stage>.details.json``, train's
+checkpoints) could neither be shared by the variants nor kept for a resume, and a queued run gets no environment
+of its own to name its MLflow parent (``run_env`` in dvc/repo/experiments/queue/base.py).
+
+Each variant runs in its own clone under ``<repo>/.dvc/tmp/sweeps/<name>/`` (one DVC workspace runs one ``dvc``
+command at a time, and ``git worktree`` would share the ``refs/exps`` bookkeeping), at the sweep's commit, with
+the checkout's DVC cache (``dvc cache dir --local``). The stages no variant changes run once, in the clone
+``base``, which each new variant clone copies, so its ``dvc.lock`` records them and ``dvc exp run`` skips them
+(DVC's run cache keeps no entry for a stage with a ``cache: false`` output that is not a metric or plot:
+``no_cache_outs`` in dvc/stage/__init__.py). A finished experiment is pushed back with ``dvc exp push`` (git
+refs only), so ``dvc exp show`` in the checkout lists it. Plain Python, no Prefect import.
 """
 
 from __future__ import annotations
@@ -19,19 +22,43 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from flows.lifeline import ProcessResult
 from flows.sweep_spec import SpecError, SweepSpec
+from pipeline.core.config import flatten
 from pipeline.core.errors import PipelineError
 from pipeline.core.textio import write_text
 
 SWEEPS_DIR = Path(".dvc") / "tmp" / "sweeps"
 REPORTS_DIR = Path("reports") / "sweeps"
+
+
+class VariantFailed(PipelineError):
+    """A command of one variant (``dvc repro``, ``dvc exp run``, ``dvc exp push``) failed.
+
+    Attributes:
+        summary: one line: the failed stage's own error line (``error: stage <name>: ...``, which
+            :func:`pipeline.core.stage.run_cli` prints), else DVC's last line, then the command.
+    """
+
+    def __init__(self, name: str, result: ProcessResult) -> None:
+        tail = "\n".join(result.stderr_tail[-8:]) or "(no stderr)"
+        cause = stage_error(result.stderr_tail) or (result.stderr_tail[-1].strip() if result.stderr_tail
+                                                    else "(no stderr)")
+        self.summary = (f"variant {name}: {cause} (`{' '.join(result.args)}` failed with exit code "
+                        f"{result.returncode} after {result.duration_s:.0f} s)")
+        super().__init__(f"{self.summary}; last lines of stderr:\n{tail}")
+
+
+def stage_error(lines: Sequence[str]) -> str | None:
+    """The last ``error: stage <name>: ...`` line among ``lines`` (a stage's own one-line error), or None."""
+    return next((line.strip() for line in reversed(lines) if line.strip().startswith("error: stage ")), None)
 
 
 def sweep_dir(root: Path, name: str) -> Path:
@@ -110,6 +137,19 @@ def prepare_clone(root: Path, clone: Path, commit: str, cache: str, template: Pa
 def write_params(clone: Path, params: dict[str, Any], header: str) -> None:
     """Write ``params`` as the clone's params.yaml (``header``: comment lines saying where it comes from)."""
     write_text(clone / "params.yaml", header + yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
+
+
+def check_applied(clone: Path, applied: dict[str, Any]) -> None:
+    """The clone's params.yaml after ``dvc exp run`` holds every override as the spec gave it.
+
+    Raises:
+        PipelineError: DVC's ``--set-param`` read a value otherwise (a string that looks like a number).
+    """
+    got = flatten(yaml.safe_load((clone / "params.yaml").read_text(encoding="utf-8")) or {})
+    for key, value in applied.items():
+        if got.get(key) != value:
+            raise PipelineError(f"{clone / 'params.yaml'}: `dvc exp run --set-param` left {key}={got.get(key)!r}, "
+                                f"not {value!r} as the spec says; quote the value in the spec")
 
 
 def set_param(key: str, value: Any) -> str:
@@ -213,17 +253,17 @@ class SweepState:
 
 
 @contextmanager
-def held(path: Path, what: str, *, wait: bool) -> Iterator[None]:
-    """An exclusive ``flock(2)`` on ``path`` for the block (``wait``: block until free, else refuse at once).
+def held(path: Path, what: str) -> Iterator[None]:
+    """An exclusive ``flock(2)`` on ``path`` for the block (the kernel drops it when the holder dies).
 
     Raises:
-        PipelineError: ``wait`` is false and another process or thread holds it.
+        PipelineError: another process holds it (its pid named).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise PipelineError(f"{path}: {what} is already running (pid {os.pread(fd, 32, 0).decode() or '?'}); "
                                 "wait for it to end or stop it") from None

@@ -3,7 +3,8 @@
 DVC remote and runs ``wmt14-pipeline`` to completion.
 
 The deployed repository is a toy one (this checkout's ``flows/``, ``pipeline/`` and ``profiles/``
-with a one-stage dvc.yaml and a local DVC remote), registered with ``python -m flows.deploy``.
+with a one-stage dvc.yaml and a local DVC remote), registered with Prefect's own ``prefect deploy --all`` from
+this checkout's ``prefect.yaml`` with the test's schedule and job environment.
 """
 
 from __future__ import annotations
@@ -24,8 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flows.deploy import DEFAULT_POOL, FLOW_NAME
-from flows.pipeline import ARTIFACT_KEY
+from flows.pipeline import ARTIFACT_KEY, FLOW_NAME
 from flows.server import free_port, healthy
 from tests.helpers.paths import REPO
 
@@ -33,6 +33,7 @@ pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
 DEPLOYMENT = "every-minute"
+POOL = "gpu-pool"  # prefect.yaml's work pool
 STAGES = {"hello": {"cmd": "python -c \"open('hello.txt', 'w').write('hi')\"", "outs": ["hello.txt"]}}
 
 
@@ -90,13 +91,20 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def _toy_repository(dest: Path, remote: Path) -> str:
-    """A committed git + DVC repo with the flow code and one stage pushed to a local remote; its commit."""
+    """A committed git + DVC repo with the flow code, one stage pushed to a local remote and prefect.yaml's
+    deployment every minute under the name ``every-minute``, its own ``origin``; its commit."""
     dest.mkdir(parents=True)
     for folder in ("flows", "pipeline", "profiles"):
         shutil.copytree(REPO / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "profiles" / "paper.yaml", dest / "params.yaml")
     (dest / "dvc.yaml").write_text(yaml.safe_dump({"stages": STAGES}, sort_keys=False))
+    deployments = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    spec = deployments["deployments"][0]
+    spec.update(name=DEPLOYMENT, schedules=[{"cron": "* * * * *"}])
+    spec["work_pool"]["job_variables"]["env"].update(MLFLOW_TRACKING_URI="", NMT_NPROC="1")
+    (dest / "prefect.yaml").write_text(yaml.safe_dump(deployments, sort_keys=False))
     _git(dest, "init", "-q")
+    _git(dest, "remote", "add", "origin", str(dest))
     _git(dest, "config", "user.email", "t@example.com")
     _git(dest, "config", "user.name", "test")
     for args in (["init", "-q"], ["config", "core.check_update", "false"], ["remote", "add", "-d", "store", str(remote)],
@@ -117,6 +125,17 @@ def _client(server: Server) -> Iterator[Any]:
         yield client
 
 
+def _deploy(server: Server, repo: Path) -> Any:
+    """``prefect deploy --all`` in ``repo`` (its work pool created first, as docs/cluster.md says); the deployment."""
+    subprocess.run([str(BIN / "prefect"), "work-pool", "create", POOL, "--type", "process", "--overwrite"], cwd=repo,
+                   env=server.env, check=True, capture_output=True)
+    done = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], cwd=repo, env=server.env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with _client(server) as client:
+        return client.read_deployment_by_name(f"{FLOW_NAME}/{DEPLOYMENT}")
+
+
 def _runs(server: Server, deployment_id: Any) -> list[Any]:
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
     from prefect.client.schemas.sorting import FlowRunSort
@@ -133,16 +152,9 @@ def test_scheduler_fills_the_cron_schedule_and_a_worker_runs_a_scheduled_run(ser
 
     started, deployed_at = time.monotonic(), datetime.now(UTC)
     commit = _toy_repository(tmp_path / "toy", tmp_path / "dvc-remote")
-    done = subprocess.run([sys.executable, "-m", "flows.deploy", "--repository", str(tmp_path / "toy"), "--commit",
-                           commit, "--name", DEPLOYMENT, "--cron", "* * * * *",
-                           "--env", "MLFLOW_TRACKING_URI=", "--env", "NMT_NPROC=1"], cwd=REPO, env=server.env,
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    deployment_id = done.stdout.strip().splitlines()[-1]
-    with _client(server) as client:
-        dep = client.read_deployment_by_name(f"{FLOW_NAME}/{DEPLOYMENT}")
-    assert str(dep.id) == deployment_id and dep.work_pool_name == DEFAULT_POOL
-    assert [s.schedule.cron for s in dep.schedules] == ["* * * * *"]
+    dep = _deploy(server, tmp_path / "toy")
+    assert dep.work_pool_name == POOL and [s.schedule.cron for s in dep.schedules] == ["* * * * *"]
+    assert dep.pull_steps[0]["prefect.deployments.steps.git_clone"]["commit_sha"] == commit
 
     # The scheduler service (loop 1 s here, 60 s by default) creates the upcoming runs by itself.
     deadline = time.monotonic() + 60
@@ -165,7 +177,7 @@ def test_scheduler_fills_the_cron_schedule_and_a_worker_runs_a_scheduled_run(ser
             client.set_flow_run_state(chosen.id, Scheduled(scheduled_time=datetime.now(UTC)), force=True)
     work = tmp_path / "worker"
     work.mkdir()
-    worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", DEFAULT_POOL, "--type", "process",
+    worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--type", "process",
                                "--run-once", "--prefetch-seconds", "0"], cwd=work, env=server.env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, start_new_session=True)
     try:

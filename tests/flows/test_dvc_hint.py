@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.dvc_task import PUBLISH_HINT, publish_hint, repro_command, run_in_group, stage_status
+from flows.dvc_task import PUBLISH_HINT, publish_hint, repro_command, stage_status
+from flows.lifeline import run_in_group
 from tests.helpers.repoutil import git
 from tests.helpers.toyflow import PIPELINE, MakeRepo
 
@@ -22,7 +23,7 @@ HINT_WORDS = ("To track the changes with git", "git add", "autostage")
 
 
 def _printed(repo: Path, args: list[str]) -> tuple[int, list[str], str]:
-    result = run_in_group(args, cwd=repo, timeout_s=120)
+    result = run_in_group(args, cwd=repo)
     return result.returncode, list(result.stdout_lines), "\n".join((*result.stdout_lines, *result.stderr_tail))
 
 

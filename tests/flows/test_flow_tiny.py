@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 import yaml
 
-from flows.pipeline import ARTIFACT_KEY, dvc_stages, wmt14_pipeline
+from flows.dvc_task import dvc_stages
+from flows.pipeline import ARTIFACT_KEY, wmt14_pipeline
 from flows.report import AUDIT_ARTIFACT_KEY, HEADLINE_METRICS
 from pipeline.core import stages
 from pipeline.core.config import flatten
