@@ -28,7 +28,7 @@ Several nodes (run the same command on every node, e.g. from a Slurm or Kubernet
                      ``join_timeout`` and ``read_timeout`` (at most 60 s) of c10d, ``timeout`` of the static
                      rendezvous), at the start and after a restart, in every mode: for its host to resolve,
                      for the other nodes, for a store that never answers; then it stops with one line naming
-                     the endpoint (:func:`wait_until_resolvable`, :func:`pipeline.training.distributed.run_torchrun`)
+                     the endpoint (:func:`wait_until_resolvable`, :func:`pipeline.training.torchrun.run_torchrun`)
     -> torchrun --nnodes=M --nproc_per_node=N (--rdzv_* | --node_rank/--master_addr/--master_port) -m pipeline.train
 
 A loopback NMT_RDZV_ENDPOINT (127.0.0.1, localhost, ::1) means every node runs on this machine:
@@ -181,12 +181,12 @@ def run_agent(torchrun_args: list[str]) -> int:
     quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ
     if quiet:
         os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"  # read once, when torch loads
-    from pipeline.training import distributed  # torch only now: --dry-run and errors stay fast
+    from pipeline.training import torchrun  # torch only now: --dry-run and errors stay fast
 
     if quiet:
         del os.environ["TORCH_CPP_LOG_LEVEL"]  # the ranks inherit this environment
     try:
-        return distributed.run_torchrun(torchrun_args)
+        return torchrun.run_torchrun(torchrun_args)
     except PipelineError as exc:
         print(f"error: stage train: {exc}", file=sys.stderr)
         return 1
