@@ -41,7 +41,7 @@ from pipeline.core.config import EvaluateConfig, Params
 from pipeline.core.errors import DataError
 from pipeline.core.stage import read_json, stage_main
 from pipeline.core.textio import read_lines, sha256_file
-from pipeline.inference import ct2, model_file
+from pipeline.inference import ct2, model_file, registry
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +241,7 @@ def _log_model(run: tracking.StageRun, cfg: EvaluateConfig, inputs: dict[str, An
     if quantization != "off":  # NMT_REGISTER_CTRANSLATE2
         artifacts["ctranslate2"] = str(ct2.export(inputs["averaged"], work / "ctranslate2", quantization))
         model_config["engine"] = "ctranslate2"
-    info = tracking.log_pyfunc_model(
+    info = registry.log_pyfunc_model(
         run, python_model=MODEL_FILE, artifacts=artifacts, code_paths=_code_copies(work), model_config=model_config,
         params={"beam_size": bleu["beam"], "alpha": bleu["alpha"], "engine": model_config["engine"]},
         registered_model_name=name, pip_requirements=_requirements(), root=root)
@@ -258,7 +258,7 @@ def _compare(holder: dict[str, Any] | None, inputs: dict[str, Any], work: Path,
         return None, f"version {holder['version']} was scored against other test references"
     fetched = None
     if holder.get("run_id"):
-        fetched = tracking.download_run_artifact(holder["run_id"], f"{HYPS_ARTIFACT_DIR}/test.hyp.de",
+        fetched = registry.download_run_artifact(holder["run_id"], f"{HYPS_ARTIFACT_DIR}/test.hyp.de",
                                                  work / "candidate", root)
     if fetched is None:
         return None, f"version {holder['version']}'s run has no {HYPS_ARTIFACT_DIR}/test.hyp.de artifact"
@@ -274,7 +274,7 @@ def _log_lineage(run: tracking.StageRun, inputs: dict[str, Any], name: str, lock
     """Params, tags, dataset inputs and hypothesis/metrics artifacts of the register run."""
     bleu = inputs["bleu"]
     datasets = dvc_datasets(lock_path, dataset_paths)
-    tracking.log_datasets(run, datasets)
+    registry.log_datasets(run, datasets)
     run.log_params({"register.model_name": name, "register.alias": ALIAS, "register.beam_size": bleu["beam"],
                     "register.alpha": bleu["alpha"], "register.bootstrap_samples": BOOTSTRAP_SAMPLES})
     run.set_tags({"evaluate_run_id": bleu["evaluate_run_id"] or "", "sacrebleu_signature": bleu["signature"],
@@ -340,8 +340,8 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
     if not tracking.enabled():
         return _record_only(name, new, "tracking is off (NMT_TRACKING=off): nothing logged or "
                             "registered; `dvc repro -f register` with tracking on to register this model")
-    holder = tracking.alias_holder(name, ALIAS, root)
-    same = tracking.find_model_versions(name, {"averaged_sha256": inputs["averaged_sha256"], "beam": bleu["beam"],
+    holder = registry.alias_holder(name, ALIAS, root)
+    same = registry.find_model_versions(name, {"averaged_sha256": inputs["averaged_sha256"], "beam": bleu["beam"],
                                                "alpha": bleu["alpha"]}, root)
     if same:
         return _record_only(name, new, f"this averaged.pt with beam {bleu['beam']}, alpha "
@@ -353,13 +353,13 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
         datasets = _log_lineage(run, inputs, name, lock_path, dataset_paths or {})
         info = _log_model(run, cfg, inputs, name, work, root)
         version = info["version"]
-        tracking.tag_model_version(name, version, {"run_id": run.run_id, **new,
+        registry.tag_model_version(name, version, {"run_id": run.run_id, **new,
                                                    "averaged_sha256": inputs["averaged_sha256"],
                                                    **{f"{s}_ref_sha256": inputs["ref_sha"][s] for s in SPLITS}}, root)
         bootstrap, not_compared = _compare(holder, inputs, work, root)
         moved, decision = decide(bleu["valid_bleu"], inputs["ref_sha"], holder)
         if moved:
-            tracking.set_alias(name, ALIAS, version, root)
+            registry.set_alias(name, ALIAS, version, root)
         previous = None if holder is None else {
             "version": holder["version"], "run_id": holder["run_id"],
             **{k: float(holder["tags"][k]) for k in ("valid_bleu", "test_bleu") if k in holder["tags"]}}

@@ -1,0 +1,159 @@
+"""MLflow's logged and registered models, and a run's dataset inputs: the lineage the ``register`` stage records.
+
+Runs themselves are :mod:`pipeline.core.tracking`'s; every function here is a no-op when tracking is off.
+No torch here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.tracking import StageRun, enabled, mlflow_client, tracking_uri
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _fluent_tracking_uri(uri: str) -> Iterator[None]:
+    """Point MLflow's fluent API at ``uri`` for a block; restore its URI and ``MLFLOW_TRACKING_URI`` after
+    (``mlflow.set_tracking_uri`` also writes the variable, and unsets it when restoring None)."""
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    saved_env = os.environ.get("MLFLOW_TRACKING_URI")
+    saved = getattr(utils, "_tracking_uri", None)
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(saved)
+        if saved_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved_env
+
+
+def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict[str, str],
+                     code_paths: list[str] | None = None, model_config: dict[str, Any] | None = None,
+                     params: dict[str, int | float | str] | None = None, registered_model_name: str | None = None,
+                     pip_requirements: list[str] | None = None, name: str = "translator",
+                     root: str | Path = ".") -> dict[str, Any] | None:
+    """Log a models-from-code pyfunc (one column in, one string per row out) into ``run``; maybe register it.
+
+    Args:
+        run: an open stage run (a no-op handle gives None).
+        python_model: the model file MLflow executes (it ends with ``mlflow.models.set_model(...)``).
+        artifacts: name → local file, copied into the model (``context.artifacts``).
+        code_paths: local packages copied beside the model so it loads outside this checkout.
+        model_config: ``context.model_config`` of the loaded model.
+        params: inference params with their defaults (name → int, float or str), part of the signature.
+        registered_model_name: register a new version of this model.
+        pip_requirements: the model's requirements (given, so MLflow does not load the model to infer them).
+        name: the logged model's name.
+        root: repository root (default store).
+
+    Returns:
+        ``{"model_uri", "model_id", "version"}`` (version None when not registered), or None when off.
+    """
+    if run.run_id is None:
+        return None
+    import mlflow
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+    from mlflow.types.schema import AnyType
+
+    def kind(v: int | float | str) -> str:
+        return "string" if isinstance(v, str) else "long" if type(v) is int else "double"  # True: not a long
+
+    specs = [ParamSpec(k, kind(v), v) for k, v in (params or {}).items()]
+    # Inputs typed Any, not string: MLflow casts a string column's values to text before predict ([1, 2] and
+    # [null] would arrive as "1", "2" and "None"), so the model checks that each input is a string itself.
+    signature = ModelSignature(inputs=Schema([ColSpec(AnyType())]), outputs=Schema([ColSpec("string")]),
+                               params=ParamSchema(specs) if specs else None)
+    # The fluent API logs into the active run: make the stage's run active against this store for
+    # the call only (the registry follows the tracking URI unless MLFLOW_REGISTRY_URI says otherwise).
+    with _fluent_tracking_uri(tracking_uri(root)), mlflow.start_run(run_id=run.run_id):
+        info = mlflow.pyfunc.log_model(
+            name=name, python_model=str(python_model), artifacts=artifacts, code_paths=code_paths,
+            model_config=model_config, signature=signature, registered_model_name=registered_model_name,
+            pip_requirements=pip_requirements)
+    version = getattr(info, "registered_model_version", None)
+    return {"model_uri": info.model_uri, "model_id": getattr(info, "model_id", None),
+            "version": str(version) if version is not None else None}
+
+
+def log_datasets(run: StageRun, datasets: list[dict[str, str]]) -> None:
+    """Record dataset inputs of ``run`` (each ``{"name", "digest", "source", "context"}``; source type ``dvc``)."""
+    if not datasets or run.run_id is None:
+        return
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    inputs = [DatasetInput(Dataset(name=d["name"], digest=d["digest"][:36], source_type="dvc", source=d["source"]),
+                           tags=[InputTag("mlflow.data.context", d.get("context", "training"))])
+              for d in datasets]
+    run.client.log_inputs(run.run_id, datasets=inputs)
+
+
+def _version(mv: Any) -> dict[str, Any]:
+    tags = dict(mv.tags or {})
+    return {"version": str(mv.version), "run_id": tags.get("run_id") or mv.run_id, "tags": tags}
+
+
+def alias_holder(model_name: str, alias: str, root: str | Path = ".") -> dict[str, Any] | None:
+    """The model version holding ``alias``: ``{"version", "run_id", "tags"}``, or None (no model, no alias)."""
+    if not enabled():
+        return None
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return _version(mlflow_client(root).get_model_version_by_alias(model_name, alias))
+    except MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+            return None
+        raise
+
+
+def find_model_versions(model_name: str, tags: dict[str, Any], root: str | Path = ".") -> list[dict[str, Any]]:
+    """Versions of ``model_name`` whose tags equal all of ``tags`` (newest first): ``{"version", "run_id", "tags"}``."""
+    if not enabled():
+        return []
+    quoted = model_name.replace("'", "\\'")
+    clauses = [f"name = '{quoted}'", *(f"tag.`{k}` = '{v!s}'" for k, v in tags.items())]
+    found = mlflow_client(root).search_model_versions(" and ".join(clauses), order_by=["version_number DESC"])
+    return [_version(mv) for mv in found]
+
+
+def set_alias(model_name: str, alias: str, version: str, root: str | Path = ".") -> None:
+    """Point ``alias`` of ``model_name`` at ``version``."""
+    if enabled():
+        mlflow_client(root).set_registered_model_alias(model_name, alias, str(version))
+
+
+def tag_model_version(model_name: str, version: str, tags: dict[str, Any], root: str | Path = ".") -> None:
+    """Set string tags on one registered model version."""
+    if enabled():
+        client = mlflow_client(root)
+        for key, value in tags.items():
+            client.set_model_version_tag(model_name, str(version), key, str(value))
+
+
+def download_run_artifact(run_id: str, artifact_path: str, dst_dir: str | Path,
+                          root: str | Path = ".") -> Path | None:
+    """Fetch one artifact of a run into ``dst_dir``; None when tracking is off or the artifact is absent."""
+    if not enabled():
+        return None
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path, dst_path=str(dst_dir),
+                                                    tracking_uri=tracking_uri(root))
+    except (MlflowException, OSError) as exc:
+        log.warning("run %s has no artifact %s: %s", run_id, artifact_path, exc)
+        return None
+    return Path(local)
