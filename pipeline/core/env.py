@@ -144,7 +144,8 @@ class Settings:
 
     # Launch (pipeline/launch.py): torchrun's command line.
     nproc: int | None = field(default=None, metadata=meta(
-        "NMT_NPROC", integer(1), "training processes on this node (torchrun `--nproc_per_node`; default: the CUDA GPUs, else 1)"))
+        "NMT_NPROC", integer(1), "training processes on this node (torchrun `--nproc_per_node`; default: the CUDA "
+        "GPUs, else 1)"))
     nnodes: int = field(default=1, metadata=meta(
         "NMT_NNODES", integer(1), "number of nodes; > 1 switches to a multi-node torchrun job"))
     rdzv_endpoint: str | None = field(default=None, metadata=meta(
@@ -163,7 +164,8 @@ class Settings:
         "resuming from the newest checkpoint (default 3 on GPU jobs, else 0)"))
     # Training (pipeline/train.py, pipeline/training/).
     device: str | None = field(default=None, metadata=meta(
-        "NMT_DEVICE", choice("cpu", "cuda"), "training device (default CUDA when available); `cpu` forces CPU (and no restarts by default)"))
+        "NMT_DEVICE", choice("cpu", "cuda"), "training device (default CUDA when available); `cpu` forces CPU (and "
+        "no restarts by default)"))
     threads: int | None = field(default=None, metadata=meta(
         "NMT_THREADS", integer(1), "torch CPU threads per training process (default: torch's)"))
     max_tokens: int | None = field(default=None, metadata=meta(

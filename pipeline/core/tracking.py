@@ -4,7 +4,7 @@ Environment:
     NMT_TRACKING=off          disable tracking (every call becomes a no-op; run ids are None)
     MLFLOW_TRACKING_URI       a server or store; default ``sqlite:///<root>/.mlflow/mlflow.db``
     MLFLOW_EXPERIMENT_NAME    default ``wmt14-transformer``
-    MLFLOW_PARENT_RUN_ID      set by whoever starts a pipeline run (:mod:`flows.parent_run`); stage runs become its children
+    MLFLOW_PARENT_RUN_ID      set by whoever starts a pipeline run (flows/parent_run.py); stage runs are its children
     NMT_PREFECT_FLOW_RUN_ID   set by the Prefect flow; stage runs are tagged with it
     NMT_PROFILE_RUN           set by the Prefect flow during a ``--profile`` run (see :func:`git_tags`)
 """

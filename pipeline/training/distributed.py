@@ -29,7 +29,7 @@ from pipeline.core.errors import ConfigError, PipelineError
 log = logging.getLogger(__name__)
 
 _BUCKET_BYTES = 32 << 20
-#: The rendezvous round the ranks were started in, set by the agent (:func:`pipeline.training.torchrun.fresh_store_every_round`).
+#: The rendezvous round the ranks were started in, set by the agent (:mod:`pipeline.training.torchrun`).
 ROUND_ENV = "PIPELINE_RDZV_ROUND"
 
 

@@ -1,4 +1,4 @@
-"""torchrun's agent in this process (``python -m pipeline.launch``): the ranks' side is :mod:`pipeline.training.distributed`.
+"""torchrun's agent, run in ``python -m pipeline.launch`` (the ranks' side is :mod:`pipeline.training.distributed`).
 
 Three changes to torch's agent, each for a failure seen in the multi-node tests (tests/pipeline/training/):
 its store servers listen on their host only, not on every interface (:func:`bind_stores_to_their_host`);
