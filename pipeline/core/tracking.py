@@ -203,7 +203,6 @@ class StageRun:
             self._client.log_artifact(self._run_id, str(path), artifact_path)
 
 
-
 def experiment_id(client: Any, root: str | Path) -> str:
     """The experiment's id, created (or tagged) so that MLflow 3's UI opens it on its runs table."""
     name = os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT)
@@ -283,35 +282,11 @@ def current() -> StageRun:
 
 def end_orphaned_runs(root: str | Path = ".",
                       logger: logging.Logger | logging.LoggerAdapter | None = None) -> list[str]:
-    """Mark ``KILLED`` every run of ``root`` (or of a clone inside it) left ``RUNNING`` by a process that is gone.
-
-    A SIGKILLed flow, sweep or stage cannot end its runs. Runs name their owning process and checkout in tags
-    (:mod:`pipeline.core.owner`); others are left alone. Called when a pipeline run or sweep starts.
-
-    Returns:
-        The ids of the runs it ended (none when tracking is off or the experiment does not exist yet).
-    """
+    """Mark ``KILLED`` every run of ``root`` (or of a clone inside it) left ``RUNNING`` by a process that is gone
+    (:func:`pipeline.core.owner.end_orphans`): a SIGKILLed flow, sweep or stage cannot end its runs. Called when a
+    pipeline run or sweep starts; returns the ids it ended (none when tracking is off or no experiment exists)."""
     if not enabled():
         return []
     client = mlflow_client(root)
     exp = client.get_experiment_by_name(os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT))
-    if exp is None:
-        return []
-    ended: list[str] = []
-    token = None
-    while True:
-        page = client.search_runs([exp.experiment_id], filter_string="attributes.status = 'RUNNING'",
-                                  max_results=1000, page_token=token)
-        for run in page:
-            tags = run.data.tags
-            if not (owner.in_checkout(tags.get(owner.CHECKOUT_TAG, ""), root)
-                    and owner.owner_gone(tags.get(owner.OWNER_TAG, ""))):
-                continue
-            client.set_tag(run.info.run_id, "nmt.ended_by", "a later run: the process that held it open was gone")
-            client.set_terminated(run.info.run_id, status="KILLED")
-            (logger or log).info("marked MLflow run %s (%s) KILLED: its process %s ended without closing it",
-                                 run.info.run_id, tags.get("mlflow.runName", "?"), tags[owner.OWNER_TAG])
-            ended.append(run.info.run_id)
-        token = page.token
-        if not token:
-            return ended
+    return [] if exp is None else owner.end_orphans(client, exp.experiment_id, root, logger or log)
