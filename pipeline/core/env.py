@@ -59,20 +59,15 @@ class Parser:
     kind: str
     fn: Callable[[str], Any]
 
-    def __call__(self, raw: str) -> Any:
-        return self.fn(raw)
 
-
-def integer(minimum: int, maximum: int | None = None) -> Parser:
-    """An integer in ``[minimum, maximum]`` (no upper bound when ``maximum`` is None)."""
-    expected = f"an integer >= {minimum}" if maximum is None else f"an integer in {minimum}..{maximum}"
-
+def integer(minimum: int) -> Parser:
+    """An integer >= ``minimum``."""
     def parse(raw: str) -> int:
         value = int(raw) if re.fullmatch(r"[+-]?[0-9]+", raw) else minimum - 1
-        if value < minimum or (maximum is not None and value > maximum):
-            raise ValueError(f"expected {expected}")
+        if value < minimum:
+            raise ValueError(f"expected an integer >= {minimum}")
         return value
-    return Parser(f"integer >= {minimum}" if maximum is None else f"integer {minimum}..{maximum}", parse)
+    return Parser(f"integer >= {minimum}", parse)
 
 
 def seconds(*, positive: bool) -> Parser:
@@ -99,10 +94,6 @@ def choice(*choices: str) -> Parser:
     return Parser(" or ".join(f"`{c}`" for c in choices), parse)
 
 
-def _mirror(raw: str) -> str:
-    return raw.removeprefix("file://")
-
-
 def _fault(raw: str) -> Fault:
     """``<point>:<step>[:<action>[:<rank>]][@<file>]``; every problem of the spec is reported."""
     spec, at, once = raw.partition("@")  # the file may hold ':' and '@'; the spec before it holds neither '@'
@@ -127,7 +118,7 @@ def _fault(raw: str) -> Fault:
 
 TEXT = Parser("text", str)
 PATH = Parser("path", Path)
-MIRROR = Parser("folder or http(s) URL", _mirror)
+MIRROR = Parser("folder or http(s) URL", lambda raw: raw.removeprefix("file://"))
 SWITCH = Parser("on/off", lambda raw: raw.lower() not in TRACKING_OFF)
 LEVEL = Parser("logging level", str.upper)
 FAULT_SPEC = Parser(f"`{FAULT_SYNTAX}`", _fault)
@@ -260,7 +251,7 @@ def _parse(snapshot: tuple[tuple[str, str], ...]) -> Settings:
         if not raw:
             continue
         try:
-            values[f.name] = f.metadata["parse"](raw)
+            values[f.name] = f.metadata["parse"].fn(raw)
         except ValueError as exc:
             problems.extend(_problems(name, raw, exc))
     for name, replacement in RETIRED.items():
