@@ -17,17 +17,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.config import TransformerConfig
 
-#: SDPA backends on CUDA: every one but cuDNN. PyTorch prefers cuDNN attention on Hopper, and cuDNN builds
-#: an execution graph for every new (batch, heads, lengths) shape. Beam search changes shape at every step
-#: (sentences leave the batch, the keys grow) and training batches come in many shapes: on an H200 with
-#: torch 2.11, 12 beam searches over new shapes took 10.7 s with cuDNN allowed and 0.71 s without, while a
-#: fixed-shape base-model training step ran at the same speed either way (benchmarks/RESULTS.md, GPU).
+#: SDPA backends on CUDA: every one but cuDNN, which builds an execution graph for every new shape; beam search
+#: changes shape at every step (H200, torch 2.11: 12 searches took 10.7 s with cuDNN, 0.71 s without, while a
+#: fixed-shape training step ran as fast either way; benchmarks/RESULTS.md, GPU).
 CUDA_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-#: SDPA backends on CUDA for the teacher-forced causal self-attention: the memory-efficient kernel, not flash.
-#: At training lengths (tens of tokens) flash's causal pass took 0.72 ms per backward and 0.18 ms per forward,
-#: the memory-efficient kernel 0.21 and 0.11 ms on the masked attention of the same step, of similar shapes
-#: (base model, ~26k-token passes, H100, torch 2.11; benchmarks/RESULTS.md, GPU). The memory-efficient causal
-#: pass itself is not timed there yet.
+#: SDPA backends on CUDA for the teacher-forced causal self-attention: at training lengths (tens of tokens)
+#: flash's causal pass took 0.72/0.18 ms (backward/forward), the memory-efficient kernel 0.21/0.11 ms on the
+#: masked attention of the same step (base model, H100, torch 2.11; benchmarks/RESULTS.md, GPU).
 CAUSAL_ATTENTION = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -193,7 +189,8 @@ class DecoderLayer(nn.Module):
     def step(
         self, x: Tensor, k_buf: Tensor, v_buf: Tensor, t: int, k_mem: Tensor, v_mem: Tensor, mem_mask: Tensor
     ) -> Tensor:
-        """One incremental step for N = B·beam rows, beam rows per sentence.
+        """One incremental step for N = B·beam rows, beam rows per sentence; the cross-attention and FFN see
+        each sentence's beam rows as one [beam, d] sequence of queries against its own K/V (no copy per beam).
 
         Args:
             x: [N, 1, d] the embedded token of every row at position t.
@@ -206,8 +203,7 @@ class DecoderLayer(nn.Module):
             mem_mask: [B, 1, 1, S] bool source mask.
 
         Returns:
-            [N, 1, d] the layer's output. The cross-attention and FFN see each sentence's beam rows as
-            one [beam, d] sequence of queries against the sentence's own K/V (no copy per beam).
+            [N, 1, d] the layer's output.
         """
         q, k, v = self.self_attn.project_qkv(self.res_self.inp(x))
         k_buf[:, t : t + 1] = k.transpose(1, 2)

@@ -36,23 +36,17 @@ class EncoderOut(NamedTuple):
 
 @dataclass
 class DecoderState:
-    """Incremental decoding state with room for ``beam`` rows per sentence (the rows of a sentence are
-    adjacent: r rows per sentence, sentence b's at b·r .. b·r + r - 1); updated in place by
-    :meth:`Transformer.decode_step`.
+    """Incremental decoding state with room for ``beam`` rows per sentence (a sentence's r rows are adjacent:
+    sentence b's at b·r .. b·r + r - 1); updated in place by :meth:`Transformer.decode_step`.
 
     Attributes:
-        self_k: per layer [B·beam, capacity, H, dh] self-attention keys; the rows in use come first,
-            their first ``length`` positions are filled, the next one is written in place at each step.
-            Positions before heads: a row's filled prefix is one contiguous block, which the reorder
-            copies and attention reads faster than H blocks ``capacity`` apart (benchmarks/RESULTS.md,
-            "Decoding: search buffers from the heap").
-        self_v: per layer [B·beam, capacity, H, dh] self-attention values.
-        spare_k: per layer a buffer like ``self_k`` that :meth:`Transformer.reorder_state` gathers into
-            (then the two swap), so reordering allocates nothing.
-        spare_v: the same for ``self_v``.
-        cross_k: per layer [B, H, S, dh] cross-attention keys, once per sentence (shared by its beams,
-            never reordered).
-        cross_v: per layer [B, H, S, dh] cross-attention values.
+        self_k: per layer [B·beam, capacity, H, dh] self-attention keys (and ``self_v`` values); the rows in
+            use come first, their first ``length`` positions filled. Positions before heads: a row's filled
+            prefix is one contiguous block, which the reorder copies and attention reads faster.
+        spare_k: per layer a buffer like ``self_k`` (``spare_v``: like ``self_v``) that
+            :meth:`Transformer.reorder_state` gathers into (then the two swap), so reordering allocates nothing.
+        cross_k: per layer [B, H, S, dh] cross-attention keys (and ``cross_v`` values), once per sentence
+            (shared by its beams, never reordered).
         mem_mask: [B, 1, 1, S] bool, True = the decoder may attend there.
         beam: the most rows per sentence.
         length: positions filled so far (the position of the next token).
@@ -139,31 +133,14 @@ class Transformer(nn.Module):
         return self.decode(tgt_in, self.encode(src))
 
     def project(self, hidden: Tensor) -> Tensor:
-        """Output projection with the shared embedding matrix, in the ambient (autocast) precision.
-
-        Training's path: under bf16 autocast the logits are bf16 and the loss widens them itself.
-
-        Args:
-            hidden: [..., d] decoder output.
-
-        Returns:
-            [..., V] logits.
-        """
+        """Output projection with the shared embedding matrix: hidden [..., d] -> logits [..., V] in the ambient
+        (autocast) precision; training's path (under bf16 autocast the loss widens the logits itself)."""
         return F.linear(hidden, self.embed.weight)
 
     def project_wide(self, hidden: Tensor) -> Tensor:
-        """Output projection in fp32 (or wider) with autocast disabled: decoding's scores.
-
-        The hidden state may be bf16 (the decoder runs under the caller's autocast); it and the
-        embedding matrix are cast up to fp32 (float64 stays float64) before the matmul, so the logits
-        are not rounded to bf16's 8 significant bits.
-
-        Args:
-            hidden: [..., d] decoder output, any floating dtype.
-
-        Returns:
-            [..., V] logits in fp32, or float64 when ``hidden`` or the weights are float64.
-        """
+        """Output projection with autocast disabled, decoding's scores: hidden [..., d] (any float dtype) ->
+        logits [..., V] in fp32, or float64 when ``hidden`` or the weights are. Both are cast up before the
+        matmul, so the logits are not rounded to bf16's 8 significant bits."""
         weight = self.embed.weight
         dtype = wide_dtype(hidden, weight)
         with torch.autocast(device_type=hidden.device.type, enabled=False):
@@ -184,11 +161,9 @@ class Transformer(nn.Module):
     # ---- incremental decoding -------------------------------------------------------------
 
     def init_state(self, enc: EncoderOut, beam: int = 1, capacity: int | None = None) -> DecoderState:
-        """Decoding state for up to ``beam`` rows per sentence of ``enc``: cross-attention K/V computed
-        once per sentence, self-attention buffers preallocated for ``capacity`` tokens.
-
-        The first :meth:`decode_step` feeds one row per sentence (beam search's [BOS]);
-        :meth:`reorder_state` then sets the rows (at most ``beam`` per sentence).
+        """Decoding state for up to ``beam`` rows per sentence of ``enc``: cross-attention K/V computed once per
+        sentence, self-attention buffers preallocated for ``capacity`` tokens. The first :meth:`decode_step`
+        feeds one row per sentence; :meth:`reorder_state` then sets the rows.
 
         Args:
             enc: encoder output with B sentences.
@@ -210,11 +185,8 @@ class Transformer(nn.Module):
                             [v for _, v in cross], enc.attn_mask, beam)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
-        """Feed one token per row and get the next-token logits, computed in fp32.
-
-        The decoder layers run in the ambient precision (bf16 under the caller's autocast, like the
-        state); the output projection runs in fp32 with autocast disabled (:meth:`project_wide`), so
-        the logits that beam search ranks are fp32 even when decoding under bf16 autocast.
+        """Feed one token per row and get the next-token logits: the layers run in the ambient precision (bf16
+        under the caller's autocast), the projection in fp32 (:meth:`project_wide`).
 
         Args:
             tokens: [N] or [N, 1] int64, the last token of every row (BOS first), N = B·r rows with r

@@ -51,12 +51,12 @@ def run_agent(torchrun_args: list[str]) -> int:
     quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ
     if quiet:
         os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"  # read once, when torch loads
-    from pipeline.training import distributed  # torch only now: --dry-run and errors stay fast
+    from pipeline.training import agent  # torch only now: --dry-run and errors stay fast
 
     if quiet:
         del os.environ["TORCH_CPP_LOG_LEVEL"]  # the ranks inherit this environment
     try:
-        return distributed.run_torchrun(torchrun_args)
+        return agent.run_torchrun(torchrun_args)
     except PipelineError as exc:
         print(f"error: stage train: {exc}", file=sys.stderr)
         return 1

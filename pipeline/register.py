@@ -2,7 +2,7 @@
 
 After ``evaluate``: the model is logged into this stage's MLflow run with the decoding defaults the evaluate
 stage chose on the valid set and registered as a new version of ``wmt14-transformer`` (``NMT_MODEL_NAME``
-overrides the name); :mod:`pipeline.inference.registry` does the MLflow work. DVC reruns the stage only when
+overrides the name); :mod:`pipeline.inference.registration` does the work. DVC reruns the stage only when
 its inputs change; a rerun with the same ``averaged.pt`` (sha256) and the same chosen beam and α (``dvc repro
 -f``, or an evaluate rerun that only changed timings) logs nothing and points its record at that version.
 
@@ -27,8 +27,8 @@ from typing import Any
 from pipeline.core import env, stages, tracking
 from pipeline.core.config import EvaluateConfig, Params
 from pipeline.core.stage import stage_main
-from pipeline.inference import registry
-from pipeline.inference.registry import ALIAS, SPLITS
+from pipeline.inference import registration, registry
+from pipeline.inference.registration import ALIAS, SPLITS
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +66,14 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
     Raises:
         CheckpointError, DataError: missing or inconsistent inputs (nothing is logged then).
     """
-    inputs = registry.gather_inputs(model_dir, eval_dir, raw_dir, bleu_path)
+    inputs = registration.gather_inputs(model_dir, eval_dir, raw_dir, bleu_path)
     name, chosen = env.settings().model_name, inputs.evaluation
     new = {"valid_bleu": chosen.valid_bleu, "test_bleu": chosen.test_bleu, "beam": chosen.beam, "alpha": chosen.alpha}
     if not tracking.enabled():
         return _record_only(name, new, "tracking is off (NMT_TRACKING=off): nothing logged or "
                             "registered; `dvc repro -f register` with tracking on to register this model")
-    holder = tracking.alias_holder(name, ALIAS, root)
-    same = tracking.find_model_versions(name, {"averaged_sha256": inputs.averaged_sha256, "beam": chosen.beam,
+    holder = registry.alias_holder(name, ALIAS, root)
+    same = registry.find_model_versions(name, {"averaged_sha256": inputs.averaged_sha256, "beam": chosen.beam,
                                                "alpha": chosen.alpha}, root)
     if same:
         return _record_only(name, new, f"this averaged.pt with beam {chosen.beam}, alpha "
@@ -82,16 +82,16 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
     run = tracking.current()
     with tempfile.TemporaryDirectory(prefix="nmt-register-") as tmp:
         work = Path(tmp)
-        datasets = registry.log_lineage(run, inputs, name, lock_path, dataset_paths or {})
-        info = registry.log_model(run, cfg, inputs, name, work, root)
+        datasets = registration.log_lineage(run, inputs, name, lock_path, dataset_paths or {})
+        info = registration.log_model(run, cfg, inputs, name, work, root)
         version = info["version"]
-        tracking.tag_model_version(name, version, {"run_id": run.run_id, **new,
+        registry.tag_model_version(name, version, {"run_id": run.run_id, **new,
                                                    "averaged_sha256": inputs.averaged_sha256,
                                                    **{f"{s}_ref_sha256": inputs.ref_sha[s] for s in SPLITS}}, root)
-        bootstrap, not_compared = registry.compare(holder, inputs, work, root)
-        moved, decision = registry.decide(chosen.valid_bleu, inputs.ref_sha, holder)
+        bootstrap, not_compared = registration.compare(holder, inputs, work, root)
+        moved, decision = registration.decide(chosen.valid_bleu, inputs.ref_sha, holder)
         if moved:
-            tracking.set_alias(name, ALIAS, version, root)
+            registry.set_alias(name, ALIAS, version, root)
         previous = None if holder is None else {
             "version": holder["version"], "run_id": holder["run_id"],
             **{k: float(holder["tags"][k]) for k in ("valid_bleu", "test_bleu") if k in holder["tags"]}}
@@ -101,7 +101,7 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
                   "candidate_version": version if moved else (holder or {}).get("version"),
                   "paired_bootstrap": bootstrap, "paired_bootstrap_skipped": not_compared,
                   "datasets": [{k: d[k] for k in ("name", "digest", "context")} for d in datasets]}
-        registry.log_decision(run, record)
+        registration.log_decision(run, record)
     log.info("registered %s version %s (%s); alias %s %s", name, version, decision, ALIAS,
              "moved" if moved else "kept")
     return record

@@ -37,18 +37,25 @@ def test_model_knows_nothing_of_files_ranks_or_tracking(path: Path) -> None:
     assert not any(n.startswith("torch.distributed") for n in names), path
 
 
+#: The modules that may import torch.distributed: the ranks' process group and torchrun's agent.
+DISTRIBUTED = {"pipeline/training/distributed.py", "pipeline/training/agent.py"}
+#: The modules that may import mlflow: runs, logged and registered models, and the pyfunc MLflow loads.
+MLFLOW = {"pipeline/core/tracking.py", "pipeline/inference/registry.py", "pipeline/inference/mlflow_model.py"}
+
+
 @pytest.mark.parametrize("path", _modules("pipeline"), ids=lambda p: p.name)
 def test_only_distributed_and_tracking_touch_their_libraries(path: Path) -> None:
     names = _imports(path)
-    if path.name != "distributed.py":
+    if path.relative_to(REPO).as_posix() not in DISTRIBUTED:
         assert not any(n.startswith("torch.distributed") for n in names), f"{path} imports torch.distributed"
-    if path.name not in ("tracking.py", "mlflow_model.py"):  # mlflow_model.py is the pyfunc MLflow loads
+    if path.relative_to(REPO).as_posix() not in MLFLOW:
         assert "mlflow" not in _top(names), f"{path} imports mlflow"
     assert not (_top(names) & {"flows", "prefect"}), f"{path} imports flows/prefect"
 
 
-def test_tracking_imports_no_torch() -> None:
-    assert "torch" not in _top(_imports(REPO / "pipeline" / "core" / "tracking.py"))
+@pytest.mark.parametrize("path", ["pipeline/core/tracking.py", "pipeline/inference/registry.py"])
+def test_tracking_imports_no_torch(path: str) -> None:
+    assert "torch" not in _top(_imports(REPO / path))
 
 
 @pytest.mark.parametrize("path", _modules("flows"), ids=lambda p: p.name)

@@ -1,98 +1,29 @@
-"""params.yaml → one tree of frozen, keyword-only dataclasses.
+"""params.yaml → one tree of frozen, keyword-only dataclasses, built strictly by :mod:`pipeline.core.strict`.
 
-Every unknown, missing, mistyped or out-of-range key is collected and reported together in one
-:class:`ConfigError` that names each key by its dotted path, one line per problem. Each numeric key's
-valid range is in :data:`RANGES` (checked once the key's type is right; a test makes every numeric
-field have one), and every ``paths.*`` value must lie inside one of :data:`OUTPUT_ROOTS` (the layout as a
-whole, overlaps and other profiles included, is :mod:`pipeline.core.paths`'s, checked by :func:`load_params`).
-Cross-field rules live in ``__post_init__`` of the section they concern (they run only once every key is valid).
-Derived values (vocabulary size, forward passes per step) are computed elsewhere, never stored. The
-``model`` section validates into the network's own :class:`model.config.TransformerConfig` (its
-derived fields, the vocabulary size and special ids, are not params).
+Every unknown, missing, mistyped or out-of-range key is reported together in one :class:`ConfigError`, one line
+per key. Each numeric key's valid range is in :data:`RANGES` (a test makes every numeric field have one), and
+every ``paths.*`` value follows :mod:`pipeline.core.paths`' rules. Cross-field rules live in ``__post_init__``
+of the section they concern. Derived values (vocabulary size, forward passes per step) are computed, never
+stored: the ``model`` section is the network's own :class:`model.config.TransformerConfig`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import reprlib
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal
 
 from model.config import DERIVED, MAX_BEAM_SIZE, MAX_WEIGHTS, TransformerConfig, beam_size_problem
 from pipeline.core.errors import ConfigError
-from pipeline.core.paths import layout_problems
+from pipeline.core.paths import layout_problems, path_problem
+from pipeline.core.strict import Range, build, shown
 from pipeline.core.yamlfile import load_yaml
 
-DATASETS = ("wmt14", "multi30k")
-CHECKOUT = Path(__file__).resolve().parents[2]
 #: Keys that left params.yaml for an ``NMT_*`` variable (pipeline/core/env.py): a params file that
 #: still has one fails naming the variable.
 MOVED_TO_ENV = {"train.max_tokens": "NMT_MAX_TOKENS"}
-#: The git-ignored output folders: every ``paths.*`` value lies strictly inside one of them, so a stage
-#: that clears its output can never delete tracked files (docs/, src/) or write outside the repository.
-OUTPUT_ROOTS = ("data", "runs", "metrics", "plots", "reports")
-PATH_RULE = (f"a relative path without '..' inside one of {', '.join(r + '/' for r in OUTPUT_ROOTS)}; "
-             "an absolute path only for a params file kept outside the checkout, inside that file's folder")
-
-
-def path_problem(value: str) -> str | None:
-    """Why ``value`` may not be a ``paths.*`` setting, or None if it may.
-
-    A relative path must lie inside one of :data:`OUTPUT_ROOTS` of the checkout (no ``..``). An absolute
-    path inside the checkout is refused like a relative path outside the output folders; one outside it
-    passes this per-key rule, and :func:`load_params` then accepts it only inside the params file's folder.
-    """
-    parts = PurePosixPath(value).parts
-    if value.startswith(("/", "\\")) or PurePosixPath(value).is_absolute():
-        if ".." not in parts and not Path(value).resolve().is_relative_to(CHECKOUT):
-            return None
-        reason = "is absolute and inside the checkout or has '..'"
-    elif ".." in parts:
-        reason = "has a '..' component"
-    elif len(parts) < 2 or parts[0] not in OUTPUT_ROOTS:
-        reason = "is not inside an output folder"
-    else:
-        return None
-    return f"{shown(value)} {reason} (expected {PATH_RULE})"
-
-
-@dataclass(frozen=True)
-class Range:
-    """The valid values of one numeric key (of each item, for a list); None = unbounded that side."""
-
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    lt: float | None = None
-
-    def __str__(self) -> str:
-        low = f"[{self.ge}" if self.ge is not None else f"({self.gt}" if self.gt is not None else None
-        high = f"{self.le}]" if self.le is not None else f"{self.lt})" if self.lt is not None else None
-        if low and high:
-            return f"in {low}, {high}"
-        if low:
-            return (">= " if low[0] == "[" else "> ") + low[1:]
-        return ("<= " if high[-1] == "]" else "< ") + high[:-1] if high else "any number"
-
-    def problem(self, value: float) -> str | None:
-        """Why ``value`` is out of range, or None if it is in range (NaN and infinities never are)."""
-        if isinstance(value, float) and not math.isfinite(value):
-            return f"{shown(value)} is not a finite number (expected {self})"
-        ok = ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
-              and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
-        return None if ok else f"{shown(value)} is out of range (expected {self})"
-
-
-def _refuse_invalid(obj: Any) -> None:
-    """``__post_init__`` of a directly built section: the per-key rules the loader checks, as a ValueError."""
-    problems = [f"{type(obj).__name__}.{f.name}{where}: {problem}" for f in dataclasses.fields(obj)
-                for where, problem in _key_problems(type(obj), f.name, getattr(obj, f.name))]
-    if problems:
-        raise ValueError("; ".join(problems))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,9 +41,6 @@ class PathsConfig:
     plots: str
     reports: str
 
-    def __post_init__(self) -> None:
-        _refuse_invalid(self)
-
 
 @dataclass(frozen=True, kw_only=True)
 class DownloadConfig:
@@ -123,9 +51,6 @@ class DownloadConfig:
     timeout_s: float = 60.0
     # Expected sha256 per upstream file name (archive or member); empty = record on first download.
     sha256: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        _refuse_invalid(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,7 +64,6 @@ class CleanConfig:
     drop_copies: bool = True
 
     def __post_init__(self) -> None:
-        _refuse_invalid(self)
         if self.max_words < self.min_words:
             raise ValueError(f"clean.min_words ({self.min_words}) must be <= clean.max_words ({self.max_words})")
 
@@ -153,9 +77,6 @@ class BpeConfig:
     character_coverage: float = 1.0
     seed: int = 1
 
-    def __post_init__(self) -> None:
-        _refuse_invalid(self)
-
 
 @dataclass(frozen=True, kw_only=True)
 class EncodeConfig:
@@ -163,9 +84,6 @@ class EncodeConfig:
 
     max_len: int = 256
     shard_rows: int = 250_000
-
-    def __post_init__(self) -> None:
-        _refuse_invalid(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,11 +108,9 @@ class TrainConfig:
     log_every_steps: int = 100
 
     def __post_init__(self) -> None:
-        _refuse_invalid(self)
         if self.warmup_steps >= self.max_steps:
-            raise ValueError(
-                f"train.warmup_steps ({self.warmup_steps}) must be >= 1 and < train.max_steps ({self.max_steps})"
-            )
+            raise ValueError(f"train.warmup_steps ({self.warmup_steps}) must be >= 1 and < train.max_steps "
+                             f"({self.max_steps})")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,9 +118,6 @@ class AverageConfig:
     """Stage ``average``: checkpoint averaging."""
 
     last_n: int = 5
-
-    def __post_init__(self) -> None:
-        _refuse_invalid(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,7 +131,6 @@ class EvaluateConfig:
     max_tokens: int = 8192
 
     def __post_init__(self) -> None:
-        _refuse_invalid(self)
         if not self.beam_sizes:
             raise ValueError("evaluate.beam_sizes must be a non-empty list of integers >= 1")
         if not self.alphas:
@@ -242,18 +154,13 @@ class Params:
     evaluate: EvaluateConfig
 
     def __post_init__(self) -> None:
-        _refuse_invalid(self)
         longest = self.encode.max_len + 1  # + EOS / BOS
         if self.train.tokens_per_step < longest:
-            raise ValueError(
-                f"train.tokens_per_step ({self.train.tokens_per_step}) must be >= encode.max_len + 1 ({longest}): "
-                "the longest allowed target would not fit in any step"
-            )
+            raise ValueError(f"train.tokens_per_step ({self.train.tokens_per_step}) must be >= encode.max_len + 1 "
+                             f"({longest}): the longest allowed target would not fit in any step")
         if self.train.keep_last < self.average.last_n:
-            raise ValueError(
-                f"train.keep_last ({self.train.keep_last}) must be >= average.last_n ({self.average.last_n}): "
-                "averaging needs that many checkpoints"
-            )
+            raise ValueError(f"train.keep_last ({self.train.keep_last}) must be >= average.last_n "
+                             f"({self.average.last_n}): averaging needs that many checkpoints")
         if self.model.max_positions < longest:
             raise ValueError(f"model.max_positions ({self.model.max_positions}) must be >= encode.max_len + 1")
         for problem in (_model_size_problem(self.model, self.bpe.vocab_size),
@@ -263,11 +170,8 @@ class Params:
 
 
 def _model_size_problem(model: TransformerConfig, vocab_size: int) -> str | None:
-    """Why the model that ``model`` and ``bpe.vocab_size`` describe cannot be trained here, or None.
-
-    It can not when it holds more than :data:`model.config.MAX_WEIGHTS` numbers; the key named is the one
-    furthest above the paper's base model (``model.d_model: 1e12`` once died in training naming no key).
-    """
+    """Why the model of ``model`` and ``bpe.vocab_size`` has more than :data:`model.config.MAX_WEIGHTS` weights,
+    naming the key furthest above the paper's base model; None if it has not."""
     count = model.weight_count(vocab_size)
     if count <= MAX_WEIGHTS:
         return None
@@ -291,14 +195,6 @@ def _beam_vocabulary_problem(beam_sizes: list[int], vocab_size: int) -> str | No
     return None
 
 
-#: The longest rendering of a user's value in an error message (:func:`shown`).
-SHOWN_CHARS = 80
-#: The most problems one :class:`ConfigError` lists (the rest are counted).
-MAX_PROBLEMS = 30
-_REPR = reprlib.Repr()  # a few items of each container, a few levels deep (Repr takes no arguments before 3.12)
-_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict = 3, 4, 4
-_REPR.maxlong = _REPR.maxstring = _REPR.maxother = SHOWN_CHARS
-
 _POSITIVE, _NON_NEGATIVE, _PROBABILITY = Range(ge=1), Range(ge=0), Range(ge=0, lt=1)
 _SEED = Range(ge=0, le=2**32 - 1)
 
@@ -317,10 +213,8 @@ RANGES: dict[type, dict[str, Range]] = {
                         "max_positions": _POSITIVE},
     TrainConfig: {"tokens_per_step": _POSITIVE, "lr_scale": Range(gt=0), "warmup_steps": _POSITIVE,
                   "adam_beta1": _PROBABILITY, "adam_beta2": _PROBABILITY, "adam_eps": Range(gt=0),
-                  "weight_decay": _NON_NEGATIVE, "label_smoothing": _PROBABILITY,
-                  "clip_norm": _NON_NEGATIVE,  # 0 = no clipping
-                  "max_steps": _POSITIVE,
-                  "max_epochs": _NON_NEGATIVE, "max_minutes": _NON_NEGATIVE,  # 0 = no limit
+                  "weight_decay": _NON_NEGATIVE, "label_smoothing": _PROBABILITY, "max_steps": _POSITIVE,
+                  "clip_norm": _NON_NEGATIVE, "max_epochs": _NON_NEGATIVE, "max_minutes": _NON_NEGATIVE,  # 0 = off
                   "save_every_steps": _POSITIVE, "keep_last": _POSITIVE, "valid_every_steps": _POSITIVE,
                   "log_every_steps": _POSITIVE},
     AverageConfig: {"last_n": _POSITIVE},
@@ -342,107 +236,9 @@ def _key_problems(cls: type, name: str, value: Any) -> list[tuple[str, str]]:
     return [("" if i is None else f"[{i}]", problem) for i, v in items if (problem := rng.problem(v))]
 
 
-def shown(value: Any) -> str:
-    """``repr(value)`` for an error message, bounded: at most :data:`SHOWN_CHARS` characters, built
-    without walking more than a few items of a nested list or mapping (a value in a params file can be
-    arbitrarily large)."""
-    text = _REPR.repr(value)
-    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
-
-
-def _key_text(key: Any) -> str:
-    """A mapping key as an error message names it (a long one cut like :func:`shown`)."""
-    text = str(key) if isinstance(key, (str, int)) else shown(key)
-    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _check_value(value: Any, tp: Any, key: str, errors: list[str]) -> Any:
-    """Check ``value`` against annotation ``tp``; append an error naming ``key`` on mismatch."""
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key, errors)
-    if origin is Literal:
-        if value not in typing.get_args(tp):
-            errors.append(f"{key}: {shown(value)} is not one of {list(typing.get_args(tp))}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _check_value(value, inner[0], key, errors)
-    if origin is list:
-        if not isinstance(value, list):
-            errors.append(f"{key}: expected a list, got {type(value).__name__} {shown(value)}")
-            return value
-        (item_tp,) = typing.get_args(tp)
-        return [_check_value(v, item_tp, f"{key}[{i}]", errors) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            errors.append(f"{key}: expected a mapping, got {type(value).__name__} {shown(value)}")
-            return value
-        _, val_tp = typing.get_args(tp)
-        return {str(k): _check_value(v, val_tp, f"{key}.{_key_text(k)}", errors) for k, v in value.items()}
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
-        errors.append(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {shown(value)}")
-    return value
-
-
-def _build(cls: type, data: Any, prefix: str, errors: list[str]) -> Any:
-    """Build dataclass ``cls`` from mapping ``data``, collecting every problem into ``errors``."""
-    where = prefix or "params"
-    if not isinstance(data, dict):
-        errors.append(f"{where}: expected a mapping, got {type(data).__name__}")
-        return None
-    hints = typing.get_type_hints(cls)
-    every = {f.name: f for f in dataclasses.fields(cls)}
-    fields = {name: f for name, f in every.items() if DERIVED not in f.metadata}
-    dotted = (prefix + ".") if prefix else ""
-    for key in sorted(set(data) - set(fields), key=str):
-        if not isinstance(key, str):
-            errors.append(f"{dotted}{_key_text(key)}: unknown key, and not text (known keys here: {', '.join(fields)})")
-        elif f"{dotted}{key}" in MOVED_TO_ENV:
-            errors.append(f"{dotted}{key}: moved to the environment variable {MOVED_TO_ENV[dotted + key]} "
-                          "(hardware, not a result-changing param); delete the key")
-        elif key in every:
-            errors.append(f"{dotted}{key}: not a setting (it is {every[key].metadata[DERIVED]}); remove it")
-        else:
-            errors.append(f"{dotted}{_key_text(key)}: unknown key (known keys here: {', '.join(fields)})")
-    kwargs: dict[str, Any] = {}
-    n_before = len(errors)
-    for name in fields:
-        if name not in data:  # defaults serve code; a params file must still spell out every key
-            errors.append(f"{dotted}{name}: missing key")
-            continue
-        n_key = len(errors)
-        kwargs[name] = _check_value(data[name], hints[name], f"{dotted}{name}", errors)
-        if len(errors) == n_key:  # the type is right: now the range (or the paths rule)
-            errors.extend(f"{dotted}{name}{where}: {problem}"
-                          for where, problem in _key_problems(cls, name, kwargs[name]))
-    if len(errors) > n_before:
-        return None
-    try:
-        return cls(**kwargs)
-    except ValueError as exc:  # cross-field rules from __post_init__
-        errors.append(f"{where}: {exc}")
-        return None
-
-
 def params_from_dict(data: dict[str, Any], source: str = "params.yaml") -> Params:
     """Build :class:`Params` from a parsed mapping; raise one error listing every bad key."""
-    errors: list[str] = []
-    params = _build(Params, data, "", errors)
-    if len(errors) > MAX_PROBLEMS:  # a list of a million wrong items: say so once, not a million times
-        errors[MAX_PROBLEMS - 1:] = [f"... and {len(errors) - MAX_PROBLEMS + 1} more problem(s) like these"]
-    if errors or params is None:
-        raise ConfigError(source, errors or ["invalid configuration"])
-    return params
+    return build(Params, data, source, rules=_key_problems, moved=MOVED_TO_ENV)
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:

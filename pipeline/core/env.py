@@ -1,17 +1,14 @@
 """Every ``NMT_*`` environment variable the project reads: one typed, documented table, read once.
 
-Machine-dependent settings (process counts, devices, mirrors, caches, test hooks) live in the
-environment, never in params.yaml, so moving between machines never invalidates a DVC stage.
-:class:`Settings` lists each variable with its type, default and meaning; :func:`settings` reads
-them all at once, validates them and raises one :class:`~pipeline.core.errors.ConfigError` naming
-every bad variable, its value and what is expected (the same one-line-per-problem style as
-params.yaml). A variable that is unset or blank takes its default. A retired variable (:data:`RETIRED`) that
-is still set is one such line too, naming what replaced it.
+Machine-dependent settings (process counts, devices, mirrors, caches, test hooks) live in the environment,
+never in params.yaml, so moving between machines never invalidates a DVC stage. :class:`Settings` lists each
+variable with its type, default and meaning; :func:`settings` reads them all, validates them and raises one
+:class:`~pipeline.core.errors.ConfigError` with one line per bad variable (its value and what is expected), or
+per retired variable still set (:data:`RETIRED`, naming what replaced it). Unset or blank means the default.
 
-The parsed table is cached per distinct set of ``NMT_*`` values: a process reads and validates its
-environment once, and a changed variable (a test's ``monkeypatch.setenv``) is seen on the next call.
-``settings.cache_clear()`` empties the cache; ``settings(environ)`` reads a mapping instead of
-``os.environ``. :func:`markdown_rows` renders the table for the README. No torch, no mlflow here.
+The parsed table is cached per distinct set of ``NMT_*`` values, so a changed variable (a test's
+``monkeypatch.setenv``) is seen on the next call; ``settings.cache_clear()`` empties the cache and
+``settings(environ)`` reads a mapping instead of ``os.environ``. No torch, no mlflow here.
 """
 
 from __future__ import annotations
@@ -56,31 +53,21 @@ class Fault:
 
 @dataclass(frozen=True)
 class Parser:
-    """Turns a variable's (stripped, non-empty) text into its value.
-
-    Attributes:
-        kind: the accepted values in words (the table's type column).
-        fn: the conversion; it raises ``ValueError`` whose arguments are each one problem
-            (``"expected an integer >= 1"``) about the value.
-    """
+    """Turns a variable's (stripped, non-empty) text into its value: ``kind`` says what is accepted, in words;
+    ``fn`` raises ``ValueError`` whose arguments are each one problem (``"expected an integer >= 1"``)."""
 
     kind: str
     fn: Callable[[str], Any]
 
-    def __call__(self, raw: str) -> Any:
-        return self.fn(raw)
 
-
-def integer(minimum: int, maximum: int | None = None) -> Parser:
-    """An integer in ``[minimum, maximum]`` (no upper bound when ``maximum`` is None)."""
-    expected = f"an integer >= {minimum}" if maximum is None else f"an integer in {minimum}..{maximum}"
-
+def integer(minimum: int) -> Parser:
+    """An integer >= ``minimum``."""
     def parse(raw: str) -> int:
         value = int(raw) if re.fullmatch(r"[+-]?[0-9]+", raw) else minimum - 1
-        if value < minimum or (maximum is not None and value > maximum):
-            raise ValueError(f"expected {expected}")
+        if value < minimum:
+            raise ValueError(f"expected an integer >= {minimum}")
         return value
-    return Parser(f"integer >= {minimum}" if maximum is None else f"integer {minimum}..{maximum}", parse)
+    return Parser(f"integer >= {minimum}", parse)
 
 
 def seconds(*, positive: bool) -> Parser:
@@ -107,10 +94,6 @@ def choice(*choices: str) -> Parser:
     return Parser(" or ".join(f"`{c}`" for c in choices), parse)
 
 
-def _mirror(raw: str) -> str:
-    return raw.removeprefix("file://")
-
-
 def _fault(raw: str) -> Fault:
     """``<point>:<step>[:<action>[:<rank>]][@<file>]``; every problem of the spec is reported."""
     spec, at, once = raw.partition("@")  # the file may hold ':' and '@'; the spec before it holds neither '@'
@@ -135,22 +118,15 @@ def _fault(raw: str) -> Fault:
 
 TEXT = Parser("text", str)
 PATH = Parser("path", Path)
-MIRROR = Parser("folder or http(s) URL", _mirror)
+MIRROR = Parser("folder or http(s) URL", lambda raw: raw.removeprefix("file://"))
 SWITCH = Parser("on/off", lambda raw: raw.lower() not in TRACKING_OFF)
 LEVEL = Parser("logging level", str.upper)
 FAULT_SPEC = Parser(f"`{FAULT_SYNTAX}`", _fault)
 
 
-def meta(name: str, parse: Parser, doc: str, shown: str | None = None) -> dict[str, Any]:
-    """The metadata of a :class:`Settings` field: which variable it is read from, and how.
-
-    Args:
-        name: the variable (``NMT_...``).
-        parse: how its text becomes the value.
-        doc: one line: what it does.
-        shown: the default as the README shows it (default: derived from the field's default).
-    """
-    return {"env": name, "parse": parse, "doc": doc, "shown": shown}
+def meta(name: str, parse: Parser, doc: str) -> dict[str, Any]:
+    """The metadata of a :class:`Settings` field: its variable ``name``, how to ``parse`` it, one line ``doc``."""
+    return {"env": name, "parse": parse, "doc": doc}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,8 +135,8 @@ class Settings:
 
     # Launch (pipeline/launch.py): torchrun's command line.
     nproc: int | None = field(default=None, metadata=meta(
-        "NMT_NPROC", integer(1), "training processes on this node (torchrun `--nproc_per_node`)",
-        shown="number of CUDA GPUs, else 1"))
+        "NMT_NPROC", integer(1), "training processes on this node (torchrun `--nproc_per_node`; default: the CUDA "
+        "GPUs, else 1)"))
     nnodes: int = field(default=1, metadata=meta(
         "NMT_NNODES", integer(1), "number of nodes; > 1 switches to a multi-node torchrun job"))
     rdzv_endpoint: str | None = field(default=None, metadata=meta(
@@ -175,28 +151,28 @@ class Settings:
         "NMT_RDZV_TIMEOUT_S", integer(1), "seconds a node waits at the rendezvous in every mode (start, restart): for "
         "its host, the others, a store that answers"))
     max_restarts: int | None = field(default=None, metadata=meta(
-        "NMT_MAX_RESTARTS", integer(0), "how often torchrun restarts the worker group after a rank fails; "
-        "each restart resumes from the newest checkpoint", shown="3 on GPU jobs, else 0"))
+        "NMT_MAX_RESTARTS", integer(0), "how often torchrun restarts the worker group after a rank fails, "
+        "resuming from the newest checkpoint (default 3 on GPU jobs, else 0)"))
     # Training (pipeline/train.py, pipeline/training/).
     device: str | None = field(default=None, metadata=meta(
-        "NMT_DEVICE", choice("cpu", "cuda"), "training device; `cpu` forces CPU (and no restarts by default)",
-        shown="CUDA when available"))
+        "NMT_DEVICE", choice("cpu", "cuda"), "training device (default CUDA when available); `cpu` forces CPU (and "
+        "no restarts by default)"))
     threads: int | None = field(default=None, metadata=meta(
-        "NMT_THREADS", integer(1), "torch CPU threads per training process", shown="torch's default"))
+        "NMT_THREADS", integer(1), "torch CPU threads per training process (default: torch's)"))
     max_tokens: int | None = field(default=None, metadata=meta(
-        "NMT_MAX_TOKENS", integer(1), "padded tokens per forward pass of a training process (memory only: a step "
-        "trains the same pairs in more passes)", shown="8192 on CUDA, 4096 on CPU"))
+        "NMT_MAX_TOKENS", integer(1), "padded tokens per forward pass of a training process (memory, not results; "
+        "default 8192 on CUDA, 4096 on CPU)"))
     deterministic: bool = field(default=False, metadata=meta(
         "NMT_DETERMINISTIC", SWITCH, "deterministic CUDA kernels (`torch.use_deterministic_algorithms`): GPU runs "
-        "and resumes bitwise equal", shown="off"))
+        "and resumes bitwise equal"))
     compile: bool = field(default=False, metadata=meta(
         "NMT_COMPILE", SWITCH, "`torch.compile` the training forward pass and loss (dynamic shapes): faster GPU "
-        "steps after minutes of compiling", shown="off"))
+        "steps after minutes of compiling"))
     dist_timeout_s: float = field(default=1800.0, metadata=meta(
         "NMT_DIST_TIMEOUT_S", seconds(positive=True), "collective timeout: a rank that waits longer for its "
         "peers fails, naming this variable"))
     # Fault injection (pipeline/training/faults.py): test hooks, unset in normal runs.
-    fault_point: Fault | None = field(default=None, metadata=meta(
+    fault: Fault | None = field(default=None, metadata=meta(
         "NMT_FAULT_POINT", FAULT_SPEC, "test hook: kill, crash or stall training at a named point; with `@<file>` "
         "only once (pipeline/training/faults.py)"))
     # Data (pipeline/download.py, pipeline/clean.py, pipeline/encode.py).
@@ -204,12 +180,12 @@ class Settings:
         "NMT_DATA_MIRROR", MIRROR, "replaces the upstream URLs (a file it lacks is an error); `user:password@` in "
         "a URL is sent as basic auth, never logged"))
     download_cache: Path = field(default=DEFAULT_DOWNLOAD_CACHE, metadata=meta(
-        "NMT_DOWNLOAD_CACHE", PATH, "cache of upstream downloads", shown="`<repo>/.cache/downloads`"))
+        "NMT_DOWNLOAD_CACHE", PATH, "cache of upstream downloads (default `<repo>/.cache/downloads`)"))
     download_backoff_s: float = field(default=1.0, metadata=meta(
         "NMT_DOWNLOAD_BACKOFF_S", seconds(positive=False), "first retry delay of a failed download (doubling)"))
     data_workers: int | None = field(default=None, metadata=meta(
         "NMT_DATA_WORKERS", integer(1), "worker processes of the clean and encode stages (1: none, the stage's own "
-        "process does the work)", shown="`os.cpu_count()`"))
+        "process does the work; default `os.cpu_count()`)"))
     # Tracking and logging (pipeline/core/, pipeline/register.py).
     tracking: bool = field(default=True, metadata=meta(
         "NMT_TRACKING", SWITCH, "MLflow tracking; `off`, `0`, `false` or `no` turns every tracking call into "
@@ -227,11 +203,6 @@ class Settings:
     profile_run: str | None = field(default=None, metadata=meta(
         "NMT_PROFILE_RUN", TEXT, "set by the Prefect flow during a `--profile` run: stage runs tag the profile, "
         "params.yaml is left out of `git_dirty`"))
-
-    @property
-    def fault(self) -> Fault | None:
-        """The configured fault (``NMT_FAULT_POINT``), or None."""
-        return self.fault_point
 
 
 #: ``NMT_MAX_TOKENS`` when unset, per device type: fixed, never derived from free memory, so a
@@ -280,7 +251,7 @@ def _parse(snapshot: tuple[tuple[str, str], ...]) -> Settings:
         if not raw:
             continue
         try:
-            values[f.name] = f.metadata["parse"](raw)
+            values[f.name] = f.metadata["parse"].fn(raw)
         except ValueError as exc:
             problems.extend(_problems(name, raw, exc))
     for name, replacement in RETIRED.items():
@@ -301,41 +272,6 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
 
 
 settings.cache_clear = _parse.cache_clear  # type: ignore[attr-defined]
-
-
-def parse_fault(spec: str) -> Fault:
-    """Parse one ``NMT_FAULT_POINT`` spec.
-
-    Raises:
-        ConfigError: naming ``NMT_FAULT_POINT``, each bad part and the accepted values.
-    """
-    try:
-        return _fault(spec.strip())
-    except ValueError as exc:
-        raise ConfigError(SOURCE, _problems("NMT_FAULT_POINT", spec.strip(), exc)) from None
-
-
-def _shown_default(f: dataclasses.Field) -> str:
-    """The default as Markdown: the field's ``shown`` text, else its value in backticks."""
-    if f.metadata["shown"] is not None:
-        return f.metadata["shown"]
-    if f.default is None:
-        return "unset"
-    if isinstance(f.default, bool):
-        return "`on`" if f.default else "`off`"
-    return f"`{f.default:g}`" if isinstance(f.default, float) else f"`{f.default}`"
-
-
-def markdown_rows() -> list[str]:
-    """The table as Markdown (``Variable | Type | Default | Meaning``), header rows first."""
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|")
-
-    rows = ["| Variable | Type | Default | Meaning |", "|---|---|---|---|"]
-    for f in FIELDS:
-        rows.append(f"| `{f.metadata['env']}` | {cell(f.metadata['parse'].kind)} | {cell(_shown_default(f))} | "
-                    f"{cell(f.metadata['doc'])} |")
-    return rows
 
 
 def prefer_this_interpreter() -> None:

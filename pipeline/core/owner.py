@@ -4,15 +4,17 @@ process is told from one that is still running.
 A run records its owner in a tag when it opens (``<host>/<pid>/<start>``, ``start`` being the process's
 start time in clock ticks since boot, field 22 of ``/proc/<pid>/stat``, so a pid the kernel has since given
 to another process does not count as the owner). SIGKILL runs no code, so nothing can end the run then;
-the next pipeline run or sweep in the same checkout ends it (:func:`pipeline.core.tracking.end_orphaned_runs`).
-No mlflow here.
+the next pipeline run or sweep in the same checkout ends it (:func:`end_orphans`, called by
+:func:`pipeline.core.tracking.end_orphaned_runs`). No mlflow here: the client is handed in.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 #: The run's owner: ``<host>/<pid>/<start>``.
 OWNER_TAG = "nmt.owner"
@@ -73,3 +75,26 @@ def in_checkout(value: str, root: str | Path) -> bool:
     """Whether ``value`` (a :data:`CHECKOUT_TAG`) is ``root`` or a folder inside it (a sweep's clones)."""
     base = str(Path(root).resolve())
     return value == base or value.startswith(base.rstrip(os.sep) + os.sep)
+
+
+def end_orphans(client: Any, experiment_id: str, root: str | Path,
+                logger: logging.Logger | logging.LoggerAdapter) -> list[str]:
+    """Mark ``KILLED`` every ``RUNNING`` run of the experiment that belongs to ``root`` (:func:`in_checkout`) and
+    whose owner is gone (:func:`owner_gone`), logging one line each; runs of other hosts, of live processes or
+    without the tags are left alone. ``client`` is an MLflow client. Returns the ids of the runs it ended."""
+    ended: list[str] = []
+    token = None
+    while True:
+        page = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'",
+                                  max_results=1000, page_token=token)
+        for run in page:
+            tags, run_id = run.data.tags, run.info.run_id
+            if in_checkout(tags.get(CHECKOUT_TAG, ""), root) and owner_gone(tags.get(OWNER_TAG, "")):
+                client.set_tag(run_id, "nmt.ended_by", "a later run: the process that held it open was gone")
+                client.set_terminated(run_id, status="KILLED")
+                logger.info("marked MLflow run %s (%s) KILLED: its process %s ended without closing it", run_id,
+                            tags.get("mlflow.runName", "?"), tags[OWNER_TAG])
+                ended.append(run_id)
+        token = page.token
+        if not token:
+            return ended

@@ -5,7 +5,7 @@ their files. The rules, checked before any stage runs (:func:`layout_problems`, 
 ``nmt profile``):
 
 - a relative ``paths.*`` value lies inside one of the git-ignored output folders (``data/``, ``runs/`` ...;
-  the per-key rule in :mod:`pipeline.core.config`); an absolute one lies strictly inside the folder that
+  :func:`path_problem`, the per-key rule); an absolute one lies strictly inside the folder that
   holds the params file (a params file kept outside a checkout, as tests do), never in its ``.git``;
 - no two ``paths.*`` of one params file are the same folder or one inside the other;
 - none is the same as, inside, or around a path of another profile in ``profiles/``, except that profiles
@@ -20,14 +20,38 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from pipeline.core.strict import shown
 from pipeline.core.yamlfile import load_yaml
 
+CHECKOUT = Path(__file__).resolve().parents[2]
 #: The ``paths.*`` keys whose folder several profiles on one dataset may share (the data stages' outputs).
 SHARED_DATA = ("raw", "clean", "bpe", "shards")
 BASE_PROFILE = "paper"
+#: The git-ignored output folders: every ``paths.*`` value lies strictly inside one of them, so a stage
+#: that clears its output can never delete tracked files (docs/, src/) or write outside the repository.
+OUTPUT_ROOTS = ("data", "runs", "metrics", "plots", "reports")
+PATH_RULE = (f"a relative path without '..' inside one of {', '.join(r + '/' for r in OUTPUT_ROOTS)}; "
+             "an absolute path only for a params file kept outside the checkout, inside that file's folder")
+
+
+def path_problem(value: str) -> str | None:
+    """Why ``value`` may not be a ``paths.*`` setting (:data:`PATH_RULE`), or None if it may (an absolute
+    path outside the checkout passes here; :func:`layout_problems` accepts it only inside the params file's folder)."""
+    parts = PurePosixPath(value).parts
+    if value.startswith(("/", "\\")) or PurePosixPath(value).is_absolute():
+        if ".." not in parts and not Path(value).resolve().is_relative_to(CHECKOUT):
+            return None
+        reason = "is absolute and inside the checkout or has '..'"
+    elif ".." in parts:
+        reason = "has a '..' component"
+    elif len(parts) < 2 or parts[0] not in OUTPUT_ROOTS:
+        reason = "is not inside an output folder"
+    else:
+        return None
+    return f"{shown(value)} {reason} (expected {PATH_RULE})"
 
 
 def _resolve(value: str, root: Path) -> Path:
@@ -108,7 +132,7 @@ def output_problem(output: str | Path, *, inputs: Iterable[str | Path] = (),
         root: the checkout (default: the one this module lies in).
     """
     target = Path(os.path.abspath(output))
-    root = Path(os.path.abspath(root)) if root is not None else Path(__file__).resolve().parents[2]
+    root = Path(os.path.abspath(root)) if root is not None else CHECKOUT
     if target == Path(os.path.abspath(os.curdir)):
         return f"{output} is the current folder"
     if target == root or root.is_relative_to(target):

@@ -1,7 +1,8 @@
-"""UTF-8 text split on ``\\n`` only, and atomic output paths.
+"""UTF-8 text split on ``\\n`` only, and atomic outputs.
 
-``str.splitlines`` also splits on ``\\r``, U+0085, U+2028/2029 and would misalign parallel
-EN/DE files, so every stage reads lines through :func:`read_lines`.
+``str.splitlines`` also splits on ``\\r``, U+0085, U+2028/2029 and would misalign parallel EN/DE files, so
+every stage reads lines through :func:`read_lines`. Every output is built beside its place and renamed onto
+it (:func:`atomic_path`), so a crash never leaves half an output that DVC or the next stage could take for one.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from pipeline.core.errors import DataError, OutputError
 
 log = logging.getLogger(__name__)
 
-_CHUNK = 1 << 20
 #: The file inside every folder written whole by :func:`atomic_path`: it names the folder's role, so a
 #: later run replaces that folder only if it is the same kind of output (never a folder a user made).
 MARKER = ".nmt-output"
@@ -57,23 +57,20 @@ def _decode_line(path: str | Path, lineno: int, raw: bytes) -> str:
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DataError(
-            f"{path}:{lineno}: invalid UTF-8 at byte {exc.start} of the line; "
-            "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        ) from None
-    if "\0" in line:
-        raise nul_error(path, lineno, raw.index(b"\0"))
+        raise DataError(f"{path}:{lineno}: invalid UTF-8 at byte {exc.start} of the line; "
+                        "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    if (byte := raw.find(b"\0")) >= 0:  # valid UTF-8, but the mark of a binary or UTF-16 file
+        raise DataError(f"{path}:{lineno}: NUL byte at byte {byte} of the line; this is not UTF-8 "
+                        "text (a binary, UTF-16 or corrupt file?): replace the file with the real UTF-8 text "
+                        "(e.g. iconv -f utf-16 -t utf-8)")
     return line
 
 
 def read_line_block(path: str | Path, start: int, end: int, first_line: int) -> list[str]:
     """The lines in bytes ``[start, end)`` of ``path`` (``end`` -1: to the end), read and decoded in one go.
 
-    ``start`` must be a line start (see :func:`line_offsets`); ``first_line`` is its 0-based line number, so
-    errors name the same ``path:line`` as :func:`read_lines` would.
-
-    Raises:
-        DataError: invalid UTF-8 or a NUL byte, with :func:`read_lines`' message.
+    ``start`` is a line start (:func:`line_offsets`), ``first_line`` its 0-based number: a bad line raises
+    :func:`read_lines`' DataError.
     """
     with open(path, "rb") as fh:
         fh.seek(start)
@@ -81,20 +78,15 @@ def read_line_block(path: str | Path, start: int, end: int, first_line: int) -> 
     if not raw:
         return []
     raw = raw[:-1] if raw.endswith(b"\n") else raw
-    try:
-        text = raw.decode("utf-8")
-        if "\0" not in text:
+    with contextlib.suppress(UnicodeDecodeError):
+        if "\0" not in (text := raw.decode("utf-8")):
             return text.split("\n")
-    except UnicodeDecodeError:
-        pass
     return [_decode_line(path, first_line + i + 1, line) for i, line in enumerate(raw.split(b"\n"))]
 
 
 def line_offsets(path: str | Path, every: int) -> tuple[list[int], int]:
-    """Byte offsets of lines 0, every, 2·every, ... of ``path`` and its line count (``\\n`` split).
-
-    Newlines are located with numpy over 16 MiB chunks (no Python loop per line).
-    """
+    """Byte offsets of lines 0, every, 2·every, ... of ``path`` and its line count (``\\n`` split; numpy finds
+    the newlines of 16 MiB chunks, no Python loop per line)."""
     import numpy as np
 
     offsets, n, pos, last = [0], 0, 0, b"\n"
@@ -114,31 +106,15 @@ def line_offsets(path: str | Path, every: int) -> tuple[list[int], int]:
     return offsets, n
 
 
-def nul_error(path: str | Path, lineno: int, byte: int) -> DataError:
-    """The error for a NUL byte in text: valid UTF-8, but the mark of a binary or UTF-16 file."""
-    return DataError(f"{path}:{lineno}: NUL byte at byte {byte} of the line; this is not UTF-8 text (a binary, "
-                     "UTF-16 or corrupt file?): replace the file with the real UTF-8 text "
-                     "(e.g. iconv -f utf-16 -t utf-8)")
-
-
 def count_lines(path: str | Path) -> int:
     """Number of lines as :func:`read_lines` would yield them (a last line without ``\\n`` counts)."""
-    n = 0
-    last = b"\n"
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            n += chunk.count(b"\n")
-            last = chunk[-1:]
-    return n + (last != b"\n")
+    return line_offsets(path, 1 << 62)[1]
 
 
 def sha256_file(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes (read in 1 MiB chunks)."""
-    digest = hashlib.sha256()
+    """Hex sha256 of a file's bytes."""
     with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _tmp_sibling(path: Path) -> Path:
@@ -149,10 +125,8 @@ def _tmp_sibling(path: Path) -> Path:
 
 
 def public_path(path: str | Path) -> Path:
-    """``path`` with every temporary component (``.<name>.<pid>.<random>.tmp``) shown as ``<name>``.
-
-    Errors name the output a user knows (``data/clean/train.en``), not the sibling being built.
-    """
+    """``path`` with every temporary component (``.<name>.<pid>.<random>.tmp``) shown as ``<name>``: errors
+    name the output a user knows (``data/clean/train.en``), not the sibling being built."""
     return Path(*(_TMP_NAME.sub(r"\1", part) for part in Path(path).parts))
 
 
@@ -164,19 +138,14 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:  # another user's live process
         return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True  # no /proc (not Linux): os.kill's answer stands
-    return state not in ("Z", "X")
+    with contextlib.suppress(OSError, IndexError):  # no /proc (not Linux): os.kill's answer stands
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    return True
 
 
 def remove_stale_temps(path: str | Path) -> list[Path]:
-    """Delete ``.<name>.*.tmp`` siblings of ``path`` left by runs that died (SIGKILL, power loss).
-
-    A sibling whose pid is still alive (a concurrent writer) is kept; one without a pid (an older
-    naming) is stale. Returns what was removed.
-    """
+    """Delete and return the ``.<name>.*.tmp`` siblings of ``path`` left by runs that died (SIGKILL, power loss);
+    a sibling whose pid is alive (a concurrent writer) is kept, one without a pid (an older naming) is not."""
     path = Path(path)
     prefix = f".{path.name}."
     removed = []
@@ -201,26 +170,19 @@ def remove_stale_temps(path: str | Path) -> list[Path]:
 
 def newest_file(tmp: Path) -> Path:
     """The file under folder ``tmp`` written last (the one a failed buffered write was filling), or ``tmp``."""
-    if not tmp.is_dir():
-        return tmp
     best: tuple[int, int, str] | None = None
-    for root, _, files in os.walk(tmp):
+    for root, _, files in os.walk(tmp):  # nothing when tmp is not a folder
         for name in files:
-            try:
+            with contextlib.suppress(OSError):  # a file that vanished meanwhile
                 st = os.stat(os.path.join(root, name))
-            except OSError:
-                continue
-            key = (st.st_mtime_ns, st.st_size, os.path.join(root, name))
-            best = max(best, key) if best else key
+                best = max(best or (0, 0, ""), (st.st_mtime_ns, st.st_size, os.path.join(root, name)))
     return Path(best[2]) if best else tmp
 
 
 def write_error(exc: OSError, target: str | Path, output: str | Path | None = None) -> OutputError | None:
-    """A one-line :class:`OutputError` for a failure to write ``target``, or None if ``exc`` is another error.
-
-    Disk full, quota, file size limit, permission denied and read-only file systems are explained
-    with the remedy. ``output``, when given, is the atomic output ``target`` belongs to: the message
-    says it is untouched (absent, or still the previous complete version).
+    """A one-line :class:`OutputError` for a failure to write ``target`` (disk full, quota, file size limit,
+    permission, read-only file system: with the remedy), or None for another error. ``output``, the atomic
+    output ``target`` belongs to, is said to be untouched (absent, or still the previous complete version).
     """
     target = public_path(target)
     code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
@@ -251,26 +213,19 @@ def _as_write_error(exc: OSError, tmp: Path, path: Path) -> OutputError | None:
     return write_error(exc, path if failed == tmp else path / failed.relative_to(tmp), path)
 
 
-def marker_role(folder: Path) -> str | None:
-    """The role a folder's :data:`MARKER` names, or None (no marker: not a folder this project wrote whole)."""
-    try:
-        return (folder / MARKER).read_text(encoding="utf-8").strip() or None
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
 def refuse_foreign(path: Path, role: str | None, *, replacing_with_folder: bool = False) -> None:
-    """Raise :class:`OutputError` unless whatever is at ``path`` may be replaced by the ``role`` output.
-
-    Nothing there, or a folder whose marker names ``role``, may be replaced; so may a plain file, unless a
-    folder is to take its place. A symbolic link, or a folder without the marker, is someone else's.
-    """
+    """Raise :class:`OutputError` unless whatever is at ``path`` may be replaced by the ``role`` output: nothing,
+    a folder whose marker names ``role``, or a plain file unless a folder is to take its place (a symbolic link
+    or a folder without the marker is someone else's)."""
     shown = public_path(path)
     if path.is_symlink():
         raise OutputError(f"{shown}: is a symbolic link, not an output this project wrote; refusing to replace "
                           "it: remove the link or choose another output path")
     if path.is_dir():
-        found = marker_role(path)
+        try:
+            found = (path / MARKER).read_text(encoding="utf-8").strip() or None
+        except (OSError, UnicodeDecodeError):
+            found = None  # no marker: not a folder this project wrote whole
         if role is None or found != role:
             what = f"a {role} folder" if role else "an output folder"
             why = f"its {MARKER} says {found!r}" if found else f"it holds no {MARKER} marker"
@@ -285,20 +240,15 @@ def refuse_foreign(path: Path, role: str | None, *, replacing_with_folder: bool 
 def atomic_path(path: str | Path, role: str | None = None) -> Iterator[Path]:
     """Yield a temporary sibling path; on success rename it onto ``path``, on error delete it.
 
-    Works for files and directories: the caller creates whatever it likes at the yielded path. A folder
-    built this way gets a :data:`MARKER` file naming ``role``; an existing folder at ``path`` is replaced
-    only when its marker names the same ``role`` (a folder this project wrote for the same job), checked
-    before the work starts and again just before the swap. Stale temporary siblings of ``path`` from a
-    killed run are deleted first.
-
-    Args:
-        path: the output file or folder.
-        role: what the folder is (``"clean"``, ``"shards"``, ...); required to replace a folder.
+    The caller creates a file or a folder at the yielded path. A folder gets a :data:`MARKER` naming ``role``
+    (``"clean"``, ``"shards"``, ...); an existing folder at ``path`` is replaced only when its marker names the
+    same ``role``, checked before the work and again before the swap. Stale temporary siblings of ``path``
+    from a killed run are deleted first.
 
     Raises:
-        OutputError: ``path`` is a folder (or a symbolic link) this project did not write as ``role``;
-            or the disk filled up (or a quota, file size limit or permission stopped a write). The
-            message names the path and the remedy. Nothing was renamed onto ``path``.
+        OutputError: ``path`` is a folder (or a symbolic link) this project did not write as ``role``, or a
+            write failed for lack of space, quota or permission: naming the path and the remedy. Nothing
+            was renamed onto ``path``.
     """
     path = Path(path)
     refuse_foreign(path, role)
@@ -338,10 +288,8 @@ def write_lines(path: str | Path, lines: Iterable[str]) -> int:
     """Write ``lines`` as UTF-8, each followed by ``\\n``, atomically; return the count."""
     n = 0
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as fh:
-        for line in lines:
-            fh.write(line)
-            fh.write("\n")
-            n += 1
+        for n, line in enumerate(lines, 1):
+            fh.write(line + "\n")
     return n
 
 

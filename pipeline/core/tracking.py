@@ -1,14 +1,12 @@
-"""MLflow, behind one small interface. The only module that imports ``mlflow``; no torch here.
+"""MLflow runs, behind one small interface (logged and registered models: :mod:`pipeline.inference.registry`). No torch.
 
 Environment:
     NMT_TRACKING=off          disable tracking (every call becomes a no-op; run ids are None)
     MLFLOW_TRACKING_URI       a server or store; default ``sqlite:///<root>/.mlflow/mlflow.db``
     MLFLOW_EXPERIMENT_NAME    default ``wmt14-transformer``
-    MLFLOW_PARENT_RUN_ID      set by whoever starts a pipeline run; stage runs become its children
+    MLFLOW_PARENT_RUN_ID      set by whoever starts a pipeline run (flows/parent_run.py); stage runs are its children
     NMT_PREFECT_FLOW_RUN_ID   set by the Prefect flow; stage runs are tagged with it
     NMT_PROFILE_RUN           set by the Prefect flow during a ``--profile`` run (see :func:`git_tags`)
-The pipeline's parent run is in :mod:`flows.parent_run`.
-``NMT_*`` variables are parsed in :mod:`pipeline.core.env`.
 """
 
 from __future__ import annotations
@@ -37,11 +35,7 @@ _CURRENT: contextvars.ContextVar[StageRun | None] = contextvars.ContextVar("nmt_
 
 
 def enabled() -> bool:
-    """Whether tracking is on (``NMT_TRACKING`` not in off/0/false/no).
-
-    Raises:
-        ConfigError: a malformed ``NMT_*`` variable (named, with what is expected).
-    """
+    """Whether tracking is on (``NMT_TRACKING`` not in off/0/false/no; a malformed ``NMT_*`` is a ConfigError)."""
     return env.settings().tracking
 
 
@@ -55,17 +49,10 @@ def tracking_uri(root: str | Path = ".") -> str:
     return f"sqlite:///{store / 'mlflow.db'}"
 
 
-#: How long the reachability check of a tracking server waits (MLflow's own requests retry for minutes).
-SERVER_CHECK_TIMEOUT_S = 5.0
-
-
 @functools.lru_cache(maxsize=8)  # an answer is kept for the process; a failure is not (it raises)
-def require_server(uri: str, timeout_s: float = SERVER_CHECK_TIMEOUT_S) -> None:
-    """Fail at once, in one line, when ``uri`` is an http(s) tracking server that does not answer.
-
-    MLflow's client retries a refused connection with a backoff that lasts minutes, then fails with a
-    traceback of a hundred lines; this asks the server's ``/health`` once, within ``timeout_s``. Any
-    HTTP answer counts as reachable (MLflow then reports its own errors); other stores are not checked.
+def require_server(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail at once, in one line, when ``uri`` is an http(s) tracking server whose ``/health`` does not answer
+    (MLflow's client would retry for minutes). Any HTTP answer counts as reachable; other stores pass.
 
     Raises:
         PipelineError: naming ``MLFLOW_TRACKING_URI`` (credentials in it masked), why, and what to do.
@@ -96,13 +83,18 @@ def require_configured_server() -> None:
         require_server(uri)
 
 
-def git_tags(root: str | Path = ".", *, temporary_params: bool = False) -> dict[str, str]:
-    """Git commit and dirty flag of ``root`` (empty values outside a git checkout).
+def mlflow_client(root: str | Path = ".") -> Any:
+    """An MLflow client on :func:`tracking_uri` (tracking and registry), its server checked first."""
+    from mlflow.tracking import MlflowClient
 
-    ``git_dirty`` is "true" when a tracked file differs from the commit, by :mod:`pipeline.core.gitstate`'s
-    rule (the run's own records never count; ``params.yaml`` does not with ``temporary_params``, a profile
-    run, ``NMT_PROFILE_RUN``, whose ``profile`` tag names the params it ran with).
-    """
+    uri = tracking_uri(root)
+    require_server(uri)
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def git_tags(root: str | Path = ".", *, temporary_params: bool = False) -> dict[str, str]:
+    """Git commit and dirty flag of ``root`` (empty outside a git checkout), by :mod:`pipeline.core.gitstate`'s
+    rule (``params.yaml`` does not count with ``temporary_params``: a ``NMT_PROFILE_RUN`` tags its profile)."""
     commit = gitstate.commit(root)
     if commit is None:
         return {"git_commit": "", "git_dirty": ""}
@@ -110,17 +102,11 @@ def git_tags(root: str | Path = ".", *, temporary_params: bool = False) -> dict[
     return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower()}
 
 
-def temporary_profile() -> str | None:
-    """The profile whose params.yaml the flow wrote for this run (``NMT_PROFILE_RUN``), or None."""
-    return env.settings().profile_run
-
-
 class StageRun:
     """A handle on one MLflow run; every method is a no-op when tracking is off.
 
-    A stage's handle (from :func:`stage_run`) opens its run on first use, so a stage that logs
-    nothing leaves no run behind; params given to :meth:`queue_params` are logged when a new run
-    opens (not when a run is continued with :meth:`resume`).
+    A stage's handle (from :func:`stage_run`) opens its run on first use, so a stage that logs nothing
+    leaves no run behind; :meth:`queue_params` are logged when a new run opens (not a :meth:`resume`\\ d one).
     """
 
     def __init__(self, client: Any = None, run_id: str | None = None,
@@ -135,6 +121,12 @@ class StageRun:
     def opened(self) -> bool:
         """Whether the run exists (a lazy stage run that nothing used has not been created)."""
         return self._client is not None
+
+    @property
+    def client(self) -> Any:
+        """The MLflow client of the run (opens a lazy run); None when tracking is off."""
+        self._live()
+        return self._client
 
     @property
     def run_id(self) -> str | None:
@@ -161,17 +153,13 @@ class StageRun:
             self._client, self._run_id = opener(self._resume_id)
             if self._resume_id is None and self._queued:
                 self.log_params(self._queued)
-            if self.system_metrics:
-                self._start_monitor()
+            if self.system_metrics:  # MLflow's system/* metrics (GPUs need nvidia-ml-py)
+                from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+                self._monitor = SystemMetricsMonitor(self._run_id, resume_logging=self._resume_id is not None,
+                                                     tracking_uri=self._client.tracking_uri)
+                self._monitor.start()
         return self._client is not None
-
-    def _start_monitor(self) -> None:
-        """MLflow's system metrics monitor on this run (``system/*`` metrics; GPUs need nvidia-ml-py)."""
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-        self._monitor = SystemMetricsMonitor(self._run_id, resume_logging=self._resume_id is not None,
-                                             tracking_uri=self._client.tracking_uri)
-        self._monitor.start()
 
     def close(self, status: str) -> None:
         """Stop the system metrics monitor (if any) and end the run with ``status``."""
@@ -223,8 +211,7 @@ def experiment_id(client: Any, root: str | Path) -> str:
         if EXPERIMENT_KIND_TAG not in exp.tags:
             client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
-    # A SQLite store keeps its artifacts beside the database (never ./mlruns in the cwd);
-    # a tracking server decides for itself.
+    # A SQLite store keeps its artifacts beside the database (never ./mlruns in the cwd); a server decides itself.
     location = None
     uri = tracking_uri(root)
     if uri.startswith("sqlite:///"):
@@ -237,14 +224,10 @@ def stage_run(stage: str, *, root: str | Path = ".", resume_run_id: str | None =
               active: bool = True, system_metrics: bool = False) -> Iterator[StageRun]:
     """The MLflow run of one stage, opened on first use; yields a :class:`StageRun` (also :func:`current`).
 
-    A run opened late (on first use) still starts when this block started, so its duration is the stage's.
-
-    Args:
-        stage: stage name, used as run name and ``stage`` tag.
-        root: repository root (for the default store and git tags).
-        resume_run_id: continue this run (a resumed training) instead of creating one.
-        active: False on non-zero ranks: yields a no-op handle.
-        system_metrics: sample the machine into the run while it is open (:func:`system_metrics_wanted`).
+    ``stage`` names the run; ``root`` is the repository (default store, git tags); ``resume_run_id`` continues
+    that run (a resumed training); ``active`` False (non-zero ranks) yields a no-op handle; ``system_metrics``
+    samples the machine into the run (:func:`system_metrics_wanted`). A run opened late still starts when this
+    block started, so its duration is the stage's.
     """
     if not (active and enabled()):
         handle = StageRun()
@@ -269,10 +252,7 @@ def stage_run(stage: str, *, root: str | Path = ".", resume_run_id: str | None =
 
 
 def system_metrics_wanted(stage: str, device: str | None, cuda_available: bool) -> bool:
-    """Whether ``stage``'s run samples system metrics: the train run when it trains on CUDA.
-
-    ``device`` is ``NMT_DEVICE`` (``cpu`` forces CPU; unset: CUDA when available), as the training loop reads it.
-    """
+    """Whether ``stage``'s run samples system metrics: the train run on CUDA (``device``: ``NMT_DEVICE``)."""
     return stage == "train" and cuda_available and device != "cpu"
 
 
@@ -285,17 +265,12 @@ def _open_stage_run(stage: str, root: Path, resume_run_id: str | None, started_m
         for key, value in owner.owner_tags(root).items():  # this process holds it open now
             client.set_tag(resume_run_id, key, value)
         return client, resume_run_id
-    profile = temporary_profile()
-    tags = {"stage": stage, "mlflow.runName": stage, **git_tags(root, temporary_params=bool(profile)),
+    s = env.settings()
+    tags = {"stage": stage, "mlflow.runName": stage, **git_tags(root, temporary_params=bool(s.profile_run)),
             **owner.owner_tags(root)}
-    if profile:
-        tags["profile"] = profile
-    parent = os.environ.get("MLFLOW_PARENT_RUN_ID")
-    if parent:
-        tags["mlflow.parentRunId"] = parent
-    flow_run = env.settings().prefect_flow_run_id
-    if flow_run:
-        tags["prefect.flow_run_id"] = flow_run
+    optional = {"profile": s.profile_run, "mlflow.parentRunId": os.environ.get("MLFLOW_PARENT_RUN_ID"),
+                "prefect.flow_run_id": s.prefect_flow_run_id}
+    tags.update({k: v for k, v in optional.items() if v})
     run = client.create_run(experiment_id(client, root), start_time=started_ms, tags=tags, run_name=stage)
     return client, run.info.run_id
 
@@ -307,192 +282,11 @@ def current() -> StageRun:
 
 def end_orphaned_runs(root: str | Path = ".",
                       logger: logging.Logger | logging.LoggerAdapter | None = None) -> list[str]:
-    """Mark ``KILLED`` every run of ``root`` (or of a clone inside it) left ``RUNNING`` by a process that is gone.
-
-    A SIGKILLed flow, sweep or stage cannot end its runs. The runs this project opens name their owning
-    process and checkout in tags (:mod:`pipeline.core.owner`); a run whose owner on this host has ended is
-    an orphan. Runs of other hosts, of live processes, or without those tags are left alone. Call it when a
-    pipeline run or sweep starts. Logs one line per run it ends.
-
-    Returns:
-        The ids of the runs it ended (none when tracking is off or the experiment does not exist yet).
-    """
+    """Mark ``KILLED`` every run of ``root`` (or of a clone inside it) left ``RUNNING`` by a process that is gone
+    (:func:`pipeline.core.owner.end_orphans`): a SIGKILLed flow, sweep or stage cannot end its runs. Called when a
+    pipeline run or sweep starts; returns the ids it ended (none when tracking is off or no experiment exists)."""
     if not enabled():
         return []
     client = mlflow_client(root)
     exp = client.get_experiment_by_name(os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT))
-    if exp is None:
-        return []
-    ended: list[str] = []
-    token = None
-    while True:
-        page = client.search_runs([exp.experiment_id], filter_string="attributes.status = 'RUNNING'",
-                                  max_results=1000, page_token=token)
-        for run in page:
-            tags = run.data.tags
-            if not (owner.in_checkout(tags.get(owner.CHECKOUT_TAG, ""), root)
-                    and owner.owner_gone(tags.get(owner.OWNER_TAG, ""))):
-                continue
-            client.set_tag(run.info.run_id, "nmt.ended_by", "a later run: the process that held it open was gone")
-            client.set_terminated(run.info.run_id, status="KILLED")
-            (logger or log).info("marked MLflow run %s (%s) KILLED: its process %s ended without closing it",
-                                 run.info.run_id, tags.get("mlflow.runName", "?"), tags[owner.OWNER_TAG])
-            ended.append(run.info.run_id)
-        token = page.token
-        if not token:
-            return ended
-
-
-# --- model lineage: the pyfunc translator, the registry alias, dataset inputs (stage `register`) ---
-
-
-def mlflow_client(root: str | Path = ".") -> Any:
-    """An MLflow client on :func:`tracking_uri` (tracking and registry), its server checked first."""
-    from mlflow.tracking import MlflowClient
-
-    uri = tracking_uri(root)
-    require_server(uri)
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
-
-
-@contextlib.contextmanager
-def _fluent_tracking_uri(uri: str) -> Iterator[None]:
-    """Point MLflow's fluent API at ``uri`` for a block; restore its URI and ``MLFLOW_TRACKING_URI`` after.
-
-    (``mlflow.set_tracking_uri`` also writes the environment variable, and unsets it when restoring None.)
-    """
-    import mlflow
-    from mlflow.tracking._tracking_service import utils
-
-    saved_env = os.environ.get("MLFLOW_TRACKING_URI")
-    saved = getattr(utils, "_tracking_uri", None)
-    mlflow.set_tracking_uri(uri)
-    try:
-        yield
-    finally:
-        mlflow.set_tracking_uri(saved)
-        if saved_env is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = saved_env
-
-
-def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict[str, str],
-                     code_paths: list[str] | None = None, model_config: dict[str, Any] | None = None,
-                     params: dict[str, int | float | str] | None = None, registered_model_name: str | None = None,
-                     pip_requirements: list[str] | None = None, name: str = "translator",
-                     root: str | Path = ".") -> dict[str, Any] | None:
-    """Log a models-from-code pyfunc (one column in, checked by the model; one string per row out) into ``run``;
-    maybe register.
-
-    Args:
-        run: an open stage run (a no-op handle gives None).
-        python_model: the model file MLflow executes (it ends with ``mlflow.models.set_model(...)``).
-        artifacts: name → local file, copied into the model (``context.artifacts``).
-        code_paths: local packages copied beside the model so it loads outside this checkout.
-        model_config: ``context.model_config`` of the loaded model.
-        params: inference params with their defaults (name → int, float or str), part of the signature.
-        registered_model_name: register a new version of this model.
-        pip_requirements: the model's requirements (given, so MLflow does not load the model to infer them).
-        name: the logged model's name.
-        root: repository root (default store).
-
-    Returns:
-        ``{"model_uri", "model_id", "version"}`` (version None when not registered), or None when off.
-    """
-    if not run._live():
-        return None
-    import mlflow
-    from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
-    from mlflow.types.schema import AnyType
-
-    def kind(v: int | float | str) -> str:
-        return "string" if isinstance(v, str) else "long" if type(v) is int else "double"  # True: not a long
-
-    specs = [ParamSpec(k, kind(v), v) for k, v in (params or {}).items()]
-    # Inputs typed Any, not string: MLflow casts a string column's values to text before predict ([1, 2] and
-    # [null] would arrive as "1", "2" and "None"), so the model checks that each input is a string itself.
-    signature = ModelSignature(inputs=Schema([ColSpec(AnyType())]), outputs=Schema([ColSpec("string")]),
-                               params=ParamSchema(specs) if specs else None)
-    uri = tracking_uri(root)
-    # The fluent API logs into the active run: make the stage's run active against this store for
-    # the call only (the registry follows the tracking URI unless MLFLOW_REGISTRY_URI says otherwise).
-    with _fluent_tracking_uri(uri), mlflow.start_run(run_id=run.run_id):
-        info = mlflow.pyfunc.log_model(
-            name=name, python_model=str(python_model), artifacts=artifacts, code_paths=code_paths,
-            model_config=model_config, signature=signature, registered_model_name=registered_model_name,
-            pip_requirements=pip_requirements)
-    version = getattr(info, "registered_model_version", None)
-    return {"model_uri": info.model_uri, "model_id": getattr(info, "model_id", None),
-            "version": str(version) if version is not None else None}
-
-
-def alias_holder(model_name: str, alias: str, root: str | Path = ".") -> dict[str, Any] | None:
-    """The model version holding ``alias``: ``{"version", "run_id", "tags"}``, or None (no model, no alias)."""
-    if not enabled():
-        return None
-    from mlflow.exceptions import MlflowException
-
-    try:
-        mv = mlflow_client(root).get_model_version_by_alias(model_name, alias)
-    except MlflowException as exc:
-        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
-            return None
-        raise
-    tags = dict(mv.tags or {})
-    return {"version": str(mv.version), "run_id": tags.get("run_id") or mv.run_id, "tags": tags}
-
-
-def set_alias(model_name: str, alias: str, version: str, root: str | Path = ".") -> None:
-    """Point ``alias`` of ``model_name`` at ``version``."""
-    if enabled():
-        mlflow_client(root).set_registered_model_alias(model_name, alias, str(version))
-
-
-def tag_model_version(model_name: str, version: str, tags: dict[str, Any], root: str | Path = ".") -> None:
-    """Set string tags on one registered model version."""
-    if enabled():
-        client = mlflow_client(root)
-        for key, value in tags.items():
-            client.set_model_version_tag(model_name, str(version), key, str(value))
-
-
-def download_run_artifact(run_id: str, artifact_path: str, dst_dir: str | Path,
-                          root: str | Path = ".") -> Path | None:
-    """Fetch one artifact of a run into ``dst_dir``; None when tracking is off or the artifact is absent."""
-    if not enabled():
-        return None
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    try:
-        local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path, dst_path=str(dst_dir),
-                                                    tracking_uri=tracking_uri(root))
-    except (MlflowException, OSError) as exc:
-        log.warning("run %s has no artifact %s: %s", run_id, artifact_path, exc)
-        return None
-    return Path(local)
-
-
-def log_datasets(run: StageRun, datasets: list[dict[str, str]]) -> None:
-    """Record dataset inputs of ``run`` (each ``{"name", "digest", "source", "context"}``; source type ``dvc``)."""
-    if not datasets or not run._live():
-        return
-    from mlflow.entities import Dataset, DatasetInput, InputTag
-
-    inputs = [DatasetInput(Dataset(name=d["name"], digest=d["digest"][:36], source_type="dvc", source=d["source"]),
-                           tags=[InputTag("mlflow.data.context", d.get("context", "training"))])
-              for d in datasets]
-    run._client.log_inputs(run.run_id, datasets=inputs)
-
-
-def find_model_versions(model_name: str, tags: dict[str, Any], root: str | Path = ".") -> list[dict[str, Any]]:
-    """Versions of ``model_name`` whose tags equal all of ``tags`` (newest first): ``{"version", "run_id", "tags"}``."""
-    if not enabled():
-        return []
-    quoted = model_name.replace("'", "\\'")
-    clauses = [f"name = '{quoted}'", *(f"tag.`{k}` = '{v!s}'" for k, v in tags.items())]
-    found = mlflow_client(root).search_model_versions(" and ".join(clauses), order_by=["version_number DESC"])
-    return [{"version": str(mv.version), "run_id": (mv.tags or {}).get("run_id") or mv.run_id,
-             "tags": dict(mv.tags or {})} for mv in found]
+    return [] if exp is None else owner.end_orphans(client, exp.experiment_id, root, logger or log)

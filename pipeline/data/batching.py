@@ -16,6 +16,7 @@ iterator's whole state is ``(epoch, position in the epoch)``, which is what a ch
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -74,8 +75,6 @@ def plan_global_batches(ids: np.ndarray, lengths: np.ndarray, tgt_tokens: np.nda
         DataError: one pair alone has more target tokens than ``tokens_per_step``.
     """
     ids, lengths, tgt_tokens = (np.asarray(a, np.int64) for a in (ids, lengths, tgt_tokens))
-    if not ids.shape == lengths.shape == tgt_tokens.shape:
-        raise ValueError(f"ids {ids.shape}, lengths {lengths.shape} and tgt_tokens {tgt_tokens.shape} differ")
     if len(ids) and tgt_tokens.max() > tokens_per_step:
         worst = int(np.argmax(tgt_tokens))
         raise DataError(f"example id {ids[worst]} has {tgt_tokens[worst]} target tokens > train.tokens_per_step "
@@ -102,21 +101,17 @@ def plan_batches(ids: np.ndarray, lengths: np.ndarray, *, max_tokens: int, seed:
     Args:
         ids: [N] int64 example ids.
         lengths: [N] cost lengths (see :func:`token_lengths`), aligned with ``ids``.
-        max_tokens: budget per forward pass, counting padding.
+        max_tokens: budget per forward pass, counting padding (from the setting ``budget``, named in errors).
         seed: seed of the tie-breaking permutation; ``None`` keeps id order among equal lengths.
-        budget: the setting ``max_tokens`` comes from, named in the error.
 
     Returns:
-        The batches (shortest sentences first), each an int64 array of ids; greedy on sorted
-        lengths, so as few as the budget allows.
+        The batches (shortest sentences first), each an int64 array of ids: greedy on sorted lengths, so
+        as few as the budget allows.
 
     Raises:
         DataError: a single pair is longer than ``max_tokens``.
     """
-    ids = np.asarray(ids, np.int64)
-    lengths = np.asarray(lengths, np.int64)
-    if ids.shape != lengths.shape:
-        raise ValueError(f"ids {ids.shape} and lengths {lengths.shape} differ in shape")
+    ids, lengths = np.asarray(ids, np.int64), np.asarray(lengths, np.int64)
     if len(ids) and lengths.max() > max_tokens:
         worst = int(np.argmax(lengths))
         raise DataError(f"example id {ids[worst]} needs {lengths[worst]} tokens > {budget} ({max_tokens}); "
@@ -153,12 +148,9 @@ def forward_shapes(plan: Sequence[GlobalBatch], *, rank: int, world_size: int,
     """Every forward-pass shape ``(sentences, longest)`` rank ``rank`` runs over one epoch of ``plan``."""
     shapes = []
     for batch in plan:
-        ids, lengths = batch.share(rank, world_size)
-        if not len(ids):
-            continue
-        where = {int(i): int(n) for i, n in zip(ids, lengths)}
-        for chunk in plan_batches(ids, lengths, max_tokens=max_tokens, seed=None):
-            shapes.append((len(chunk), max(where[int(i)] for i in chunk)))
+        where = dict(zip(*(a.tolist() for a in batch.share(rank, world_size))))
+        shapes += [(len(chunk), max(where[i] for i in chunk.tolist()))
+                   for chunk in forward_passes(batch, rank=rank, world_size=world_size, max_tokens=max_tokens)]
     return shapes
 
 
@@ -186,11 +178,8 @@ def epoch_steps(plan: Sequence[GlobalBatch], fetch, *, seed: int, epoch: int, st
                 world_size: int, max_tokens: int, pin: bool = False, **ids) -> Iterator[list[Batch]]:
     """This rank's forward passes for each remaining step of ``epoch``, built ahead by a :class:`Prefetcher`.
 
-    Args:
-        plan: the frozen global batches; fetch: ``ShardSet.fetch``; start: the epoch position to
-            resume at (steps already taken in this epoch).
-        max_tokens: padded tokens per forward pass (this device's memory budget).
-        ids: ``pad_id``, ``bos_id``, ``eos_id`` for :func:`collate`.
+    ``plan``: the frozen global batches; ``fetch``: ``ShardSet.fetch``; ``start``: the epoch position to resume
+    at; ``max_tokens``: this device's budget per pass; ``ids``: ``pad_id``, ``bos_id``, ``eos_id`` (:func:`collate`).
 
     Yields:
         One list per step: this rank's :class:`Batch` es (``index`` = epoch position, ``forward`` =
@@ -247,13 +236,8 @@ def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, pad_id: int, bos_
 
     Source = ids + EOS, decoder input = BOS + ids, target = ids + EOS.
     """
-    b = len(pairs)
-    s_max = max(len(s) for s, _ in pairs) + 1
-    t_max = max(len(t) for _, t in pairs) + 1
-    src = np.full((b, s_max), pad_id, np.int64)
-    tgt_in = np.full((b, t_max), pad_id, np.int64)
-    tgt_out = np.full((b, t_max), pad_id, np.int64)
-    n_tokens = 0
+    src = np.full((len(pairs), max(len(s) for s, _ in pairs) + 1), pad_id, np.int64)
+    tgt_in, tgt_out = np.full((2, len(pairs), max(len(t) for _, t in pairs) + 1), pad_id, np.int64)
     for i, (s, t) in enumerate(pairs):
         src[i, :len(s)] = s
         src[i, len(s)] = eos_id
@@ -261,7 +245,7 @@ def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, pad_id: int, bos_
         tgt_in[i, 1:len(t) + 1] = t
         tgt_out[i, :len(t)] = t
         tgt_out[i, len(t)] = eos_id
-        n_tokens += len(t) + 1
+    n_tokens = sum(len(t) + 1 for _, t in pairs)
     tensors = [torch.from_numpy(a) for a in (src, tgt_in, tgt_out)]
     if pin:
         tensors = [t.pin_memory() for t in tensors]
@@ -273,11 +257,10 @@ class Prefetcher:
 
     Args:
         fetch: maps a sequence of ids to ``(src, tgt)`` arrays (``ShardSet.fetch``).
-        jobs: ``((epoch position, forward pass), ids)`` in the order they will be consumed.
+        jobs: ``((epoch position, forward pass), ids)`` in the order they will be consumed; iterating yields
+            their :class:`Batch` es in that order.
         depth: batches built ahead.
         collate_kw: keyword arguments of :func:`collate` (pad/bos/eos ids, pin).
-
-    Iterating yields one ``Batch`` per job, in job order.
     """
 
     def __init__(self, fetch, jobs: Sequence[tuple[tuple[int, int], np.ndarray]], *, depth: int = 2,
@@ -294,11 +277,9 @@ class Prefetcher:
             for (position, forward), ids in jobs:
                 item = collate(fetch(ids), index=position, forward=forward, **collate_kw)
                 while not self._stop.is_set():
-                    try:
+                    with contextlib.suppress(queue.Full):
                         self._queue.put(item, timeout=0.1)
                         break
-                    except queue.Full:
-                        continue
                 if self._stop.is_set():
                     return
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, re-raised there

@@ -8,6 +8,7 @@ file; a line from standard input is known only when it arrives (:class:`Attentio
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,26 @@ from pipeline.core.errors import PipelineError
 
 if TYPE_CHECKING:
     from pipeline.inference.decoding import Translator
+
+
+def check_attention_options(png: str | None, layer: int | None, line: int | None, engine: str) -> None:
+    """The ``--attention-*`` options that need no model and no input, each refused in one line."""
+    if not png:
+        if layer is not None or line is not None:
+            raise PipelineError("--attention-layer and --attention-line choose what --attention-png draws: "
+                                "add --attention-png FILE")
+        return
+    if engine == "ctranslate2":
+        raise PipelineError("--attention-png draws the torch model's attention: use it with --engine torch")
+    if line is not None and line < 1:
+        raise PipelineError(f"--attention-line {line}: lines are numbered from 1")
+    path, folder = Path(png), Path(png).parent
+    if path.is_dir():
+        raise PipelineError(f"--attention-png {path}: is a folder; name a PNG file")
+    if not folder.is_dir():
+        raise PipelineError(f"--attention-png {path}: folder {folder} does not exist; create it or choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PipelineError(f"--attention-png {path}: folder {folder} is not writable; choose another path")
 
 
 def check_attention_layer(layer: int | None, n_layers: int) -> int:

@@ -1,20 +1,12 @@
 """``nmt translate``: one sentence per line from stdin or a file into translations, with one model file.
 
-The input gets the training text's normalisation (:func:`pipeline.data.normalize.normalize`); empty lines
-stay empty; invalid UTF-8 and NUL bytes are replaced (U+FFFD) with a warning naming the lines; a sentence longer
-than the model's ``max_positions`` is truncated with a warning instead of crashing. Optionally one
-sentence's cross-attention is drawn as a PNG (:mod:`pipeline.inference.attention`; lines, layers and heads
-numbered from 1).
-
-Standard input is read as fairseq-interactive reads it: the lines that have arrived are translated and
-written (and flushed) whenever the input has nothing more ready (``select`` with timeout 0 on the file
-descriptor, read with ``os.read`` so that no Python buffer hides data) or :data:`STREAM_LINES` lines are
-waiting; a piped file thus still gets large batches, and a person typing gets each line back at once.
-Every option is checked before any sentence is decoded: ``--device`` before the model is loaded, ``--beam``
-and ``--attention-layer`` against the loaded model's config, ``--attention-line`` against an ``--input`` file.
-
-Heavy imports (torch, the model, matplotlib) happen inside the command so ``nmt`` stays fast; with ``--engine
-ctranslate2`` torch is never imported (what both engines share is in :mod:`pipeline.inference.common`).
+The input gets the training text's normalisation (:func:`pipeline.data.normalize.normalize`); empty lines stay
+empty; invalid UTF-8 and NUL bytes are replaced (U+FFFD) and a sentence longer than the model's ``max_positions``
+is truncated, each with a warning naming the lines. Optionally one sentence's cross-attention is drawn as a PNG
+(:mod:`pipeline.inference.attention`). Standard input is read as fairseq-interactive reads it: the lines that
+have arrived are translated and flushed whenever the input has nothing more ready or :data:`STREAM_LINES` are
+waiting. Every option is checked before any sentence is decoded. Heavy imports happen inside the command, and
+with ``--engine ctranslate2`` torch is never imported (both engines share :mod:`pipeline.inference.common`).
 """
 
 from __future__ import annotations
@@ -27,13 +19,13 @@ import select
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 from model.config import MAX_BEAM_SIZE, beam_size_problem
 from pipeline.core.errors import PipelineError
 from pipeline.inference.common import check_cuda, detokenize, parse_device, prepare_source
 from pipeline.inference.attention import (AttentionPick, check_attention_layer, check_attention_line,
-                                          plot_cross_attention)
+                                          check_attention_options, plot_cross_attention)
 
 if TYPE_CHECKING:
     from pipeline.inference.ct2 import Ct2Translator
@@ -72,15 +64,6 @@ def decode_lines(raw: Sequence[bytes], first: int = 1) -> tuple[list[str], list[
     return lines, bad
 
 
-def read_input(stream: BinaryIO) -> tuple[list[str], list[int]]:
-    """Lines of a byte stream split on ``\\n`` only; invalid UTF-8 replaced.
-
-    Returns:
-        (lines without their newline, 1-based numbers of lines that had invalid bytes).
-    """
-    return decode_lines(split_lines(stream.read()))
-
-
 def replace_nul(lines: Sequence[str], first: int = 1) -> tuple[list[str], list[int]]:
     """``lines`` with NUL characters replaced by U+FFFD, and the numbers of lines that had one (from ``first``).
 
@@ -101,10 +84,8 @@ def _ready(fd: int) -> bool:
 
 def stream_chunks(fd: int, max_lines: int = STREAM_LINES) -> Iterator[list[bytes]]:
     """The complete lines of file descriptor ``fd`` in chunks: whatever has arrived when the input has no more
-    data ready, at most ``max_lines`` lines each; at end of input the rest (a last line without a newline too).
-
-    ``os.read`` on the descriptor itself: a Python buffered reader could hold lines that ``select`` then no
-    longer sees, and the loop would wait for input that has already arrived.
+    data ready (``select``), at most ``max_lines`` each; at end of input the rest (a last line without newline
+    too). ``os.read`` on the descriptor itself: a Python buffered reader could hide lines from ``select``.
     """
     pending: list[bytes] = []
     partial = b""
@@ -129,11 +110,8 @@ def _which(numbers: Sequence[int], limit: int = 10) -> str:
 
 
 def prepare_lines(translator: Translator | Ct2Translator, lines: Sequence[str]) -> tuple[list[list[int]], list[int]]:
-    """Raw lines → model sources (normalised like training text, BPE, EOS, cut to ``max_positions``).
-
-    Returns:
-        (sources, ``[]`` for an empty line; 1-based numbers of truncated lines).
-    """
+    """Raw lines → (model sources: normalised like training text, BPE, EOS, cut to ``max_positions``, ``[]`` for
+    an empty line; 1-based numbers of the truncated lines)."""
     from pipeline.data.normalize import normalize
 
     sources, truncated = [], []
@@ -150,11 +128,8 @@ def prepare_lines(translator: Translator | Ct2Translator, lines: Sequence[str]) 
 def translate_lines(translator: Translator | Ct2Translator, lines: Sequence[str], *, beam_size: int = 4,
                     alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: float = 50,
                     max_tokens: int = 8192) -> tuple[list[str], list[list[int]], list[list[int]], list[int]]:
-    """Translate raw lines (normalised like training text) with either engine.
-
-    Returns:
-        (translations, model sources, hypothesis ids, 1-based numbers of truncated lines).
-    """
+    """Translate raw lines with either engine: (translations, model sources, hypothesis ids, 1-based numbers of
+    truncated lines)."""
     from pipeline.inference import ct2
 
     sources, truncated = prepare_lines(translator, lines)
@@ -169,12 +144,8 @@ def translate_lines(translator: Translator | Ct2Translator, lines: Sequence[str]
 
 
 def check_beam(beam: int, vocab_size: int = 0, option: str = "--beam") -> None:
-    """Refuse a beam the search cannot run: outside 1 .. :data:`model.config.MAX_BEAM_SIZE`, or (once the model
-    is loaded) wider than its ``vocab_size`` pieces.
-
-    Raises:
-        PipelineError: one line naming ``option``.
-    """
+    """Refuse, in one line naming ``option``, a beam outside 1 .. :data:`model.config.MAX_BEAM_SIZE` or (once the
+    model is loaded) wider than its ``vocab_size`` pieces."""
     if problem := beam_size_problem(beam, vocab_size):
         raise PipelineError(f"{option} {beam!r:.40}: {problem}")
 
@@ -193,23 +164,7 @@ def _check_args(args: argparse.Namespace) -> None:
     for option, number in (("--alpha", args.alpha), ("--max-len-a", args.max_len_a), ("--max-len-b", args.max_len_b)):
         if not math.isfinite(number):
             raise PipelineError(f"{option} {number}: must be a finite number")
-    if not args.attention_png:
-        if args.attention_layer is not None or args.attention_line is not None:
-            raise PipelineError("--attention-layer and --attention-line choose what --attention-png draws: "
-                                "add --attention-png FILE")
-        return
-    if args.engine == "ctranslate2":
-        raise PipelineError("--attention-png draws the torch model's attention: use it with --engine torch")
-    if args.attention_line is not None and args.attention_line < 1:
-        raise PipelineError(f"--attention-line {args.attention_line}: lines are numbered from 1")
-    png = Path(args.attention_png)
-    folder = png.parent
-    if png.is_dir():
-        raise PipelineError(f"--attention-png {png}: is a folder; name a PNG file")
-    if not folder.is_dir():
-        raise PipelineError(f"--attention-png {png}: folder {folder} does not exist; create it or choose another path")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise PipelineError(f"--attention-png {png}: folder {folder} is not writable; choose another path")
+    check_attention_options(args.attention_png, args.attention_layer, args.attention_line, args.engine)
 
 
 def _load(args: argparse.Namespace) -> Translator | Ct2Translator:

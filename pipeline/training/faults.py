@@ -34,11 +34,9 @@ from pipeline.core import env
 from pipeline.core.env import FAULT_ACTIONS as ACTIONS
 from pipeline.core.env import FAULT_POINTS as POINTS
 from pipeline.core.env import Fault
-from pipeline.core.env import parse_fault as parse
 from pipeline.training.hooks import Hooks
 
-__all__ = ["ACTIONS", "ENV", "EXIT_CODE", "POINTS", "Fault", "FaultHooks", "Hooks", "active",
-           "from_env", "hit", "parse"]
+__all__ = ["ACTIONS", "ENV", "EXIT_CODE", "POINTS", "Fault", "FaultHooks", "Hooks", "active", "from_env", "hit"]
 
 log = logging.getLogger(__name__)
 

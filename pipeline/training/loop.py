@@ -1,27 +1,17 @@
 """The training loop: the Transformer on global batches, on one or many processes (torchrun).
 
-``python -m pipeline.launch`` starts ``torchrun -m pipeline.train``; run alone, that module trains
-in a single process. Each optimizer step (:func:`train_step`, read it top to bottom) trains one
-global batch of about ``train.tokens_per_step`` non-pad target tokens, the same pairs whatever the
-number of processes (:mod:`pipeline.data.batching`): each rank runs its share in as many forward
-passes as ``NMT_MAX_TOKENS`` needs. Before each forward pass the global torch (and CUDA)
-generators are reseeded from (seed, epoch, step of the epoch, rank, forward pass), so dropout is
-reproducible. Losses are sums; after the passes the gradients are summed over ranks and divided by
-the step's global number of non-pad target tokens, so the update does not depend on how the pairs
-fell into passes or ranks (with dropout 0 it is the same gradient up to float rounding). Each pass
-calls one function for the network and the loss (:mod:`pipeline.training.forward`; ``NMT_COMPILE``
-compiles it), as validation and the memory pre-flight do. A
-relaunch resumes from the newest complete checkpoint (:mod:`pipeline.training.setup`), also on
-another number of processes or another budget.
+Each optimizer step (:func:`train_step`, read it top to bottom) trains one global batch of about
+``train.tokens_per_step`` non-pad target tokens, the same pairs whatever the number of processes
+(:mod:`pipeline.data.batching`); each rank runs its share in as many forward passes as ``NMT_MAX_TOKENS``
+needs, reseeding torch from (seed, epoch, step of the epoch, rank, pass) so dropout is reproducible. Losses
+are sums; the gradients are summed over ranks and divided by the step's global non-pad target tokens, so the
+update does not depend on how pairs fell into passes or ranks. A relaunch resumes from the newest complete
+checkpoint (:mod:`pipeline.training.setup`), also on another number of processes or budget.
 
-``train.max_steps`` and ``train.max_epochs`` end a run. ``train.max_minutes`` only pauses it: the
-run validates, checkpoints and fails (:mod:`pipeline.training.pause`: exit 1, so DVC records nothing),
-and rerunning resumes toward ``max_steps``; no wall clock decides which model a finished run produces.
-
-A pre-flight on the largest forward-pass shapes fails fast when memory is short; a later
-out-of-memory error skips that optimizer step on every rank and is counted (:mod:`pipeline.training.preflight`).
-Fault injection for the crash tests reaches the loop only through its ``hooks``
-(:mod:`pipeline.training.faults`; a no-op unless ``NMT_FAULT_POINT`` is set).
+``train.max_steps`` and ``train.max_epochs`` end a run; ``train.max_minutes`` only pauses it
+(:mod:`pipeline.training.pause`: exit 1, so DVC records nothing, and a rerun resumes). An out-of-memory
+error skips the step on every rank and is counted (:mod:`pipeline.training.preflight`). Fault injection
+reaches the loop only through its ``hooks`` (:mod:`pipeline.training.faults`).
 """
 
 from __future__ import annotations
@@ -153,27 +143,20 @@ def _out_of_time(tr: Trainer, elapsed: float) -> bool:
     return float(distributed.all_reduce_max(seconds)) >= tr.cfg.max_minutes * 60
 
 
-def _end_reason(tr: Trainer, state: TrainState) -> str:
-    """The one line that says why a finished run stopped (call when :func:`_finished` is true)."""
-    if state.step >= tr.cfg.max_steps:
-        return f"training stopped: reached train.max_steps={tr.cfg.max_steps} at step {state.step}"
-    return f"training stopped: reached train.max_epochs={tr.cfg.max_epochs} at step {state.step}"
-
-
-def _pause_reason(tr: Trainer, state: TrainState) -> str:
-    """The one line that says why ``train.max_minutes`` paused the run and how to go on."""
-    return (f"training paused: train.max_minutes={tr.cfg.max_minutes:g} used up at step {state.step} of "
-            f"train.max_steps={tr.cfg.max_steps}; rerun the stage to resume")
-
-
 def fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> bool:
     """Train until max_steps or max_epochs; validate, log and checkpoint on the way; log why it stopped.
 
     Returns:
         True when the run ended, False when ``train.max_minutes`` paused it first.
     """
+    cfg = tr.cfg
     ended = _fit(tr, state, run_dir=run_dir, tracker=tracker)
-    log.info("%s", _end_reason(tr, state) if ended else _pause_reason(tr, state))
+    if not ended:
+        log.info("training paused: train.max_minutes=%g used up at step %d of train.max_steps=%d; rerun the stage "
+                 "to resume", cfg.max_minutes, state.step, cfg.max_steps)
+    else:
+        limit = "max_steps" if state.step >= cfg.max_steps else "max_epochs"
+        log.info("training stopped: reached train.%s=%d at step %d", limit, getattr(cfg, limit), state.step)
     return ended
 
 
@@ -247,11 +230,9 @@ def train(cfg: TrainConfig, *, model_cfg: TransformerConfig, seed: int, shards_d
     """Train (or resume) the Transformer; every rank of a torchrun job calls this.
 
     Args:
-        cfg: the ``train`` section.
-        model_cfg: the ``model`` section (the vocabulary size comes from ``spm_model``).
+        cfg: the ``train`` section; model_cfg: the ``model`` section (vocabulary size from ``spm_model``).
         seed: the global seed (weights, batch order, dropout).
-        shards_dir: the encode stage's output (manifest.json + train/valid shards).
-        spm_model: the BPE model the shards were encoded with.
+        shards_dir: the encode stage's output; spm_model: the BPE model the shards were encoded with.
         run_dir: the checkpoint folder (``<paths.train>``; persistent, resumable).
         plots_path: ``train.csv`` with one row per logged step (written by rank 0).
         device: ``cpu`` forces CPU (default: CUDA when available).

@@ -24,7 +24,7 @@ import yaml
 from pipeline.core.config import EvaluateConfig
 from pipeline.core.errors import DataError, PipelineError
 from pipeline.core.stage import run_stage
-from pipeline.inference.registry import decide, dvc_datasets, paired_bootstrap
+from pipeline.inference.registration import decide, dvc_datasets, paired_bootstrap
 from pipeline.register import main, stage
 from tests.helpers.models import make_averaged
 

@@ -153,15 +153,18 @@ def test_more_bad_values(name: str, value: str) -> None:
         settings({name: value})
 
 
-def test_parse_fault_names_the_variable() -> None:
-    assert env.parse_fault("forward:3") == Fault("forward", 3)
-    assert env.parse_fault("forward:3:exit@/tmp/x") == Fault("forward", 3, "exit", once=Path("/tmp/x"))
+def test_fault_specs_name_the_variable() -> None:
+    def fault(spec: str) -> Fault | None:
+        return settings({"NMT_FAULT_POINT": spec}).fault
+
+    assert fault("forward:3") == Fault("forward", 3)
+    assert fault("forward:3:exit@/tmp/x") == Fault("forward", 3, "exit", once=Path("/tmp/x"))
     with pytest.raises(ConfigError, match=r"NMT_FAULT_POINT='forward:3@': no file after '@'$"):
-        env.parse_fault("forward:3@")
+        fault("forward:3@")
     with pytest.raises(ConfigError, match=r"NMT_FAULT_POINT='forward:1:explode': unknown action 'explode'"):
-        env.parse_fault("forward:1:explode")
-    with pytest.raises(ConfigError, match=r"NMT_FAULT_POINT='': expected <point>:<step>"):
-        env.parse_fault("")
+        fault("forward:1:explode")
+    with pytest.raises(ConfigError, match=r"NMT_FAULT_POINT='forward': expected <point>:<step>"):
+        fault("forward")
 
 
 def test_read_once_per_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -172,15 +175,6 @@ def test_read_once_per_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings().nproc == 5  # a changed variable is seen
     settings.cache_clear()
     assert settings().nproc == 5 and settings({"NMT_NPROC": "7"}).nproc == 7
-
-
-def test_markdown_table_has_one_row_per_variable() -> None:
-    rows = env.markdown_rows()
-    assert rows[0] == "| Variable | Type | Default | Meaning |" and rows[1] == "|---|---|---|---|"
-    assert [re.match(r"\| `(NMT_\w+)` \|", row).group(1) for row in rows[2:]] == list(env.NAMES)
-    for row in rows:
-        assert len(re.findall(r"(?<!\\)\|", row)) == 5, row  # four cells; a | in a cell is escaped
-    assert "| `NMT_TRACKING` | on/off | `on` |" in "\n".join(rows)
 
 
 def test_env_module_imports_no_torch_or_mlflow() -> None:

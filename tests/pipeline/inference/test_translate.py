@@ -17,7 +17,7 @@ from pipeline.core.errors import CheckpointError, PipelineError
 from pipeline.core.textio import read_lines
 from pipeline.inference.common import check_cuda
 from pipeline.inference.decoding import load_translator
-from pipeline.inference.translate import read_input, translate_lines
+from pipeline.inference.translate import decode_lines, split_lines, translate_lines
 from tests.helpers.models import make_averaged, make_small_vocab_averaged
 from tests.helpers.paths import REPO
 
@@ -198,6 +198,9 @@ def test_input_is_normalised_like_training_text(model_file: Path) -> None:
 
 
 def test_read_input_splits_on_newline_only_and_reports_bad_lines() -> None:
+    def read_input(stream: io.BytesIO) -> tuple[list[str], list[int]]:
+        return decode_lines(split_lines(stream.read()))
+
     lines, bad = read_input(io.BytesIO(b"a\rb\n\n\xc3(\nend"))
     assert lines == ["a\rb", "", "\ufffd(", "end"] and bad == [3]
     assert read_input(io.BytesIO(b"")) == ([], [])

@@ -192,11 +192,14 @@ def test_truncated_checkpoint_file_is_named_with_the_remedy(workspace, tmp_path)
 
 
 def test_fault_specs_and_restart_counts_are_checked(monkeypatch):
+    monkeypatch.setenv("NMT_FAULT_POINT", "mid_sav:4")
     with pytest.raises(ConfigError, match=r"NMT_FAULT_POINT='mid_sav:4': unknown point 'mid_sav'; one of preflight"):
-        faults.parse("mid_sav:4")
+        faults.active()
+    monkeypatch.setenv("NMT_FAULT_POINT", "forward:x:explode")
     with pytest.raises(ConfigError, match=r"(?s)unknown action 'explode'.*step 'x' is not a non-negative integer"):
-        faults.parse("forward:x:explode")
-    assert faults.parse("collective:3:stall:1") == faults.Fault("collective", 3, "stall", 1)
+        faults.active()
+    monkeypatch.setenv("NMT_FAULT_POINT", "collective:3:stall:1")
+    assert faults.active() == faults.Fault("collective", 3, "stall", 1)
     monkeypatch.setenv("NMT_FAULT_POINT", "after_step:5")
     assert faults.active() == faults.Fault("after_step", 5, "kill")
     monkeypatch.setenv("NMT_MAX_RESTARTS", "2")

@@ -118,8 +118,8 @@ def _ppid(pid: int) -> int:
 
 _STORES = """
 import json, os
-from pipeline.training import distributed
-distributed.bind_stores_to_their_host()
+from pipeline.training import agent
+agent.bind_stores_to_their_host()
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, static_tcp_rendezvous
 from tests.helpers import faultutil as fu
@@ -194,6 +194,6 @@ def test_a_stopped_agent_ends_its_ranks_with_one_line_not_torchruns_traceback(tm
     assert proc.returncode == 128 + sig, out
     assert "Traceback" not in out and "SignalException" not in out, out
     (line,) = [line for line in out.splitlines() if "stopped" in line or "error" in line.lower()]
-    assert line.endswith(f"ERROR pipeline.training.distributed: training stopped by {sig.name} (its ranks too); run "
+    assert line.endswith(f"ERROR pipeline.training.agent: training stopped by {sig.name} (its ranks too); run "
                          "the stage again to resume from the newest complete checkpoint"), out
     assert fu.wait_for(lambda: not any(Path(f"/proc/{p.name}").exists() for p in ranks.iterdir()), 10, 0.1)

@@ -161,7 +161,7 @@ def test_losing_the_node_that_hosts_the_rendezvous_ends_the_other_with_one_line(
 def test_rendezvous_errors_are_one_line_naming_the_endpoint(monkeypatch):
     from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
 
-    from pipeline.training.distributed import rendezvous_error_message
+    from pipeline.training.agent import rendezvous_error_message
 
     monkeypatch.setenv("NMT_NNODES", "3")
     monkeypatch.setenv("NMT_RDZV_ENDPOINT", "node0.internal:29400")
@@ -235,7 +235,7 @@ def test_every_rendezvous_wait_ends_within_the_timeout_with_one_line_naming_the_
     whose other node is missing (node 0 waits for its clients, node 1 for node 0's store). No rank starts, so
     the tiny profile's params (its data never made) are enough."""
     from pipeline.project.profiles import render
-    from pipeline.training.distributed import RDZV_GRACE_S
+    from pipeline.training.agent import RDZV_GRACE_S
 
     params = tmp_path / "params.yaml"
     params.write_text(render("tiny", REPO), encoding="utf-8")

@@ -1,0 +1,295 @@
+"""The register stage's MLflow work (through :mod:`pipeline.inference.registry`): the averaged model logged "from
+code" as the pyfunc of :mod:`pipeline.inference.mlflow_model` with ``averaged.pt`` (which embeds the
+SentencePiece model), ``spm.model`` and the :data:`CODE_PACKAGES` sources (so it loads anywhere); its lineage;
+and sacreBLEU's paired bootstrap (1000 resamples, seed ``$SACREBLEU_SEED`` or 12345) of the new model's test
+hypotheses against those the ``candidate`` holder's run kept under ``hyps/``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.artifacts import model_file
+from pipeline.core import env, tracking
+from pipeline.core.config import EvaluateConfig
+from pipeline.core.errors import CheckpointError, DataError
+from pipeline.core.stage import read_json
+from pipeline.core.textio import read_lines, sha256_file
+from pipeline.inference import ct2, registry
+
+log = logging.getLogger(__name__)
+
+ALIAS = "candidate"
+HYPS_ARTIFACT_DIR = "hyps"
+BOOTSTRAP_SAMPLES = 1000
+MODEL_FILE = Path(__file__).resolve().with_name("mlflow_model.py")
+#: what the served model imports (versions pinned from this environment).
+REQUIREMENTS = ("mlflow", "torch", "sentencepiece", "numpy", "pandas", "pyyaml", "ctranslate2")
+SPLITS = ("valid", "test")
+#: Packages copied whole into the logged model (so it loads outside this checkout): all of their
+#: files are the register stage's code deps.
+CODE_PACKAGES = ("pipeline", "model")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What register takes from evaluate's ``evaluate.details.json``."""
+
+    valid_bleu: float
+    test_bleu: float
+    beam: int
+    alpha: float
+    signature: str  # sacreBLEU's, of the test BLEU
+    evaluate_run_id: str | None
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The register stage's inputs, checked: the model file, evaluate's figures, hypotheses and references."""
+
+    averaged: Path
+    averaged_sha256: str
+    evaluation: Evaluation
+    hyps: dict[str, Path]  # split -> <eval>/<split>.hyp.de
+    refs: dict[str, Path]  # split -> <raw>/<split>.de
+    ref_sha: dict[str, str]  # split -> sha256 of refs[split]
+
+
+def read_evaluation(path: str | Path) -> Evaluation:
+    """The figures register needs from evaluate's ``evaluate.details.json``.
+
+    Raises:
+        PipelineError/DataError: missing file, bad JSON, or a missing key (named, with the remedy).
+    """
+    report = read_json(path)
+    try:
+        return Evaluation(valid_bleu=float(report["valid"]["bleu"]), test_bleu=float(report["test"]["bleu"]),
+                          beam=int(report["chosen"]["beam"]), alpha=float(report["chosen"]["alpha"]),
+                          signature=str(report["test"].get("signatures", {}).get("bleu", "")),
+                          evaluate_run_id=report.get("mlflow_run_id"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(f"{path}: lacks {exc} (needs valid.bleu, test.bleu, chosen.beam, chosen.alpha); "
+                        "rerun `dvc repro evaluate`") from None
+
+
+def gather_inputs(model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Path, bleu_path: str | Path) -> Inputs:
+    """Check and gather the stage's inputs before anything is logged.
+
+    Raises:
+        CheckpointError: no ``averaged.pt``. DataError: a hypothesis or reference file missing, or
+            hypotheses that do not cover their reference line for line; bad ``evaluate.details.json``.
+    """
+    averaged = model_file.path_in(model_dir)
+    if not averaged.is_file():
+        raise CheckpointError(f"{averaged}: not found; run `dvc repro average`")
+    model_file.verify(averaged)  # with tracking off nothing else reads it: a changed file is refused here too
+    evaluation = read_evaluation(bleu_path)
+    hyps = {s: Path(eval_dir) / f"{s}.hyp.de" for s in SPLITS}
+    refs = {s: Path(raw_dir) / f"{s}.de" for s in SPLITS}
+    for split in SPLITS:
+        for path, remedy in ((hyps[split], "dvc repro evaluate"), (refs[split], "dvc repro download")):
+            if not path.is_file():
+                raise DataError(f"{path}: not found; run `{remedy}`")
+        n_hyp, n_ref = (sum(1 for _ in read_lines(p)) for p in (hyps[split], refs[split]))
+        if n_hyp != n_ref:
+            raise DataError(f"{hyps[split]} has {n_hyp} lines but {refs[split]} has {n_ref}: the hypotheses are from "
+                            "another set; rerun `dvc repro evaluate`")
+    return Inputs(averaged=averaged, averaged_sha256=sha256_file(averaged), evaluation=evaluation, hyps=hyps,
+                  refs=refs, ref_sha={s: sha256_file(refs[s]) for s in SPLITS})
+
+
+def dvc_datasets(lock_path: str | Path, wanted: dict[str, tuple[str, str]]) -> list[dict[str, str]]:
+    """Dataset inputs from the outs recorded in ``dvc.lock``.
+
+    Args:
+        lock_path: the ``dvc.lock`` file (absent: no datasets, with a warning).
+        wanted: dataset name → (out path as in dvc.yaml, MLflow context such as ``training``).
+
+    Returns:
+        One ``{"name", "digest", "source", "context"}`` per wanted path found (digest = DVC md5).
+
+    Raises:
+        DataError: ``dvc.lock`` is not valid YAML.
+    """
+    lock_path = Path(lock_path)
+    if not lock_path.is_file():
+        log.warning("%s not found: dataset inputs are not recorded (run the pipeline with dvc repro)", lock_path)
+        return []
+    try:
+        lock = yaml.safe_load(lock_path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = (getattr(exc, "problem", None) or str(exc).splitlines()[0]) + (
+            f" at line {mark.line + 1}" if mark is not None else "")
+        raise DataError(f"{lock_path}: not valid YAML ({problem}); restore it with `git checkout dvc.lock`") from None
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    for stage_name, entry in (lock.get("stages") or {}).items():
+        for out in (entry or {}).get("outs") or []:
+            if isinstance(out, dict) and "path" in out:
+                found[os.path.normpath(str(out["path"]))] = (stage_name, out)
+    datasets = []
+    for name, (path, context) in wanted.items():
+        hit = found.get(os.path.normpath(path))
+        if hit is None or not hit[1].get("md5"):
+            log.warning("%s has no md5 for %s: dataset %r not recorded", lock_path, path, name)
+            continue
+        stage_name, out = hit
+        source = {"path": str(out["path"]), "stage": stage_name, "md5": out["md5"], "lock": lock_path.name,
+                  **{k: out[k] for k in ("size", "nfiles") if k in out}}
+        datasets.append({"name": name, "digest": str(out["md5"]), "context": context,
+                         "source": json.dumps(source, sort_keys=True)})
+    return datasets
+
+
+def paired_bootstrap(new_hyps: list[str], candidate_hyps: list[str], refs: list[str],
+                     n_samples: int = BOOTSTRAP_SAMPLES) -> dict[str, Any]:
+    """sacreBLEU's paired bootstrap resampling (BLEU 13a cased), the candidate as baseline.
+
+    Returns:
+        ``{"p_value", "n_samples", "signature", "identical_hypotheses", "new_bleu", "new_mean", "new_ci",
+        "candidate_bleu", "candidate_mean", "candidate_ci"}``; p is the probability of a BLEU difference
+        at least this large arising by chance.
+
+    Raises:
+        DataError: the three line lists differ in length.
+    """
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    if not len(new_hyps) == len(candidate_hyps) == len(refs):
+        raise DataError(f"paired bootstrap needs equal lengths: new {len(new_hyps)}, candidate "
+                        f"{len(candidate_hyps)}, references {len(refs)} lines")
+    test = PairedTest([("candidate", candidate_hyps), ("new", new_hyps)], {"BLEU": BLEU(tokenize="13a")},
+                      references=[refs], test_type="bs", n_samples=n_samples)
+    signatures, scores = test()
+    (metric,) = (k for k in scores if k != "System")
+    baseline, system = scores[metric]
+    # Note: sacreBLEU gives p = 1/(n+1) for two identical systems (a zero difference is never "by chance").
+    return {"p_value": float(system.p_value), "n_samples": n_samples, "signature": signatures[metric].format(),
+            "identical_hypotheses": list(new_hyps) == list(candidate_hyps),
+            "new_bleu": float(system.score), "new_mean": float(system.mean), "new_ci": float(system.ci),
+            "candidate_bleu": float(baseline.score), "candidate_mean": float(baseline.mean),
+            "candidate_ci": float(baseline.ci)}
+
+
+def decide(new_valid: float, new_refs: dict[str, str], holder: dict[str, Any] | None) -> tuple[bool, str]:
+    """Whether ``candidate`` moves to the new version, and why (valid BLEU only; the test set never chooses)."""
+    if holder is None:
+        return True, "no version held the alias"
+    tags = holder["tags"]
+    if tags.get("valid_ref_sha256") != new_refs["valid"]:
+        return False, (f"version {holder['version']} was scored against other valid references (another dataset or "
+                       "profile): not comparable; set NMT_MODEL_NAME to register this model under its own name")
+    try:
+        old_valid = float(tags["valid_bleu"])
+    except (KeyError, ValueError):
+        return False, (f"version {holder['version']} has no valid_bleu tag: cannot compare; move the alias by hand "
+                       "if this model should replace it")
+    if new_valid > old_valid:
+        return True, f"valid BLEU {new_valid:.2f} > {old_valid:.2f} of version {holder['version']}"
+    return False, f"valid BLEU {new_valid:.2f} <= {old_valid:.2f} of version {holder['version']}"
+
+
+def _requirements() -> list[str]:
+    """``name==version`` of what the served model imports (local version suffixes such as ``+cpu`` dropped)."""
+    reqs = []
+    for dist in REQUIREMENTS:
+        try:
+            reqs.append(f"{dist}=={metadata.version(dist).split('+')[0]}")
+        except metadata.PackageNotFoundError:
+            continue
+    return reqs
+
+
+def _code_copies(work: Path) -> list[str]:
+    """Copies of the :data:`CODE_PACKAGES` sources (no bytecode) to ship beside the model."""
+    dirs = []
+    for name in CODE_PACKAGES:
+        package = Path(importlib.import_module(name).__file__).resolve().parent
+        dst = work / "code" / package.name
+        shutil.copytree(package, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        dirs.append(str(dst))
+    return dirs
+
+
+def log_model(run: tracking.StageRun, cfg: EvaluateConfig, inputs: Inputs, name: str, work: Path,
+              root: str | Path) -> dict[str, Any]:
+    """Log and register the pyfunc translator (with a CTranslate2 export when ``NMT_REGISTER_CTRANSLATE2`` asks
+    for one); returns ``{"model_uri", "model_id", "version"}``."""
+    spm_path = work / "spm.model"
+    spm_path.write_bytes(model_file.load(inputs.averaged, mmap=True).spm)
+    chosen = inputs.evaluation
+    artifacts = {"averaged": str(inputs.averaged), "spm": str(spm_path)}
+    model_config = {"beam_size": chosen.beam, "alpha": chosen.alpha, "max_len_a": cfg.max_len_a,
+                    "max_len_b": cfg.max_len_b, "max_tokens": cfg.max_tokens, "engine": "torch"}
+    quantization = env.settings().register_ctranslate2
+    if quantization != "off":
+        artifacts["ctranslate2"] = str(ct2.export(inputs.averaged, work / "ctranslate2", quantization))
+        model_config["engine"] = "ctranslate2"
+    info = registry.log_pyfunc_model(
+        run, python_model=MODEL_FILE, artifacts=artifacts, code_paths=_code_copies(work), model_config=model_config,
+        params={"beam_size": chosen.beam, "alpha": chosen.alpha, "engine": model_config["engine"]},
+        registered_model_name=name, pip_requirements=_requirements(), root=root)
+    assert info is not None and info["version"] is not None  # tracking is on here
+    return info
+
+
+def compare(holder: dict[str, Any] | None, inputs: Inputs, work: Path,
+            root: str | Path) -> tuple[dict[str, Any] | None, str | None]:
+    """Paired bootstrap of the new vs the candidate's test hypotheses, or (None, why it was not run)."""
+    if holder is None:
+        return None, "no candidate to compare with"
+    if holder["tags"].get("test_ref_sha256") != inputs.ref_sha["test"]:
+        return None, f"version {holder['version']} was scored against other test references"
+    fetched = None
+    if holder.get("run_id"):
+        fetched = registry.download_run_artifact(holder["run_id"], f"{HYPS_ARTIFACT_DIR}/test.hyp.de",
+                                                 work / "candidate", root)
+    if fetched is None:
+        return None, f"version {holder['version']}'s run has no {HYPS_ARTIFACT_DIR}/test.hyp.de artifact"
+    result = paired_bootstrap(list(read_lines(inputs.hyps["test"])), list(read_lines(fetched)),
+                              list(read_lines(inputs.refs["test"])))
+    log.info("paired bootstrap on test vs version %s: BLEU %.2f vs %.2f, p = %.4f", holder["version"],
+             result["new_bleu"], result["candidate_bleu"], result["p_value"])
+    return result, None
+
+
+def log_lineage(run: tracking.StageRun, inputs: Inputs, name: str, lock_path: str | Path,
+                dataset_paths: dict[str, tuple[str, str]]) -> list[dict[str, str]]:
+    """Params, tags, dataset inputs and hypothesis artifacts of the register run; returns the datasets."""
+    chosen = inputs.evaluation
+    datasets = dvc_datasets(lock_path, dataset_paths)
+    registry.log_datasets(run, datasets)
+    run.log_params({"register.model_name": name, "register.alias": ALIAS, "register.beam_size": chosen.beam,
+                    "register.alpha": chosen.alpha, "register.bootstrap_samples": BOOTSTRAP_SAMPLES})
+    run.set_tags({"evaluate_run_id": chosen.evaluate_run_id or "", "sacrebleu_signature": chosen.signature,
+                  "averaged_sha256": inputs.averaged_sha256,
+                  **{f"dataset.{d['name']}.md5": d["digest"] for d in datasets},
+                  **{f"{s}_ref_sha256": inputs.ref_sha[s] for s in SPLITS}})
+    for split in SPLITS:
+        run.log_artifact(inputs.hyps[split], HYPS_ARTIFACT_DIR)
+    return datasets
+
+
+def log_decision(run: tracking.StageRun, record: dict[str, Any]) -> None:
+    """BLEU of both models, the p-value and the decision (the stage's record), as metrics and tags of the run."""
+    new, previous, bootstrap = record["new"], record["previous_candidate"] or {}, record["paired_bootstrap"]
+    metrics = {"valid_bleu": new["valid_bleu"], "test_bleu": new["test_bleu"],
+               "alias_moved": int(record["alias_moved"])}
+    if bootstrap:
+        metrics.update(paired_bs_p_value=bootstrap["p_value"], candidate_test_bleu=bootstrap["candidate_bleu"])
+    if "valid_bleu" in previous:
+        metrics["candidate_valid_bleu"] = previous["valid_bleu"]
+    run.log_metrics(metrics)
+    run.set_tags({"register.decision": record["decision"], "register.alias_moved": str(record["alias_moved"]).lower(),
+                  "register.model_version": record["model_version"]})

@@ -1,0 +1,241 @@
+"""torchrun's agent, run in ``python -m pipeline.launch`` (the ranks' side is :mod:`pipeline.training.distributed`).
+
+Three changes to torch's agent, each for a failure seen in the multi-node tests (tests/pipeline/training/):
+its store servers listen on their host only, not on every interface (:func:`bind_stores_to_their_host`);
+each rendezvous round gets a fresh store, so a replaced node can join (:func:`fresh_store_every_round`);
+and a rendezvous ends within ``NMT_RDZV_TIMEOUT_S`` whatever answers at the endpoint (:func:`bound_rendezvous`).
+Failures are one line naming the endpoint or the rank, not torchrun's tracebacks (:func:`run_torchrun`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterator
+
+import torch.distributed as dist
+
+from pipeline.core import env
+from pipeline.core.errors import PipelineError
+from pipeline.training.distributed import ROUND_ENV
+
+log = logging.getLogger(__name__)
+
+#: Seconds past ``NMT_RDZV_TIMEOUT_S`` before a rendezvous torch did not end by itself is ended
+#: (:func:`bound_rendezvous`): torch's own timeout error, a few seconds after the timeout, comes first.
+RDZV_GRACE_S = 10
+
+
+class RendezvousFailed(PipelineError):
+    """torchrun's rendezvous did not complete: a node never joined in time, or the store was lost."""
+
+
+def bind_stores_to_their_host() -> None:
+    """Make every ``TCPStore`` server this process starts listen on its ``host_name`` only.
+
+    torch's TCPStore server binds every interface (``[::]``) whatever host it is given, and torchrun's
+    stores are unauthenticated key-value servers. This hands the server a socket already bound to
+    ``host_name`` (``master_listen_fd``).
+    """
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, static_tcp_rendezvous
+
+    base = dist.TCPStore
+    if getattr(base, "_nmt_bound", False):
+        return
+
+    class HostBoundTCPStore(base):  # type: ignore[misc, valid-type]
+        _nmt_bound = True
+
+        def __init__(self, host_name: str, port: int, world_size: int | None = None, is_master: bool = False,
+                     timeout: datetime.timedelta = datetime.timedelta(seconds=300), wait_for_workers: bool = True,
+                     multi_tenant: bool = False, master_listen_fd: int | None = None, use_libuv: bool = True) -> None:
+            if is_master and master_listen_fd is None:
+                bound = _listen_on(host_name, port)
+                if bound is not None:
+                    master_listen_fd, port = bound
+            super().__init__(host_name, port, world_size, is_master, timeout, wait_for_workers, multi_tenant,
+                             master_listen_fd, use_libuv)
+
+    dist.TCPStore = HostBoundTCPStore
+    for module in (c10d_rendezvous_backend, static_tcp_rendezvous):
+        if getattr(module, "TCPStore", None) is base:
+            module.TCPStore = HostBoundTCPStore
+
+
+def _listen_on(host: str, port: int) -> tuple[int, int] | None:
+    """A listening socket bound to ``host:port`` (port 0: a free one): (its fd, its port).
+
+    None when the port is taken (a multi-tenant store of this process already serves it, bound the
+    same way; otherwise torch reports the clash itself). An unresolvable host raises RuntimeError.
+    """
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
+    except OSError as exc:  # torchrun turns a RuntimeError of the store into a rendezvous error
+        raise RuntimeError(f"TCPStore host {host!r} does not resolve: {exc}") from exc
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        if port:
+            return None
+        raise
+    bound_port = sock.getsockname()[1]
+    return sock.detach(), bound_port  # the store owns the fd from here on
+
+
+def fresh_store_every_round() -> None:
+    """Make torchrun's c10d rendezvous give the ranks a new store each round, and tell them the round.
+
+    ``DynamicRendezvousHandler.next_rendezvous`` (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py)
+    starts the store it shares with the ranks, and publishes its address, in its first round only. A node
+    that replaces a dead one then waits for an address the surviving rank-0 agent never publishes again.
+    Forgetting both before every round makes that round's rank-0 agent start and publish a store, as
+    pytorch/pytorch#135712 chose for retries. The round goes to the ranks in ``PIPELINE_RDZV_ROUND``.
+    """
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    original = DynamicRendezvousHandler.next_rendezvous
+    if getattr(original, "_nmt_fresh_store", False):
+        return
+
+    def next_rendezvous(self):  # noqa: ANN001, ANN202 - torch's signature
+        self._bootstrap_store_info = None
+        self._shared_tcp_store_server = None
+        info = original(self)
+        os.environ[ROUND_ENV] = str(self._state_holder.state.round)  # the ranks inherit the agent's environment
+        return info
+
+    next_rendezvous._nmt_fresh_store = True  # type: ignore[attr-defined]
+    DynamicRendezvousHandler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
+
+
+def _rendezvous_where(s: env.Settings) -> tuple[str, str]:
+    """Where this node meets the others, and the variables the other nodes must share (for the messages)."""
+    if s.nnodes == 1:
+        return "127.0.0.1 (this node's own rendezvous)", "NMT_RDZV_ID"
+    if s.node_rank is None:
+        return f"{s.rdzv_endpoint} (NMT_RDZV_ENDPOINT)", "NMT_RDZV_ENDPOINT and NMT_RDZV_ID"
+    return f"{s.rdzv_endpoint} (NMT_RDZV_ENDPOINT, static)", "NMT_RDZV_ENDPOINT"
+
+
+def rendezvous_error_message(exc: Exception) -> str:
+    """One line for a failed rendezvous (a ``RendezvousError`` of torchrun), naming the endpoint and what to do."""
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
+
+    s = env.settings()
+    where, same = _rendezvous_where(s)
+    if isinstance(exc, RendezvousTimeoutError):
+        return (f"rendezvous {s.rdzv_id!r} at {where} timed out after {s.rdzv_timeout_s} s (NMT_RDZV_TIMEOUT_S): "
+                f"fewer than NMT_NNODES={s.nnodes} nodes joined; start the missing node(s) with the same "
+                f"{same}, or raise NMT_RDZV_TIMEOUT_S")
+    inner = exc.__cause__ or exc
+    cause = (str(inner).strip().splitlines() or [type(inner).__name__])[0][-200:]
+    if isinstance(exc, RendezvousConnectionError):
+        return (f"lost the rendezvous store at {where}: the node hosting it stopped or cannot be reached; start "
+                f"every node again (training resumes from the newest checkpoint) [{cause}]")
+    return f"rendezvous {s.rdzv_id!r} at {where} failed: {type(exc).__name__}: {cause}"
+
+
+def _end_hung_agent() -> None:
+    """End this agent at once with one line: its main thread is stuck in C++ (:func:`bound_rendezvous`)."""
+    s = env.settings()
+    where, same = _rendezvous_where(s)
+    sys.stderr.write(f"error: stage train: rendezvous {s.rdzv_id!r} at {where} did not complete within "
+                     f"{s.rdzv_timeout_s} s (NMT_RDZV_TIMEOUT_S): nothing there answered as a rendezvous store "
+                     f"(another program on that port?) or fewer than NMT_NNODES={s.nnodes} nodes joined; check "
+                     f"{same} on every node, or raise NMT_RDZV_TIMEOUT_S\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
+@contextlib.contextmanager
+def bound_rendezvous(limit_s: float, on_hang: Callable[[], None]) -> Iterator[None]:
+    """Make every rendezvous of torchrun's agent in the block end within ``limit_s`` seconds, in every mode.
+
+    torch times out where it waits with a timeout (set from ``NMT_RDZV_TIMEOUT_S`` by :mod:`pipeline.launch`),
+    but a store client that reached something other than a store (an HTTP server on the port) waits inside
+    C++ forever, where no Python signal handler runs. So a timer calls ``on_hang`` (which must end the
+    process) unless ``SimpleElasticAgent._rendezvous`` (torch/distributed/elastic/agent/server/api.py) has
+    returned by then: the first timer counts from this call (torchrun connects to the c10d store while it
+    builds the handler), each later one from its rendezvous' start. A store error it raises becomes
+    torchrun's ``RendezvousTimeoutError``/``RendezvousConnectionError``.
+    """
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.rendezvous import (RendezvousConnectionError, RendezvousError,
+                                                      RendezvousTimeoutError)
+
+    def arm() -> threading.Timer:
+        timer = threading.Timer(limit_s, on_hang)
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    armed = [arm()]  # the first rendezvous: from now
+    original = SimpleElasticAgent._rendezvous
+
+    def _rendezvous(self, worker_group):  # noqa: ANN001, ANN202 - torch's signature
+        timer = armed.pop() if armed else arm()
+        try:
+            return original(self, worker_group)
+        except RendezvousError:
+            raise
+        except (dist.DistError, TimeoutError) as exc:
+            kind = RendezvousTimeoutError if "timed out" in str(exc).lower() else RendezvousConnectionError
+            raise kind(str(exc)) from exc
+        finally:
+            timer.cancel()
+
+    SimpleElasticAgent._rendezvous = _rendezvous  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        SimpleElasticAgent._rendezvous = original  # type: ignore[method-assign]
+        for timer in armed:  # torchrun ended before its first rendezvous
+            timer.cancel()
+
+
+def run_torchrun(torchrun_args: list[str]) -> int:
+    """Run torchrun's agent in this process with the changes above.
+
+    Returns:
+        0 when every rank succeeded, else the first failed rank's exit code (``128 + signal`` for a rank
+        killed by a signal, or for this agent stopped by SIGTERM or SIGINT), each with one line instead of
+        torchrun's traceback and failure table (each rank has already printed its own one-line error).
+
+    Raises:
+        RendezvousFailed: the nodes did not all join within ``NMT_RDZV_TIMEOUT_S`` (at the start or
+            after a restart), or the rendezvous store was lost: one line, naming the endpoint.
+    """
+    bind_stores_to_their_host()
+    fresh_store_every_round()
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
+    from torch.distributed.run import main as torchrun
+
+    try:
+        with bound_rendezvous(env.settings().rdzv_timeout_s + RDZV_GRACE_S, _end_hung_agent):
+            torchrun(torchrun_args)
+    except RendezvousError as exc:
+        raise RendezvousFailed(rendezvous_error_message(exc)) from None
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        if failure.exitcode < 0:
+            log.error("training failed: rank %d was killed by signal %d", rank, -failure.exitcode)
+            return 128 - failure.exitcode
+        log.error("training failed: rank %d ended with exit code %d (its error is above)", rank, failure.exitcode)
+        return failure.exitcode or 1
+    except SignalException as exc:  # SIGTERM (how a flow stops its stage) or SIGINT: torchrun stopped the ranks
+        log.error("training stopped by %s (its ranks too); run the stage again to resume from the newest complete "
+                  "checkpoint", signal.Signals(exc.sigval).name)
+        return 128 + int(exc.sigval)
+    return 0
