@@ -1,6 +1,6 @@
 """What the audit reads: params, the paper profile (for the informational list of what a profile
-changes; never a yardstick), the stages' details files (``<paths.metrics>/<stage>.details.json``:
-everything each stage reported), manifests, the newest checkpoint's state, ``averaged.pt``,
+changes; never a yardstick), the stages' details files (``<paths.metrics>/<stage>.details.json`` as
+:mod:`pipeline.core.details` records), manifests, the newest checkpoint's state, ``averaged.pt``,
 ``dvc.lock``, git and the environment (:class:`Inputs`)."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pipeline.core import env, gitstate, stages
+from pipeline.core import env, gitstate
 from pipeline.core.config import Params, section_dict
+from pipeline.core.details import RunDetails
 from pipeline.core.errors import ConfigError, DataError, PipelineError
 from pipeline.core.stage import read_json
 from pipeline.core.textio import sha256_file
@@ -33,7 +34,7 @@ class Inputs:
     params: dict[str, Any]
     params_sha256: str
     paper_profile: dict[str, Any] | None
-    metrics: dict[str, dict[str, Any] | None]
+    details: RunDetails
     raw_manifest: dict[str, Any] | None
     shards_manifest: dict[str, Any] | None
     shards_manifest_sha256: str | None
@@ -42,7 +43,7 @@ class Inputs:
     model: dict[str, Any] | None
     lock: dict[str, Any] | None
     git: dict[str, Any]
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, str | int | None] = field(default_factory=dict)
     replay: dict[str, Any] = field(default_factory=dict)
 
 
@@ -89,18 +90,18 @@ def git_state(root: Path) -> dict[str, Any]:
     return {"commit": commit, "dirty": bool(paths), "dirty_paths": paths}
 
 
-def environment(metrics: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+def environment(details: RunDetails) -> dict[str, str | int | None]:
     """Versions of the audit's environment and the devices the stages recorded."""
     def version(name: str) -> str | None:
         try:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
             return None
-    train, bleu = metrics.get("train") or {}, metrics.get("evaluate") or {}
+    train, bleu = details.train, details.evaluate
     return {"python": platform.python_version(), "torch": version("torch"), "sacrebleu": version("sacrebleu"),
             "sentencepiece": version("sentencepiece"), "dvc": version("dvc"), "mlflow": version("mlflow"),
-            "train_device": train.get("device"), "train_device_name": train.get("device_name"),
-            "train_world_size": train.get("world_size"), "evaluate_device": bleu.get("device")}
+            "train_device": train and train.device, "train_device_name": train and train.device_name,
+            "train_world_size": train and train.world_size, "evaluate_device": bleu and bleu.device}
 
 
 def previous_replay(path: Path | None) -> dict[str, Any] | None:
@@ -127,8 +128,7 @@ def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Pat
 
     paths = params.paths
     raw_params = section_dict(params)
-    metrics = {name: read_optional_json(stages.details_file(root / paths.metrics, name)) for name in stages.NAMES
-               if name not in ("register", "audit")}
+    details = RunDetails.read(root / paths.metrics)
     shards_manifest_path = root / paths.shards / "manifest.json"
     newest = checkpoint.latest(root / paths.train)
     state_path = newest / checkpoint.STATE if newest is not None else None
@@ -139,14 +139,14 @@ def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Pat
     lock = read_yaml(lock_file)
     return Inputs(
         params=raw_params, params_sha256=sha256_file(params_file), paper_profile=read_yaml(profile_file),
-        metrics=metrics, raw_manifest=read_optional_json(root / paths.raw / "manifest.json"),
+        details=details, raw_manifest=read_optional_json(root / paths.raw / "manifest.json"),
         shards_manifest=read_optional_json(shards_manifest_path),
         shards_manifest_sha256=sha256_file(shards_manifest_path) if shards_manifest_path.is_file() else None,
         state={k: v for k, v in state.items() if k != "history"} if state else None,
         state_path=str(Path(paths.train) / newest.name / checkpoint.STATE) if newest is not None else None,
         model=model_file.describe(model_file.path_in(root / paths.model)), lock=lock,
-        git=git_state(root), environment=environment(metrics),
-        replay=replay(params=raw_params, bleu=metrics["evaluate"], lock=lock, root=root,
+        git=git_state(root), environment=environment(details),
+        replay=replay(params=raw_params, bleu=details.evaluate, lock=lock, root=root,
                       previous=previous_replay(previous_audit)))
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.auditing.dev_items import NEWEST
+from pipeline.auditing.items import Item
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def _line(configured: list[str], measured: list[str]) -> str:
     return "; ".join(configured + measured)
 
 
-def deviation_topics(configured: list[dict[str, Any]], measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def deviation_topics(configured: list[Item], measured: list[Item]) -> list[dict[str, Any]]:
     """One entry per topic with a deviating paper or reference item, most expected effect on BLEU first.
 
     Args:

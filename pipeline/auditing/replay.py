@@ -26,15 +26,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.auditing.items import NEUTRAL_KEYS, item
+from pipeline.auditing.items import NEUTRAL_KEYS, Item, item
 from pipeline.core.config import flatten
+from pipeline.core.details import METRICS, EvaluateDetails, SetFigures
 from pipeline.core.errors import PipelineError
 from pipeline.core.textio import sha256_file
-from pipeline.inference.scoring import METRIC_KEYS, score_files
+from pipeline.inference.scoring import score_files
 
 SETS = ("valid", "test")
 TARGET_LANG = "de"
-FIGURES = (*METRIC_KEYS, "sentences")
+FIGURES = (*METRICS, "sentences")
 HYPOTHESES = {split: f"{split}.hyp.{TARGET_LANG}" for split in SETS}
 DVC_CACHE = Path(".dvc") / "cache" / "files" / "md5"
 ITEM_RESCORED = "Replay: evaluate.details.json rescored from the hypothesis files"
@@ -64,8 +65,10 @@ def dvc_dir_md5(directory: Path) -> tuple[str, dict[str, str]]:
     return hashlib.md5(blob).hexdigest() + ".dir", files
 
 
-def _figures(report: dict[str, Any]) -> dict[str, Any]:
-    return {key: report.get(key) for key in FIGURES} | {"signatures": dict(report.get("signatures") or {})}
+def _figures(figures: SetFigures | None) -> dict[str, Any]:
+    """What the replay compares of a scored set: every score, the sentence count and the signatures."""
+    figures = figures or SetFigures()
+    return figures.scores() | {"sentences": figures.sentences, "signatures": dict(figures.signatures)}
 
 
 def _differences(recorded: dict[str, Any], now: dict[str, Any], split: str) -> list[str]:
@@ -78,9 +81,9 @@ def _differences(recorded: dict[str, Any], now: dict[str, Any], split: str) -> l
     return out
 
 
-def rescore(bleu: dict[str, Any] | None, eval_dir: Path, raw_dir: Path) -> tuple[dict[str, Any], dict | None]:
+def rescore(bleu: EvaluateDetails | None, eval_dir: Path, raw_dir: Path) -> tuple[Item, dict | None]:
     """The rescoring item and the rescored figures per set (None when not measured)."""
-    def not_measured(why: str) -> tuple[dict[str, Any], None]:
+    def not_measured(why: str) -> tuple[Item, None]:
         return item(ITEM_RESCORED, paper="-", run=f"not measured ({why})", ok=None, source=_SOURCE, kind="check"), None
 
     if bleu is None:
@@ -92,11 +95,11 @@ def rescore(bleu: dict[str, Any] | None, eval_dir: Path, raw_dir: Path) -> tuple
     rescored, diffs = {}, []
     for split, (hyp, ref) in pairs.items():
         try:
-            rescored[split] = _figures(score_files(hyp, ref, TARGET_LANG))
+            rescored[split] = _figures(SetFigures.from_json(score_files(hyp, ref, TARGET_LANG), str(hyp)))
         except PipelineError as exc:  # a truncated or corrupted hypothesis file is what this item reports
             diffs.append(f"{split}: cannot be rescored: {exc}")
             continue
-        diffs += _differences(_figures(bleu.get(split) or {}), rescored[split], split)
+        diffs += _differences(_figures(getattr(bleu, split)), rescored[split], split)
     note = "evaluate.details.json vs rescored; floats compared exactly"
     return item(ITEM_RESCORED, paper="-", run="reproduced exactly" if not diffs else "differs", ok=not diffs,
                 deviation="differs: " + "; ".join(diffs), note=note, source=_SOURCE, kind="check"), rescored
@@ -149,7 +152,7 @@ def lock_check(lock: dict[str, Any] | None, root: Path, eval_path: str,
                 deviation=f"differs: {eval_path} md5 {now} vs {recorded} in dvc.lock ({detail})")
 
 
-def record(params: dict[str, Any], bleu: dict[str, Any] | None, model_path: Path, eval_dir: Path,
+def record(params: dict[str, Any], bleu: EvaluateDetails | None, model_path: Path, eval_dir: Path,
            raw_dir: Path) -> dict[str, Any]:
     """What the next audit compares against: model, references, hypotheses, evaluate params, figures."""
     def sha(path: Path) -> str | None:
@@ -159,7 +162,7 @@ def record(params: dict[str, Any], bleu: dict[str, Any] | None, model_path: Path
     return {"model_sha256": sha(model_path), "evaluate_params": evaluate,
             "references_sha256": {s: sha(raw_dir / f"{s}.{TARGET_LANG}") for s in SETS},
             "hypotheses_sha256": {name: sha(eval_dir / name) for name in HYPOTHESES.values()},
-            "figures": None if bleu is None else {s: _figures(bleu.get(s) or {}) for s in SETS}}
+            "figures": None if bleu is None else {s: _figures(getattr(bleu, s)) for s in SETS}}
 
 
 def previous_check(now: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
@@ -185,13 +188,13 @@ def previous_check(now: dict[str, Any], previous: dict[str, Any] | None) -> dict
                 note=f"same averaged.pt (sha256 {now['model_sha256'][:12]}), references and evaluate params")
 
 
-def replay(*, params: dict[str, Any], bleu: dict[str, Any] | None, lock: dict[str, Any] | None, root: Path,
+def replay(*, params: dict[str, Any], bleu: EvaluateDetails | None, lock: dict[str, Any] | None, root: Path,
            previous: dict[str, Any] | None) -> dict[str, Any]:
     """The audit's ``replay`` section: ``{"items", "record", "rescored", "eval_dir_md5", "hypotheses_md5"}``.
 
     Args:
         params: the params mapping (its ``paths`` are relative to ``root``).
-        bleu: evaluate.details.json (None when it does not exist).
+        bleu: the evaluate stage's details (None when it has not run).
         lock: dvc.lock (None when it does not exist).
         root: the workspace.
         previous: the previous audit.json's ``replay`` section (None when there is none).

@@ -12,7 +12,7 @@ from typing import Any
 
 from pipeline.auditing.dev_items import dev_items
 from pipeline.auditing.inputs import FORMAT, Inputs
-from pipeline.auditing.items import fmt, neutral
+from pipeline.auditing.items import Item, fmt, neutral
 from pipeline.auditing.paper import BLEU_GAP, PAPER, bleu_figures, bleu_items, data_items, lineage_items, model_items
 from pipeline.auditing.ranking import deviation_topics
 from pipeline.auditing.run_items import training_items
@@ -23,7 +23,7 @@ from pipeline.core.config import flatten
 log = logging.getLogger(__name__)
 
 
-def measured_items(inp: Inputs) -> list[dict[str, Any]]:
+def measured_items(inp: Inputs) -> list[Item]:
     """Items measured from the run's outputs (each "not measured" while its input is missing)."""
     return (model_items(inp) + training_items(inp) + dev_items(inp) + data_items(inp) + bleu_items(inp)
             + lineage_items(inp))
@@ -62,7 +62,7 @@ def lineage(inp: Inputs) -> dict[str, Any]:
                         "outs": [{"path": o.get("path"), "md5": o.get("md5")} for o in entry.get("outs") or []]}
     raw = inp.raw_manifest
     shards = inp.shards_manifest
-    run_ids = {name: m.get("mlflow_run_id") for name, m in inp.metrics.items() if m is not None}
+    run_ids = inp.details.run_ids()
     if inp.state is not None:
         run_ids["train (state.json)"] = inp.state.get("mlflow_run_id")
     return {
@@ -101,13 +101,13 @@ def build_audit(inp: Inputs) -> dict[str, Any]:
                "warnings": len(warned), "deviation_topics": len(topics)}
     dataset = (inp.params.get("download") or {}).get("dataset")
     return {"format": FORMAT, "profile": inp.params.get("profile"), "dataset": dataset, "summary": summary,
-            "headline": headline(dataset, (inp.metrics.get("evaluate") or {}).get("test")),
+            "headline": headline(dataset, inp.details.evaluate and inp.details.evaluate.test),
             "configuration": config, "measured": measured,
             "open_settings": open_settings(flatten(inp.params)),
             "profile_differences": profile_differences(inp.params, inp.paper_profile),
             "deviations": [f"{t['topic']}: {t['text']}" for t in topics], "deviation_topics": topics,
             "warnings": warned, "bleu_gap": BLEU_GAP, "paper": PAPER,
-            "bleu_figures": bleu_figures(inp.metrics.get("evaluate")), "replay": inp.replay,
+            "bleu_figures": bleu_figures(inp.details.evaluate), "replay": inp.replay,
             "lineage": lineage(inp), "environment": inp.environment}
 
 
@@ -125,7 +125,7 @@ def tracking_metrics(audit: dict[str, Any], inp: Inputs) -> dict[str, float]:
                reference_matches=ref["matches"], reference_deviates=ref["deviates"],
                checks_passed=checks["matches"], checks_failed=checks["deviates"], warnings=summary["warnings"],
                deviation_topics=summary["deviation_topics"])
-    parameters = inp.model["total"] if inp.model else (inp.metrics.get("average") or {}).get("parameters")
+    parameters = inp.model["total"] if inp.model else inp.details.average and inp.details.average.parameters
     if parameters is not None:
         out["parameters"] = int(parameters)
     for f in audit["bleu_figures"]:
