@@ -18,9 +18,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.auditing.items import Item, fmt, item
-from pipeline.auditing.paper import BLEU_TOLERANCE, PAPER
+from pipeline.auditing.paper import BLEU_TOLERANCE, PAPER, comparable
 from pipeline.auditing.run_items import AVERAGE_PAPER, AVERAGE_SPAN_MAX, PPL_REL, final_step
-from pipeline.core.details import EvaluateDetails, SetFigures
 
 if TYPE_CHECKING:
     from pipeline.auditing.inputs import Inputs
@@ -28,15 +27,6 @@ if TYPE_CHECKING:
 NEWEST = "newest checkpoint"
 GAIN_BLEU = "Averaged vs newest checkpoint, valid BLEU"
 GAIN_PPL = "Averaged vs newest checkpoint, valid perplexity"
-
-
-def _evaluate(inp: Inputs) -> EvaluateDetails:
-    return inp.details.evaluate or EvaluateDetails()
-
-
-def _valid(inp: Inputs) -> tuple[SetFigures, SetFigures]:
-    """The averaged model's and the newest checkpoint's valid figures (empty when not measured)."""
-    return _evaluate(inp).valid or SetFigures(), _evaluate(inp).valid_newest or SetFigures()
 
 
 def _span(steps: list[int], final: int) -> tuple[str, list[str]]:
@@ -58,7 +48,7 @@ def _span(steps: list[int], final: int) -> tuple[str, list[str]]:
 
 def averaging_span_item(inp: Inputs) -> Item:
     """A check: which part of training the averaged checkpoints cover (a warning past 20%)."""
-    steps = inp.details.average.steps if inp.details.average else []
+    steps = inp.details.average.steps
     final = final_step(inp) or (steps[-1] if steps else None)
     note = ("span = (final step - first averaged step) / final step; the paper's first averaged checkpoint is 40 "
             "of 720 minutes before the end (5.6%), 50 counting the interval it was trained in (6.9%)")
@@ -75,7 +65,7 @@ def averaging_gain_item(inp: Inputs) -> Item:
 
     Both are decoded on the same valid set at the same beam and α and scored with sacreBLEU 13a.
     """
-    averaged, newest = _valid(inp)
+    averaged, newest = inp.details.evaluate.valid, inp.details.evaluate.valid_newest
     alone, mean = newest.bleu, averaged.bleu
     paper = "the reported models average the last 5 checkpoints (§6.1)"
     if alone is None or mean is None:
@@ -96,17 +86,17 @@ def _newest_ppl(inp: Inputs) -> tuple[float | None, str]:
     evaluate.details.json ``valid_newest.ppl``, else train.details.json ``valid_ppl`` (the validation
     the training stage runs at its last step: the same teacher-forced perplexity without label smoothing).
     """
-    ppl, train = _valid(inp)[1].ppl, inp.details.train
+    ppl, train = inp.details.evaluate.valid_newest.ppl, inp.details.train
     if ppl is not None:
         return float(ppl), "evaluate.details.json valid_newest"
-    if train is not None and train.valid_ppl is not None:
+    if train.valid_ppl is not None:
         return float(train.valid_ppl), f"train.details.json valid_ppl at step {fmt(train.step)}"
     return None, ""
 
 
 def averaging_ppl_item(inp: Inputs) -> Item:
     """A check: a warning when the last checkpoint's valid perplexity is below the averaged model's."""
-    averaged = _valid(inp)[0].ppl
+    averaged = inp.details.evaluate.valid.ppl
     last, where = _newest_ppl(inp)
     paper = "the reported models average the last 5 checkpoints (§6.1)"
     if last is None or averaged is None:
@@ -120,27 +110,17 @@ def averaging_ppl_item(inp: Inputs) -> Item:
                 verdict="warning" if worse else None)
 
 
-def _dev_comparable(inp: Inputs, figures: SetFigures) -> tuple[bool, str]:
-    """Whether a valid set's figures can stand beside Table 3 (newstest2013), and why not."""
-    dataset, n = (inp.params.get("download") or {}).get("dataset"), figures.sentences
-    if dataset != "wmt14":
-        return False, f"{dataset} valid set, not newstest2013"
-    if n is not None and n != PAPER["valid_sentences"]:
-        return False, f"valid set of {n} sentences (newstest2013: 3,000)"
-    return True, ""
-
-
 def newest_dev_items(inp: Inputs) -> list[Item]:
     """The newest checkpoint's newstest2013 BLEU (the paper's metric) and perplexity beside Table 3's base row."""
-    newest = _valid(inp)[1]
-    comparable, why = _dev_comparable(inp, newest)
+    newest = inp.details.evaluate.valid_newest
+    same_set, why = comparable(inp, newest, "valid")
     at = f"step {newest.step:,}; " if newest.step is not None else ""
     score, sacre, ppl = newest.bleu_tok_split, newest.bleu, newest.ppl
     floor, ceiling = PAPER["dev_bleu"] - BLEU_TOLERANCE, PAPER["dev_ppl"] * (1 + PPL_REL)
     bleu_dev = f"{score or 0:.2f} (paper: 25.8; matching needs >= {floor:.1f})"
     ppl_dev = f"{ppl or 0:.2f} (paper: 4.92; matching needs <= {ceiling:.2f})"
     sacre_note = f"sacreBLEU 13a {sacre:.2f}; " if sacre is not None else ""
-    verdict, off = (None, "") if comparable else ("informational", f"{why}: not comparable with the paper's ")
+    verdict, off = (None, "") if same_set else ("informational", f"{why}: not comparable with the paper's ")
     return [
         item(f"BLEU, paper's method (tok+split), valid, {NEWEST}", paper="25.8 (Table 3 base, newstest2013, no "
              "averaging)", source="Table 3, §6.2", run=None if score is None else f"{score:.2f}",
@@ -156,7 +136,7 @@ def newest_dev_items(inp: Inputs) -> list[Item]:
 
 def averaged_dev_item(inp: Inputs) -> Item:
     """The averaged model's valid figures (informational: Table 3 reports single checkpoints)."""
-    valid = _valid(inp)[0]
+    valid = inp.details.evaluate.valid
     parts = [f"{label} {value:.2f}" for value, label in ((valid.bleu_tok_split, "BLEU tok+split"),
                                                           (valid.bleu, "sacreBLEU 13a"), (valid.ppl, "perplexity"))
              if value is not None]
@@ -166,8 +146,8 @@ def averaged_dev_item(inp: Inputs) -> Item:
 
 def position_item(inp: Inputs) -> Item:
     """Valid/test sources the decoder truncated at ``model.max_positions`` (the paper cuts none)."""
-    cut = {"valid": _evaluate(inp).valid, "test": _evaluate(inp).test}
-    known = {split: s.truncated_sources for split, s in cut.items() if s and s.truncated_sources is not None}
+    cut = {"valid": inp.details.evaluate.valid.truncated_sources, "test": inp.details.evaluate.test.truncated_sources}
+    known = {split: n for split, n in cut.items() if n is not None}
     limit = (inp.params.get("model") or {}).get("max_positions")
     run = None if not known else ", ".join(f"{split} {n:,}" for split, n in known.items())
     return item("Sources cut at max_positions", paper="none: sinusoidal positions, no length limit (§3.5)",

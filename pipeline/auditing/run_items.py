@@ -1,10 +1,5 @@
-"""Measured items about training, checkpoint averaging and the dev set, beside the configured ones.
-
-Read from the stages' details records (:class:`pipeline.core.details.RunDetails`): the train stage's
-(steps, tokens, tokens and forward passes per step, timing and device) with the newest checkpoint's
-``state.json`` as fallback, the average stage's (the averaged checkpoints' steps) and the evaluate stage's
-(``valid``: the averaged model; ``valid_newest``: the newest checkpoint alone, no averaging). A field a
-stage does not record leaves its item "not measured".
+"""Measured items about training, from the train stage's record (:class:`pipeline.core.details.TrainDetails`)
+with the newest checkpoint's ``state.json`` as fallback; a field it does not record leaves its item "not measured".
 
 A configured value is not a measured one: ``train.tokens_per_step = 25000`` in params with 31,500
 target tokens per step measured is a deviation.
@@ -32,13 +27,9 @@ PPL_REL = 0.05
 AVERAGE_PAPER = "last 5 checkpoints, written 10 minutes apart at the end of a 12-hour run (about the last 6-7%)"
 
 
-def _train(inp: Inputs) -> TrainDetails:
-    return inp.details.train or TrainDetails()
-
-
 def _count(inp: Inputs, key: str) -> int | None:
-    """``step``, ``tokens_seen`` or ``world_size``: the train stage's record, else the newest checkpoint's state.json."""
-    value = getattr(inp.details.train, key, None)
+    """``step``, ``tokens_seen`` or ``world_size``: the train stage's record, else the newest state.json."""
+    value = getattr(inp.details.train, key)
     return (inp.state or {}).get(key) if value is None else value
 
 
@@ -56,7 +47,7 @@ def _hours(train: TrainDetails) -> tuple[float | None, str]:
 
 
 def _tokens_per_step(inp: Inputs, steps: int | None, tokens: int | None) -> Item:
-    train = _train(inp)
+    train = inp.details.train
     mean, how = train.tokens_per_step_mean, "mean over the optimizer steps"
     if mean is None and tokens is not None and steps:
         mean, how = tokens / steps, "tokens_seen / step"
@@ -91,7 +82,8 @@ def _volume_items(inp: Inputs) -> list[Item]:
 
 def _batch_shape_items(inp: Inputs) -> list[Item]:
     """World size and forward passes per step: how the batch was split, not what it was (informational)."""
-    world, mean, most = _count(inp, "world_size"), _train(inp).forwards_per_step_mean, _train(inp).forwards_per_step_max
+    train, world = inp.details.train, _count(inp, "world_size")
+    mean, most = train.forwards_per_step_mean, train.forwards_per_step_max
     return [
         item("World size", paper="8 GPUs (§5.2)", source="§5.2", ok=None, verdict="informational",
              run=None if world is None else f"{world} process(es)",
@@ -106,7 +98,7 @@ def _batch_shape_items(inp: Inputs) -> list[Item]:
 
 def _machine_items(inp: Inputs) -> list[Item]:
     """Training time, hardware and GPU-hours."""
-    train = _train(inp)
+    train = inp.details.train
     hours, how = _hours(train)
     out = [item("Training time", paper="12 h", source="§5.2", note=how, run=None if hours is None else
                 f"{hours:.3f} h" if hours >= 0.1 else f"{hours:.3f} h ({hours * 3600:.1f} s)",

@@ -1,25 +1,24 @@
 """The audit's summary: the headline test BLEU beside the reference that fits the test set, the counts per
 kind of item, and the warnings (sanity checks that fired, checks that failed).
 
-The reference depends on the data. WMT14 newstest2014 (full, 3,003 sentences): the paper's 27.3 for the
-base model (Table 2), on its own metric (tokenised, compound-split BLEU; ``bleu_tok_split``). Multi30k
-test_2016_flickr: no published figure is comparable with sacreBLEU 13a on cased, detokenised text (the
-published Multi30k EN-DE results mostly lowercase or tokenise differently), so the headline compares with
-none rather than set a number of another metric beside this one.
+The reference depends on the data (:data:`TEST_SETS`): on full WMT14 newstest2014, the paper's 27.3 for
+the base model (Table 2) on its own metric (tokenised, compound-split BLEU; ``bleu_tok_split``); on
+Multi30k, none rather than a number of another metric.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from pipeline.auditing.items import KINDS, VERDICTS, Item
 from pipeline.auditing.paper import PAPER, SACREBLEU_EQUIVALENT
 from pipeline.core.details import SetFigures
 
+
 @dataclass(frozen=True)
 class HeadlineReference:
-    """A dataset's test set and its published reference (None: no comparable published figure, ``why``)."""
+    """A dataset's test set and its published reference (None: ``why`` no published figure is comparable)."""
 
     name: str
     sentences: int
@@ -31,29 +30,37 @@ class HeadlineReference:
 #: Per dataset (``download.dataset``).
 TEST_SETS: dict[str, HeadlineReference] = {
     "wmt14": HeadlineReference("WMT14 newstest2014", PAPER["test_sentences"], PAPER["bleu_en_de"],
-                     "Vaswani et al. 2017, Table 2 (base)"),
+                               "Vaswani et al. 2017, Table 2 (base)"),
     "multi30k": HeadlineReference("Multi30k test_2016_flickr", 1000, why=(
         "no comparable published figure: published Multi30k EN-DE results mostly lowercase or tokenise differently "
         "from sacreBLEU 13a on cased text, so none is set beside this one")),
 }
 
 
-def headline(dataset: str | None, test: SetFigures | None) -> dict[str, Any]:
+class Headline(TypedDict):
+    """The test BLEU (None: not measured) beside the ``reference`` that fits the test set (None: none does)."""
+
+    text: str
+    test_set: str
+    reference: float | None
+    comparable: bool
+    bleu: float | None
+    bleu_tok_split: float | None
+
+
+def headline(dataset: str | None, test: SetFigures) -> Headline:
     """The test BLEU beside the reference that fits the test set.
 
     Args:
         dataset: ``download.dataset``.
-        test: the evaluate stage's ``test`` figures (None when not evaluated yet).
-
-    Returns:
-        ``{"text", "test_set", "reference", "comparable", "bleu", "bleu_tok_split"}``; ``reference`` is the
-        published figure set beside the run (None when none is comparable).
+        test: the evaluate stage's ``test`` figures (empty when not evaluated yet).
     """
     spec = TEST_SETS.get(str(dataset))
     name = spec.name if spec else f"the {dataset} test set"
-    out = {"test_set": name, "reference": None, "comparable": False, "bleu": None, "bleu_tok_split": None}
-    if test is None or test.bleu is None:
-        return {**out, "text": "Test BLEU: not measured (no evaluate.details.json yet: run `dvc repro evaluate`)."}
+    out = Headline(text="Test BLEU: not measured (no evaluate.details.json yet: run `dvc repro evaluate`).",
+                   test_set=name, reference=None, comparable=False, bleu=None, bleu_tok_split=None)
+    if test.bleu is None:
+        return out
     sacre, tok, n = float(test.bleu), test.bleu_tok_split, test.sentences
     out.update(bleu=sacre, bleu_tok_split=tok)
     size = f"{n:,} sentences" if n is not None else "size not recorded"
@@ -75,7 +82,8 @@ def headline(dataset: str | None, test: SetFigures | None) -> dict[str, Any]:
         text = (f"Test BLEU {tok:.2f} on the paper's metric (tok+split) on {name} ({size}) vs the paper's "
                 f"{spec.reference} ({spec.source}): {tok - spec.reference:+.2f}; sacreBLEU 13a "
                 f"{sacre:.2f} (the paper's figure is about {low}-{high} there).")
-    return {**out, "text": text}
+    out["text"] = text
+    return out
 
 
 def counts(items: list[Item]) -> dict[str, dict[str, int]]:

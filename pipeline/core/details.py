@@ -3,8 +3,8 @@
 A stage returns a JSON object; :func:`pipeline.core.stage.run_stage` writes it with ``seconds`` and
 ``mlflow_run_id`` added. A record names the fields its readers use, with their types. ``from_json`` checks
 each one (a wrong type is a one-line error naming the file and the key), reads a missing key or ``null`` as
-None (empty for a list or mapping) and keeps every other key in ``extra``, so that ``from_json(to_json(r))
-== r`` and nothing a stage wrote is lost.
+None (empty for a list, a mapping or a nested record) and keeps every other key in ``extra``; ``to_json``
+leaves out what is None, so that ``from_json(to_json(r)) == r`` and nothing a stage wrote is lost.
 """
 
 from __future__ import annotations
@@ -38,17 +38,17 @@ class Record:
             DataError: ``data`` is not an object, or a field has the wrong type (names ``where`` and the key).
         """
         if not isinstance(data, dict):
-            raise DataError(f"{where}: {prefix.rstrip('.') or 'the file'} is not a JSON object "
-                            f"({type(data).__name__}); rerun the stage that writes it")
+            _fail(where, prefix.rstrip("."), "a JSON object", type(data).__name__)
         hints = _hints(cls)
         known = {key: _check(data[key], hint, where, prefix + key) for key, hint in hints.items()
                  if data.get(key) is not None}
         return cls(**known, extra={k: v for k, v in data.items() if k not in hints})
 
     def to_json(self) -> dict[str, object]:
-        """The JSON object: the fields that are not None, then ``extra``."""
-        out = {f.name: _dump(getattr(self, f.name)) for f in fields(self) if f.name != "extra"}
-        return {k: v for k, v in out.items() if v is not None} | self.extra
+        """The JSON object: the fields that are not None (nested records as objects), then ``extra``."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        out = {k: v.to_json() if isinstance(v, Record) else v for k, v in out.items() if v is not None}
+        return out | self.extra
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,13 +69,9 @@ class StageDetails(Record):
         if not path.is_file():
             return None
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            return cls.from_json(json.loads(path.read_text(encoding="utf-8")), str(path))
         except json.JSONDecodeError as exc:
             raise PipelineError(f"{path}: not valid JSON ({exc}); delete it and rerun the stage that writes it") from None
-        if not isinstance(data, dict):
-            raise DataError(f"{path}: expected a JSON object, got {type(data).__name__}; "
-                            "delete it and rerun the stage that writes it")
-        return cls.from_json(data, str(path))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,9 +96,9 @@ class CleanDetails(StageDetails):
     """The pair counts per split."""
 
     STAGE: ClassVar[str] = "clean"
-    train: PairCounts | None = None
-    valid: PairCounts | None = None
-    test: PairCounts | None = None
+    train: PairCounts = field(default_factory=PairCounts)
+    valid: PairCounts = field(default_factory=PairCounts)
+    test: PairCounts = field(default_factory=PairCounts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,17 +119,9 @@ class EncodeDetails(StageDetails):
 
 @dataclass(frozen=True, kw_only=True)
 class TrainDetails(StageDetails):
-    """Where training ended and what it measured (pipeline/training/loop.py).
-
-    Attributes:
-        step: the last optimizer step. tokens_seen: target tokens trained on. world_size: processes.
-        tokens_per_step_mean, tokens_per_step_std, tokens_per_step_min, tokens_per_step_max: non-pad target
-            tokens per optimizer step. forwards_per_step_mean, forwards_per_step_max: forward passes per step
-            (the busiest rank). device: ``cuda`` or ``cpu``; device_name: the GPU's name or ``cpu``.
-        wall_seconds: this invocation's wall clock. train_seconds: step time over all invocations.
-        resumed_from_step: the checkpoint this invocation resumed (None: trained from scratch).
-        valid_ppl: the last validation's perplexity (teacher-forced, no label smoothing).
-    """
+    """Where training ended and what it measured (pipeline/training/loop.py): target tokens and forward passes
+    per optimizer step (forwards: the busiest rank), ``wall_seconds`` of this invocation, ``train_seconds`` of
+    step time over all (``resumed_from_step`` None: trained from scratch), the last validation's perplexity."""
 
     STAGE: ClassVar[str] = "train"
     step: int | None = None
@@ -202,10 +190,10 @@ class EvaluateDetails(StageDetails):
     """The averaged model on ``valid`` and ``test``, the newest checkpoint on ``valid_newest``, the decoding chosen."""
 
     STAGE: ClassVar[str] = "evaluate"
-    valid: SetFigures | None = None
-    test: SetFigures | None = None
-    valid_newest: SetFigures | None = None
-    chosen: Chosen | None = None
+    valid: SetFigures = field(default_factory=SetFigures)
+    test: SetFigures = field(default_factory=SetFigures)
+    valid_newest: SetFigures = field(default_factory=SetFigures)
+    chosen: Chosen = field(default_factory=Chosen)
     device: str | None = None
 
 
@@ -238,25 +226,31 @@ RECORDS: dict[str, type[StageDetails]] = {cls.STAGE: cls for cls in (
 
 @dataclass(frozen=True)
 class RunDetails:
-    """The records of the stages up to evaluate in one workspace (None: not written yet), what the audit reads."""
+    """The records of the stages up to evaluate in one workspace, what the audit reads; ``written`` names the
+    stages whose file exists (the others are empty records)."""
 
-    download: DownloadDetails | None = None
-    clean: CleanDetails | None = None
-    bpe: BpeDetails | None = None
-    encode: EncodeDetails | None = None
-    train: TrainDetails | None = None
-    average: AverageDetails | None = None
-    evaluate: EvaluateDetails | None = None
+    download: DownloadDetails = field(default_factory=DownloadDetails)
+    clean: CleanDetails = field(default_factory=CleanDetails)
+    bpe: BpeDetails = field(default_factory=BpeDetails)
+    encode: EncodeDetails = field(default_factory=EncodeDetails)
+    train: TrainDetails = field(default_factory=TrainDetails)
+    average: AverageDetails = field(default_factory=AverageDetails)
+    evaluate: EvaluateDetails = field(default_factory=EvaluateDetails)
+    written: frozenset[str] = frozenset()
 
     @classmethod
     def read(cls, metrics_dir: str | Path) -> RunDetails:
         """Every stage's details file in ``metrics_dir`` (raises as :meth:`StageDetails.read` does)."""
-        return cls(**{f.name: RECORDS[f.name].read(metrics_dir) for f in fields(cls)})
+        found = {name: RECORDS[name].read(metrics_dir) for name in _RUN_STAGES}
+        written = {name: record for name, record in found.items() if record is not None}
+        return cls(**written, written=frozenset(written))
 
     def run_ids(self) -> dict[str, str | None]:
         """The MLflow run id of each stage that wrote its details, in the stage table's order."""
-        written = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {name: record.mlflow_run_id for name, record in written.items() if record is not None}
+        return {name: getattr(self, name).mlflow_run_id for name in _RUN_STAGES if name in self.written}
+
+
+_RUN_STAGES = tuple(f.name for f in fields(RunDetails) if f.name != "written")
 
 
 @functools.cache
@@ -285,18 +279,11 @@ def _check(value: object, hint: object, where: str, key: str) -> object:
     if isinstance(hint, type) and type(value) is hint:  # a bool is no int here
         return value
     shown = json.dumps(value)
-    shown = shown if len(shown) <= 40 else shown[:37] + "..."
-    expected = {float: "a number", int: "an integer", str: "a string", bool: "true or false"}.get(
-        hint, f"a JSON {'array' if origin is list else 'object'}")  # type: ignore[call-overload]
-    raise DataError(f"{where}: {key} is {shown}, expected {expected}; rerun the stage that writes it")
+    _fail(where, key, {float: "a number", int: "an integer", str: "a string", bool: "true or false"}.get(
+        hint, "a JSON array" if origin is list else "a JSON object"), shown if len(shown) <= 40 else shown[:37] + "...")
 
 
-def _dump(value: object) -> object:
-    """A field's JSON value (nested records as objects)."""
-    if isinstance(value, Record):
-        return value.to_json()
-    if isinstance(value, list):
-        return [_dump(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _dump(v) for k, v in value.items()}
-    return value
+def _fail(where: str, key: str, expected: str, got: str) -> typing.NoReturn:
+    raise DataError(f"{where}: {key + ': ' if key else ''}expected {expected}, got {got}; "
+                    "rerun the stage that writes it")
+

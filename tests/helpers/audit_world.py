@@ -121,8 +121,9 @@ def build_audit_world(root: Path) -> Path:
 def synthetic_inputs(params: dict, *, metrics: dict | None = None, paper_profile: dict | None = None,
                      state: dict | None = None) -> Inputs:
     """Audit inputs without a workspace: ``params`` and the given stage details (JSON), everything else absent."""
+    metrics = metrics or {}
     details = RunDetails(**{name: RECORDS[name].from_json(data, f"{name}.details.json")
-                            for name, data in (metrics or {}).items()})
+                            for name, data in metrics.items()}, written=frozenset(metrics))
     return Inputs(params=params, params_sha256="0" * 64, paper_profile=paper_profile, details=details,
                   raw_manifest=None, shards_manifest=None, shards_manifest_sha256=None, state=state, state_path=None,
                   model=None, lock=None, git={"commit": None, "dirty": None, "dirty_paths": []})
