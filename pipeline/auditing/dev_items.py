@@ -7,10 +7,9 @@ the paper's Table 3, "beam search as described in the previous section, but no c
 §6.2). Table 3's base row: newstest2013 BLEU 25.8 and perplexity 4.92 per wordpiece; on another valid set
 the figures are ``informational`` (not comparable).
 
-Three items are run checks (kind ``check``), not the paper's: the averaging span (a warning past 20% of
-training, the averaging rule params.yaml states, or with other than 5 checkpoints) and the averaged model
-against the newest checkpoint alone, on valid BLEU and on valid perplexity (a warning when the newest
-checkpoint scores better).
+Three items are run checks (kind ``check``): the averaging span (a warning past params.yaml's rule of 20%
+of training, or with other than 5 checkpoints) and the averaged model against the newest checkpoint alone,
+on valid BLEU and perplexity (a warning when the newest checkpoint scores better).
 """
 
 from __future__ import annotations
@@ -148,7 +147,7 @@ def position_item(inp: Inputs) -> Item:
     """Valid/test sources the decoder truncated at ``model.max_positions`` (the paper cuts none)."""
     cut = {"valid": inp.details.evaluate.valid.truncated_sources, "test": inp.details.evaluate.test.truncated_sources}
     known = {split: n for split, n in cut.items() if n is not None}
-    limit = (inp.params.get("model") or {}).get("max_positions")
+    limit = inp.params.model.max_positions
     run = None if not known else ", ".join(f"{split} {n:,}" for split, n in known.items())
     return item("Sources cut at max_positions", paper="none: sinusoidal positions, no length limit (§3.5)",
                 source="§3.5", run=run, ok=None if not known else sum(known.values()) == 0,

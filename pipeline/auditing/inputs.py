@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 
 from pipeline.auditing.replay import Replay, replay
 from pipeline.core import env, gitstate
-from pipeline.core.config import Params, section_dict
+from pipeline.core.config import Params, flatten, section_dict
 from pipeline.core.details import RunDetails
 from pipeline.core.errors import ConfigError, DataError, PipelineError
 from pipeline.core.stage import read_json
@@ -40,7 +40,7 @@ class GitState(TypedDict):
 class Inputs:
     """Everything the audit reads; ``None`` marks an input that does not exist (yet)."""
 
-    params: dict[str, Any]
+    params: Params
     params_sha256: str
     paper_profile: dict[str, Any] | None
     details: RunDetails
@@ -54,6 +54,11 @@ class Inputs:
     git: GitState
     environment: dict[str, str | int | None] = field(default_factory=dict)
     replay: Replay = field(default_factory=Replay)
+
+    @property
+    def flat(self) -> dict[str, Any]:
+        """The params as dotted keys (``model.d_model``) with the values params.yaml spells."""
+        return flatten(section_dict(self.params))
 
 
 def read_optional(path: Path) -> dict[str, Any] | None:
@@ -116,7 +121,6 @@ def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Pat
     from pipeline.training import checkpoint
 
     paths = params.paths
-    raw_params = section_dict(params)
     details = RunDetails.read(root / paths.metrics)
     shards_manifest_path = root / paths.shards / "manifest.json"
     newest = checkpoint.latest(root / paths.train)
@@ -127,7 +131,7 @@ def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Pat
         profile_file = Path(__file__).resolve().parents[2] / PAPER_PROFILE
     lock = read_optional(lock_file)
     return Inputs(
-        params=raw_params, params_sha256=sha256_file(params_file), paper_profile=read_optional(profile_file),
+        params=params, params_sha256=sha256_file(params_file), paper_profile=read_optional(profile_file),
         details=details, raw_manifest=read_optional(root / paths.raw / "manifest.json"),
         shards_manifest=read_optional(shards_manifest_path),
         shards_manifest_sha256=sha256_file(shards_manifest_path) if shards_manifest_path.is_file() else None,
@@ -135,7 +139,7 @@ def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Pat
         state_path=str(Path(paths.train) / newest.name / checkpoint.STATE) if newest is not None else None,
         model=model_file.describe(model_file.path_in(root / paths.model)), lock=lock,
         git=git_state(root), environment=environment(details),
-        replay=replay(params=raw_params, bleu=details.evaluate if "evaluate" in details.written else None,
+        replay=replay(params=params, bleu=details.evaluate if "evaluate" in details.written else None,
                       lock=lock, root=root, previous=previous_replay(previous_audit)))
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.auditing.items import Item, fmt, item
 from pipeline.auditing.settings import approx
+from pipeline.core.config import flatten, section_dict
 from pipeline.core.details import EvaluateDetails, SetFigures
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ def data_items(inp: Inputs) -> list[Item]:
 def comparable(inp: Inputs, figures: SetFigures, split: str) -> tuple[bool, str]:
     """Whether a ``test`` or ``valid`` set's figures can stand beside the paper's (full newstest2014, Table 3's
     newstest2013), and why not; a valid set of unrecorded size counts as comparable."""
-    dataset, n = (inp.params.get("download") or {}).get("dataset"), figures.sentences
+    dataset, n = inp.params.download.dataset, figures.sentences
     name, full = ("newstest2014 full", PAPER["test_sentences"]) if split == "test" else \
         ("newstest2013", PAPER["valid_sentences"])
     if dataset != "wmt14":
@@ -189,15 +190,13 @@ def _plain(value: Any) -> Any:
 
 def _lock_param_drift(inp: Inputs) -> list[str]:
     """Per dvc.lock stage, the params it recorded that differ from params.yaml (its outputs are stale)."""
-    from pipeline.core.config import flatten
-
-    current = flatten(inp.params)
+    current = inp.flat
     out = []
     for stage, entry in ((inp.lock or {}).get("stages") or {}).items():
         if stage == "audit":  # its own entry is the previous audit's, rewritten after this one
             continue
         outs = [str(o.get("path")) for o in entry.get("outs") or []]
-        mine = [str(v).rstrip("/") for v in (inp.params.get("paths") or {}).values()]
+        mine = [str(v).rstrip("/") for v in section_dict(inp.params.paths).values()]
         if outs and not any(o == m or o.startswith(m + "/") for o in outs for m in mine):
             out.append(f"dvc.lock stage {stage} records other paths ({outs[0]}), not this profile's: "
                        "run `dvc repro` to record this profile's outputs")

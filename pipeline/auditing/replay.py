@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from pipeline.auditing.items import NEUTRAL_KEYS, Item, item
-from pipeline.core.config import flatten
+from pipeline.core.config import Params, flatten, section_dict
 from pipeline.core.details import METRICS, EvaluateDetails, SetFigures
 from pipeline.core.errors import PipelineError
 from pipeline.core.textio import sha256_file
@@ -161,13 +161,13 @@ def lock_check(lock: dict[str, Any] | None, root: Path, eval_path: str,
                  deviation=f"differs: {eval_path} md5 {now} vs {recorded} in dvc.lock ({detail})")
 
 
-def record(params: dict[str, Any], bleu: EvaluateDetails | None, model_path: Path, eval_dir: Path,
+def record(params: Params, bleu: EvaluateDetails | None, model_path: Path, eval_dir: Path,
            raw_dir: Path) -> dict[str, Any]:
     """What the next audit compares against: model, references, hypotheses, evaluate params, figures."""
     def sha(path: Path) -> str | None:
         return sha256_file(path) if path.is_file() else None
 
-    evaluate = {k: v for k, v in flatten({"evaluate": params.get("evaluate") or {}}).items() if k not in NEUTRAL_KEYS}
+    evaluate = {k: v for k, v in flatten({"evaluate": section_dict(params.evaluate)}).items() if k not in NEUTRAL_KEYS}
     return {"model_sha256": sha(model_path), "evaluate_params": evaluate,
             "references_sha256": {s: sha(raw_dir / f"{s}.{TARGET_LANG}") for s in SETS},
             "hypotheses_sha256": {name: sha(eval_dir / name) for name in HYPOTHESES.values()},
@@ -194,23 +194,19 @@ def previous_check(now: dict[str, Any], previous: Replay | None) -> Item:
                  note=f"same averaged.pt (sha256 {now['model_sha256'][:12]}), references and evaluate params")
 
 
-def replay(*, params: dict[str, Any], bleu: EvaluateDetails | None, lock: dict[str, Any] | None, root: Path,
+def replay(*, params: Params, bleu: EvaluateDetails | None, lock: dict[str, Any] | None, root: Path,
            previous: Replay | None) -> Replay:
-    """The audit's ``replay`` section.
+    """The audit's ``replay`` section for the workspace ``root`` (the params' paths are relative to it).
 
-    Args:
-        params: the params mapping (its ``paths`` are relative to ``root``).
-        bleu: the evaluate stage's details (None when it has not run).
-        lock: dvc.lock (None when it does not exist).
-        root: the workspace.
-        previous: the previous audit.json's ``replay`` section (None when there is none).
+    ``bleu`` (the evaluate stage's record), ``lock`` (dvc.lock) and ``previous`` (the previous audit.json's
+    ``replay`` section) are None when they do not exist.
     """
-    paths = params.get("paths") or {}
-    eval_dir, raw_dir = root / paths["eval"], root / paths["raw"]
-    model_path = root / paths["model"] / "averaged.pt"
+    paths = params.paths
+    eval_dir, raw_dir = root / paths.eval, root / paths.raw
+    model_path = root / paths.model / "averaged.pt"
     rescored_item, rescored = rescore(bleu, eval_dir, raw_dir)
     current = dvc_dir_md5(eval_dir) if eval_dir.is_dir() else None
     now = record(params, bleu, model_path, eval_dir, raw_dir)
-    items = [rescored_item, lock_check(lock, root, str(paths["eval"]), current), previous_check(now, previous)]
+    items = [rescored_item, lock_check(lock, root, str(paths.eval), current), previous_check(now, previous)]
     return {"items": items, "record": now, "rescored": rescored,
             "eval_dir_md5": current[0] if current else None, "hypotheses_md5": current[1] if current else None}

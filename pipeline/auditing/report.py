@@ -46,7 +46,7 @@ class Audit(TypedDict):
     environment: dict[str, str | int | None]
 
 
-def profile_differences(params: dict[str, Any], paper_profile: dict[str, Any] | None) -> list[dict[str, Any]]:
+def profile_differences(flat: dict[str, Any], paper_profile: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Every params key whose value differs from ``profiles/paper.yaml``: informational, never a verdict.
 
     ``kind`` is ``paper`` (a paper setting compares it; ``paper_verdict`` is that setting's verdict),
@@ -55,7 +55,7 @@ def profile_differences(params: dict[str, Any], paper_profile: dict[str, Any] | 
     """
     if paper_profile is None:
         return []
-    flat, ref = flatten(params), flatten(paper_profile)
+    ref = flatten(paper_profile)
     verdicts = {key: setting.check(flat)["verdict"] for setting in PAPER_SETTINGS for key in setting.keys}
     out = []
     for key in sorted(set(flat) | set(ref)):
@@ -101,19 +101,19 @@ def lineage(inp: Inputs) -> dict[str, Any]:
 
 def build_audit(inp: Inputs) -> Audit:
     """The whole audit as one JSON-able mapping (the markdown is rendered from it)."""
-    config = configuration_items(flatten(inp.params))
+    config = configuration_items(inp.flat)
     measured = (model_items(inp) + training_items(inp) + dev_items(inp) + data_items(inp) + bleu_items(inp)
                 + lineage_items(inp))  # each "not measured" while its input is missing
     items, topics = config + measured + inp.replay.get("items", []), deviation_topics(config, measured)
     warned, per_kind = warnings(items), counts(items)
     summary = {"paper": per_kind["paper"], "reference": per_kind["reference"], "checks": per_kind["check"],
                "warnings": len(warned), "deviation_topics": len(topics)}
-    dataset = (inp.params.get("download") or {}).get("dataset")
-    return {"format": FORMAT, "profile": inp.params.get("profile"), "dataset": dataset, "summary": summary,
+    dataset = inp.params.download.dataset
+    return {"format": FORMAT, "profile": inp.params.profile, "dataset": dataset, "summary": summary,
             "headline": headline(dataset, inp.details.evaluate.test),
             "configuration": config, "measured": measured,
-            "open_settings": open_settings(flatten(inp.params)),
-            "profile_differences": profile_differences(inp.params, inp.paper_profile),
+            "open_settings": open_settings(inp.flat),
+            "profile_differences": profile_differences(inp.flat, inp.paper_profile),
             "deviations": [f"{t['topic']}: {t['text']}" for t in topics], "deviation_topics": topics,
             "warnings": warned, "bleu_gap": BLEU_GAP, "paper": PAPER,
             "bleu_figures": bleu_figures(inp.details.evaluate), "replay": inp.replay,

@@ -57,7 +57,7 @@ def _tokens_per_step(inp: Inputs, steps: int | None, tokens: int | None) -> Item
         notes.append(f"std {std:,.0f}")
     if low is not None and high is not None:
         notes.append(f"min-max {low:,.0f}-{high:,.0f}")
-    configured = (inp.params.get("train") or {}).get("tokens_per_step")
+    configured = inp.params.train.tokens_per_step
     notes.append(f"params train.tokens_per_step = {fmt(configured)}")
     return item("Target tokens per step", paper="~25,000", source="§5.1", note="; ".join(notes),
                 run=None if mean is None else f"{mean:,.0f}",

@@ -71,7 +71,8 @@ class StageDetails(Record):
         try:
             return cls.from_json(json.loads(path.read_text(encoding="utf-8")), str(path))
         except json.JSONDecodeError as exc:
-            raise PipelineError(f"{path}: not valid JSON ({exc}); delete it and rerun the stage that writes it") from None
+            raise PipelineError(f"{path}: not valid JSON ({exc}); delete it and rerun the stage that writes it"
+                                ) from None
 
 
 @dataclass(frozen=True, kw_only=True)

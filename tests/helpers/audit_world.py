@@ -124,7 +124,7 @@ def synthetic_inputs(params: dict, *, metrics: dict | None = None, paper_profile
     metrics = metrics or {}
     details = RunDetails(**{name: RECORDS[name].from_json(data, f"{name}.details.json")
                             for name, data in metrics.items()}, written=frozenset(metrics))
-    return Inputs(params=params, params_sha256="0" * 64, paper_profile=paper_profile, details=details,
+    return Inputs(params=params_from_dict(params), params_sha256="0" * 64, paper_profile=paper_profile, details=details,
                   raw_manifest=None, shards_manifest=None, shards_manifest_sha256=None, state=state, state_path=None,
                   model=None, lock=None, git={"commit": None, "dirty": None, "dirty_paths": []})
 
