@@ -7,39 +7,28 @@
     python benchmarks/gpu.py parts --out OUT                      # on the GPU machine
     python benchmarks/gpu.py check --data D --out O --dry-run     # CPU, a few steps (tests/benchmarks)
 
-Figures from device runs are in benchmarks/RESULTS.md. ``check`` and ``multi30k`` run their steps in order (a
-subset with ``--steps``), each stage a subprocess with its own log (under ``--work``) and a time limit, and
-rewrite ``OUT/gpu_<command>.json`` and ``OUT/logs.tar.gz`` (logs and loss curves) after every step, so what
-finished comes back even if a later step hangs; a step that would start with less than it needs left of
-``--budget-s`` is skipped. Both begin with ``env`` (torch, CUDA, the device) and end with ``throughput`` (the
-base model's compiled step in ``benchmarks/train.py``). The steps (each function's docstring says more):
-
-- ``check`` (benchmarks/gpu_steps/check.py): ``tiny`` and ``demo``, the profiles of ``--profiles`` through
-  ``pipeline.train`` and through ``pipeline.launch`` (torchrun) -> ``average`` -> ``evaluate``; ``pytest``, the
-  ``gpu``-marked tests; ``precision``, bf16 autocast against fp32 (the ``fp32-train`` command); ``determinism``,
-  runs twice and killed + resumed, with and without ``NMT_DETERMINISTIC``; ``attention``, beam searches over new
-  shapes with and without cuDNN attention (:data:`model.layers.CUDA_ATTENTION`).
-- ``multi30k`` (benchmarks/gpu_steps/multi30k.py): ``sweep``, the Multi30k profile, its variants and the ``news``
-  chain trained at once on the one GPU, each scored by ``evaluate``; ``newstest``, newstest2014 (3,003 lines)
-  decoded by the ``news`` model through ``translate_lines``, timed.
-- ``parts`` (benchmarks/gpu_steps/parts.py, CUDA only): the loss and attention kernels of a base step in
-  isolation, written to ``OUT/gpu_parts.json``.
-
-Stages run with MLflow tracking off (``NMT_TRACKING=off``): the device image has no MLflow. Other ``NMT_*``
-variables pass through (``NMT_COMPILE=on python3 benchmarks/gpu.py check ... --steps demo``).
+Figures are in benchmarks/RESULTS.md. ``check`` and ``multi30k`` run their steps in order (a subset with
+``--steps``; one that would start with less than it needs left of ``--budget-s`` is skipped), each stage a
+subprocess with its own log under ``--work`` and a time limit, and rewrite ``OUT/gpu_<command>.json`` and
+``OUT/logs.tar.gz`` after every step, so what finished comes back even if a later step hangs. Both begin with
+``env`` and end with ``throughput`` (the base model's compiled step in ``benchmarks/train.py``). The steps (their
+docstrings say more): ``check`` (gpu_steps/check.py): ``tiny`` and ``demo``, train (one process, then torchrun)
+-> average -> evaluate; ``pytest``, the ``gpu``-marked tests; ``precision``, bf16 against fp32 (``fp32-train``);
+``determinism``, runs twice and killed + resumed; ``attention``, beam searches over new shapes with and without
+cuDNN attention. ``multi30k`` (gpu_steps/multi30k.py): ``sweep``, the Multi30k profile, its variants and the
+``news`` chain at once; ``newstest``, newstest2014 decoded, timed. ``parts`` (gpu_steps/parts.py): the loss and
+attention kernels in isolation. Stages run with ``NMT_TRACKING=off`` (the device image has no MLflow); other
+``NMT_*`` variables pass through (``NMT_COMPILE=on python3 benchmarks/gpu.py check ... --steps demo``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import REPO, setup_logging, write_json  # noqa: E402
 from benchmarks.gpu_steps import check, multi30k  # noqa: E402
 from benchmarks.gpu_steps.runner import Runner, params_for, step_env, write_params  # noqa: E402
 
@@ -72,15 +61,13 @@ def parts(args: argparse.Namespace) -> int:
     """Time the parts; write ``OUT/gpu_parts.json``."""
     from benchmarks.gpu_steps import parts
 
-    result = parts.run(args.parts)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_parts.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_json(args.out / "gpu_parts.json", parts.run(args.parts))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run one command."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    setup_logging()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     a = sub.add_parser("prepare", help="the data stages of some profiles, here")

@@ -1,36 +1,24 @@
-"""A synthetic EN–DE parallel corpus of WMT14 scale, for measuring the data stages without the network.
-
-WMT14 EN→DE as the paper profile downloads it is ~4.5M training pairs (~9M sentences, ~1.3 GB of text),
-a third of it Common Crawl: millions of word types and a share of junk. This generator writes a corpus
-with the properties the data stages are sensitive to, in the layout the download stage produces
+"""A synthetic EN–DE parallel corpus of WMT14 scale (~4.5M pairs, millions of word types, a share of junk), for
+measuring the data stages without the network (``benchmarks/scale.py``), in the layout the download stage writes
 (``<out>/{train,valid,test}.{en,de}``, aligned lines):
 
-- **Words**: ``--types`` word forms per language (default 3M), built from syllables so frequent words
-  are short (1-2 syllables) and rare ones longer (3), with Zipf frequencies (p(rank) ∝ rank^-s, s = 1.05).
-  German forms use umlauts and ß (the non-ASCII path of normalisation) and capitalised nouns.
-- **Sentences**: log-normal word counts (median 19 whitespace-separated words; the 10,000 WMT training pairs
-  of OpenNMT-py's public ``toy-ende`` set, tokenised so that punctuation counts, have a median of 21), attached
-  punctuation, the first word capitalised; the German side is a noisy "translation" of the English
-  one (the same word ranks through a fixed permutation, length within ±15% typically).
-- **Noise** (``--noise``, default 2% of training pairs, split evenly): very long lines (300-1,500 words),
-  misaligned pairs (the German side of another sentence), non-Latin script (Cyrillic, CJK, Arabic),
-  control and invisible characters (tab, U+0001, U+007F, zero-width space, NBSP, U+2028), one empty
-  side, source copied to target, and exact duplicates of an earlier pair. NUL bytes are never written
-  (the clean stage refuses them by design).
+- **Words**: ``types`` word forms per language (3M for WMT14), built from syllables so frequent words are short,
+  with Zipf frequencies (p(rank) ∝ rank^-s, s = 1.05); German forms use umlauts, ß and capitalised nouns.
+- **Sentences**: log-normal word counts (median 19 words; the 10,000 WMT pairs of OpenNMT-py's ``toy-ende`` set,
+  tokenised, have 21), attached punctuation, the first word capitalised; the German side is a noisy
+  "translation" of the English one (the same ranks through a fixed permutation, length within ±15% typically).
+- **Noise** (``noise``, 2% of training pairs, split evenly over :data:`NOISE_KINDS`): very long lines, misaligned
+  pairs, non-Latin script, control and invisible characters, one empty side, source copied to target, exact
+  duplicates. NUL bytes are never written (the clean stage refuses them by design).
 
-The output is a function of the options only, and a smaller corpus is a prefix of a larger one with the
-same seed and types (pairs are drawn in fixed blocks of 20,000, each from its own seeded generator).
-
-Usage:
-    python benchmarks/synth_corpus.py --pairs 4500000 --out /tmp/wmt-synth/raw
+The output is a function of the arguments only, and a smaller corpus is a prefix of a larger one with the same
+seed and types (pairs are drawn in fixed blocks of 20,000, each from its own seeded generator).
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import logging
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,21 +225,3 @@ def write_corpus(out: Path, pairs: int, *, types: int = 3_000_000, seed: int = 1
     log.info("synth: %d pairs, %.2f GB in %.0f s", pairs, sum(sizes.values()) / 1e9, time.monotonic() - started)
     return {"pairs": pairs, "types": types, "seed": seed, "noise": noise_counts, "bytes": sizes,
             "seconds": time.monotonic() - started}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI: write a corpus and log its size."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True, help="raw folder to write (train/valid/test .en/.de)")
-    p.add_argument("--pairs", type=int, default=4_500_000)
-    p.add_argument("--types", type=int, default=3_000_000, help="word forms per language")
-    p.add_argument("--noise", type=float, default=0.02, help="share of noisy training pairs")
-    p.add_argument("--seed", type=int, default=1)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    write_corpus(args.out, args.pairs, types=args.types, seed=args.seed, noise=args.noise)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,22 +1,14 @@
 """Benchmark one training step: our Transformer vs ``torch.nn.Transformer`` of identical dimensions.
 
-Both models get the same batch (random ids, sentence lengths varied so padding is realistic), the
-same tied embedding + sinusoidal positions + output projection, the same label-smoothed loss
-summed over non-pad targets, Adam, and a full step (forward, loss, backward, optimizer step).
-The baseline uses ``nn.Transformer`` (batch_first, key-padding masks, causal mask) and
-``F.cross_entropy(label_smoothing=...)``. Repeats alternate the two models (A B, B A, ...) so
-that drift on a shared machine hits both; the table reports medians over repeats. Threads are
-pinned (``--threads``, interop 1). CUDA runs use bf16 autocast and fused Adam, as the stage does.
-``--profile FILE`` then runs three more steps of ours under ``torch.profiler`` and writes the operators'
-table (self time, sorted by the device's time on CUDA) to FILE. ``--compile model|loss|step`` times ours with
-``torch.compile`` applied to the model, to the loss alone, or to both as one function (``--dynamic``: compiled
-for any batch shape, as the stage's varying batches would need; otherwise the fixed batch compiles once, in the
-warm-up). ``--config news-25k`` times the steps the train stage would run on WMT-like lengths: global batches of
-~25k target tokens planned by the stage's own batching on the news sets' length histogram, each split into
-forward passes of ``--max-tokens`` padded tokens (:func:`make_news_steps`; compile with ``--dynamic`` there).
-``--loss lean`` times ours with :func:`model.label_smoothed_nll_loss_lean` (what ``NMT_COMPILE`` trains with);
-``--causal-flash`` lets the causal self-attention use flash again (``model.layers.CAUSAL_ATTENTION``). Every planned
-step runs once untimed first (compiling happens there); progress lines go to stderr.
+Both get the same batch (random ids, lengths varied so padding is realistic), tied embedding, sinusoidal positions
+and output projection, the label-smoothed loss summed over non-pad targets (``F.cross_entropy(label_smoothing=)``
+for ``nn.Transformer``), and Adam: a full step. Repeats alternate the two models (A B, B A, ...) so that drift on a
+shared machine hits both; the table gives medians. Threads are pinned (``--threads``, interop 1); CUDA runs use
+bf16 autocast and fused Adam, as the stage does. Every planned step runs once untimed first (compiling happens
+there); progress lines go to stderr. Options (``--help``): ``--profile`` (a ``torch.profiler`` table of ours),
+``--compile`` (the model, the loss, or both as one function; ``--dynamic`` for any shape), ``--config news-25k``
+(the train stage's ~25k-target-token steps on WMT-like lengths, :func:`make_news_steps`), ``--loss lean`` (what
+``NMT_COMPILE`` trains with), ``--causal-flash`` (flash for the causal self-attention again).
 
 Usage:
     python benchmarks/train.py                                # CPU, small config
@@ -34,7 +26,6 @@ import json
 import logging
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -44,10 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model.layers  # noqa: E402
+from benchmarks.common import REPO, header, md_table, setup_logging, write_json  # noqa: E402
 from model import (  # noqa: E402
     Transformer,
     TransformerConfig,
@@ -107,17 +97,20 @@ class TorchBaseline(nn.Module):
 def make_batch(spec: dict, device: torch.device, seed: int = 0) -> tuple[torch.Tensor, ...]:
     """(src, tgt_in, tgt_out) int64 with per-sentence lengths in [max_len/2, max_len], padded."""
     g = torch.Generator().manual_seed(seed)
-    b, m, v = spec["batch"], spec["max_len"], spec["vocab_size"]
-    src = torch.full((b, m), PAD)
-    tgt_in, tgt_out = torch.full((b, m), PAD), torch.full((b, m), PAD)
+    b, m = spec["batch"], spec["max_len"]
+    batch = tuple(torch.full((b, m), PAD) for _ in range(3))
     for i in range(b):
-        ls, lt = (int(torch.randint(m // 2, m, (1,), generator=g)) for _ in range(2))
-        src[i, :ls] = torch.randint(4, v, (ls,), generator=g)
-        src[i, ls] = EOS
-        body = torch.randint(4, v, (lt,), generator=g)
-        tgt_in[i, 0], tgt_in[i, 1:lt + 1] = BOS, body
-        tgt_out[i, :lt], tgt_out[i, lt] = body, EOS
-    return src.to(device), tgt_in.to(device), tgt_out.to(device)
+        _fill(batch, i, *(int(torch.randint(m // 2, m, (1,), generator=g)) for _ in range(2)), spec["vocab_size"], g)
+    return tuple(t.to(device) for t in batch)
+
+
+def _fill(batch: tuple[torch.Tensor, ...], i: int, ls: int, lt: int, vocab: int, g: torch.Generator) -> None:
+    """Row ``i`` of (src, tgt_in, tgt_out): ``ls`` source and ``lt`` target ids, EOS, BOS before the target."""
+    src, tgt_in, tgt_out = batch
+    src[i, :ls], src[i, ls] = torch.randint(4, vocab, (ls,), generator=g), EOS
+    body = torch.randint(4, vocab, (lt,), generator=g)
+    tgt_in[i, 0], tgt_in[i, 1:lt + 1] = BOS, body
+    tgt_out[i, :lt], tgt_out[i, lt] = body, EOS
 
 
 def make_news_steps(spec: dict, device: torch.device, max_tokens: int, seed: int = 0) -> list[Step]:
@@ -152,22 +145,18 @@ def make_news_steps(spec: dict, device: torch.device, max_tokens: int, seed: int
 def _pad_pairs(pairs: list[tuple[int, int]], vocab: int, g: torch.Generator, device: torch.device) -> Batch:
     """(src, tgt_in, tgt_out) of random ids with the given (source, target) lengths, padded to the longest."""
     s, t = max(a for a, _ in pairs) + 1, max(b for _, b in pairs) + 1
-    src, tgt_in, tgt_out = torch.full((len(pairs), s), PAD), torch.full((len(pairs), t), PAD), torch.full(
-        (len(pairs), t), PAD)
+    batch = (torch.full((len(pairs), s), PAD), torch.full((len(pairs), t), PAD), torch.full((len(pairs), t), PAD))
     for i, (ls, lt) in enumerate(pairs):
-        src[i, :ls], src[i, ls] = torch.randint(4, vocab, (ls,), generator=g), EOS
-        body = torch.randint(4, vocab, (lt,), generator=g)
-        tgt_in[i, 0], tgt_in[i, 1:lt + 1] = BOS, body
-        tgt_out[i, :lt], tgt_out[i, lt] = body, EOS
-    return src.to(device), tgt_in.to(device), tgt_out.to(device)
+        _fill(batch, i, ls, lt, vocab, g)
+    return tuple(t.to(device) for t in batch)
 
 
-def _ours_loss(model, src, tgt_in, tgt_out):
-    return label_smoothed_nll_loss(model(src, tgt_in), tgt_out, epsilon=EPS, ignore_index=PAD)[0]
+def _ours_loss(model, src, tgt_in, tgt_out, loss=label_smoothed_nll_loss):
+    return loss(model(src, tgt_in), tgt_out, epsilon=EPS, ignore_index=PAD)[0]
 
 
 def _lean_loss(model, src, tgt_in, tgt_out):
-    return label_smoothed_nll_loss_lean(model(src, tgt_in), tgt_out, epsilon=EPS, ignore_index=PAD)[0]
+    return _ours_loss(model, src, tgt_in, tgt_out, label_smoothed_nll_loss_lean)
 
 
 def _torch_loss(model, src, tgt_in, tgt_out):
@@ -198,9 +187,8 @@ def make_step(model: nn.Module, loss_fn, steps: list[Step], device: torch.device
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **fused)
     turn = itertools.cycle(steps)
 
-    def autocast() -> torch.autocast:
-        return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
-            "cpu", enabled=False)
+    def autocast() -> contextlib.AbstractContextManager:
+        return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
     def step() -> None:
         passes, n_tok = next(turn)
@@ -271,6 +259,24 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _planned(name: str, device: torch.device, args: argparse.Namespace) -> tuple[list[Step], str]:
+    """The optimizer steps config ``name`` times, and their shape in words.
+
+    Raises:
+        SystemExit: ``--iters`` is not a whole number of cycles through the steps.
+    """
+    spec = CONFIGS[name]
+    if "steps" in spec:
+        planned = make_news_steps(spec, device, args.max_tokens or DEFAULT_MAX_TOKENS[device.type])
+        shape = f"{len(planned)} planned steps of {sum(len(p) for p, _ in planned) / len(planned):.1f} forward passes on average"
+    else:
+        batch = make_batch(spec, device)
+        planned, shape = [([batch], int(batch[2].ne(PAD).sum()))], f"batch {spec['batch']}x{spec['max_len']}"
+    if args.iters % len(planned):
+        raise SystemExit(f"--iters {args.iters}: config {name} has {len(planned)} steps; use a multiple of it")
+    return planned, shape
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print a markdown table, write the JSON."""
     args = _parser().parse_args(argv)
@@ -279,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                          "compiled step; use --compile none or step")
     if args.causal_flash:  # the choice before model.layers.CAUSAL_ATTENTION, for an A/B in the same session
         model.layers.CAUSAL_ATTENTION = model.layers.CUDA_ATTENTION
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    setup_logging()
     name = args.config or ("base" if args.device == "cuda" else "small")
     spec = CONFIGS[name]
     torch.set_num_threads(args.threads)
@@ -288,16 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     cfg = TransformerConfig(vocab_size=spec["vocab_size"], d_model=spec["d_model"], n_heads=spec["n_heads"],
                             d_ff=spec["d_ff"], n_layers=spec["n_layers"], max_positions=256)
-    if "steps" in spec:
-        planned = make_news_steps(spec, device, args.max_tokens or DEFAULT_MAX_TOKENS[device.type])
-        shape = (f"{len(planned)} planned steps of {sum(len(p) for p, _ in planned) / len(planned):.1f} forward "
-                 f"passes on average")
-    else:
-        batch = make_batch(spec, device)
-        planned = [([batch], int(batch[2].ne(PAD).sum()))]
-        shape = f"batch {spec['batch']}x{spec['max_len']}"
-    if args.iters % len(planned):
-        raise SystemExit(f"--iters {args.iters}: config {name} has {len(planned)} steps; use a multiple of it")
+    planned, shape = _planned(name, device, args)
     torch.manual_seed(0)
     ours, base = Transformer(cfg).to(device).train(), TorchBaseline(cfg).to(device).train()
     loss_fn = compiled_loss(args.compile, args.dynamic, ours, args.loss == "lean")
@@ -308,25 +305,21 @@ def main(argv: list[str] | None = None) -> int:
         write_profile(steps["ours"], device, args.profile)
     n_tok = sum(n for _, n in planned) / len(planned)  # per step, mean over the planned steps
     med = {k: statistics.median(v) for k, v in times.items()}
-    rows = [(k, sum(p.numel() for p in m.parameters()), med[k] * 1e3, n_tok / med[k])
-            for k, m in (("ours", ours), ("nn.Transformer", base))]
     ratio = med["nn.Transformer"] / med["ours"]
     paired = statistics.median(b / a for a, b in zip(times["ours"], times["nn.Transformer"]))
-    table = ["| model | parameters | step ms (median) | target tok/s (median) |", "|---|---|---|---|"]
-    table += [f"| {k} | {n:,} | {ms:.1f} | {tps:,.0f} |" for k, n, ms, tps in rows]
-    table.append(f"\nratio ours / nn.Transformer (tokens/s): **{ratio:.3f}** (config {name}, {args.device}, "
-                 f"{args.threads} threads, {shape}, {n_tok:.0f} target tokens per step, "
-                 f"median of {args.repeats} alternating repeats x {args.iters} steps; median of per-repeat "
-                 f"ratios {paired:.3f})")
-    print("\n".join(table))
-    result = {"config": name, "spec": spec, "device": args.device, "threads": args.threads, "target_tokens": n_tok,
-              "repeats": args.repeats, "iters": args.iters, "seconds_per_step": times,
-              "median_seconds_per_step": med, "tgt_tokens_per_s": {k: n_tok / v for k, v in med.items()},
-              "ratio": ratio, "paired_ratio_median": paired, "compiled": args.compile, "dynamic": args.dynamic,
-              "loss": args.loss, "causal_flash": args.causal_flash,
-              "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(md_table(("model", "parameters", "step ms (median)", "target tok/s (median)"),
+                   [(k, f"{sum(p.numel() for p in m.parameters()):,}", f"{med[k] * 1e3:.1f}", f"{n_tok / med[k]:,.0f}")
+                    for k, m in (("ours", ours), ("nn.Transformer", base))]))
+    print(f"\nratio ours / nn.Transformer (tokens/s): **{ratio:.3f}** (config {name}, {args.device}, {args.threads} "
+          f"threads, {shape}, {n_tok:.0f} target tokens per step, median of {args.repeats} alternating repeats x "
+          f"{args.iters} steps; median of per-repeat ratios {paired:.3f})")
+    write_json(args.out, {
+        **header(argv if argv is not None else sys.argv[1:]), "config": name, "spec": spec, "device": args.device,
+        "threads": args.threads, "target_tokens": n_tok, "repeats": args.repeats, "iters": args.iters,
+        "seconds_per_step": times, "median_seconds_per_step": med,
+        "tgt_tokens_per_s": {k: n_tok / v for k, v in med.items()}, "ratio": ratio, "paired_ratio_median": paired,
+        "compiled": args.compile, "dynamic": args.dynamic, "loss": args.loss, "causal_flash": args.causal_flash,
+        "torch": torch.__version__})
     return 0
 
 

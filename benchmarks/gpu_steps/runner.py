@@ -14,12 +14,12 @@ import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
+from benchmarks.common import REPO
 from pipeline.project.profiles import merged_profile
 
 log = logging.getLogger("gpu")
-REPO = Path(__file__).resolve().parents[2]
 DATA_STAGES = ("download", "clean", "bpe", "encode")
 DATA_PATHS = ("raw", "clean", "bpe", "shards")
 RUN_PATHS = ("train", "model", "eval", "metrics", "plots", "reports")
@@ -29,12 +29,9 @@ DRY_BUDGET_S = 3600.0
 
 def params_for(profile: str, data: Path, work: Path | None, dataset: str = "", **train: Any) -> dict:
     """Profile ``profile``'s params: data paths under ``data/<dataset>`` (default: the profile's name), run paths
-    under ``work``, ``train`` overrides.
-
-    ``data`` is relative to the repository (the params loader takes data/, runs/, ... inside the checkout)
-    or absolute outside it; ``work`` is absolute, outside it. The loader takes an absolute path only inside the
-    params file's folder (pipeline/core/paths.py), so an absolute ``data`` is reached through a link
-    ``work/data`` (the run stages only read it).
+    under ``work`` (absolute), ``train`` overrides. ``data`` is relative to the repository or absolute; the params
+    loader takes an absolute path only inside the params file's folder (pipeline/core/paths.py), so an absolute
+    ``data`` is reached through a link ``work/data`` (the run stages only read it).
     """
     if work is not None and data.is_absolute():
         work.mkdir(parents=True, exist_ok=True)
@@ -59,6 +56,13 @@ def write_params(params: dict, folder: Path) -> Path:
     return path
 
 
+class Done(TypedDict):
+    """A command's exit code (``timeout``: killed at its limit) and wall seconds."""
+
+    rc: int | str
+    seconds: float
+
+
 class Runner:
     """Runs commands with a log file each, keeps the results JSON up to date and counts down ``budget_s``."""
 
@@ -79,7 +83,7 @@ class Runner:
         return {**os.environ, "NMT_TRACKING": "off", "NMT_DEVICE": self.device, "PYTHONPATH": path,
                 "PYTHONUNBUFFERED": "1", "NMT_MAX_RESTARTS": "0", **extra}
 
-    def cmd(self, name: str, argv: list[str], timeout: float, **extra: str) -> dict[str, Any]:
+    def cmd(self, name: str, argv: list[str], timeout: float, **extra: str) -> Done:
         """Run ``argv`` from the repository root; its output goes to ``logs/<name>.log``."""
         started = time.monotonic()
         with (self.work / "logs" / f"{name}.log").open("w", encoding="utf-8") as fh:
@@ -88,11 +92,11 @@ class Runner:
                                     stderr=subprocess.STDOUT, timeout=timeout).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
-        done = {"rc": rc, "seconds": round(time.monotonic() - started, 2)}
+        done = Done(rc=rc, seconds=round(time.monotonic() - started, 2))
         log.info("%-32s rc=%s %7.1f s", name, rc, done["seconds"])
         return done
 
-    def stage(self, name: str, stage: str, params: Path, timeout: float = 300, **extra: str) -> dict[str, Any]:
+    def stage(self, name: str, stage: str, params: Path, timeout: float = 300, **extra: str) -> Done:
         """``python -m pipeline.<stage> --params params`` (``launch``: the torchrun launcher)."""
         module = "pipeline.launch" if stage == "launch" else f"pipeline.{stage}"
         return self.cmd(name, [sys.executable, "-m", module, "--params", str(params)], timeout, **extra)
