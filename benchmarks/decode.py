@@ -2,10 +2,10 @@
 (fp32 and int8, exported by ``nmt export``'s code) on the same weights, beam 4, at 1 and 2 threads; and
 (``process``) the whole ``nmt translate --engine ctranslate2`` process against :data:`PLAIN_CT2`.
 
-Each row times a decode of one model (``--model``; its Multi30k val BLEU beside it: random weights decode to
-max_len) on one set, the fastest of ``--repeats`` run in rounds (:func:`in_rounds`): sentences/s, generated
-tokens/s, mean output length, the share of outputs equal to this project's batched search at the same α, BLEU.
-This project runs one search at a time on T threads; CTranslate2 ``inter_threads`` × ``intra_threads``.
+Each row times a decode of one model (``--model``; its Multi30k val BLEU beside it) on one set, the fastest of
+``--repeats`` in rounds (:func:`in_rounds`): sentences/s, tokens/s, mean length, the share of outputs equal to
+this project's batched search at the same α, BLEU. Layouts: one search at a time on T threads (ours),
+``inter_threads`` × ``intra_threads`` (CTranslate2).
 
 Usage:
     python benchmarks/decode.py --model demo=runs/demo/model/averaged.pt --model d256=/path/averaged.pt --repeats 2
@@ -178,8 +178,8 @@ def measure_model(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     translator = load_translator(path, "cpu")
     n_params = sum(p.numel() for p in translator.model.parameters())
     val_src, val_ref = read_set(args.data, "multi30k-val", None)
-    sources = prepare_lines(translator, val_src)[0]
-    _, val_hyps = torch_row(translator, sources, alpha=ALPHA, max_tokens=4096, threads=1)()
+    _, val_hyps = torch_row(translator, prepare_lines(translator, val_src)[0], alpha=ALPHA, max_tokens=4096,
+                            threads=1)()
     out: dict[str, Any] = {"path": str(path), "parameters": n_params, "config": translator.config.to_dict(),
                            "valid_bleu": bleu(translator, val_hyps, val_ref), "sets": {}}
     log.info("%s: %d parameters, valid BLEU %.2f", path, n_params, out["valid_bleu"])

@@ -1,15 +1,11 @@
 """Benchmark the data stages: pairs/s of ``clean`` and ``encode`` against raw SentencePiece, and peak RSS.
 
-The corpus is Multi30k train grown to 35 shuffled copies (each with its own seed and a numbered token
-appended, so dedup keeps every copy): ≈ 1.0M distinct pairs, then 8× that for the memory. An 8,000-piece BPE
-model is trained once on the original text. Every measurement runs in its own subprocess with threads pinned
-(OMP/MKL/OpenBLAS = 1, ``NMT_DATA_WORKERS`` = ``--workers``); its peak RSS is sampled from /proc over the whole
-process tree. The ceiling is raw ``SentencePieceProcessor.encode`` of the same text (both sides) with the same
-number of processes and no I/O; "threaded" is one process with ``--workers`` SentencePiece threads.
-
-Usage:
-    python benchmarks/encode.py                 # 35 copies, RSS at 1x and 8x, 3 repeats
-    python benchmarks/encode.py --quick         # 4 copies, RSS at 1x and 2x
+The corpus is Multi30k train grown to 35 shuffled copies (a numbered token appended, so dedup keeps every copy):
+≈ 1.0M distinct pairs, then 8× that for the memory (``--quick``: 4 copies and 2×); an 8,000-piece BPE is trained
+once on the original text. Every measurement runs in its own subprocess with threads pinned (OMP/MKL/OpenBLAS = 1,
+``NMT_DATA_WORKERS`` = ``--workers``), its peak RSS sampled over the process tree. The ceiling is raw
+``SentencePieceProcessor.encode`` of the same text (both sides) in as many processes, without I/O; "threads" is
+one process with ``--workers`` SentencePiece threads.
 """
 
 from __future__ import annotations
@@ -17,6 +13,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import gzip
+import itertools
 import json
 import logging
 import os
@@ -56,9 +53,8 @@ def build_corpus(data: Path, raw: Path, copies: int) -> int:
             random.Random(c).shuffle(order)
             f_en.write("".join(f"{en[i]} n{c}\n" for i in order))
             f_de.write("".join(f"{de[i]} n{c}\n" for i in order))
-    for split in ("valid", "test"):
-        for lang, lines in (("en", en), ("de", de)):
-            (raw / f"{split}.{lang}").write_text("".join(s + "\n" for s in lines[:1000]), encoding="utf-8")
+    for split, (lang, lines) in itertools.product(("valid", "test"), (("en", en), ("de", de))):
+        (raw / f"{split}.{lang}").write_text("".join(s + "\n" for s in lines[:1000]), encoding="utf-8")
     return len(en) * copies
 
 
@@ -75,16 +71,9 @@ def train_bpe(data: Path, out: Path, vocab: int) -> None:
     train_model(sample, out / "spm", BpeConfig(vocab_size=vocab), os.cpu_count() or 1)
 
 
-# ---- measured bodies (run inside a subprocess) ------------------------------------------------------
-
 def _raw_chunk(args: tuple[str, str, int, int, int]) -> float:
-    """Encode lines [start, end) of both clean train files; return seconds spent in ``encode``.
-
-    Lines are read up front (not timed) and encoded in blocks of ``RAW_BLOCK`` lines whose ids
-    are dropped, so the ceiling neither pays for I/O nor holds the whole corpus as Python lists.
-    """
-    import itertools
-
+    """Seconds spent encoding lines [start, end) of both clean train files: read up front (not timed), encoded in
+    blocks of ``RAW_BLOCK`` lines whose ids are dropped (no I/O, not the whole corpus as Python lists)."""
     import sentencepiece as spm
 
     model, clean, start, end, threads = args
@@ -111,14 +100,14 @@ def measure(kind: str, work: Path, workers: int) -> dict:
     from pipeline.core.textio import count_lines
 
     if kind in ("clean", "encode"):
-        body = {"clean": lambda: clean.stage(CleanConfig(max_ratio=3.0), raw_dir=work / "raw", clean_dir=work / "clean"),
-                "encode": lambda: encode.stage(EncodeConfig(max_len=256, shard_rows=SHARD_ROWS), clean_dir=work / "clean",
-                                               bpe_dir=work / "bpe", shards_dir=work / "shards")}[kind]
         t = time.perf_counter()
-        run_stage(kind, body, metrics_dir=work / "metrics")
+        run_stage(kind, lambda: clean.stage(CleanConfig(max_ratio=3.0), raw_dir=work / "raw", clean_dir=work / "clean")
+                  if kind == "clean" else encode.stage(EncodeConfig(max_len=256, shard_rows=SHARD_ROWS),
+                                                       clean_dir=work / "clean", bpe_dir=work / "bpe",
+                                                       shards_dir=work / "shards"), metrics_dir=work / "metrics")
         seconds = time.perf_counter() - t
-        return {"pairs": sum(count_lines(work / ("raw" if kind == "clean" else "clean") / f"{s}.en") for s in SPLITS),
-                "seconds": seconds}
+        folder = work / ("raw" if kind == "clean" else "clean")
+        return {"pairs": sum(count_lines(folder / f"{s}.en") for s in SPLITS), "seconds": seconds}
     n = count_lines(work / "clean" / "train.en")
     procs, threads = (workers, 1) if kind == "raw_processes" else (1, workers)
     bounds = [n * i // procs for i in range(procs + 1)]
@@ -127,8 +116,6 @@ def measure(kind: str, work: Path, workers: int) -> dict:
         seconds = max(pool.map(_raw_chunk, tasks))
     return {"pairs": n, "seconds": seconds}
 
-
-# ---- runner -----------------------------------------------------------------------------------------
 
 def run_measure(kind: str, work: Path, workers: int) -> dict:
     """Run :func:`measure` in a subprocess, sampling its process tree's RSS every 20 ms."""
@@ -151,11 +138,8 @@ KINDS = ("clean", "encode", "raw_processes", "raw_threads")
 
 def bench_scale(data: Path, root: Path, copies: int, repeats: int, workers: int, vocab_dir: Path,
                 kinds: tuple[str, ...] = KINDS) -> dict:
-    """All measurements on one corpus size, interleaved per repeat; medians over ``repeats``.
-
-    The machine is shared, so encode and its raw SentencePiece baseline run back to back in each
-    repeat and the reported ratio is the median of the per-repeat ratios.
-    """
+    """All measurements on one corpus size, interleaved per repeat (on a shared machine encode and its raw
+    SentencePiece baseline then run back to back); medians over ``repeats``, and of the per-repeat ratios."""
     work = root / f"x{copies}"
     (work / "bpe").mkdir(parents=True)
     (work / "bpe" / "spm.model").write_bytes((vocab_dir / "spm.model").read_bytes())

@@ -5,14 +5,12 @@ measuring the data stages without the network (``benchmarks/scale.py``), in the 
 - **Words**: ``types`` word forms per language (3M for WMT14), built from syllables so frequent words are short,
   with Zipf frequencies (p(rank) ∝ rank^-s, s = 1.05); German forms use umlauts, ß and capitalised nouns.
 - **Sentences**: log-normal word counts (median 19 words; the 10,000 WMT pairs of OpenNMT-py's ``toy-ende`` set,
-  tokenised, have 21), attached punctuation, the first word capitalised; the German side is a noisy
-  "translation" of the English one (the same ranks through a fixed permutation, length within ±15% typically).
-- **Noise** (``noise``, 2% of training pairs, split evenly over :data:`NOISE_KINDS`): very long lines, misaligned
-  pairs, non-Latin script, control and invisible characters, one empty side, source copied to target, exact
-  duplicates. NUL bytes are never written (the clean stage refuses them by design).
+  tokenised, have 21), punctuation; the German side a noisy "translation" of the English one (the same ranks
+  through a fixed permutation, length within ±15% typically).
+- **Noise** (2% of training pairs, evenly over :data:`NOISE_KINDS`; never a NUL byte, which clean refuses).
 
-The output is a function of the arguments only, and a smaller corpus is a prefix of a larger one with the same
-seed and types (pairs are drawn in fixed blocks of 20,000, each from its own seeded generator).
+The output is a function of the arguments only; a smaller corpus is a prefix of a larger one with the same seed
+and types (pairs are drawn in blocks of 20,000, each from its own seeded generator).
 """
 
 from __future__ import annotations
@@ -44,17 +42,8 @@ PUNCT = np.array([".", ".", ".", ".", ".", ".", "?", "!", ":", ""])
 
 
 def word_forms(n: int, syllables: list[str], seed: int, capitalise_every: int = 0) -> np.ndarray:
-    """``n`` distinct word forms, ordered by frequency rank: short forms first, shuffled within a length.
-
-    Args:
-        n: number of forms.
-        syllables: the syllable inventory; forms of k syllables number ``len(syllables) ** k``.
-        seed: shuffles the forms of each length.
-        capitalise_every: when > 0, every such rank is capitalised (German nouns).
-
-    Returns:
-        An object array [n] of str.
-    """
+    """An object array [n] of distinct word forms of ``syllables``, ordered by frequency rank: short forms first,
+    shuffled within a length by ``seed``; when ``capitalise_every`` > 0, every such rank capitalised (German nouns)."""
     rng = np.random.default_rng(seed)
     forms: list[str] = []
     for k in itertools.count(1):
@@ -89,8 +78,7 @@ class Lexicon:
         """Forms for ``types`` ranks per language (deterministic in ``seed``)."""
         en = word_forms(types, _syllables(EN_ONSETS, EN_NUCLEI, [""]), seed)
         de = word_forms(types, _syllables(DE_ONSETS, DE_NUCLEI, DE_CODAS), seed + 1, capitalise_every=5)
-        weights = np.arange(1, types + 1, dtype=np.float64) ** -ZIPF_S
-        cdf = np.cumsum(weights)
+        cdf = np.cumsum(np.arange(1, types + 1, dtype=np.float64) ** -ZIPF_S)
         # Frequent words keep frequent translations: permute ranks only within bands of 64.
         band = np.random.default_rng(seed + 2).permuted(np.arange(types).reshape(-1, 1) if types < 64 else
                                                         np.arange(types // 64 * 64).reshape(-1, 64), axis=1)
@@ -103,10 +91,8 @@ class Lexicon:
 
 
 def _join(rng: np.random.Generator, words: np.ndarray, lengths: np.ndarray, punct: np.ndarray) -> list[str]:
-    """Sentences from a flat word array [sum(lengths)] and per-sentence lengths.
-
-    The first word is capitalised, ~6% of words carry a comma and the last one ``punct``.
-    """
+    """Sentences from a flat word array [sum(lengths)] and per-sentence lengths: the first word capitalised, ~6% of
+    words with a comma, ``punct`` after the last."""
     words = words.copy()
     comma = rng.random(len(words)) < COMMA
     words[comma] = words[comma] + ","
@@ -138,17 +124,9 @@ def clean_block(lex: Lexicon, rng: np.random.Generator, n: int) -> tuple[list[st
     return _join(rng, lex.en[en_ranks], en_len, punct), _join(rng, lex.de[de_ranks], de_len, punct)
 
 
-def _script_text(rng: np.random.Generator, words: int) -> str:
-    lo, hi = SCRIPTS[rng.integers(len(SCRIPTS))]
-    return " ".join("".join(map(chr, rng.integers(lo, hi, rng.integers(2, 8)))) for _ in range(words))
-
-
 def add_noise(lex: Lexicon, rng: np.random.Generator, en: list[str], de: list[str], share: float) -> np.ndarray:
-    """Replace a ``share`` of the pairs in place with noisy ones, evenly over :data:`NOISE_KINDS`.
-
-    Returns:
-        [len(en)] the index into :data:`NOISE_KINDS` of each pair's noise, -1 for a clean pair.
-    """
+    """Replace a ``share`` of the pairs in place with noisy ones, evenly over :data:`NOISE_KINDS`; returns [len(en)]
+    each pair's index into :data:`NOISE_KINDS`, -1 for a clean pair."""
     n = len(en)
     picks = np.flatnonzero(rng.random(n) < share)
     kinds = np.full(n, -1)
@@ -162,7 +140,9 @@ def add_noise(lex: Lexicon, rng: np.random.Generator, en: list[str], de: list[st
         elif kind == "misaligned":
             de[i] = de[int(rng.integers(n))]
         elif kind == "script":
-            de[i] = _script_text(rng, max(1, en[i].count(" ") + 1))
+            lo, hi = SCRIPTS[rng.integers(len(SCRIPTS))]
+            de[i] = " ".join("".join(map(chr, rng.integers(lo, hi, rng.integers(2, 8))))
+                             for _ in range(max(1, en[i].count(" ") + 1)))
         elif kind == "controls":
             for side in (en, de):
                 words = side[i].split(" ")
@@ -180,11 +160,8 @@ def add_noise(lex: Lexicon, rng: np.random.Generator, en: list[str], de: list[st
 
 
 def generate_block(lex: Lexicon, seed: int, block: int, noise: float) -> tuple[list[str], list[str], np.ndarray]:
-    """Block ``block`` of the training split: :data:`BLOCK` pairs from its own generator ``(seed, block)``.
-
-    Returns:
-        EN lines, DE lines and each pair's noise kind (see :func:`add_noise`).
-    """
+    """Block ``block`` of the training split, :data:`BLOCK` pairs from its own generator ``(seed, block)``: EN lines,
+    DE lines and each pair's noise kind (see :func:`add_noise`)."""
     rng = np.random.default_rng([seed, block])
     en, de = clean_block(lex, rng, BLOCK)
     return en, de, add_noise(lex, rng, en, de, noise)
@@ -192,16 +169,8 @@ def generate_block(lex: Lexicon, seed: int, block: int, noise: float) -> tuple[l
 
 def write_corpus(out: Path, pairs: int, *, types: int = 3_000_000, seed: int = 1, noise: float = 0.02,
                  valid: int = 3000, test: int = 3003) -> dict:
-    """Write ``out/{train,valid,test}.{en,de}``; returns counts and sizes.
-
-    Args:
-        out: the raw folder (created).
-        pairs: training pairs.
-        types: word forms per language.
-        seed: everything is a function of it.
-        noise: share of noisy training pairs (valid and test are clean, as newstest is).
-        valid, test: pairs in the held-out splits.
-    """
+    """Write ``out/{train,valid,test}.{en,de}`` (``pairs`` training pairs, ``noise`` of them noisy; ``valid`` and
+    ``test`` clean, as newstest is), everything a function of ``seed``; returns counts and sizes."""
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     lex = Lexicon.build(types, seed)

@@ -1,20 +1,13 @@
 """Benchmark one training step: our Transformer vs ``torch.nn.Transformer`` of identical dimensions.
 
 Both get the same batch (random ids, lengths varied so padding is realistic), tied embedding, sinusoidal positions
-and output projection, the label-smoothed loss summed over non-pad targets (``F.cross_entropy(label_smoothing=)``
-for ``nn.Transformer``), and Adam: a full step. Repeats alternate the two models (A B, B A, ...) so that drift on a
-shared machine hits both; the table gives medians. Threads are pinned (``--threads``, interop 1); CUDA runs use
-bf16 autocast and fused Adam, as the stage does. Every planned step runs once untimed first (compiling happens
-there); progress lines go to stderr. Options (``--help``): ``--profile`` (a ``torch.profiler`` table of ours),
-``--compile`` (the model, the loss, or both as one function; ``--dynamic`` for any shape), ``--config news-25k``
-(the train stage's ~25k-target-token steps on WMT-like lengths, :func:`make_news_steps`), ``--loss lean`` (what
-``NMT_COMPILE`` trains with), ``--causal-flash`` (flash for the causal self-attention again).
+and output projection, the label-smoothed loss summed over non-pad targets, and Adam: a full step. Repeats
+alternate the two models (A B, B A, ...) so that drift on a shared machine hits both; the table gives medians.
+Threads are pinned (``--threads``, interop 1); CUDA runs use bf16 autocast and fused Adam, as the stage does.
+Every planned step runs once untimed first (compiling happens there); progress lines go to stderr.
 
-Usage:
-    python benchmarks/train.py                                # CPU, small config
-    python benchmarks/train.py --device cuda --config base    # GPU, the paper's base model
-    python benchmarks/train.py --device cuda --config base-25k --profile out/profile.txt
-    python benchmarks/train.py --device cuda --config news-25k --max-tokens 32768 --iters 10 --compile step --dynamic
+Usage: ``python benchmarks/train.py`` (CPU, small config);
+``python benchmarks/train.py --device cuda --config news-25k --max-tokens 32768 --iters 10 --compile step --dynamic``.
 """
 
 from __future__ import annotations
@@ -38,25 +31,16 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model.layers  # noqa: E402
 from benchmarks.common import REPO, header, md_table, setup_logging, write_json  # noqa: E402
-from model import (  # noqa: E402
-    Transformer,
-    TransformerConfig,
-    label_smoothed_nll_loss,
-    label_smoothed_nll_loss_lean,
-)
+from model import Transformer, TransformerConfig, label_smoothed_nll_loss, label_smoothed_nll_loss_lean  # noqa: E402
 from pipeline.core.env import DEFAULT_MAX_TOKENS  # noqa: E402
 
+BASE = {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6, "vocab_size": 37000}  # the paper's base model
 CONFIGS = {  # dims, vocabulary, and the batch: sentences x max length (lengths vary in [max/2, max])
     "small": {"d_model": 256, "n_heads": 4, "d_ff": 1024, "n_layers": 3, "vocab_size": 8000, "batch": 48,
               "max_len": 32},
-    "base": {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6, "vocab_size": 37000, "batch": 256,
-             "max_len": 32},
-    # the paper's ~25k target tokens per step: 768 sentences of 22..44 tokens, one padded batch
-    "base-25k": {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6, "vocab_size": 37000, "batch": 768,
-                 "max_len": 44},
-    # the same steps as the train stage plans them on WMT-like lengths: see make_news_steps
-    "news-25k": {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6, "vocab_size": 37000,
-                 "tokens_per_step": 25000, "steps": 10},
+    "base": {**BASE, "batch": 256, "max_len": 32},
+    "base-25k": {**BASE, "batch": 768, "max_len": 44},  # the paper's ~25k target tokens a step, one padded batch
+    "news-25k": {**BASE, "tokens_per_step": 25000, "steps": 10},  # the train stage's steps: make_news_steps
 }
 NEWS_LENGTHS = REPO / "tests" / "data" / "news_lengths.json"
 EPS = 0.1
@@ -73,11 +57,7 @@ class TorchBaseline(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
-        pos = torch.arange(cfg.max_positions).unsqueeze(1)
-        div = torch.exp(torch.arange(0, cfg.d_model, 2) * (-math.log(10000.0) / cfg.d_model))
-        table = torch.zeros(cfg.max_positions, cfg.d_model)
-        table[:, 0::2], table[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
-        self.register_buffer("positions", table, persistent=False)
+        self.register_buffer("positions", model.layers.sinusoid_table(cfg.max_positions, cfg.d_model), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.core = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.n_layers, cfg.d_ff, cfg.dropout,
                                    batch_first=True, norm_first=cfg.pre_norm)
@@ -116,11 +96,10 @@ def _fill(batch: tuple[torch.Tensor, ...], i: int, ls: int, lt: int, vocab: int,
 def make_news_steps(spec: dict, device: torch.device, max_tokens: int, seed: int = 0) -> list[Step]:
     """``spec["steps"]`` optimizer steps planned as the train stage plans them, from short to long.
 
-    The pairs' (source, target) lengths come from the news sets' BPE length histogram
-    (``tests/data/news_lengths.json``, ``benchmarks/news_lengths.py``); :func:`pipeline.data.batching.
-    plan_global_batches` cuts them into global batches of ``spec["tokens_per_step"]`` target tokens and
-    :func:`~pipeline.data.batching.forward_passes` splits each into passes of <= ``max_tokens`` padded tokens
-    (one process). Evenly spaced batches of the length-sorted plan are taken; token ids are random.
+    The pairs' (source, target) lengths come from the news sets' BPE length histogram (``tests/data/news_lengths.json``,
+    see tests/pipeline/data/test_global_batches.py), cut into global batches of ``spec["tokens_per_step"]`` target
+    tokens and passes of <= ``max_tokens`` padded tokens (one process) by :mod:`pipeline.data.batching`. Evenly
+    spaced batches of the length-sorted plan are taken; token ids are random.
     """
     import numpy as np
 
@@ -183,12 +162,10 @@ def compiled_loss(mode: str, dynamic: bool, model: nn.Module, lean: bool = False
 def make_step(model: nn.Module, loss_fn, steps: list[Step], device: torch.device):
     """A closure running one full training step (the next of ``steps``, in turn): each forward pass's loss,
     backward, then Adam; returns nothing (syncs on CUDA)."""
-    fused = {"fused": True} if device.type == "cuda" else {}
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **fused)
+    cuda = device.type == "cuda"
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=cuda or None)
     turn = itertools.cycle(steps)
-
-    def autocast() -> contextlib.AbstractContextManager:
-        return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else contextlib.nullcontext
 
     def step() -> None:
         passes, n_tok = next(turn)
@@ -198,14 +175,13 @@ def make_step(model: nn.Module, loss_fn, steps: list[Step], device: torch.device
             (loss / n_tok).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize()
     return step
 
 
 def measure(steps: dict, iters: int, repeats: int, warmup: int = 2) -> dict[str, list[float]]:
-    """Seconds per step for each model, ``repeats`` times, alternating the order, after ``warmup`` untimed steps
-    (every planned shape once, so that compiling happens there); progress goes to the log."""
+    """Seconds per step for each model, ``repeats`` times in alternating order, after ``warmup`` untimed steps."""
     times: dict[str, list[float]] = {name: [] for name in steps}
     names = list(steps)
     for name in names:  # warm up (compiling, allocator, kernels, first-touch)
@@ -248,27 +224,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", type=Path, default=None, help="also write a torch.profiler table of our step here")
     p.add_argument("--compile", default="none", choices=["none", "model", "loss", "step"],
                    help="torch.compile our model, our loss, or both as one function (default: %(default)s)")
-    p.add_argument("--loss", default="plain", choices=["plain", "lean"],
-                   help="our loss: the log-softmax one, or the lean one (no [N, V] fp32 tensor kept; "
-                   "--compile none or step only)")
-    p.add_argument("--causal-flash", action="store_true", help="ours: run the decoder's causal self-attention on "
-                   "flash too (model.layers.CUDA_ATTENTION), not the memory-efficient kernel (CUDA only)")
+    p.add_argument("--loss", default="plain", choices=["plain", "lean"], help="our loss: the log-softmax one, or "
+                   "the lean one (no [N, V] fp32 tensor kept; --compile none or step only)")
+    p.add_argument("--causal-flash", action="store_true", help="flash for the decoder's causal self-attention")
     p.add_argument("--dynamic", action="store_true", help="compile for any shape (torch.compile dynamic=True)")
-    p.add_argument("--max-tokens", type=int, default=None, help="news-25k: padded tokens per forward pass "
-                   "(default: the train stage's NMT_MAX_TOKENS default for the device)")
+    p.add_argument("--max-tokens", type=int, help="news-25k: padded tokens per forward pass (default: the train "
+                   "stage's NMT_MAX_TOKENS default for the device)")
     return p
 
 
 def _planned(name: str, device: torch.device, args: argparse.Namespace) -> tuple[list[Step], str]:
-    """The optimizer steps config ``name`` times, and their shape in words.
-
-    Raises:
-        SystemExit: ``--iters`` is not a whole number of cycles through the steps.
-    """
+    """The optimizer steps config ``name`` times and their shape in words (SystemExit: ``--iters`` no multiple)."""
     spec = CONFIGS[name]
     if "steps" in spec:
         planned = make_news_steps(spec, device, args.max_tokens or DEFAULT_MAX_TOKENS[device.type])
-        shape = f"{len(planned)} planned steps of {sum(len(p) for p, _ in planned) / len(planned):.1f} forward passes on average"
+        passes = sum(len(p) for p, _ in planned) / len(planned)
+        shape = f"{len(planned)} planned steps of {passes:.1f} forward passes on average"
     else:
         batch = make_batch(spec, device)
         planned, shape = [([batch], int(batch[2].ne(PAD).sum()))], f"batch {spec['batch']}x{spec['max_len']}"
@@ -292,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(RuntimeError):  # refused once this process ran inter-op work (e.g. under pytest)
         torch.set_num_interop_threads(1)
     device = torch.device(args.device)
-    cfg = TransformerConfig(vocab_size=spec["vocab_size"], d_model=spec["d_model"], n_heads=spec["n_heads"],
-                            d_ff=spec["d_ff"], n_layers=spec["n_layers"], max_positions=256)
+    cfg = TransformerConfig(**{k: spec[k] for k in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers")},
+                            max_positions=256)
     planned, shape = _planned(name, device, args)
     torch.manual_seed(0)
     ours, base = Transformer(cfg).to(device).train(), TorchBaseline(cfg).to(device).train()
