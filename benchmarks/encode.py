@@ -1,16 +1,11 @@
 """Benchmark the data stages: pairs/s of ``clean`` and ``encode`` against raw SentencePiece, and peak RSS.
 
-The corpus is Multi30k train grown to ``--copies`` shuffled copies (each with its own seed and a
-numbered token appended, so dedup keeps every copy): 35 copies ≈ 1.0M distinct pairs. The BPE
-model (``--vocab``) is trained once on the original text. Every measurement runs in its own
-subprocess with threads pinned (OMP/MKL/OpenBLAS = 1, ``NMT_DATA_WORKERS`` = ``--workers``);
-its peak RSS is sampled from /proc over the whole process tree. The ceiling is raw
-``SentencePieceProcessor.encode`` of the same text (both sides) with the same number of
-processes and no I/O; "threaded" is one process with ``--workers`` SentencePiece threads.
-
-Usage:
-    python benchmarks/encode.py                 # full: 35 copies, RSS at 1x and 8x, 3 repeats
-    python benchmarks/encode.py --quick         # 4 copies, RSS at 1x and 2x
+The corpus is Multi30k train grown to 35 shuffled copies (a numbered token appended, so dedup keeps every copy):
+≈ 1.0M distinct pairs, then 8× that for the memory (``--quick``: 4 copies and 2×); an 8,000-piece BPE is trained
+once on the original text. Every measurement runs in its own subprocess with threads pinned (OMP/MKL/OpenBLAS = 1,
+``NMT_DATA_WORKERS`` = ``--workers``), its peak RSS sampled over the process tree. The ceiling is raw
+``SentencePieceProcessor.encode`` of the same text (both sides) in as many processes, without I/O; "threads" is
+one process with ``--workers`` SentencePiece threads.
 """
 
 from __future__ import annotations
@@ -18,10 +13,10 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import gzip
+import itertools
 import json
 import logging
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -31,16 +26,15 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import REPO, header, md_table, setup_logging, watch, write_json  # noqa: E402
 
-from proctree import rss_kib, tree_pids  # noqa: E402  (a sibling script, not a package)
 DEFAULT_DATA = Path("/work/shared/data/multi30k/data/task1/raw")
 PINNED = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NMT_TRACKING": "off",
           "NMT_LOG_LEVEL": "WARNING"}
-SHARD_ROWS = 100_000
-RAW_BLOCK = SHARD_ROWS
+SHARD_ROWS = RAW_BLOCK = 100_000
+SPLITS = ("train", "valid", "test")
+VOCAB = 8000
 log = logging.getLogger("bench.encode")
 
 
@@ -59,9 +53,8 @@ def build_corpus(data: Path, raw: Path, copies: int) -> int:
             random.Random(c).shuffle(order)
             f_en.write("".join(f"{en[i]} n{c}\n" for i in order))
             f_de.write("".join(f"{de[i]} n{c}\n" for i in order))
-    for split in ("valid", "test"):
-        for lang, lines in (("en", en), ("de", de)):
-            (raw / f"{split}.{lang}").write_text("".join(s + "\n" for s in lines[:1000]), encoding="utf-8")
+    for split, (lang, lines) in itertools.product(("valid", "test"), (("en", en), ("de", de))):
+        (raw / f"{split}.{lang}").write_text("".join(s + "\n" for s in lines[:1000]), encoding="utf-8")
     return len(en) * copies
 
 
@@ -78,16 +71,9 @@ def train_bpe(data: Path, out: Path, vocab: int) -> None:
     train_model(sample, out / "spm", BpeConfig(vocab_size=vocab), os.cpu_count() or 1)
 
 
-# ---- measured bodies (run inside a subprocess) ------------------------------------------------------
-
 def _raw_chunk(args: tuple[str, str, int, int, int]) -> float:
-    """Encode lines [start, end) of both clean train files; return seconds spent in ``encode``.
-
-    Lines are read up front (not timed) and encoded in blocks of ``RAW_BLOCK`` lines whose ids
-    are dropped, so the ceiling neither pays for I/O nor holds the whole corpus as Python lists.
-    """
-    import itertools
-
+    """Seconds spent encoding lines [start, end) of both clean train files: read up front (not timed), encoded in
+    blocks of ``RAW_BLOCK`` lines whose ids are dropped (no I/O, not the whole corpus as Python lists)."""
     import sentencepiece as spm
 
     model, clean, start, end, threads = args
@@ -113,21 +99,15 @@ def measure(kind: str, work: Path, workers: int) -> dict:
     from pipeline.core.stage import run_stage
     from pipeline.core.textio import count_lines
 
-    if kind == "clean":
+    if kind in ("clean", "encode"):
         t = time.perf_counter()
-        run_stage("clean", lambda: clean.stage(CleanConfig(max_ratio=3.0), raw_dir=work / "raw",
-                                               clean_dir=work / "clean"), metrics_dir=work / "metrics")
+        run_stage(kind, lambda: clean.stage(CleanConfig(max_ratio=3.0), raw_dir=work / "raw", clean_dir=work / "clean")
+                  if kind == "clean" else encode.stage(EncodeConfig(max_len=256, shard_rows=SHARD_ROWS),
+                                                       clean_dir=work / "clean", bpe_dir=work / "bpe",
+                                                       shards_dir=work / "shards"), metrics_dir=work / "metrics")
         seconds = time.perf_counter() - t
-        pairs = sum(count_lines(work / "raw" / f"{s}.en") for s in ("train", "valid", "test"))
-        return {"pairs": pairs, "seconds": seconds}
-    if kind == "encode":
-        t = time.perf_counter()
-        run_stage("encode", lambda: encode.stage(EncodeConfig(max_len=256, shard_rows=SHARD_ROWS),
-                                                 clean_dir=work / "clean", bpe_dir=work / "bpe",
-                                                 shards_dir=work / "shards"), metrics_dir=work / "metrics")
-        seconds = time.perf_counter() - t
-        pairs = sum(count_lines(work / "clean" / f"{s}.en") for s in ("train", "valid", "test"))
-        return {"pairs": pairs, "seconds": seconds}
+        folder = work / ("raw" if kind == "clean" else "clean")
+        return {"pairs": sum(count_lines(folder / f"{s}.en") for s in SPLITS), "seconds": seconds}
     n = count_lines(work / "clean" / "train.en")
     procs, threads = (workers, 1) if kind == "raw_processes" else (1, workers)
     bounds = [n * i // procs for i in range(procs + 1)]
@@ -137,19 +117,13 @@ def measure(kind: str, work: Path, workers: int) -> dict:
     return {"pairs": n, "seconds": seconds}
 
 
-# ---- runner -----------------------------------------------------------------------------------------
-
 def run_measure(kind: str, work: Path, workers: int) -> dict:
     """Run :func:`measure` in a subprocess, sampling its process tree's RSS every 20 ms."""
     env = {**os.environ, **PINNED, "NMT_DATA_WORKERS": str(workers)}
     cmd = [sys.executable, __file__, "--measure", kind, "--work", str(work), "--workers", str(workers)]
     load_before = os.getloadavg()[0]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
-    peak_one = peak_sum = 0
-    while proc.poll() is None:
-        one, total = rss_kib(tree_pids(proc.pid))
-        peak_one, peak_sum = max(peak_one, one), max(peak_sum, total)
-        time.sleep(0.02)
+    peak_one, peak_sum = watch(proc, 0.02)
     out = proc.stdout.read() if proc.stdout else ""
     if proc.returncode:
         raise SystemExit(f"measurement {kind} failed with exit code {proc.returncode}")
@@ -164,11 +138,8 @@ KINDS = ("clean", "encode", "raw_processes", "raw_threads")
 
 def bench_scale(data: Path, root: Path, copies: int, repeats: int, workers: int, vocab_dir: Path,
                 kinds: tuple[str, ...] = KINDS) -> dict:
-    """All measurements on one corpus size, interleaved per repeat; medians over ``repeats``.
-
-    The machine is shared, so encode and its raw SentencePiece baseline run back to back in each
-    repeat and the reported ratio is the median of the per-repeat ratios.
-    """
+    """All measurements on one corpus size, interleaved per repeat (on a shared machine encode and its raw
+    SentencePiece baseline then run back to back); medians over ``repeats``, and of the per-repeat ratios."""
     work = root / f"x{copies}"
     (work / "bpe").mkdir(parents=True)
     (work / "bpe" / "spm.model").write_bytes((vocab_dir / "spm.model").read_bytes())
@@ -196,29 +167,25 @@ def bench_scale(data: Path, root: Path, copies: int, repeats: int, workers: int,
 
 def table(results: dict) -> str:
     """The markdown table of a run."""
-    rows = ["| corpus | train pairs | stage | pairs/s (median) | runs (s) | peak RSS MiB (largest process / tree) |",
-            "|---|---|---|---|---|---|"]
+    rows = []
     for name, res in results["scales"].items():
-        for kind in (k for k in KINDS if k in res):
-            r = res[kind]
-            rows.append(f"| {name} | {res['train_pairs_raw']:,} | {kind} | {r['pairs_per_s']:,.0f} | "
-                        f"{', '.join(f'{s:.1f}' for s in r['seconds'])} | "
-                        f"{r['peak_rss_mib_process']:.0f} / {r['peak_rss_mib_tree']:.0f} |")
-        rows.append(f"| {name} | | **encode / raw SentencePiece (same processes), median of per-repeat ratios** | "
-                    f"**{res['encode_vs_raw']:.2f}x** | | |")
-    return "\n".join(rows)
+        rows += [(name, f"{res['train_pairs_raw']:,}", kind, f"{r['pairs_per_s']:,.0f}",
+                  ", ".join(f"{s:.1f}" for s in r["seconds"]),
+                  f"{r['peak_rss_mib_process']:.0f} / {r['peak_rss_mib_tree']:.0f}")
+                 for kind, r in ((k, res[k]) for k in KINDS if k in res)]
+        rows.append((name, "", "**encode / raw SentencePiece (same processes), median of per-repeat ratios**",
+                     f"**{res['encode_vs_raw']:.2f}x**", "", ""))
+    return md_table(("corpus", "train pairs", "stage", "pairs/s (median)", "runs (s)",
+                     "peak RSS MiB (largest process / tree)"), rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse options, run every scale, print the table and write the JSON."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with Multi30k train.{en,de}.gz")
-    p.add_argument("--copies", type=int, default=35, help="copies of Multi30k train at 1x (35 = 1.0M pairs)")
-    p.add_argument("--rss-factor", type=int, default=8, help="second corpus size, as a multiple of --copies")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--vocab", type=int, default=8000)
-    p.add_argument("--quick", action="store_true", help="4 copies, RSS factor 2")
+    p.add_argument("--quick", action="store_true", help="4 copies, the second corpus 2x")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "encode.json")
     p.add_argument("--measure", help=argparse.SUPPRESS)
     p.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -226,23 +193,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure:
         print(json.dumps(measure(args.measure, args.work, args.workers)))
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    if args.quick:
-        args.copies, args.rss_factor = 4, 2
-    results: dict = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "workers": args.workers,
-                     "cpus": os.cpu_count(), "machine": platform.platform(), "vocab": args.vocab, "scales": {}}
+    setup_logging()
+    copies, rss_factor = (4, 2) if args.quick else (35, 8)
+    results: dict = {**header(argv or sys.argv[1:]), "workers": args.workers, "vocab": VOCAB, "scales": {}}
     with tempfile.TemporaryDirectory(prefix="nmt-bench-encode-") as tmp:
         root = Path(tmp)
-        train_bpe(args.data, root / "bpe", args.vocab)
-        for factor, repeats, kinds in ((1, args.repeats, KINDS), (args.rss_factor, 1, KINDS[:3])):
-            copies = args.copies * factor
-            results["scales"][f"{factor}x"] = bench_scale(args.data, root, copies, repeats, args.workers,
+        train_bpe(args.data, root / "bpe", VOCAB)
+        for factor, repeats, kinds in ((1, args.repeats, KINDS), (rss_factor, 1, KINDS[:3])):
+            results["scales"][f"{factor}x"] = bench_scale(args.data, root, copies * factor, repeats, args.workers,
                                                           root / "bpe", kinds)
-            shutil.rmtree(root / f"x{copies}")
-    text = table(results)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+            shutil.rmtree(root / f"x{copies * factor}")
+    print(table(results))
+    write_json(args.out, results)
     return 0
 
 

@@ -2,46 +2,31 @@
 
     python benchmarks/gpu.py prepare --data data/gpu [--profiles tiny demo multi30k]   # here, on CPU: data stages
     python benchmarks/gpu.py news --data data/gpu            # here: the news chain's data from the shared folder
-    python benchmarks/gpu.py check --data data/gpu --out OUT      # on the GPU machine (carry data/gpu)
-    python benchmarks/gpu.py multi30k --data data/gpu --out OUT   # on the GPU machine
-    python benchmarks/gpu.py parts --out OUT                      # on the GPU machine
-    python benchmarks/gpu.py check --data D --out O --dry-run     # CPU, a few steps (tests/benchmarks)
+    python benchmarks/gpu.py check|multi30k --data data/gpu --out OUT   # on the GPU machine (carry data/gpu)
+    python benchmarks/gpu.py parts --out OUT                            # on the GPU machine
 
-Figures from device runs are in benchmarks/RESULTS.md. ``check`` and ``multi30k`` run their steps in order (a
-subset with ``--steps``), each stage a subprocess with its own log (under ``--work``) and a time limit, and
-rewrite ``OUT/gpu_<command>.json`` and ``OUT/logs.tar.gz`` (logs and loss curves) after every step, so what
-finished comes back even if a later step hangs; a step that would start with less than it needs left of
-``--budget-s`` is skipped. Both begin with ``env`` (torch, CUDA, the device) and end with ``throughput`` (the
-base model's compiled step in ``benchmarks/train.py``). The steps (each function's docstring says more):
-
-- ``check`` (benchmarks/gpu_steps/check.py): ``tiny`` and ``demo``, the profiles of ``--profiles`` through
-  ``pipeline.train`` and through ``pipeline.launch`` (torchrun) -> ``average`` -> ``evaluate``; ``pytest``, the
-  ``gpu``-marked tests; ``precision``, bf16 autocast against fp32 (the ``fp32-train`` command); ``determinism``,
-  runs twice and killed + resumed, with and without ``NMT_DETERMINISTIC``; ``attention``, beam searches over new
-  shapes with and without cuDNN attention (:data:`model.layers.CUDA_ATTENTION`).
-- ``multi30k`` (benchmarks/gpu_steps/multi30k.py): ``sweep``, the Multi30k profile, its variants and the ``news``
-  chain trained at once on the one GPU, each scored by ``evaluate``; ``newstest``, newstest2014 (3,003 lines)
-  decoded by the ``news`` model through ``translate_lines``, timed.
-- ``parts`` (benchmarks/gpu_steps/parts.py, CUDA only): the loss and attention kernels of a base step in
-  isolation, written to ``OUT/gpu_parts.json``.
-
-Stages run with MLflow tracking off (``NMT_TRACKING=off``): the device image has no MLflow. Other ``NMT_*``
-variables pass through (``NMT_COMPILE=on python3 benchmarks/gpu.py check ... --steps demo``).
+Figures are in benchmarks/RESULTS.md. ``check`` and ``multi30k`` run their steps in order (``--steps``: a subset;
+one with less left of ``--budget-s`` than it needs is skipped), each stage a subprocess with its own log under
+``--work`` and a time limit, and rewrite ``OUT/gpu_<command>.json`` and ``OUT/logs.tar.gz`` after every step, so
+what finished comes back even if a later step hangs. Both begin with ``env`` and end with ``throughput`` (the base
+model's compiled step in ``benchmarks/train.py``). ``check`` (gpu_steps/check.py): ``tiny`` and ``demo``, train (one
+process, then torchrun) -> average -> evaluate; ``pytest``, the ``gpu`` tests; ``precision``, bf16 against fp32;
+``determinism``, runs twice and killed + resumed; ``attention``, searches over new shapes with and without cuDNN.
+``multi30k`` (gpu_steps/multi30k.py): ``sweep``, the Multi30k profile, its variants and the ``news`` chain at once;
+``newstest``, newstest2014 decoded, timed. ``parts`` (gpu_steps/parts.py): the loss and attention kernels alone.
+Stages run with ``NMT_TRACKING=off`` (the device image has no MLflow); other ``NMT_*`` variables pass through.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import REPO, setup_logging, write_json, write_params  # noqa: E402
 from benchmarks.gpu_steps import check, multi30k  # noqa: E402
-from benchmarks.gpu_steps.runner import Runner, params_for, step_env, write_params  # noqa: E402
+from benchmarks.gpu_steps.runner import Runner, params_for, step_env  # noqa: E402
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,49 +36,35 @@ def run(args: argparse.Namespace) -> int:
                f"gpu_{args.command}.json", budget)
     r.results["commit"] = args.commit
     r.save("env", step_env())
-    if args.command == "check":
-        steps = check.steps(r, args.data, args.profiles, args.modes, args.dry_run)
-    else:
-        steps = multi30k.steps(r, args.data, args.chains, args.news_model, args.dry_run)
+    steps = (check.steps(r, args.data, args.profiles, args.modes, args.dry_run) if args.command == "check" else
+             multi30k.steps(r, args.data, args.chains, args.dry_run))
     r.run_steps(steps, args.steps, args.dry_run)
     return 0
 
 
 def prepare(args: argparse.Namespace) -> int:
     """The data stages of ``--profiles``, here (the device machine has no data)."""
-    r = Runner(REPO / args.data / "prepare", REPO / args.data / "prepare", "cpu")
-    for profile in args.profiles:
-        if not r.data_stages(profile, write_params(params_for(profile, args.data, None), REPO / args.data / profile)):
-            return 1
-    return 0
-
-
-def parts(args: argparse.Namespace) -> int:
-    """Time the parts; write ``OUT/gpu_parts.json``."""
-    from benchmarks.gpu_steps import parts
-
-    result = parts.run(args.parts)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_parts.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    return 0
+    data = REPO / args.data
+    r = Runner(data / "prepare", data / "prepare", "cpu")
+    return 0 if all(r.data_stages(profile, write_params(params_for(profile, args.data, None), data / profile))
+                    for profile in args.profiles) else 1  # stops at the first failure
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run one command."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    setup_logging()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    a = sub.add_parser("prepare", help="the data stages of some profiles, here")
-    a.add_argument("--data", type=Path, required=True, help="a folder under data/ (relative to the repository)")
-    a.add_argument("--profiles", nargs="+", default=["tiny", "demo"])
-    a = sub.add_parser("news", help="the news chain's data from the shared data folder, here")
-    a.add_argument("--data", type=Path, required=True, help="a folder under data/ (relative to the repository)")
+    data = argparse.ArgumentParser(add_help=False)
+    data.add_argument("--data", type=Path, required=True, help="a folder under data/ (relative to the repository)")
+    sub.add_parser("prepare", parents=[data], help="the data stages of some profiles, here").add_argument(
+        "--profiles", nargs="+", default=["tiny", "demo"])
+    a = sub.add_parser("news", parents=[data], help="the news chain's data from the shared data folder, here")
     a.add_argument("--mirror", type=Path, default=REPO.parent / "shared" / "data", help="the shared data folder")
     a.add_argument("--dry-run", action="store_true", help="a 200-piece BPE, for the tests' small mirror")
     for name, steps in (("check", ["tiny", "demo", "pytest", "precision", "determinism", "attention"]),
                         ("multi30k", ["sweep", "newstest"])):
-        a = sub.add_parser(name, help=f"the {name} steps on the GPU")
-        a.add_argument("--data", type=Path, required=True)
+        a = sub.add_parser(name, parents=[data], help=f"the {name} steps on the GPU")
         a.add_argument("--out", type=Path, required=True)
         a.add_argument("--work", type=Path, default=Path(f"/tmp/gpu_{name}"), help="runs and logs (%(default)s)")
         a.add_argument("--dry-run", action="store_true", help="CPU, a few steps: checks this script")
@@ -107,18 +78,21 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.choices["multi30k"]
     a.add_argument("--chains", nargs="+", choices=multi30k.CHAINS, default=list(multi30k.CHAINS),
                    help="the sweep's runs")
-    a.add_argument("--news-model", default="news", choices=multi30k.CHAINS, help="the chain that decodes newstest")
-    a = sub.add_parser("parts", help="the loss and attention kernels in isolation (CUDA only)")
-    a.add_argument("--out", type=Path, required=True)
-    a.add_argument("--parts", nargs="+", default=["loss", "attention"], choices=["loss", "attention"])
-    a = sub.add_parser("fp32-train", help="the train stage with autocast off (the precision step's reference)")
-    a.add_argument("--params", type=Path, required=True)
+    sub.add_parser("parts", help="the loss and attention kernels in isolation (CUDA only)").add_argument(
+        "--out", type=Path, required=True)
+    sub.add_parser("fp32-train", help="the train stage with autocast off (the precision step's reference)"
+                   ).add_argument("--params", type=Path, required=True)
     args = p.parse_args(argv)
     if args.command == "news":
         return multi30k.news_data(args.data, args.mirror, args.dry_run)
     if args.command == "fp32-train":
         return check.fp32_train(args.params)
-    return {"prepare": prepare, "parts": parts, "check": run, "multi30k": run}[args.command](args)
+    if args.command == "parts":
+        from benchmarks.gpu_steps import parts
+
+        write_json(args.out / "gpu_parts.json", parts.run())
+        return 0
+    return (prepare if args.command == "prepare" else run)(args)
 
 
 if __name__ == "__main__":

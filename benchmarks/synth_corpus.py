@@ -1,36 +1,22 @@
-"""A synthetic EN–DE parallel corpus of WMT14 scale, for measuring the data stages without the network.
-
-WMT14 EN→DE as the paper profile downloads it is ~4.5M training pairs (~9M sentences, ~1.3 GB of text),
-a third of it Common Crawl: millions of word types and a share of junk. This generator writes a corpus
-with the properties the data stages are sensitive to, in the layout the download stage produces
+"""A synthetic EN–DE parallel corpus of WMT14 scale (~4.5M pairs, millions of word types, a share of junk), for
+measuring the data stages without the network (``benchmarks/scale.py``), in the layout the download stage writes
 (``<out>/{train,valid,test}.{en,de}``, aligned lines):
 
-- **Words**: ``--types`` word forms per language (default 3M), built from syllables so frequent words
-  are short (1-2 syllables) and rare ones longer (3), with Zipf frequencies (p(rank) ∝ rank^-s, s = 1.05).
-  German forms use umlauts and ß (the non-ASCII path of normalisation) and capitalised nouns.
-- **Sentences**: log-normal word counts (median 19 whitespace-separated words; the 10,000 WMT training pairs
-  of OpenNMT-py's public ``toy-ende`` set, tokenised so that punctuation counts, have a median of 21), attached
-  punctuation, the first word capitalised; the German side is a noisy "translation" of the English
-  one (the same word ranks through a fixed permutation, length within ±15% typically).
-- **Noise** (``--noise``, default 2% of training pairs, split evenly): very long lines (300-1,500 words),
-  misaligned pairs (the German side of another sentence), non-Latin script (Cyrillic, CJK, Arabic),
-  control and invisible characters (tab, U+0001, U+007F, zero-width space, NBSP, U+2028), one empty
-  side, source copied to target, and exact duplicates of an earlier pair. NUL bytes are never written
-  (the clean stage refuses them by design).
+- **Words**: ``types`` word forms per language (3M for WMT14), built from syllables so frequent words are short,
+  with Zipf frequencies (p(rank) ∝ rank^-s, s = 1.05); German forms use umlauts, ß and capitalised nouns.
+- **Sentences**: log-normal word counts (median 19 words; the 10,000 WMT pairs of OpenNMT-py's ``toy-ende`` set,
+  tokenised, have 21), punctuation; the German side a noisy "translation" of the English one (the same ranks
+  through a fixed permutation, length within ±15% typically).
+- **Noise** (2% of training pairs, evenly over :data:`NOISE_KINDS`; never a NUL byte, which clean refuses).
 
-The output is a function of the options only, and a smaller corpus is a prefix of a larger one with the
-same seed and types (pairs are drawn in fixed blocks of 20,000, each from its own seeded generator).
-
-Usage:
-    python benchmarks/synth_corpus.py --pairs 4500000 --out /tmp/wmt-synth/raw
+The output is a function of the arguments only; a smaller corpus is a prefix of a larger one with the same seed
+and types (pairs are drawn in blocks of 20,000, each from its own seeded generator).
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import logging
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,17 +42,8 @@ PUNCT = np.array([".", ".", ".", ".", ".", ".", "?", "!", ":", ""])
 
 
 def word_forms(n: int, syllables: list[str], seed: int, capitalise_every: int = 0) -> np.ndarray:
-    """``n`` distinct word forms, ordered by frequency rank: short forms first, shuffled within a length.
-
-    Args:
-        n: number of forms.
-        syllables: the syllable inventory; forms of k syllables number ``len(syllables) ** k``.
-        seed: shuffles the forms of each length.
-        capitalise_every: when > 0, every such rank is capitalised (German nouns).
-
-    Returns:
-        An object array [n] of str.
-    """
+    """An object array [n] of distinct word forms of ``syllables``, ordered by frequency rank: short forms first,
+    shuffled within a length by ``seed``; when ``capitalise_every`` > 0, every such rank capitalised (German nouns)."""
     rng = np.random.default_rng(seed)
     forms: list[str] = []
     for k in itertools.count(1):
@@ -101,8 +78,7 @@ class Lexicon:
         """Forms for ``types`` ranks per language (deterministic in ``seed``)."""
         en = word_forms(types, _syllables(EN_ONSETS, EN_NUCLEI, [""]), seed)
         de = word_forms(types, _syllables(DE_ONSETS, DE_NUCLEI, DE_CODAS), seed + 1, capitalise_every=5)
-        weights = np.arange(1, types + 1, dtype=np.float64) ** -ZIPF_S
-        cdf = np.cumsum(weights)
+        cdf = np.cumsum(np.arange(1, types + 1, dtype=np.float64) ** -ZIPF_S)
         # Frequent words keep frequent translations: permute ranks only within bands of 64.
         band = np.random.default_rng(seed + 2).permuted(np.arange(types).reshape(-1, 1) if types < 64 else
                                                         np.arange(types // 64 * 64).reshape(-1, 64), axis=1)
@@ -115,10 +91,8 @@ class Lexicon:
 
 
 def _join(rng: np.random.Generator, words: np.ndarray, lengths: np.ndarray, punct: np.ndarray) -> list[str]:
-    """Sentences from a flat word array [sum(lengths)] and per-sentence lengths.
-
-    The first word is capitalised, ~6% of words carry a comma and the last one ``punct``.
-    """
+    """Sentences from a flat word array [sum(lengths)] and per-sentence lengths: the first word capitalised, ~6% of
+    words with a comma, ``punct`` after the last."""
     words = words.copy()
     comma = rng.random(len(words)) < COMMA
     words[comma] = words[comma] + ","
@@ -150,17 +124,9 @@ def clean_block(lex: Lexicon, rng: np.random.Generator, n: int) -> tuple[list[st
     return _join(rng, lex.en[en_ranks], en_len, punct), _join(rng, lex.de[de_ranks], de_len, punct)
 
 
-def _script_text(rng: np.random.Generator, words: int) -> str:
-    lo, hi = SCRIPTS[rng.integers(len(SCRIPTS))]
-    return " ".join("".join(map(chr, rng.integers(lo, hi, rng.integers(2, 8)))) for _ in range(words))
-
-
 def add_noise(lex: Lexicon, rng: np.random.Generator, en: list[str], de: list[str], share: float) -> np.ndarray:
-    """Replace a ``share`` of the pairs in place with noisy ones, evenly over :data:`NOISE_KINDS`.
-
-    Returns:
-        [len(en)] the index into :data:`NOISE_KINDS` of each pair's noise, -1 for a clean pair.
-    """
+    """Replace a ``share`` of the pairs in place with noisy ones, evenly over :data:`NOISE_KINDS`; returns [len(en)]
+    each pair's index into :data:`NOISE_KINDS`, -1 for a clean pair."""
     n = len(en)
     picks = np.flatnonzero(rng.random(n) < share)
     kinds = np.full(n, -1)
@@ -174,7 +140,9 @@ def add_noise(lex: Lexicon, rng: np.random.Generator, en: list[str], de: list[st
         elif kind == "misaligned":
             de[i] = de[int(rng.integers(n))]
         elif kind == "script":
-            de[i] = _script_text(rng, max(1, en[i].count(" ") + 1))
+            lo, hi = SCRIPTS[rng.integers(len(SCRIPTS))]
+            de[i] = " ".join("".join(map(chr, rng.integers(lo, hi, rng.integers(2, 8))))
+                             for _ in range(max(1, en[i].count(" ") + 1)))
         elif kind == "controls":
             for side in (en, de):
                 words = side[i].split(" ")
@@ -192,11 +160,8 @@ def add_noise(lex: Lexicon, rng: np.random.Generator, en: list[str], de: list[st
 
 
 def generate_block(lex: Lexicon, seed: int, block: int, noise: float) -> tuple[list[str], list[str], np.ndarray]:
-    """Block ``block`` of the training split: :data:`BLOCK` pairs from its own generator ``(seed, block)``.
-
-    Returns:
-        EN lines, DE lines and each pair's noise kind (see :func:`add_noise`).
-    """
+    """Block ``block`` of the training split, :data:`BLOCK` pairs from its own generator ``(seed, block)``: EN lines,
+    DE lines and each pair's noise kind (see :func:`add_noise`)."""
     rng = np.random.default_rng([seed, block])
     en, de = clean_block(lex, rng, BLOCK)
     return en, de, add_noise(lex, rng, en, de, noise)
@@ -204,16 +169,8 @@ def generate_block(lex: Lexicon, seed: int, block: int, noise: float) -> tuple[l
 
 def write_corpus(out: Path, pairs: int, *, types: int = 3_000_000, seed: int = 1, noise: float = 0.02,
                  valid: int = 3000, test: int = 3003) -> dict:
-    """Write ``out/{train,valid,test}.{en,de}``; returns counts and sizes.
-
-    Args:
-        out: the raw folder (created).
-        pairs: training pairs.
-        types: word forms per language.
-        seed: everything is a function of it.
-        noise: share of noisy training pairs (valid and test are clean, as newstest is).
-        valid, test: pairs in the held-out splits.
-    """
+    """Write ``out/{train,valid,test}.{en,de}`` (``pairs`` training pairs, ``noise`` of them noisy; ``valid`` and
+    ``test`` clean, as newstest is), everything a function of ``seed``; returns counts and sizes."""
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     lex = Lexicon.build(types, seed)
@@ -237,21 +194,3 @@ def write_corpus(out: Path, pairs: int, *, types: int = 3_000_000, seed: int = 1
     log.info("synth: %d pairs, %.2f GB in %.0f s", pairs, sum(sizes.values()) / 1e9, time.monotonic() - started)
     return {"pairs": pairs, "types": types, "seed": seed, "noise": noise_counts, "bytes": sizes,
             "seconds": time.monotonic() - started}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI: write a corpus and log its size."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True, help="raw folder to write (train/valid/test .en/.de)")
-    p.add_argument("--pairs", type=int, default=4_500_000)
-    p.add_argument("--types", type=int, default=3_000_000, help="word forms per language")
-    p.add_argument("--noise", type=float, default=0.02, help="share of noisy training pairs")
-    p.add_argument("--seed", type=int, default=1)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    write_corpus(args.out, args.pairs, types=args.types, seed=args.seed, noise=args.noise)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

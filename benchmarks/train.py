@@ -1,28 +1,13 @@
 """Benchmark one training step: our Transformer vs ``torch.nn.Transformer`` of identical dimensions.
 
-Both models get the same batch (random ids, sentence lengths varied so padding is realistic), the
-same tied embedding + sinusoidal positions + output projection, the same label-smoothed loss
-summed over non-pad targets, Adam, and a full step (forward, loss, backward, optimizer step).
-The baseline uses ``nn.Transformer`` (batch_first, key-padding masks, causal mask) and
-``F.cross_entropy(label_smoothing=...)``. Repeats alternate the two models (A B, B A, ...) so
-that drift on a shared machine hits both; the table reports medians over repeats. Threads are
-pinned (``--threads``, interop 1). CUDA runs use bf16 autocast and fused Adam, as the stage does.
-``--profile FILE`` then runs three more steps of ours under ``torch.profiler`` and writes the operators'
-table (self time, sorted by the device's time on CUDA) to FILE. ``--compile model|loss|step`` times ours with
-``torch.compile`` applied to the model, to the loss alone, or to both as one function (``--dynamic``: compiled
-for any batch shape, as the stage's varying batches would need; otherwise the fixed batch compiles once, in the
-warm-up). ``--config news-25k`` times the steps the train stage would run on WMT-like lengths: global batches of
-~25k target tokens planned by the stage's own batching on the news sets' length histogram, each split into
-forward passes of ``--max-tokens`` padded tokens (:func:`make_news_steps`; compile with ``--dynamic`` there).
-``--loss lean`` times ours with :func:`model.label_smoothed_nll_loss_lean` (what ``NMT_COMPILE`` trains with);
-``--causal-flash`` lets the causal self-attention use flash again (``model.layers.CAUSAL_ATTENTION``). Every planned
-step runs once untimed first (compiling happens there); progress lines go to stderr.
+Both get the same batch (random ids, lengths varied so padding is realistic), tied embedding, sinusoidal positions
+and output projection, the label-smoothed loss summed over non-pad targets, and Adam: a full step. Repeats
+alternate the two models (A B, B A, ...) so that drift on a shared machine hits both; the table gives medians.
+Threads are pinned (``--threads``, interop 1); CUDA runs use bf16 autocast and fused Adam, as the stage does.
+Every planned step runs once untimed first (compiling happens there); progress lines go to stderr.
 
-Usage:
-    python benchmarks/train.py                                # CPU, small config
-    python benchmarks/train.py --device cuda --config base    # GPU, the paper's base model
-    python benchmarks/train.py --device cuda --config base-25k --profile out/profile.txt
-    python benchmarks/train.py --device cuda --config news-25k --max-tokens 32768 --iters 10 --compile step --dynamic
+Usage: ``python benchmarks/train.py`` (CPU, small config);
+``python benchmarks/train.py --device cuda --config news-25k --max-tokens 32768 --iters 10 --compile step --dynamic``.
 """
 
 from __future__ import annotations
@@ -34,7 +19,6 @@ import json
 import logging
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -44,29 +28,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model.layers  # noqa: E402
-from model import (  # noqa: E402
-    Transformer,
-    TransformerConfig,
-    label_smoothed_nll_loss,
-    label_smoothed_nll_loss_lean,
-)
+from benchmarks.common import REPO, header, md_table, setup_logging, write_json  # noqa: E402
+from model import Transformer, TransformerConfig, label_smoothed_nll_loss, label_smoothed_nll_loss_lean  # noqa: E402
 from pipeline.core.env import DEFAULT_MAX_TOKENS  # noqa: E402
 
+BASE = {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6, "vocab_size": 37000}  # the paper's base model
 CONFIGS = {  # dims, vocabulary, and the batch: sentences x max length (lengths vary in [max/2, max])
     "small": {"d_model": 256, "n_heads": 4, "d_ff": 1024, "n_layers": 3, "vocab_size": 8000, "batch": 48,
               "max_len": 32},
-    "base": {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6, "vocab_size": 37000, "batch": 256,
-             "max_len": 32},
-    # the paper's ~25k target tokens per step: 768 sentences of 22..44 tokens, one padded batch
-    "base-25k": {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6, "vocab_size": 37000, "batch": 768,
-                 "max_len": 44},
-    # the same steps as the train stage plans them on WMT-like lengths: see make_news_steps
-    "news-25k": {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6, "vocab_size": 37000,
-                 "tokens_per_step": 25000, "steps": 10},
+    "base": {**BASE, "batch": 256, "max_len": 32},
+    "base-25k": {**BASE, "batch": 768, "max_len": 44},  # the paper's ~25k target tokens a step, one padded batch
+    "news-25k": {**BASE, "tokens_per_step": 25000, "steps": 10},  # the train stage's steps: make_news_steps
 }
 NEWS_LENGTHS = REPO / "tests" / "data" / "news_lengths.json"
 EPS = 0.1
@@ -83,11 +57,7 @@ class TorchBaseline(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
-        pos = torch.arange(cfg.max_positions).unsqueeze(1)
-        div = torch.exp(torch.arange(0, cfg.d_model, 2) * (-math.log(10000.0) / cfg.d_model))
-        table = torch.zeros(cfg.max_positions, cfg.d_model)
-        table[:, 0::2], table[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
-        self.register_buffer("positions", table, persistent=False)
+        self.register_buffer("positions", model.layers.sinusoid_table(cfg.max_positions, cfg.d_model), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.core = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.n_layers, cfg.d_ff, cfg.dropout,
                                    batch_first=True, norm_first=cfg.pre_norm)
@@ -107,27 +77,29 @@ class TorchBaseline(nn.Module):
 def make_batch(spec: dict, device: torch.device, seed: int = 0) -> tuple[torch.Tensor, ...]:
     """(src, tgt_in, tgt_out) int64 with per-sentence lengths in [max_len/2, max_len], padded."""
     g = torch.Generator().manual_seed(seed)
-    b, m, v = spec["batch"], spec["max_len"], spec["vocab_size"]
-    src = torch.full((b, m), PAD)
-    tgt_in, tgt_out = torch.full((b, m), PAD), torch.full((b, m), PAD)
+    b, m = spec["batch"], spec["max_len"]
+    batch = tuple(torch.full((b, m), PAD) for _ in range(3))
     for i in range(b):
-        ls, lt = (int(torch.randint(m // 2, m, (1,), generator=g)) for _ in range(2))
-        src[i, :ls] = torch.randint(4, v, (ls,), generator=g)
-        src[i, ls] = EOS
-        body = torch.randint(4, v, (lt,), generator=g)
-        tgt_in[i, 0], tgt_in[i, 1:lt + 1] = BOS, body
-        tgt_out[i, :lt], tgt_out[i, lt] = body, EOS
-    return src.to(device), tgt_in.to(device), tgt_out.to(device)
+        _fill(batch, i, *(int(torch.randint(m // 2, m, (1,), generator=g)) for _ in range(2)), spec["vocab_size"], g)
+    return tuple(t.to(device) for t in batch)
+
+
+def _fill(batch: tuple[torch.Tensor, ...], i: int, ls: int, lt: int, vocab: int, g: torch.Generator) -> None:
+    """Row ``i`` of (src, tgt_in, tgt_out): ``ls`` source and ``lt`` target ids, EOS, BOS before the target."""
+    src, tgt_in, tgt_out = batch
+    src[i, :ls], src[i, ls] = torch.randint(4, vocab, (ls,), generator=g), EOS
+    body = torch.randint(4, vocab, (lt,), generator=g)
+    tgt_in[i, 0], tgt_in[i, 1:lt + 1] = BOS, body
+    tgt_out[i, :lt], tgt_out[i, lt] = body, EOS
 
 
 def make_news_steps(spec: dict, device: torch.device, max_tokens: int, seed: int = 0) -> list[Step]:
     """``spec["steps"]`` optimizer steps planned as the train stage plans them, from short to long.
 
-    The pairs' (source, target) lengths come from the news sets' BPE length histogram
-    (``tests/data/news_lengths.json``, ``benchmarks/news_lengths.py``); :func:`pipeline.data.batching.
-    plan_global_batches` cuts them into global batches of ``spec["tokens_per_step"]`` target tokens and
-    :func:`~pipeline.data.batching.forward_passes` splits each into passes of <= ``max_tokens`` padded tokens
-    (one process). Evenly spaced batches of the length-sorted plan are taken; token ids are random.
+    The pairs' (source, target) lengths come from the news sets' BPE length histogram (``tests/data/news_lengths.json``,
+    see tests/pipeline/data/test_global_batches.py), cut into global batches of ``spec["tokens_per_step"]`` target
+    tokens and passes of <= ``max_tokens`` padded tokens (one process) by :mod:`pipeline.data.batching`. Evenly
+    spaced batches of the length-sorted plan are taken; token ids are random.
     """
     import numpy as np
 
@@ -152,22 +124,18 @@ def make_news_steps(spec: dict, device: torch.device, max_tokens: int, seed: int
 def _pad_pairs(pairs: list[tuple[int, int]], vocab: int, g: torch.Generator, device: torch.device) -> Batch:
     """(src, tgt_in, tgt_out) of random ids with the given (source, target) lengths, padded to the longest."""
     s, t = max(a for a, _ in pairs) + 1, max(b for _, b in pairs) + 1
-    src, tgt_in, tgt_out = torch.full((len(pairs), s), PAD), torch.full((len(pairs), t), PAD), torch.full(
-        (len(pairs), t), PAD)
+    batch = (torch.full((len(pairs), s), PAD), torch.full((len(pairs), t), PAD), torch.full((len(pairs), t), PAD))
     for i, (ls, lt) in enumerate(pairs):
-        src[i, :ls], src[i, ls] = torch.randint(4, vocab, (ls,), generator=g), EOS
-        body = torch.randint(4, vocab, (lt,), generator=g)
-        tgt_in[i, 0], tgt_in[i, 1:lt + 1] = BOS, body
-        tgt_out[i, :lt], tgt_out[i, lt] = body, EOS
-    return src.to(device), tgt_in.to(device), tgt_out.to(device)
+        _fill(batch, i, ls, lt, vocab, g)
+    return tuple(t.to(device) for t in batch)
 
 
-def _ours_loss(model, src, tgt_in, tgt_out):
-    return label_smoothed_nll_loss(model(src, tgt_in), tgt_out, epsilon=EPS, ignore_index=PAD)[0]
+def _ours_loss(model, src, tgt_in, tgt_out, loss=label_smoothed_nll_loss):
+    return loss(model(src, tgt_in), tgt_out, epsilon=EPS, ignore_index=PAD)[0]
 
 
 def _lean_loss(model, src, tgt_in, tgt_out):
-    return label_smoothed_nll_loss_lean(model(src, tgt_in), tgt_out, epsilon=EPS, ignore_index=PAD)[0]
+    return _ours_loss(model, src, tgt_in, tgt_out, label_smoothed_nll_loss_lean)
 
 
 def _torch_loss(model, src, tgt_in, tgt_out):
@@ -194,13 +162,10 @@ def compiled_loss(mode: str, dynamic: bool, model: nn.Module, lean: bool = False
 def make_step(model: nn.Module, loss_fn, steps: list[Step], device: torch.device):
     """A closure running one full training step (the next of ``steps``, in turn): each forward pass's loss,
     backward, then Adam; returns nothing (syncs on CUDA)."""
-    fused = {"fused": True} if device.type == "cuda" else {}
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **fused)
+    cuda = device.type == "cuda"
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=cuda or None)
     turn = itertools.cycle(steps)
-
-    def autocast() -> torch.autocast:
-        return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
-            "cpu", enabled=False)
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else contextlib.nullcontext
 
     def step() -> None:
         passes, n_tok = next(turn)
@@ -210,14 +175,13 @@ def make_step(model: nn.Module, loss_fn, steps: list[Step], device: torch.device
             (loss / n_tok).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize()
     return step
 
 
 def measure(steps: dict, iters: int, repeats: int, warmup: int = 2) -> dict[str, list[float]]:
-    """Seconds per step for each model, ``repeats`` times, alternating the order, after ``warmup`` untimed steps
-    (every planned shape once, so that compiling happens there); progress goes to the log."""
+    """Seconds per step for each model, ``repeats`` times in alternating order, after ``warmup`` untimed steps."""
     times: dict[str, list[float]] = {name: [] for name in steps}
     names = list(steps)
     for name in names:  # warm up (compiling, allocator, kernels, first-touch)
@@ -260,15 +224,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", type=Path, default=None, help="also write a torch.profiler table of our step here")
     p.add_argument("--compile", default="none", choices=["none", "model", "loss", "step"],
                    help="torch.compile our model, our loss, or both as one function (default: %(default)s)")
-    p.add_argument("--loss", default="plain", choices=["plain", "lean"],
-                   help="our loss: the log-softmax one, or the lean one (no [N, V] fp32 tensor kept; "
-                   "--compile none or step only)")
-    p.add_argument("--causal-flash", action="store_true", help="ours: run the decoder's causal self-attention on "
-                   "flash too (model.layers.CUDA_ATTENTION), not the memory-efficient kernel (CUDA only)")
+    p.add_argument("--loss", default="plain", choices=["plain", "lean"], help="our loss: the log-softmax one, or "
+                   "the lean one (no [N, V] fp32 tensor kept; --compile none or step only)")
+    p.add_argument("--causal-flash", action="store_true", help="flash for the decoder's causal self-attention")
     p.add_argument("--dynamic", action="store_true", help="compile for any shape (torch.compile dynamic=True)")
-    p.add_argument("--max-tokens", type=int, default=None, help="news-25k: padded tokens per forward pass "
-                   "(default: the train stage's NMT_MAX_TOKENS default for the device)")
+    p.add_argument("--max-tokens", type=int, help="news-25k: padded tokens per forward pass (default: the train "
+                   "stage's NMT_MAX_TOKENS default for the device)")
     return p
+
+
+def _planned(name: str, device: torch.device, args: argparse.Namespace) -> tuple[list[Step], str]:
+    """The optimizer steps config ``name`` times and their shape in words (SystemExit: ``--iters`` no multiple)."""
+    spec = CONFIGS[name]
+    if "steps" in spec:
+        planned = make_news_steps(spec, device, args.max_tokens or DEFAULT_MAX_TOKENS[device.type])
+        passes = sum(len(p) for p, _ in planned) / len(planned)
+        shape = f"{len(planned)} planned steps of {passes:.1f} forward passes on average"
+    else:
+        batch = make_batch(spec, device)
+        planned, shape = [([batch], int(batch[2].ne(PAD).sum()))], f"batch {spec['batch']}x{spec['max_len']}"
+    if args.iters % len(planned):
+        raise SystemExit(f"--iters {args.iters}: config {name} has {len(planned)} steps; use a multiple of it")
+    return planned, shape
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,25 +256,16 @@ def main(argv: list[str] | None = None) -> int:
                          "compiled step; use --compile none or step")
     if args.causal_flash:  # the choice before model.layers.CAUSAL_ATTENTION, for an A/B in the same session
         model.layers.CAUSAL_ATTENTION = model.layers.CUDA_ATTENTION
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    setup_logging()
     name = args.config or ("base" if args.device == "cuda" else "small")
     spec = CONFIGS[name]
     torch.set_num_threads(args.threads)
     with contextlib.suppress(RuntimeError):  # refused once this process ran inter-op work (e.g. under pytest)
         torch.set_num_interop_threads(1)
     device = torch.device(args.device)
-    cfg = TransformerConfig(vocab_size=spec["vocab_size"], d_model=spec["d_model"], n_heads=spec["n_heads"],
-                            d_ff=spec["d_ff"], n_layers=spec["n_layers"], max_positions=256)
-    if "steps" in spec:
-        planned = make_news_steps(spec, device, args.max_tokens or DEFAULT_MAX_TOKENS[device.type])
-        shape = (f"{len(planned)} planned steps of {sum(len(p) for p, _ in planned) / len(planned):.1f} forward "
-                 f"passes on average")
-    else:
-        batch = make_batch(spec, device)
-        planned = [([batch], int(batch[2].ne(PAD).sum()))]
-        shape = f"batch {spec['batch']}x{spec['max_len']}"
-    if args.iters % len(planned):
-        raise SystemExit(f"--iters {args.iters}: config {name} has {len(planned)} steps; use a multiple of it")
+    cfg = TransformerConfig(**{k: spec[k] for k in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers")},
+                            max_positions=256)
+    planned, shape = _planned(name, device, args)
     torch.manual_seed(0)
     ours, base = Transformer(cfg).to(device).train(), TorchBaseline(cfg).to(device).train()
     loss_fn = compiled_loss(args.compile, args.dynamic, ours, args.loss == "lean")
@@ -308,25 +276,21 @@ def main(argv: list[str] | None = None) -> int:
         write_profile(steps["ours"], device, args.profile)
     n_tok = sum(n for _, n in planned) / len(planned)  # per step, mean over the planned steps
     med = {k: statistics.median(v) for k, v in times.items()}
-    rows = [(k, sum(p.numel() for p in m.parameters()), med[k] * 1e3, n_tok / med[k])
-            for k, m in (("ours", ours), ("nn.Transformer", base))]
     ratio = med["nn.Transformer"] / med["ours"]
     paired = statistics.median(b / a for a, b in zip(times["ours"], times["nn.Transformer"]))
-    table = ["| model | parameters | step ms (median) | target tok/s (median) |", "|---|---|---|---|"]
-    table += [f"| {k} | {n:,} | {ms:.1f} | {tps:,.0f} |" for k, n, ms, tps in rows]
-    table.append(f"\nratio ours / nn.Transformer (tokens/s): **{ratio:.3f}** (config {name}, {args.device}, "
-                 f"{args.threads} threads, {shape}, {n_tok:.0f} target tokens per step, "
-                 f"median of {args.repeats} alternating repeats x {args.iters} steps; median of per-repeat "
-                 f"ratios {paired:.3f})")
-    print("\n".join(table))
-    result = {"config": name, "spec": spec, "device": args.device, "threads": args.threads, "target_tokens": n_tok,
-              "repeats": args.repeats, "iters": args.iters, "seconds_per_step": times,
-              "median_seconds_per_step": med, "tgt_tokens_per_s": {k: n_tok / v for k, v in med.items()},
-              "ratio": ratio, "paired_ratio_median": paired, "compiled": args.compile, "dynamic": args.dynamic,
-              "loss": args.loss, "causal_flash": args.causal_flash,
-              "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(md_table(("model", "parameters", "step ms (median)", "target tok/s (median)"),
+                   [(k, f"{sum(p.numel() for p in m.parameters()):,}", f"{med[k] * 1e3:.1f}", f"{n_tok / med[k]:,.0f}")
+                    for k, m in (("ours", ours), ("nn.Transformer", base))]))
+    print(f"\nratio ours / nn.Transformer (tokens/s): **{ratio:.3f}** (config {name}, {args.device}, {args.threads} "
+          f"threads, {shape}, {n_tok:.0f} target tokens per step, median of {args.repeats} alternating repeats x "
+          f"{args.iters} steps; median of per-repeat ratios {paired:.3f})")
+    write_json(args.out, {
+        **header(argv if argv is not None else sys.argv[1:]), "config": name, "spec": spec, "device": args.device,
+        "threads": args.threads, "target_tokens": n_tok, "repeats": args.repeats, "iters": args.iters,
+        "seconds_per_step": times, "median_seconds_per_step": med,
+        "tgt_tokens_per_s": {k: n_tok / v for k, v in med.items()}, "ratio": ratio, "paired_ratio_median": paired,
+        "compiled": args.compile, "dynamic": args.dynamic, "loss": args.loss, "causal_flash": args.causal_flash,
+        "torch": torch.__version__})
     return 0
 
 

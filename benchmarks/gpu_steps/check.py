@@ -1,5 +1,5 @@
 """``benchmarks/gpu.py check``: the GPU code paths end to end, the CUDA tests, bf16 against fp32, determinism and
-attention backends, one ``step_*`` function each."""
+attention backends, one ``step_*`` function each (described in benchmarks/gpu.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_steps.runner import REPO, Runner, params_for, step_throughput, write_params
+from benchmarks.common import REPO, write_params
+from benchmarks.gpu_steps.runner import Runner, params_for, step_throughput
 from pipeline.training.curves import read_history
 
 GPU_TESTS = ("tests/model/test_cuda.py", "tests/pipeline/training/test_deterministic_kernels.py",
@@ -51,11 +52,6 @@ def step_profile(r: Runner, data: Path, step: str, profile: str, launcher: str, 
     return r.chain(step, work, timeout=max(min(r.left(), 900), 60), launcher=launcher, NMT_NPROC="1")
 
 
-def _curve(work: Path) -> list[dict[str, float]]:
-    """``train.csv``'s rows without their empty cells."""
-    return [{k: v for k, v in row.items() if v is not None} for row in read_history(work / "plots" / "train.csv")]
-
-
 def step_precision(r: Runner, data: Path, profile: str, dry: bool) -> dict[str, Any]:
     """``profile`` (demo) for 200 steps (warm-up 100) in bf16 (the product) and fp32; loss at every 10th step."""
     steps = 6 if dry else 200
@@ -63,20 +59,16 @@ def step_precision(r: Runner, data: Path, profile: str, dry: bool) -> dict[str, 
              "valid_every_steps": max(steps // 4, 1), "log_every_steps": 2 if dry else 10}
     out: dict[str, Any] = {}
     curves = {}
-    for name in ("bf16", "fp32"):
+    fp32 = [str(REPO / "benchmarks" / "gpu.py"), "fp32-train"]  # the train stage with autocast off
+    for name, argv in (("bf16", ["-m", "pipeline.train"]), ("fp32", fp32)):
         work = r.work / f"precision-{name}"
         path = write_params(params_for(profile, data, work, **train), work)
-        if name == "bf16":
-            out[name] = r.stage("precision-bf16", "train", path)
-        else:
-            out[name] = r.cmd("precision-fp32", [sys.executable, str(REPO / "benchmarks" / "gpu.py"), "fp32-train",
-                                                 "--params", str(path)], 300)
+        out[name] = r.cmd(f"precision-{name}", [sys.executable, *argv, "--params", str(path)], 300)
         if out[name]["rc"] != 0:
             return out
-        curves[name] = _curve(work)
-    out["curves"] = curves
-    out["compare"] = compare_curves(curves["bf16"], curves["fp32"])
-    return out
+        curves[name] = [{k: v for k, v in row.items() if v is not None}  # train.csv without its empty cells
+                        for row in read_history(work / "plots" / "train.csv")]
+    return {**out, "curves": curves, "compare": compare_curves(curves["bf16"], curves["fp32"])}
 
 
 def compare_curves(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict[str, Any]:
@@ -94,9 +86,8 @@ def compare_curves(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict
 
 def step_determinism(r: Runner, data: Path, profile: str, dry: bool,
                      only: tuple[str, ...] = ("default", "deterministic")) -> dict[str, Any]:
-    """Two uninterrupted runs and one killed after step ``kill`` and relaunched, per mode in ``only`` (torchrun,
-    NCCL). The dry run does the default mode only (tests/pipeline/training/test_deterministic_kernels.py runs the
-    switch on the CPU)."""
+    """Two uninterrupted runs and one killed after step ``kill`` and relaunched, per mode in ``only`` (torchrun, NCCL;
+    the dry run: the default mode only, tests/pipeline/training/test_deterministic_kernels.py runs the switch)."""
     steps, every, kill = (6, 2, 3) if dry else (40, 10, 21)
     train = {"max_steps": steps, "warmup_steps": steps // 2, "save_every_steps": every, "valid_every_steps": steps,
              "log_every_steps": every}
@@ -138,9 +129,8 @@ def compare_checkpoints(a: Path, b: Path) -> dict[str, Any]:
         floats = [k for k in x if x[k].is_floating_point()]
         result[name] = {"bitwise_equal": all(torch.equal(x[k], y[k]) for k in x),
                         "max_abs_diff": max(float((x[k].double() - y[k].double()).abs().max()) for k in floats)}
-    histories = [json.loads((d / "state.json").read_text(encoding="utf-8"))["history"] for d in (a, b)]
-    result["history_equal"] = histories[0] == histories[1]
-    return result
+    history_a, history_b = (json.loads((d / "state.json").read_text(encoding="utf-8"))["history"] for d in (a, b))
+    return {**result, "history_equal": history_a == history_b}
 
 
 def step_attention(dry: bool) -> dict[str, Any]:

@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_steps.runner import DATA_STAGES, REPO, Runner, params_for, step_throughput, write_params
+from benchmarks.common import REPO, write_params
+from benchmarks.gpu_steps.runner import DATA_STAGES, Runner, params_for, step_throughput
 
 log = logging.getLogger("gpu")
 PROFILE = "multi30k"
@@ -44,10 +45,10 @@ NEWS = ("newstest2014.en", "newstest2014.de")
 NEWS_TRAIN = ("news-test2008", "newssyscomb2009", "newstest2009", "newstest2010", "newstest2011", "newstest2012")
 
 
-def steps(r: Runner, data: Path, chains: list[str], news_model: str, dry: bool) -> dict[str, tuple[Any, float]]:
+def steps(r: Runner, data: Path, chains: list[str], dry: bool) -> dict[str, tuple[Any, float]]:
     """The ``multi30k`` steps in order, each with the seconds it needs on the device."""
     return {"sweep": (lambda: step_sweep(r, data, chains, dry), 200),
-            "newstest": (lambda: step_newstest(r, data, news_model, dry), 40),
+            "newstest": (lambda: step_newstest(r, data, dry), 40),
             "throughput": (lambda: step_throughput(r, dry), 100)}
 
 
@@ -69,10 +70,8 @@ def chain_params(name: str, data: Path, work: Path | None, dry: bool) -> dict:
 
 
 def step_sweep(r: Runner, data: Path, chains: list[str], dry: bool) -> dict[str, Any]:
-    """Every chain in ``chains`` (:data:`CHAINS`), train -> average -> evaluate each, all at once on the one device
-    (so each wall time is an upper bound on the run's time alone); saved as each one ends. ``evaluate`` picks beam
-    and α on the valid set and scores the test set (Multi30k: val, test_2016_flickr; news: newstest2013,
-    newstest2014)."""
+    """Every chain in ``chains`` (:data:`CHAINS`), train -> average -> evaluate, all at once on the one device (each
+    wall time an upper bound on the run's alone), each saved as it ends; beam and α chosen on valid, test scored."""
     out: dict[str, Any] = {}
     lock = threading.Lock()
     timeout = max(r.left() - 60, 60)  # leave the newstest step its time
@@ -91,9 +90,9 @@ def step_sweep(r: Runner, data: Path, chains: list[str], dry: bool) -> dict[str,
     return out
 
 
-def step_newstest(r: Runner, data: Path, chain: str, dry: bool) -> dict[str, Any]:
+def step_newstest(r: Runner, data: Path, dry: bool) -> dict[str, Any]:
     """newstest2014 (3,003 lines) through ``translate_lines`` (normalise, BPE, batched beam 4 search, detokenise)
-    with chain ``chain``'s averaged model: a warm-up, timed runs at 8k-32k tokens a batch; sacreBLEU and the
+    with the ``news`` chain's averaged model: a warm-up, timed runs at 8k-32k tokens a batch; sacreBLEU and the
     output/reference length ratio beside."""
     import sacrebleu
     import torch
@@ -101,12 +100,11 @@ def step_newstest(r: Runner, data: Path, chain: str, dry: bool) -> dict[str, Any
     from model import max_length
     from pipeline.inference.decoding import load_translator
 
-    src, ref = ((data / "newstest" / name).read_text(encoding="utf-8").splitlines() for name in NEWS)
-    if dry:
-        src, ref = src[:20], ref[:20]
+    src, ref = ((data / "newstest" / name).read_text(encoding="utf-8").splitlines()[:20 if dry else None]
+                for name in NEWS)
     dev = torch.device("cpu" if dry else "cuda")
     started = time.perf_counter()
-    translator = load_translator(r.work / chain / "model" / "averaged.pt", dev)
+    translator = load_translator(r.work / "news" / "model" / "averaged.pt", dev)
     out: dict[str, Any] = {"sentences": len(src), "load_s": round(time.perf_counter() - started, 2), "runs": []}
     timed(translator, src[:200], 8192, dev)  # CUDA context, kernels, allocator
     for max_tokens in (8192, 16384, 32768, 16384):
@@ -140,14 +138,12 @@ def news_data(data: Path, mirror: Path, dry: bool) -> int:
     """The ``news`` chain's data, here (the device machine has no shared data): the small news sets of WMT14's
     ``dev.tgz`` as training pairs, newstest2013 as valid, newstest2014 as test, through clean, bpe and encode
     (the ``paper`` profile's data settings); newstest2014's text for the ``newstest`` step."""
-    wmt14 = mirror / "wmt14"
+    wmt14, target = mirror / "wmt14", REPO / data / "news"
     if not (wmt14 / "dev").is_dir() or not (wmt14 / "test-full-txt").is_dir():
         log.error("%s: no wmt14/dev and wmt14/test-full-txt folders here; pass --mirror, the shared data folder",
                   mirror)
         return 2
-    target = REPO / data / "news"
-    raw = target / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
+    (raw := target / "raw").mkdir(parents=True, exist_ok=True)
     for lang in ("en", "de"):
         train = [(wmt14 / "dev" / f"{name}.{lang}").read_text(encoding="utf-8") for name in NEWS_TRAIN]
         (raw / f"train.{lang}").write_text("".join(t if t.endswith("\n") else t + "\n" for t in train),

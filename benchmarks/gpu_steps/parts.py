@@ -88,17 +88,13 @@ def attention_rows(b: int, length: int, h: int = 8, dh: int = 64) -> dict[str, f
     return rows
 
 
-def run(parts: list[str]) -> dict[str, object]:
-    """The rows of ``parts`` (``loss``: [29000 x 37000] logits; ``attention``: [900 x 32] and [450 x 64] batches),
-    each logged as a markdown table row."""
+def run() -> dict[str, object]:
+    """The loss rows ([29000 x 37000] logits) and the attention rows ([900 x 32] and [450 x 64] batches), each
+    logged as a markdown table row."""
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu.py parts times CUDA kernels and this machine has no CUDA device; run it on "
                          "a GPU (benchmarks/train.py --device cpu times a whole CPU step)")
-    rows = {}
-    if "loss" in parts:
-        rows.update(loss_rows(29000, 37000))
-    for b, length in ((900, 32), (450, 64)) if "attention" in parts else ():
-        rows.update(attention_rows(b, length))
+    rows = {**loss_rows(29000, 37000), **attention_rows(900, 32), **attention_rows(450, 64)}
     for key, ms in rows.items():
         log.info("| %s | %.3f |", key, ms)
     return {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "ms": rows}

@@ -14,12 +14,12 @@ import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
+from benchmarks.common import REPO
 from pipeline.project.profiles import merged_profile
 
 log = logging.getLogger("gpu")
-REPO = Path(__file__).resolve().parents[2]
 DATA_STAGES = ("download", "clean", "bpe", "encode")
 DATA_PATHS = ("raw", "clean", "bpe", "shards")
 RUN_PATHS = ("train", "model", "eval", "metrics", "plots", "reports")
@@ -29,12 +29,9 @@ DRY_BUDGET_S = 3600.0
 
 def params_for(profile: str, data: Path, work: Path | None, dataset: str = "", **train: Any) -> dict:
     """Profile ``profile``'s params: data paths under ``data/<dataset>`` (default: the profile's name), run paths
-    under ``work``, ``train`` overrides.
-
-    ``data`` is relative to the repository (the params loader takes data/, runs/, ... inside the checkout)
-    or absolute outside it; ``work`` is absolute, outside it. The loader takes an absolute path only inside the
-    params file's folder (pipeline/core/paths.py), so an absolute ``data`` is reached through a link
-    ``work/data`` (the run stages only read it).
+    under ``work`` (absolute), ``train`` overrides. ``data`` is relative to the repository or absolute; the params
+    loader takes an absolute path only inside the params file's folder (pipeline/core/paths.py), so an absolute
+    ``data`` is reached through a link ``work/data`` (the run stages only read it).
     """
     if work is not None and data.is_absolute():
         work.mkdir(parents=True, exist_ok=True)
@@ -49,14 +46,11 @@ def params_for(profile: str, data: Path, work: Path | None, dataset: str = "", *
     return params
 
 
-def write_params(params: dict, folder: Path) -> Path:
-    """``folder/params.yaml`` holding ``params``."""
-    import yaml
+class Done(TypedDict):
+    """A command's exit code (``timeout``: killed at its limit) and wall seconds."""
 
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "params.yaml"
-    path.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
-    return path
+    rc: int | str
+    seconds: float
 
 
 class Runner:
@@ -79,7 +73,7 @@ class Runner:
         return {**os.environ, "NMT_TRACKING": "off", "NMT_DEVICE": self.device, "PYTHONPATH": path,
                 "PYTHONUNBUFFERED": "1", "NMT_MAX_RESTARTS": "0", **extra}
 
-    def cmd(self, name: str, argv: list[str], timeout: float, **extra: str) -> dict[str, Any]:
+    def cmd(self, name: str, argv: list[str], timeout: float, **extra: str) -> Done:
         """Run ``argv`` from the repository root; its output goes to ``logs/<name>.log``."""
         started = time.monotonic()
         with (self.work / "logs" / f"{name}.log").open("w", encoding="utf-8") as fh:
@@ -88,11 +82,11 @@ class Runner:
                                     stderr=subprocess.STDOUT, timeout=timeout).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
-        done = {"rc": rc, "seconds": round(time.monotonic() - started, 2)}
+        done = Done(rc=rc, seconds=round(time.monotonic() - started, 2))
         log.info("%-32s rc=%s %7.1f s", name, rc, done["seconds"])
         return done
 
-    def stage(self, name: str, stage: str, params: Path, timeout: float = 300, **extra: str) -> dict[str, Any]:
+    def stage(self, name: str, stage: str, params: Path, timeout: float = 300, **extra: str) -> Done:
         """``python -m pipeline.<stage> --params params`` (``launch``: the torchrun launcher)."""
         module = "pipeline.launch" if stage == "launch" else f"pipeline.{stage}"
         return self.cmd(name, [sys.executable, "-m", module, "--params", str(params)], timeout, **extra)
@@ -106,12 +100,10 @@ class Runner:
         return True
 
     def chain(self, name: str, work: Path, timeout: float, launcher: str = "train", **extra: str) -> dict[str, Any]:
-        """``launcher`` (``train`` or ``launch``) -> ``average`` -> ``evaluate`` on ``work/params.yaml`` (run paths
-        under ``work``) within ``timeout`` seconds, and the metrics files they wrote. A failed train still averages
-        what it saved (a run paused by ``train.max_minutes`` exits 1); a failed average or evaluate ends the chain."""
-        params = work / "params.yaml"
-        result: dict[str, Any] = {}
-        started = time.monotonic()
+        """``launcher`` (``train`` or ``launch``) -> ``average`` -> ``evaluate`` on ``work/params.yaml`` within
+        ``timeout`` seconds, and the metrics files they wrote. A failed train still averages what it saved (a run
+        paused by ``train.max_minutes`` exits 1); a failed average or evaluate ends the chain."""
+        params, result, started = work / "params.yaml", {}, time.monotonic()
         for stage in (launcher, "average", "evaluate"):
             left = timeout - (time.monotonic() - started)
             result[stage] = self.stage(f"{name}-{stage}", stage, params, timeout=max(left, 1), **extra)
@@ -123,25 +115,21 @@ class Runner:
 
     def run_steps(self, steps: dict[str, tuple[Callable[[], Any], float]], names: list[str] | None, dry: bool) -> None:
         """Each named step (default all, in order) that has the seconds it needs left of the budget (a dry run
-        skips none); the results JSON is rewritten after each one."""
+        skips none), saving what it returns or its error; the results JSON is rewritten after each one."""
         for name in names or list(steps):
             do, needs = steps[name]
             if self.left() < needs and not dry:
                 log.warning("step %s skipped: %.0f s left, it needs ~%d", name, self.left(), needs)
                 self.save(name, {"skipped": f"{self.left():.0f} s left"})
                 continue
-            self.step(name, do)
+            started = time.monotonic()
+            try:
+                self.save(name, do())
+            except Exception as exc:  # saved: the next step's figures are worth having
+                log.exception("step %s failed", name)
+                self.save(name, {"error": repr(exc)})
+            log.info("step %s: %.1f s", name, time.monotonic() - started)
         log.info("results:\n%s", json.dumps(self.results, indent=1, default=str)[-8000:])
-
-    def step(self, name: str, do: Callable[[], Any]) -> None:
-        """Run one step and save what it returns, or its error (the next step's figures are worth having)."""
-        started = time.monotonic()
-        try:
-            self.save(name, do())
-        except Exception as exc:
-            log.exception("step %s failed", name)
-            self.save(name, {"error": repr(exc)})
-        log.info("step %s: %.1f s", name, time.monotonic() - started)
 
     def save(self, step: str, value: Any) -> None:
         """Record ``value`` under ``step``; rewrite the JSON and ``logs.tar.gz`` (logs and loss curves)."""
@@ -165,8 +153,7 @@ def step_env() -> dict[str, Any]:
         info.update(name=props.name, capability=f"{props.major}.{props.minor}", memory_gib=props.total_memory / 2**30,
                     sms=props.multi_processor_count, cuda=torch.version.cuda, devices=torch.cuda.device_count(),
                     nccl=".".join(map(str, torch.cuda.nccl.version())))
-    smi = shutil.which("nvidia-smi")
-    if smi:
+    if smi := shutil.which("nvidia-smi"):
         info["nvidia_smi"] = subprocess.run([smi, "-L"], check=False, capture_output=True, text=True).stdout.strip()
     return info
 
@@ -179,6 +166,4 @@ def step_throughput(r: Runner, dry: bool) -> dict[str, Any]:
     argv += (["--device", "cpu", "--config", "small", "--threads", "1", "--repeats", "1", "--iters", "1"] if dry else
              ["--device", "cuda", "--config", "base-25k", "--repeats", "3", "--iters", "10", "--compile", "step"])
     done = r.cmd("throughput", argv, timeout=max(r.left() - 10, 30))
-    if json_path.is_file():
-        done["result"] = json.loads(json_path.read_text(encoding="utf-8"))
-    return done
+    return {**done, **({"result": json.loads(json_path.read_text(encoding="utf-8"))} if json_path.is_file() else {})}

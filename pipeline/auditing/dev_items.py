@@ -1,24 +1,23 @@
 """Measured items about checkpoint averaging and the development set (newstest2013 for wmt14).
 
-From ``average.details.json`` (``steps``: the averaged checkpoints' steps) with the final training step
-(:func:`pipeline.auditing.run_items.final_step`), and ``evaluate.details.json``: ``valid`` (the averaged
+From the average stage's details (the averaged checkpoints' steps) with the final training step
+(:func:`pipeline.auditing.run_items.final_step`), and the evaluate stage's: ``valid`` (the averaged
 model) and ``valid_newest`` (the newest checkpoint alone, decoded at the chosen beam and α: the setting of
 the paper's Table 3, "beam search as described in the previous section, but no checkpoint averaging",
 §6.2). Table 3's base row: newstest2013 BLEU 25.8 and perplexity 4.92 per wordpiece; on another valid set
 the figures are ``informational`` (not comparable).
 
-Three items are run checks (kind ``check``), not the paper's: the averaging span (a warning past 20% of
-training, the averaging rule params.yaml states, or with other than 5 checkpoints) and the averaged model
-against the newest checkpoint alone, on valid BLEU and on valid perplexity (a warning when the newest
-checkpoint scores better).
+Three items are run checks (kind ``check``): the averaging span (a warning past params.yaml's rule of 20%
+of training, or with other than 5 checkpoints) and the averaged model against the newest checkpoint alone,
+on valid BLEU and perplexity (a warning when the newest checkpoint scores better).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from pipeline.auditing.items import fmt, item
-from pipeline.auditing.paper import BLEU_TOLERANCE, PAPER
+from pipeline.auditing.items import Item, fmt, item
+from pipeline.auditing.paper import BLEU_TOLERANCE, PAPER, comparable
 from pipeline.auditing.run_items import AVERAGE_PAPER, AVERAGE_SPAN_MAX, PPL_REL, final_step
 
 if TYPE_CHECKING:
@@ -27,10 +26,6 @@ if TYPE_CHECKING:
 NEWEST = "newest checkpoint"
 GAIN_BLEU = "Averaged vs newest checkpoint, valid BLEU"
 GAIN_PPL = "Averaged vs newest checkpoint, valid perplexity"
-
-
-def _evaluate(inp: Inputs) -> dict[str, Any]:
-    return inp.metrics.get("evaluate") or {}
 
 
 def _span(steps: list[int], final: int) -> tuple[str, list[str]]:
@@ -50,33 +45,31 @@ def _span(steps: list[int], final: int) -> tuple[str, list[str]]:
     return run, bad
 
 
-def averaging_span_item(inp: Inputs) -> dict[str, Any]:
+def averaging_span_item(inp: Inputs) -> Item:
     """A check: which part of training the averaged checkpoints cover (a warning past 20%)."""
-    steps = (inp.metrics.get("average") or {}).get("steps") or []
+    steps = inp.details.average.steps
     final = final_step(inp) or (steps[-1] if steps else None)
     note = ("span = (final step - first averaged step) / final step; the paper's first averaged checkpoint is 40 "
             "of 720 minutes before the end (5.6%), 50 counting the interval it was trained in (6.9%)")
     if not steps or not final:
         return item("Averaging span", paper=AVERAGE_PAPER, run=None, ok=None, source="§6.1, §5.2", note=note,
                     kind="check")
-    run, bad = _span([int(s) for s in steps], int(final))
+    run, bad = _span(steps, final)
     return item("Averaging span", paper=AVERAGE_PAPER, run=run, ok=True, source="§6.1, §5.2", kind="check",
                 note="; ".join(bad) if bad else note, verdict="warning" if bad else None)
 
 
-def averaging_gain_item(inp: Inputs) -> dict[str, Any]:
+def averaging_gain_item(inp: Inputs) -> Item:
     """A check: a warning when the newest checkpoint alone scores better valid BLEU than the averaged model.
 
     Both are decoded on the same valid set at the same beam and α and scored with sacreBLEU 13a.
     """
-    evaluate = _evaluate(inp)
-    newest, averaged = evaluate.get("valid_newest") or {}, evaluate.get("valid") or {}
-    alone, mean = newest.get("bleu"), averaged.get("bleu")
+    averaged, newest = inp.details.evaluate.valid, inp.details.evaluate.valid_newest
+    alone, mean = newest.bleu, averaged.bleu
     paper = "the reported models average the last 5 checkpoints (§6.1)"
     if alone is None or mean is None:
         return item(GAIN_BLEU, paper=paper, run=None, ok=None, source="§6.1", kind="check")
-    step = newest.get("step")
-    where = f"{NEWEST} (step {step:,})" if isinstance(step, int) else NEWEST
+    where = f"{NEWEST} (step {newest.step:,})" if newest.step is not None else NEWEST
     run = f"averaged {mean:.2f}, {where} {alone:.2f} (sacreBLEU 13a)"
     worse = alone > mean
     note = (f"the {NEWEST} alone scores better than the average: {alone:.2f} valid BLEU vs {mean:.2f} "
@@ -92,21 +85,20 @@ def _newest_ppl(inp: Inputs) -> tuple[float | None, str]:
     evaluate.details.json ``valid_newest.ppl``, else train.details.json ``valid_ppl`` (the validation
     the training stage runs at its last step: the same teacher-forced perplexity without label smoothing).
     """
-    ppl = (_evaluate(inp).get("valid_newest") or {}).get("ppl")
-    if isinstance(ppl, (int, float)):
+    ppl, train = inp.details.evaluate.valid_newest.ppl, inp.details.train
+    if ppl is not None:
         return float(ppl), "evaluate.details.json valid_newest"
-    train = inp.metrics.get("train") or {}
-    if isinstance(train.get("valid_ppl"), (int, float)):
-        return float(train["valid_ppl"]), f"train.details.json valid_ppl at step {fmt(train.get('step'))}"
+    if train.valid_ppl is not None:
+        return float(train.valid_ppl), f"train.details.json valid_ppl at step {fmt(train.step)}"
     return None, ""
 
 
-def averaging_ppl_item(inp: Inputs) -> dict[str, Any]:
+def averaging_ppl_item(inp: Inputs) -> Item:
     """A check: a warning when the last checkpoint's valid perplexity is below the averaged model's."""
-    averaged = (_evaluate(inp).get("valid") or {}).get("ppl")
+    averaged = inp.details.evaluate.valid.ppl
     last, where = _newest_ppl(inp)
     paper = "the reported models average the last 5 checkpoints (§6.1)"
-    if last is None or not isinstance(averaged, (int, float)):
+    if last is None or averaged is None:
         return item(GAIN_PPL, paper=paper, run=None, ok=None, source="§6.1", kind="check")
     run = f"averaged {averaged:.2f}, {NEWEST} {last:.2f} (per BPE token, teacher-forced, no label smoothing)"
     worse = last < averaged
@@ -117,29 +109,17 @@ def averaging_ppl_item(inp: Inputs) -> dict[str, Any]:
                 verdict="warning" if worse else None)
 
 
-def _dev_comparable(inp: Inputs, figures: dict[str, Any]) -> tuple[bool, str]:
-    """Whether a valid set's figures can stand beside Table 3 (newstest2013), and why not."""
-    dataset = (inp.params.get("download") or {}).get("dataset")
-    n = figures.get("sentences")
-    if dataset != "wmt14":
-        return False, f"{dataset} valid set, not newstest2013"
-    if n is not None and n != PAPER["valid_sentences"]:
-        return False, f"valid set of {n} sentences (newstest2013: 3,000)"
-    return True, ""
-
-
-def newest_dev_items(inp: Inputs) -> list[dict[str, Any]]:
+def newest_dev_items(inp: Inputs) -> list[Item]:
     """The newest checkpoint's newstest2013 BLEU (the paper's metric) and perplexity beside Table 3's base row."""
-    newest = _evaluate(inp).get("valid_newest") or {}
-    comparable, why = _dev_comparable(inp, newest)
-    step = newest.get("step")
-    at = f"step {step:,}; " if isinstance(step, int) else ""
-    score, sacre, ppl = newest.get("bleu_tok_split"), newest.get("bleu"), newest.get("ppl")
+    newest = inp.details.evaluate.valid_newest
+    same_set, why = comparable(inp, newest, "valid")
+    at = f"step {newest.step:,}; " if newest.step is not None else ""
+    score, sacre, ppl = newest.bleu_tok_split, newest.bleu, newest.ppl
     floor, ceiling = PAPER["dev_bleu"] - BLEU_TOLERANCE, PAPER["dev_ppl"] * (1 + PPL_REL)
     bleu_dev = f"{score or 0:.2f} (paper: 25.8; matching needs >= {floor:.1f})"
     ppl_dev = f"{ppl or 0:.2f} (paper: 4.92; matching needs <= {ceiling:.2f})"
     sacre_note = f"sacreBLEU 13a {sacre:.2f}; " if sacre is not None else ""
-    verdict, off = (None, "") if comparable else ("informational", f"{why}: not comparable with the paper's ")
+    verdict, off = (None, "") if same_set else ("informational", f"{why}: not comparable with the paper's ")
     return [
         item(f"BLEU, paper's method (tok+split), valid, {NEWEST}", paper="25.8 (Table 3 base, newstest2013, no "
              "averaging)", source="Table 3, §6.2", run=None if score is None else f"{score:.2f}",
@@ -153,22 +133,21 @@ def newest_dev_items(inp: Inputs) -> list[dict[str, Any]]:
     ]
 
 
-def averaged_dev_item(inp: Inputs) -> dict[str, Any]:
+def averaged_dev_item(inp: Inputs) -> Item:
     """The averaged model's valid figures (informational: Table 3 reports single checkpoints)."""
-    valid = _evaluate(inp).get("valid") or {}
-    parts = [f"{label} {valid[key]:.2f}" for key, label in (("bleu_tok_split", "BLEU tok+split"),
-                                                             ("bleu", "sacreBLEU 13a"), ("ppl", "perplexity"))
-             if isinstance(valid.get(key), (int, float))]
+    valid = inp.details.evaluate.valid
+    parts = [f"{label} {value:.2f}" for value, label in ((valid.bleu_tok_split, "BLEU tok+split"),
+                                                          (valid.bleu, "sacreBLEU 13a"), (valid.ppl, "perplexity"))
+             if value is not None]
     return item("Valid set, averaged model", paper="not reported (Table 3 is without averaging, §6.2)",
                 source="§6.2", run=", ".join(parts) if parts else None, ok=None, verdict="informational")
 
 
-def position_item(inp: Inputs) -> dict[str, Any]:
+def position_item(inp: Inputs) -> Item:
     """Valid/test sources the decoder truncated at ``model.max_positions`` (the paper cuts none)."""
-    evaluate = _evaluate(inp)
-    cut = {split: (evaluate.get(split) or {}).get("truncated_sources") for split in ("valid", "test")}
-    known = {split: int(n) for split, n in cut.items() if isinstance(n, int)}
-    limit = (inp.params.get("model") or {}).get("max_positions")
+    cut = {"valid": inp.details.evaluate.valid.truncated_sources, "test": inp.details.evaluate.test.truncated_sources}
+    known = {split: n for split, n in cut.items() if n is not None}
+    limit = inp.params.model.max_positions
     run = None if not known else ", ".join(f"{split} {n:,}" for split, n in known.items())
     return item("Sources cut at max_positions", paper="none: sinusoidal positions, no length limit (§3.5)",
                 source="§3.5", run=run, ok=None if not known else sum(known.values()) == 0,
@@ -176,7 +155,7 @@ def position_item(inp: Inputs) -> dict[str, Any]:
                 note="decoded valid/test sources longer than the position table, truncated before decoding")
 
 
-def dev_items(inp: Inputs) -> list[dict[str, Any]]:
+def dev_items(inp: Inputs) -> list[Item]:
     """Averaging span, averaged vs newest checkpoint (BLEU, perplexity), the newest checkpoint's dev figures,
     truncation."""
     return [averaging_span_item(inp), averaging_gain_item(inp), averaging_ppl_item(inp), *newest_dev_items(inp),

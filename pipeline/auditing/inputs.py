@@ -1,6 +1,6 @@
 """What the audit reads: params, the paper profile (for the informational list of what a profile
-changes; never a yardstick), the stages' details files (``<paths.metrics>/<stage>.details.json``:
-everything each stage reported), manifests, the newest checkpoint's state, ``averaged.pt``,
+changes; never a yardstick), the stages' details files (``<paths.metrics>/<stage>.details.json`` as
+:mod:`pipeline.core.details` records), manifests, the newest checkpoint's state, ``averaged.pt``,
 ``dvc.lock``, git and the environment (:class:`Inputs`)."""
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ import platform
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pipeline.artifacts import checkpoint, model_file
-from pipeline.core import env, gitstate, stages
-from pipeline.core.config import Params, section_dict
+from pipeline.auditing.replay import Replay, replay
+from pipeline.core import env, gitstate
+from pipeline.core.config import Params, flatten, section_dict
+from pipeline.core.details import RunDetails
 from pipeline.core.errors import ConfigError, DataError, PipelineError
 from pipeline.core.stage import read_json
 from pipeline.core.textio import sha256_file
@@ -26,14 +28,22 @@ FORMAT = 3  # 3: items have a kind (paper, reference, check), counted apart; ran
 PAPER_PROFILE = Path("profiles") / "paper.yaml"
 
 
+class GitState(TypedDict):
+    """The workspace's commit (None: not a git checkout) and the paths edited since (the run's own records aside)."""
+
+    commit: str | None
+    dirty: bool | None
+    dirty_paths: list[str]
+
+
 @dataclass
 class Inputs:
     """Everything the audit reads; ``None`` marks an input that does not exist (yet)."""
 
-    params: dict[str, Any]
+    params: Params
     params_sha256: str
     paper_profile: dict[str, Any] | None
-    metrics: dict[str, dict[str, Any] | None]
+    details: RunDetails
     raw_manifest: dict[str, Any] | None
     shards_manifest: dict[str, Any] | None
     shards_manifest_sha256: str | None
@@ -41,78 +51,64 @@ class Inputs:
     state_path: str | None
     model: dict[str, Any] | None
     lock: dict[str, Any] | None
-    git: dict[str, Any]
-    environment: dict[str, Any] = field(default_factory=dict)
-    replay: dict[str, Any] = field(default_factory=dict)
+    git: GitState
+    environment: dict[str, str | int | None] = field(default_factory=dict)
+    replay: Replay = field(default_factory=Replay)
+
+    @property
+    def flat(self) -> dict[str, Any]:
+        """The params as dotted keys (``model.d_model``) with the values params.yaml spells."""
+        return flatten(section_dict(self.params))
 
 
-def read_optional_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object, or None when the file does not exist.
-
-    Raises:
-        PipelineError: the file exists but is not valid JSON or not an object (names the file).
-    """
-    if not path.is_file():
-        return None
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise DataError(f"{path}: expected a JSON object, got {type(data).__name__}; "
-                        "delete it and rerun the stage that writes it")
-    return data
-
-
-def read_yaml(path: Path) -> dict[str, Any] | None:
-    """A YAML mapping, or None when the file does not exist.
+def read_optional(path: Path) -> dict[str, Any] | None:
+    """A JSON object (``*.json``) or YAML mapping (else), or None when the file does not exist.
 
     Raises:
-        PipelineError: the file exists but is not a valid YAML mapping (names the file, and the line where
-            the YAML is broken or holds an anchor or alias).
+        PipelineError: the file exists but is not valid JSON or YAML, or not a mapping (names the file, and the
+            line where the YAML is broken or holds an anchor or alias).
     """
     if not path.is_file():
         return None
     try:
-        data = load_yaml(path)
+        data = read_json(path) if path.suffix == ".json" else load_yaml(path)
     except ConfigError as exc:
         raise PipelineError(f"{exc}, or restore it from git or rerun `dvc repro`") from None
     if not isinstance(data, dict):
-        raise PipelineError(f"{path}: expected a YAML mapping, got {type(data).__name__}")
+        raise DataError(f"{path}: expected a {'JSON object' if path.suffix == '.json' else 'YAML mapping'}, got "
+                        f"{type(data).__name__}; restore it or rerun the stage that writes it")
     return data
 
 
-def git_state(root: Path) -> dict[str, Any]:
+def git_state(root: Path) -> GitState:
     """Commit and dirty flag of ``root`` by :mod:`pipeline.core.gitstate`'s rule (the run's own records,
     and params.yaml during a ``--profile`` run, are not edits)."""
-    commit = gitstate.commit(root)
-    if commit is None:
-        return {"commit": None, "dirty": None, "dirty_paths": []}
-    paths = gitstate.dirty_paths(root, temporary_params=env.settings().profile_run is not None)
-    return {"commit": commit, "dirty": bool(paths), "dirty_paths": paths}
+    commit, temporary_params = gitstate.commit(root), env.settings().profile_run is not None
+    paths = [] if commit is None else gitstate.dirty_paths(root, temporary_params=temporary_params)
+    return {"commit": commit, "dirty": None if commit is None else bool(paths), "dirty_paths": paths}
 
 
-def environment(metrics: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+def environment(details: RunDetails) -> dict[str, str | int | None]:
     """Versions of the audit's environment and the devices the stages recorded."""
     def version(name: str) -> str | None:
         try:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
             return None
-    train, bleu = metrics.get("train") or {}, metrics.get("evaluate") or {}
+    train = details.train
     return {"python": platform.python_version(), "torch": version("torch"), "sacrebleu": version("sacrebleu"),
             "sentencepiece": version("sentencepiece"), "dvc": version("dvc"), "mlflow": version("mlflow"),
-            "train_device": train.get("device"), "train_device_name": train.get("device_name"),
-            "train_world_size": train.get("world_size"), "evaluate_device": bleu.get("device")}
+            "train_device": train.device, "train_device_name": train.device_name,
+            "train_world_size": train.world_size, "evaluate_device": details.evaluate.device}
 
 
-def previous_replay(path: Path | None) -> dict[str, Any] | None:
+def previous_replay(path: Path | None) -> Replay | None:
     """The ``replay`` section of the previous ``audit.json`` (None if absent, unreadable or of another format)."""
-    if path is None or not path.is_file():
-        return None
     try:
-        data = read_optional_json(path)
+        section = (read_optional(path) or {}).get("replay") if path is not None else None
     except PipelineError as exc:  # the audit's own output, replaced by this run: not worth failing for
         log.warning("ignoring the previous audit: %s", exc)
         return None
-    section = (data or {}).get("replay")
     return section if isinstance(section, dict) else None
 
 
@@ -122,30 +118,26 @@ def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Pat
 
     ``previous_audit`` is the audit.json this run replaces (its replay record is compared with now).
     """
-    from pipeline.auditing.replay import replay
-
     paths = params.paths
-    raw_params = section_dict(params)
-    metrics = {name: read_optional_json(stages.details_file(root / paths.metrics, name)) for name in stages.NAMES
-               if name not in ("register", "audit")}
+    details = RunDetails.read(root / paths.metrics)
     shards_manifest_path = root / paths.shards / "manifest.json"
     newest = checkpoint.latest(root / paths.train)
     state_path = newest / checkpoint.STATE if newest is not None else None
-    state = read_optional_json(state_path) if state_path is not None else None
+    state = read_optional(state_path) if state_path is not None else None
     profile_file = root / PAPER_PROFILE
     if not profile_file.is_file():  # a workspace without profiles/: use the one beside this code
         profile_file = Path(__file__).resolve().parents[2] / PAPER_PROFILE
-    lock = read_yaml(lock_file)
+    lock = read_optional(lock_file)
     return Inputs(
-        params=raw_params, params_sha256=sha256_file(params_file), paper_profile=read_yaml(profile_file),
-        metrics=metrics, raw_manifest=read_optional_json(root / paths.raw / "manifest.json"),
-        shards_manifest=read_optional_json(shards_manifest_path),
+        params=params, params_sha256=sha256_file(params_file), paper_profile=read_optional(profile_file),
+        details=details, raw_manifest=read_optional(root / paths.raw / "manifest.json"),
+        shards_manifest=read_optional(shards_manifest_path),
         shards_manifest_sha256=sha256_file(shards_manifest_path) if shards_manifest_path.is_file() else None,
         state={k: v for k, v in state.items() if k != "history"} if state else None,
         state_path=str(Path(paths.train) / newest.name / checkpoint.STATE) if newest is not None else None,
         model=model_file.describe(model_file.path_in(root / paths.model)), lock=lock,
-        git=git_state(root), environment=environment(metrics),
-        replay=replay(params=raw_params, bleu=metrics["evaluate"], lock=lock, root=root,
-                      previous=previous_replay(previous_audit)))
+        git=git_state(root), environment=environment(details),
+        replay=replay(params=params, bleu=details.evaluate if "evaluate" in details.written else None,
+                      lock=lock, root=root, previous=previous_replay(previous_audit)))
 
 

@@ -4,7 +4,7 @@ params.yaml spells it, and the params that never change results."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict
 
 #: params whose value never changes what the audit judges: placement, logging and validation cadence,
 #: retries, seeds, checkpoint retention, the decoding batch budget, ``train.max_minutes`` (it pauses a
@@ -40,8 +40,22 @@ def fmt(value: Any) -> str:
     return json.dumps(value)
 
 
+class Item(TypedDict):
+    """One audit line as audit.json holds it: ``verdict`` one of :data:`VERDICTS`, ``kind`` one of :data:`KINDS`;
+    ``deviation`` names what differs when the verdict is ``deviates``."""
+
+    item: str
+    kind: str
+    paper: str
+    run: str
+    verdict: str
+    deviation: str
+    note: str
+    source: str
+
+
 def item(name: str, *, paper: str, run: str | None, ok: bool | None, deviation: str = "", note: str = "",
-         source: str = "", verdict: str | None = None, kind: str = "paper") -> dict[str, Any]:
+         source: str = "", verdict: str | None = None, kind: str = "paper") -> Item:
     """One audit line; ``ok`` None means not measured (``run`` then says why).
 
     ``verdict`` (``informational`` or ``warning``) replaces the one ``ok`` gives while ``run`` is measured;

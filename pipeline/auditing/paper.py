@@ -2,17 +2,17 @@
 test BLEU and lineage (training, averaging and the dev set: :mod:`pipeline.auditing.run_items`; the
 configured settings: :mod:`pipeline.auditing.settings`).
 
-Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762 (sections cited as §). Every
-item is ``{"item", "paper", "run", "verdict", "deviation", "note", "source"}``; ``verdict`` is one of
-:data:`pipeline.auditing.items.VERDICTS` (``deviation`` names a ``deviates``).
+Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762 (sections cited as §).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pipeline.auditing.items import fmt, item
+from pipeline.auditing.items import Item, fmt, item
 from pipeline.auditing.settings import approx
+from pipeline.core.config import flatten, section_dict
+from pipeline.core.details import EvaluateDetails, SetFigures
 
 if TYPE_CHECKING:
     from pipeline.auditing.inputs import Inputs
@@ -75,14 +75,14 @@ def millions(n: float) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e6:.3f}M"
 
 
-def model_items(inp: Inputs) -> list[dict[str, Any]]:
+def model_items(inp: Inputs) -> list[Item]:
     """Parameter count, tied embeddings and positions, from ``averaged.pt`` (else the average stage)."""
-    model, avg = inp.model, inp.metrics.get("average") or {}
+    model, avg = inp.model, inp.details.average
     paper_n = PAPER["parameters"]
     if model is not None:
         n, where = model["total"], "averaged.pt state_dict (tied embedding counted once)"
-    elif "parameters" in avg:
-        n, where = int(avg["parameters"]), "average.details.json"
+    elif avg.parameters is not None:
+        n, where = avg.parameters, "average.details.json"
     else:
         n, where = None, ""
     params = item("Parameters", paper="65M (Table 3)", run=None if n is None else f"{n:,} ({millions(n)})",
@@ -99,17 +99,16 @@ def model_items(inp: Inputs) -> list[dict[str, Any]]:
     return [params, tied, pos]
 
 
-def data_items(inp: Inputs) -> list[dict[str, Any]]:
+def data_items(inp: Inputs) -> list[Item]:
     """Training pairs downloaded and the BPE vocabulary built."""
-    download, clean = inp.metrics.get("download") or {}, inp.metrics.get("clean") or {}
-    pairs = (download.get("pairs") or {}).get("train")
-    kept = (clean.get("train") or {}).get("pairs_out")
+    download, clean = inp.details.download, inp.details.clean
+    pairs, kept = download.pairs.get("train"), clean.train.pairs_out
     rows = ((inp.shards_manifest or {}).get("splits") or {}).get("train", {}).get("rows")
     note = ", ".join(f"{label} {n:,}" for label, n in (("after clean", kept), ("in shards", rows)) if n is not None)
     out = [item("Training pairs (downloaded)", paper="~4.5M", source="§5.1", note=note,
                 run=None if pairs is None else f"{pairs:,}", deviation=f"{pairs or 0:,} training pairs (paper: ~4.5M)",
                 ok=None if pairs is None else approx(pairs, PAPER["train_pairs"], 0.05))]
-    vocab = (inp.metrics.get("bpe") or {}).get("vocab_size") or (inp.shards_manifest or {}).get("vocab_size")
+    vocab = inp.details.bpe.vocab_size or (inp.shards_manifest or {}).get("vocab_size")
     out.append(item("BPE vocabulary (built)", paper="~37,000", source="§5.1",
                     run=None if vocab is None else f"{vocab:,}",
                     ok=None if vocab is None else approx(vocab, 37000, 0.05),
@@ -117,61 +116,60 @@ def data_items(inp: Inputs) -> list[dict[str, Any]]:
     return out
 
 
-def comparable_test_set(inp: Inputs) -> tuple[bool, str]:
-    """Whether the test figures can stand beside the paper's (full newstest2014), and why not."""
-    dataset = (inp.params.get("download") or {}).get("dataset")
-    n = (((inp.metrics.get("evaluate") or {}).get("test")) or {}).get("sentences")
+def comparable(inp: Inputs, figures: SetFigures, split: str) -> tuple[bool, str]:
+    """Whether a ``test`` or ``valid`` set's figures can stand beside the paper's (full newstest2014, Table 3's
+    newstest2013), and why not; a valid set of unrecorded size counts as comparable."""
+    dataset, n = inp.params.download.dataset, figures.sentences
+    name, full = ("newstest2014 full", PAPER["test_sentences"]) if split == "test" else \
+        ("newstest2013", PAPER["valid_sentences"])
     if dataset != "wmt14":
-        return False, f"{dataset} test set, not newstest2014"
-    if n != PAPER["test_sentences"]:
-        return False, f"test set of {n} sentences (newstest2014 full: 3,003)"
+        return False, f"{dataset} {split} set, not {name.split()[0]}"
+    if n != full and (n is not None or split == "test"):
+        return False, f"{split} set of {n} sentences ({name}: {full:,})"
     return True, ""
 
 
-def bleu_items(inp: Inputs) -> list[dict[str, Any]]:
+def bleu_items(inp: Inputs) -> list[Item]:
     """Test BLEU on the paper's metric and in sacreBLEU 13a, and the decoding settings used.
 
     On another test set the figures are ``informational``: no paper figure applies to them.
     """
-    bleu = inp.metrics.get("evaluate")
-    test = (bleu or {}).get("test") or {}
-    comparable, why = comparable_test_set(inp)
+    test = inp.details.evaluate.test
+    same_set, why = comparable(inp, test, "test")
     out = []
-    for key, paper, floor, label, source in (
-            ("bleu_tok_split", "27.3", PAPER["bleu_en_de"] - BLEU_TOLERANCE, "BLEU, paper's method (tok+split)",
-             "Table 2; tensor2tensor#61"),
-            ("bleu", "~25.9-26.6 (= 27.3 on the paper's metric)", SACREBLEU_EQUIVALENT[0], "BLEU, sacreBLEU 13a",
-             "Table 2; Post 2018, aclanthology.org/W18-6319")):
-        score = test.get(key)
-        sig = (test.get("signatures") or {}).get(key, "")
-        notes = [] if comparable else [f"{why}: not comparable with the paper's {paper}"]
+    for key, score, paper, floor, label, source in (
+            ("bleu_tok_split", test.bleu_tok_split, "27.3", PAPER["bleu_en_de"] - BLEU_TOLERANCE,
+             "BLEU, paper's method (tok+split)", "Table 2; tensor2tensor#61"),
+            ("bleu", test.bleu, "~25.9-26.6 (= 27.3 on the paper's metric)", SACREBLEU_EQUIVALENT[0],
+             "BLEU, sacreBLEU 13a", "Table 2; Post 2018, aclanthology.org/W18-6319")):
+        sig = test.signatures.get(key, "")
+        notes = [] if same_set else [f"{why}: not comparable with the paper's {paper}"]
         notes += [f"signature {sig}"] if sig else []
         out.append(item(f"{label}, test", paper=paper, run=None if score is None else f"{score:.2f}",
                         ok=None if score is None else score >= floor, source=source, note="; ".join(notes),
                         deviation=f"{score or 0:.2f} (paper: {paper}; matching needs >= {floor:.1f})",
-                        verdict=None if comparable else "informational"))
-    if bleu is not None:
-        chosen = bleu.get("chosen") or {}
-        ok = chosen.get("beam") == 4 and chosen.get("alpha") == 0.6
-        out.append(item("Decoding used", paper="beam 4, α 0.6", source="§6.1", ok=ok,
-                        run=f"beam {chosen.get('beam')}, α {chosen.get('alpha')} (chosen on valid)",
-                        deviation=f"decoded with beam {chosen.get('beam')}, α {chosen.get('alpha')} "
-                                  "(paper: beam 4, α 0.6)"))
+                        verdict=None if same_set else "informational"))
+    if "evaluate" in inp.details.written:
+        chosen = inp.details.evaluate.chosen
+        out.append(item("Decoding used", paper="beam 4, α 0.6", source="§6.1",
+                        ok=chosen.beam == 4 and chosen.alpha == 0.6,
+                        run=f"beam {chosen.beam}, α {chosen.alpha} (chosen on valid)",
+                        deviation=f"decoded with beam {chosen.beam}, α {chosen.alpha} (paper: beam 4, α 0.6)"))
     return out
 
 
-def lineage_items(inp: Inputs) -> list[dict[str, Any]]:
+def lineage_items(inp: Inputs) -> list[Item]:
     """One item: spm.model, shards, checkpoints and dvc.lock params agree with each other."""
     checks: list[str] = []
-    spm = {name: (inp.metrics.get(name) or {}).get("spm_sha256") for name in ("bpe", "average")}
-    spm["shards manifest"] = (inp.shards_manifest or {}).get("spm_sha256")
+    spm = {"bpe": inp.details.bpe.spm_sha256, "average": inp.details.average.spm_sha256,
+           "shards manifest": (inp.shards_manifest or {}).get("spm_sha256")}
     known = {k: v for k, v in spm.items() if v}
     if len(set(known.values())) > 1:
         checks.append("spm.model sha256 differs: " + ", ".join(f"{k} {v[:12]}" for k, v in sorted(known.items())))
     if inp.state and inp.shards_manifest_sha256 and inp.state.get("shards_sha256") != inp.shards_manifest_sha256:
         checks.append(f"{inp.state_path} was trained on shards manifest {str(inp.state.get('shards_sha256'))[:12]}, "
                       f"the shards manifest is now {inp.shards_manifest_sha256[:12]}")
-    steps = (inp.metrics.get("average") or {}).get("steps")
+    steps = inp.details.average.steps
     if steps and inp.state and steps[-1] != inp.state.get("step"):
         checks.append(f"averaged.pt ends at step {steps[-1]} but the newest checkpoint is step {inp.state.get('step')}")
     checks += _lock_param_drift(inp)
@@ -184,25 +182,21 @@ def lineage_items(inp: Inputs) -> list[dict[str, Any]]:
 
 def _plain(value: Any) -> Any:
     """PyYAML reads ``1e-09`` (no dot) as a string where DVC meant a float: compare as numbers."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
+    try:
+        return float(value) if isinstance(value, str) else value
+    except ValueError:
+        return value
 
 
 def _lock_param_drift(inp: Inputs) -> list[str]:
     """Per dvc.lock stage, the params it recorded that differ from params.yaml (its outputs are stale)."""
-    from pipeline.core.config import flatten
-
-    current = flatten(inp.params)
+    current = inp.flat
     out = []
     for stage, entry in ((inp.lock or {}).get("stages") or {}).items():
         if stage == "audit":  # its own entry is the previous audit's, rewritten after this one
             continue
         outs = [str(o.get("path")) for o in entry.get("outs") or []]
-        mine = [str(v).rstrip("/") for v in (inp.params.get("paths") or {}).values()]
+        mine = [str(v).rstrip("/") for v in section_dict(inp.params.paths).values()]
         if outs and not any(o == m or o.startswith(m + "/") for o in outs for m in mine):
             out.append(f"dvc.lock stage {stage} records other paths ({outs[0]}), not this profile's: "
                        "run `dvc repro` to record this profile's outputs")
@@ -216,12 +210,11 @@ def _lock_param_drift(inp: Inputs) -> list[str]:
     return out
 
 
-def bleu_figures(bleu: dict[str, Any] | None) -> list[dict[str, Any]]:
+def bleu_figures(bleu: EvaluateDetails) -> list[dict[str, str | float]]:
     """Every figure of evaluate.details.json with its signature: test, valid, then valid of the newest checkpoint."""
-    rows = []
-    for split in ("test", "valid", "valid_newest"):
-        figures = (bleu or {}).get(split) or {}
-        for key, sig in sorted((figures.get("signatures") or {}).items()):
-            if isinstance(figures.get(key), (int, float)):
-                rows.append({"set": split, "metric": key, "score": float(figures[key]), "signature": sig})
+    rows: list[dict[str, str | float]] = []
+    for split, figures in (("test", bleu.test), ("valid", bleu.valid), ("valid_newest", bleu.valid_newest)):
+        scores = figures.scores()
+        rows += [{"set": split, "metric": key, "score": float(score), "signature": sig}
+                 for key, sig in sorted(figures.signatures.items()) if (score := scores.get(key)) is not None]
     return rows

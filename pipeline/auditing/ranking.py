@@ -4,28 +4,12 @@ A configured value and the measured one that follows from it (``train.max_steps`
 trained, ``bpe.vocab_size`` and the vocabulary built) are one deviation: each topic is one line of the
 report, and every deviating paper or reference item belongs to exactly one topic.
 
-The ranking, most expected effect on BLEU first, and why:
-
-1. Training data: the corpus fixes the domain, the size and the test set (§5.1); another corpus is
-   another task.
-2. Model size: Table 3 (C) of the paper, newstest2013 BLEU against base's 25.8: N=2 gives 23.7,
-   d_model 256 gives 24.5, d_ff 1024 gives 25.4; (A): one head gives 24.9.
-3. Training length: base trains 100k steps; Table 3's big model, trained 300k, reaches 26.4. Popel and
-   Bojar 2018 ("Training Tips for the Transformer Model", arXiv:1804.00247) show BLEU still rising after
-   days of training.
-4. Batch size (target tokens per step): Popel and Bojar 2018 find larger batches train better models.
-5. Learning-rate schedule: warmup and peak rate decide whether training converges at all (Popel and
-   Bojar 2018).
-6. Regularisation: Table 3 (D): no dropout gives 24.6, no label smoothing 25.3.
-7. Vocabulary: not varied in the paper; it changes sequence lengths and the handling of rare words.
-8. Architecture details: Table 3 (E): learned positions give 25.7 against 25.8.
-9. Optimiser: Adam's constants, weight decay and clipping: not varied in the paper.
-10. Data filtering and lengths: which training pairs and tokens the model sees, at the margin.
-11. Decoding: the paper tuned beam and α on the dev set (§6.1).
-12. Checkpoint averaging: §6.1; the run's own effect of averaging is the sanity check
-    "Averaged vs newest checkpoint".
-13. Compute: at equal steps and batch, time and hardware change how long training takes, not its result.
-14. Dev-set results: outcomes, not causes.
+The order of :data:`TOPICS` is the ranking, most expected effect on BLEU first; each topic's ``why`` is the
+evidence the report prints beside it: the paper's Table 3 ablations (newstest2013 BLEU against base's 25.8),
+Popel and Bojar 2018 ("Training Tips for the Transformer Model", arXiv:1804.00247: BLEU still rises after
+days of training, larger batches train better models, warmup and peak rate decide whether training
+converges), or why a topic changes little (compute changes the time, not the result; dev-set results are
+outcomes, not causes). The run's own effect of averaging is the check "Averaged vs newest checkpoint".
 
 Test BLEU is the report's headline (:mod:`pipeline.auditing.summary`), not a line here.
 """
@@ -33,9 +17,10 @@ Test BLEU is the report's headline (:mod:`pipeline.auditing.summary`), not a lin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from pipeline.auditing.dev_items import NEWEST
+from pipeline.auditing.items import Item
 
 
 @dataclass(frozen=True)
@@ -81,6 +66,16 @@ TOPICS: tuple[Topic, ...] = (
     Topic("Dev-set results", "outcomes, not causes",
           (f"BLEU, paper's method (tok+split), valid, {NEWEST}", f"Perplexity per BPE token, valid, {NEWEST}")),
 )
+class TopicLine(TypedDict):
+    """A line of the deviation list: the topic's ``rank`` in :data:`TOPICS`, its deviating items, one ``text``."""
+
+    rank: int
+    topic: str
+    why: str
+    items: list[str]
+    text: str
+
+
 #: Items shown in the headline (test BLEU), never in the deviation list.
 HEADLINE_ITEMS = ("BLEU, paper's method (tok+split), test", "BLEU, sacreBLEU 13a, test")
 TOPIC_OF: dict[str, Topic] = {name: topic for topic in TOPICS for name in topic.items}
@@ -93,15 +88,12 @@ def _line(configured: list[str], measured: list[str]) -> str:
     return "; ".join(configured + measured)
 
 
-def deviation_topics(configured: list[dict[str, Any]], measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def deviation_topics(configured: list[Item], measured: list[Item]) -> list[TopicLine]:
     """One entry per topic with a deviating paper or reference item, most expected effect on BLEU first.
 
     Args:
         configured: the params settings' items. measured: the items measured from the run's outputs
             (checks and the headline's test BLEU are skipped).
-
-    Returns:
-        ``[{"rank", "topic", "why", "items", "text"}]``; ``rank`` is the topic's place in :data:`TOPICS`.
 
     Raises:
         KeyError: a deviating item belongs to no topic (a new item needs one in :data:`TOPICS`).

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipeline.auditing.items import fmt
+from pipeline.auditing.items import Item, fmt
 from pipeline.auditing.paper import PAPER
 from pipeline.auditing.summary import counts_line
 from pipeline.core.textio import MARKER
+
+if TYPE_CHECKING:
+    from pipeline.auditing.replay import Replay
+    from pipeline.auditing.report import Audit
 
 _MARK = {"matches": "matches", "deviates": "**deviates**", "not measured": "*not measured*",
          "informational": "informational", "warning": "**warning**"}
@@ -26,20 +30,20 @@ def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> list[str]:
     return lines + [""]
 
 
-def _items(items: list[dict[str, Any]]) -> list[str]:
+def _items(items: list[Item]) -> list[str]:
     rows = [(i["item"], i["paper"], i["run"], (_CHECK_MARK if i["kind"] == "check" else _MARK)[i["verdict"]],
              i["note"], i["source"]) for i in items]
     return _table(("item", "paper", "this run", "verdict", "note", "source"), rows)
 
 
-def _open(audit: dict[str, Any]) -> list[str]:
+def _open(audit: Audit) -> list[str]:
     lines = ["## Settings the paper leaves open", "",
              "They change results, but neither the paper nor the reference implementations fix them: no verdict.", ""]
     rows = [(o["key"], o["run"], o["reference"]) for o in audit["open_settings"]]
     return lines + _table(("key", "this run", "what the references do"), rows)
 
 
-def _differences(audit: dict[str, Any]) -> list[str]:
+def _differences(audit: Audit) -> list[str]:
     diffs = audit["profile_differences"]
     lines = ["## Keys that differ from profiles/paper.yaml (informational)", "",
              ("What this profile changes relative to the committed paper profile, beyond the paper settings "
@@ -54,7 +58,7 @@ def _differences(audit: dict[str, Any]) -> list[str]:
     return lines + (_table(("key", "paper profile", "this run", "kind"), rows) if rows else [])
 
 
-def _bleu(audit: dict[str, Any]) -> list[str]:
+def _bleu(audit: Audit) -> list[str]:
     lines = ["## BLEU in every signature", ""]
     if audit["bleu_figures"]:
         lines += [f"- {f['set']} `{f['metric']}` = {f['score']:.2f}, signature `{f['signature']}`"
@@ -71,7 +75,7 @@ def _bleu(audit: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _replay(replay: dict[str, Any]) -> list[str]:
+def _replay(replay: Replay) -> list[str]:
     lines = ["## Replay", "",
              ("Are evaluate.details.json's figures what the hypothesis files on disk score, are those files what "
               "dvc.lock recorded for the evaluate stage, and did the previous evaluation of the same model give the "
@@ -127,14 +131,12 @@ def _lineage(lin: dict[str, Any]) -> list[str]:
                                                          for info in shards["splits"].values() for s in info["shards"]])
 
 
-def listed_above(i: dict[str, Any]) -> bool:
+def listed_above(i: Item) -> bool:
     """Whether an item is already a line of Deviations or Warnings (the detail tables leave it out)."""
-    if i["kind"] == "check":
-        return i["verdict"] in ("warning", "deviates")
-    return i["verdict"] == "deviates"
+    return i["verdict"] in (("warning", "deviates") if i["kind"] == "check" else ("deviates",))
 
 
-def _summary(audit: dict[str, Any]) -> list[str]:
+def _summary(audit: Audit) -> list[str]:
     """Headline, counts, warnings and the ranked deviations: the first screen of the report."""
     lines = [f"# Replication audit: profile {audit['profile']} (dataset {audit['dataset']})", "",
              audit["headline"]["text"], "", counts_line(audit["summary"]), "", "## Warnings", ""]
@@ -150,7 +152,7 @@ def _summary(audit: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _details(audit: dict[str, Any]) -> list[str]:
+def _details(audit: Audit) -> list[str]:
     """The items not listed above: paper and reference settings, measured items, run checks."""
     note = "Items listed under Deviations or Warnings are not repeated here."
     items = audit["configuration"] + audit["measured"] + audit["replay"].get("items", [])
@@ -163,7 +165,7 @@ def _details(audit: dict[str, Any]) -> list[str]:
     return lines + _items(checks)
 
 
-def render_markdown(audit: dict[str, Any]) -> str:
+def render_markdown(audit: Audit) -> str:
     """The whole report as markdown (deterministic for a given audit mapping)."""
     lines = _summary(audit) + _details(audit)
     lines += _open(audit) + _differences(audit) + _bleu(audit) + _replay(audit["replay"])

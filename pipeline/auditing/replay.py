@@ -24,17 +24,18 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-from pipeline.auditing.items import NEUTRAL_KEYS, item
-from pipeline.core.config import flatten
+from pipeline.auditing.items import NEUTRAL_KEYS, Item, item
+from pipeline.core.config import Params, flatten, section_dict
+from pipeline.core.details import METRICS, EvaluateDetails, SetFigures
 from pipeline.core.errors import PipelineError
 from pipeline.core.textio import sha256_file
-from pipeline.inference.scoring import METRIC_KEYS, score_files
+from pipeline.inference.scoring import score_files
 
 SETS = ("valid", "test")
 TARGET_LANG = "de"
-FIGURES = (*METRIC_KEYS, "sentences")
+FIGURES = (*METRICS, "sentences")
 HYPOTHESES = {split: f"{split}.hyp.{TARGET_LANG}" for split in SETS}
 DVC_CACHE = Path(".dvc") / "cache" / "files" / "md5"
 ITEM_RESCORED = "Replay: evaluate.details.json rescored from the hypothesis files"
@@ -43,13 +44,27 @@ ITEM_PREVIOUS = "Replay: BLEU vs the previous evaluation of this model"
 _SOURCE = "pipeline/auditing/replay.py"
 
 
+class Replay(TypedDict, total=False):
+    """The audit's ``replay`` section (empty without a workspace): the three items, the :func:`record`, the
+    figures rescored now and the hypotheses directory's md5s as DVC computes them (None: not measured)."""
+
+    items: list[Item]
+    record: dict[str, Any]
+    rescored: dict[str, dict[str, Any]] | None
+    eval_dir_md5: str | None
+    hypotheses_md5: dict[str, str] | None
+
+
+def _item(name: str, *, run: str, ok: bool | None, **more: str) -> Item:
+    """A replay item: a run check beside no paper value (``ok`` None: ``run`` says why it is not measured)."""
+    return item(name, paper="-", run=f"not measured ({run})" if ok is None else run, ok=ok, source=_SOURCE,
+                kind="check", **more)
+
+
 def file_md5(path: Path) -> str:
-    """md5 of a file's bytes (DVC 3's ``hash: md5``; no dos2unix)."""
-    digest = hashlib.md5()  # DVC's content address, not security
+    """md5 of a file's bytes (DVC 3's ``hash: md5``; no dos2unix): DVC's content address, not security."""
     with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "md5").hexdigest()
 
 
 def dvc_dir_md5(directory: Path) -> tuple[str, dict[str, str]]:
@@ -64,8 +79,9 @@ def dvc_dir_md5(directory: Path) -> tuple[str, dict[str, str]]:
     return hashlib.md5(blob).hexdigest() + ".dir", files
 
 
-def _figures(report: dict[str, Any]) -> dict[str, Any]:
-    return {key: report.get(key) for key in FIGURES} | {"signatures": dict(report.get("signatures") or {})}
+def _figures(figures: SetFigures) -> dict[str, Any]:
+    """What the replay compares of a scored set: every score, the sentence count and the signatures."""
+    return figures.scores() | {"sentences": figures.sentences, "signatures": dict(figures.signatures)}
 
 
 def _differences(recorded: dict[str, Any], now: dict[str, Any], split: str) -> list[str]:
@@ -78,28 +94,25 @@ def _differences(recorded: dict[str, Any], now: dict[str, Any], split: str) -> l
     return out
 
 
-def rescore(bleu: dict[str, Any] | None, eval_dir: Path, raw_dir: Path) -> tuple[dict[str, Any], dict | None]:
+def rescore(bleu: EvaluateDetails | None, eval_dir: Path, raw_dir: Path) -> tuple[Item, dict | None]:
     """The rescoring item and the rescored figures per set (None when not measured)."""
-    def not_measured(why: str) -> tuple[dict[str, Any], None]:
-        return item(ITEM_RESCORED, paper="-", run=f"not measured ({why})", ok=None, source=_SOURCE, kind="check"), None
-
     if bleu is None:
-        return not_measured("no evaluate.details.json: run `dvc repro evaluate`")
+        return _item(ITEM_RESCORED, run="no evaluate.details.json: run `dvc repro evaluate`", ok=None), None
     pairs = {split: (eval_dir / HYPOTHESES[split], raw_dir / f"{split}.{TARGET_LANG}") for split in SETS}
     missing = [str(p) for pair in pairs.values() for p in pair if not p.is_file()]
     if missing:
-        return not_measured(f"missing {', '.join(missing)}")
+        return _item(ITEM_RESCORED, run=f"missing {', '.join(missing)}", ok=None), None
     rescored, diffs = {}, []
     for split, (hyp, ref) in pairs.items():
         try:
-            rescored[split] = _figures(score_files(hyp, ref, TARGET_LANG))
+            rescored[split] = _figures(SetFigures.from_json(score_files(hyp, ref, TARGET_LANG), str(hyp)))
         except PipelineError as exc:  # a truncated or corrupted hypothesis file is what this item reports
             diffs.append(f"{split}: cannot be rescored: {exc}")
             continue
-        diffs += _differences(_figures(bleu.get(split) or {}), rescored[split], split)
+        diffs += _differences(_figures(getattr(bleu, split)), rescored[split], split)
     note = "evaluate.details.json vs rescored; floats compared exactly"
-    return item(ITEM_RESCORED, paper="-", run="reproduced exactly" if not diffs else "differs", ok=not diffs,
-                deviation="differs: " + "; ".join(diffs), note=note, source=_SOURCE, kind="check"), rescored
+    return _item(ITEM_RESCORED, run="reproduced exactly" if not diffs else "differs", ok=not diffs,
+                 deviation="differs: " + "; ".join(diffs), note=note), rescored
 
 
 def _lock_out(lock: dict[str, Any] | None, eval_path: str) -> tuple[dict[str, Any] | None, str]:
@@ -127,81 +140,73 @@ def _cache_manifest(root: Path, dir_md5: str) -> dict[str, str] | None:
 
 
 def lock_check(lock: dict[str, Any] | None, root: Path, eval_path: str,
-               current: tuple[str, dict[str, str]] | None) -> dict[str, Any]:
+               current: tuple[str, dict[str, str]] | None) -> Item:
     """The dvc.lock item: the hypotheses directory's DVC md5 now vs the one the evaluate stage recorded."""
     out, why = _lock_out(lock, eval_path)
     if current is None:
         why = f"{eval_path} does not exist"
     if out is None or current is None:
-        return item(ITEM_LOCK, paper="-", run=f"not measured ({why})", ok=None, source=_SOURCE, kind="check")
+        return _item(ITEM_LOCK, run=why, ok=None)
     recorded, (now, files) = str(out.get("md5")), current
     note = "md5 recomputed the way DVC 3 hashes a directory"
     if recorded == now:
-        return item(ITEM_LOCK, paper="-", run=f"identical (md5 {now})", ok=True, note=note, source=_SOURCE,
-                    kind="check")
+        return _item(ITEM_LOCK, run=f"identical (md5 {now})", ok=True, note=note)
     manifest = _cache_manifest(root, recorded)
     if manifest is None:
         detail = "no manifest of the recorded md5 in .dvc/cache to name the files"
     else:
         changed = sorted(rel for rel in set(manifest) | set(files) if manifest.get(rel) != files.get(rel))
         detail = "changed: " + ", ".join(changed)
-    return item(ITEM_LOCK, paper="-", run=f"differs (md5 {now})", ok=False, note=note, source=_SOURCE, kind="check",
-                deviation=f"differs: {eval_path} md5 {now} vs {recorded} in dvc.lock ({detail})")
+    return _item(ITEM_LOCK, run=f"differs (md5 {now})", ok=False, note=note,
+                 deviation=f"differs: {eval_path} md5 {now} vs {recorded} in dvc.lock ({detail})")
 
 
-def record(params: dict[str, Any], bleu: dict[str, Any] | None, model_path: Path, eval_dir: Path,
+def record(params: Params, bleu: EvaluateDetails | None, model_path: Path, eval_dir: Path,
            raw_dir: Path) -> dict[str, Any]:
     """What the next audit compares against: model, references, hypotheses, evaluate params, figures."""
     def sha(path: Path) -> str | None:
         return sha256_file(path) if path.is_file() else None
 
-    evaluate = {k: v for k, v in flatten({"evaluate": params.get("evaluate") or {}}).items() if k not in NEUTRAL_KEYS}
+    evaluate = {k: v for k, v in flatten({"evaluate": section_dict(params.evaluate)}).items() if k not in NEUTRAL_KEYS}
     return {"model_sha256": sha(model_path), "evaluate_params": evaluate,
             "references_sha256": {s: sha(raw_dir / f"{s}.{TARGET_LANG}") for s in SETS},
             "hypotheses_sha256": {name: sha(eval_dir / name) for name in HYPOTHESES.values()},
-            "figures": None if bleu is None else {s: _figures(bleu.get(s) or {}) for s in SETS}}
+            "figures": None if bleu is None else {s: _figures(getattr(bleu, s)) for s in SETS}}
 
 
-def previous_check(now: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+def previous_check(now: dict[str, Any], previous: Replay | None) -> Item:
     """The previous-evaluation item: same model, references and params → identical figures and hypotheses."""
-    def not_measured(why: str) -> dict[str, Any]:
-        return item(ITEM_PREVIOUS, paper="-", run=f"not measured ({why})", ok=None, source=_SOURCE, kind="check")
-
     if now["figures"] is None or now["model_sha256"] is None:
-        return not_measured("no evaluate.details.json or no averaged.pt")
+        return _item(ITEM_PREVIOUS, run="no evaluate.details.json or no averaged.pt", ok=None)
     before = (previous or {}).get("record")
     if not isinstance(before, dict) or before.get("figures") is None:
-        return not_measured("no previous audit recorded an evaluation")
+        return _item(ITEM_PREVIOUS, run="no previous audit recorded an evaluation", ok=None)
     for key, what in (("model_sha256", "another averaged model"), ("references_sha256", "other references"),
                       ("evaluate_params", "other evaluate params")):
         if before.get(key) != now[key]:
-            return not_measured(f"the previous audit recorded {what}")
+            return _item(ITEM_PREVIOUS, run=f"the previous audit recorded {what}", ok=None)
     diffs = [d for s in SETS for d in _differences(before["figures"].get(s) or {}, now["figures"][s], s)]
     hyp_before, hyp_now = before.get("hypotheses_sha256") or {}, now["hypotheses_sha256"]
     diffs += [f"{name} sha256 {hyp_before.get(name)} vs {hyp_now[name]}" for name in sorted(hyp_now)
               if hyp_before.get(name) != hyp_now[name]]
-    return item(ITEM_PREVIOUS, paper="-", run="differs" if diffs else "replayed: identical to the previous evaluation",
-                ok=not diffs, deviation="differs: " + "; ".join(diffs), source=_SOURCE, kind="check",
-                note=f"same averaged.pt (sha256 {now['model_sha256'][:12]}), references and evaluate params")
+    return _item(ITEM_PREVIOUS, run="differs" if diffs else "replayed: identical to the previous evaluation",
+                 ok=not diffs, deviation="differs: " + "; ".join(diffs),
+                 note=f"same averaged.pt (sha256 {now['model_sha256'][:12]}), references and evaluate params")
 
 
-def replay(*, params: dict[str, Any], bleu: dict[str, Any] | None, lock: dict[str, Any] | None, root: Path,
-           previous: dict[str, Any] | None) -> dict[str, Any]:
-    """The audit's ``replay`` section: ``{"items", "record", "rescored", "eval_dir_md5", "hypotheses_md5"}``.
+def replay(*, params: Params, bleu: EvaluateDetails | None, lock: dict[str, Any] | None, root: Path,
+           previous: Replay | None) -> Replay:
+    """The audit's ``replay`` section for the workspace ``root`` (the params' paths are relative to it).
 
-    Args:
-        params: the params mapping (its ``paths`` are relative to ``root``).
-        bleu: evaluate.details.json (None when it does not exist).
-        lock: dvc.lock (None when it does not exist).
-        root: the workspace.
-        previous: the previous audit.json's ``replay`` section (None when there is none).
+    ``bleu`` (the evaluate stage's record), ``lock`` (dvc.lock) and ``previous`` (the previous audit.json's
+    ``replay`` section) are None when they do not exist.
     """
-    paths = params.get("paths") or {}
-    eval_dir, raw_dir = root / paths["eval"], root / paths["raw"]
-    model_path = root / paths["model"] / "averaged.pt"
+    paths = params.paths
+    eval_dir, raw_dir = root / paths.eval, root / paths.raw
+    model_path = root / paths.model / "averaged.pt"
     rescored_item, rescored = rescore(bleu, eval_dir, raw_dir)
     current = dvc_dir_md5(eval_dir) if eval_dir.is_dir() else None
     now = record(params, bleu, model_path, eval_dir, raw_dir)
-    items = [rescored_item, lock_check(lock, root, str(paths["eval"]), current), previous_check(now, previous)]
+    items = [rescored_item, lock_check(lock, root, str(paths.eval), current), previous_check(now, previous)]
     return {"items": items, "record": now, "rescored": rescored,
             "eval_dir_md5": current[0] if current else None, "hypotheses_md5": current[1] if current else None}

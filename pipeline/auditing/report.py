@@ -7,29 +7,46 @@ Every verdict compares with the paper (or, where it is silent, a named reference
 
 from __future__ import annotations
 
-import logging
-from typing import Any
+from typing import Any, TypedDict
 
 from pipeline.auditing.dev_items import dev_items
 from pipeline.auditing.inputs import FORMAT, Inputs
-from pipeline.auditing.items import fmt, neutral
+from pipeline.auditing.items import Item, fmt, neutral
 from pipeline.auditing.paper import BLEU_GAP, PAPER, bleu_figures, bleu_items, data_items, lineage_items, model_items
-from pipeline.auditing.ranking import deviation_topics
+from pipeline.auditing.ranking import TopicLine, deviation_topics
+from pipeline.auditing.replay import Replay
 from pipeline.auditing.run_items import training_items
 from pipeline.auditing.settings import PAPER_SETTINGS, configuration_items, open_settings
-from pipeline.auditing.summary import counts, headline, warnings
+from pipeline.auditing.summary import Headline, counts, headline, warnings
 from pipeline.core.config import flatten
 
-log = logging.getLogger(__name__)
+
+class Audit(TypedDict):
+    """The whole audit as audit.json holds it and audit.md renders it: ``summary`` counts verdicts per kind of item
+    (only paper items count as matching the paper) plus ``warnings`` (one line per check that fired or failed)
+    and ``deviation_topics`` (one line per topic in ``deviations``, ranked)."""
+
+    format: int
+    profile: str | None
+    dataset: str | None
+    summary: dict[str, Any]
+    headline: Headline
+    configuration: list[Item]
+    measured: list[Item]
+    open_settings: list[dict[str, Any]]
+    profile_differences: list[dict[str, Any]]
+    deviations: list[str]
+    deviation_topics: list[TopicLine]
+    warnings: list[str]
+    bleu_gap: dict[str, Any]
+    paper: dict[str, Any]
+    bleu_figures: list[dict[str, str | float]]
+    replay: Replay
+    lineage: dict[str, Any]
+    environment: dict[str, str | int | None]
 
 
-def measured_items(inp: Inputs) -> list[dict[str, Any]]:
-    """Items measured from the run's outputs (each "not measured" while its input is missing)."""
-    return (model_items(inp) + training_items(inp) + dev_items(inp) + data_items(inp) + bleu_items(inp)
-            + lineage_items(inp))
-
-
-def profile_differences(params: dict[str, Any], paper_profile: dict[str, Any] | None) -> list[dict[str, Any]]:
+def profile_differences(flat: dict[str, Any], paper_profile: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Every params key whose value differs from ``profiles/paper.yaml``: informational, never a verdict.
 
     ``kind`` is ``paper`` (a paper setting compares it; ``paper_verdict`` is that setting's verdict),
@@ -38,7 +55,7 @@ def profile_differences(params: dict[str, Any], paper_profile: dict[str, Any] | 
     """
     if paper_profile is None:
         return []
-    flat, ref = flatten(params), flatten(paper_profile)
+    ref = flatten(paper_profile)
     verdicts = {key: setting.check(flat)["verdict"] for setting in PAPER_SETTINGS for key in setting.keys}
     out = []
     for key in sorted(set(flat) | set(ref)):
@@ -62,7 +79,7 @@ def lineage(inp: Inputs) -> dict[str, Any]:
                         "outs": [{"path": o.get("path"), "md5": o.get("md5")} for o in entry.get("outs") or []]}
     raw = inp.raw_manifest
     shards = inp.shards_manifest
-    run_ids = {name: m.get("mlflow_run_id") for name, m in inp.metrics.items() if m is not None}
+    run_ids = inp.details.run_ids()
     if inp.state is not None:
         run_ids["train (state.json)"] = inp.state.get("mlflow_run_id")
     return {
@@ -82,36 +99,28 @@ def lineage(inp: Inputs) -> dict[str, Any]:
     }
 
 
-def build_audit(inp: Inputs) -> dict[str, Any]:
-    """The whole audit as one JSON-able mapping (the markdown is rendered from it).
-
-    ``summary`` counts verdicts per kind of item (``paper``, ``reference``, ``checks``: only paper items
-    count as matching the paper) plus the number of warnings and of deviation topics; ``deviations`` has one
-    line per topic, ranked (``deviation_topics`` the same with rank, topic, evidence and items);
-    ``warnings`` one line per check that fired or failed; ``headline`` the test BLEU beside its reference.
-    """
-    config = configuration_items(flatten(inp.params))
-    measured = measured_items(inp)
-    replayed = inp.replay.get("items", [])
-    items = config + measured + replayed
-    topics = deviation_topics(config, measured)
-    warned = warnings(items)
-    per_kind = counts(items)
+def build_audit(inp: Inputs) -> Audit:
+    """The whole audit as one JSON-able mapping (the markdown is rendered from it)."""
+    config = configuration_items(inp.flat)
+    measured = (model_items(inp) + training_items(inp) + dev_items(inp) + data_items(inp) + bleu_items(inp)
+                + lineage_items(inp))  # each "not measured" while its input is missing
+    items, topics = config + measured + inp.replay.get("items", []), deviation_topics(config, measured)
+    warned, per_kind = warnings(items), counts(items)
     summary = {"paper": per_kind["paper"], "reference": per_kind["reference"], "checks": per_kind["check"],
                "warnings": len(warned), "deviation_topics": len(topics)}
-    dataset = (inp.params.get("download") or {}).get("dataset")
-    return {"format": FORMAT, "profile": inp.params.get("profile"), "dataset": dataset, "summary": summary,
-            "headline": headline(dataset, (inp.metrics.get("evaluate") or {}).get("test")),
+    dataset = inp.params.download.dataset
+    return {"format": FORMAT, "profile": inp.params.profile, "dataset": dataset, "summary": summary,
+            "headline": headline(dataset, inp.details.evaluate.test),
             "configuration": config, "measured": measured,
-            "open_settings": open_settings(flatten(inp.params)),
-            "profile_differences": profile_differences(inp.params, inp.paper_profile),
+            "open_settings": open_settings(inp.flat),
+            "profile_differences": profile_differences(inp.flat, inp.paper_profile),
             "deviations": [f"{t['topic']}: {t['text']}" for t in topics], "deviation_topics": topics,
             "warnings": warned, "bleu_gap": BLEU_GAP, "paper": PAPER,
-            "bleu_figures": bleu_figures(inp.metrics.get("evaluate")), "replay": inp.replay,
+            "bleu_figures": bleu_figures(inp.details.evaluate), "replay": inp.replay,
             "lineage": lineage(inp), "environment": inp.environment}
 
 
-def tracking_metrics(audit: dict[str, Any], inp: Inputs) -> dict[str, float]:
+def tracking_metrics(audit: Audit, inp: Inputs) -> dict[str, float]:
     """The numbers the audit logs to MLflow and returns as the stage's record.
 
     ``matches``, ``deviates``, ``not_measured``: paper items only; ``reference_matches``,
@@ -125,7 +134,7 @@ def tracking_metrics(audit: dict[str, Any], inp: Inputs) -> dict[str, float]:
                reference_matches=ref["matches"], reference_deviates=ref["deviates"],
                checks_passed=checks["matches"], checks_failed=checks["deviates"], warnings=summary["warnings"],
                deviation_topics=summary["deviation_topics"])
-    parameters = inp.model["total"] if inp.model else (inp.metrics.get("average") or {}).get("parameters")
+    parameters = inp.model["total"] if inp.model else inp.details.average.parameters
     if parameters is not None:
         out["parameters"] = int(parameters)
     for f in audit["bleu_figures"]:

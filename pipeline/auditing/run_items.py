@@ -1,11 +1,5 @@
-"""Measured items about training, checkpoint averaging and the dev set, beside the configured ones.
-
-Read from the stages' details files (:func:`pipeline.auditing.inputs.load_inputs`): ``train.details.json``
-(``inp.metrics["train"]``; ``step``, ``tokens_seen``, ``world_size``, ``tokens_per_step_{mean,std,min,max}``,
-``forwards_per_step_{mean,max}``, timing and device) with the newest checkpoint's ``state.json`` as
-fallback, ``average.details.json`` (``steps``: the averaged checkpoints' steps) and
-``evaluate.details.json`` (``valid``: the averaged model; ``valid_newest``: the newest checkpoint alone,
-no averaging). A field a stage does not record leaves its item "not measured".
+"""Measured items about training, from the train stage's record (:class:`pipeline.core.details.TrainDetails`)
+with the newest checkpoint's ``state.json`` as fallback; a field it does not record leaves its item "not measured".
 
 A configured value is not a measured one: ``train.tokens_per_step = 25000`` in params with 31,500
 target tokens per step measured is a deviation.
@@ -13,11 +7,12 @@ target tokens per step measured is a deviation.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from pipeline.auditing.items import fmt, item
+from pipeline.auditing.items import Item, fmt, item
 from pipeline.auditing.paper import PAPER
 from pipeline.auditing.settings import approx
+from pipeline.core.details import TrainDetails
 
 if TYPE_CHECKING:
     from pipeline.auditing.inputs import Inputs
@@ -32,40 +27,37 @@ PPL_REL = 0.05
 AVERAGE_PAPER = "last 5 checkpoints, written 10 minutes apart at the end of a 12-hour run (about the last 6-7%)"
 
 
-def _number(record: dict[str, Any], key: str) -> float | None:
-    value = record.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _train(inp: Inputs) -> dict[str, Any]:
-    return inp.metrics.get("train") or {}
+def _count(inp: Inputs, key: str) -> int | None:
+    """``step``, ``tokens_seen`` or ``world_size``: the train stage's record, else the newest state.json."""
+    value = getattr(inp.details.train, key)
+    return (inp.state or {}).get(key) if value is None else value
 
 
 def final_step(inp: Inputs) -> int | None:
-    """The last training step: train.details.json, else the newest checkpoint's state.json."""
-    return _train(inp).get("step", (inp.state or {}).get("step"))
+    """The last training step: the train stage's record, else the newest checkpoint's state.json."""
+    return _count(inp, "step")
 
 
-def _hours(train: dict[str, Any]) -> tuple[float | None, str]:
-    if train.get("resumed_from_step") is None and "wall_seconds" in train:
-        return train["wall_seconds"] / 3600, "wall-clock of the training stage"
-    if "train_seconds" in train:
-        return train["train_seconds"] / 3600, "cumulative step time (resumed run; excludes restarts)"
+def _hours(train: TrainDetails) -> tuple[float | None, str]:
+    if train.resumed_from_step is None and train.wall_seconds is not None:
+        return train.wall_seconds / 3600, "wall-clock of the training stage"
+    if train.train_seconds is not None:
+        return train.train_seconds / 3600, "cumulative step time (resumed run; excludes restarts)"
     return None, ""
 
 
-def _tokens_per_step(inp: Inputs, steps: int | None, tokens: int | None) -> dict[str, Any]:
-    train = _train(inp)
-    mean, how = _number(train, "tokens_per_step_mean"), "mean over the optimizer steps"
+def _tokens_per_step(inp: Inputs, steps: int | None, tokens: int | None) -> Item:
+    train = inp.details.train
+    mean, how = train.tokens_per_step_mean, "mean over the optimizer steps"
     if mean is None and tokens is not None and steps:
         mean, how = tokens / steps, "tokens_seen / step"
     notes = [f"non-pad target tokens per optimizer step ({how})"]
-    std, low, high = (_number(train, f"tokens_per_step_{k}") for k in ("std", "min", "max"))
+    std, low, high = train.tokens_per_step_std, train.tokens_per_step_min, train.tokens_per_step_max
     if std is not None:
         notes.append(f"std {std:,.0f}")
     if low is not None and high is not None:
         notes.append(f"min-max {low:,.0f}-{high:,.0f}")
-    configured = (inp.params.get("train") or {}).get("tokens_per_step")
+    configured = inp.params.train.tokens_per_step
     notes.append(f"params train.tokens_per_step = {fmt(configured)}")
     return item("Target tokens per step", paper="~25,000", source="§5.1", note="; ".join(notes),
                 run=None if mean is None else f"{mean:,.0f}",
@@ -74,11 +66,10 @@ def _tokens_per_step(inp: Inputs, steps: int | None, tokens: int | None) -> dict
                           f"{fmt(configured)}; paper: ~25,000, within 10% matches)")
 
 
-def _volume_items(inp: Inputs) -> list[dict[str, Any]]:
+def _volume_items(inp: Inputs) -> list[Item]:
     """Steps, target tokens and target tokens per step."""
-    state = inp.state or {}
     steps = final_step(inp)
-    tokens = _train(inp).get("tokens_seen", state.get("tokens_seen"))
+    tokens = _count(inp, "tokens_seen")
     return [item("Steps trained", paper="100,000", run=None if steps is None else f"{steps:,}",
                  ok=None if steps is None else steps == PAPER["steps"], source="§5.2",
                  deviation=f"{steps or 0:,} steps trained (paper: 100,000)"),
@@ -89,11 +80,10 @@ def _volume_items(inp: Inputs) -> list[dict[str, Any]]:
             _tokens_per_step(inp, steps, tokens)]
 
 
-def _batch_shape_items(inp: Inputs) -> list[dict[str, Any]]:
+def _batch_shape_items(inp: Inputs) -> list[Item]:
     """World size and forward passes per step: how the batch was split, not what it was (informational)."""
-    train = _train(inp)
-    world = train.get("world_size", (inp.state or {}).get("world_size"))
-    mean, most = _number(train, "forwards_per_step_mean"), train.get("forwards_per_step_max")
+    train, world = inp.details.train, _count(inp, "world_size")
+    mean, most = train.forwards_per_step_mean, train.forwards_per_step_max
     return [
         item("World size", paper="8 GPUs (§5.2)", source="§5.2", ok=None, verdict="informational",
              run=None if world is None else f"{world} process(es)",
@@ -106,16 +96,16 @@ def _batch_shape_items(inp: Inputs) -> list[dict[str, Any]]:
     ]
 
 
-def _machine_items(inp: Inputs) -> list[dict[str, Any]]:
+def _machine_items(inp: Inputs) -> list[Item]:
     """Training time, hardware and GPU-hours."""
-    train = _train(inp)
+    train = inp.details.train
     hours, how = _hours(train)
     out = [item("Training time", paper="12 h", source="§5.2", note=how, run=None if hours is None else
                 f"{hours:.3f} h" if hours >= 0.1 else f"{hours:.3f} h ({hours * 3600:.1f} s)",
                 ok=None if hours is None else approx(hours, PAPER["wall_clock_hours"], 0.1),
                 deviation=f"trained {hours or 0:.3f} h (paper: 12 h)")]
-    device, world = train.get("device"), train.get("world_size", (inp.state or {}).get("world_size"))
-    name = train.get("device_name") or device
+    device, world = train.device, _count(inp, "world_size")
+    name = train.device_name or device
     hw = None if device is None else f"{world} x {name}"
     out.append(item("Hardware", paper="8 x NVIDIA P100", source="§5.2", run=hw,
                     deviation=f"trained on {hw} (paper: 8 x P100)",
@@ -131,6 +121,6 @@ def _machine_items(inp: Inputs) -> list[dict[str, Any]]:
     return out
 
 
-def training_items(inp: Inputs) -> list[dict[str, Any]]:
+def training_items(inp: Inputs) -> list[Item]:
     """Steps, tokens, tokens per step (measured), world size, forward passes, time, hardware, GPU-hours."""
     return _volume_items(inp) + _batch_shape_items(inp) + _machine_items(inp)

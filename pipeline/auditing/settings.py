@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.auditing.items import fmt, item
+from pipeline.auditing.items import Item, fmt, item
 
 T2T = "tensor2tensor transformer_base_v1"
 FAIRSEQ = "fairseq transformer_wmt_en_de"
@@ -76,7 +76,7 @@ class Setting:
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         return approx(value, expected, self.rel) if numeric and self.rel else value == expected
 
-    def check(self, flat: dict[str, Any]) -> dict[str, Any]:
+    def check(self, flat: dict[str, Any]) -> Item:
         """The item for flattened params ``flat``; a deviation names each differing key."""
         if self.derive is not None:
             value = self.derive(flat)
@@ -165,7 +165,7 @@ def setting_keys() -> frozenset[str]:
     return frozenset(key for setting in PAPER_SETTINGS for key in setting.keys)
 
 
-def configuration_items(flat: dict[str, Any]) -> list[dict[str, Any]]:
+def configuration_items(flat: dict[str, Any]) -> list[Item]:
     """One item per paper setting, from the flattened params."""
     return [setting.check(flat) for setting in PAPER_SETTINGS]
 

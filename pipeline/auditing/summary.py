@@ -1,77 +1,98 @@
 """The audit's summary: the headline test BLEU beside the reference that fits the test set, the counts per
 kind of item, and the warnings (sanity checks that fired, checks that failed).
 
-The reference depends on the data. WMT14 newstest2014 (full, 3,003 sentences): the paper's 27.3 for the
-base model (Table 2), on its own metric (tokenised, compound-split BLEU; ``bleu_tok_split``). Multi30k
-test_2016_flickr: no published figure is comparable with sacreBLEU 13a on cased, detokenised text (the
-published Multi30k EN-DE results mostly lowercase or tokenise differently), so the headline compares with
-none rather than set a number of another metric beside this one.
+The reference depends on the data (:data:`TEST_SETS`): on full WMT14 newstest2014, the paper's 27.3 for
+the base model (Table 2) on its own metric (tokenised, compound-split BLEU; ``bleu_tok_split``); on
+Multi30k, none rather than a number of another metric.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypedDict
 
-from pipeline.auditing.items import KINDS, VERDICTS
+from pipeline.auditing.items import KINDS, VERDICTS, Item
 from pipeline.auditing.paper import PAPER, SACREBLEU_EQUIVALENT
+from pipeline.core.details import SetFigures
 
-#: Per dataset: the test set's name and its published reference (None: no comparable published figure).
-TEST_SETS: dict[str, dict[str, Any]] = {
-    "wmt14": {"name": "WMT14 newstest2014", "sentences": PAPER["test_sentences"], "reference": PAPER["bleu_en_de"],
-              "source": "Vaswani et al. 2017, Table 2 (base)"},
-    "multi30k": {"name": "Multi30k test_2016_flickr", "sentences": 1000, "reference": None,
-                 "why": ("no comparable published figure: published Multi30k EN-DE results mostly lowercase or "
-                         "tokenise differently from sacreBLEU 13a on cased text, so none is set beside this one")},
+
+@dataclass(frozen=True)
+class HeadlineReference:
+    """A dataset's test set and its published reference (None: ``why`` no published figure is comparable)."""
+
+    name: str
+    sentences: int
+    reference: float | None = None
+    source: str = ""
+    why: str = ""
+
+
+#: Per dataset (``download.dataset``).
+TEST_SETS: dict[str, HeadlineReference] = {
+    "wmt14": HeadlineReference("WMT14 newstest2014", PAPER["test_sentences"], PAPER["bleu_en_de"],
+                               "Vaswani et al. 2017, Table 2 (base)"),
+    "multi30k": HeadlineReference("Multi30k test_2016_flickr", 1000, why=(
+        "no comparable published figure: published Multi30k EN-DE results mostly lowercase or tokenise differently "
+        "from sacreBLEU 13a on cased text, so none is set beside this one")),
 }
 
 
-def headline(dataset: str | None, test: dict[str, Any] | None) -> dict[str, Any]:
+class Headline(TypedDict):
+    """The test BLEU (None: not measured) beside the ``reference`` that fits the test set (None: none does)."""
+
+    text: str
+    test_set: str
+    reference: float | None
+    comparable: bool
+    bleu: float | None
+    bleu_tok_split: float | None
+
+
+def headline(dataset: str | None, test: SetFigures) -> Headline:
     """The test BLEU beside the reference that fits the test set.
 
     Args:
         dataset: ``download.dataset``.
-        test: evaluate.details.json's ``test`` figures (None when not evaluated yet).
-
-    Returns:
-        ``{"text", "test_set", "reference", "comparable", "bleu", "bleu_tok_split"}``; ``reference`` is the
-        published figure set beside the run (None when none is comparable).
+        test: the evaluate stage's ``test`` figures (empty when not evaluated yet).
     """
     spec = TEST_SETS.get(str(dataset))
-    name = spec["name"] if spec else f"the {dataset} test set"
-    out = {"test_set": name, "reference": None, "comparable": False, "bleu": None, "bleu_tok_split": None}
-    if not test or not isinstance(test.get("bleu"), (int, float)):
-        return {**out, "text": "Test BLEU: not measured (no evaluate.details.json yet: run `dvc repro evaluate`)."}
-    sacre, tok, n = float(test["bleu"]), test.get("bleu_tok_split"), test.get("sentences")
+    name = spec.name if spec else f"the {dataset} test set"
+    out = Headline(text="Test BLEU: not measured (no evaluate.details.json yet: run `dvc repro evaluate`).",
+                   test_set=name, reference=None, comparable=False, bleu=None, bleu_tok_split=None)
+    if test.bleu is None:
+        return out
+    sacre, tok, n = float(test.bleu), test.bleu_tok_split, test.sentences
     out.update(bleu=sacre, bleu_tok_split=tok)
-    size = f"{n:,} sentences" if isinstance(n, int) else "size not recorded"
-    tok_text = f"{tok:.2f}" if isinstance(tok, (int, float)) else "not measured"
+    size = f"{n:,} sentences" if n is not None else "size not recorded"
+    tok_text = f"{tok:.2f}" if tok is not None else "not measured"
     if spec is None:
         text = (f"Test BLEU {sacre:.2f} (sacreBLEU 13a) on {name} ({size}): no published reference applies; the "
                 f"paper's {PAPER['bleu_en_de']} is on WMT14 newstest2014.")
-    elif spec["reference"] is None:
+    elif spec.reference is None:
         text = (f"Test BLEU {sacre:.2f} (sacreBLEU 13a, cased; {tok_text} on the paper's tok+split metric) on "
-                f"{name} ({size}): {spec['why']}. The paper's {PAPER['bleu_en_de']} is on WMT14 newstest2014 "
+                f"{name} ({size}): {spec.why}. The paper's {PAPER['bleu_en_de']} is on WMT14 newstest2014 "
                 "and does not apply.")
-    elif n != spec["sentences"] or not isinstance(tok, (int, float)):
+    elif n != spec.sentences or tok is None:
         text = (f"Test BLEU {tok_text} on the paper's metric (tok+split), {sacre:.2f} sacreBLEU 13a, on {name} "
-                f"({size}, the full set has {spec['sentences']:,}): not comparable with the paper's "
-                f"{spec['reference']}.")
+                f"({size}, the full set has {spec.sentences:,}): not comparable with the paper's "
+                f"{spec.reference}.")
     else:
         low, high = SACREBLEU_EQUIVALENT
-        out.update(reference=spec["reference"], comparable=True)
+        out.update(reference=spec.reference, comparable=True)
         text = (f"Test BLEU {tok:.2f} on the paper's metric (tok+split) on {name} ({size}) vs the paper's "
-                f"{spec['reference']} ({spec['source']}): {tok - spec['reference']:+.2f}; sacreBLEU 13a "
+                f"{spec.reference} ({spec.source}): {tok - spec.reference:+.2f}; sacreBLEU 13a "
                 f"{sacre:.2f} (the paper's figure is about {low}-{high} there).")
-    return {**out, "text": text}
+    out["text"] = text
+    return out
 
 
-def counts(items: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+def counts(items: list[Item]) -> dict[str, dict[str, int]]:
     """Verdicts counted per kind (:data:`pipeline.auditing.items.KINDS`): a check never adds a match."""
     return {kind: {v: sum(1 for i in items if i["kind"] == kind and i["verdict"] == v) for v in VERDICTS}
             for kind in KINDS}
 
 
-def warnings(items: list[dict[str, Any]]) -> list[str]:
+def warnings(items: list[Item]) -> list[str]:
     """One line per check that fired (``warning``: its note) or failed (``deviates``: what differs)."""
     return [f"{i['item']}: {i['note'] if i['verdict'] == 'warning' else i['deviation']}" for i in items
             if i["kind"] == "check" and i["verdict"] in ("warning", "deviates")]

@@ -22,6 +22,7 @@ from pipeline.bpe import stage as bpe_stage
 from pipeline.clean import stage as clean_stage
 from pipeline.core import stages
 from pipeline.core.config import BpeConfig, Params, params_from_dict
+from pipeline.core.details import RECORDS, RunDetails
 from pipeline.core.stage import run_stage, write_metrics
 from pipeline.core.textio import write_lines, write_text
 from pipeline.encode import stage as encode_stage
@@ -119,9 +120,11 @@ def build_audit_world(root: Path) -> Path:
 
 def synthetic_inputs(params: dict, *, metrics: dict | None = None, paper_profile: dict | None = None,
                      state: dict | None = None) -> Inputs:
-    """Audit inputs without a workspace: ``params`` and the given stage details, everything else absent."""
-    known = {name: None for name in stages.NAMES if name not in ("register", "audit")}
-    return Inputs(params=params, params_sha256="0" * 64, paper_profile=paper_profile, metrics={**known, **(metrics or {})},
+    """Audit inputs without a workspace: ``params`` and the given stage details (JSON), everything else absent."""
+    metrics = metrics or {}
+    details = RunDetails(**{name: RECORDS[name].from_json(data, f"{name}.details.json")
+                            for name, data in metrics.items()}, written=frozenset(metrics))
+    return Inputs(params=params_from_dict(params), params_sha256="0" * 64, paper_profile=paper_profile, details=details,
                   raw_manifest=None, shards_manifest=None, shards_manifest_sha256=None, state=state, state_path=None,
                   model=None, lock=None, git={"commit": None, "dirty": None, "dirty_paths": []})
 

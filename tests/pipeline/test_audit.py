@@ -18,6 +18,7 @@ from pipeline import audit
 from pipeline.auditing.settings import PAPER_SETTINGS
 from pipeline.core import stages
 from pipeline.core.config import Params, flatten, params_from_dict
+from pipeline.core.details import METRICS, RunDetails
 from pipeline.core.errors import CheckpointError, DataError, PipelineError
 from pipeline.core.textio import write_text
 from pipeline.project.profiles import merged_profile
@@ -138,6 +139,29 @@ def test_lineage_repeats_dvc_lock_manifests_params_and_run_ids(audit_world: Path
     assert set(lineage["mlflow_run_ids"]) >= set(stages.NAMES) - {"register", "audit"}
     assert lineage["git"] == {"commit": None, "dirty": None, "dirty_paths": []}
     assert lineage["checkpoint_state"] == "data/train/step-00000020/state.json"
+
+
+def _no_nulls(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _no_nulls(v) for k, v in value.items() if v is not None}
+    return [_no_nulls(v) for v in value] if isinstance(value, list) else value
+
+
+def test_the_stages_details_read_into_their_records_and_back(audit_world: Path) -> None:
+    """The records read what the real stages write (pipeline/core/details.py), typed, and lose no key."""
+    metrics = audit_world / "data" / "metrics"
+    details = RunDetails.read(metrics)
+    assert details.written == set(stages.NAMES) - {"register", "audit"}
+    for name in details.written:
+        record, written = getattr(details, name), json.loads(stages.details_file(metrics, name).read_text())
+        assert type(record).from_json(record.to_json(), name) == record
+        assert _no_nulls(record.to_json()) == _no_nulls(written), name
+    train, average, evaluate = details.train, details.average, details.evaluate
+    assert train.step == 20 and train.device == "cpu" and train.valid_ppl and train.tokens_per_step_mean
+    assert average.steps[-1] == 20 and average.parameters and average.spm_sha256 == details.bpe.spm_sha256
+    assert evaluate.test.bleu is not None and set(evaluate.test.signatures) == set(METRICS)
+    assert evaluate.valid_newest.step == 20 and evaluate.valid.ppl and evaluate.chosen.chosen_on == "valid"
+    assert details.clean.train.pairs_out and details.download.pairs["train"] == details.clean.train.pairs_in
 
 
 def test_stale_and_inconsistent_lineage_is_named(audit_world: Path, tmp_path: Path) -> None:
@@ -264,6 +288,8 @@ def test_audit_is_deterministic(audit_world: Path, tmp_path: Path) -> None:
     ("data/metrics/train.details.json", "{not json", PipelineError, "data/metrics/train.details.json: not valid JSON"),
     ("data/metrics/evaluate.details.json", "[1, 2]", DataError,
      "data/metrics/evaluate.details.json: expected a JSON object, got list"),
+    ("data/metrics/train.details.json", '{"world_size": "2"}', DataError,
+     'data/metrics/train.details.json: world_size: expected an integer, got "2"; rerun the stage that writes it'),
     ("data/shards/manifest.json", "", PipelineError, "data/shards/manifest.json: not valid JSON"),
     ("dvc.lock", "stages: [unclosed", PipelineError,
      r"dvc.lock: line 1, column \d+: not valid YAML: .*; fix the file there, or restore it from git"),

@@ -2,8 +2,9 @@
 
 ``tests/data/news_lengths.json`` is the (source, target) BPE length histogram of the WMT14 dev news
 sets (newstest2008-2013), encoded with the pipeline's own 37k BPE and filtered at the paper
-profile's ``encode.max_len``: measured once with ``benchmarks/news_lengths.py`` (its docstring has
-the command). Its counts are repeated 20 times to stand for a training corpus (~330k pairs).
+profile's ``encode.max_len``: measured once with ``benchmarks/news_lengths.py``, a one-off script since
+deleted (``git show 8fa73ca:benchmarks/news_lengths.py`` has it and its command). Its counts are repeated 20
+times to stand for a training corpus (~330k pairs).
 """
 
 from __future__ import annotations

@@ -1,0 +1,59 @@
+"""The stages' details records: typed reads of ``<stage>.details.json``, one-line errors, nothing lost."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from pipeline.core import stages
+from pipeline.core.details import METRICS, RECORDS, EvaluateDetails, RunDetails, TrainDetails
+from pipeline.core.errors import DataError, PipelineError
+from pipeline.inference.scoring import METRIC_KEYS
+
+
+def test_one_record_per_stage_and_the_scorer_s_metrics() -> None:
+    assert tuple(RECORDS) == stages.NAMES
+    assert METRICS == METRIC_KEYS
+
+
+def test_missing_file_key_or_null_reads_as_absent(tmp_path: Path) -> None:
+    assert TrainDetails.read(tmp_path) is None and RunDetails.read(tmp_path) == RunDetails()
+    stages.details_file(tmp_path, "train").write_text(json.dumps({"step": 7, "resumed_from_step": None}))
+    train = TrainDetails.read(tmp_path)
+    assert train is not None and (train.step, train.resumed_from_step, train.device) == (7, None, None)
+    assert RunDetails.read(tmp_path).run_ids() == {"train": None}
+
+
+def test_round_trip_keeps_every_key() -> None:
+    data = {"test": {"bleu": 27.9, "sentences": 1000, "signatures": {"bleu": "nrefs:1"}, "verbose": {"bleu": "x"}},
+            "chosen": {"beam": 4, "alpha": 0.6, "chosen_on": "valid"}, "grid": [{"beam": 4}], "seconds": 1.5}
+    record = EvaluateDetails.from_json(data, "e.json")
+    assert record.test.bleu == 27.9 and record.test.extra == {"verbose": {"bleu": "x"}} and record.valid.bleu is None
+    assert record.extra == {"grid": [{"beam": 4}], "seconds": 1.5}
+    assert EvaluateDetails.from_json(record.to_json(), "e.json") == record
+    assert record.to_json().keys() == data.keys() | {"valid", "valid_newest"}  # empty sets: {}
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ({"test": {"bleu": "27.9"}}, 'test.bleu: expected a number, got "27.9"'),
+    ({"test": [1]}, "test: expected a JSON object, got list"),
+    ({"chosen": {"beam": True}}, "chosen.beam: expected an integer, got true"),
+    ({"valid": {"signatures": {"bleu": 1}}}, "valid.signatures.bleu: expected a string, got 1"),
+    ({"grid": [1], "valid_newest": {"step": 2.5}}, "valid_newest.step: expected an integer, got 2.5"),
+    ([1], "expected a JSON object, got list"),
+])
+def test_a_wrong_type_is_one_line_naming_file_and_key(tmp_path: Path, content: object, message: str) -> None:
+    path = stages.details_file(tmp_path, "evaluate")
+    path.write_text(json.dumps(content))
+    with pytest.raises(DataError, match=re.escape(f"{path}: {message}")) as info:
+        EvaluateDetails.read(tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_invalid_json_names_the_file(tmp_path: Path) -> None:
+    stages.details_file(tmp_path, "average").write_text("{")
+    with pytest.raises(PipelineError, match="average.details.json: not valid JSON"):
+        RunDetails.read(tmp_path)
