@@ -1,8 +1,7 @@
 """Pure-PyTorch Transformer for NMT: the network, the loss, the schedule and beam search.
 
-Nothing here knows about files, ranks, DVC, Prefect or MLflow. Names are imported on first use
-(PEP 562), so ``from model.config import TransformerConfig`` (what params.yaml validates into) does
-not import torch: the pipeline's configuration and the Prefect flows stay torch-free.
+Nothing here knows about files, ranks, DVC, Prefect or MLflow. Names are imported on first use (PEP 562), so
+``model.config`` (what params.yaml validates into) can be imported without torch.
 """
 
 from __future__ import annotations
@@ -28,22 +27,7 @@ _LAZY = {
     "max_length": "model.config",
 }
 
-__all__ = [
-    "DecoderState",
-    "EncoderOut",
-    "Hypothesis",
-    "Transformer",
-    "TransformerConfig",
-    "autocast",
-    "beam_search",
-    "beam_search_finished",
-    "best_hypothesis",
-    "inverse_sqrt_lr",
-    "label_smoothed_nll_loss",
-    "label_smoothed_nll_loss_lean",
-    "length_penalty",
-    "max_length",
-]
+__all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:
     from model.beam import Hypothesis, beam_search, beam_search_finished, best_hypothesis, length_penalty
