@@ -1,7 +1,6 @@
-"""MLflow's logged and registered models, and a run's dataset inputs: the lineage the ``register`` stage records.
+"""MLflow's logged and registered models and a run's dataset inputs, for the ``register`` stage.
 
 Runs themselves are :mod:`pipeline.core.tracking`'s; every function here is a no-op when tracking is off.
-No torch here.
 """
 
 from __future__ import annotations
@@ -45,17 +44,9 @@ def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict
                      root: str | Path = ".") -> dict[str, Any] | None:
     """Log a models-from-code pyfunc (one column in, one string per row out) into ``run``; maybe register it.
 
-    Args:
-        run: an open stage run (a no-op handle gives None).
-        python_model: the model file MLflow executes (it ends with ``mlflow.models.set_model(...)``).
-        artifacts: name → local file, copied into the model (``context.artifacts``).
-        code_paths: local packages copied beside the model so it loads outside this checkout.
-        model_config: ``context.model_config`` of the loaded model.
-        params: inference params with their defaults (name → int, float or str), part of the signature.
-        registered_model_name: register a new version of this model.
-        pip_requirements: the model's requirements (given, so MLflow does not load the model to infer them).
-        name: the logged model's name.
-        root: repository root (default store).
+    ``python_model`` is the file MLflow executes, ``params`` the inference params with their defaults (part of
+    the signature); the other arguments are ``mlflow.pyfunc.log_model``'s. ``pip_requirements`` are given so
+    MLflow does not load the model to infer them.
 
     Returns:
         ``{"model_uri", "model_id", "version"}`` (version None when not registered), or None when off.
