@@ -37,14 +37,9 @@ from model.precision import wide
 
 @dataclass(frozen=True)
 class Hypothesis:
-    """One finished hypothesis.
-
-    Attributes:
-        tokens: generated ids without BOS and EOS.
-        score: raw sum of token log-probabilities (including EOS when it ended with EOS).
-        step: n, the number of generated tokens including EOS (what the length penalty uses).
-        order: position among the hypotheses finished at the same step (candidate order).
-    """
+    """One finished hypothesis: its ids without BOS and EOS, the raw sum of its log-probabilities (EOS included),
+    its ``step`` n (generated tokens with EOS: what the length penalty uses) and its ``order`` among those finished
+    at the same step."""
 
     tokens: list[int]
     score: float
@@ -182,10 +177,8 @@ class _Step(NamedTuple):
 
 
 def _top_candidates(flat: Tensor, tie_rank: Tensor, n_valid: Tensor, n2: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The first ``n2`` candidates by (score desc, flat index asc), exactly (ties included), on any device.
-
-    ``topk`` finds the threshold (the n2-th largest score) and every candidate above it; which candidates equal
-    to the threshold it returns is unspecified, so those are taken by a second ``topk`` over ``tie_rank``.
+    """The first ``n2`` candidates by (score desc, flat index asc), exactly: ``topk`` finds the threshold and every
+    candidate above it, a second ``topk`` over ``tie_rank`` the lowest flat indices of those equal to it.
 
     Args:
         flat: [B, N] candidate scores, -inf where invalid (a valid candidate may score -inf too).
@@ -225,9 +218,7 @@ def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: 
         lprobs: [B, slots, V] next-token log-probabilities, overwritten in place with the candidates' scores.
         live_ok: [B, slots] which slots hold a live hypothesis (a prefix of the slots).
         banned: [2] the ids that never extend a hypothesis (PAD and BOS).
-        k: beam size.
-        eos: EOS id.
-        pad: id fed to empty slots.
+        k: beam size; ``eos`` the EOS id, ``pad`` the id fed to empty slots.
     """
     n_sent, slots, vocab = lprobs.shape
     n = slots * vocab
@@ -330,17 +321,9 @@ def beam_search(
 ) -> list[list[int]] | list[list[Hypothesis]]:
     """Translate a batch with beam search (the rule in this module's docstring), restoring the model's mode.
 
-    Args:
-        model: a :class:`~model.transformer.Transformer` (or anything with the same decoding methods).
-        src: [B, S] int64 source ids (BPE ids + EOS), right-padded with ``pad_id``.
-        beam_size: k >= 1; k = 1 is greedy search through the same code.
-        alpha: length-penalty exponent α in ((5 + n) / 6)^α.
-        max_len_a: a in max_len = max(1, floor(a · S + b)).
-        max_len_b: b in the same formula.
-        return_finished: return :func:`beam_search_finished`'s lists (α-independent) instead.
-
-    Returns:
-        Per sentence, the best hypothesis's ids without BOS and EOS (``[]`` for an empty source).
+    Per sentence, returns the best hypothesis's ids without BOS and EOS (``[]`` for an empty source), ranked with
+    length-penalty exponent ``alpha``; or, with ``return_finished``, :func:`beam_search_finished`'s lists. The
+    other arguments are :func:`beam_search_finished`'s.
     """
     was_training = model.training
     model.eval()

@@ -91,8 +91,7 @@ def label_smoothed_nll_loss(
         ignore_index: id whose positions are ignored (the pad id).
 
     Returns:
-        (loss_sum, nll_sum): scalar sums over the kept tokens; ``nll_sum`` is the unsmoothed NLL
-        (report perplexity from it). The caller normalises (e.g. by global non-pad tokens).
+        (loss_sum, nll_sum): scalar sums over the kept tokens, unnormalised; ``nll_sum`` is unsmoothed.
     """
     return _sums(*_flat(logits, target, epsilon), epsilon, ignore_index)
 

@@ -20,13 +20,8 @@ from model.precision import wide_dtype
 
 
 class EncoderOut(NamedTuple):
-    """What the encoder hands to the decoder.
-
-    Attributes:
-        memory: [B, S, d] encoder output.
-        pad_mask: [B, S] bool, True at source padding.
-        attn_mask: [B, 1, 1, S] bool, True = the decoder may attend there (NaN-safe for empty rows).
-    """
+    """What the encoder hands to the decoder: memory [B, S, d], pad_mask [B, S] (True at padding) and attn_mask
+    [B, 1, 1, S] (True = the decoder may attend there)."""
 
     memory: Tensor
     pad_mask: Tensor
@@ -130,15 +125,8 @@ class Transformer(nn.Module):
             return F.linear(hidden.to(dtype), weight.to(dtype))
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Logits of the next token at every target position.
-
-        Args:
-            src: [B, S] int64 source ids (BPE ids + EOS), right-padded with ``pad_id``.
-            tgt_in: [B, T] int64 decoder input (BOS + target ids), right-padded with ``pad_id``.
-
-        Returns:
-            [B, T, V] logits in the ambient precision (bf16 under autocast; the loss widens them).
-        """
+        """Next-token logits [B, T, V] in the ambient precision for src [B, S] (BPE ids + EOS) and tgt_in [B, T]
+        (BOS + target ids), both int64 and right-padded with ``pad_id``."""
         return self.project(self.decode(tgt_in, self.encode(src)))
 
     # ---- incremental decoding -------------------------------------------------------------
