@@ -11,20 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 #: Public name -> the module defining it.
 _LAZY = {
-    "DecoderState": "model.transformer",
-    "EncoderOut": "model.transformer",
-    "Hypothesis": "model.beam",
-    "Transformer": "model.transformer",
-    "TransformerConfig": "model.config",
-    "autocast": "model.precision",
-    "beam_search": "model.beam",
-    "beam_search_finished": "model.beam",
-    "best_hypothesis": "model.beam",
-    "inverse_sqrt_lr": "model.schedule",
-    "label_smoothed_nll_loss": "model.loss",
-    "label_smoothed_nll_loss_lean": "model.loss",
-    "length_penalty": "model.beam",
-    "max_length": "model.config",
+    "DecoderState": "model.transformer", "EncoderOut": "model.transformer", "Transformer": "model.transformer",
+    "Hypothesis": "model.beam", "beam_search": "model.beam", "beam_search_finished": "model.beam",
+    "best_hypothesis": "model.beam", "length_penalty": "model.beam",
+    "TransformerConfig": "model.config", "max_length": "model.config",
+    "label_smoothed_nll_loss": "model.loss", "label_smoothed_nll_loss_lean": "model.loss",
+    "autocast": "model.precision", "inverse_sqrt_lr": "model.schedule",
 }
 
 __all__ = sorted(_LAZY)

@@ -180,16 +180,10 @@ def _top_candidates(flat: Tensor, tie_rank: Tensor, n_valid: Tensor, n2: int) ->
     """The first ``n2`` candidates by (score desc, flat index asc), exactly: ``topk`` finds the threshold and every
     candidate above it, a second ``topk`` over ``tie_rank`` the lowest flat indices of those equal to it.
 
-    Args:
-        flat: [B, N] candidate scores, -inf where invalid (a valid candidate may score -inf too).
-        tie_rank: [N] int32, N - flat index for a token that may extend a hypothesis, 0 for one that may not
-            (empty slots come after the live ones, so a valid candidate always precedes theirs).
-        n_valid: [B] number of valid candidates per row.
-        n2: how many to take (<= N).
-
-    Returns:
-        (index [B, n2] flat indices, score [B, n2], ok [B, n2] bool) in candidate order; missing candidates
-        at the end with ok False and score -inf.
+    ``flat`` [B, N] holds the candidate scores (-inf where invalid; a valid one may be -inf too), ``tie_rank`` [N]
+    int32 N - flat index for a token that may extend a hypothesis and 0 for one that may not (empty slots come
+    after the live ones), ``n_valid`` [B] the valid candidates per row. Returns (index, score, ok), each [B, n2],
+    in candidate order; missing candidates come last with ok False and score -inf.
     """
     n = flat.shape[1]
     top, top_index = flat.topk(n2, dim=1)

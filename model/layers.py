@@ -65,10 +65,6 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
 
-    def _merge(self, x: Tensor) -> Tensor:  # [B, H, T, dh] -> [B, T, d]
-        b, _, t, _ = x.shape
-        return x.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
-
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention keys and values of the encoder output: 2 x [B, H, S, dh]."""
         k, v = self.kv_proj(memory).chunk(2, dim=-1)
@@ -85,7 +81,8 @@ class MultiHeadAttention(nn.Module):
         backends = CAUSAL_ATTENTION if causal else CUDA_ATTENTION  # never cuDNN
         with sdpa_kernel(backends) if q.is_cuda else contextlib.nullcontext():
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
-        return self.out_proj(self._merge(out))
+        b, _, t, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
     def weights(self, q: Tensor, k: Tensor, mask: Tensor | None) -> Tensor:
         """Explicit attention probabilities [B, H, T, S] (for inspection, not training)."""

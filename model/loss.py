@@ -79,19 +79,11 @@ def label_smoothed_nll_loss_lean(
 def label_smoothed_nll_loss(
     logits: Tensor, target: Tensor, epsilon: float = 0.1, ignore_index: int = 0
 ) -> tuple[Tensor, Tensor]:
-    """Label-smoothed cross-entropy summed over non-pad target tokens, the log-softmax in fp32 or wider.
+    """Label-smoothed cross-entropy of logits [..., V] against int64 target ids [...], the log-softmax in fp32 or
+    wider: per token (1 - ε) · (-log p[target]) + ε · mean_v(-log p[v]), where ε is ``epsilon`` in [0, 1).
 
-    Per token loss = (1 - ε) · (-log p[target]) + ε · mean_v(-log p[v]); positions whose target equals
-    ``ignore_index`` contribute nothing, EOS targets count.
-
-    Args:
-        logits: [..., V] unnormalised scores (e.g. [B, T, V]).
-        target: [...] int64 target ids (e.g. [B, T]).
-        epsilon: smoothing mass in [0, 1).
-        ignore_index: id whose positions are ignored (the pad id).
-
-    Returns:
-        (loss_sum, nll_sum): scalar sums over the kept tokens, unnormalised; ``nll_sum`` is unsmoothed.
+    Positions whose target is ``ignore_index`` (the pad id) contribute nothing; EOS targets count. Returns
+    (loss_sum, nll_sum), unnormalised scalar sums over the kept tokens; ``nll_sum`` is unsmoothed.
     """
     return _sums(*_flat(logits, target, epsilon), epsilon, ignore_index)
 

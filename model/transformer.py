@@ -53,11 +53,6 @@ class DecoderState:
     beam: int
     length: int = 0
 
-    @property
-    def capacity(self) -> int:
-        """Tokens the self-attention buffers hold."""
-        return self.self_k[0].shape[1]
-
 
 class Transformer(nn.Module):
     """Encoder-decoder Transformer with tied embeddings. Knows nothing about files, ranks or tracking."""
@@ -91,9 +86,8 @@ class Transformer(nn.Module):
 
     def _embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
         """[B, T] ids -> [B, T, d]: scaled embedding + positions offset..offset+T-1, then dropout."""
-        t = tokens.shape[1]
         x = self.embed(tokens) * math.sqrt(self.cfg.d_model)
-        x = x + self.positions[offset : offset + t].to(x.dtype)
+        x = x + self.positions[offset : offset + tokens.shape[1]].to(x.dtype)
         return self.emb_dropout(x)
 
     def encode(self, src: Tensor) -> EncoderOut:
@@ -129,8 +123,6 @@ class Transformer(nn.Module):
         (BOS + target ids), both int64 and right-padded with ``pad_id``."""
         return self.project(self.decode(tgt_in, self.encode(src)))
 
-    # ---- incremental decoding -------------------------------------------------------------
-
     def init_state(self, enc: EncoderOut, beam: int = 1, capacity: int | None = None) -> DecoderState:
         """Decoding state for up to ``beam`` rows per sentence of ``enc`` (B sentences), length 0.
 
@@ -160,9 +152,9 @@ class Transformer(nn.Module):
         Returns:
             (logits [N, V] in fp32 or float64, ``state`` one token longer).
         """
-        t, n = state.length, tokens.numel()
-        if t >= state.capacity:
-            raise ValueError(f"the decoder state holds {state.capacity} tokens; init_state(capacity=...) more")
+        t, n, capacity = state.length, tokens.numel(), state.self_k[0].shape[1]
+        if t >= capacity:
+            raise ValueError(f"the decoder state holds {capacity} tokens; init_state(capacity=...) more")
         x = self._embed(tokens.view(n, 1), offset=t)
         for i, layer in enumerate(self.decoder):
             x = layer.step(x, state.self_k[i][:n], state.self_v[i][:n], t, state.cross_k[i], state.cross_v[i],
@@ -172,15 +164,12 @@ class Transformer(nn.Module):
 
     @staticmethod
     def reorder_state(state: DecoderState, rows: Tensor, sentences: Tensor | None = None) -> DecoderState:
-        """Keep and reorder rows: new row r continues old row ``rows[r]``.
+        """Keep and reorder rows in place: new row r continues old row ``rows[r]``.
 
         Args:
-            state: the current state.
+            state: the current state; its self-attention prefixes are gathered into the spare buffers, then swapped.
             rows: [N'] int64 old row per new row (rows of a sentence adjacent; a row may repeat).
             sentences: [B'] int64 the sentences kept, in their new order, or None when all stay.
-
-        Returns:
-            The state with N' rows (self-attention prefixes gathered into the spare buffers, then swapped).
         """
         t, n = state.length, rows.shape[0]
         for cur, spare in ((state.self_k, state.spare_k), (state.self_v, state.spare_v)):
@@ -193,19 +182,13 @@ class Transformer(nn.Module):
             state.mem_mask = state.mem_mask.index_select(0, sentences)
         return state
 
-    # ---- inspection ---------------------------------------------------------------------
-
     @torch.no_grad()
     def cross_attention(self, src: Tensor, tgt_in: Tensor, layer: int = -1) -> Tensor:
         """Cross-attention probabilities [H, T, S] of decoder ``layer`` (negative: from the end) for one sentence
         pair, computed explicitly for plots: src [S] or [1, S], tgt_in [T] or [1, T] (BOS + target)."""
-        src = src.view(1, -1)
-        tgt_in = tgt_in.view(1, -1)
         index = range(len(self.decoder))[layer]
-        enc = self.encode(src)
-        x = self._embed(tgt_in)
-        for i, dec_layer in enumerate(self.decoder):
-            if i == index:
-                return dec_layer.cross_weights(x, enc.memory, enc.attn_mask)[0]
+        enc = self.encode(src.view(1, -1))
+        x = self._embed(tgt_in.view(1, -1))
+        for dec_layer in self.decoder[:index]:
             x = dec_layer(x, enc.memory, enc.attn_mask)
-        raise AssertionError("unreachable")
+        return self.decoder[index].cross_weights(x, enc.memory, enc.attn_mask)[0]

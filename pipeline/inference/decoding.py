@@ -110,7 +110,8 @@ def decode_sources(
     translator: Translator, sources: Sequence[Sequence[int]], *, beam_size: int, alphas: Sequence[float],
     max_len_a: float, max_len_b: float, max_tokens: int, label: str = "decode",
 ) -> dict[float, list[list[int]]]:
-    """Beam-search every model source (ids + EOS, ``[]`` for an empty sentence) once and re-rank for each α.
+    """Beam-search every model source (ids + EOS, ``[]`` for an empty sentence) once and re-rank for each α,
+    logging progress (``label``) every 10 s and at the end.
 
     Returns:
         ``{alpha: hypotheses}``: per α, per sentence in input order, the ids without BOS/EOS.
@@ -118,8 +119,7 @@ def decode_sources(
     out = {float(a): [[] for _ in sources] for a in alphas}
     jobs = plan_searches(translator, sources, beam_size=beam_size, max_len_a=max_len_a, max_len_b=max_len_b,
                          max_tokens=max_tokens)
-    progress = _Progress(label, beam_size, sum(len(job[0]) for job in jobs))
-    dev = translator.device
+    dev, total, done, start, last = translator.device, sum(len(job[0]) for job in jobs), 0, time.monotonic(), 0.0
     for batch, rows, k, a, b in jobs:
         with torch.inference_mode(), autocast(dev):
             finished = beam_search(translator.model, _pad(rows, translator.config.pad_id, dev), beam_size=k,
@@ -127,22 +127,9 @@ def decode_sources(
         for i, hyps in zip(batch, finished):
             for alpha in out:
                 out[alpha][i] = best_hypothesis(hyps, alpha)
-        progress.add(len(batch))
+        done, now = done + len(batch), time.monotonic() - start
+        if now - last >= 10.0 or done == total:
+            last, rate = now, done / max(now, 1e-9)
+            log.info("%s beam %d: %d/%d sentences, %.1f sent/s, ETA %.0f s", label, beam_size, done, total, rate,
+                     (total - done) / max(rate, 1e-9))
     return out
-
-
-class _Progress:
-    """A progress line every 10 s and at the end: sentences done, rate, ETA."""
-
-    def __init__(self, label: str, beam_size: int, total: int) -> None:
-        self.label, self.beam_size, self.total = label, beam_size, total
-        self.done, self.start, self.last = 0, time.monotonic(), 0.0
-
-    def add(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic() - self.start
-        if now - self.last >= 10.0 or self.done == self.total:
-            self.last = now
-            rate = self.done / max(now, 1e-9)
-            log.info("%s beam %d: %d/%d sentences, %.1f sent/s, ETA %.0f s", self.label, self.beam_size, self.done,
-                     self.total, rate, (self.total - self.done) / max(rate, 1e-9))

@@ -197,8 +197,8 @@ def newest_checkpoint(train_dir: str | Path) -> tuple[int, Path]:
     return done[-1]
 
 
-def checkpoint_translator(folder: Path, spm_model: str | Path, device: torch.device | str = "cpu") -> Translator:
-    """A training checkpoint folder and the run's BPE model as a :class:`Translator` in eval mode on ``device``,
+def checkpoint_translator(folder: Path, spm_model: str | Path) -> Translator:
+    """A training checkpoint folder and the run's BPE model as a :class:`Translator` in eval mode on the CPU,
     built as ``averaged.pt``'s model is.
 
     Raises:
@@ -219,6 +219,4 @@ def checkpoint_translator(folder: Path, spm_model: str | Path, device: torch.dev
     mf = model_file.ModelFile(weights=checkpoint.load_state_dict(folder), config=config, spm=spm_bytes)
     model = model_file.build_model(mf, folder / checkpoint.MODEL, remedy=f"was it trained with {spm_path}? If "
                                    "not, point paths.bpe at the run's BPE model or retrain (`dvc repro train`)")
-    device = torch.device(device)
-    model.to(device).eval()
-    return Translator(model, config, sp, device, spm_bytes)
+    return Translator(model.eval(), config, sp, torch.device("cpu"), spm_bytes)

@@ -52,14 +52,13 @@ def source_lines(model_input: Any) -> list[str]:
         model_input = [model_input]
     if isinstance(model_input, pd.DataFrame):
         if "src" in model_input.columns:
-            column = model_input["src"]
+            model_input = model_input["src"]
         elif len(model_input.columns) == 1:
-            column = model_input.iloc[:, 0]
+            model_input = model_input.iloc[:, 0]
         else:
             names = [str(c)[:40] for c in model_input.columns[:5]]
             raise invalid(f"inputs: a table with columns {names}{' ...' if len(model_input.columns) > 5 else ''}; "
                           "send a list of strings or one column 'src' holding the source sentences")
-        model_input = column
     if not isinstance(model_input, (list, tuple)) and not hasattr(model_input, "tolist"):  # Series, numpy arrays
         raise invalid(f"inputs: cannot translate a {type(model_input).__name__}; send a list of strings or one "
                       "column 'src' holding the source sentences")

@@ -1,6 +1,6 @@
 """MLflow's logged and registered models and a run's dataset inputs, for the ``register`` stage.
 
-Runs themselves are :mod:`pipeline.core.tracking`'s; every function here is a no-op when tracking is off.
+Runs themselves are :mod:`pipeline.core.tracking`'s. The register stage calls these only with tracking on.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.tracking import StageRun, enabled, mlflow_client, tracking_uri
+from pipeline.core.tracking import StageRun, mlflow_client, tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,6 @@ def _version(mv: Any) -> dict[str, Any]:
 
 def alias_holder(model_name: str, alias: str, root: str | Path = ".") -> dict[str, Any] | None:
     """The model version holding ``alias``: ``{"version", "run_id", "tags"}``, or None (no model, no alias)."""
-    if not enabled():
-        return None
     from mlflow.exceptions import MlflowException
 
     try:
@@ -111,8 +109,6 @@ def alias_holder(model_name: str, alias: str, root: str | Path = ".") -> dict[st
 
 def find_model_versions(model_name: str, tags: dict[str, Any], root: str | Path = ".") -> list[dict[str, Any]]:
     """Versions of ``model_name`` whose tags equal all of ``tags`` (newest first): ``{"version", "run_id", "tags"}``."""
-    if not enabled():
-        return []
     quoted = model_name.replace("'", "\\'")
     clauses = [f"name = '{quoted}'", *(f"tag.`{k}` = '{v!s}'" for k, v in tags.items())]
     found = mlflow_client(root).search_model_versions(" and ".join(clauses), order_by=["version_number DESC"])
@@ -121,23 +117,19 @@ def find_model_versions(model_name: str, tags: dict[str, Any], root: str | Path 
 
 def set_alias(model_name: str, alias: str, version: str, root: str | Path = ".") -> None:
     """Point ``alias`` of ``model_name`` at ``version``."""
-    if enabled():
-        mlflow_client(root).set_registered_model_alias(model_name, alias, str(version))
+    mlflow_client(root).set_registered_model_alias(model_name, alias, str(version))
 
 
 def tag_model_version(model_name: str, version: str, tags: dict[str, Any], root: str | Path = ".") -> None:
     """Set string tags on one registered model version."""
-    if enabled():
-        client = mlflow_client(root)
-        for key, value in tags.items():
-            client.set_model_version_tag(model_name, str(version), key, str(value))
+    client = mlflow_client(root)
+    for key, value in tags.items():
+        client.set_model_version_tag(model_name, str(version), key, str(value))
 
 
 def download_run_artifact(run_id: str, artifact_path: str, dst_dir: str | Path,
                           root: str | Path = ".") -> Path | None:
-    """Fetch one artifact of a run into ``dst_dir``; None when tracking is off or the artifact is absent."""
-    if not enabled():
-        return None
+    """Fetch one artifact of a run into ``dst_dir``; None when it is absent."""
     import mlflow
     from mlflow.exceptions import MlflowException
 

@@ -76,7 +76,6 @@ _UNICODE_PUNCTUATION = tuple((re.compile(pattern), repl) for pattern, repl in UN
 
 #: get_ende_bleu.sh's ``s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g``, on bytes as ``perl -ple`` runs it.
 _ATAT = re.compile(rb"(\S)-(\S)")
-_ATAT_REPLACEMENT = rb"\1 ##AT##-##AT## \2"
 #: names the steps in front of sacreBLEU's own signature for :data:`TOKENIZED_METRIC`.
 _TOKENIZED_SIGNATURE = "t2t-get_ende_bleu:replace-unicode-punct+moses-tok-{lang}+atat|"
 
@@ -103,7 +102,7 @@ def compound_split(text: str) -> str:
     >>> compound_split("Howl-O-Scream")
     'Howl ##AT##-##AT## O-Scream'
     """
-    return _ATAT.sub(_ATAT_REPLACEMENT, text.encode("utf-8")).decode("utf-8")
+    return _ATAT.sub(rb"\1 ##AT##-##AT## \2", text.encode("utf-8")).decode("utf-8")
 
 
 @functools.lru_cache(maxsize=8)

@@ -37,12 +37,7 @@ STREAM_LINES = 4096
 
 def split_lines(data: bytes) -> list[bytes]:
     """``data`` split on ``\\n`` only, without the newlines (a last line without one is kept)."""
-    if not data:
-        return []
-    raw = data.split(b"\n")
-    if data.endswith(b"\n"):
-        raw.pop()
-    return raw
+    return data.removesuffix(b"\n").split(b"\n") if data else []
 
 
 def decode_lines(raw: Sequence[bytes], first: int = 1) -> tuple[list[str], list[int]]:
@@ -119,8 +114,7 @@ def translate_lines(translator: Translator | Ct2Translator, lines: Sequence[str]
 
 
 def check_beam(beam: int, vocab_size: int = 0, option: str = "--beam") -> None:
-    """Refuse, in one line naming ``option``, a beam outside 1 .. :data:`model.config.MAX_BEAM_SIZE` or (once the
-    model is loaded) wider than its ``vocab_size`` pieces."""
+    """Refuse, naming ``option``, a beam outside 1 .. MAX_BEAM_SIZE or wider than ``vocab_size`` (0: not known)."""
     if problem := beam_size_problem(beam, vocab_size):
         raise PipelineError(f"{option} {beam!r:.40}: {problem}")
 
