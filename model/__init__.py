@@ -1,8 +1,7 @@
 """Pure-PyTorch Transformer for NMT: the network, the loss, the schedule and beam search.
 
-Nothing here knows about files, ranks, DVC, Prefect or MLflow. Names are imported on first use
-(PEP 562), so ``from model.config import TransformerConfig`` (what params.yaml validates into) does
-not import torch: the pipeline's configuration and the Prefect flows stay torch-free.
+Nothing here knows about files, ranks, DVC, Prefect or MLflow. Names are imported on first use (PEP 562), so
+``model.config`` (what params.yaml validates into) can be imported without torch.
 """
 
 from __future__ import annotations
@@ -12,38 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 #: Public name -> the module defining it.
 _LAZY = {
-    "DecoderState": "model.transformer",
-    "EncoderOut": "model.transformer",
-    "Hypothesis": "model.beam",
-    "Transformer": "model.transformer",
-    "TransformerConfig": "model.config",
-    "autocast": "model.precision",
-    "beam_search": "model.beam",
-    "beam_search_finished": "model.beam",
-    "best_hypothesis": "model.beam",
-    "inverse_sqrt_lr": "model.schedule",
-    "label_smoothed_nll_loss": "model.loss",
-    "label_smoothed_nll_loss_lean": "model.loss",
-    "length_penalty": "model.beam",
-    "max_length": "model.config",
+    "DecoderState": "model.transformer", "EncoderOut": "model.transformer", "Transformer": "model.transformer",
+    "Hypothesis": "model.beam", "beam_search": "model.beam", "beam_search_finished": "model.beam",
+    "best_hypothesis": "model.beam", "length_penalty": "model.beam",
+    "TransformerConfig": "model.config", "max_length": "model.config",
+    "label_smoothed_nll_loss": "model.loss", "label_smoothed_nll_loss_lean": "model.loss",
+    "autocast": "model.precision", "inverse_sqrt_lr": "model.schedule",
 }
 
-__all__ = [
-    "DecoderState",
-    "EncoderOut",
-    "Hypothesis",
-    "Transformer",
-    "TransformerConfig",
-    "autocast",
-    "beam_search",
-    "beam_search_finished",
-    "best_hypothesis",
-    "inverse_sqrt_lr",
-    "label_smoothed_nll_loss",
-    "label_smoothed_nll_loss_lean",
-    "length_penalty",
-    "max_length",
-]
+__all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:
     from model.beam import Hypothesis, beam_search, beam_search_finished, best_hypothesis, length_penalty

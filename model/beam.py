@@ -1,9 +1,8 @@
 """Batched beam search with a GNMT length penalty, by an exact rule (below) that two correct
 implementations agree on token for token.
 
-Rows are (sentence × beam). Only the sentences still searching stay in the batch: when one is done
-its rows leave (the batch is compacted), so a batch costs the sum of its sentences' real lengths, not
-its longest max_len times its size.
+Rows are (sentence × beam). A sentence that is done leaves the batch, so a batch costs the sum of its
+sentences' real lengths, not its longest max_len times its size.
 
 Per step n (tokens generated so far, including this one) every live hypothesis is extended by every token but
 PAD and BOS (log-softmax in fp32 or wider, no renormalisation); candidates are ordered by (score desc,
@@ -18,17 +17,10 @@ step an EOS candidate and a live one are ordered by candidate position, not by r
 Pruning uses raw scores only, so the finished set does not depend on α: :func:`beam_search_finished`
 returns it with raw scores and steps, and :func:`best_hypothesis` ranks it for any α.
 
-The model needs four methods (``Transformer`` has them; tests use toy modules):
-``encode(src) -> enc``; ``init_state(enc, beam, capacity) -> state`` with room for ``beam`` rows per
-sentence and ``capacity`` steps; ``decode_step(tokens [N], state) -> (logits [N, V], state)``, where
-the first step has one row per sentence ([BOS]) and later ones the rows ``reorder_state`` set;
-``reorder_state(state, rows [N'], sentences [B'] or None) -> state`` (new row r continues old row
-``rows[r]``, a sentence's rows adjacent; ``sentences`` lists the sentences kept when some leave); plus
-``cfg`` with ``pad_id``, ``bos_id``, ``eos_id``. The logits ``decode_step`` returns belong to the search,
-which may overwrite them with the log-probabilities (a fresh tensor each step, not a view of the state).
-``decode_step``'s logits must be computed in fp32 or wider even under bf16 autocast (the
-Transformer's output projection disables autocast): bf16 logits, cast up here, would already be
-rounded to 8 significant bits, with artificial ties between candidates.
+The model needs ``cfg`` (``pad_id``, ``bos_id``, ``eos_id``) and the decoding methods of
+:class:`~model.transformer.Transformer` (``encode``, ``init_state``, ``decode_step``, ``reorder_state``; tests use
+toy modules). The logits ``decode_step`` returns belong to the search, which may overwrite them (a fresh tensor
+each step), and must be fp32 or wider even under bf16 autocast: bf16 logits would tie nearby candidates.
 """
 
 from __future__ import annotations
@@ -45,14 +37,9 @@ from model.precision import wide
 
 @dataclass(frozen=True)
 class Hypothesis:
-    """One finished hypothesis.
-
-    Attributes:
-        tokens: generated ids without BOS and EOS.
-        score: raw sum of token log-probabilities (including EOS when it ended with EOS).
-        step: n, the number of generated tokens including EOS (what the length penalty uses).
-        order: position among the hypotheses finished at the same step (candidate order).
-    """
+    """One finished hypothesis: its ids without BOS and EOS, the raw sum of its log-probabilities (EOS included),
+    its ``step`` n (generated tokens with EOS: what the length penalty uses) and its ``order`` among those finished
+    at the same step."""
 
     tokens: list[int]
     score: float
@@ -78,11 +65,7 @@ def best_hypothesis(finished: list[Hypothesis], alpha: float) -> list[int]:
 
 
 def _first_k(mask: Tensor, values: list[Tensor], k: int, fill: list[float | int]) -> tuple[Tensor, list[Tensor]]:
-    """Pack the entries where ``mask`` [B, M] is True into k slots, keeping order.
-
-    Returns:
-        (ok [B, k] bool, packed values [B, k] each); entries beyond the k-th are dropped.
-    """
+    """Pack the entries where ``mask`` [B, M] is True into k slots, keeping order: (ok [B, k], values [B, k] each)."""
     b = mask.shape[0]
     rank = mask.cumsum(1) - 1
     keep = mask & (rank < k)
@@ -97,8 +80,7 @@ def _first_k(mask: Tensor, values: list[Tensor], k: int, fill: list[float | int]
 
 @dataclass
 class _History:
-    """Per-step device tensors of the sentences still searching (``sent`` names them), moved to the
-    host once at the end."""
+    """Per-step device tensors of the sentences still searching (``sent``), moved to the host once at the end."""
 
     sent: list[Tensor]
     live_org: list[Tensor]
@@ -129,16 +111,10 @@ class _History:
 
 
 def _backtrack(org: Tensor, tok: Tensor, sent: Tensor, slot: Tensor, length: Tensor) -> Tensor:
-    """Tokens of many hypotheses at once, followed back through the live slots' origins.
+    """Tokens [H, max length] of H hypotheses at once, followed back through the live slots' origins.
 
-    Args:
-        org: [T, n_sent, k] the slot each step's live hypothesis continued.
-        tok: [T, n_sent, k] the token each step's live hypothesis appended.
-        sent, slot, length: [H] each hypothesis's sentence, the live slot it ends in at step
-            ``length``, and its number of tokens.
-
-    Returns:
-        [H, max length] tokens; row h's first ``length[h]`` entries are hypothesis h's.
+    ``org``/``tok`` [T, n_sent, k] are the slot each step's live hypothesis continued and the token it appended;
+    ``sent``, ``slot``, ``length`` [H] each hypothesis's sentence, its live slot at step ``length``, its length.
     """
     out = tok.new_zeros(len(sent), int(length.max()) if len(sent) else 0)
     slot = slot.clone()
@@ -153,9 +129,8 @@ def _backtrack(org: Tensor, tok: Tensor, sent: Tensor, slot: Tensor, length: Ten
 def _rebuild(h: _History, n_sent: int) -> list[list[Hypothesis]]:
     """Every finished hypothesis from the history, backtracked for all sentences at once on the host.
 
-    An EOS candidate finished at step n continues live slot ``eos_org`` of step n - 1 (n - 1 tokens); a
-    live hypothesis finished by the max_len rule is live slot j of step n (n tokens). Within a sentence
-    and step the order is the candidate position (j for an EOS among the first k, ``live_pos`` for a live one).
+    An EOS candidate finished at step n continues live slot ``eos_org`` of step n - 1; a hypothesis finished
+    by the max_len rule is live slot j of step n. Within a sentence and step the order is the candidate position.
     """
     if not h.sent:
         return [[] for _ in range(n_sent)]
@@ -202,24 +177,13 @@ class _Step(NamedTuple):
 
 
 def _top_candidates(flat: Tensor, tie_rank: Tensor, n_valid: Tensor, n2: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The first ``n2`` candidates by (score desc, flat index asc), exactly (ties included), on any device.
+    """The first ``n2`` candidates by (score desc, flat index asc), exactly: ``topk`` finds the threshold and every
+    candidate above it, a second ``topk`` over ``tie_rank`` the lowest flat indices of those equal to it.
 
-    ``topk`` finds the threshold (the n2-th largest score) and every candidate above it; which of several
-    candidates equal to the threshold it returns is unspecified, so those are taken again by a second ``topk``
-    over ``tie_rank``: the lowest flat indices first. No pass over the candidates needs a cumulative sum or a
-    host sync.
-
-    Args:
-        flat: [B, N] candidate scores, -inf where invalid (a valid candidate may score -inf too).
-        tie_rank: [N] int32, N - flat index for a token that may extend a hypothesis, 0 for one that
-            may not. Invalid candidates of empty slots keep their rank: the slots holding live
-            hypotheses come first, so a valid candidate always precedes them.
-        n_valid: [B] number of valid candidates per row.
-        n2: how many to take (<= N).
-
-    Returns:
-        (index [B, n2] flat indices, score [B, n2], ok [B, n2] bool) in candidate order; invalid
-        slots (fewer valid candidates than n2) are at the end with ok False and score -inf.
+    ``flat`` [B, N] holds the candidate scores (-inf where invalid; a valid one may be -inf too), ``tie_rank`` [N]
+    int32 N - flat index for a token that may extend a hypothesis and 0 for one that may not (empty slots come
+    after the live ones), ``n_valid`` [B] the valid candidates per row. Returns (index, score, ok), each [B, n2],
+    in candidate order; missing candidates come last with ok False and score -inf.
     """
     n = flat.shape[1]
     top, top_index = flat.topk(n2, dim=1)
@@ -245,13 +209,10 @@ def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: 
 
     Args:
         scores: [B, slots] raw scores of the slots, -inf for a slot without a live hypothesis.
-        lprobs: [B, slots, V] next-token log-probabilities, overwritten (banned tokens, then the candidates'
-            scores, in place: no second [B, slots, V] buffer).
+        lprobs: [B, slots, V] next-token log-probabilities, overwritten in place with the candidates' scores.
         live_ok: [B, slots] which slots hold a live hypothesis (a prefix of the slots).
         banned: [2] the ids that never extend a hypothesis (PAD and BOS).
-        k: beam size.
-        eos: EOS id.
-        pad: id fed to empty slots.
+        k: beam size; ``eos`` the EOS id, ``pad`` the id fed to empty slots.
     """
     n_sent, slots, vocab = lprobs.shape
     n = slots * vocab
@@ -273,11 +234,8 @@ def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: 
 
 
 def _log_softmax_(logits: Tensor) -> Tensor:
-    """Log-softmax over the last dimension of ``logits`` [N, V] (the step's own tensor, see the module docstring),
-    on CPU written over them: the same kernel and values as ``torch.log_softmax`` without a second [N, V] buffer
-    (a [1000, 8000] step's log-softmax took 8.7 instead of 12.7 ms; benchmarks/RESULTS.md, "Decoding: search
-    buffers from the heap"). Other devices get a new tensor: the in-place form is measured and tested on CPU
-    only."""
+    """Log-softmax over the last dimension of ``logits`` [N, V], on CPU written over them (8.7 instead of 12.7 ms
+    for [1000, 8000]; benchmarks/RESULTS.md); other devices get a new tensor (in place is tested on CPU only)."""
     if logits.device.type != "cpu":
         return torch.log_softmax(logits, dim=-1)
     return torch.log_softmax(logits, dim=-1, out=logits)
@@ -298,18 +256,14 @@ def _max_lens(src: Tensor, pad: int, a: float, b: float, limit: int | None) -> l
 def beam_search_finished(
     model: nn.Module, src: Tensor, beam_size: int = 4, max_len_a: float = 1.0, max_len_b: float = 50
 ) -> list[list[Hypothesis]]:
-    """Run the search and return every sentence's finished hypotheses with raw scores.
+    """Run the search and return every sentence's finished hypotheses, in finishing order, with raw scores.
 
     Args:
         model: see the module docstring; put it in eval mode first (dropout would randomise the search).
         src: [B, S] int64 source ids, right-padded with ``pad_id``.
-        beam_size: k in 1 .. :data:`~model.config.MAX_BEAM_SIZE` and at most the vocabulary size (k = 1 is
-            greedy search).
+        beam_size: k in 1 .. :data:`~model.config.MAX_BEAM_SIZE` and at most the vocabulary size (1: greedy).
         max_len_a: a in max_len = max(1, floor(a · S + b)), S = non-pad tokens of the row.
         max_len_b: b in the same formula.
-
-    Returns:
-        Per sentence, its finished hypotheses in finishing order (empty for an empty source).
     """
     problem = beam_size_problem(beam_size, getattr(model.cfg, "vocab_size", 0))
     if problem:
@@ -359,21 +313,11 @@ def beam_search(
     max_len_b: float = 50,
     return_finished: bool = False,
 ) -> list[list[int]] | list[list[Hypothesis]]:
-    """Translate a batch with beam search (the rule in this module's docstring).
+    """Translate a batch with beam search (the rule in this module's docstring), restoring the model's mode.
 
-    Args:
-        model: a :class:`~model.transformer.Transformer` (or anything with the same decoding methods).
-        src: [B, S] int64 source ids (BPE ids + EOS), right-padded with ``pad_id``.
-        beam_size: k >= 1; k = 1 is greedy search through the same code.
-        alpha: length-penalty exponent α in ((5 + n) / 6)^α.
-        max_len_a: a in max_len = max(1, floor(a · S + b)).
-        max_len_b: b in the same formula.
-        return_finished: return every sentence's finished :class:`Hypothesis` list (raw scores,
-            α-independent) instead of the best token lists.
-
-    Returns:
-        Per sentence, the best hypothesis's ids without BOS and EOS (``[]`` for an empty source);
-        or, with ``return_finished``, the finished hypotheses.
+    Per sentence, returns the best hypothesis's ids without BOS and EOS (``[]`` for an empty source), ranked with
+    length-penalty exponent ``alpha``; or, with ``return_finished``, :func:`beam_search_finished`'s lists. The
+    other arguments are :func:`beam_search_finished`'s.
     """
     was_training = model.training
     model.eval()

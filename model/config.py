@@ -1,7 +1,4 @@
-"""The network's configuration (one frozen dataclass, serialisable to a plain dict) and the search limits that
-need no torch: a beam's width and an output's length limit, which ``nmt translate --engine ctranslate2`` applies
-without importing torch.
-"""
+"""The network's configuration and the search limits, importable without torch (``--engine ctranslate2``)."""
 
 from __future__ import annotations
 
@@ -16,9 +13,8 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 #: ``field`` metadata of values that are not settings: they come from the BPE model, never from params.
 DERIVED = "derived"
 
-#: The widest beam any search here runs (``nmt translate --beam``, the served model's ``beam_size``,
-#: ``evaluate.beam_sizes``). The paper decodes with 4; a search keeps sentences x beam x vocabulary scores per
-#: step, so an unbounded beam lets one request take all of a machine's memory.
+#: The widest beam any search here runs. The paper decodes with 4; a search keeps sentences x beam x vocabulary
+#: scores per step, so an unbounded beam lets one request take all of a machine's memory.
 MAX_BEAM_SIZE = 64
 
 #: The most weights (parameters and position-table entries) of a model trained here. Data-parallel training
@@ -30,8 +26,7 @@ MAX_WEIGHTS = 2**32
 def beam_size_problem(beam_size: object, vocab_size: int = 0) -> str | None:
     """Why a search cannot keep ``beam_size`` hypotheses over ``vocab_size`` pieces (0 = not known), or None.
 
-    Returns:
-        The rule broken, worded to follow the option or key that gave the value (``--beam 0: must be ...``).
+    The rule is worded to follow the option or key that gave the value (``--beam 0: must be ...``).
     """
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or not 1 <= beam_size <= MAX_BEAM_SIZE:
         return f"must be an integer from 1 to {MAX_BEAM_SIZE} (the widest beam this project searches)"
@@ -48,15 +43,13 @@ def max_length(src_len: int, a: float, b: float) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
-    """Dimensions and special token ids of the encoder-decoder Transformer.
+    """Dimensions and special token ids of the encoder-decoder Transformer; the defaults are the paper's base model.
 
-    The defaults are the paper's base model. ``vocab_size`` and the special ids are derived from the
-    BPE model (``0`` = not known yet, as in params.yaml's ``model`` section, which validates into
-    this class); :meth:`with_vocab` fills it in before a :class:`~model.Transformer` is built.
+    ``vocab_size`` and the special ids come from the BPE model (``vocab_size`` 0 = not known yet, as in
+    params.yaml); :meth:`with_vocab` fills it in before a :class:`~model.Transformer` is built.
     """
 
     vocab_size: int = field(default=0, metadata={DERIVED: "the BPE model's piece count"})
-    """Size of the shared source/target vocabulary (the BPE model's piece count; 0 = not known yet)."""
     d_model: int = 512
     """Width of embeddings and residual stream."""
     n_heads: int = 8
@@ -65,11 +58,8 @@ class TransformerConfig:
     """Hidden width of the position-wise feed-forward network."""
     n_layers: int = 6
     """Layers in the encoder and (separately) in the decoder."""
-    # Dropout as in the paper: §5.4 ("Residual Dropout") applies P_drop = 0.1 to each sub-layer's output
-    # and to the embedding + positional-encoding sums, nowhere else. Reference implementations agree:
-    # tensor2tensor's transformer_base_v1 (attention_dropout 0.0, relu_dropout 0.0; v2 raised both to
-    # 0.1) and fairseq's transformer_wmt_en_de (= base_architecture: attention_dropout 0.0,
-    # activation_dropout 0.0, dropout 0.1).
+    # The paper's §5.4 applies P_drop = 0.1 to each sub-layer's output and the embedding sums only, as do
+    # tensor2tensor's transformer_base_v1 and fairseq's transformer_wmt_en_de (attention/activation dropout 0).
     dropout: float = 0.1
     """Dropout on embeddings+positions and on every residual branch (the paper's P_drop)."""
     attn_dropout: float = 0.0
@@ -112,12 +102,8 @@ class TransformerConfig:
             raise ValueError("invalid TransformerConfig: " + "; ".join(problems))
 
     def weight_count(self, vocab_size: int | None = None) -> int:
-        """The numbers a :class:`~model.Transformer` of this config holds: its parameters (tied embedding,
-        attention and feed-forward projections, LayerNorms) and its sinusoidal position table.
-
-        Args:
-            vocab_size: the vocabulary to count with (default: this config's own, 0 while not known).
-        """
+        """The parameters and position-table entries a :class:`~model.Transformer` of this config holds, counted
+        with ``vocab_size`` (default: this config's own)."""
         d, ff, vocab = self.d_model, self.d_ff, self.vocab_size if vocab_size is None else vocab_size
         attention = 4 * d * d + 4 * d  # q, k, v and output projections with biases
         ffn = 2 * d * ff + ff + d

@@ -1,8 +1,7 @@
 """Building blocks: sinusoidal positions, attention with fused projections, encoder/decoder layers.
 
-Mask convention inside ``model/``: boolean attention masks follow
-:func:`torch.nn.functional.scaled_dot_product_attention`, i.e. ``True`` = this key may be attended to.
-Padding masks (``pad_mask``) are ``True`` at padding tokens. Sequences are right-padded.
+Boolean attention masks follow :func:`torch.nn.functional.scaled_dot_product_attention` (``True`` = may attend);
+padding masks (``pad_mask``) are ``True`` at padding. Sequences are right-padded.
 """
 
 from __future__ import annotations
@@ -17,22 +16,16 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.config import TransformerConfig
 
-#: SDPA backends on CUDA: every one but cuDNN, which builds an execution graph for every new shape; beam search
-#: changes shape at every step (H200, torch 2.11: 12 searches took 10.7 s with cuDNN, 0.71 s without, while a
-#: fixed-shape training step ran as fast either way; benchmarks/RESULTS.md, GPU).
+#: SDPA backends on CUDA: all but cuDNN, which builds a graph per new shape and beam search changes shape every
+#: step (12 searches: 10.7 s with cuDNN, 0.71 s without; H200, benchmarks/RESULTS.md).
 CUDA_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-#: SDPA backends on CUDA for the teacher-forced causal self-attention: at training lengths (tens of tokens)
-#: flash's causal pass took 0.72/0.18 ms (backward/forward), the memory-efficient kernel 0.21/0.11 ms on the
-#: masked attention of the same step (base model, H100, torch 2.11; benchmarks/RESULTS.md, GPU).
+#: SDPA backends for teacher-forced causal self-attention: at training lengths flash took 0.72/0.18 ms
+#: (backward/forward), the memory-efficient kernel 0.21/0.11 ms (base model, H100, benchmarks/RESULTS.md).
 CAUSAL_ATTENTION = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def sinusoid_table(n_positions: int, d_model: int) -> Tensor:
-    """Sinusoidal position encodings of the paper: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(...).
-
-    Returns:
-        Float32 tensor [n_positions, d_model].
-    """
+    """The paper's position encodings PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(...): fp32 [P, d]."""
     pos = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)
     inv = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
     table = torch.zeros(n_positions, d_model, dtype=torch.float64)
@@ -42,14 +35,9 @@ def sinusoid_table(n_positions: int, d_model: int) -> Tensor:
 
 
 def key_mask(pad_mask: Tensor) -> Tensor:
-    """Attention mask from a key padding mask, safe for fully padded rows.
+    """Attention mask [B, 1, 1, S] (True = may attend) from a padding mask [B, S] (True at padding).
 
-    Args:
-        pad_mask: [B, S] bool, True at padding.
-
-    Returns:
-        [B, 1, 1, S] bool, True = may attend. A row with no real token attends to all positions
-        (its output is meaningless but finite, so no NaN reaches the gradients).
+    A row with no real token attends to all positions: meaningless but finite, so no NaN reaches the gradients.
     """
     keep = ~pad_mask
     keep = keep | ~keep.any(dim=-1, keepdim=True)
@@ -73,15 +61,9 @@ class MultiHeadAttention(nn.Module):
             self.qkv_proj = nn.Linear(d, 3 * d)
         self.out_proj = nn.Linear(d, d)
 
-    def _heads(self, x: Tensor) -> Tensor:
-        """[B, T, d] -> [B, H, T, dh]."""
+    def _heads(self, x: Tensor) -> Tensor:  # [B, T, d] -> [B, H, T, dh]
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-
-    def _merge(self, x: Tensor) -> Tensor:
-        """[B, H, T, dh] -> [B, T, d]."""
-        b, _, t, _ = x.shape
-        return x.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention keys and values of the encoder output: 2 x [B, H, S, dh]."""
@@ -99,7 +81,8 @@ class MultiHeadAttention(nn.Module):
         backends = CAUSAL_ATTENTION if causal else CUDA_ATTENTION  # never cuDNN
         with sdpa_kernel(backends) if q.is_cuda else contextlib.nullcontext():
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
-        return self.out_proj(self._merge(out))
+        b, _, t, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
     def weights(self, q: Tensor, k: Tensor, mask: Tensor | None) -> Tensor:
         """Explicit attention probabilities [B, H, T, S] (for inspection, not training)."""
@@ -189,21 +172,19 @@ class DecoderLayer(nn.Module):
     def step(
         self, x: Tensor, k_buf: Tensor, v_buf: Tensor, t: int, k_mem: Tensor, v_mem: Tensor, mem_mask: Tensor
     ) -> Tensor:
-        """One incremental step for N = B·beam rows, beam rows per sentence; the cross-attention and FFN see
-        each sentence's beam rows as one [beam, d] sequence of queries against its own K/V (no copy per beam).
+        """One incremental step for N = B·beam rows, beam rows per sentence: x [N, 1, d] -> [N, 1, d].
+
+        The cross-attention and FFN see a sentence's beam rows as one [beam, d] sequence of queries against its
+        own K/V (no copy per beam).
 
         Args:
             x: [N, 1, d] the embedded token of every row at position t.
-            k_buf: [N, capacity, H, dh] self-attention keys, positions < t filled; this step's key is
-                written at t in place.
+            k_buf: [N, capacity, H, dh] self-attention keys, positions < t filled; this step's is written at t.
             v_buf: [N, capacity, H, dh] self-attention values, the same way.
             t: the position of this token.
             k_mem: [B, H, S, dh] cross-attention keys, one per sentence.
             v_mem: [B, H, S, dh] cross-attention values.
             mem_mask: [B, 1, 1, S] bool source mask.
-
-        Returns:
-            [N, 1, d] the layer's output.
         """
         q, k, v = self.self_attn.project_qkv(self.res_self.inp(x))
         k_buf[:, t : t + 1] = k.transpose(1, 2)

@@ -9,6 +9,15 @@ from torch import Tensor
 from model.precision import wide
 
 
+def _flat(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """Logits [N, V] and target [N], after checking ``epsilon`` and the shapes."""
+    if not 0.0 <= epsilon < 1.0:
+        raise ValueError(f"label smoothing epsilon must be in [0, 1), got {epsilon}")
+    if logits.shape[:-1] != target.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match target {tuple(target.shape)} (+ vocab dim)")
+    return logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
+
+
 def _sums(logits: Tensor, target: Tensor, epsilon: float, ignore_index: int) -> tuple[Tensor, Tensor]:
     """(loss_sum, nll_sum) of logits [N, V] against target [N] in fp32 (or wider)."""
     lprobs = F.log_softmax(wide(logits), dim=-1)
@@ -62,44 +71,19 @@ class _LeanSums(torch.autograd.Function):
 def label_smoothed_nll_loss_lean(
     logits: Tensor, target: Tensor, epsilon: float = 0.1, ignore_index: int = 0
 ) -> tuple[Tensor, Tensor]:
-    """:func:`label_smoothed_nll_loss` that keeps no [N, V] fp32 tensor for the backward pass.
-
-    The same sums up to float rounding (the log-softmax is not formed: log-sum-exp, the target's logit and the
-    row mean instead); the backward recomputes the softmax from the logits and the saved log-sum-exp.
-    """
-    _check(epsilon)
-    if logits.shape[:-1] != target.shape:
-        raise ValueError(f"logits {tuple(logits.shape)} do not match target {tuple(target.shape)} (+ vocab dim)")
-    return _LeanSums.apply(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), epsilon, ignore_index)
-
-
-def _check(epsilon: float) -> None:
-    if not 0.0 <= epsilon < 1.0:
-        raise ValueError(f"label smoothing epsilon must be in [0, 1), got {epsilon}")
+    """:func:`label_smoothed_nll_loss` that keeps no [N, V] fp32 tensor for the backward pass (the same sums up
+    to float rounding; the backward recomputes the softmax from the logits and the saved log-sum-exp)."""
+    return _LeanSums.apply(*_flat(logits, target, epsilon), epsilon, ignore_index)
 
 
 def label_smoothed_nll_loss(
     logits: Tensor, target: Tensor, epsilon: float = 0.1, ignore_index: int = 0
 ) -> tuple[Tensor, Tensor]:
-    """Label-smoothed cross-entropy summed over non-pad target tokens.
+    """Label-smoothed cross-entropy of logits [..., V] against int64 target ids [...], the log-softmax in fp32 or
+    wider: per token (1 - ε) · (-log p[target]) + ε · mean_v(-log p[v]), where ε is ``epsilon`` in [0, 1).
 
-    ε is spread uniformly over the whole vocabulary: per token,
-    loss = (1 - ε) · (-log p[target]) + ε · mean_v(-log p[v]). Positions whose target equals
-    ``ignore_index`` contribute nothing; EOS targets count. The log-softmax runs in fp32 (or the
-    logits' dtype if wider).
-
-    Args:
-        logits: [..., V] unnormalised scores (e.g. [B, T, V]).
-        target: [...] int64 target ids (e.g. [B, T]).
-        epsilon: smoothing mass in [0, 1).
-        ignore_index: id whose positions are ignored (the pad id).
-
-    Returns:
-        (loss_sum, nll_sum): scalar sums over the kept tokens; ``nll_sum`` is the unsmoothed NLL
-        (report perplexity from it). The caller normalises (e.g. by global non-pad tokens).
+    Positions whose target is ``ignore_index`` (the pad id) contribute nothing; EOS targets count. Returns
+    (loss_sum, nll_sum), unnormalised scalar sums over the kept tokens; ``nll_sum`` is unsmoothed.
     """
-    _check(epsilon)
-    if logits.shape[:-1] != target.shape:
-        raise ValueError(f"logits {tuple(logits.shape)} do not match target {tuple(target.shape)} (+ vocab dim)")
-    return _sums(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), epsilon, ignore_index)
+    return _sums(*_flat(logits, target, epsilon), epsilon, ignore_index)
 

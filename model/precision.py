@@ -1,9 +1,7 @@
-"""The precision the network runs at on a device: bf16 autocast on CUDA, fp32 elsewhere.
+"""The precision the network runs at: bf16 autocast on CUDA, fp32 elsewhere, the same for every caller.
 
-Training, validation, the memory pre-flight and decoding all enter :func:`autocast`, so they agree.
-Scores are the exception: the loss's log-softmax runs on fp32 (or wider) copies of the logits, and
-decoding's output projection and log-softmax run in fp32 whatever the autocast state (bf16 keeps 8
-significant bits, which would round nearby logits to one value: artificial ties between candidates).
+Scores are the exception: the loss's and decoding's log-softmax run in fp32 or wider (bf16 keeps 8 significant
+bits, which would round nearby logits to one value: artificial ties between candidates).
 """
 
 from __future__ import annotations

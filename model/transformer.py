@@ -1,8 +1,7 @@
-"""The encoder-decoder Transformer ("Attention Is All You Need", base by default).
+"""The encoder-decoder Transformer of "Attention Is All You Need" (base by default).
 
-Shared embedding matrix for source, target and the output projection; embeddings scaled by
-sqrt(d_model) plus sinusoidal positions; post-norm (paper) or pre-norm. Sequences are right-padded
-with ``pad_id``; every mask is derived from the token ids inside.
+One embedding matrix for source, target and the output projection, scaled by sqrt(d_model) plus sinusoidal
+positions; post-norm (paper) or pre-norm. Sequences are right-padded with ``pad_id``; masks come from the ids.
 """
 
 from __future__ import annotations
@@ -21,13 +20,8 @@ from model.precision import wide_dtype
 
 
 class EncoderOut(NamedTuple):
-    """What the encoder hands to the decoder (every field has the batch on dim 0).
-
-    Attributes:
-        memory: [B, S, d] encoder output.
-        pad_mask: [B, S] bool, True at source padding.
-        attn_mask: [B, 1, 1, S] bool, True = the decoder may attend there (NaN-safe for empty rows).
-    """
+    """What the encoder hands to the decoder: memory [B, S, d], pad_mask [B, S] (True at padding) and attn_mask
+    [B, 1, 1, S] (True = the decoder may attend there)."""
 
     memory: Tensor
     pad_mask: Tensor
@@ -36,17 +30,14 @@ class EncoderOut(NamedTuple):
 
 @dataclass
 class DecoderState:
-    """Incremental decoding state with room for ``beam`` rows per sentence (a sentence's r rows are adjacent:
-    sentence b's at b·r .. b·r + r - 1); updated in place by :meth:`Transformer.decode_step`.
+    """Incremental decoding state with room for ``beam`` adjacent rows per sentence, updated in place.
 
     Attributes:
-        self_k: per layer [B·beam, capacity, H, dh] self-attention keys (and ``self_v`` values); the rows in
-            use come first, their first ``length`` positions filled. Positions before heads: a row's filled
-            prefix is one contiguous block, which the reorder copies and attention reads faster.
+        self_k: per layer [B·beam, capacity, H, dh] self-attention keys (``self_v``: values); rows in use first,
+            their first ``length`` positions filled (positions before heads: a row's prefix is one block).
         spare_k: per layer a buffer like ``self_k`` (``spare_v``: like ``self_v``) that
             :meth:`Transformer.reorder_state` gathers into (then the two swap), so reordering allocates nothing.
-        cross_k: per layer [B, H, S, dh] cross-attention keys (and ``cross_v`` values), once per sentence
-            (shared by its beams, never reordered).
+        cross_k: per layer [B, H, S, dh] cross-attention keys (``cross_v``: values), shared by a sentence's beams.
         mem_mask: [B, 1, 1, S] bool, True = the decoder may attend there.
         beam: the most rows per sentence.
         length: positions filled so far (the position of the next token).
@@ -61,11 +52,6 @@ class DecoderState:
     mem_mask: Tensor
     beam: int
     length: int = 0
-
-    @property
-    def capacity(self) -> int:
-        """How many tokens the self-attention buffers hold."""
-        return self.self_k[0].shape[1]
 
 
 class Transformer(nn.Module):
@@ -100,20 +86,12 @@ class Transformer(nn.Module):
 
     def _embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
         """[B, T] ids -> [B, T, d]: scaled embedding + positions offset..offset+T-1, then dropout."""
-        t = tokens.shape[1]
         x = self.embed(tokens) * math.sqrt(self.cfg.d_model)
-        x = x + self.positions[offset : offset + t].to(x.dtype)
+        x = x + self.positions[offset : offset + tokens.shape[1]].to(x.dtype)
         return self.emb_dropout(x)
 
     def encode(self, src: Tensor) -> EncoderOut:
-        """Run the encoder.
-
-        Args:
-            src: [B, S] int64 source ids, right-padded with ``pad_id``.
-
-        Returns:
-            :class:`EncoderOut` with memory [B, S, d] and the source masks.
-        """
+        """The encoder on src [B, S] int64 ids: memory [B, S, d] and the source masks."""
         pad_mask = src.eq(self.cfg.pad_id)
         mask = key_mask(pad_mask)
         x = self._embed(src)
@@ -128,50 +106,29 @@ class Transformer(nn.Module):
             x = layer(x, enc.memory, enc.attn_mask)
         return self.dec_norm(x)
 
-    def features(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Decoder output before the projection: src [B, S], tgt_in [B, T] -> [B, T, d]."""
-        return self.decode(tgt_in, self.encode(src))
-
     def project(self, hidden: Tensor) -> Tensor:
-        """Output projection with the shared embedding matrix: hidden [..., d] -> logits [..., V] in the ambient
-        (autocast) precision; training's path (under bf16 autocast the loss widens the logits itself)."""
+        """Training's output projection: hidden [..., d] -> logits [..., V] in the ambient (autocast) precision."""
         return F.linear(hidden, self.embed.weight)
 
     def project_wide(self, hidden: Tensor) -> Tensor:
-        """Output projection with autocast disabled, decoding's scores: hidden [..., d] (any float dtype) ->
-        logits [..., V] in fp32, or float64 when ``hidden`` or the weights are. Both are cast up before the
-        matmul, so the logits are not rounded to bf16's 8 significant bits."""
+        """Decoding's output projection without autocast: hidden [..., d] -> logits [..., V] in fp32 (float64 when
+        ``hidden`` or the weights are), so the logits are not rounded to bf16's 8 significant bits."""
         weight = self.embed.weight
         dtype = wide_dtype(hidden, weight)
         with torch.autocast(device_type=hidden.device.type, enabled=False):
             return F.linear(hidden.to(dtype), weight.to(dtype))
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Logits of the next token at every target position.
-
-        Args:
-            src: [B, S] int64 source ids (BPE ids + EOS), right-padded with ``pad_id``.
-            tgt_in: [B, T] int64 decoder input (BOS + target ids), right-padded with ``pad_id``.
-
-        Returns:
-            [B, T, V] logits in the ambient precision (bf16 under autocast; the loss widens them).
-        """
-        return self.project(self.features(src, tgt_in))
-
-    # ---- incremental decoding -------------------------------------------------------------
+        """Next-token logits [B, T, V] in the ambient precision for src [B, S] (BPE ids + EOS) and tgt_in [B, T]
+        (BOS + target ids), both int64 and right-padded with ``pad_id``."""
+        return self.project(self.decode(tgt_in, self.encode(src)))
 
     def init_state(self, enc: EncoderOut, beam: int = 1, capacity: int | None = None) -> DecoderState:
-        """Decoding state for up to ``beam`` rows per sentence of ``enc``: cross-attention K/V computed once per
-        sentence, self-attention buffers preallocated for ``capacity`` tokens. The first :meth:`decode_step`
-        feeds one row per sentence; :meth:`reorder_state` then sets the rows.
+        """Decoding state for up to ``beam`` rows per sentence of ``enc`` (B sentences), length 0.
 
-        Args:
-            enc: encoder output with B sentences.
-            beam: the most rows per sentence (beam search's k; 1 for greedy or teacher-forced checks).
-            capacity: the most tokens that will be fed (default ``max_positions``).
-
-        Returns:
-            A :class:`DecoderState` with room for B·beam rows, length 0.
+        Cross-attention K/V are computed once per sentence, self-attention buffers preallocated for ``capacity``
+        tokens (default ``max_positions``). The first :meth:`decode_step` feeds one row per sentence;
+        :meth:`reorder_state` then sets the rows.
         """
         b, h, dh = enc.memory.shape[0], self.cfg.n_heads, self.cfg.head_dim
         capacity = self.cfg.max_positions if capacity is None else min(capacity, self.cfg.max_positions)
@@ -185,8 +142,7 @@ class Transformer(nn.Module):
                             [v for _, v in cross], enc.attn_mask, beam)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
-        """Feed one token per row and get the next-token logits: the layers run in the ambient precision (bf16
-        under the caller's autocast), the projection in fp32 (:meth:`project_wide`).
+        """Feed one token per row and get the next-token logits (layers in the ambient precision, projection fp32).
 
         Args:
             tokens: [N] or [N, 1] int64, the last token of every row (BOS first), N = B·r rows with r
@@ -194,11 +150,11 @@ class Transformer(nn.Module):
             state: from :meth:`init_state` or a previous step; its buffers are written in place.
 
         Returns:
-            (logits [N, V] in fp32, or float64 for a float64 model; ``state`` one token longer).
+            (logits [N, V] in fp32 or float64, ``state`` one token longer).
         """
-        t, n = state.length, tokens.numel()
-        if t >= state.capacity:
-            raise ValueError(f"the decoder state holds {state.capacity} tokens; init_state(capacity=...) more")
+        t, n, capacity = state.length, tokens.numel(), state.self_k[0].shape[1]
+        if t >= capacity:
+            raise ValueError(f"the decoder state holds {capacity} tokens; init_state(capacity=...) more")
         x = self._embed(tokens.view(n, 1), offset=t)
         for i, layer in enumerate(self.decoder):
             x = layer.step(x, state.self_k[i][:n], state.self_v[i][:n], t, state.cross_k[i], state.cross_v[i],
@@ -208,16 +164,12 @@ class Transformer(nn.Module):
 
     @staticmethod
     def reorder_state(state: DecoderState, rows: Tensor, sentences: Tensor | None = None) -> DecoderState:
-        """Keep and reorder rows: new row r continues old row ``rows[r]``.
+        """Keep and reorder rows in place: new row r continues old row ``rows[r]``.
 
         Args:
-            state: the current state.
+            state: the current state; its self-attention prefixes are gathered into the spare buffers, then swapped.
             rows: [N'] int64 old row per new row (rows of a sentence adjacent; a row may repeat).
             sentences: [B'] int64 the sentences kept, in their new order, or None when all stay.
-
-        Returns:
-            The state with N' rows: the filled self-attention prefix gathered into the spare buffers
-            (which then swap with the current ones); cross-attention K/V selected by sentence only.
         """
         t, n = state.length, rows.shape[0]
         for cur, spare in ((state.self_k, state.spare_k), (state.self_v, state.spare_v)):
@@ -230,27 +182,13 @@ class Transformer(nn.Module):
             state.mem_mask = state.mem_mask.index_select(0, sentences)
         return state
 
-    # ---- inspection ---------------------------------------------------------------------
-
     @torch.no_grad()
     def cross_attention(self, src: Tensor, tgt_in: Tensor, layer: int = -1) -> Tensor:
-        """Cross-attention probabilities of one sentence pair, computed explicitly (for plots).
-
-        Args:
-            src: [S] or [1, S] source ids.
-            tgt_in: [T] or [1, T] decoder input ids (BOS + target).
-            layer: decoder layer index (negative counts from the end).
-
-        Returns:
-            [H, T, S] float attention probabilities (rows sum to 1 over real source tokens).
-        """
-        src = src.view(1, -1)
-        tgt_in = tgt_in.view(1, -1)
+        """Cross-attention probabilities [H, T, S] of decoder ``layer`` (negative: from the end) for one sentence
+        pair, computed explicitly for plots: src [S] or [1, S], tgt_in [T] or [1, T] (BOS + target)."""
         index = range(len(self.decoder))[layer]
-        enc = self.encode(src)
-        x = self._embed(tgt_in)
-        for i, dec_layer in enumerate(self.decoder):
-            if i == index:
-                return dec_layer.cross_weights(x, enc.memory, enc.attn_mask)[0]
+        enc = self.encode(src.view(1, -1))
+        x = self._embed(tgt_in.view(1, -1))
+        for dec_layer in self.decoder[:index]:
             x = dec_layer(x, enc.memory, enc.attn_mask)
-        raise AssertionError("unreachable")
+        return self.decoder[index].cross_weights(x, enc.memory, enc.attn_mask)[0]

@@ -59,7 +59,7 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, shards_dir: str | Path,
     """Decode valid (grid) and test (chosen beam, α) with the averaged model, valid with the newest checkpoint.
 
     Every input is read and checked before the first decode. Both models also get the valid set's
-    teacher-forced per-token perplexity (:mod:`pipeline.inference.perplexity`).
+    teacher-forced per-token perplexity (:func:`pipeline.inference.evaluation.perplexity`).
 
     Args:
         cfg: the ``evaluate`` section.

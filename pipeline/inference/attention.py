@@ -1,9 +1,7 @@
 """``nmt translate --attention-png``: one sentence's cross-attention as heatmaps, one panel per head.
 
-Users number everything from 1: input lines (``--attention-line``), decoder layers (``--attention-layer``,
-1..``n_layers``, default the last) and heads in the panel titles (``layer N, head H``). The options are
-checked before anything is decoded: the layer against the loaded model, the line against an ``--input``
-file; a line from standard input is known only when it arrives (:class:`AttentionPick`).
+Lines, decoder layers and heads are numbered from 1. The options are checked before anything is decoded; a line
+from standard input is known only when it arrives (:class:`AttentionPick`).
 """
 
 from __future__ import annotations
@@ -41,11 +39,7 @@ def check_attention_options(png: str | None, layer: int | None, line: int | None
 
 
 def check_attention_layer(layer: int | None, n_layers: int) -> int:
-    """The decoder layer ``--attention-layer`` names, numbered 1..``n_layers`` (None: the last).
-
-    Raises:
-        PipelineError: out of range, naming the valid range.
-    """
+    """The decoder layer ``--attention-layer`` names, 1..``n_layers`` (None: the last); out of range: PipelineError."""
     if layer is None:
         return n_layers
     if not 1 <= layer <= n_layers:
@@ -56,14 +50,7 @@ def check_attention_layer(layer: int | None, n_layers: int) -> int:
 
 def attention_figure(translator: Translator, source: Sequence[int], hyp: Sequence[int], layer: int | None) -> Any:
     """A matplotlib ``Figure`` of decoder layer ``layer``'s cross-attention (1-based; None: the last), one panel
-    per head titled ``layer N, head H`` (both from 1).
-
-    Rows are the target pieces the decoder predicts (the hypothesis, then ``</s>``), columns the
-    source pieces (BPE pieces, then ``</s>``).
-
-    Raises:
-        PipelineError: ``layer`` out of range.
-    """
+    per head: rows the target pieces the decoder predicts (then ``</s>``), columns the source pieces."""
     import torch
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -105,8 +92,8 @@ def plot_cross_attention(translator: Translator, source: Sequence[int], hyp: Seq
 
 @dataclass
 class AttentionPick:
-    """The line whose attention ``--attention-png`` draws: ``--attention-line`` (1-based) or the first
-    non-empty one, caught as the chunks go by (standard input is known only as it arrives)."""
+    """The line whose attention ``--attention-png`` draws (``wanted``, or the first non-empty one), caught as the
+    chunks go by."""
 
     wanted: int | None
     number: int | None = None
@@ -120,11 +107,7 @@ class AttentionPick:
                 self.number, self.source, self.hyp = first + i, source, hyps[i]
 
     def result(self, total: int) -> tuple[int, list[int], list[int]]:
-        """(line number, source, hypothesis) once the input (``total`` lines) has ended.
-
-        Raises:
-            PipelineError: the line never came or is empty.
-        """
+        """(line number, source, hypothesis) once the input (``total`` lines) has ended; PipelineError if none."""
         if self.number is None and self.wanted is None:
             raise PipelineError("--attention-png: the input has no non-empty line to draw")
         if self.number is None:
@@ -138,11 +121,7 @@ class AttentionPick:
 
 def check_attention_line(raw: Sequence[bytes], wanted: int | None, path: str) -> None:
     """Refuse an ``--attention-line`` that an ``--input`` file (its byte lines ``raw``) does not have or that is
-    empty, or a file without a non-empty line to draw, before anything is decoded.
-
-    Raises:
-        PipelineError: naming the option, the file and the line.
-    """
+    empty, or a file without a non-empty line to draw."""
     from pipeline.data.normalize import normalize
 
     def text(number: int) -> str:

@@ -15,11 +15,7 @@ _DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
 
 
 def parse_device(spec: str, option: str = "--device") -> tuple[str, int | None]:
-    """``cpu``, ``cuda`` or ``cuda:N`` → (type, index or None), checked before anything is loaded.
-
-    Raises:
-        PipelineError: any other string, naming ``option`` and what it accepts.
-    """
+    """``cpu``, ``cuda`` or ``cuda:N`` → (type, index or None); anything else is a PipelineError naming ``option``."""
     match = _DEVICE.fullmatch(spec.strip())
     if match is None or (match[1] == "cpu" and match[2] is not None):
         raise PipelineError(f"{option} {spec}: not a device; use cpu, cuda or cuda:N (N = 0 for the first GPU)")
@@ -29,11 +25,7 @@ def parse_device(spec: str, option: str = "--device") -> tuple[str, int | None]:
 def check_cuda(spec: str, index: int | None, count: int, *, option: str = "--device", library: str = "torch",
                probe: str = "torch.cuda.is_available() is False") -> None:
     """Refuse a CUDA device this machine does not have (``count`` devices that ``library`` sees, ``probe`` the
-    call that said none), naming ``option``.
-
-    Raises:
-        PipelineError: no CUDA device at all, or ``index`` out of range.
-    """
+    call that said none), naming ``option``."""
     if count < 1:
         raise PipelineError(f"{option} {spec}: this {library} build sees no CUDA device ({probe}); "
                             f"use {option} cpu or leave {option} out")
@@ -43,10 +35,7 @@ def check_cuda(spec: str, index: int | None, count: int, *, option: str = "--dev
 
 
 def prepare_source(ids: Sequence[int], config: TransformerConfig) -> tuple[list[int], bool]:
-    """BPE ids → model source (ids + EOS), truncated to ``max_positions`` tokens; returns (source, truncated).
-
-    A sentence without BPE ids gives ``[]`` (decoded as an empty translation without running the model).
-    """
+    """BPE ids → (model source: ids + EOS cut to ``max_positions``, or ``[]`` without ids; whether it was cut)."""
     ids = [int(i) for i in ids]
     if not ids:
         return [], False

@@ -1,22 +1,13 @@
 """CTranslate2 (https://opennmt.net/CTranslate2/): export an ``averaged.pt`` and translate with the export.
 
-The export builds the model through CTranslate2's Python spec API
-(``ctranslate2.specs.TransformerSpec`` and a ``ctranslate2.converters.Converter``), the way its own
-fairseq and OpenNMT-py converters do; CTranslate2 writes ``model.bin``, ``config.json`` and the
-vocabularies itself. Beside them this module writes ``spm.model`` (the SentencePiece model) and
-``nmt_model.json`` (this project's ``TransformerConfig``), so the directory is all that
-``nmt translate --engine ctranslate2`` needs, and last ``nmt_sha256.json``, the size and sha256 of every
-file (:mod:`pipeline.inference.digest`), checked by :func:`load` before CTranslate2 reads anything: flipped
-bytes in ``model.bin`` are refused, not translated into garbage. It is written into a temporary sibling and
-renamed into place: an interrupted export leaves no half-written directory, and the swap replaces only a
-folder an earlier export wrote (its ``.nmt-output`` marker), never the current folder or one holding the input.
+The export builds the model through CTranslate2's Python spec API, as its own fairseq and OpenNMT-py converters
+do, and adds ``spm.model``, ``nmt_model.json`` (our ``TransformerConfig``) and last ``nmt_sha256.json``
+(:mod:`pipeline.inference.digest`), checked before CTranslate2 reads anything. It is written atomically and
+replaces only a folder an earlier export wrote.
 
-Decoding: sources are prepared exactly as for the torch engine (normalised, BPE, cut to
-``max_positions`` with EOS); sentences with one max length (a function of the source length) go
-to CTranslate2 as one asynchronous ``translate_batch`` call, so each keeps the same per-sentence
-limit floor(a·S + b) as :mod:`model.beam`. CTranslate2's beam search is its own: its length penalty
-is length^α, not GNMT's ((5 + n) / 6)^α, so outputs match the torch engine's exactly only at α = 0,
-and then for nearly every sentence (``benchmarks/decode.py`` measures the share).
+Decoding: sources are prepared as for the torch engine, and sentences with one max length floor(a·S + b) go to
+CTranslate2 as one asynchronous ``translate_batch``. Its length penalty is length^α, not GNMT's, so outputs
+match the torch engine's only at α = 0, and then for nearly every sentence (``benchmarks/decode.py``).
 """
 
 from __future__ import annotations
@@ -60,12 +51,6 @@ def unsupported(config: TransformerConfig, pieces: Sequence[str]) -> list[str]:
     return problems
 
 
-def _vocabulary(sp: Any) -> list[str]:
-    """The pieces in id order; the padding piece is named ``<blank>``, CTranslate2's padding token."""
-    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-    return ["<blank>" if p == "<pad>" else p for p in pieces]
-
-
 def _set_linear(spec: Any, linear: Any) -> None:
     spec.weight = linear.weight.detach().float().numpy()
     if linear.bias is not None:
@@ -93,8 +78,7 @@ def _set_layers(stack_spec: Any, layers: Any, *, decoder: bool) -> None:
 
 
 def build_spec(model: Any, vocabulary: list[str]) -> Any:
-    """The CTranslate2 ``TransformerSpec`` of a :class:`model.Transformer` (shared embeddings written
-    to the encoder, the decoder and the output projection; this model's sinusoid table as positions)."""
+    """The CTranslate2 ``TransformerSpec`` of a :class:`model.Transformer` (shared embeddings, its sinusoids)."""
     from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = model.cfg
@@ -123,8 +107,7 @@ def export(model_path: str | Path, output: str | Path, quantization: str = "floa
     """Write a CTranslate2 model directory for an ``averaged.pt``.
 
     Raises:
-        PipelineError: an unknown quantization, a model CTranslate2 cannot represent (the key named),
-            or an unreadable model file.
+        PipelineError: an unknown quantization, a model CTranslate2 cannot represent, an unreadable model file.
     """
     import sentencepiece as spm
     from ctranslate2.converters.converter import Converter
@@ -139,10 +122,10 @@ def export(model_path: str | Path, output: str | Path, quantization: str = "floa
                             f"{Path(model_path).parent}-ct2")
     mf = model_file.load(model_path)
     sp = spm.SentencePieceProcessor(model_proto=mf.spm)
-    vocabulary = _vocabulary(sp)
-    problems = unsupported(mf.config, [sp.id_to_piece(i) for i in range(sp.get_piece_size())])
-    if problems:
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    if problems := unsupported(mf.config, pieces):
         raise PipelineError(f"{model_path}: cannot export to CTranslate2: " + "; ".join(problems))
+    vocabulary = ["<blank>" if p == "<pad>" else p for p in pieces]  # <blank>: CTranslate2's padding token
     spec = build_spec(model_file.build_model(mf, model_path), vocabulary)
 
     class _FromSpec(Converter):
@@ -172,19 +155,10 @@ def _export_command(model_dir: Path) -> str:
 
 
 def check(model_dir: str | Path, *, remedy: str | None = None) -> Path:
-    """Refuse anything but a complete, unchanged export: a folder holding the files :func:`export` writes,
-    each matching the size and sha256 its ``nmt_sha256.json`` recorded.
-
-    Args:
-        model_dir: the export folder.
-        remedy: what to do about a damaged export (default: export it again, the command named).
-
-    Returns:
-        ``model_dir`` as a path.
+    """``model_dir`` as a path, if it is a complete, unchanged export (its files match ``nmt_sha256.json``).
 
     Raises:
-        PipelineError: one line naming the path (missing, a file, files missing, not listed, changed, or no
-            digest) and the remedy.
+        PipelineError: one line naming the path, what is wrong and ``remedy`` (default: export it again).
     """
     model_dir = Path(model_dir)
     remedy = remedy or f"export it again with {_export_command(model_dir)}"
@@ -209,15 +183,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 def load(model_dir: str | Path, *, device: str = "cpu", device_index: int = 0, inter_threads: int = 1,
-         intra_threads: int = 0, compute_type: str = "default", remedy: str | None = None) -> Ct2Translator:
-    """Load a directory written by :func:`export`, after checking it with :func:`check`.
-
-    Args:
-        remedy: what to do about a damaged export (default: export it again).
+         intra_threads: int = 0, remedy: str | None = None) -> Ct2Translator:
+    """Load a directory written by :func:`export`, after :func:`check` (``remedy``: see there).
 
     Raises:
-        PipelineError: not such a directory, or a damaged one (one line naming what is missing or changed and
-            the remedy), or one CTranslate2 or SentencePiece cannot load (their first line).
+        PipelineError: a missing or damaged export, or one CTranslate2 or SentencePiece cannot load (one line).
     """
     import ctranslate2
     import sentencepiece as spm
@@ -231,8 +201,7 @@ def load(model_dir: str | Path, *, device: str = "cpu", device_index: int = 0, i
                             f"{remedy}") from None
     try:
         translator = ctranslate2.Translator(str(model_dir), device=device, device_index=device_index,
-                                            inter_threads=inter_threads, intra_threads=intra_threads,
-                                            compute_type=compute_type)
+                                            inter_threads=inter_threads, intra_threads=intra_threads)
         sp = spm.SentencePieceProcessor(model_file=str(model_dir / SPM_NAME))
     except (RuntimeError, ValueError, OSError) as exc:
         raise PipelineError(f"{model_dir}: CTranslate2 or SentencePiece cannot load it ({_first_line(exc)}); "
@@ -242,11 +211,7 @@ def load(model_dir: str | Path, *, device: str = "cpu", device_index: int = 0, i
 
 def decode_sources(ct2: Ct2Translator, sources: Sequence[Sequence[int]], *, beam_size: int, alpha: float,
                    max_len_a: float, max_len_b: float, max_tokens: int) -> list[list[int]]:
-    """Translate model sources (ids + EOS, ``[]`` for an empty sentence) with CTranslate2.
-
-    Returns:
-        Per sentence, the output ids without BOS/EOS (``[]`` for an empty source).
-    """
+    """Translate model sources (ids + EOS, ``[]`` for an empty sentence): per sentence the ids without BOS/EOS."""
     cfg, sp = ct2.config, ct2.sp
     groups: dict[int, list[int]] = {}
     for i, src in enumerate(sources):

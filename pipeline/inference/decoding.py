@@ -1,9 +1,6 @@
-"""Decoding around ``model.beam_search``: the model file, length-sorted batches, α re-ranking.
-
-Shared by the ``evaluate`` stage and ``nmt translate``. Sentences are sorted by source length and
-cut into batches whose padded source size (sentences × longest source, EOS included) stays within
-``max_tokens`` on every device; results go back to the input order. One beam search per beam size serves
-every α: the finished set does not depend on α (the rule in ``model/beam.py``), so each α only re-ranks it.
+"""Decoding around ``model.beam_search`` for ``evaluate`` and ``nmt translate``: the model file, length-sorted
+batches of at most ``max_tokens`` padded source tokens, and one search per beam size re-ranked for every α (the
+finished set does not depend on α: ``model/beam.py``).
 """
 
 from __future__ import annotations
@@ -40,20 +37,11 @@ class Translator:
     spm_bytes: bytes
 
 
-def default_device() -> torch.device:
-    """CUDA when available, else CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def resolve_device(spec: str | None, option: str = "--device") -> torch.device:
-    """The torch device a ``--device`` value names (default: :func:`default_device`), checked against this
-    machine before any model is loaded.
-
-    Raises:
-        PipelineError: a malformed value, or a CUDA device torch cannot see (one line naming ``option``).
-    """
+    """The torch device a ``--device`` value names (None: CUDA when available, else CPU), checked against this
+    machine before any model is loaded (a PipelineError naming ``option``)."""
     if spec is None:
-        return default_device()
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     kind, index = parse_device(spec, option)
     if kind == "cuda":
         check_cuda(spec, index, torch.cuda.device_count() if torch.cuda.is_available() else 0, option=option)
@@ -61,15 +49,14 @@ def resolve_device(spec: str | None, option: str = "--device") -> torch.device:
 
 
 def load_translator(path: str | Path, device: torch.device | str | None = None) -> Translator:
-    """Load an ``averaged.pt`` (:mod:`pipeline.artifacts.model_file`) into a model in eval mode.
+    """Load an ``averaged.pt`` into a model in eval mode on ``device`` (default: :func:`resolve_device`'s).
 
     Raises:
-        CheckpointError: missing, truncated or corrupt file, or weights that do not fit the config
-            (names the path and the remedy).
+        CheckpointError: missing, truncated or corrupt file, or weights that do not fit the config.
     """
     import sentencepiece as spm
 
-    device = torch.device(device) if device is not None else default_device()
+    device = torch.device(device) if device is not None else resolve_device(None)
     mf = model_file.load(path)
     model = model_file.build_model(mf, path)
     try:
@@ -81,12 +68,8 @@ def load_translator(path: str | Path, device: torch.device | str | None = None) 
 
 
 def plan_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Indices grouped into batches of similar length, longest first.
-
-    Sentences are ordered by (length descending, index ascending) and cut greedily so that
-    ``len(batch) × max(length in batch) <= max_tokens``; a single sentence longer than the budget gets a batch
-    of its own. Zero-length entries are left out (nothing to decode).
-    """
+    """Indices of non-zero ``lengths`` in batches, by (length desc, index asc), cut greedily so that
+    ``len(batch) × max(length in batch) <= max_tokens`` (a longer single sentence gets a batch of its own)."""
     order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: (-lengths[i], i))
     batches: list[list[int]] = []
     for i in order:
@@ -99,6 +82,7 @@ def plan_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
 
 
 def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> torch.Tensor:
+    """[len(rows), longest] int64, right-padded."""
     width = max(len(r) for r in rows)
     out = torch.full((len(rows), width), pad_id, dtype=torch.long)
     for i, r in enumerate(rows):
@@ -108,13 +92,10 @@ def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> torch.Tens
 
 def plan_searches(translator: Translator, sources: Sequence[Sequence[int]], *, beam_size: int, max_len_a: float,
                   max_len_b: float, max_tokens: int) -> list[Job]:
-    """The searches :func:`decode_sources` runs for these arguments, in the order it starts them.
+    """The searches :func:`decode_sources` runs, in order: one :data:`Job` each, none for empty sources.
 
-    Empty sources get none; sentences whose length limit floor(a·S + b) would pass the position table search
-    apart, with the limit ``max_positions``.
-
-    Returns:
-        One :data:`Job` per search: (sentence indices, their sources, beam size, max_len_a, max_len_b).
+    Sentences whose length limit floor(a·S + b) would pass the position table search apart, with the limit
+    ``max_positions``.
     """
     cfg = translator.config
     lengths = [len(s) for s in sources]
@@ -129,16 +110,8 @@ def decode_sources(
     translator: Translator, sources: Sequence[Sequence[int]], *, beam_size: int, alphas: Sequence[float],
     max_len_a: float, max_len_b: float, max_tokens: int, label: str = "decode",
 ) -> dict[float, list[list[int]]]:
-    """Beam-search every source once and re-rank the finished set for each α.
-
-    Args:
-        translator: from :func:`load_translator`.
-        sources: model sources (ids + EOS, at most ``max_positions``), ``[]`` for an empty sentence.
-        beam_size: k.
-        alphas: length-penalty exponents to rank with (one decode serves them all).
-        max_len_a, max_len_b: max output length = floor(a·S + b), capped at the model's ``max_positions``.
-        max_tokens: batch budget in padded source tokens.
-        label: name in progress lines.
+    """Beam-search every model source (ids + EOS, ``[]`` for an empty sentence) once and re-rank for each α,
+    logging progress (``label``) every 10 s and at the end.
 
     Returns:
         ``{alpha: hypotheses}``: per α, per sentence in input order, the ids without BOS/EOS.
@@ -146,37 +119,17 @@ def decode_sources(
     out = {float(a): [[] for _ in sources] for a in alphas}
     jobs = plan_searches(translator, sources, beam_size=beam_size, max_len_a=max_len_a, max_len_b=max_len_b,
                          max_tokens=max_tokens)
-    progress = _Progress(label, beam_size, sum(len(job[0]) for job in jobs))
-    for batch, finished in (_search(translator, job) for job in jobs):
+    dev, total, done, start, last = translator.device, sum(len(job[0]) for job in jobs), 0, time.monotonic(), 0.0
+    for batch, rows, k, a, b in jobs:
+        with torch.inference_mode(), autocast(dev):
+            finished = beam_search(translator.model, _pad(rows, translator.config.pad_id, dev), beam_size=k,
+                                   max_len_a=a, max_len_b=b, return_finished=True)
         for i, hyps in zip(batch, finished):
             for alpha in out:
                 out[alpha][i] = best_hypothesis(hyps, alpha)
-        progress.add(len(batch))
+        done, now = done + len(batch), time.monotonic() - start
+        if now - last >= 10.0 or done == total:
+            last, rate = now, done / max(now, 1e-9)
+            log.info("%s beam %d: %d/%d sentences, %.1f sent/s, ETA %.0f s", label, beam_size, done, total, rate,
+                     (total - done) / max(rate, 1e-9))
     return out
-
-
-def _search(translator: Translator, job: Job) -> tuple[list[int], list]:
-    """One beam search over the sentences of ``job``: (their indices, their finished hypotheses)."""
-    batch, rows, beam_size, a, b = job
-    dev = translator.device
-    src = _pad(rows, translator.config.pad_id, dev)
-    with torch.inference_mode(), autocast(dev):
-        return batch, beam_search(translator.model, src, beam_size=beam_size, max_len_a=a, max_len_b=b,
-                                  return_finished=True)
-
-
-class _Progress:
-    """A progress line every 10 s and at the end: sentences done, rate, ETA."""
-
-    def __init__(self, label: str, beam_size: int, total: int) -> None:
-        self.label, self.beam_size, self.total = label, beam_size, total
-        self.done, self.start, self.last = 0, time.monotonic(), 0.0
-
-    def add(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic() - self.start
-        if now - self.last >= 10.0 or self.done == self.total:
-            self.last = now
-            rate = self.done / max(now, 1e-9)
-            log.info("%s beam %d: %d/%d sentences, %.1f sent/s, ETA %.0f s", self.label, self.beam_size, self.done,
-                     self.total, rate, (self.total - self.done) / max(rate, 1e-9))

@@ -1,10 +1,7 @@
 """A folder's digest: the byte size and sha256 of every file in it, written beside them and checked before use.
 
-The writer of a model folder (a CTranslate2 export: :mod:`pipeline.inference.ct2`) calls :func:`write` once its
-files are complete; every reader calls :func:`check` first. The check is strict: a missing digest file, a file the
-digest does not list, a listed file that is missing, or an entry without its ``bytes`` or ``sha256`` is an error,
-so deleting or renaming one key never turns the check off. Only :data:`IGNORED` names are left out on both sides
-(the digest itself and the ``.nmt-output`` marker a folder writer may leave beside the files).
+The check is strict: a missing digest, an unlisted file, a missing file or an entry without ``bytes`` or
+``sha256`` is an error, so deleting or renaming one key never turns the check off.
 """
 
 from __future__ import annotations
@@ -74,10 +71,6 @@ def _recorded(folder: Path, remedy: str) -> dict[str, tuple[int, str]]:
 
 def check(folder: str | Path, *, remedy: str) -> None:
     """Check every file of ``folder`` against ``folder/nmt_sha256.json`` (sizes first, then hashes).
-
-    Args:
-        folder: a folder :func:`write` recorded.
-        remedy: what the user should do (ends every message).
 
     Raises:
         DigestError: one line naming the file (or the digest and its key), what is wrong and ``remedy``.

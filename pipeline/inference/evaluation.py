@@ -1,16 +1,15 @@
 """The evaluate stage's work: its inputs checked, the (beam, α) grid on valid, scored decodes.
 
-One decode per beam size, every α re-ranked from its finished set, valid BLEU (13a cased) for the whole grid
-(:func:`choose_on_valid`). Hypotheses are detokenised with the model's own SentencePiece model and scored
-against the untouched ``<paths.raw>/{valid,test}.de`` (never cleaned or BPE-decoded text) with sacreBLEU's
-five figures and the paper's tokenized, compound-split BLEU (:mod:`pipeline.inference.scoring`). Every line
-is kept: an empty source gives an empty hypothesis line.
+Hypotheses are detokenised with the model's own SentencePiece model and scored against the untouched
+``<paths.raw>/{valid,test}.de`` (:mod:`pipeline.inference.scoring`); every line is kept, an empty source gives
+an empty hypothesis line. Both models also get the valid set's teacher-forced perplexity (:func:`perplexity`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,14 +17,15 @@ from typing import Any
 
 import torch
 
+from model import Transformer, autocast, label_smoothed_nll_loss
 from pipeline.artifacts import checkpoint, model_file
 from pipeline.core.config import EvaluateConfig
 from pipeline.core.errors import CheckpointError, DataError
 from pipeline.core.textio import read_lines, write_lines
+from pipeline.data import batching
 from pipeline.data.shards import ShardSet
 from pipeline.inference.common import detokenize, prepare_source
 from pipeline.inference.decoding import Translator, decode_sources
-from pipeline.inference.perplexity import perplexity
 from pipeline.inference.scoring import primary_bleu, score_files
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,7 @@ class EvalSet:
     """One split as a model decodes it: its sources (model ids, line order) and its raw references."""
 
     sources: list[list[int]]
-    truncated: int
-    """Sources cut to the model's ``max_positions``."""
+    truncated: int  # sources cut to the model's max_positions
     ref_path: Path
     refs: list[str]
 
@@ -48,8 +47,7 @@ def load_set(shards_dir: str | Path, raw_dir: str | Path, split: str, translator
     """A split's model sources for ``translator`` (line order) and its references ``<raw_dir>/<split>.de``.
 
     Raises:
-        DataError: shards from another BPE model, a split that lost lines (ids not 0..n-1), or a reference
-            file missing or of another line count.
+        DataError: shards from another BPE model, a split that lost lines, a reference missing or of another length.
     """
     shards = ShardSet(shards_dir, split)
     actual = hashlib.sha256(translator.spm_bytes).hexdigest()
@@ -83,8 +81,7 @@ def choose_on_valid(cfg: EvaluateConfig, translator: Translator, sources: list[l
                     refs: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
     """Decode valid once per beam size, rank every α; returns (grid, chosen entry, chosen hypotheses).
 
-    The chosen entry has the highest valid BLEU; ties go to the earlier grid entry (beam sizes and
-    α in params order).
+    The chosen entry has the highest valid BLEU; ties go to the earlier grid entry (params order).
     """
     grid: list[dict[str, Any]] = []
     best: tuple[float, dict[str, Any], list[str]] | None = None
@@ -141,6 +138,49 @@ def evaluate_averaged(cfg: EvaluateConfig, translator: Translator, valid: EvalSe
             "device": str(translator.device)}
 
 
+@torch.no_grad()
+def perplexity(model: Transformer, shards: ShardSet, *, max_tokens: int) -> dict[str, Any]:
+    """Per-token NLL and perplexity of ``model`` on every pair of ``shards`` that fits the model.
+
+    The paper's Table 3 reports perplexity "per-wordpiece": the NLL of every non-pad target token (the pieces and
+    EOS) summed over the split, ``ppl = exp(sum / tokens)``. Batches are planned as training's validation plans
+    them (``max_tokens`` padded tokens); padding never enters the sums. The model runs where its parameters are,
+    in eval mode (restored afterwards), under :func:`model.autocast`.
+
+    Returns:
+        ``{"nll": mean NLL per target token (nats), "ppl": exp(nll), "tokens": target tokens scored,
+        "sentences": pairs scored, "skipped": pairs longer than max_positions}``; none scored is a DataError.
+    """
+    cfg = model.cfg
+    device = next(model.parameters()).device
+    ids, src_len, tgt_len = shards.lengths()
+    plan = batching.valid_plan(ids, batching.token_lengths(src_len, tgt_len), max_tokens=max_tokens,
+                               max_positions=cfg.max_positions)
+    sentences = sum(len(b) for b in plan)
+    was_training = model.training
+    model.eval()
+    nll_sum, tokens = 0.0, 0
+    try:
+        for batch_ids in plan:
+            batch = batching.collate(shards.fetch(batch_ids), pad_id=cfg.pad_id, bos_id=cfg.bos_id,
+                                     eos_id=cfg.eos_id).to(device)
+            with autocast(device):
+                logits = model(batch.src, batch.tgt_in)  # [B, T, V]
+            _, nll = label_smoothed_nll_loss(logits, batch.tgt_out, epsilon=0.0, ignore_index=cfg.pad_id)
+            nll_sum += float(nll)
+            tokens += batch.n_tokens
+    finally:
+        model.train(was_training)
+    if tokens == 0:
+        raise DataError(f"{shards.root}: split {shards.split!r} has no pair that fits model.max_positions "
+                        f"({cfg.max_positions}); nothing to compute a perplexity on: check `dvc repro encode`")
+    nll = nll_sum / tokens
+    log.info("%s perplexity %.3f (NLL %.4f over %d tokens, %d sentences, %d skipped)", shards.split,
+             math.exp(nll), nll, tokens, sentences, len(ids) - sentences)
+    return {"nll": nll, "ppl": math.exp(nll), "tokens": tokens, "sentences": sentences,
+            "skipped": int(len(ids) - sentences)}
+
+
 def perplexity_fields(model: torch.nn.Module, shards: ShardSet, max_tokens: int) -> dict[str, Any]:
     """``nll``, ``ppl`` and what they were computed on, as the report stores them."""
     figures = perplexity(model, shards, max_tokens=max_tokens)
@@ -149,11 +189,7 @@ def perplexity_fields(model: torch.nn.Module, shards: ShardSet, max_tokens: int)
 
 
 def newest_checkpoint(train_dir: str | Path) -> tuple[int, Path]:
-    """``(step, folder)`` of the complete checkpoint with the highest step in ``train_dir``.
-
-    Raises:
-        CheckpointError: the folder is missing or holds no complete checkpoint (one line, with the remedy).
-    """
+    """``(step, folder)`` of the newest complete checkpoint in ``train_dir``; none is a CheckpointError."""
     done = checkpoint.complete_checkpoints(train_dir)
     if not done:
         raise CheckpointError(f"{train_dir}: no complete training checkpoint (step-NNNNNNNN/ with DONE) to score "
@@ -161,14 +197,13 @@ def newest_checkpoint(train_dir: str | Path) -> tuple[int, Path]:
     return done[-1]
 
 
-def checkpoint_translator(folder: Path, spm_model: str | Path, device: torch.device | str = "cpu") -> Translator:
-    """A training checkpoint folder (``step-NNNNNNNN`` with ``DONE``) and the run's BPE model (``spm_model``) as a
-    :class:`Translator` in eval mode on ``device``, built as ``averaged.pt``'s model is
-    (:func:`pipeline.artifacts.model_file.checkpoint_config`, :func:`pipeline.artifacts.model_file.build_model`).
+def checkpoint_translator(folder: Path, spm_model: str | Path) -> Translator:
+    """A training checkpoint folder and the run's BPE model as a :class:`Translator` in eval mode on the CPU,
+    built as ``averaged.pt``'s model is.
 
     Raises:
-        CheckpointError: incomplete folder, unreadable ``state.json``/``model.pt``, or weights, config and
-            vocabulary that do not fit. DataError: ``spm_model`` missing or not a SentencePiece model.
+        CheckpointError: an incomplete or unreadable checkpoint, or one that does not fit the BPE model.
+        DataError: ``spm_model`` missing or not a SentencePiece model.
     """
     import sentencepiece as spm
 
@@ -184,6 +219,4 @@ def checkpoint_translator(folder: Path, spm_model: str | Path, device: torch.dev
     mf = model_file.ModelFile(weights=checkpoint.load_state_dict(folder), config=config, spm=spm_bytes)
     model = model_file.build_model(mf, folder / checkpoint.MODEL, remedy=f"was it trained with {spm_path}? If "
                                    "not, point paths.bpe at the run's BPE model or retrain (`dvc repro train`)")
-    device = torch.device(device)
-    model.to(device).eval()
-    return Translator(model, config, sp, device, spm_bytes)
+    return Translator(model.eval(), config, sp, torch.device("cpu"), spm_bytes)

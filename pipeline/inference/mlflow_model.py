@@ -1,28 +1,13 @@
 """The MLflow pyfunc translator, logged "from code" by the ``register`` stage.
 
-MLflow executes this file (as a fresh module) when the model is logged and again whenever it is
-loaded (``mlflow.pyfunc.load_model``, ``mlflow models serve``); the last line hands it the model
-object. It is the one module besides :mod:`pipeline.core.tracking` that imports mlflow, because it *is*
-the model definition MLflow loads; nothing in the pipeline imports it.
+MLflow executes this file as a fresh module when the model is logged and whenever it is loaded; the last line
+hands it the model object, so it imports mlflow itself and nothing in the pipeline imports it.
 
-Artifacts (``context.artifacts``): ``averaged`` (the ``averaged.pt`` of the average stage, which
-also embeds the SentencePiece model), ``spm`` (that ``spm.model``, for inspection) and, when the
-register stage ran with ``NMT_REGISTER_CTRANSLATE2``, ``ctranslate2`` (its CTranslate2 export).
-Model config (``context.model_config``): default ``beam_size`` and ``alpha`` (the values the
-evaluate stage chose on the valid set), ``max_len_a``, ``max_len_b``, ``max_tokens`` and ``engine``
-(``torch``, or ``ctranslate2`` when the export is there).
-Per request, ``params={"beam_size": 4, "alpha": 0.6, "engine": "torch"}`` override the defaults.
-
-Input: strings (a DataFrame whose ``src`` column, or only column, holds the source sentences; a
-Series; a list; one string). Output: one German string per input line, normalised and decoded
-exactly as ``nmt translate`` does (empty line in, empty line out).
-
-Bounds: a request holds at most :data:`MAX_REQUEST_LINES` lines of at most :data:`MAX_LINE_CHARS` characters,
-each a string (``null``, numbers and objects are refused, not turned into text); ``beam_size`` lies in
-1 .. ``model.config.MAX_BEAM_SIZE`` and within the vocabulary, ``alpha`` in 0 .. :data:`MAX_ALPHA`. The output
-length comes from the model config (``max_len_a``, ``max_len_b``, capped at the model's ``max_positions``),
-never from a request. Anything else is refused before decoding with an ``MlflowException`` of
-``INVALID_PARAMETER_VALUE`` naming the field, which ``mlflow models serve`` answers with HTTP 400.
+Artifacts: ``averaged`` (``averaged.pt``, which embeds the SentencePiece model), ``spm`` and, with
+``NMT_REGISTER_CTRANSLATE2``, ``ctranslate2`` (an export). The model config holds the decoding defaults the
+evaluate stage chose; a request may override :data:`REQUEST_PARAMS`. Lines in, one translation per line out,
+exactly as ``nmt translate`` gives them. A request out of bounds (lines, characters, a non-string, beam, α) is
+refused before decoding with ``INVALID_PARAMETER_VALUE`` naming the field: HTTP 400 from ``mlflow models serve``.
 """
 
 import logging
@@ -61,24 +46,19 @@ def invalid(message: str) -> MlflowException:
 
 
 def source_lines(model_input: Any) -> list[str]:
-    """The source sentences of a pyfunc input, in order, each checked to be a string of bounded length.
-
-    Raises:
-        MlflowException: (``INVALID_PARAMETER_VALUE``) no strings column, more than :data:`MAX_REQUEST_LINES`
-            lines, or a line that is not a string or is longer than :data:`MAX_LINE_CHARS` (names ``inputs[i]``).
-    """
+    """The source sentences of a pyfunc input (a DataFrame's ``src`` or only column, a Series, a list, a string),
+    in order, each checked to be a string of at most :data:`MAX_LINE_CHARS` characters."""
     if isinstance(model_input, str):
         model_input = [model_input]
     if isinstance(model_input, pd.DataFrame):
         if "src" in model_input.columns:
-            column = model_input["src"]
+            model_input = model_input["src"]
         elif len(model_input.columns) == 1:
-            column = model_input.iloc[:, 0]
+            model_input = model_input.iloc[:, 0]
         else:
             names = [str(c)[:40] for c in model_input.columns[:5]]
             raise invalid(f"inputs: a table with columns {names}{' ...' if len(model_input.columns) > 5 else ''}; "
                           "send a list of strings or one column 'src' holding the source sentences")
-        model_input = column
     if not isinstance(model_input, (list, tuple)) and not hasattr(model_input, "tolist"):  # Series, numpy arrays
         raise invalid(f"inputs: cannot translate a {type(model_input).__name__}; send a list of strings or one "
                       "column 'src' holding the source sentences")
@@ -97,20 +77,11 @@ def source_lines(model_input: Any) -> list[str]:
     return [str(line) for line in lines]  # numpy strings as plain str
 
 
-def check_alpha(alpha: Any) -> float:
-    """``alpha`` as a float, or an error naming ``params.alpha`` when it is not a number in 0 .. MAX_ALPHA."""
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= MAX_ALPHA:
-        shown = "NaN" if isinstance(alpha, float) and math.isnan(alpha) else f"{alpha!r:.40}"
-        raise invalid(f"params.alpha {shown}: must be a finite number from 0 to {MAX_ALPHA} (MAX_ALPHA)")
-    return float(alpha)
-
-
 class Translator(mlflow.pyfunc.PythonModel):
     """Beam-search translation with one ``averaged.pt`` (string in, string out)."""
 
     def load_context(self, context: Any) -> None:
-        """Load ``averaged.pt`` (on CUDA when available), the CTranslate2 export when there is one, and
-        the decoding defaults."""
+        """Load ``averaged.pt`` (on CUDA when available), the CTranslate2 export if any, the decoding defaults."""
         from pipeline.inference import ct2
         from pipeline.inference.decoding import load_translator
 
@@ -121,21 +92,10 @@ class Translator(mlflow.pyfunc.PythonModel):
         log.info("translator loaded (%s) with %s", ", ".join(self._engines), self._settings)
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> list[str]:
-        """Translate every input line.
-
-        Args:
-            context: the pyfunc context (unused; the model was loaded in :meth:`load_context`).
-            model_input: source sentences (see :func:`source_lines`).
-            params: optional ``beam_size`` (1 .. ``model.config.MAX_BEAM_SIZE``, at most the vocabulary size),
-                ``alpha`` (0 .. :data:`MAX_ALPHA`) and ``engine`` (``torch``, or ``ctranslate2`` when the model
-                carries the export) for this request.
-
-        Returns:
-            One translation per input line.
+        """One translation per line of ``model_input`` (:func:`source_lines`), with this request's ``params``.
 
         Raises:
-            MlflowException: (``INVALID_PARAMETER_VALUE``, HTTP 400 when served) a param or input out of bounds,
-                before anything is decoded.
+            MlflowException: (``INVALID_PARAMETER_VALUE``) a param or input out of bounds, before any decoding.
         """
         from model.config import beam_size_problem
         from pipeline.inference.translate import translate_lines
@@ -150,10 +110,12 @@ class Translator(mlflow.pyfunc.PythonModel):
         beam = int(beam) if isinstance(beam, numbers.Integral) and not isinstance(beam, bool) else beam  # numpy ints
         if problem := beam_size_problem(beam, engine.config.vocab_size):
             raise invalid(f"params.beam_size {beam!r:.40}: {problem}")
-        alpha = check_alpha(settings["alpha"])
-        lines = source_lines(model_input)
+        alpha = settings["alpha"]
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= MAX_ALPHA:
+            shown = "NaN" if isinstance(alpha, float) and math.isnan(alpha) else f"{alpha!r:.40}"
+            raise invalid(f"params.alpha {shown}: must be a finite number from 0 to {MAX_ALPHA} (MAX_ALPHA)")
         out, _, _, truncated = translate_lines(
-            engine, lines, beam_size=beam, alpha=alpha,
+            engine, source_lines(model_input), beam_size=beam, alpha=float(alpha),
             max_len_a=float(settings["max_len_a"]), max_len_b=float(settings["max_len_b"]),
             max_tokens=int(settings["max_tokens"]))
         if truncated:

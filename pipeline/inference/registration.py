@@ -1,8 +1,7 @@
-"""The register stage's MLflow work (through :mod:`pipeline.inference.registry`): the averaged model logged "from
-code" as the pyfunc of :mod:`pipeline.inference.mlflow_model` with ``averaged.pt`` (which embeds the
-SentencePiece model), ``spm.model`` and the :data:`CODE_PACKAGES` sources (so it loads anywhere); its lineage;
-and sacreBLEU's paired bootstrap (1000 resamples, seed ``$SACREBLEU_SEED`` or 12345) of the new model's test
-hypotheses against those the ``candidate`` holder's run kept under ``hyps/``.
+"""The register stage's MLflow work: the averaged model logged as the pyfunc of
+:mod:`pipeline.inference.mlflow_model` with the :data:`CODE_PACKAGES` sources (so it loads anywhere), its
+lineage, and sacreBLEU's paired bootstrap (seed ``$SACREBLEU_SEED`` or 12345) of the new model's test hypotheses
+against those the ``candidate`` holder's run kept under ``hyps/``.
 """
 
 from __future__ import annotations
@@ -66,11 +65,7 @@ class Inputs:
 
 
 def read_evaluation(path: str | Path) -> Evaluation:
-    """The figures register needs from evaluate's ``evaluate.details.json``.
-
-    Raises:
-        PipelineError/DataError: missing file, bad JSON, or a missing key (named, with the remedy).
-    """
+    """The figures register needs from evaluate's ``evaluate.details.json`` (a missing key is a DataError)."""
     report = read_json(path)
     try:
         return Evaluation(valid_bleu=float(report["valid"]["bleu"]), test_bleu=float(report["test"]["bleu"]),
@@ -86,8 +81,8 @@ def gather_inputs(model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Pa
     """Check and gather the stage's inputs before anything is logged.
 
     Raises:
-        CheckpointError: no ``averaged.pt``. DataError: a hypothesis or reference file missing, or
-            hypotheses that do not cover their reference line for line; bad ``evaluate.details.json``.
+        CheckpointError: no ``averaged.pt``. DataError: a hypothesis or reference file missing or of another
+            line count; bad ``evaluate.details.json``.
     """
     averaged = model_file.path_in(model_dir)
     if not averaged.is_file():
@@ -109,17 +104,10 @@ def gather_inputs(model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Pa
 
 
 def dvc_datasets(lock_path: str | Path, wanted: dict[str, tuple[str, str]]) -> list[dict[str, str]]:
-    """Dataset inputs from the outs recorded in ``dvc.lock``.
+    """One ``{"name", "digest" (DVC md5), "source", "context"}`` per ``wanted`` dataset found in ``dvc.lock``.
 
-    Args:
-        lock_path: the ``dvc.lock`` file (absent: no datasets, with a warning).
-        wanted: dataset name → (out path as in dvc.yaml, MLflow context such as ``training``).
-
-    Returns:
-        One ``{"name", "digest", "source", "context"}`` per wanted path found (digest = DVC md5).
-
-    Raises:
-        DataError: ``dvc.lock`` is not valid YAML.
+    ``wanted`` maps a dataset name to (out path as in dvc.yaml, MLflow context such as ``training``); a missing
+    ``dvc.lock`` gives none, with a warning. Raises DataError when ``dvc.lock`` is not valid YAML.
     """
     lock_path = Path(lock_path)
     if not lock_path.is_file():
@@ -157,8 +145,7 @@ def paired_bootstrap(new_hyps: list[str], candidate_hyps: list[str], refs: list[
 
     Returns:
         ``{"p_value", "n_samples", "signature", "identical_hypotheses", "new_bleu", "new_mean", "new_ci",
-        "candidate_bleu", "candidate_mean", "candidate_ci"}``; p is the probability of a BLEU difference
-        at least this large arising by chance.
+        "candidate_bleu", "candidate_mean", "candidate_ci"}``.
 
     Raises:
         DataError: the three line lists differ in length.

@@ -1,7 +1,6 @@
-"""MLflow's logged and registered models, and a run's dataset inputs: the lineage the ``register`` stage records.
+"""MLflow's logged and registered models and a run's dataset inputs, for the ``register`` stage.
 
-Runs themselves are :mod:`pipeline.core.tracking`'s; every function here is a no-op when tracking is off.
-No torch here.
+Runs themselves are :mod:`pipeline.core.tracking`'s. The register stage calls these only with tracking on.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.tracking import StageRun, enabled, mlflow_client, tracking_uri
+from pipeline.core.tracking import StageRun, mlflow_client, tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +44,9 @@ def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict
                      root: str | Path = ".") -> dict[str, Any] | None:
     """Log a models-from-code pyfunc (one column in, one string per row out) into ``run``; maybe register it.
 
-    Args:
-        run: an open stage run (a no-op handle gives None).
-        python_model: the model file MLflow executes (it ends with ``mlflow.models.set_model(...)``).
-        artifacts: name → local file, copied into the model (``context.artifacts``).
-        code_paths: local packages copied beside the model so it loads outside this checkout.
-        model_config: ``context.model_config`` of the loaded model.
-        params: inference params with their defaults (name → int, float or str), part of the signature.
-        registered_model_name: register a new version of this model.
-        pip_requirements: the model's requirements (given, so MLflow does not load the model to infer them).
-        name: the logged model's name.
-        root: repository root (default store).
+    ``python_model`` is the file MLflow executes, ``params`` the inference params with their defaults (part of
+    the signature); the other arguments are ``mlflow.pyfunc.log_model``'s. ``pip_requirements`` are given so
+    MLflow does not load the model to infer them.
 
     Returns:
         ``{"model_uri", "model_id", "version"}`` (version None when not registered), or None when off.
@@ -106,8 +97,6 @@ def _version(mv: Any) -> dict[str, Any]:
 
 def alias_holder(model_name: str, alias: str, root: str | Path = ".") -> dict[str, Any] | None:
     """The model version holding ``alias``: ``{"version", "run_id", "tags"}``, or None (no model, no alias)."""
-    if not enabled():
-        return None
     from mlflow.exceptions import MlflowException
 
     try:
@@ -120,8 +109,6 @@ def alias_holder(model_name: str, alias: str, root: str | Path = ".") -> dict[st
 
 def find_model_versions(model_name: str, tags: dict[str, Any], root: str | Path = ".") -> list[dict[str, Any]]:
     """Versions of ``model_name`` whose tags equal all of ``tags`` (newest first): ``{"version", "run_id", "tags"}``."""
-    if not enabled():
-        return []
     quoted = model_name.replace("'", "\\'")
     clauses = [f"name = '{quoted}'", *(f"tag.`{k}` = '{v!s}'" for k, v in tags.items())]
     found = mlflow_client(root).search_model_versions(" and ".join(clauses), order_by=["version_number DESC"])
@@ -130,23 +117,19 @@ def find_model_versions(model_name: str, tags: dict[str, Any], root: str | Path 
 
 def set_alias(model_name: str, alias: str, version: str, root: str | Path = ".") -> None:
     """Point ``alias`` of ``model_name`` at ``version``."""
-    if enabled():
-        mlflow_client(root).set_registered_model_alias(model_name, alias, str(version))
+    mlflow_client(root).set_registered_model_alias(model_name, alias, str(version))
 
 
 def tag_model_version(model_name: str, version: str, tags: dict[str, Any], root: str | Path = ".") -> None:
     """Set string tags on one registered model version."""
-    if enabled():
-        client = mlflow_client(root)
-        for key, value in tags.items():
-            client.set_model_version_tag(model_name, str(version), key, str(value))
+    client = mlflow_client(root)
+    for key, value in tags.items():
+        client.set_model_version_tag(model_name, str(version), key, str(value))
 
 
 def download_run_artifact(run_id: str, artifact_path: str, dst_dir: str | Path,
                           root: str | Path = ".") -> Path | None:
-    """Fetch one artifact of a run into ``dst_dir``; None when tracking is off or the artifact is absent."""
-    if not enabled():
-        return None
+    """Fetch one artifact of a run into ``dst_dir``; None when it is absent."""
     import mlflow
     from mlflow.exceptions import MlflowException
 

@@ -1,12 +1,9 @@
 """``nmt translate``: one sentence per line from stdin or a file into translations, with one model file.
 
-The input gets the training text's normalisation (:func:`pipeline.data.normalize.normalize`); empty lines stay
-empty; invalid UTF-8 and NUL bytes are replaced (U+FFFD) and a sentence longer than the model's ``max_positions``
-is truncated, each with a warning naming the lines. Optionally one sentence's cross-attention is drawn as a PNG
-(:mod:`pipeline.inference.attention`). Standard input is read as fairseq-interactive reads it: the lines that
-have arrived are translated and flushed whenever the input has nothing more ready or :data:`STREAM_LINES` are
-waiting. Every option is checked before any sentence is decoded. Heavy imports happen inside the command, and
-with ``--engine ctranslate2`` torch is never imported (both engines share :mod:`pipeline.inference.common`).
+The input gets the training text's normalisation; invalid UTF-8 and NUL bytes are replaced (U+FFFD) and an
+overlong sentence truncated, each with a warning naming the lines. Standard input is read as fairseq-interactive
+reads it (what has arrived is translated and flushed). Every option is checked before any decoding, and with
+``--engine ctranslate2`` torch is never imported.
 """
 
 from __future__ import annotations
@@ -40,20 +37,11 @@ STREAM_LINES = 4096
 
 def split_lines(data: bytes) -> list[bytes]:
     """``data`` split on ``\\n`` only, without the newlines (a last line without one is kept)."""
-    if not data:
-        return []
-    raw = data.split(b"\n")
-    if data.endswith(b"\n"):
-        raw.pop()
-    return raw
+    return data.removesuffix(b"\n").split(b"\n") if data else []
 
 
 def decode_lines(raw: Sequence[bytes], first: int = 1) -> tuple[list[str], list[int]]:
-    """Byte lines as text, invalid UTF-8 replaced by U+FFFD.
-
-    Returns:
-        (lines, numbers of the lines that had invalid bytes, counting ``raw[0]`` as line ``first``).
-    """
+    """Byte lines as text, invalid UTF-8 replaced by U+FFFD, and the numbers (``raw[0]`` is ``first``) of those."""
     lines, bad = [], []
     for number, chunk in enumerate(raw, start=first):
         try:
@@ -64,28 +52,10 @@ def decode_lines(raw: Sequence[bytes], first: int = 1) -> tuple[list[str], list[
     return lines, bad
 
 
-def replace_nul(lines: Sequence[str], first: int = 1) -> tuple[list[str], list[int]]:
-    """``lines`` with NUL characters replaced by U+FFFD, and the numbers of lines that had one (from ``first``).
-
-    NUL is valid UTF-8 but never text: it marks binary input. Replaced, it still yields one output line.
-    """
-    out, numbers = list(lines), []
-    for i, line in enumerate(out):
-        if "\0" in line:
-            out[i] = line.replace("\0", "\ufffd")
-            numbers.append(first + i)
-    return out, numbers
-
-
-def _ready(fd: int) -> bool:
-    """Whether ``fd`` has data (or end of input) to read right now."""
-    return bool(select.select([fd], [], [], 0)[0])
-
-
 def stream_chunks(fd: int, max_lines: int = STREAM_LINES) -> Iterator[list[bytes]]:
-    """The complete lines of file descriptor ``fd`` in chunks: whatever has arrived when the input has no more
-    data ready (``select``), at most ``max_lines`` each; at end of input the rest (a last line without newline
-    too). ``os.read`` on the descriptor itself: a Python buffered reader could hide lines from ``select``.
+    """The lines of file descriptor ``fd`` in chunks: what has arrived when no more is ready, at most ``max_lines``.
+
+    ``os.read`` on the descriptor itself: a Python buffered reader could hide lines from ``select``.
     """
     pending: list[bytes] = []
     partial = b""
@@ -95,7 +65,7 @@ def stream_chunks(fd: int, max_lines: int = STREAM_LINES) -> Iterator[list[bytes
         while len(pending) >= max_lines:
             yield pending[:max_lines]
             pending = pending[max_lines:]
-        if pending and not _ready(fd):
+        if pending and not select.select([fd], [], [], 0)[0]:  # nothing more ready to read
             yield pending
             pending = []
     if partial:
@@ -144,8 +114,7 @@ def translate_lines(translator: Translator | Ct2Translator, lines: Sequence[str]
 
 
 def check_beam(beam: int, vocab_size: int = 0, option: str = "--beam") -> None:
-    """Refuse, in one line naming ``option``, a beam outside 1 .. :data:`model.config.MAX_BEAM_SIZE` or (once the
-    model is loaded) wider than its ``vocab_size`` pieces."""
+    """Refuse, naming ``option``, a beam outside 1 .. MAX_BEAM_SIZE or wider than ``vocab_size`` (0: not known)."""
     if problem := beam_size_problem(beam, vocab_size):
         raise PipelineError(f"{option} {beam!r:.40}: {problem}")
 
@@ -168,8 +137,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace) -> Translator | Ct2Translator:
-    """The engine ``--engine`` names on the ``--device`` checked first: CTranslate2 with ``--workers``
-    translations of ``--threads`` threads each, or the torch model with ``--threads`` threads."""
+    """The engine ``--engine`` names, on the ``--device`` checked first."""
     if args.engine == "ctranslate2":
         import ctranslate2
 
@@ -195,15 +163,16 @@ def translate_chunks(translator: Translator | Ct2Translator, chunks: Iterable[Se
                      emit: Callable[[list[str]], Any], *, pick: AttentionPick | None = None, **settings: Any) -> int:
     """Translate chunks of byte lines in order, handing each chunk's translations to ``emit`` before reading on.
 
-    Bad bytes, NUL characters and truncated lines are warned about per chunk with their line numbers in the
-    whole input. ``settings`` are :func:`translate_lines`'s keyword arguments. Returns the number of lines.
+    Warnings name lines by their number in the whole input; ``settings`` are :func:`translate_lines`'s keyword
+    arguments. Returns the number of lines.
     """
     first = 1
     for raw in chunks:
         lines, bad = decode_lines(raw, first)
         if bad:
             log.warning("%d input line(s) had invalid UTF-8, replaced by U+FFFD: line(s) %s", len(bad), _which(bad))
-        lines, nul = replace_nul(lines, first)
+        nul = [first + i for i, line in enumerate(lines) if "\0" in line]  # valid UTF-8, but never text
+        lines = [line.replace("\0", "\ufffd") for line in lines]
         if nul:
             log.warning("%d input line(s) had NUL bytes (binary input?), replaced by U+FFFD: line(s) %s",
                         len(nul), _which(nul))

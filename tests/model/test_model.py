@@ -159,11 +159,11 @@ def test_beam_rows_share_their_sentence_cross_attention(beam: int) -> None:
         torch.testing.assert_close(logits[r], want, rtol=0, atol=1e-10)
 
 
-def test_features_project_equals_forward_and_encode_masks() -> None:
+def test_decode_project_equals_forward_and_encode_masks() -> None:
     m = tiny_model()
     src = torch.tensor([[5, 6, EOS], [7, EOS, PAD]])
     tgt = torch.tensor([[BOS, 4, 5], [BOS, 6, PAD]])
-    torch.testing.assert_close(m.project(m.features(src, tgt)), m(src, tgt), rtol=0, atol=0)
+    torch.testing.assert_close(m.project(m.decode(tgt, m.encode(src))), m(src, tgt), rtol=0, atol=0)
     enc = m.encode(src)
     assert isinstance(enc, EncoderOut)
     assert enc.memory.shape == (2, 3, 16)
