@@ -21,14 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, model_dir: str | Path) -> dict:
-    """Average the last ``cfg.last_n`` complete checkpoints of ``train_dir`` into ``model_dir/averaged.pt``.
-
-    ``model_dir`` is written whole, replacing only a folder this stage wrote.
-
-    Returns:
-        The checkpoints and steps used, how many were requested, the incomplete folders passed over among
-        them (``skipped_incomplete``), the BPE model's sha256 and the parameter count.
-    """
+    """Average the last ``cfg.last_n`` complete checkpoints of ``train_dir`` into ``model_dir/averaged.pt``
+    (``model_dir`` is written whole, replacing only a folder this stage wrote); returns the stage's details."""
     import sentencepiece as spm
 
     from pipeline.core import tracking

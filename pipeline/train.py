@@ -52,12 +52,9 @@ from pipeline.core.stage import stage_main
 from pipeline.training.curves import write_curves
 from pipeline.training.loop import train as stage
 
-__all__ = ["die_with_agent", "main", "stage"]
-
 
 def _run(params: Params, args: argparse.Namespace) -> dict:
-    threads = env.settings().threads
-    if threads:
+    if threads := env.settings().threads:
         torch.set_num_threads(threads)
     paths = params.paths
     train_csv = Path(paths.plots) / "train.csv"

@@ -53,12 +53,8 @@ def _check_same_layout(ref: dict[str, torch.Tensor], ref_path: Path, other: dict
 
 
 def average_state_dicts(folders: list[Path]) -> dict[str, torch.Tensor]:
-    """Mean of the ``model.pt`` files of checkpoint ``folders`` (oldest first), loaded one at a time.
-
-    Raises:
-        CheckpointError: unreadable file (the remedy names what a rerun then averages), or keys, shapes or
-            dtypes that differ (names file and key).
-    """
+    """Mean of the ``model.pt`` files of checkpoint ``folders`` (oldest first), loaded one at a time; an unreadable
+    file or differing keys, shapes or dtypes are a CheckpointError naming file, key and remedy."""
     if not folders:
         raise CheckpointError("no checkpoints to average")
     first = checkpoint.load_state_dict(folders[0], remedy=checkpoint.corrupt_remedy(folders[0], len(folders)))

@@ -82,7 +82,7 @@ def _fsync(path: Path) -> None:
 
 
 def save(run_dir: str | Path, step: int, *, model_state: dict[str, torch.Tensor], optim_state: dict[str, Any],
-         state: dict[str, Any], keep_last: int, at: Callable[[str, int], None] | None = None) -> Path:
+         state: dict[str, Any], keep_last: int, at: Callable[[str, int], None] = lambda point, step: None) -> Path:
     """Write checkpoint ``step`` atomically (rank 0 only; a complete one is kept as it is), then prune to the
     newest ``keep_last``; returns its folder. ``at(point, step)`` is the fault-injection hook
     (pipeline/training/faults.py) at ``before_save``, ``mid_save`` and ``after_save``.
@@ -90,7 +90,6 @@ def save(run_dir: str | Path, step: int, *, model_state: dict[str, torch.Tensor]
     final = step_dir(run_dir, step)
     if (final / DONE).is_file():
         return final
-    at = at or (lambda point, step: None)
     at("before_save", step)
     with atomic_path(final) as tmp:
         tmp.mkdir()
@@ -225,14 +224,8 @@ def _recorded(folder: Path, name: str, remedy: str) -> tuple[int, str]:
 
 
 def verify(folder: str | Path, name: str, *, remedy: str | None = None) -> None:
-    """Check ``folder/name`` against the size and sha256 that ``state.json`` recorded at save.
-
-    A ``state.json`` without both records for ``name`` is refused too: a missing digest never skips the check.
-
-    Raises:
-        CheckpointError: one line naming the file (or ``state.json`` and the key), what is wrong and ``remedy``
-            (default: :func:`corrupt_remedy` for training).
-    """
+    """Check ``folder/name`` against the size and sha256 that ``state.json`` recorded at save (CheckpointError
+    naming the file, what is wrong and ``remedy``); a missing record is refused too, never skipped."""
     folder = Path(folder)
     remedy = remedy or corrupt_remedy(folder)
     size, digest = _recorded(folder, name, remedy)

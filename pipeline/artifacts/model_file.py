@@ -90,11 +90,8 @@ def _read(path: Path, *, mmap: bool = False) -> dict[str, Any]:
 
 
 def load(path: str | Path, *, mmap: bool = False) -> ModelFile:
-    """Read and check the file (weights not yet fitted to a model: see :func:`build_model`).
-
-    Raises:
-        CheckpointError: missing, corrupt or changed since save, or not the average stage's format.
-    """
+    """Read and check the file (CheckpointError when missing, corrupt, changed since save or of another format);
+    :func:`build_model` fits the weights to a model."""
     path = Path(path)
     blob = _read(path, mmap=mmap)
     try:
@@ -110,11 +107,7 @@ def verify(path: str | Path) -> None:
 
 
 def checkpoint_config(folder: str | Path, vocab_size: int) -> TransformerConfig:
-    """``state.json``'s ``config.model`` of a checkpoint folder, with ``spm.model``'s ``vocab_size``.
-
-    Raises:
-        CheckpointError: no ``config.model`` section, another vocabulary size, or a config the model rejects.
-    """
+    """``state.json``'s ``config.model`` of a checkpoint folder, checked against ``spm.model``'s ``vocab_size``."""
     state, where = checkpoint.read_state(folder), Path(folder) / checkpoint.STATE
     section = (state.get("config") or {}).get("model") if isinstance(state, dict) else None
     if not isinstance(section, dict):
@@ -132,11 +125,8 @@ def checkpoint_config(folder: str | Path, vocab_size: int) -> TransformerConfig:
 
 
 def build_model(mf: ModelFile, path: str | Path, *, remedy: str = REMEDY) -> torch.nn.Module:
-    """The :class:`model.Transformer` of ``mf`` with its weights loaded (on CPU, train mode).
-
-    Raises:
-        CheckpointError: the weights do not fit the config, naming ``path`` (where they came from) and ``remedy``.
-    """
+    """The :class:`model.Transformer` of ``mf`` with its weights loaded (on CPU, train mode); weights that do not
+    fit are a CheckpointError naming ``path`` (where they came from) and ``remedy``."""
     from model import Transformer
 
     try:
@@ -149,12 +139,8 @@ def build_model(mf: ModelFile, path: str | Path, *, remedy: str = REMEDY) -> tor
 
 
 def describe(path: str | Path) -> dict[str, Any] | None:
-    """Parameter statistics (a tensor shared by two keys counts once) and the config's vocabulary size and
-    width, or None if the file is absent.
-
-    Returns:
-        ``{"total", "embedding", "tied", "learned_positions", "vocab_size", "d_model"}``.
-    """
+    """``{"total", "embedding", "tied", "learned_positions", "vocab_size", "d_model"}`` of the file (a tensor
+    shared by two keys counts once), or None if it is absent."""
     path = Path(path)
     if not path.is_file():
         return None

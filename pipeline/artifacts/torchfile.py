@@ -31,17 +31,9 @@ def refused_object(exc: BaseException) -> str | None:
 
 def load(path: str | Path, *, remedy: str, mmap: bool = False, what: str = "cannot be read",
          missing: str | None = None) -> Any:
-    """``torch.load(path, weights_only=True)`` onto the CPU; any failure becomes one :class:`CheckpointError`.
-
-    Args:
-        remedy: the likely cause and what the user should do (ends the message).
-        what: how the failure is described (``cannot be read`` or ``cannot be loaded with weights_only=True``).
-        missing: the message for a missing file (default: ``not found``).
-
-    Raises:
-        CheckpointError: ``<path>: <what> (<Error>: <first line>); <remedy>``, or for a pickle holding
-            other objects than tensors ``<path>: not a checkpoint written by this pipeline (...)``.
-    """
+    """``torch.load(path, weights_only=True)`` onto the CPU; any failure is one :class:`CheckpointError`:
+    ``<path>: <what> (<Error>: <first line>); <remedy>`` (``missing`` replaces ``not found``), or for a pickle
+    holding other objects than tensors ``<path>: not a checkpoint written by this pipeline (...)``."""
     path = Path(path)
     try:
         with warnings.catch_warnings():  # "Detected pickle protocol 4": the error below says it better

@@ -1,10 +1,8 @@
 """torchrun's agent, run in ``python -m pipeline.launch`` (the ranks' side is :mod:`pipeline.training.distributed`).
 
 Three changes to torch's agent, each for a failure seen in the multi-node tests (tests/pipeline/training/):
-its store servers listen on their host only, not on every interface (:func:`bind_stores_to_their_host`);
-each rendezvous round gets a fresh store, so a replaced node can join (:func:`fresh_store_every_round`);
-and a rendezvous ends within ``NMT_RDZV_TIMEOUT_S`` whatever answers at the endpoint (:func:`bound_rendezvous`).
-Failures are one line naming the endpoint or the rank, not torchrun's tracebacks (:func:`run_torchrun`).
+store servers listen on their host only, a replaced node can join a later round, and a rendezvous ends within
+``NMT_RDZV_TIMEOUT_S`` whatever answers at the endpoint; failures are one line, not torchrun's tracebacks.
 """
 
 from __future__ import annotations
@@ -196,14 +194,12 @@ def bound_rendezvous(limit_s: float, on_hang: Callable[[], None]) -> Iterator[No
 
 
 def run_torchrun(torchrun_args: list[str]) -> int:
-    """Run torchrun's agent in this process with the changes above.
+    """Run torchrun's agent in this process with the changes above (RendezvousFailed: the nodes did not all join
+    within ``NMT_RDZV_TIMEOUT_S``, or the store was lost).
 
     Returns:
         0 when every rank succeeded, else the first failed rank's exit code (``128 + signal`` for a rank
         killed by a signal, or for this agent stopped by SIGTERM or SIGINT), with one line, not a traceback.
-
-    Raises:
-        RendezvousFailed: the nodes did not all join within ``NMT_RDZV_TIMEOUT_S``, or the store was lost.
     """
     bind_stores_to_their_host()
     fresh_store_every_round()

@@ -1,9 +1,8 @@
 """The training curves as files DVC and people read: ``valid.csv`` and ``train.png`` beside ``train.csv``.
 
 ``valid.csv`` holds only ``train.csv``'s validation rows, so ``dvc plots show`` draws the valid curve from
-points that all exist. ``train.png`` needs no network (DVC's HTML loads its renderer from a CDN): loss,
-perplexity and learning rate against the step, drawn on matplotlib's Agg canvas without pyplot state
-(https://matplotlib.org/stable/users/explain/figure/backends.html), so it runs headless.
+points that all exist. ``train.png`` needs no network (DVC's HTML loads its renderer from a CDN); it is drawn
+headless, on matplotlib's Agg canvas (https://matplotlib.org/stable/users/explain/figure/backends.html).
 """
 
 from __future__ import annotations

@@ -39,7 +39,6 @@ class DistContext:
 
     rank: int
     world_size: int
-    local_rank: int
     device: torch.device
 
     @property
@@ -54,13 +53,11 @@ def timeout_s() -> float:
 
 
 def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
+    """The integer torchrun set in ``name``, or ``default``; one line naming the variable when malformed."""
     try:
-        return int(raw)
+        return int(os.environ.get(name, default))
     except ValueError:
-        raise PipelineError(f"environment {name}={raw!r}: expected an integer (set by torchrun)") from None
+        raise PipelineError(f"environment {name}={os.environ[name]!r}: expected an integer (set by torchrun)") from None
 
 
 def init(device: str | None = None) -> DistContext:
@@ -82,7 +79,7 @@ def init(device: str | None = None) -> DistContext:
         dist.init_process_group(backend=backend, store=_attempt_store(timeout), rank=rank, world_size=world,
                                 timeout=timeout, **kwargs)
         log.info("rank %d/%d joined the %s process group on %s", rank, world, backend, dev)
-    return DistContext(rank=rank, world_size=world, local_rank=local_rank, device=dev)
+    return DistContext(rank=rank, world_size=world, device=dev)
 
 
 def check_cuda(local_rank: int = 0) -> None:
@@ -111,11 +108,8 @@ def _attempt_store(timeout: datetime.timedelta) -> dist.Store:
 
 
 def bind_to_loopback_if_local() -> None:
-    """Bind gloo's and NCCL's sockets to ``lo`` when torchrun's store (``MASTER_ADDR``) is a loopback address.
-
-    Otherwise gloo binds the address this host's name resolves to, and NCCL the first usable interface,
-    both reachable from the network. A variable the user set is kept.
-    """
+    """Bind gloo's and NCCL's sockets to ``lo`` (unless the user set them) when torchrun's store (``MASTER_ADDR``)
+    is a loopback address; else gloo and NCCL bind addresses reachable from the network."""
     local = is_loopback(os.environ.get("MASTER_ADDR", "").strip("[]"))
     names = {name for _, name in socket.if_nameindex()} if local and hasattr(socket, "if_nameindex") else set()
     if "lo" in names:
@@ -170,11 +164,8 @@ def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
 
 @_collective
 def all_reduce_grads(params: Iterable[torch.nn.Parameter]) -> None:
-    """Sum the gradients of ``params`` over ranks, in flat buckets of ~32 MB.
-
-    A missing gradient is created as zeros, so every rank issues the same collectives, with or without a
-    forward pass in this step.
-    """
+    """Sum the gradients of ``params`` over ranks, in flat buckets of ~32 MB; a missing gradient is created as
+    zeros, so every rank issues the same collectives, with or without a forward pass in this step."""
     params = [p for p in params if p.requires_grad]
     for p in params:
         if p.grad is None:

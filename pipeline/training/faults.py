@@ -1,25 +1,16 @@
 """Fault injection for the crash-recovery tests: named points in training that can kill, crash or stall.
 
 The loop, the checkpoint writer and the memory pre-flight call ``hooks.at(point, step, rank)``; the default
-:class:`Hooks` does nothing. With ``NMT_FAULT_POINT`` set (parsed and checked in :mod:`pipeline.core.env`)::
+:class:`Hooks` does nothing. ``NMT_FAULT_POINT=<point>:<step>[:<action>[:<rank>]][@<file>]`` (checked in
+:mod:`pipeline.core.env`; e.g. ``mid_save:4`` or ``collective:3:stall:1@/tmp/once``) fires ``action`` when
+``rank`` (default: any) reaches ``point`` at optimizer ``step``; with ``@<file>`` only while ``<file>`` does not
+exist (it is created before firing), so a job that torchrun restarts does not hit the fault again.
 
-    NMT_FAULT_POINT=<point>:<step>[:<action>[:<rank>]][@<file>]   e.g. mid_save:4  or  collective:3:stall:1@/tmp/once
-
-With ``@<file>`` the fault fires only if ``<file>`` does not exist (it is created just before firing), so a
-job restarted by torchrun does not hit the same fault again; without it, every time the point is reached.
-
-Points (``step`` is the optimizer step being run or just finished):
-    preflight      inside the pre-flight forward/backward on the largest batch shape (step 0)
-    forward        before each forward pass of ``step``
-    mid_accum      between two forward passes of ``step`` (gradients partly accumulated)
-    collective     before the gradient all-reduce of ``step``
-    before_save    rank 0, before checkpoint ``step`` is written
-    mid_save       rank 0, after ``model.pt`` of checkpoint ``step``, before optim.pt/state.json/DONE
-    after_save     rank 0, after checkpoint ``step`` has its DONE marker, before older ones are pruned
-    after_step     after ``step`` completed (validation and checkpoint included)
-Actions: ``kill`` (SIGKILL this process, the default), ``exit`` (die at once with exit code 3),
-``stall`` (sleep forever: a hung rank), ``oom`` (raise ``torch.OutOfMemoryError``). ``rank``
-restricts the fault to one rank (default: every rank that reaches the point).
+Points: ``preflight`` (the pre-flight forward/backward, step 0), ``forward`` (before each forward pass),
+``mid_accum`` (between two forward passes), ``collective`` (before the gradient all-reduce); on rank 0
+``before_save``, ``mid_save`` (after ``model.pt``, before optim.pt/state.json/DONE) and ``after_save`` (after
+DONE, before pruning); ``after_step`` (validation and checkpoint included). Actions: ``kill`` (SIGKILL, the
+default), ``exit`` (exit code 3), ``stall`` (sleep forever: a hung rank), ``oom`` (``torch.OutOfMemoryError``).
 """
 
 from __future__ import annotations

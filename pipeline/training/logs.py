@@ -43,10 +43,8 @@ def perplexity(nll_per_token: float) -> float:
 class TrainLog:
     """Interval sums between log lines, and the line itself (stdout, MLflow, ``state.history``).
 
-    Args:
-        peak_flops: the devices' total peak, or 0 when MFU is not meaningful (CPU).
-        sums: the interval's sums, kept in ``state.interval`` so that a checkpoint saves them and a resumed
-            run continues the interval.
+    ``peak_flops`` is 0 where MFU means nothing (CPU); ``sums`` is ``state.interval``, so that a checkpoint
+    saves the interval and a resumed run continues it.
     """
 
     KEYS = ("loss", "nll", "tokens", "forwards", "steps")

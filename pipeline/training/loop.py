@@ -131,11 +131,8 @@ def _out_of_time(tr: Trainer, elapsed: float) -> bool:
 
 
 def fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> bool:
-    """Train until max_steps or max_epochs, validating, logging and checkpointing on the way.
-
-    Returns:
-        True when the run ended, False when ``train.max_minutes`` paused it first.
-    """
+    """Train until max_steps or max_epochs, validating, logging and checkpointing on the way; False when
+    ``train.max_minutes`` paused the run first."""
     cfg, model_cfg = tr.cfg, tr.model.cfg
     peak = PEAK_FLOPS * tr.ctx.world_size if tr.ctx.device.type == "cuda" else 0.0
     logs = TrainLog(tracker, max_steps=cfg.max_steps, max_minutes=cfg.max_minutes,
@@ -206,16 +203,10 @@ def _finish(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any, wall
 def train(cfg: TrainConfig, *, model_cfg: TransformerConfig, seed: int, shards_dir: str | Path, spm_model: str | Path,
           run_dir: str | Path, plots_path: str | Path, device: str | None = None,
           hooks: faults.Hooks | None = None) -> dict:
-    """Train (or resume) the Transformer; every rank of a torchrun job calls this.
+    """Train (or resume) the Transformer in ``run_dir``; every rank of a torchrun job calls this.
 
-    Args:
-        run_dir: the checkpoint folder (``<paths.train>``; persistent, resumable).
-        plots_path: ``train.csv`` with one row per logged step (written by rank 0).
-        device: ``cpu`` forces CPU (default: CUDA when available).
-        hooks: fault-injection hooks (default: from ``NMT_FAULT_POINT``; no-ops normally).
-
-    Returns:
-        The final step, epoch, tokens, losses, perplexities, throughput, world size and device.
+    Rank 0 writes ``plots_path`` (``train.csv``, one row per logged step). ``device`` ``cpu`` forces the CPU
+    (default: CUDA when available); ``hooks`` default to ``NMT_FAULT_POINT``'s. Returns the stage's summary.
     """
     wall0 = time.monotonic()
     ctx = distributed.init(device)

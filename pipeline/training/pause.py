@@ -1,9 +1,8 @@
 """``train.max_minutes`` as a pause: the run keeps its checkpoints, fails with one line, and resumes when rerun.
 
-A paused run exits 1 so that DVC records nothing for a model the params do not describe. torchrun's
-``--max-restarts`` would restart a failed group and train another ``max_minutes`` each time, so rank 0
-leaves a ``PAUSED`` file naming the torchrun job (``TORCHELASTIC_RUN_ID``): a restart of that job fails at
-once, a new launch removes the file and resumes.
+A paused run exits 1 so that DVC records nothing for a model the params do not describe. So that torchrun's
+``--max-restarts`` does not train another ``max_minutes`` per restart, rank 0 leaves a ``PAUSED`` file naming
+the job (``TORCHELASTIC_RUN_ID``): its restarts fail at once, a new launch removes the file and resumes.
 """
 
 from __future__ import annotations

@@ -40,12 +40,8 @@ def _free_memory(device: torch.device) -> None:
 
 def check(model: Transformer, shapes: Sequence[tuple[int, int]], *, device: torch.device, max_tokens: int,
           label_smoothing: float, rank: int = 0, hooks: Hooks | None = None, loss: BatchLoss = batch_loss) -> None:
-    """Run one forward+backward per shape with the training step's ``loss``, with synthetic token ids; leave the
-    model without gradients.
-
-    Raises:
-        PipelineError: out of memory, naming the shape and ``NMT_MAX_TOKENS`` to lower.
-    """
+    """One forward+backward per shape with the training step's ``loss`` on synthetic ids, leaving no gradients;
+    out of memory is a PipelineError naming the shape and ``NMT_MAX_TOKENS`` to lower."""
     cfg = model.cfg
     gen = torch.Generator().manual_seed(0)  # synthetic ids; the global generators are reseeded per forward pass
     failed = None

@@ -43,18 +43,14 @@ class Trainer:
     optim: torch.optim.Optimizer
     train: ShardSet
     valid: ShardSet
-    plan: list[batching.GlobalBatch]
-    """The frozen global batches (one per optimizer step), shuffled per epoch."""
+    plan: list[batching.GlobalBatch]  # the frozen global batches (one per optimizer step), shuffled per epoch
     valid_batches: list[np.ndarray]
-    max_tokens: int
-    """This process's padded tokens per forward pass (``NMT_MAX_TOKENS``): memory, not what is trained."""
-    config: dict[str, Any]
-    """The resolved model + train + seed config (checkpoints refuse to resume under another)."""
+    max_tokens: int  # this process's padded tokens per forward pass (NMT_MAX_TOKENS): memory, not what is trained
+    config: dict[str, Any]  # model + train + seed (checkpoints refuse to resume under another)
     shards_sha256: str
     flops_per_token: float
     hooks: Hooks
-    loss: forward.BatchLoss
-    """One forward pass's loss sums (:mod:`pipeline.training.forward`; compiled with ``NMT_COMPILE``)."""
+    loss: forward.BatchLoss  # one forward pass's loss sums (compiled with NMT_COMPILE)
 
 
 def vocab_size(spm_model: Path) -> int:
@@ -75,11 +71,8 @@ def check_budget(max_tokens: int, ids: np.ndarray, lengths: np.ndarray) -> None:
 
 def plan(cfg: TrainConfig, train: ShardSet, lengths: tuple[np.ndarray, np.ndarray, np.ndarray], *, seed: int,
          world_size: int) -> list[batching.GlobalBatch]:
-    """The run's global batches from the train split's ``(ids, src_len, tgt_len)`` (independent of ``world_size``).
-
-    Raises:
-        DataError: an empty split, or a pair longer than ``train.tokens_per_step``.
-    """
+    """The run's global batches from the train split's ``(ids, src_len, tgt_len)`` (independent of ``world_size``);
+    DataError for an empty split or a pair longer than ``train.tokens_per_step``."""
     ids, src_len, tgt_len = lengths
     if len(ids) == 0:
         raise DataError(f"{train.root}: the train split is empty; check the clean/encode stages' metrics")
@@ -169,12 +162,8 @@ def check_resumable(folder: Path, state: dict[str, Any], *, config: dict[str, An
 
 
 def resume(tr: Trainer, run_dir: Path) -> tuple[TrainState, str | None, int | None]:
-    """Load the newest complete checkpoint (if any).
-
-    Returns:
-        The state to continue from, the MLflow run id to continue, and the world size that saved it
-        (None when starting fresh).
-    """
+    """Load the newest complete checkpoint: the state, the MLflow run id to continue and the world size that
+    saved it (None when starting fresh)."""
     if tr.ctx.is_main:  # a run killed while saving: drop the half-written folder, finish the pruning
         checkpoint.clean_incomplete(run_dir)
         checkpoint.prune(run_dir, tr.cfg.keep_last)

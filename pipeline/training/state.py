@@ -1,9 +1,5 @@
-"""The one mutable object of a training run: :class:`TrainState`, its position and counters.
-
-Everything else a step needs is either fixed for the run (model, optimizer, batch plan) or derived
-from this position and the seed (batch order, dropout masks), so saving it in ``state.json`` makes
-a resume exact.
-"""
+"""The one mutable object of a training run, :class:`TrainState`: everything else a step needs is fixed for the
+run or derived from this position and the seed, so saving it in ``state.json`` makes a resume exact."""
 
 from __future__ import annotations
 

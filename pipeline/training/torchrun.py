@@ -34,11 +34,8 @@ def _gpus() -> int:
 
 
 def torchrun_command(train_args: list[str]) -> list[str]:
-    """The full torchrun command line for this node (``--max-restarts``: ``NMT_MAX_RESTARTS``, default 3 on GPU).
-
-    Raises:
-        ConfigError: a malformed ``NMT_*`` variable, or an incomplete multi-node setup.
-    """
+    """The full torchrun command line for this node (``--max-restarts``: ``NMT_MAX_RESTARTS``, default 3 on GPU);
+    ConfigError for a malformed ``NMT_*`` variable or an incomplete multi-node setup."""
     s = env.settings()
     nproc, nnodes = s.nproc or max(_gpus(), 1), s.nnodes
     cmd = [sys.executable, "-m", "pipeline.launch", AGENT_FLAG]  # == torchrun, from this interpreter
@@ -98,11 +95,8 @@ def is_loopback(host: str) -> bool:
 
 
 def wait_until_resolvable() -> None:
-    """Wait, up to ``NMT_RDZV_TIMEOUT_S``, for the host of a multi-node rendezvous to resolve (ConfigError if not).
-
-    A cluster's name service may list a node only once it runs; torch's store client would retry too, for
-    60 s per attempt, and print a C++ stack for each.
-    """
+    """Wait, up to ``NMT_RDZV_TIMEOUT_S``, for the host of a multi-node rendezvous to resolve (ConfigError if not):
+    a cluster's name service may list a node only once it runs (torch's retries print a C++ stack each)."""
     s = env.settings()
     value = s.rdzv_endpoint
     if s.nnodes == 1 or not value:
