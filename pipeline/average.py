@@ -1,10 +1,6 @@
-"""Stage ``average``: the mean of the last N complete checkpoints, as one self-contained model file.
-
-Which checkpoints and how they are averaged: :mod:`pipeline.artifacts.averaging` (the newest
-``average.last_n`` folders with ``DONE``; one without ``DONE`` among them is named in a warning and in the
-details' ``skipped_incomplete``). The output ``<paths.model>/averaged.pt`` (:mod:`pipeline.artifacts.model_file`)
-holds the weights, the config of the newest checkpoint and the ``spm.model`` bytes, so translating needs this
-one file, and loads with ``weights_only=True``.
+"""Stage ``average``: the mean of the last N complete checkpoints (:mod:`pipeline.artifacts.averaging`), as one
+self-contained ``averaged.pt`` with the newest checkpoint's config and the ``spm.model`` bytes
+(:mod:`pipeline.artifacts.model_file`).
 """
 
 from __future__ import annotations
@@ -25,22 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, model_dir: str | Path) -> dict:
-    """Average the last ``cfg.last_n`` complete checkpoints of ``train_dir`` into ``model_dir/averaged.pt``.
-
-    Args:
-        cfg: the ``average`` section.
-        train_dir: ``paths.train`` with ``step-NNNNNNNN/{model.pt,state.json,DONE}`` folders.
-        bpe_dir: ``paths.bpe`` holding ``spm.model`` (embedded in the output).
-        model_dir: ``paths.model``; written whole (``averaged.pt``), replacing only a folder this stage wrote.
-
-    Returns:
-        The checkpoints and steps used, how many were requested, the incomplete folders (no ``DONE``)
-        passed over among them (``skipped_incomplete``, also a warning), the BPE model's sha256 and the
-        parameter count.
-
-    Raises:
-        CheckpointError: no complete checkpoint, unreadable or mismatched checkpoints.
-    """
+    """Average the last ``cfg.last_n`` complete checkpoints of ``train_dir`` into ``model_dir/averaged.pt``
+    (``model_dir`` is written whole, replacing only a folder this stage wrote); returns the stage's details."""
     import sentencepiece as spm
 
     from pipeline.core import tracking

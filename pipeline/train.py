@@ -1,8 +1,7 @@
 """Stage ``train`` (one worker): ``python -m pipeline.launch`` starts ``torchrun -m pipeline.train``.
 
-Run alone, this module trains in a single process; the loop is :mod:`pipeline.training.loop`
-(:func:`stage` is its :func:`~pipeline.training.loop.train`). After training, rank 0 draws the curves
-(``valid.csv`` and ``train.png`` beside ``train.csv``: :mod:`pipeline.training.curves`).
+Run alone, this module trains in a single process (:func:`pipeline.training.loop.train`); then rank 0 draws
+the curves (:mod:`pipeline.training.curves`).
 """
 
 from __future__ import annotations
@@ -17,13 +16,10 @@ _PR_SET_PDEATHSIG = 1
 def die_with_agent() -> None:
     """Have the kernel SIGKILL this rank when its torchrun agent dies (Linux); die now if it already has.
 
-    torchrun starts each rank in its own session, so a SIGKILLed agent (OOM killer, a killed job
-    step) would otherwise leave an orphaned rank behind: one that trains on and writes checkpoints
-    beside the relaunched job, or one that hangs forever connecting to the dead agent's store. Run
-    before anything slow (torch takes seconds to import): the agent may die in that window. The
-    parent to compare with is the pid the agent recorded (``PIPELINE_AGENT_PID``, set by
-    ``python -m pipeline.launch --torchrun``), else this process's parent now (plain torchrun).
-    A no-op where ``prctl`` is unavailable.
+    torchrun starts each rank in its own session, so a SIGKILLed agent would otherwise leave an orphaned
+    rank that trains on beside the relaunched job, or hangs on the dead agent's store. Run before the slow
+    imports: the agent may die in that window. The agent is ``PIPELINE_AGENT_PID`` (set by
+    ``python -m pipeline.launch --torchrun``), else this process's parent now. A no-op without ``prctl``.
     """
     import ctypes
     import signal
@@ -56,12 +52,9 @@ from pipeline.core.stage import stage_main
 from pipeline.training.curves import write_curves
 from pipeline.training.loop import train as stage
 
-__all__ = ["die_with_agent", "main", "stage"]
-
 
 def _run(params: Params, args: argparse.Namespace) -> dict:
-    threads = env.settings().threads
-    if threads:
+    if threads := env.settings().threads:
         torch.set_num_threads(threads)
     paths = params.paths
     train_csv = Path(paths.plots) / "train.csv"

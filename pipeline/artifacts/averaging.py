@@ -1,9 +1,7 @@
 """The mean of the last N complete checkpoints: which ones, and their weights averaged.
 
-The paper averages the last 5 checkpoints (written every 10 minutes) of the base model. We average the model
-weights of the newest ``last_n`` checkpoint folders that have their ``DONE`` marker, ordered by step; a folder
-without ``DONE`` among them is passed over with a warning. Floating tensors are averaged in fp32 (then cast back
-to their dtype), integer and boolean buffers (counters, masks) are taken from the newest checkpoint.
+The paper averages the last 5 checkpoints (written every 10 minutes) of the base model. Floating tensors are
+averaged in fp32 (then cast back to their dtype); integer and boolean buffers come from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -22,11 +20,7 @@ log = logging.getLogger(__name__)
 
 def choose(train_dir: str | Path, last_n: int) -> tuple[list[Path], list[Path]]:
     """The newest ``last_n`` complete checkpoint folders (oldest first), and the ``step-*`` folders without
-    ``DONE`` passed over among them; warns for fewer than ``last_n`` and for each folder passed over.
-
-    Raises:
-        CheckpointError: no complete checkpoint.
-    """
+    ``DONE`` passed over among them (each warned about, as are fewer than ``last_n``)."""
     available = checkpoint.complete_checkpoints(train_dir)
     if not available:
         raise CheckpointError(f"{train_dir}: no complete checkpoint (step-*/ with DONE); run the train stage first")
@@ -59,15 +53,8 @@ def _check_same_layout(ref: dict[str, torch.Tensor], ref_path: Path, other: dict
 
 
 def average_state_dicts(folders: list[Path]) -> dict[str, torch.Tensor]:
-    """Mean of the ``model.pt`` files of checkpoint ``folders`` (oldest first), loaded one at a time.
-
-    Floating tensors: sum in fp32 in the order given, divide by the count, cast back to the original
-    dtype. Other dtypes (integer/bool buffers): the newest (last) checkpoint's value.
-
-    Raises:
-        CheckpointError: unreadable file (the remedy names what a rerun then averages), or keys, shapes or
-            dtypes that differ (names file and key).
-    """
+    """Mean of the ``model.pt`` files of checkpoint ``folders`` (oldest first), loaded one at a time; an unreadable
+    file or differing keys, shapes or dtypes are a CheckpointError naming file, key and remedy."""
     if not folders:
         raise CheckpointError("no checkpoints to average")
     first = checkpoint.load_state_dict(folders[0], remedy=checkpoint.corrupt_remedy(folders[0], len(folders)))
@@ -83,8 +70,7 @@ def average_state_dicts(folders: list[Path]) -> dict[str, torch.Tensor]:
 
 
 def check_fits(config: TransformerConfig, weights: dict[str, torch.Tensor], where: Path) -> None:
-    """Raise naming ``where`` and the first key unless ``weights`` fit the model built from ``config`` (shapes
-    checked on the meta device)."""
+    """Refuse, naming ``where`` and the first key, ``weights`` that do not fit ``config``'s model."""
     with torch.device("meta"):
         expected = Transformer(config).state_dict()
     for key in sorted(set(expected) | set(weights)):

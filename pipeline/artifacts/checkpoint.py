@@ -1,15 +1,9 @@
 """Checkpoint folders ``<run>/step-NNNNNNNN/``: atomic, self-describing, prunable.
 
-A folder holds ``model.pt`` (the unwrapped module's state_dict), ``optim.pt``, ``state.json``
-and ``DONE``, written last. It is assembled under a hidden temporary name and renamed into
-place, so a crash leaves either a complete folder or nothing; a ``step-*`` folder without
-``DONE`` (from an older or foreign writer) does not exist for the loader and is deleted by
-:func:`clean_incomplete`. ``state.json`` records the byte size and sha256 of ``model.pt`` and
-``optim.pt`` (``files``), checked before every load (:func:`verify`): a file truncated or changed
-after the fact (a full disk, a copy cut short, bit rot) is named before unpickling, and a ``state.json``
-without those records (an older writer, or an edit) is refused rather than skipped. A disk that fills
-up during the save is one :class:`OutputError` naming the file and the checkpoint a rerun resumes from.
-Everything is loaded with ``torch.load(weights_only=True)``.
+A folder holds ``model.pt``, ``optim.pt``, ``state.json`` and ``DONE``, written last; it is assembled under a
+hidden temporary name and renamed into place, so a crash leaves a complete folder or nothing. ``state.json``
+records the byte size and sha256 of ``model.pt`` and ``optim.pt``, checked before every load (:func:`verify`),
+so a file changed after the fact is named before unpickling; everything loads with ``weights_only=True``.
 """
 
 from __future__ import annotations
@@ -34,7 +28,6 @@ from pipeline.core.textio import atomic_path, sha256_file
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^step-(\d{8})$")
-_PREFIXES = ("module.", "_orig_mod.")
 MODEL, OPTIM, STATE, DONE = "model.pt", "optim.pt", "state.json", "DONE"
 
 
@@ -44,6 +37,7 @@ def step_dir(run_dir: str | Path, step: int) -> Path:
 
 
 def _step_folders(run_dir: Path) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every ``step-*`` folder, oldest first."""
     if not run_dir.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
@@ -69,7 +63,7 @@ def latest(run_dir: str | Path) -> Path | None:
 def clean_incomplete(run_dir: str | Path) -> list[Path]:
     """Delete ``step-*`` folders without ``DONE`` and leftover temporary folders; return what was removed."""
     run_dir = Path(run_dir)
-    removed = [p for _, p in _step_folders(run_dir) if not (p / DONE).is_file()]
+    removed = [p for _, p in incomplete_checkpoints(run_dir)]
     if run_dir.is_dir():
         removed += [p for p in run_dir.iterdir() if p.name.startswith(".step-") and p.name.endswith(".tmp")]
     for path in removed:
@@ -78,41 +72,30 @@ def clean_incomplete(run_dir: str | Path) -> list[Path]:
     return removed
 
 
-def unwrap_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Strip DDP's ``module.`` and torch.compile's ``_orig_mod.`` prefixes from every key."""
-    def unwrap(key: str) -> str:
-        while key.startswith(_PREFIXES):  # each prefix is one dotted component
-            key = key.split(".", 1)[1]
-        return key
-
-    return {unwrap(key): value for key, value in state.items()}
-
-
 def _fsync(path: Path) -> None:
-    with open(path, "rb") as fh:
-        os.fsync(fh.fileno())
+    """Flush ``path`` to disk (a folder: the renames inside it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def save(run_dir: str | Path, step: int, *, model_state: dict[str, torch.Tensor], optim_state: dict[str, Any],
-         state: dict[str, Any], keep_last: int, at: Callable[[str, int], None] | None = None) -> Path:
-    """Write checkpoint ``step`` atomically, then prune to the newest ``keep_last`` complete ones.
-
-    Call on rank 0 only. An existing complete folder for ``step`` is left as it is. ``at(point, step)`` is
-    called at ``before_save``, ``mid_save`` and ``after_save`` (fault injection: pipeline/training/faults.py).
-
-    Returns:
-        The checkpoint folder.
+         state: dict[str, Any], keep_last: int, at: Callable[[str, int], None] = lambda point, step: None) -> Path:
+    """Write checkpoint ``step`` atomically (rank 0 only; a complete one is kept as it is), then prune to the
+    newest ``keep_last``; returns its folder. ``at(point, step)`` is the fault-injection hook
+    (pipeline/training/faults.py) at ``before_save``, ``mid_save`` and ``after_save``.
     """
     final = step_dir(run_dir, step)
     if (final / DONE).is_file():
         return final
-    at = at or (lambda point, step: None)
     at("before_save", step)
     with atomic_path(final) as tmp:
         tmp.mkdir()
         writing = MODEL
         try:
-            torch.save(unwrap_state_dict(model_state), tmp / MODEL)
+            torch.save(model_state, tmp / MODEL)
             at("mid_save", step)
             writing = OPTIM
             torch.save(optim_state, tmp / OPTIM)
@@ -131,7 +114,8 @@ def save(run_dir: str | Path, step: int, *, model_state: dict[str, torch.Tensor]
                 raise
             # Raised inside atomic_path: the temporary folder is deleted, no step folder appears.
             raise OutputError(_disk_full_message(final / writing)) from None
-    _fsync_dir(final.parent)
+    with contextlib.suppress(OSError):  # where directories cannot be opened
+        _fsync(final.parent)
     at("after_save", step)
     prune(run_dir, keep_last)
     return final
@@ -163,16 +147,6 @@ def _disk_full_message(path: Path) -> str:
             f"under {path.parent.parent} or lower train.keep_last, then rerun: {then}")
 
 
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename inside ``folder`` durable (POSIX; a no-op where directories cannot be opened)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def prune(run_dir: str | Path, keep_last: int) -> list[Path]:
     """Delete all but the newest ``keep_last`` complete checkpoints; return the deleted folders."""
     done = complete_checkpoints(run_dir)
@@ -185,6 +159,7 @@ def prune(run_dir: str | Path, keep_last: int) -> list[Path]:
 
 
 def _require_done(folder: Path) -> None:
+    """Refuse a folder without ``DONE``."""
     if not (folder / DONE).is_file():
         raise CheckpointError(f"{folder}: no {DONE} marker; the checkpoint is incomplete and cannot be loaded")
 
@@ -212,24 +187,18 @@ def corrupt_remedy(folder: Path, average_window: int | None = None) -> str:
     return f"{delete} and rerun `dvc repro average`: it then averages {', '.join(others[-average_window:])}"
 
 
-def load_tensors(folder: str | Path, name: str, device: torch.device | str = "cpu", *,
-                 remedy: str | None = None) -> dict[str, Any]:
-    """``model.pt`` or ``optim.pt`` of a complete folder, checked by :func:`verify`, then loaded with
+def load_tensors(folder: str | Path, name: str, *, remedy: str | None = None) -> dict[str, Any]:
+    """``model.pt`` or ``optim.pt`` of a complete folder on CPU, checked by :func:`verify`, then loaded with
     ``weights_only=True``; ``remedy`` ends any error (default: :func:`corrupt_remedy` for training)."""
     folder = Path(folder)
     _require_done(folder)
     remedy = remedy or corrupt_remedy(folder)
     verify(folder, name, remedy=remedy)
-    return torchfile.load(folder / name, map_location=device, what="cannot be loaded with weights_only=True",
-                          remedy=remedy)
+    return torchfile.load(folder / name, what="cannot be loaded with weights_only=True", remedy=remedy)
 
 
 def load_state_dict(folder: str | Path, *, remedy: str | None = None) -> dict[str, torch.Tensor]:
-    """``model.pt`` of a complete folder on CPU (:func:`load_tensors`), checked to be a state_dict of tensors.
-
-    Raises:
-        CheckpointError: as :func:`load_tensors`, or a file that holds anything but tensors.
-    """
+    """``model.pt`` of a complete folder on CPU (:func:`load_tensors`), checked to be a state_dict of tensors."""
     state = load_tensors(folder, MODEL, remedy=remedy)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{Path(folder) / MODEL}: not a state_dict of tensors; was it written by the train "
@@ -243,28 +212,20 @@ def _recorded(folder: Path, name: str, remedy: str) -> tuple[int, str]:
         state = json.loads((folder / STATE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{folder / STATE}: unreadable ({type(exc).__name__}); {remedy}") from None
-    files = state.get("files") if isinstance(state, dict) else None
-    recorded = files.get(name) if isinstance(files, dict) else None
-    size = recorded.get("bytes") if isinstance(recorded, dict) else None
-    digest = recorded.get("sha256") if isinstance(recorded, dict) else None
-    for key, value, kind in (("sha256", digest, str), ("bytes", size, int)):
+    recorded = {}
+    with contextlib.suppress(AttributeError):  # not a dict at some level
+        recorded = state.get("files").get(name)
+    for key, kind in (("sha256", str), ("bytes", int)):
+        value = recorded.get(key) if isinstance(recorded, dict) else None
         if not isinstance(value, kind) or isinstance(value, bool):
             raise CheckpointError(f"{folder / STATE}: no files.{name}.{key} recorded, so {name} cannot be checked "
                                   f"(written by an older version, or edited); {remedy}")
-    return size, digest  # type: ignore[return-value]
+    return recorded["bytes"], recorded["sha256"]
 
 
 def verify(folder: str | Path, name: str, *, remedy: str | None = None) -> None:
-    """Check ``folder/name`` against the size and sha256 that ``state.json`` recorded at save.
-
-    A file shorter than recorded is named as truncated, one of another size or other bytes (bit rot,
-    a bad copy, an edit) as not matching. A ``state.json`` without both records for ``name`` (from before
-    hashes were recorded, or edited) is refused too: a missing digest never skips the check. ``remedy`` ends
-    every message (default: :func:`corrupt_remedy` for training).
-
-    Raises:
-        CheckpointError: one line naming the file (or ``state.json`` and the key), what is wrong and the remedy.
-    """
+    """Check ``folder/name`` against the size and sha256 that ``state.json`` recorded at save (CheckpointError
+    naming the file, what is wrong and ``remedy``); a missing record is refused too, never skipped."""
     folder = Path(folder)
     remedy = remedy or corrupt_remedy(folder)
     size, digest = _recorded(folder, name, remedy)

@@ -1,15 +1,9 @@
 """``averaged.pt``, the one file a translation needs: its only writer and reader.
 
 The file holds ``{"model": state_dict, "config": TransformerConfig as dict, "spm": spm.model bytes,
-"sha256": digest}`` and loads with ``torch.load(weights_only=True)``. The average stage :func:`save`\\ s
-it, with the config of its newest checkpoint (:func:`checkpoint_config`); decoding, ``nmt translate``, the
-MLflow translator, register and the audit :func:`load` or :func:`describe` it.
-
-``sha256`` is the digest of the contents (:func:`content_sha256`: every tensor's name, dtype, shape and
-bytes, the config as sorted JSON, the BPE model), recorded at save and checked at every read, so bytes
-changed after the fact (bit rot, a bad copy) are refused although the file still unpickles; the file
-stays self-contained and byte-identical for equal contents. A file without the ``sha256`` key (from before
-the digest was recorded, or edited) is refused: a missing digest never skips the check.
+"sha256": digest}`` and loads with ``torch.load(weights_only=True)``. ``sha256`` is the digest of the contents
+(:func:`content_sha256`), checked at every read, so changed bytes are refused although the file still
+unpickles; a file without it is refused too: a missing digest never skips the check.
 """
 
 from __future__ import annotations
@@ -43,13 +37,13 @@ class ModelFile:
 
 
 def path_in(model_dir: str | Path) -> Path:
-    """Where the average stage writes the file inside ``paths.model``."""
+    """``<paths.model>/averaged.pt``."""
     return Path(model_dir) / NAME
 
 
 def content_sha256(weights: dict[str, torch.Tensor], config: dict[str, Any], spm: bytes) -> str:
-    """Hex sha256 of the contents: each tensor (sorted by name) as name, dtype, shape and raw bytes, then the
-    config as sorted JSON, then the BPE model bytes. Independent of how ``torch.save`` lays out the zip."""
+    """Hex sha256 of each tensor (by name: name, dtype, shape, bytes), the config as sorted JSON and the BPE
+    model: independent of how ``torch.save`` lays out the zip."""
     digest = hashlib.sha256()
     for key in sorted(weights):
         tensor = weights[key].detach().cpu().contiguous().reshape(-1)
@@ -73,6 +67,7 @@ def save(path: str | Path, *, weights: dict[str, torch.Tensor], config: Transfor
 
 
 def _read(path: Path, *, mmap: bool = False) -> dict[str, Any]:
+    """The file's dict, its format and sha256 checked."""
     blob = torchfile.load(path, mmap=mmap, remedy=f"the file is truncated or corrupt: {REMEDY}",
                           missing="model file not found; run `dvc repro average` or pass --model")
     if not isinstance(blob, dict) or not set(KEYS) <= set(blob):
@@ -95,12 +90,8 @@ def _read(path: Path, *, mmap: bool = False) -> dict[str, Any]:
 
 
 def load(path: str | Path, *, mmap: bool = False) -> ModelFile:
-    """Read and check the file (weights not yet fitted to a model: see :func:`build_model`).
-
-    Raises:
-        CheckpointError: missing, truncated or corrupt file, no ``sha256`` key or contents that do not match
-            the sha256 recorded at save, or not the average stage's format (names the path and the remedy).
-    """
+    """Read and check the file (CheckpointError when missing, corrupt, changed since save or of another format);
+    :func:`build_model` fits the weights to a model."""
     path = Path(path)
     blob = _read(path, mmap=mmap)
     try:
@@ -111,23 +102,12 @@ def load(path: str | Path, *, mmap: bool = False) -> ModelFile:
 
 
 def verify(path: str | Path) -> None:
-    """Check the file (readable, the average stage's format, contents matching the sha256 recorded at save)
-    without keeping it (memory-mapped).
-
-    Raises:
-        CheckpointError: as :func:`load`.
-    """
+    """Check the file as :func:`load` does, without keeping it (memory-mapped)."""
     _read(Path(path), mmap=True)
 
 
 def checkpoint_config(folder: str | Path, vocab_size: int) -> TransformerConfig:
-    """The config of the model in a checkpoint folder: ``state.json``'s ``config.model`` with the vocabulary
-    size of ``spm.model`` (``averaged.pt`` takes it from the newest checkpoint averaged).
-
-    Raises:
-        CheckpointError: ``state.json`` unreadable or without a ``config.model`` section, a vocabulary size
-            other than ``vocab_size``, or a config the model rejects.
-    """
+    """``state.json``'s ``config.model`` of a checkpoint folder, checked against ``spm.model``'s ``vocab_size``."""
     state, where = checkpoint.read_state(folder), Path(folder) / checkpoint.STATE
     section = (state.get("config") or {}).get("model") if isinstance(state, dict) else None
     if not isinstance(section, dict):
@@ -145,17 +125,8 @@ def checkpoint_config(folder: str | Path, vocab_size: int) -> TransformerConfig:
 
 
 def build_model(mf: ModelFile, path: str | Path, *, remedy: str = REMEDY) -> torch.nn.Module:
-    """The :class:`model.Transformer` of ``mf`` with its weights loaded (on CPU, train mode).
-
-    Args:
-        mf: weights, config and BPE model (from :func:`load`, or assembled from a training checkpoint
-            by the evaluate stage).
-        path: where the weights came from (named in the error).
-        remedy: what to do when they do not fit (default: rebuild ``averaged.pt``).
-
-    Raises:
-        CheckpointError: the weights do not fit the config (names ``path`` and ``remedy``).
-    """
+    """The :class:`model.Transformer` of ``mf`` with its weights loaded (on CPU, train mode); weights that do not
+    fit are a CheckpointError naming ``path`` (where they came from) and ``remedy``."""
     from model import Transformer
 
     try:
@@ -168,15 +139,8 @@ def build_model(mf: ModelFile, path: str | Path, *, remedy: str = REMEDY) -> tor
 
 
 def describe(path: str | Path) -> dict[str, Any] | None:
-    """Parameter statistics (floating tensors; a tensor shared by two keys counts once) and the file's
-    vocabulary size and width (from its config), or None if the file is absent.
-
-    Returns:
-        ``{"total", "embedding", "tied", "learned_positions", "vocab_size", "d_model"}``.
-
-    Raises:
-        CheckpointError: unreadable file or not the average stage's format (names the file).
-    """
+    """``{"total", "embedding", "tied", "learned_positions", "vocab_size", "d_model"}`` of the file (a tensor
+    shared by two keys counts once), or None if it is absent."""
     path = Path(path)
     if not path.is_file():
         return None

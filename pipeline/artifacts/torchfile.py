@@ -1,9 +1,4 @@
-"""Reading ``torch.save`` files safely: ``weights_only=True``, and one clear error for a damaged file.
-
-Every torch file the pipeline reads (checkpoint tensors, ``averaged.pt``) goes through :func:`load`,
-so a truncated, corrupt or unsafe file is always a :class:`~pipeline.core.errors.CheckpointError`
-naming the path, the cause in one line and the remedy.
-"""
+"""Reading ``torch.save`` files safely: ``weights_only=True``, and one clear error for a damaged file."""
 
 from __future__ import annotations
 
@@ -25,9 +20,8 @@ def one_line(exc: BaseException) -> str:
 
 
 def refused_object(exc: BaseException) -> str | None:
-    """What the ``weights_only`` unpickler refused (``GLOBAL pathlib.PosixPath``, ``operand 149``), or None
-    if ``exc`` is another failure. torch's advice (``weights_only=False``, ``add_safe_globals``) is left out:
-    this pipeline never unpickles arbitrary objects."""
+    """What the ``weights_only`` unpickler refused (``GLOBAL pathlib.PosixPath``, ``operand 149``), or None if
+    ``exc`` is another failure (torch's ``weights_only=False`` advice is left out: we never unpickle objects)."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
     if "Weights only load failed" not in text and "WeightsUnpickler error" not in text:
         return None
@@ -35,27 +29,16 @@ def refused_object(exc: BaseException) -> str | None:
     return found.group(1) if found else "an object weights_only=True refuses"
 
 
-def load(path: str | Path, *, remedy: str, map_location: torch.device | str = "cpu", mmap: bool = False,
-         what: str = "cannot be read", missing: str | None = None) -> Any:
-    """``torch.load(path, weights_only=True)``; any failure becomes one :class:`CheckpointError`.
-
-    Args:
-        path: the file.
-        remedy: the likely cause and what the user should do (ends the message).
-        map_location: where tensors are loaded.
-        mmap: memory-map the file instead of reading it.
-        what: how the failure is described (``cannot be read`` or ``cannot be loaded with weights_only=True``).
-        missing: the message for a missing file (default: ``not found``).
-
-    Raises:
-        CheckpointError: ``<path>: <what> (<Error>: <first line>); <remedy>``, or for a pickle holding
-            other objects than tensors ``<path>: not a checkpoint written by this pipeline (...)``.
-    """
+def load(path: str | Path, *, remedy: str, mmap: bool = False, what: str = "cannot be read",
+         missing: str | None = None) -> Any:
+    """``torch.load(path, weights_only=True)`` onto the CPU; any failure is one :class:`CheckpointError`:
+    ``<path>: <what> (<Error>: <first line>); <remedy>`` (``missing`` replaces ``not found``), or for a pickle
+    holding other objects than tensors ``<path>: not a checkpoint written by this pipeline (...)``."""
     path = Path(path)
     try:
         with warnings.catch_warnings():  # "Detected pickle protocol 4": the error below says it better
             warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
-            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: {missing or 'not found'}; {remedy}") from None
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/UnpicklingError/EOFError/KeyError...

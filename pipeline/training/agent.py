@@ -1,10 +1,8 @@
 """torchrun's agent, run in ``python -m pipeline.launch`` (the ranks' side is :mod:`pipeline.training.distributed`).
 
 Three changes to torch's agent, each for a failure seen in the multi-node tests (tests/pipeline/training/):
-its store servers listen on their host only, not on every interface (:func:`bind_stores_to_their_host`);
-each rendezvous round gets a fresh store, so a replaced node can join (:func:`fresh_store_every_round`);
-and a rendezvous ends within ``NMT_RDZV_TIMEOUT_S`` whatever answers at the endpoint (:func:`bound_rendezvous`).
-Failures are one line naming the endpoint or the rank, not torchrun's tracebacks (:func:`run_torchrun`).
+store servers listen on their host only, a replaced node can join a later round, and a rendezvous ends within
+``NMT_RDZV_TIMEOUT_S`` whatever answers at the endpoint; failures are one line, not torchrun's tracebacks.
 """
 
 from __future__ import annotations
@@ -37,11 +35,8 @@ class RendezvousFailed(PipelineError):
 
 
 def bind_stores_to_their_host() -> None:
-    """Make every ``TCPStore`` server this process starts listen on its ``host_name`` only.
-
-    torch's TCPStore server binds every interface (``[::]``) whatever host it is given, and torchrun's
-    stores are unauthenticated key-value servers. This hands the server a socket already bound to
-    ``host_name`` (``master_listen_fd``).
+    """Make every ``TCPStore`` server this process starts listen on its ``host_name`` only, through a socket
+    already bound there (``master_listen_fd``): torch's binds every interface, and the stores are unauthenticated.
     """
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, static_tcp_rendezvous
 
@@ -69,10 +64,8 @@ def bind_stores_to_their_host() -> None:
 
 
 def _listen_on(host: str, port: int) -> tuple[int, int] | None:
-    """A listening socket bound to ``host:port`` (port 0: a free one): (its fd, its port).
-
-    None when the port is taken (a multi-tenant store of this process already serves it, bound the
-    same way; otherwise torch reports the clash itself). An unresolvable host raises RuntimeError.
+    """(fd, port) of a socket listening on ``host:port`` (port 0: a free one); None when the port is taken (a
+    multi-tenant store of this process serves it, or torch reports the clash). An unresolvable host: RuntimeError.
     """
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
@@ -96,9 +89,8 @@ def fresh_store_every_round() -> None:
     """Make torchrun's c10d rendezvous give the ranks a new store each round, and tell them the round.
 
     ``DynamicRendezvousHandler.next_rendezvous`` (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py)
-    starts the store it shares with the ranks, and publishes its address, in its first round only. A node
-    that replaces a dead one then waits for an address the surviving rank-0 agent never publishes again.
-    Forgetting both before every round makes that round's rank-0 agent start and publish a store, as
+    starts and publishes the store it shares with the ranks in its first round only, so a node replacing a dead
+    one waits forever. Forgetting both before every round makes each round's rank-0 agent publish a store, as
     pytorch/pytorch#135712 chose for retries. The round goes to the ranks in ``PIPELINE_RDZV_ROUND``.
     """
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
@@ -128,7 +120,7 @@ def _rendezvous_where(s: env.Settings) -> tuple[str, str]:
 
 
 def rendezvous_error_message(exc: Exception) -> str:
-    """One line for a failed rendezvous (a ``RendezvousError`` of torchrun), naming the endpoint and what to do."""
+    """One line for torchrun's ``RendezvousError``, naming the endpoint and what to do."""
     from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
 
     s = env.settings()
@@ -161,13 +153,11 @@ def _end_hung_agent() -> None:
 def bound_rendezvous(limit_s: float, on_hang: Callable[[], None]) -> Iterator[None]:
     """Make every rendezvous of torchrun's agent in the block end within ``limit_s`` seconds, in every mode.
 
-    torch times out where it waits with a timeout (set from ``NMT_RDZV_TIMEOUT_S`` by :mod:`pipeline.launch`),
-    but a store client that reached something other than a store (an HTTP server on the port) waits inside
-    C++ forever, where no Python signal handler runs. So a timer calls ``on_hang`` (which must end the
-    process) unless ``SimpleElasticAgent._rendezvous`` (torch/distributed/elastic/agent/server/api.py) has
-    returned by then: the first timer counts from this call (torchrun connects to the c10d store while it
-    builds the handler), each later one from its rendezvous' start. A store error it raises becomes
-    torchrun's ``RendezvousTimeoutError``/``RendezvousConnectionError``.
+    A store client that reached something other than a store (an HTTP server on the port) waits inside C++
+    forever, where no Python signal handler runs. So a timer calls ``on_hang`` (which must end the process)
+    unless ``SimpleElasticAgent._rendezvous`` (torch/distributed/elastic/agent/server/api.py) has returned by
+    then: the first timer counts from this call (torchrun connects while it builds the handler), each later one
+    from its rendezvous' start. A store error becomes ``RendezvousTimeoutError``/``RendezvousConnectionError``.
     """
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
     from torch.distributed.elastic.rendezvous import (RendezvousConnectionError, RendezvousError,
@@ -204,16 +194,12 @@ def bound_rendezvous(limit_s: float, on_hang: Callable[[], None]) -> Iterator[No
 
 
 def run_torchrun(torchrun_args: list[str]) -> int:
-    """Run torchrun's agent in this process with the changes above.
+    """Run torchrun's agent in this process with the changes above (RendezvousFailed: the nodes did not all join
+    within ``NMT_RDZV_TIMEOUT_S``, or the store was lost).
 
     Returns:
         0 when every rank succeeded, else the first failed rank's exit code (``128 + signal`` for a rank
-        killed by a signal, or for this agent stopped by SIGTERM or SIGINT), each with one line instead of
-        torchrun's traceback and failure table (each rank has already printed its own one-line error).
-
-    Raises:
-        RendezvousFailed: the nodes did not all join within ``NMT_RDZV_TIMEOUT_S`` (at the start or
-            after a restart), or the rendezvous store was lost: one line, naming the endpoint.
+        killed by a signal, or for this agent stopped by SIGTERM or SIGINT), with one line, not a traceback.
     """
     bind_stores_to_their_host()
     fresh_store_every_round()

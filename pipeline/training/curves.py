@@ -1,12 +1,8 @@
 """The training curves as files DVC and people read: ``valid.csv`` and ``train.png`` beside ``train.csv``.
 
-``train.csv`` (written by the training loop) has one row per logged step, train and validation merged,
-so its valid columns are empty on the rows without a validation. ``valid.csv`` holds only the
-validation rows, so ``dvc plots show`` draws the valid curve from points that all exist. ``train.png``
-is the picture that needs no network (DVC's HTML loads its Vega-Lite renderer from a CDN): train and
-valid loss, train and valid perplexity (log scale) and the learning rate, each against the step.
-Drawn with matplotlib's Agg canvas (https://matplotlib.org/stable/users/explain/figure/backends.html),
-no pyplot state, so it runs headless.
+``valid.csv`` holds only ``train.csv``'s validation rows, so ``dvc plots show`` draws the valid curve from
+points that all exist. ``train.png`` needs no network (DVC's HTML loads its renderer from a CDN); it is drawn
+headless, on matplotlib's Agg canvas (https://matplotlib.org/stable/users/explain/figure/backends.html).
 """
 
 from __future__ import annotations
@@ -26,18 +22,13 @@ PNG_NAME = "train.png"
 VALID_CSV_NAME = "valid.csv"
 VALID_COLUMNS = ("step", "valid_loss", "valid_nll", "valid_ppl")
 FIG_INCHES = (12.0, 4.0)
-DPI = 100
-"""``train.png`` is ``FIG_INCHES * DPI`` pixels: 1200 x 400."""
+DPI = 100  # train.png is FIG_INCHES * DPI pixels: 1200 x 400
 
 Row = dict[str, float | None]
 
 
 def read_history(train_csv: str | Path) -> list[Row]:
-    """The rows of ``train.csv`` as numbers (an empty cell is None).
-
-    Raises:
-        PipelineError: the file is missing, has no ``step`` column, or a cell is not a number.
-    """
+    """The rows of ``train.csv`` as numbers (an empty cell is None); a missing or malformed file is a PipelineError."""
     path = Path(train_csv)
     try:
         text = path.read_text(encoding="utf-8")
@@ -71,6 +62,7 @@ def valid_csv(rows: Sequence[Row]) -> str:
 
 
 def _cell(value: float | None) -> str:
+    """A number as ``train.csv`` writes it (an integer without ``.0``)."""
     if value is None:
         return ""
     return str(int(value)) if value.is_integer() else f"{value:.6g}"

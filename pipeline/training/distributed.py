@@ -1,19 +1,14 @@
 """Process groups and collectives of the training ranks (torchrun's agent side is :mod:`pipeline.training.agent`).
 
-Under ``torchrun`` (env ``WORLD_SIZE``/``RANK``/``LOCAL_RANK`` set) :func:`init` opens a process group:
-NCCL for CUDA tensors, gloo for CPU ones, as torch.distributed's documentation recommends. Without torchrun
-it returns a single-process context and every collective here is the identity, so the training code has one
-path. A collective that waits longer than ``NMT_DIST_TIMEOUT_S`` (a hung or dead peer) fails with a
-:class:`CollectiveError` naming the variable; torchrun then stops the job or, with ``NMT_MAX_RESTARTS``,
-restarts it from the newest checkpoint. On a single node (a loopback ``MASTER_ADDR``, as
-:mod:`pipeline.launch` sets it) gloo's and NCCL's sockets are bound to the loopback interface too.
+Under ``torchrun`` :func:`init` opens a process group (NCCL for CUDA tensors, gloo for CPU ones); without it
+every collective here is the identity, so the training code has one path. A collective that waits longer than
+``NMT_DIST_TIMEOUT_S`` (a hung or dead peer) fails with a :class:`CollectiveError` naming the variable.
 """
 
 from __future__ import annotations
 
 import datetime
 import functools
-import ipaddress
 import logging
 import os
 import socket
@@ -25,6 +20,7 @@ import torch.distributed as dist
 
 from pipeline.core import env
 from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.training.torchrun import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +39,6 @@ class DistContext:
 
     rank: int
     world_size: int
-    local_rank: int
     device: torch.device
 
     @property
@@ -58,24 +53,16 @@ def timeout_s() -> float:
 
 
 def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
+    """The integer torchrun set in ``name``, or ``default``; one line naming the variable when malformed."""
     try:
-        return int(raw)
+        return int(os.environ.get(name, default))
     except ValueError:
-        raise PipelineError(f"environment {name}={raw!r}: expected an integer (set by torchrun)") from None
+        raise PipelineError(f"environment {name}={os.environ[name]!r}: expected an integer (set by torchrun)") from None
 
 
 def init(device: str | None = None) -> DistContext:
-    """Join the process group torchrun prepared (or run alone without it).
-
-    Args:
-        device: ``"cuda"`` or ``"cpu"``; default CUDA when available.
-
-    Returns:
-        The :class:`DistContext` of this process; on CUDA its device is ``cuda:<LOCAL_RANK>``.
-    """
+    """Join the process group torchrun prepared (or run alone); ``device`` ``cuda`` or ``cpu`` (default: CUDA
+    when available) gives ``cuda:<LOCAL_RANK>`` or the CPU."""
     world, rank, local_rank = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
     use_cuda = torch.cuda.is_available() if device is None else device == "cuda"
     if use_cuda:
@@ -92,15 +79,11 @@ def init(device: str | None = None) -> DistContext:
         dist.init_process_group(backend=backend, store=_attempt_store(timeout), rank=rank, world_size=world,
                                 timeout=timeout, **kwargs)
         log.info("rank %d/%d joined the %s process group on %s", rank, world, backend, dev)
-    return DistContext(rank=rank, world_size=world, local_rank=local_rank, device=dev)
+    return DistContext(rank=rank, world_size=world, device=dev)
 
 
 def check_cuda(local_rank: int = 0) -> None:
-    """Refuse, in one line naming the variable, a CUDA run this machine cannot give ``local_rank`` a GPU for.
-
-    Raises:
-        ConfigError: ``NMT_DEVICE=cuda`` without a CUDA device torch can see, or more processes than GPUs.
-    """
+    """Refuse (ConfigError naming the variable) a CUDA run this machine cannot give ``local_rank`` a GPU for."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count < 1:
         raise ConfigError(env.SOURCE, ["NMT_DEVICE=cuda: this torch build sees no CUDA device "
@@ -125,16 +108,9 @@ def _attempt_store(timeout: datetime.timedelta) -> dist.Store:
 
 
 def bind_to_loopback_if_local() -> None:
-    """Bind gloo's and NCCL's sockets to ``lo`` when torchrun's store (``MASTER_ADDR``) is a loopback address.
-
-    Otherwise gloo binds the address this host's name resolves to, and NCCL the first usable interface,
-    both reachable from the network. A variable the user set is kept.
-    """
-    addr = os.environ.get("MASTER_ADDR", "").strip("[]")
-    try:
-        local = addr == "localhost" or ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        local = False
+    """Bind gloo's and NCCL's sockets to ``lo`` (unless the user set them) when torchrun's store (``MASTER_ADDR``)
+    is a loopback address; else gloo and NCCL bind addresses reachable from the network."""
+    local = is_loopback(os.environ.get("MASTER_ADDR", "").strip("[]"))
     names = {name for _, name in socket.if_nameindex()} if local and hasattr(socket, "if_nameindex") else set()
     if "lo" in names:
         for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
@@ -188,11 +164,8 @@ def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
 
 @_collective
 def all_reduce_grads(params: Iterable[torch.nn.Parameter]) -> None:
-    """Sum the gradients of ``params`` over ranks, in flat buckets of ~32 MB.
-
-    A parameter without a gradient contributes zeros (its ``.grad`` is created), so every rank
-    issues the same collectives even when it had no forward pass in this step.
-    """
+    """Sum the gradients of ``params`` over ranks, in flat buckets of ~32 MB; a missing gradient is created as
+    zeros, so every rank issues the same collectives, with or without a forward pass in this step."""
     params = [p for p in params if p.requires_grad]
     for p in params:
         if p.grad is None:

@@ -1,26 +1,16 @@
 """Fault injection for the crash-recovery tests: named points in training that can kill, crash or stall.
 
-Unset (the normal case) every :func:`hit` is one cached read of :func:`pipeline.core.env.settings`
-and returns. Set::
+The loop, the checkpoint writer and the memory pre-flight call ``hooks.at(point, step, rank)``; the default
+:class:`Hooks` does nothing. ``NMT_FAULT_POINT=<point>:<step>[:<action>[:<rank>]][@<file>]`` (checked in
+:mod:`pipeline.core.env`; e.g. ``mid_save:4`` or ``collective:3:stall:1@/tmp/once``) fires ``action`` when
+``rank`` (default: any) reaches ``point`` at optimizer ``step``; with ``@<file>`` only while ``<file>`` does not
+exist (it is created before firing), so a job that torchrun restarts does not hit the fault again.
 
-    NMT_FAULT_POINT=<point>:<step>[:<action>[:<rank>]][@<file>]   e.g. mid_save:4  or  collective:3:stall:1@/tmp/once
-
-With ``@<file>`` the fault fires only if ``<file>`` does not exist (it is created just before firing), so a
-job restarted by torchrun does not hit the same fault again; without it, every time the point is reached.
-
-Points (``step`` is the optimizer step being run or just finished):
-    preflight      inside the pre-flight forward/backward on the largest batch shape (step 0)
-    forward        before each forward pass of ``step``
-    mid_accum      between two forward passes of ``step`` (gradients partly accumulated)
-    collective     before the gradient all-reduce of ``step``
-    before_save    rank 0, before checkpoint ``step`` is written
-    mid_save       rank 0, after ``model.pt`` of checkpoint ``step``, before optim.pt/state.json/DONE
-    after_save     rank 0, after checkpoint ``step`` has its DONE marker, before older ones are pruned
-    after_step     after ``step`` completed (validation and checkpoint included)
-Actions: ``kill`` (SIGKILL this process, the default), ``exit`` (die at once with exit code 3),
-``stall`` (sleep forever: a hung rank), ``oom`` (raise ``torch.OutOfMemoryError``). ``rank``
-restricts the fault to one rank (default: every rank that reaches the point).
-The variable is parsed and checked in :mod:`pipeline.core.env` (which defines :class:`Fault` and the points and actions).
+Points: ``preflight`` (the pre-flight forward/backward, step 0), ``forward`` (before each forward pass),
+``mid_accum`` (between two forward passes), ``collective`` (before the gradient all-reduce); on rank 0
+``before_save``, ``mid_save`` (after ``model.pt``, before optim.pt/state.json/DONE) and ``after_save`` (after
+DONE, before pruning); ``after_step`` (validation and checkpoint included). Actions: ``kill`` (SIGKILL, the
+default), ``exit`` (exit code 3), ``stall`` (sleep forever: a hung rank), ``oom`` (``torch.OutOfMemoryError``).
 """
 
 from __future__ import annotations
@@ -31,12 +21,7 @@ import signal
 import time
 
 from pipeline.core import env
-from pipeline.core.env import FAULT_ACTIONS as ACTIONS
-from pipeline.core.env import FAULT_POINTS as POINTS
 from pipeline.core.env import Fault
-from pipeline.training.hooks import Hooks
-
-__all__ = ["ACTIONS", "ENV", "EXIT_CODE", "POINTS", "Fault", "FaultHooks", "Hooks", "active", "from_env", "hit"]
 
 log = logging.getLogger(__name__)
 
@@ -44,29 +29,27 @@ ENV = "NMT_FAULT_POINT"
 EXIT_CODE = 3
 
 
-def active() -> Fault | None:
-    """The fault configured in the environment, or None (the normal case).
-
-    Raises:
-        ConfigError: a malformed ``NMT_*`` variable (named, with what is expected).
-    """
-    return env.settings().fault
-
-
-class FaultHooks(Hooks):  # the default Hooks (pipeline/training/hooks.py) do nothing
-    """Fires the fault configured in the environment (``NMT_FAULT_POINT``)."""
+class Hooks:
+    """Called at each named point; this default does nothing."""
 
     def at(self, point: str, step: int, rank: int = 0) -> None:
-        """Fire the configured fault if it names ``point`` at ``step`` (and this ``rank``)."""
+        """Reached ``point`` of optimizer ``step`` on ``rank``."""
+
+
+class FaultHooks(Hooks):
+    """Fires the fault configured in ``NMT_FAULT_POINT``."""
+
+    def at(self, point: str, step: int, rank: int = 0) -> None:
         hit(point, step, rank)
 
 
-def from_env() -> Hooks:
-    """:class:`FaultHooks` when a fault is configured, else the no-op :class:`Hooks`.
+def active() -> Fault | None:
+    """The fault configured in the environment, or None (a malformed variable is a ConfigError)."""
+    return env.settings().fault
 
-    Raises:
-        ConfigError: a malformed ``NMT_*`` variable (named, with what is expected).
-    """
+
+def from_env() -> Hooks:
+    """:class:`FaultHooks` when a fault is configured, else the no-op :class:`Hooks`."""
     return FaultHooks() if active() is not None else Hooks()
 
 
@@ -80,10 +63,6 @@ def hit(point: str, step: int, rank: int = 0) -> None:
             fault.once.touch(exist_ok=False)
         except FileExistsError:
             return
-    _fire(fault, rank)
-
-
-def _fire(fault: Fault, rank: int) -> None:
     what = f"{ENV}={fault.point}:{fault.step}:{fault.action} on rank {rank} (fault-injection hook)"
     if fault.action == "oom":
         import torch

@@ -1,15 +1,9 @@
-"""One forward pass and its loss sums: the function that training steps, validation and the memory
-pre-flight all call, eager or compiled.
+"""One forward pass and its loss sums, eager or compiled: what training steps, validation and the pre-flight call.
 
-With ``NMT_COMPILE`` on, :func:`loss_function` returns :func:`lean_batch_loss` under ``torch.compile`` with
-dynamic shapes: the network and the label-smoothed sums become fused kernels (PyTorch's ``torch.compile`` docs),
-compiled on the first call and reused for every batch shape. Its sums come from
-:func:`model.loss.label_smoothed_nll_loss_lean` (log-sum-exp, the target's logit and the row mean; the backward
-recomputes the softmax from the logits, so no [N, V] fp32 tensor is kept between the passes). A change of grad
-mode (validation) compiles once more. A compiled run resumes bitwise like an eager one. Without dropout the two
-compute the same losses and gradients up to float rounding; with dropout their masks differ (inductor draws its
-own random numbers, from the same reseeded generator), so the runs differ, each reproducible, and a run resumed
-under the other setting is not bitwise equal to an uninterrupted one.
+With ``NMT_COMPILE`` on, :func:`loss_function` compiles :func:`lean_batch_loss` (``torch.compile``, dynamic
+shapes), whose backward recomputes the softmax from the logits (:func:`model.loss.label_smoothed_nll_loss_lean`).
+Without dropout both compute the same sums up to float rounding; with dropout inductor draws its own masks, so
+the runs differ, each reproducible, and a run resumed under the other setting is not bitwise equal.
 """
 
 from __future__ import annotations
@@ -32,7 +26,6 @@ def batch_loss(model: Transformer, src: Tensor, tgt_in: Tensor, tgt_out: Tensor,
     """The label-smoothed loss of one padded batch (call it under the device's autocast).
 
     Args:
-        model: the network.
         src: [B, S] int64 source ids, right-padded with the pad id.
         tgt_in: [B, T] int64 decoder input (BOS + target ids), right-padded.
         tgt_out: [B, T] int64 targets (target ids + EOS), right-padded.
@@ -53,11 +46,8 @@ def lean_batch_loss(model: Transformer, src: Tensor, tgt_in: Tensor, tgt_out: Te
 
 
 def loss_function(compiled: bool) -> BatchLoss:
-    """:func:`batch_loss`, or :func:`lean_batch_loss` under ``torch.compile`` (dynamic shapes) when ``compiled``.
-
-    Eager keeps the log-softmax loss: without fusion the lean one's backward makes several [N, V] fp32
-    temporaries (an eager draft of it took 45 ms against 23 ms for [29000, 37000] bf16 logits on an H100).
-    """
+    """:func:`batch_loss`, or :func:`lean_batch_loss` under ``torch.compile`` when ``compiled`` (unfused, the lean
+    backward makes several [N, V] fp32 temporaries: 45 ms against 23 ms for [29000, 37000] bf16 logits on an H100)."""
     if not compiled:
         return batch_loss
     log.info("torch.compile (NMT_COMPILE): on; the first forward pass compiles")

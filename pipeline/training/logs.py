@@ -1,9 +1,5 @@
-"""What training reports: progress lines, MLflow curves, the ``train.csv`` plot file, throughput and MFU.
-
-:class:`TrainLog` sums the steps since its last line and, every ``train.log_every_steps``, logs
-loss, perplexity, learning rate, gradient norm, target tokens per second and (on CUDA) MFU: model
-FLOPs utilisation, the matmul FLOPs of the trained tokens (:func:`train_flops_per_target_token`)
-over the GPUs' dense bf16 peak.
+"""What training reports: progress lines, MLflow curves, the ``train.csv`` plot file, throughput and MFU
+(model FLOPs utilisation: the matmul FLOPs of the trained tokens over the GPUs' dense bf16 peak).
 """
 
 from __future__ import annotations
@@ -47,14 +43,8 @@ def perplexity(nll_per_token: float) -> float:
 class TrainLog:
     """Interval sums between log lines, and the line itself (stdout, MLflow, ``state.history``).
 
-    Args:
-        tracker: the stage's MLflow run handle (``log_metrics``).
-        max_steps, max_minutes: the run's limits (for the ETA).
-        flops_per_token: training FLOPs per target token; ``peak_flops``: the devices' total peak,
-            or 0 when MFU is not meaningful (CPU).
-        start_step: the step the run (re)started at.
-        sums: the interval's sums, kept in the :class:`TrainState` (``state.interval``) so that a
-            checkpoint saves them and a resumed run continues the interval.
+    ``peak_flops`` is 0 where MFU means nothing (CPU); ``sums`` is ``state.interval``, so that a checkpoint
+    saves the interval and a resumed run continues it.
     """
 
     KEYS = ("loss", "nll", "tokens", "forwards", "steps")
@@ -70,25 +60,18 @@ class TrainLog:
         self.since = time.monotonic()
         self.since_tokens = self.sums["tokens"]  # throughput counts this process's steps only
 
-    def _reset(self) -> None:
-        self.sums.update(dict.fromkeys(self.KEYS, 0.0))
-        self.since, self.since_tokens = time.monotonic(), 0.0
-
     def add(self, stats: dict[str, float]) -> None:
         """Add one optimizer step's global sums (``loss_sum``, ``nll_sum``, ``tokens``) and ``forwards``."""
-        s = self.sums
-        s["forwards"] += stats.get("forwards", 0.0)
-        s["loss"] += stats["loss_sum"]
-        s["nll"] += stats["nll_sum"]
-        s["tokens"] += stats["tokens"]
-        s["steps"] += 1
+        for key, stat in (("loss", "loss_sum"), ("nll", "nll_sum"), ("tokens", "tokens"), ("forwards", "forwards")):
+            self.sums[key] += stats[stat]
+        self.sums["steps"] += 1
 
     def elapsed(self) -> float:
         """Seconds since the run (re)started."""
         return time.monotonic() - self.t0
 
-    def line(self, state: TrainState, last: dict[str, float]) -> dict[str, Any]:
-        """Log the interval ending at ``state.step`` (``last``: that step's lr and grad norm); return its row."""
+    def line(self, state: TrainState, last: dict[str, float]) -> None:
+        """Log the interval ending at ``state.step`` (``last``: that step's lr and grad norm), then start the next."""
         s = self.sums
         tok, steps = max(s["tokens"], 1.0), max(s["steps"], 1.0)
         row = {"step": state.step, "epoch": state.epoch, "train_loss": s["loss"] / tok, "train_nll": s["nll"] / tok,
@@ -110,8 +93,8 @@ class TrainLog:
         self.tracker.log_metrics({k: v for k, v in {**row, **extra}.items() if k not in ("step", "epoch")},
                                  step=state.step)
         state.history.append(row)
-        self._reset()
-        return row
+        self.sums.update(dict.fromkeys(self.KEYS, 0.0))
+        self.since, self.since_tokens = time.monotonic(), 0.0
 
 
 def log_valid(tracker: Any, state: TrainState, scores: dict[str, float]) -> None:

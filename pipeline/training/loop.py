@@ -1,17 +1,10 @@
 """The training loop: the Transformer on global batches, on one or many processes (torchrun).
 
 Each optimizer step (:func:`train_step`, read it top to bottom) trains one global batch of about
-``train.tokens_per_step`` non-pad target tokens, the same pairs whatever the number of processes
-(:mod:`pipeline.data.batching`); each rank runs its share in as many forward passes as ``NMT_MAX_TOKENS``
-needs, reseeding torch from (seed, epoch, step of the epoch, rank, pass) so dropout is reproducible. Losses
-are sums; the gradients are summed over ranks and divided by the step's global non-pad target tokens, so the
-update does not depend on how pairs fell into passes or ranks. A relaunch resumes from the newest complete
-checkpoint (:mod:`pipeline.training.setup`), also on another number of processes or budget.
-
-``train.max_steps`` and ``train.max_epochs`` end a run; ``train.max_minutes`` only pauses it
-(:mod:`pipeline.training.pause`: exit 1, so DVC records nothing, and a rerun resumes). An out-of-memory
-error skips the step on every rank and is counted (:mod:`pipeline.training.preflight`). Fault injection
-reaches the loop only through its ``hooks`` (:mod:`pipeline.training.faults`).
+``train.tokens_per_step`` non-pad target tokens, the same pairs whatever the number of processes, in as many
+forward passes per rank as ``NMT_MAX_TOKENS`` needs. Losses are sums; the gradients are summed over ranks and
+divided by the step's global non-pad target tokens, so the update does not depend on how pairs fell into
+passes or ranks, and dropout is reseeded per pass (:func:`forward_seed`) so a resume is exact.
 """
 
 from __future__ import annotations
@@ -47,17 +40,11 @@ def forward_seed(seed: int, epoch: int, position: int, rank: int, forward: int) 
 
 
 def train_step(tr: Trainer, passes: list[batching.Batch], state: TrainState) -> dict[str, float] | None:
-    """One optimizer step: forward passes → all-reduce → divide by the global token count → clip →
-    finite check → learning rate → Adam step.
-
-    Args:
-        tr: the run. passes: this rank's share of the step's global batch (possibly empty).
-        state: the position before the step (not changed here).
+    """One optimizer step on this rank's share ``passes`` of the global batch (possibly empty).
 
     Returns:
-        The step's global ``loss_sum``, ``nll_sum``, ``tokens``, ``forwards`` (busiest rank), ``lr``
-        and ``grad_norm``; None when a rank ran out of memory (every rank then skips the step: the
-        OOM flag travels with the sums).
+        The step's global ``loss_sum``, ``nll_sum``, ``tokens``, ``forwards`` (busiest rank), ``lr`` and
+        ``grad_norm``; None when a rank ran out of memory (every rank then skips the step).
 
     Raises:
         PipelineError: a non-finite loss or gradient norm (the step is not taken).
@@ -144,23 +131,8 @@ def _out_of_time(tr: Trainer, elapsed: float) -> bool:
 
 
 def fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> bool:
-    """Train until max_steps or max_epochs; validate, log and checkpoint on the way; log why it stopped.
-
-    Returns:
-        True when the run ended, False when ``train.max_minutes`` paused it first.
-    """
-    cfg = tr.cfg
-    ended = _fit(tr, state, run_dir=run_dir, tracker=tracker)
-    if not ended:
-        log.info("training paused: train.max_minutes=%g used up at step %d of train.max_steps=%d; rerun the stage "
-                 "to resume", cfg.max_minutes, state.step, cfg.max_steps)
-    else:
-        limit = "max_steps" if state.step >= cfg.max_steps else "max_epochs"
-        log.info("training stopped: reached train.%s=%d at step %d", limit, getattr(cfg, limit), state.step)
-    return ended
-
-
-def _fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> bool:
+    """Train until max_steps or max_epochs, validating, logging and checkpointing on the way; False when
+    ``train.max_minutes`` paused the run first."""
     cfg, model_cfg = tr.cfg, tr.model.cfg
     peak = PEAK_FLOPS * tr.ctx.world_size if tr.ctx.device.type == "cuda" else 0.0
     logs = TrainLog(tracker, max_steps=cfg.max_steps, max_minutes=cfg.max_minutes,
@@ -184,9 +156,13 @@ def _fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> bool
                     logs.add(stats)
                     _after_step(tr, state, stats, logs, run_dir=run_dir, tracker=tracker)
                 if _finished(tr, state):
-                    return True
+                    break
                 if _out_of_time(tr, logs.elapsed()):
+                    log.info("training paused: train.max_minutes=%g used up at step %d of train.max_steps=%d; "
+                             "rerun the stage to resume", cfg.max_minutes, state.step, cfg.max_steps)
                     return False
+    limit = "max_steps" if state.step >= cfg.max_steps else "max_epochs"
+    log.info("training stopped: reached train.%s=%d at step %d", limit, getattr(cfg, limit), state.step)
     return True
 
 
@@ -227,19 +203,10 @@ def _finish(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any, wall
 def train(cfg: TrainConfig, *, model_cfg: TransformerConfig, seed: int, shards_dir: str | Path, spm_model: str | Path,
           run_dir: str | Path, plots_path: str | Path, device: str | None = None,
           hooks: faults.Hooks | None = None) -> dict:
-    """Train (or resume) the Transformer; every rank of a torchrun job calls this.
+    """Train (or resume) the Transformer in ``run_dir``; every rank of a torchrun job calls this.
 
-    Args:
-        cfg: the ``train`` section; model_cfg: the ``model`` section (vocabulary size from ``spm_model``).
-        seed: the global seed (weights, batch order, dropout).
-        shards_dir: the encode stage's output; spm_model: the BPE model the shards were encoded with.
-        run_dir: the checkpoint folder (``<paths.train>``; persistent, resumable).
-        plots_path: ``train.csv`` with one row per logged step (written by rank 0).
-        device: ``cpu`` forces CPU (default: CUDA when available).
-        hooks: fault-injection hooks (default: from the environment; no-ops normally).
-
-    Returns:
-        The final step, epoch, tokens, losses, perplexities, throughput, world size and device.
+    Rank 0 writes ``plots_path`` (``train.csv``, one row per logged step). ``device`` ``cpu`` forces the CPU
+    (default: CUDA when available); ``hooks`` default to ``NMT_FAULT_POINT``'s. Returns the stage's summary.
     """
     wall0 = time.monotonic()
     ctx = distributed.init(device)

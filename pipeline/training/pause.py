@@ -1,10 +1,8 @@
 """``train.max_minutes`` as a pause: the run keeps its checkpoints, fails with one line, and resumes when rerun.
 
-A paused run exits 1 so that DVC records no ``dvc.lock`` entry for a model that is not the one the
-params describe. Under ``torchrun --max-restarts`` any failing worker makes the agent restart the
-group, which would train another ``max_minutes`` per restart; so rank 0 leaves a ``PAUSED`` file
-naming the torchrun job (``TORCHELASTIC_RUN_ID``), and a restart of that same job fails again at
-once. A new launch (another job id) removes the file and resumes.
+A paused run exits 1 so that DVC records nothing for a model the params do not describe. So that torchrun's
+``--max-restarts`` does not train another ``max_minutes`` per restart, rank 0 leaves a ``PAUSED`` file naming
+the job (``TORCHELASTIC_RUN_ID``): its restarts fail at once, a new launch removes the file and resumes.
 """
 
 from __future__ import annotations
@@ -27,11 +25,7 @@ def _job() -> str:
 
 
 def check_restart(run_dir: str | Path, *, is_main: bool) -> None:
-    """Fail at once when this is torchrun's restart of a job that paused; rank 0 clears a stale marker.
-
-    Raises:
-        Paused: the marker names this torchrun job.
-    """
+    """Fail (:class:`Paused`) when this is torchrun's restart of a job that paused; rank 0 clears a stale marker."""
     marker = Path(run_dir) / MARKER
     try:
         job, _, message = marker.read_text(encoding="utf-8").partition("\n")

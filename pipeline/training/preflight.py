@@ -1,11 +1,8 @@
 """Memory: a pre-flight forward+backward on the plan's largest batch shapes, and out-of-memory reports.
 
-Training fails fast, before the first step, when one forward pass cannot fit: the pre-flight runs
-the worst forward-pass shapes this rank will run (the most padded tokens, and the longest sequences,
-whose attention costs the most) with synthetic token ids and turns an out-of-memory error into a
-:class:`~pipeline.core.errors.PipelineError` naming ``NMT_MAX_TOKENS`` and the shape. An
-out-of-memory error later in the run (fragmentation, a co-tenant) skips that optimizer step on
-every rank, as fairseq does, and is counted (``oom_skipped_steps`` in train.json).
+Training fails before its first step, naming ``NMT_MAX_TOKENS``, when one forward pass cannot fit; an
+out-of-memory error later in the run (fragmentation, a co-tenant) skips that optimizer step on every rank,
+as fairseq does, and is counted (``oom_skipped_steps`` in train.json).
 """
 
 from __future__ import annotations
@@ -19,30 +16,22 @@ import torch
 from model import Transformer, autocast
 from pipeline.core.errors import PipelineError
 from pipeline.training.forward import BatchLoss, batch_loss
-from pipeline.training.hooks import Hooks
+from pipeline.training.faults import Hooks
 from pipeline.training.state import TrainState
 
 log = logging.getLogger(__name__)
 
-MAX_OOM_STREAK = 3
-"""Consecutive optimizer steps skipped for lack of memory after which training stops."""
+MAX_OOM_STREAK = 3  # consecutive optimizer steps skipped for lack of memory after which training stops
 
 
 def largest_shapes(shapes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The worst forward-pass shapes ``(sentences, length)`` of ``shapes``: most tokens, then most attention.
-
-    Args:
-        shapes: every forward pass of an epoch on this rank (``batching.forward_shapes``).
-
-    Returns:
-        One or two distinct shapes; ``length`` bounds the source (+EOS) and target (+BOS) sides.
-    """
+    """The one or two worst ``(sentences, length)`` of this rank's forward passes: most tokens, most attention."""
     most_tokens = max(shapes, key=lambda s: (s[0] * s[1], s[1]))
     most_attention = max(shapes, key=lambda s: (s[0] * s[1] * s[1], s[0]))
     return list(dict.fromkeys([most_tokens, most_attention]))
 
 
-def free_memory(device: torch.device) -> None:
+def _free_memory(device: torch.device) -> None:
     """Release what a failed step left behind (call outside the ``except`` block)."""
     gc.collect()
     if device.type == "cuda":
@@ -51,13 +40,8 @@ def free_memory(device: torch.device) -> None:
 
 def check(model: Transformer, shapes: Sequence[tuple[int, int]], *, device: torch.device, max_tokens: int,
           label_smoothing: float, rank: int = 0, hooks: Hooks | None = None, loss: BatchLoss = batch_loss) -> None:
-    """Run one forward+backward per shape with the training step's ``loss``; leave the model without gradients.
-
-    ``hooks`` are reached at ``preflight`` before each shape (fault-injection tests).
-
-    Raises:
-        PipelineError: out of memory, naming the shape and ``NMT_MAX_TOKENS`` to lower.
-    """
+    """One forward+backward per shape with the training step's ``loss`` on synthetic ids, leaving no gradients;
+    out of memory is a PipelineError naming the shape and ``NMT_MAX_TOKENS`` to lower."""
     cfg = model.cfg
     gen = torch.Generator().manual_seed(0)  # synthetic ids; the global generators are reseeded per forward pass
     failed = None
@@ -75,7 +59,7 @@ def check(model: Transformer, shapes: Sequence[tuple[int, int]], *, device: torc
             break
         finally:
             model.zero_grad(set_to_none=True)
-    free_memory(device)
+    _free_memory(device)
     if failed:
         n, length, cause = failed
         raise PipelineError(
@@ -83,25 +67,17 @@ def check(model: Transformer, shapes: Sequence[tuple[int, int]], *, device: torc
             f"{length} tokens, NMT_MAX_TOKENS={max_tokens}) ran out of memory. Set NMT_MAX_TOKENS lower (e.g. "
             f"{max(length, max_tokens // 2)}): each step then takes more forward passes and trains the same "
             f"global batch [{cause}]")
+    peak = ""
     if device.type == "cuda":
-        peak, total = torch.cuda.max_memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
-        log.info("pre-flight: largest forward-pass shapes %s fit, peak %.2f of %.2f GiB", list(shapes),
-                 peak / 2**30, total / 2**30)
-    else:
-        log.info("pre-flight: largest forward-pass shapes %s fit", list(shapes))
+        peak = (f", peak {torch.cuda.max_memory_allocated(device) / 2**30:.2f} of "
+                f"{torch.cuda.get_device_properties(device).total_memory / 2**30:.2f} GiB")
+    log.info("pre-flight: largest forward-pass shapes %s fit%s", list(shapes), peak)
 
 
 def skip_step(progress: TrainState, oom: str | None, *, rank: int, device: torch.device) -> None:
-    """Count an optimizer step that every rank skips because one ran out of memory.
-
-    Args:
-        progress: the run's position (``oom_skipped`` and ``oom_streak`` are updated).
-        oom: this rank's out-of-memory forward-pass shape, or None when another rank ran out.
-
-    Raises:
-        PipelineError: the :data:`MAX_OOM_STREAK`-th consecutive skip, naming ``NMT_MAX_TOKENS``.
-    """
-    free_memory(device)
+    """Count an optimizer step that every rank skips because one (``oom``: this rank's shape, or None) ran out
+    of memory; the :data:`MAX_OOM_STREAK`-th skip in a row is a PipelineError naming ``NMT_MAX_TOKENS``."""
+    _free_memory(device)
     step = progress.step + 1
     progress.oom_skipped += 1
     progress.oom_streak += 1

@@ -43,18 +43,14 @@ class Trainer:
     optim: torch.optim.Optimizer
     train: ShardSet
     valid: ShardSet
-    plan: list[batching.GlobalBatch]
-    """The frozen global batches (one per optimizer step), shuffled per epoch."""
+    plan: list[batching.GlobalBatch]  # the frozen global batches (one per optimizer step), shuffled per epoch
     valid_batches: list[np.ndarray]
-    max_tokens: int
-    """This process's padded tokens per forward pass (``NMT_MAX_TOKENS``): memory, not what is trained."""
-    config: dict[str, Any]
-    """The resolved model + train + seed config (checkpoints refuse to resume under another)."""
+    max_tokens: int  # this process's padded tokens per forward pass (NMT_MAX_TOKENS): memory, not what is trained
+    config: dict[str, Any]  # model + train + seed (checkpoints refuse to resume under another)
     shards_sha256: str
     flops_per_token: float
     hooks: Hooks
-    loss: forward.BatchLoss
-    """One forward pass's loss sums (:mod:`pipeline.training.forward`; compiled with ``NMT_COMPILE``)."""
+    loss: forward.BatchLoss  # one forward pass's loss sums (compiled with NMT_COMPILE)
 
 
 def vocab_size(spm_model: Path) -> int:
@@ -65,11 +61,7 @@ def vocab_size(spm_model: Path) -> int:
 
 
 def check_budget(max_tokens: int, ids: np.ndarray, lengths: np.ndarray) -> None:
-    """Refuse a per-forward budget that cannot hold the longest training pair.
-
-    Raises:
-        ConfigError: naming ``NMT_MAX_TOKENS``, the pair and the least budget that works.
-    """
+    """Refuse (ConfigError) a per-forward ``NMT_MAX_TOKENS`` that cannot hold the longest training pair."""
     worst = int(np.argmax(lengths))
     if lengths[worst] > max_tokens:
         raise ConfigError(env.SOURCE, [(
@@ -79,11 +71,8 @@ def check_budget(max_tokens: int, ids: np.ndarray, lengths: np.ndarray) -> None:
 
 def plan(cfg: TrainConfig, train: ShardSet, lengths: tuple[np.ndarray, np.ndarray, np.ndarray], *, seed: int,
          world_size: int) -> list[batching.GlobalBatch]:
-    """The run's global batches from the train split's ``(ids, src_len, tgt_len)`` (independent of ``world_size``).
-
-    Raises:
-        DataError: an empty split, or a pair longer than ``train.tokens_per_step``.
-    """
+    """The run's global batches from the train split's ``(ids, src_len, tgt_len)`` (independent of ``world_size``);
+    DataError for an empty split or a pair longer than ``train.tokens_per_step``."""
     ids, src_len, tgt_len = lengths
     if len(ids) == 0:
         raise DataError(f"{train.root}: the train split is empty; check the clean/encode stages' metrics")
@@ -99,9 +88,8 @@ def plan(cfg: TrainConfig, train: ShardSet, lengths: tuple[np.ndarray, np.ndarra
 def deterministic_kernels() -> None:
     """Make CUDA kernels deterministic (``NMT_DETERMINISTIC``), before the first cuBLAS call of the process.
 
-    ``torch.use_deterministic_algorithms(True)`` picks deterministic kernels and raises on an op that has
-    none; cuBLAS needs ``CUBLAS_WORKSPACE_CONFIG`` for reproducible matrix products (PyTorch's
-    "Reproducibility" notes). CPU kernels are deterministic for a fixed thread count either way.
+    cuBLAS needs ``CUBLAS_WORKSPACE_CONFIG`` for reproducible matrix products (PyTorch's "Reproducibility"
+    notes); CPU kernels are deterministic for a fixed thread count either way.
     """
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
@@ -114,8 +102,7 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
     """Plan the global batches, build the model (same initial weights on every rank), check memory, make Adam.
 
     Raises:
-        DataError: an empty train split, a shard that does not match the manifest's sha256, or a BPE model
-            that does not match the shards.
+        DataError: an empty train split, shards that do not match their manifest or the BPE model.
         ConfigError: ``NMT_MAX_TOKENS`` smaller than the longest pair.
         PipelineError: the largest forward pass does not fit in memory (pre-flight).
     """
@@ -152,30 +139,18 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            out.update(_flat(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: data}
-
-
-def _config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``key: checkpoint X, now Y`` for each differing dotted key (:data:`RESUMABLE_TRAIN_KEYS` aside)."""
-    a, b = _flat(saved), _flat(current)
-    ignored = {f"train.{k}" for k in RESUMABLE_TRAIN_KEYS}
-    keys = sorted((set(a) | set(b)) - ignored)
-    return [f"{k}: checkpoint {a.get(k, '<absent>')!r}, now {b.get(k, '<absent>')!r}"
-            for k in keys if a.get(k, "<absent>") != b.get(k, "<absent>")]
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``."""
+    if not isinstance(data, dict):
+        return {prefix[:-1]: data}
+    return {k: v for key, value in data.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
 
 
 def check_resumable(folder: Path, state: dict[str, Any], *, config: dict[str, Any], shards_sha256: str) -> None:
-    """Refuse to resume from ``folder`` under another configuration or other shards.
-
-    Raises:
-        CheckpointError: naming every differing key and the remedy.
-    """
-    diffs = _config_differences(state.get("config", {}), config)
+    """Refuse (CheckpointError naming every differing key) to resume ``folder`` under another config or shards."""
+    a, b = _flat(state.get("config", {})), _flat(config)
+    keys = sorted((set(a) | set(b)) - {f"train.{k}" for k in RESUMABLE_TRAIN_KEYS})
+    diffs = [f"{k}: checkpoint {a.get(k, '<absent>')!r}, now {b.get(k, '<absent>')!r}"
+             for k in keys if a.get(k, "<absent>") != b.get(k, "<absent>")]
     if state.get("shards_sha256") != shards_sha256:
         diffs.append(f"shards manifest sha256: checkpoint {state.get('shards_sha256')!r}, now {shards_sha256!r}")
     if diffs:
@@ -187,15 +162,8 @@ def check_resumable(folder: Path, state: dict[str, Any], *, config: dict[str, An
 
 
 def resume(tr: Trainer, run_dir: Path) -> tuple[TrainState, str | None, int | None]:
-    """Load the newest complete checkpoint (if any).
-
-    Returns:
-        The state to continue from, the MLflow run id to continue, and the world size that saved it
-        (None when starting fresh).
-
-    Raises:
-        CheckpointError: a checkpoint from another config or shards, or a corrupt file (named).
-    """
+    """Load the newest complete checkpoint: the state, the MLflow run id to continue and the world size that
+    saved it (None when starting fresh)."""
     if tr.ctx.is_main:  # a run killed while saving: drop the half-written folder, finish the pruning
         checkpoint.clean_incomplete(run_dir)
         checkpoint.prune(run_dir, tr.cfg.keep_last)

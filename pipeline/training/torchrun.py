@@ -1,16 +1,9 @@
 """torchrun's command line for this node, from the ``NMT_*`` environment (README, Environment; docs/cluster.md):
 hardware is environment, not params, so moving between machines never invalidates the train stage.
 
-One node (``NMT_NNODES`` 1): ``torchrun --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:0 --local_addr=127.0.0.1
---nnodes=1 --nproc_per_node=$NMT_NPROC -m pipeline.train``. Everything the job listens on is bound to
-127.0.0.1: torchrun's rendezvous store, the ranks' shared store and, through GLOO/NCCL_SOCKET_IFNAME=lo
-(:mod:`pipeline.training.distributed`), the ranks' own sockets; these stores are unauthenticated, and
-``torchrun --standalone`` would listen on every interface. Several nodes: a c10d rendezvous at
-``NMT_RDZV_ENDPOINT``, or with ``NMT_NODE_RANK`` a static one at node 0's address; a loopback endpoint means
-every node runs on this machine, so ``--local_addr=127.0.0.1`` keeps their stores and sockets on loopback too.
-``NMT_RDZV_TIMEOUT_S`` bounds every wait: for the host to resolve (:func:`wait_until_resolvable`), for the
-other nodes, for a store that never answers. ``--max-restarts`` (``NMT_MAX_RESTARTS``, default 3 on GPU jobs,
-else 0) restarts the worker group after a rank fails; each restart resumes from the newest checkpoint.
+Everything a one-node job listens on is bound to 127.0.0.1 (torchrun's stores are unauthenticated, and
+``torchrun --standalone`` would listen on every interface); several nodes meet at ``NMT_RDZV_ENDPOINT`` (c10d)
+or, with ``NMT_NODE_RANK``, at node 0's address (static). ``NMT_RDZV_TIMEOUT_S`` bounds every wait.
 """
 
 from __future__ import annotations
@@ -33,31 +26,18 @@ READ_TIMEOUT_S = 60
 STATIC_PORT = 29500
 
 
-def default_nproc() -> int:
-    """Number of CUDA GPUs on this node, else 1."""
+def _gpus() -> int:
+    """CUDA devices torch sees (torch is imported only when this is needed)."""
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 1
-
-
-def default_max_restarts() -> int:
-    """3 on GPU jobs (transient hardware and network faults are common there), else 0."""
-    if env.settings().device == "cpu":
-        return 0
-    import torch
-
-    return 3 if torch.cuda.is_available() else 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def torchrun_command(train_args: list[str]) -> list[str]:
-    """The full torchrun command line for this node, from the ``NMT_*`` environment (:mod:`pipeline.core.env`).
-
-    Raises:
-        ConfigError: a malformed ``NMT_*`` variable (named, with what is expected), or an incomplete
-            multi-node setup.
-    """
+    """The full torchrun command line for this node (``--max-restarts``: ``NMT_MAX_RESTARTS``, default 3 on GPU);
+    ConfigError for a malformed ``NMT_*`` variable or an incomplete multi-node setup."""
     s = env.settings()
-    nproc, nnodes = s.nproc or default_nproc(), s.nnodes
+    nproc, nnodes = s.nproc or max(_gpus(), 1), s.nnodes
     cmd = [sys.executable, "-m", "pipeline.launch", AGENT_FLAG]  # == torchrun, from this interpreter
     if nnodes == 1:  # --standalone, on loopback only
         cmd += ["--rdzv_backend=c10d", f"--rdzv_endpoint={LOOPBACK}:0", f"--rdzv_id={s.rdzv_id}",
@@ -71,7 +51,7 @@ def torchrun_command(train_args: list[str]) -> list[str]:
         cmd += [f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
                 f"--rdzv_endpoint={s.rdzv_endpoint}", f"--rdzv_id={s.rdzv_id}",
                 f"--rdzv_conf=join_timeout={s.rdzv_timeout_s},read_timeout={min(s.rdzv_timeout_s, READ_TIMEOUT_S)}"]
-        if _is_loopback(host):  # every node on this machine: the stores and the ranks' sockets stay on loopback
+        if is_loopback(host):  # every node on this machine: the stores and the ranks' sockets stay on loopback
             cmd.append(f"--local_addr={LOOPBACK}")
     else:
         if s.node_rank >= nnodes:
@@ -80,7 +60,9 @@ def torchrun_command(train_args: list[str]) -> list[str]:
         cmd += [f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", f"--node_rank={s.node_rank}",
                 f"--master_addr={host}", f"--master_port={port or STATIC_PORT}",
                 f"--rdzv_conf=timeout={s.rdzv_timeout_s}"]
-    restarts = default_max_restarts() if s.max_restarts is None else s.max_restarts
+    restarts = s.max_restarts
+    if restarts is None:  # transient hardware and network faults are common on GPU jobs
+        restarts = 3 if s.device != "cpu" and _gpus() else 0
     if restarts:
         cmd.append(f"--max-restarts={restarts}")
     return cmd + ["-m", "pipeline.train", *train_args]
@@ -88,8 +70,6 @@ def torchrun_command(train_args: list[str]) -> list[str]:
 
 def rendezvous_address(endpoint: str) -> tuple[str, int | None]:
     """The host and port (None when omitted) of ``NMT_RDZV_ENDPOINT``: ``host``, ``host:port`` or ``[v6]:port``.
-
-    Without a port torchrun uses 29400 for a c10d rendezvous; a static one uses :data:`STATIC_PORT`.
 
     Raises:
         ConfigError: not of that form, or a port outside 1..65535 (0 would pick a different port on each node).
@@ -106,7 +86,8 @@ def rendezvous_address(endpoint: str) -> tuple[str, int | None]:
     return host, None if port is None else int(port)
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is ``localhost`` or a loopback address."""
     try:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -114,20 +95,11 @@ def _is_loopback(host: str) -> bool:
 
 
 def wait_until_resolvable() -> None:
-    """Wait, up to ``NMT_RDZV_TIMEOUT_S``, for the host of a multi-node rendezvous to resolve.
-
-    A cluster's name service may list a node only once it runs, so a name that does not resolve is
-    asked again each second. torch's store client would retry too, for 60 s per attempt, and print a
-    C++ stack for each.
-
-    Raises:
-        ConfigError: the host still does not resolve: one line naming the variable and the host.
-    """
+    """Wait, up to ``NMT_RDZV_TIMEOUT_S``, for the host of a multi-node rendezvous to resolve (ConfigError if not):
+    a cluster's name service may list a node only once it runs (torch's retries print a C++ stack each)."""
     s = env.settings()
-    if s.nnodes == 1:
-        return
     value = s.rdzv_endpoint
-    if not value:
+    if s.nnodes == 1 or not value:
         return
     host = rendezvous_address(value)[0]
     deadline = time.monotonic() + s.rdzv_timeout_s

@@ -21,7 +21,7 @@ CONFIG = {"model": {"d_model": 16, "n_layers": 1, "vocab_size": 60}, "train": {"
 
 def _save(run: Path, step: int, keep_last: int = 5, **extra) -> Path:
     state = {"step": step, "config": CONFIG, "shards_sha256": "abc", **extra}
-    return checkpoint.save(run, step, model_state={"module.w": torch.full((2,), float(step))},
+    return checkpoint.save(run, step, model_state={"w": torch.full((2,), float(step))},
                            optim_state={"state": {}, "param_groups": []}, state=state, keep_last=keep_last)
 
 
@@ -30,7 +30,7 @@ def test_save_writes_the_four_files_and_no_temporary(tmp_path):
     assert folder == tmp_path / "step-00000012"
     assert sorted(p.name for p in folder.iterdir()) == ["DONE", "model.pt", "optim.pt", "state.json"]
     assert list(tmp_path.iterdir()) == [folder]
-    assert checkpoint.load_tensors(folder, checkpoint.MODEL).keys() == {"w"}  # module. prefix stripped
+    assert checkpoint.load_tensors(folder, checkpoint.MODEL).keys() == {"w"}
     assert checkpoint.read_state(folder)["step"] == 12
 
 
@@ -78,11 +78,6 @@ def test_checkpoints_are_ordered_by_step_not_by_name(tmp_path):
     (tmp_path / "other").mkdir()
     assert [p.name for _, p in checkpoint.complete_checkpoints(tmp_path)] == ["step-00000050", "step-00000900",
                                                                             "step-00010000"]
-
-
-def test_unwrap_strips_ddp_and_compile_prefixes():
-    sd = {"module._orig_mod.a.weight": 1, "_orig_mod.b": 2, "c": 3}
-    assert checkpoint.unwrap_state_dict(sd) == {"a.weight": 1, "b": 2, "c": 3}
 
 
 def _record_again(folder: Path) -> None:
