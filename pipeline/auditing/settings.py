@@ -36,12 +36,9 @@ def at_least(value: Any, expected: Any) -> bool:
 class Setting:
     """A paper setting: the params key(s) it maps to and how a value is judged.
 
-    Attributes:
-        paper: the expected value per key (one value when ``derive`` is set).
-        rel: relative tolerance for numbers (0: exact).
-        derive: computes one value from the flattened params (compared with ``paper[0]``).
-        judge: ``judge(value, expected)`` instead of equality / ``rel``.
-        basis: who fixes the value, as the deviation names it (``paper`` or a reference implementation).
+    ``paper`` holds the expected value per key (one value, compared with ``derive(flat)``, when ``derive`` is set);
+    ``rel`` is a relative tolerance for numbers, ``judge(value, expected)`` replaces equality, and ``basis`` names
+    who fixes the value (``paper`` or a reference implementation).
     """
 
     name: str
