@@ -1,15 +1,6 @@
-"""Measured items about checkpoint averaging and the development set (newstest2013 for wmt14).
-
-From the average stage's details (the averaged checkpoints' steps) with the final training step
-(:func:`pipeline.auditing.run_items.final_step`), and the evaluate stage's: ``valid`` (the averaged
-model) and ``valid_newest`` (the newest checkpoint alone, decoded at the chosen beam and α: the setting of
-the paper's Table 3, "beam search as described in the previous section, but no checkpoint averaging",
-§6.2). Table 3's base row: newstest2013 BLEU 25.8 and perplexity 4.92 per wordpiece; on another valid set
-the figures are ``informational`` (not comparable).
-
-Three items are run checks (kind ``check``): the averaging span (a warning past params.yaml's rule of 20%
-of training, or with other than 5 checkpoints) and the averaged model against the newest checkpoint alone,
-on valid BLEU and perplexity (a warning when the newest checkpoint scores better).
+"""Measured items about checkpoint averaging and the development set (newstest2013 for wmt14): the averaging
+span, the averaged model against the newest checkpoint alone (the setting of Table 3, §6.2) on valid BLEU and
+perplexity, and the newest checkpoint's figures beside Table 3's base row (25.8 BLEU, 4.92 perplexity).
 """
 
 from __future__ import annotations
@@ -60,10 +51,7 @@ def averaging_span_item(inp: Inputs) -> Item:
 
 
 def averaging_gain_item(inp: Inputs) -> Item:
-    """A check: a warning when the newest checkpoint alone scores better valid BLEU than the averaged model.
-
-    Both are decoded on the same valid set at the same beam and α and scored with sacreBLEU 13a.
-    """
+    """A check: a warning when the newest checkpoint alone scores better valid BLEU than the averaged model."""
     averaged, newest = inp.details.evaluate.valid, inp.details.evaluate.valid_newest
     alone, mean = newest.bleu, averaged.bleu
     paper = "the reported models average the last 5 checkpoints (§6.1)"
@@ -80,11 +68,7 @@ def averaging_gain_item(inp: Inputs) -> Item:
 
 
 def _newest_ppl(inp: Inputs) -> tuple[float | None, str]:
-    """The last checkpoint's valid perplexity and where it comes from.
-
-    evaluate.details.json ``valid_newest.ppl``, else train.details.json ``valid_ppl`` (the validation
-    the training stage runs at its last step: the same teacher-forced perplexity without label smoothing).
-    """
+    """evaluate's ``valid_newest.ppl``, else the train stage's last validation (same metric), and its source."""
     ppl, train = inp.details.evaluate.valid_newest.ppl, inp.details.train
     if ppl is not None:
         return float(ppl), "evaluate.details.json valid_newest"
@@ -156,7 +140,6 @@ def position_item(inp: Inputs) -> Item:
 
 
 def dev_items(inp: Inputs) -> list[Item]:
-    """Averaging span, averaged vs newest checkpoint (BLEU, perplexity), the newest checkpoint's dev figures,
-    truncation."""
+    """Averaging span, averaged vs newest checkpoint, the newest checkpoint's dev figures, truncation."""
     return [averaging_span_item(inp), averaging_gain_item(inp), averaging_ppl_item(inp), *newest_dev_items(inp),
             averaged_dev_item(inp), position_item(inp)]

@@ -1,7 +1,5 @@
-"""What the audit reads: params, the paper profile (for the informational list of what a profile
-changes; never a yardstick), the stages' details files (``<paths.metrics>/<stage>.details.json`` as
-:mod:`pipeline.core.details` records), manifests, the newest checkpoint's state, ``averaged.pt``,
-``dvc.lock``, git and the environment (:class:`Inputs`)."""
+"""What the audit reads (:class:`Inputs`): params, the paper profile (informational), the stages' details,
+manifests, the newest checkpoint's state, ``averaged.pt``, ``dvc.lock``, git and the environment."""
 
 from __future__ import annotations
 
@@ -29,7 +27,7 @@ PAPER_PROFILE = Path("profiles") / "paper.yaml"
 
 
 class GitState(TypedDict):
-    """The workspace's commit (None: not a git checkout) and the paths edited since (the run's own records aside)."""
+    """The workspace's commit (None: not a git checkout) and the paths edited since."""
 
     commit: str | None
     dirty: bool | None
@@ -57,7 +55,7 @@ class Inputs:
 
     @property
     def flat(self) -> dict[str, Any]:
-        """The params as dotted keys (``model.d_model``) with the values params.yaml spells."""
+        """The params as dotted keys (``model.d_model``)."""
         return flatten(section_dict(self.params))
 
 
@@ -65,8 +63,7 @@ def read_optional(path: Path) -> dict[str, Any] | None:
     """A JSON object (``*.json``) or YAML mapping (else), or None when the file does not exist.
 
     Raises:
-        PipelineError: the file exists but is not valid JSON or YAML, or not a mapping (names the file, and the
-            line where the YAML is broken or holds an anchor or alias).
+        PipelineError: the file exists but is malformed or not a mapping (names the file).
     """
     if not path.is_file():
         return None
@@ -81,8 +78,7 @@ def read_optional(path: Path) -> dict[str, Any] | None:
 
 
 def git_state(root: Path) -> GitState:
-    """Commit and dirty flag of ``root`` by :mod:`pipeline.core.gitstate`'s rule (the run's own records,
-    and params.yaml during a ``--profile`` run, are not edits)."""
+    """Commit and dirty paths of ``root`` by :mod:`pipeline.core.gitstate`'s rule."""
     commit, temporary_params = gitstate.commit(root), env.settings().profile_run is not None
     paths = [] if commit is None else gitstate.dirty_paths(root, temporary_params=temporary_params)
     return {"commit": commit, "dirty": None if commit is None else bool(paths), "dirty_paths": paths}
@@ -114,10 +110,7 @@ def previous_replay(path: Path | None) -> Replay | None:
 
 def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Path,
                 previous_audit: Path | None = None) -> Inputs:
-    """Read every input the audit uses (missing ones become None; malformed ones raise, naming the file).
-
-    ``previous_audit`` is the audit.json this run replaces (its replay record is compared with now).
-    """
+    """Read every input (missing ones None, malformed ones raise); ``previous_audit`` is the audit.json replaced."""
     paths = params.paths
     details = RunDetails.read(root / paths.metrics)
     shards_manifest_path = root / paths.shards / "manifest.json"

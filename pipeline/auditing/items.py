@@ -6,23 +6,18 @@ from __future__ import annotations
 import json
 from typing import Any, TypedDict
 
-#: params whose value never changes what the audit judges: placement, logging and validation cadence,
-#: retries, seeds, checkpoint retention, the decoding batch budget, ``train.max_minutes`` (it pauses a
-#: run, which resumes when rerun: pipeline/training/pause.py), and the position table's size (the
-#: positions are sinusoidal, §3.5; the measured item "Sources cut at max_positions" says when it binds).
+#: params that never change what the audit judges (``train.max_minutes`` pauses a run that resumes when rerun;
+#: the measured item "Sources cut at max_positions" says when the position table binds).
 NEUTRAL_KEYS = frozenset({"profile", "paths", "seed", "download.retries", "download.timeout_s", "download.sha256",
                           "bpe.seed", "encode.shard_rows", "model.max_positions", "train.max_minutes",
                           "train.keep_last", "train.valid_every_steps", "train.log_every_steps",
                           "evaluate.max_tokens"})
 
-#: ``informational``: context beside the paper, no verdict; ``warning``: not a deviation from the paper,
-#: but something to look at (its text is the item's note).
+#: ``informational``: context, no verdict; ``warning``: not a deviation, but something to look at (its note).
 VERDICTS = ("matches", "deviates", "not measured", "informational", "warning")
 
-#: What an item is judged against. ``paper``: a value the paper states (it cites a section or table);
-#: ``reference``: a setting the paper leaves to its reference implementations (tensor2tensor, fairseq),
-#: named as the source; ``check``: a sanity check of the run itself (averaging, replay, lineage), where
-#: ``matches`` means the check passed and ``deviates`` that it failed. Matches are counted per kind.
+#: What an item is judged against: the paper, a reference implementation where it is silent, or a ``check`` of
+#: the run itself (``matches``: passed, ``deviates``: failed). Matches are counted per kind.
 KINDS = ("paper", "reference", "check")
 
 
@@ -41,8 +36,7 @@ def fmt(value: Any) -> str:
 
 
 class Item(TypedDict):
-    """One audit line as audit.json holds it: ``verdict`` one of :data:`VERDICTS`, ``kind`` one of :data:`KINDS`;
-    ``deviation`` names what differs when the verdict is ``deviates``."""
+    """One audit line as audit.json holds it (``deviation`` set only when the verdict is ``deviates``)."""
 
     item: str
     kind: str
@@ -56,11 +50,7 @@ class Item(TypedDict):
 
 def item(name: str, *, paper: str, run: str | None, ok: bool | None, deviation: str = "", note: str = "",
          source: str = "", verdict: str | None = None, kind: str = "paper") -> Item:
-    """One audit line; ``ok`` None means not measured (``run`` then says why).
-
-    ``verdict`` (``informational`` or ``warning``) replaces the one ``ok`` gives while ``run`` is measured;
-    ``kind`` is one of :data:`KINDS`.
-    """
+    """One audit line; ``ok`` None means not measured; ``verdict`` (informational, warning) overrides ``ok``."""
     if verdict is None or run is None:
         verdict = "not measured" if ok is None else "matches" if ok else "deviates"
     return {"item": name, "kind": kind, "paper": paper, "run": run if run is not None else "not measured",

@@ -1,8 +1,5 @@
-"""The paper's results as constants (with sources), and the measured items about the model, the data,
-test BLEU and lineage (training, averaging and the dev set: :mod:`pipeline.auditing.run_items`; the
-configured settings: :mod:`pipeline.auditing.settings`).
-
-Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762 (sections cited as §).
+"""The paper's results as constants (with sources), and the measured items about the model, the data, test BLEU
+and lineage. Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762 (sections cited as §).
 """
 
 from __future__ import annotations
@@ -35,17 +32,14 @@ PAPER: dict[str, Any] = {
     "bleu_method": ("tensor2tensor get_ende_bleu.sh: replace-unicode-punctuation, Moses tokenizer.perl -l de, "
                     "compound split (##AT##-##AT##), multi-bleu.perl; newstest2014 (3,003 lines)"),
     "test_sentences": 3003,
-    # Table 3, row "base": newstest2013, beam search as in §6.1, no checkpoint averaging (§6.2);
-    # perplexity per wordpiece of the paper's BPE (Table 3 caption).
+    # Table 3, row "base": newstest2013, no checkpoint averaging (§6.2), perplexity per wordpiece.
     "dev_bleu": 25.8,
     "dev_ppl": 4.92,
     "valid_sentences": 3000,
     "averaged_checkpoints": 5,
     "checkpoint_minutes": 10,
 }
-#: 27.3 on the paper's metric ≈ this range in sacreBLEU 13a cased: tokenised, compound-split BLEU runs
-#: 0.7-1.4 above sacreBLEU on the same outputs (Post 2018, "A Call for Clarity in Reporting BLEU Scores",
-#: https://aclanthology.org/W18-6319, shows gaps up to 1.8 between common configurations).
+#: 27.3 on the paper's metric ≈ this range in sacreBLEU 13a cased (the evidence is in BLEU_GAP).
 SACREBLEU_EQUIVALENT = (25.9, 26.6)
 BLEU_TOLERANCE = 0.5
 BLEU_GAP = {
@@ -117,8 +111,7 @@ def data_items(inp: Inputs) -> list[Item]:
 
 
 def comparable(inp: Inputs, figures: SetFigures, split: str) -> tuple[bool, str]:
-    """Whether a ``test`` or ``valid`` set's figures can stand beside the paper's (full newstest2014, Table 3's
-    newstest2013), and why not; a valid set of unrecorded size counts as comparable."""
+    """Whether a ``test`` or ``valid`` set's figures can stand beside the paper's, and why not."""
     dataset, n = inp.params.download.dataset, figures.sentences
     name, full = ("newstest2014 full", PAPER["test_sentences"]) if split == "test" else \
         ("newstest2013", PAPER["valid_sentences"])
@@ -130,10 +123,7 @@ def comparable(inp: Inputs, figures: SetFigures, split: str) -> tuple[bool, str]
 
 
 def bleu_items(inp: Inputs) -> list[Item]:
-    """Test BLEU on the paper's metric and in sacreBLEU 13a, and the decoding settings used.
-
-    On another test set the figures are ``informational``: no paper figure applies to them.
-    """
+    """Test BLEU on the paper's metric and sacreBLEU 13a (informational on another test set), and the decoding."""
     test = inp.details.evaluate.test
     same_set, why = comparable(inp, test, "test")
     out = []

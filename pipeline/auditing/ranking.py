@@ -1,17 +1,7 @@
-"""Deviations grouped by topic and ranked by their expected effect on BLEU.
-
-A configured value and the measured one that follows from it (``train.max_steps`` and the steps
-trained, ``bpe.vocab_size`` and the vocabulary built) are one deviation: each topic is one line of the
-report, and every deviating paper or reference item belongs to exactly one topic.
-
-The order of :data:`TOPICS` is the ranking, most expected effect on BLEU first; each topic's ``why`` is the
-evidence the report prints beside it: the paper's Table 3 ablations (newstest2013 BLEU against base's 25.8),
-Popel and Bojar 2018 ("Training Tips for the Transformer Model", arXiv:1804.00247: BLEU still rises after
-days of training, larger batches train better models, warmup and peak rate decide whether training
-converges), or why a topic changes little (compute changes the time, not the result; dev-set results are
-outcomes, not causes). The run's own effect of averaging is the check "Averaged vs newest checkpoint".
-
-Test BLEU is the report's headline (:mod:`pipeline.auditing.summary`), not a line here.
+"""Deviations grouped by topic (a configured value and what the run measured from it are one line) and ranked
+by expected effect on BLEU: the order of :data:`TOPICS`. Each topic's ``why`` is the evidence printed beside it:
+the paper's Table 3 ablations, or Popel and Bojar 2018 ("Training Tips for the Transformer Model",
+arXiv:1804.00247).
 """
 
 from __future__ import annotations
@@ -25,13 +15,7 @@ from pipeline.auditing.items import Item
 
 @dataclass(frozen=True)
 class Topic:
-    """A group of items that together make one deviation.
-
-    Attributes:
-        name: the topic as the report names it.
-        why: the evidence for its rank (a paper table, a reference).
-        items: the names of the items it groups.
-    """
+    """A group of items that together make one deviation; ``why`` is the evidence for its rank."""
 
     name: str
     why: str
@@ -81,19 +65,8 @@ HEADLINE_ITEMS = ("BLEU, paper's method (tok+split), test", "BLEU, sacreBLEU 13a
 TOPIC_OF: dict[str, Topic] = {name: topic for topic in TOPICS for name in topic.items}
 
 
-def _line(configured: list[str], measured: list[str]) -> str:
-    """The topic's deviations: configured ones first, then what the run measured."""
-    if configured and measured:
-        return "; ".join(configured) + "; measured: " + "; ".join(measured)
-    return "; ".join(configured + measured)
-
-
 def deviation_topics(configured: list[Item], measured: list[Item]) -> list[TopicLine]:
     """One entry per topic with a deviating paper or reference item, most expected effect on BLEU first.
-
-    Args:
-        configured: the params settings' items. measured: the items measured from the run's outputs
-            (checks and the headline's test BLEU are skipped).
 
     Raises:
         KeyError: a deviating item belongs to no topic (a new item needs one in :data:`TOPICS`).
@@ -104,6 +77,10 @@ def deviation_topics(configured: list[Item], measured: list[Item]) -> list[Topic
             names, conf, meas = grouped.setdefault(TOPIC_OF[i["item"]].name, ([], [], []))
             names.append(i["item"])
             (meas if source else conf).append(i["deviation"])
-    return [{"rank": rank, "topic": topic.name, "why": topic.why, "items": grouped[topic.name][0],
-             "text": _line(*grouped[topic.name][1:])}
-            for rank, topic in enumerate(TOPICS, start=1) if topic.name in grouped]
+    out: list[TopicLine] = []
+    for rank, topic in enumerate(TOPICS, start=1):
+        if topic.name in grouped:
+            names, conf, meas = grouped[topic.name]  # configured deviations first, then what the run measured
+            text = "; ".join(conf) + ("; measured: " if conf and meas else "") + "; ".join(meas)
+            out.append({"rank": rank, "topic": topic.name, "why": topic.why, "items": names, "text": text})
+    return out

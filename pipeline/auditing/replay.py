@@ -1,22 +1,8 @@
-"""Audit replay: do the hypothesis files on disk still give evaluate.details.json's figures, are they the files
-dvc.lock recorded, and did the previous evaluation of the same model give the same BLEU?
-
-Three items, each ``matches`` / ``deviates`` / ``not measured`` like every audit item:
-
-- **rescored**: ``<paths.eval>/{valid,test}.hyp.de`` rescored against ``<paths.raw>/{valid,test}.de``
-  with :mod:`pipeline.inference.scoring`; every figure, the sentence count and every signature must equal
-  evaluate.details.json's exactly (floats compared with ``==``: JSON round-trips them exactly).
-- **dvc.lock**: the md5 DVC records for the evaluate stage's ``${paths.eval}`` output, recomputed
-  here the way DVC 3 does it for a directory (md5 of each file's bytes; the md5 of
-  ``json.dumps(sorted [{"md5", "relpath"}], sort_keys=True)`` plus ``.dir``). On a mismatch the
-  directory's manifest in the default DVC cache (``.dvc/cache/files/md5/``), when present, names
-  the files that changed.
-- **previous**: ``audit.json`` keeps a ``replay.record`` (averaged.pt, reference and hypothesis
-  sha256s, the evaluate params that change results, evaluate.details.json's figures). The next audit reads the
-  previous report before replacing it: for the same model, references and params, the figures
-  and hypotheses must be identical. The previous report is an input, so the first audit after an
-  evaluation differs from the second; from then on an unchanged workspace reproduces its report
-  byte for byte.
+"""Audit replay: do the hypothesis files on disk still give evaluate.details.json's figures (rescored with
+:mod:`pipeline.inference.scoring`, floats compared exactly), are they the files dvc.lock recorded (md5 recomputed
+the way DVC 3 hashes a directory), and did the previous audit of the same model, references and evaluate params
+record the same figures and hypotheses? The previous audit.json is an input, so the first audit after an
+evaluation differs from the second; from then on an unchanged workspace reproduces its report byte for byte.
 """
 
 from __future__ import annotations
@@ -45,8 +31,7 @@ _SOURCE = "pipeline/auditing/replay.py"
 
 
 class Replay(TypedDict, total=False):
-    """The audit's ``replay`` section (empty without a workspace): the three items, the :func:`record`, the
-    figures rescored now and the hypotheses directory's md5s as DVC computes them (None: not measured)."""
+    """The audit's ``replay`` section (empty without a workspace); None: not measured."""
 
     items: list[Item]
     record: dict[str, Any]
@@ -56,23 +41,19 @@ class Replay(TypedDict, total=False):
 
 
 def _item(name: str, *, run: str, ok: bool | None, **more: str) -> Item:
-    """A replay item: a run check beside no paper value (``ok`` None: ``run`` says why it is not measured)."""
+    """A replay check (``ok`` None: ``run`` says why it is not measured)."""
     return item(name, paper="-", run=f"not measured ({run})" if ok is None else run, ok=ok, source=_SOURCE,
                 kind="check", **more)
 
 
 def file_md5(path: Path) -> str:
-    """md5 of a file's bytes (DVC 3's ``hash: md5``; no dos2unix): DVC's content address, not security."""
+    """md5 of a file's bytes, as DVC 3 addresses content (not for security)."""
     with open(path, "rb") as handle:
         return hashlib.file_digest(handle, "md5").hexdigest()
 
 
 def dvc_dir_md5(directory: Path) -> tuple[str, dict[str, str]]:
-    """DVC 3's md5 of a directory output and the md5 of each file in it.
-
-    Returns:
-        ``("<md5>.dir", {relpath: md5})`` with ``/``-separated relative paths in sorted order.
-    """
+    """DVC 3's md5 of a directory output (``<md5>.dir``) and ``{relpath: md5}`` of each file in it."""
     files = {p.relative_to(directory).as_posix(): file_md5(p) for p in sorted(directory.rglob("*")) if p.is_file()}
     manifest = sorted(({"md5": md5, "relpath": rel} for rel, md5 in files.items()), key=lambda e: e["relpath"])
     blob = json.dumps(manifest, sort_keys=True).encode("utf-8")
@@ -196,11 +177,7 @@ def previous_check(now: dict[str, Any], previous: Replay | None) -> Item:
 
 def replay(*, params: Params, bleu: EvaluateDetails | None, lock: dict[str, Any] | None, root: Path,
            previous: Replay | None) -> Replay:
-    """The audit's ``replay`` section for the workspace ``root`` (the params' paths are relative to it).
-
-    ``bleu`` (the evaluate stage's record), ``lock`` (dvc.lock) and ``previous`` (the previous audit.json's
-    ``replay`` section) are None when they do not exist.
-    """
+    """The audit's ``replay`` section for the workspace ``root``; missing inputs are None."""
     paths = params.paths
     eval_dir, raw_dir = root / paths.eval, root / paths.raw
     model_path = root / paths.model / "averaged.pt"

@@ -1,9 +1,5 @@
-"""The audit as one mapping: the paper's settings, the measured items, lineage, and (informational) the
-keys this profile changes relative to ``profiles/paper.yaml``.
-
-Every verdict compares with the paper (or, where it is silent, a named reference implementation:
-:mod:`pipeline.auditing.settings`); the committed paper profile is never a yardstick.
-"""
+"""The audit as one mapping: the paper's settings, the measured items, lineage, and (informational) the keys
+this profile changes relative to ``profiles/paper.yaml``, which is never a yardstick."""
 
 from __future__ import annotations
 
@@ -16,15 +12,13 @@ from pipeline.auditing.paper import BLEU_GAP, PAPER, bleu_figures, bleu_items, d
 from pipeline.auditing.ranking import TopicLine, deviation_topics
 from pipeline.auditing.replay import Replay
 from pipeline.auditing.run_items import training_items
-from pipeline.auditing.settings import PAPER_SETTINGS, configuration_items, open_settings
+from pipeline.auditing.settings import OPEN_KEYS, PAPER_SETTINGS
 from pipeline.auditing.summary import Headline, counts, headline, warnings
 from pipeline.core.config import flatten
 
 
 class Audit(TypedDict):
-    """The whole audit as audit.json holds it and audit.md renders it: ``summary`` counts verdicts per kind of item
-    (only paper items count as matching the paper) plus ``warnings`` (one line per check that fired or failed)
-    and ``deviation_topics`` (one line per topic in ``deviations``, ranked)."""
+    """The whole audit as audit.json holds it and audit.md renders it (``summary`` counts verdicts per kind)."""
 
     format: int
     profile: str | None
@@ -49,9 +43,7 @@ class Audit(TypedDict):
 def profile_differences(flat: dict[str, Any], paper_profile: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Every params key whose value differs from ``profiles/paper.yaml``: informational, never a verdict.
 
-    ``kind`` is ``paper`` (a paper setting compares it; ``paper_verdict`` is that setting's verdict),
-    ``operational`` (paths, logging, retries: results do not change) or ``unspecified`` (no paper setting
-    covers it).
+    ``kind`` is ``paper`` (a paper setting judges it), ``operational`` (results do not change) or ``unspecified``.
     """
     if paper_profile is None:
         return []
@@ -101,7 +93,7 @@ def lineage(inp: Inputs) -> dict[str, Any]:
 
 def build_audit(inp: Inputs) -> Audit:
     """The whole audit as one JSON-able mapping (the markdown is rendered from it)."""
-    config = configuration_items(inp.flat)
+    config = [setting.check(inp.flat) for setting in PAPER_SETTINGS]
     measured = (model_items(inp) + training_items(inp) + dev_items(inp) + data_items(inp) + bleu_items(inp)
                 + lineage_items(inp))  # each "not measured" while its input is missing
     items, topics = config + measured + inp.replay.get("items", []), deviation_topics(config, measured)
@@ -112,7 +104,7 @@ def build_audit(inp: Inputs) -> Audit:
     return {"format": FORMAT, "profile": inp.params.profile, "dataset": dataset, "summary": summary,
             "headline": headline(dataset, inp.details.evaluate.test),
             "configuration": config, "measured": measured,
-            "open_settings": open_settings(inp.flat),
+            "open_settings": [{"key": k, "run": inp.flat.get(k), "reference": v} for k, v in OPEN_KEYS.items()],
             "profile_differences": profile_differences(inp.flat, inp.paper_profile),
             "deviations": [f"{t['topic']}: {t['text']}" for t in topics], "deviation_topics": topics,
             "warnings": warned, "bleu_gap": BLEU_GAP, "paper": PAPER,
@@ -121,13 +113,8 @@ def build_audit(inp: Inputs) -> Audit:
 
 
 def tracking_metrics(audit: Audit, inp: Inputs) -> dict[str, float]:
-    """The numbers the audit logs to MLflow and returns as the stage's record.
-
-    ``matches``, ``deviates``, ``not_measured``: paper items only; ``reference_matches``,
-    ``reference_deviates``: settings the paper leaves to its reference implementations; ``checks_passed``,
-    ``checks_failed``: run checks (sanity, replay, lineage); ``warnings``: checks that fired or failed;
-    ``deviation_topics``: lines in the ranked deviation list; then parameters, test BLEU, replay outcome.
-    """
+    """The numbers the audit logs to MLflow and returns as the stage's record: verdict counts per kind of item
+    (matches count paper items only), warnings, deviation topics, parameters, test BLEU, replay outcome."""
     summary, out = audit["summary"], {}
     paper, ref, checks = summary["paper"], summary["reference"], summary["checks"]
     out.update(matches=paper["matches"], deviates=paper["deviates"], not_measured=paper["not measured"],

@@ -1,8 +1,7 @@
-"""Measured items about training, from the train stage's record (:class:`pipeline.core.details.TrainDetails`)
-with the newest checkpoint's ``state.json`` as fallback; a field it does not record leaves its item "not measured".
+"""Measured items about training, from the train stage's record, else the newest checkpoint's ``state.json``.
 
-A configured value is not a measured one: ``train.tokens_per_step = 25000`` in params with 31,500
-target tokens per step measured is a deviation.
+A configured value is not a measured one: ``train.tokens_per_step = 25000`` with 31,500 target tokens per step
+measured is a deviation.
 """
 
 from __future__ import annotations
@@ -17,10 +16,9 @@ from pipeline.core.details import TrainDetails
 if TYPE_CHECKING:
     from pipeline.auditing.inputs import Inputs
 
-#: Measured target tokens per step within this (relative) of the paper's ~25,000 match (§5.1 "approximately").
+#: Measured target tokens per step within this (relative) of the paper's ~25,000 match.
 TOKENS_REL = 0.1
-#: The averaged checkpoints may span at most this share of training: the averaging rule params.yaml states
-#: (average.last_n x train.save_every_steps <= 20% of train.max_steps; the paper's span: about 6-7%, §6.1 and §5.2).
+#: The averaged checkpoints may span at most this share of training (params.yaml's averaging rule).
 AVERAGE_SPAN_MAX = 0.20
 #: A dev perplexity at most this much (relative) above Table 3's 4.92 matches.
 PPL_REL = 0.05

@@ -1,16 +1,10 @@
 """The paper's settings, one per params key that changes results, each with its source.
 
-Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762 (sections cited as §). Where the
-paper is silent, the value is that of a public reference implementation, named as the source and in
-the deviation: tensor2tensor's ``transformer_base_v1`` hparams (tensor2tensor/models/transformer.py),
-fairseq's ``transformer_wmt_en_de`` architecture (fairseq/models/transformer) or fairseq's WMT14
-preparation script (examples/translation/prepare-wmt14en2de.sh). Verdicts are always against these
-values, never against ``profiles/paper.yaml``.
-
-Every key of params.yaml is either compared here (:data:`PAPER_SETTINGS`), changes nothing the
-audit judges (:data:`pipeline.auditing.items.NEUTRAL_KEYS`) or is one the paper and the references
-leave open (:data:`OPEN_KEYS`, reported without a verdict); tests/pipeline/auditing/test_audit_paper.py
-walks params.yaml to keep it so.
+Vaswani et al. 2017, arXiv:1706.03762 (sections cited as §). Where the paper is silent, the value is that of a
+reference implementation, named as the source: tensor2tensor's ``transformer_base_v1``, fairseq's
+``transformer_wmt_en_de`` or fairseq's examples/translation/prepare-wmt14en2de.sh. Every params key is compared
+here, neutral (:data:`pipeline.auditing.items.NEUTRAL_KEYS`) or left open (:data:`OPEN_KEYS`);
+tests/pipeline/auditing/test_audit_paper.py walks params.yaml to keep it so.
 """
 
 from __future__ import annotations
@@ -42,16 +36,9 @@ def at_least(value: Any, expected: Any) -> bool:
 class Setting:
     """A paper setting: the params key(s) it maps to and how a value is judged.
 
-    Attributes:
-        name: the item's name in the report.
-        keys: the dotted params keys (``model.d_model``).
-        paper: the expected value per key (one value when ``derive`` is set).
-        text: the paper's value as the report shows it.
-        source: where the value comes from (paper section, or the reference implementation).
-        rel: relative tolerance for numbers (0: exact).
-        derive: computes one value from the flattened params (compared with ``paper[0]``).
-        judge: ``judge(value, expected)`` instead of equality / ``rel``.
-        basis: who fixes the value, as the deviation names it (``paper`` or a reference implementation).
+    ``paper`` holds the expected value per key (one value, compared with ``derive(flat)``, when ``derive`` is set);
+    ``rel`` is a relative tolerance for numbers, ``judge(value, expected)`` replaces equality, and ``basis`` names
+    who fixes the value (``paper`` or a reference implementation).
     """
 
     name: str
@@ -91,10 +78,6 @@ class Setting:
                     deviation=f"{'; '.join(bad)} ({self.basis}: {self.text})")
 
 
-def _d_k(flat: dict[str, Any]) -> int:
-    return flat["model.d_model"] // flat["model.n_heads"]
-
-
 S = Setting
 _DATA: tuple[Setting, ...] = (
     S("Dataset", ("download.dataset",), ("wmt14",), "WMT14 EN-DE (~4.5M pairs)", "§5.1"),
@@ -117,7 +100,8 @@ _MODEL: tuple[Setting, ...] = (
     S("d_model", ("model.d_model",), (512,), "512", "Table 3 (base)"),
     S("d_ff", ("model.d_ff",), (2048,), "2048", "Table 3 (base)"),
     S("Attention heads h", ("model.n_heads",), (8,), "8", "Table 3 (base)"),
-    S("d_k = d_v", ("model.d_model", "model.n_heads"), (64,), "64", "Table 3 (base)", derive=_d_k),
+    S("d_k = d_v", ("model.d_model", "model.n_heads"), (64,), "64", "Table 3 (base)",
+      derive=lambda flat: flat["model.d_model"] // flat["model.n_heads"]),
     S("Residual dropout P_drop", ("model.dropout",), (0.1,), "0.1", "§5.4, Table 3"),
     S("Attention-weight dropout", ("model.attn_dropout",), (0.0,),
       "none: dropout only on sub-layer outputs and embedding sums",
@@ -152,24 +136,11 @@ _AVERAGE_EVALUATE: tuple[Setting, ...] = (
 )
 PAPER_SETTINGS: tuple[Setting, ...] = _DATA + _MODEL + _TRAIN + _AVERAGE_EVALUATE
 
-#: Keys that change results but that neither the paper nor the references fix: listed with what the
-#: references do, without a verdict.
+#: Keys that change results but neither the paper nor the references fix: reported without a verdict.
 OPEN_KEYS: dict[str, str] = {
     "clean.dedup": f"paper silent; {FAIRSEQ_PREP} keeps duplicate pairs",
     "clean.drop_copies": f"paper silent; {FAIRSEQ_PREP} keeps pairs whose source equals the target",
 }
 
-
-def setting_keys() -> frozenset[str]:
-    """Every params key some paper setting compares."""
-    return frozenset(key for setting in PAPER_SETTINGS for key in setting.keys)
-
-
-def configuration_items(flat: dict[str, Any]) -> list[Item]:
-    """One item per paper setting, from the flattened params."""
-    return [setting.check(flat) for setting in PAPER_SETTINGS]
-
-
-def open_settings(flat: dict[str, Any]) -> list[dict[str, Any]]:
-    """The run's value of every :data:`OPEN_KEYS` key beside what the references do (informational)."""
-    return [{"key": key, "run": flat.get(key), "reference": reference} for key, reference in OPEN_KEYS.items()]
+#: Every params key some paper setting compares.
+SETTING_KEYS = frozenset(key for setting in PAPER_SETTINGS for key in setting.keys)

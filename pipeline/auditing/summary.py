@@ -1,9 +1,5 @@
-"""The audit's summary: the headline test BLEU beside the reference that fits the test set, the counts per
-kind of item, and the warnings (sanity checks that fired, checks that failed).
-
-The reference depends on the data (:data:`TEST_SETS`): on full WMT14 newstest2014, the paper's 27.3 for
-the base model (Table 2) on its own metric (tokenised, compound-split BLEU; ``bleu_tok_split``); on
-Multi30k, none rather than a number of another metric.
+"""The audit's summary: the headline test BLEU beside the reference that fits the test set (:data:`TEST_SETS`),
+the counts per kind of item, and the warnings.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from pipeline.core.details import SetFigures
 
 @dataclass(frozen=True)
 class HeadlineReference:
-    """A dataset's test set and its published reference (None: ``why`` no published figure is comparable)."""
+    """A dataset's test set and its published reference (None: ``why`` none is comparable)."""
 
     name: str
     sentences: int
@@ -27,7 +23,6 @@ class HeadlineReference:
     why: str = ""
 
 
-#: Per dataset (``download.dataset``).
 TEST_SETS: dict[str, HeadlineReference] = {
     "wmt14": HeadlineReference("WMT14 newstest2014", PAPER["test_sentences"], PAPER["bleu_en_de"],
                                "Vaswani et al. 2017, Table 2 (base)"),
@@ -38,7 +33,7 @@ TEST_SETS: dict[str, HeadlineReference] = {
 
 
 class Headline(TypedDict):
-    """The test BLEU (None: not measured) beside the ``reference`` that fits the test set (None: none does)."""
+    """The test BLEU (None: not measured) beside the ``reference`` that fits the test set."""
 
     text: str
     test_set: str
@@ -49,12 +44,7 @@ class Headline(TypedDict):
 
 
 def headline(dataset: str | None, test: SetFigures) -> Headline:
-    """The test BLEU beside the reference that fits the test set.
-
-    Args:
-        dataset: ``download.dataset``.
-        test: the evaluate stage's ``test`` figures (empty when not evaluated yet).
-    """
+    """The test BLEU beside the reference that fits the test set (``test`` empty when not evaluated yet)."""
     spec = TEST_SETS.get(str(dataset))
     name = spec.name if spec else f"the {dataset} test set"
     out = Headline(text="Test BLEU: not measured (no evaluate.details.json yet: run `dvc repro evaluate`).",

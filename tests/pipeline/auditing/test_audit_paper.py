@@ -11,7 +11,7 @@ import yaml
 from pipeline.auditing.items import neutral
 from pipeline.auditing.render import render_markdown
 from pipeline.auditing.report import build_audit
-from pipeline.auditing.settings import OPEN_KEYS, setting_keys
+from pipeline.auditing.settings import OPEN_KEYS, SETTING_KEYS
 from pipeline.core.config import flatten
 from pipeline.project.profiles import merged_profile
 from tests.helpers.audit_world import synthetic_inputs
@@ -38,16 +38,16 @@ def _train(**fields: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("key", sorted(k for k in _params_yaml() if k.split(".")[0] in JUDGED_SECTIONS))
 def test_every_model_train_average_evaluate_key_is_compared_with_the_paper_or_neutral(key: str) -> None:
     """A key added to params.yaml must get a paper setting (settings.py) or be declared neutral (items.py)."""
-    assert key in setting_keys() or neutral(key), (
+    assert key in SETTING_KEYS or neutral(key), (
         f"params.yaml key {key} is neither compared with the paper (pipeline/auditing/settings.py PAPER_SETTINGS) "
         "nor in NEUTRAL_KEYS (pipeline/auditing/items.py)")
 
 
 def test_every_params_key_is_judged_neutral_or_named_open() -> None:
     keys = set(_params_yaml())
-    unaccounted = sorted(k for k in keys if k not in setting_keys() and not neutral(k) and k not in OPEN_KEYS)
+    unaccounted = sorted(k for k in keys if k not in SETTING_KEYS and not neutral(k) and k not in OPEN_KEYS)
     assert unaccounted == []
-    assert setting_keys() <= keys and set(OPEN_KEYS) <= keys  # no setting for a key params.yaml lacks
+    assert SETTING_KEYS <= keys and set(OPEN_KEYS) <= keys  # no setting for a key params.yaml lacks
 
 
 def test_measured_tokens_per_step_deviate_even_when_the_params_say_25000() -> None:
