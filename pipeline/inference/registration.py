@@ -22,6 +22,7 @@ import yaml
 from pipeline.artifacts import model_file
 from pipeline.core import env, tracking
 from pipeline.core.config import EvaluateConfig
+from pipeline.core.details import EvaluateDetails
 from pipeline.core.errors import CheckpointError, DataError
 from pipeline.core.stage import read_json
 from pipeline.core.textio import read_lines, sha256_file
@@ -69,17 +70,18 @@ def read_evaluation(path: str | Path) -> Evaluation:
     """The figures register needs from evaluate's ``evaluate.details.json``.
 
     Raises:
-        PipelineError/DataError: missing file, bad JSON, or a missing key (named, with the remedy).
+        PipelineError/DataError: missing file, bad JSON, a missing key or one of the wrong type (named, with the
+            remedy).
     """
-    report = read_json(path)
-    try:
-        return Evaluation(valid_bleu=float(report["valid"]["bleu"]), test_bleu=float(report["test"]["bleu"]),
-                          beam=int(report["chosen"]["beam"]), alpha=float(report["chosen"]["alpha"]),
-                          signature=str(report["test"].get("signatures", {}).get("bleu", "")),
-                          evaluate_run_id=report.get("mlflow_run_id"))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise DataError(f"{path}: lacks {exc} (needs valid.bleu, test.bleu, chosen.beam, chosen.alpha); "
-                        "rerun `dvc repro evaluate`") from None
+    report = EvaluateDetails.from_json(read_json(path), str(path))
+    needed = {"valid.bleu": report.valid.bleu, "test.bleu": report.test.bleu, "chosen.beam": report.chosen.beam,
+              "chosen.alpha": report.chosen.alpha}
+    missing = [key for key, value in needed.items() if value is None]
+    if missing:
+        raise DataError(f"{path}: lacks {', '.join(missing)} (needs {', '.join(needed)}); rerun `dvc repro evaluate`")
+    return Evaluation(valid_bleu=report.valid.bleu, test_bleu=report.test.bleu, beam=report.chosen.beam,
+                      alpha=report.chosen.alpha, signature=report.test.signatures.get("bleu", ""),
+                      evaluate_run_id=report.mlflow_run_id)
 
 
 def gather_inputs(model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Path, bleu_path: str | Path) -> Inputs:

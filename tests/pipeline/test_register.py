@@ -299,7 +299,7 @@ def test_cli_reads_paths_from_params(model_dir: Path, tmp_path: Path, repo_root:
 @pytest.mark.parametrize("damage, message", [
     ("no_hyp", r"test\.hyp\.de: not found; run `dvc repro evaluate`"),
     ("short_hyp", r"test\.hyp\.de has 39 lines but .*test\.de has 40: the hypotheses are from another set"),
-    ("bleu_key", r"evaluate\.details\.json: lacks 'chosen' .*rerun `dvc repro evaluate`"),
+    ("bleu_key", r"evaluate\.details\.json: lacks chosen\.beam, chosen\.alpha .*rerun `dvc repro evaluate`"),
     ("no_model", r"averaged\.pt: not found; run `dvc repro average`"),
 ])
 def test_bad_inputs_are_clear_errors_and_write_nothing(model_dir: Path, tmp_path: Path, damage: str,
