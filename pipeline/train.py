@@ -52,6 +52,7 @@ import torch
 
 from pipeline.core import env
 from pipeline.core.config import Params
+from pipeline.core.details import TrainDetails
 from pipeline.core.stage import stage_main
 from pipeline.training.curves import write_curves
 from pipeline.training.loop import train as stage
@@ -59,7 +60,7 @@ from pipeline.training.loop import train as stage
 __all__ = ["die_with_agent", "main", "stage"]
 
 
-def _run(params: Params, args: argparse.Namespace) -> dict:
+def _run(params: Params, args: argparse.Namespace) -> TrainDetails:
     threads = env.settings().threads
     if threads:
         torch.set_num_threads(threads)
