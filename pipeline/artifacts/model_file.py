@@ -47,7 +47,7 @@ def path_in(model_dir: str | Path) -> Path:
     return Path(model_dir) / NAME
 
 
-def content_sha256(weights: dict[str, torch.Tensor], config: dict[str, Any], spm: bytes) -> str:
+def content_sha256(weights: dict[str, torch.Tensor], config: dict[str, int | float | bool], spm: bytes) -> str:
     """Hex sha256 of the contents: each tensor (sorted by name) as name, dtype, shape and raw bytes, then the
     config as sorted JSON, then the BPE model bytes. Independent of how ``torch.save`` lays out the zip."""
     digest = hashlib.sha256()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
 
 import torch
 
@@ -25,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def perplexity(model: Transformer, shards: ShardSet, *, max_tokens: int) -> dict[str, Any]:
+def perplexity(model: Transformer, shards: ShardSet, *, max_tokens: int) -> dict[str, float]:
     """Per-token NLL and perplexity of ``model`` on every pair of ``shards`` that fits the model.
 
     The model runs on the device of its parameters, in eval mode (its mode is restored afterwards),

@@ -15,7 +15,7 @@ import torch
 from model import Transformer, TransformerConfig
 from pipeline.artifacts import checkpoint
 from pipeline.core import env
-from pipeline.core.config import TrainConfig, section_dict
+from pipeline.core.config import TrainConfig, flatten, section_dict
 from pipeline.core.errors import CheckpointError, ConfigError, DataError
 from pipeline.core.textio import sha256_file
 from pipeline.data import batching
@@ -151,18 +151,9 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
                    flops_per_token=flops, hooks=hooks, loss=loss)
 
 
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            out.update(_flat(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: data}
-
-
 def _config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """``key: checkpoint X, now Y`` for each differing dotted key (:data:`RESUMABLE_TRAIN_KEYS` aside)."""
-    a, b = _flat(saved), _flat(current)
+    a, b = flatten(saved), flatten(current)
     ignored = {f"train.{k}" for k in RESUMABLE_TRAIN_KEYS}
     keys = sorted((set(a) | set(b)) - ignored)
     return [f"{k}: checkpoint {a.get(k, '<absent>')!r}, now {b.get(k, '<absent>')!r}"
