@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from flows.sweep_spec import SweepSpec
 from flows.sweep_work import SweepState
 from pipeline.core import owner, tracking
 from pipeline.core import stages as stage_table
+from pipeline.core.details import StageDetails
 
 log = logging.getLogger(__name__)
 
@@ -149,12 +149,12 @@ def _never_fails(what: str) -> Iterator[None]:
 def record_stage(parent: tracking.StageRun, root: Path, metrics_dir: Path, stage: str) -> None:
     """Tag ``stage``'s MLflow run (its id from ``<stage>.details.json``) with its dvc.lock md5, and the parent
     with ``produced_by.<stage>`` (also for a stage DVC skipped: the run that produced its outputs)."""
-    lock, details = root / "dvc.lock", root / stage_table.details_file(metrics_dir, stage)
-    if not (tracking.enabled() and lock.is_file() and details.is_file()):
+    lock = root / "dvc.lock"
+    if not (tracking.enabled() and lock.is_file()):
         return
     with _never_fails(f"tag the MLflow run of stage {stage}"):
-        run_id = json.loads(details.read_text(encoding="utf-8")).get("mlflow_run_id")
-        if run_id:
+        details = StageDetails.read(root / metrics_dir, stage)
+        if details is not None and (run_id := details.mlflow_run_id):
             md5 = stage_table.lock_md5(yaml.safe_load(lock.read_text(encoding="utf-8")) or {}, stage)
             tracking.mlflow_client(root).set_tag(run_id, "dvc_lock_md5", md5)
             parent.set_tags({f"produced_by.{stage}": run_id})

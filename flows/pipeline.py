@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, TypeVar
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -37,17 +37,18 @@ from prefect.runtime import task_run as task_run_ctx
 from flows import parent_run
 from flows.dvc_task import publish_hint, repro_command, select_stages, stage_env, stage_status
 from flows.lifeline import ProcessResult, kill_all_groups, run_in_group
-from flows.report import AUDIT_ARTIFACT_KEY, StageOutcome, read_json, render_report
+from flows.report import AUDIT_ARTIFACT_KEY, StageOutcome, render_report
 from flows.server import ensure_api
 from pipeline.core import env
-from pipeline.core import stages as stage_table
 from pipeline.core import tracking
 from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
+from pipeline.core.details import EvaluateDetails, RegisterDetails, StageDetails
 from pipeline.core.errors import PipelineError
 from pipeline.project.profiles import profile_run, restore_params
 from pipeline.project.workspace import exclusive_run
 
 log = logging.getLogger(__name__)
+D = TypeVar("D", bound=StageDetails)
 
 FLOW_NAME = "wmt14-pipeline"
 ARTIFACT_KEY = "wmt14-pipeline-report"
@@ -55,6 +56,15 @@ ARTIFACT_KEY = "wmt14-pipeline-report"
 # timeouts (train resumes from its last complete checkpoint). Other stages are deterministic.
 DEFAULT_RETRIES: dict[str, int] = {"download": 3, "train": 2}
 DEFAULT_RETRY_DELAY_S: dict[str, float] = {"download": 60.0, "train": 300.0}
+
+
+class RunReport(TypedDict):
+    """What a run returns: its stages (:class:`StageOutcome` as dicts), MLflow parent run, commit and report."""
+
+    stages: list[dict[str, str | float]]
+    mlflow_run_id: str | None
+    git_commit: str
+    markdown: str
 
 
 class StageFailed(PipelineError):
@@ -104,6 +114,16 @@ def repro_stage(stage: str, settings: RunSettings) -> StageOutcome:
                         attempts=task_run_ctx.run_count or 1)
 
 
+def _details(record: type[D], metrics_dir: Path | None) -> D | None:
+    """``record``'s file in ``metrics_dir``; None when absent or unreadable (a warning: the report must not mask
+    the run's own error)."""
+    try:
+        return record.read(metrics_dir) if metrics_dir else None
+    except PipelineError as exc:
+        get_run_logger().warning("%s", exc)
+        return None
+
+
 def _finish(root: Path, paths: PathsConfig | None, outcomes: list[StageOutcome], parent: tracking.StageRun,
             git: dict[str, str], failure: BaseException | None) -> str:
     """Record the run's end on the MLflow parent; write the report (and the audit) as Prefect artifacts.
@@ -117,13 +137,13 @@ def _finish(root: Path, paths: PathsConfig | None, outcomes: list[StageOutcome],
         audit_md = (root / audit_path).read_text(encoding="utf-8") if audit_path else None
     except (OSError, UnicodeDecodeError):
         audit_md = None
-    details = {name: read_json(stage_table.details_file(root / paths.metrics, name)) if paths else {}
-               for name in ("evaluate", "register")}
+    metrics = root / paths.metrics if paths else None
+    evaluate, register = (_details(record, metrics) for record in (EvaluateDetails, RegisterDetails))
     markdown = render_report(
-        outcomes, bleu=details["evaluate"], mlflow_run_id=parent.run_id,
+        outcomes, bleu=evaluate, mlflow_run_id=parent.run_id,
         tracking_uri=tracking.tracking_uri(root) if parent.run_id else None, git=git,
         failure=(str(failure) or type(failure).__name__) if failure else None, audit_path=audit_path,
-        audit_md=audit_md, register=details["register"],
+        audit_md=audit_md, register=register,
         ui_page=parent_run.ui_page(parent.run_id, root) if parent.run_id else None)
     artifacts = [(markdown, ARTIFACT_KEY, f"{FLOW_NAME}: stages, BLEU, audit, lineage")]
     if audit_md is not None:
@@ -169,7 +189,7 @@ def _run_stages(selected: list[str], settings: RunSettings, *, retries: dict[str
 def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile: str | None = None,
                    repo: str = ".", timeouts_s: dict[str, float] | None = None,
                    retries: dict[str, int] | None = None, retry_delay_s: dict[str, float] | None = None,
-                   kill_grace_s: float = 30.0) -> dict[str, Any]:
+                   kill_grace_s: float = 30.0) -> RunReport:
     """Reproduce the DVC stages in order, one task each, under one MLflow parent run.
 
     Args:
@@ -211,7 +231,7 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
 
 def _pipeline(root: Path, selected: list[str], *, force: bool, profile: str | None,
               timeouts_s: dict[str, float] | None, retries: dict[str, int] | None,
-              retry_delay_s: dict[str, float] | None, kill_grace_s: float) -> dict[str, Any]:
+              retry_delay_s: dict[str, float] | None, kill_grace_s: float) -> RunReport:
     """The body of :func:`wmt14_pipeline`, run while it holds the workspace (and params.yaml holds ``profile``)."""
     params = load_params(root / "params.yaml") if (root / "params.yaml").is_file() else None
     flat = flatten(section_dict(params)) if params else {}

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from flows.sweep_spec import SweepSpec
-from pipeline.core import stages as stage_table
+from pipeline.core.details import Chosen, EvaluateDetails, RegisterDetails, TrainDetails
 
-_SETS = ("valid", "test")
 AUDIT_ARTIFACT_KEY = "wmt14-audit"
 AUDIT_LINES = 12  # deviations quoted in the run report; the rest stay in audit.md
 #: What the MLflow parent run carries, for MLflow's Compare view (README, "Comparing runs in MLflow").
@@ -46,43 +45,29 @@ class StageOutcome:
     attempts: int = 1
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``; empty when it is missing, unreadable or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _number(record: Mapping[str, Any], *keys: str) -> float | None:
-    """The number at ``record[k0][k1]...``, or None (missing, not a number, a bool)."""
-    value: Any = record
-    for key in keys:
-        value = value.get(key) if isinstance(value, Mapping) else None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def headline_metrics(evaluate: Mapping[str, Any], train: Mapping[str, Any]) -> dict[str, float]:
+def headline_metrics(evaluate: EvaluateDetails | None, train: TrainDetails | None) -> dict[str, float]:
     """The parent run's metrics (:data:`HEADLINE_METRICS`) from ``evaluate.details.json`` and ``train.details.json``.
 
     BLEU and chrF of valid and test, valid perplexity (the evaluated model's), training steps, and
     GPU-hours = train wall seconds x GPUs / 3600 (0.0 when it trained on CPU). A figure whose file
     or key is missing is left out.
     """
-    found = {"test_bleu": _number(evaluate, "test", "bleu"), "valid_bleu": _number(evaluate, "valid", "bleu"),
-             "test_chrf": _number(evaluate, "test", "chrf2"), "valid_chrf": _number(evaluate, "valid", "chrf2"),
-             "valid_ppl": _number(evaluate, "valid", "ppl"), "train_steps": _number(train, "step")}
-    wall, gpus = _number(train, "wall_seconds"), _number(train, "world_size")
-    if wall is not None:
-        found["gpu_hours"] = wall * (gpus or 1.0) / 3600 if train.get("device") == "cuda" else 0.0
-    return {key: value for key, value in found.items() if value is not None}
+    evaluate, train = evaluate or EvaluateDetails(), train or TrainDetails()
+    found = {"test_bleu": evaluate.test.bleu, "valid_bleu": evaluate.valid.bleu, "test_chrf": evaluate.test.chrf2,
+             "valid_chrf": evaluate.valid.chrf2, "valid_ppl": evaluate.valid.ppl, "train_steps": train.step}
+    if train.wall_seconds is not None:
+        gpus = train.world_size or 1
+        found["gpu_hours"] = train.wall_seconds * gpus / 3600 if train.device == "cuda" else 0.0
+    return {key: float(value) for key, value in found.items() if value is not None}
 
 
 def headline_from(metrics_dir: Path) -> dict[str, float]:
-    """:func:`headline_metrics` of the details files in ``metrics_dir`` as the DAG left them."""
-    return headline_metrics(read_json(stage_table.details_file(metrics_dir, "evaluate")),
-                            read_json(stage_table.details_file(metrics_dir, "train")))
+    """:func:`headline_metrics` of the details files in ``metrics_dir`` as the DAG left them.
+
+    Raises:
+        PipelineError: a details file that is not valid JSON or has a field of the wrong type (names it).
+    """
+    return headline_metrics(EvaluateDetails.read(metrics_dir), TrainDetails.read(metrics_dir))
 
 
 def _cell(value: Any) -> str:
@@ -96,23 +81,20 @@ def stage_rows(outcomes: Sequence[StageOutcome]) -> list[str]:
     return rows + [f"| {_cell(o.stage)} | {_cell(o.status)} | {o.duration_s:.1f} s | {o.attempts} |" for o in outcomes]
 
 
-def bleu_table(bleu: Mapping[str, Any]) -> list[str]:
+def bleu_table(bleu: EvaluateDetails) -> list[str]:
     """Markdown rows from ``evaluate.details.json``: every scored figure per set with its sacreBLEU signature."""
     rows = ["| set | metric | score | signature |", "|---|---|---:|---|"]
-    for name in _SETS:
-        figures = bleu.get(name)
-        if not isinstance(figures, Mapping):
-            continue
-        signatures = figures.get("signatures") or {}
-        for key in list(signatures) or ["bleu"]:
-            value = figures.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                rows.append(f"| {name} | {_cell(key)} | {value:.2f} | `{_cell(signatures.get(key, ''))}` |")
+    for name, figures in (("valid", bleu.valid), ("test", bleu.test)):
+        scores = figures.scores()
+        for key in list(figures.signatures) or ["bleu"]:
+            value = scores.get(key)
+            if value is not None:
+                rows.append(f"| {name} | {_cell(key)} | {value:.2f} | `{_cell(figures.signatures.get(key, ''))}` |")
     if len(rows) == 2:
         return []
-    chosen = bleu.get("chosen")
-    if isinstance(chosen, Mapping):
-        rows += ["", f"Beam {chosen.get('beam')}, alpha {chosen.get('alpha')} (chosen on {chosen.get('chosen_on')})."]
+    chosen = bleu.chosen
+    if chosen != Chosen():
+        rows += ["", f"Beam {chosen.beam}, alpha {chosen.alpha} (chosen on {chosen.chosen_on})."]
     return rows
 
 
@@ -155,39 +137,39 @@ def audit_section(audit_path: str, audit_md: str | None, max_lines: int = AUDIT_
     return lines + [""]
 
 
-def registry_lines(register: Mapping[str, Any]) -> list[str]:
+def registry_lines(register: RegisterDetails) -> list[str]:
     """Markdown bullets from ``register.details.json``: registered version, alias holder and the decision."""
-    name, version = register.get("model_name"), register.get("model_version")
+    name, version = register.model_name, register.model_version
     if not (name and version):
-        reason = register.get("decision") or register.get("tracking")
+        reason = register.decision or register.tracking
         return [f"- registered model: none ({_cell(reason)})"] if reason else []
-    alias, holder = register.get("alias") or "candidate", register.get("candidate_version")
-    moved = "moved to this version" if register.get("alias_moved") else "not moved"
+    alias, holder = register.alias or "candidate", register.candidate_version
+    moved = "moved to this version" if register.alias_moved else "not moved"
     lines = [f"- registered model: `models:/{name}/{version}`",
              f"- alias `{alias}`: {moved} (held by version {holder}: `models:/{name}@{alias}`)"
              if holder else f"- alias `{alias}`: {moved}"]
-    return lines + ([f"- decision: {_cell(register['decision'])}"] if register.get("decision") else [])
+    return lines + ([f"- decision: {_cell(register.decision)}"] if register.decision else [])
 
 
-def render_report(outcomes: Sequence[StageOutcome], *, bleu: Mapping[str, Any], mlflow_run_id: str | None,
+def render_report(outcomes: Sequence[StageOutcome], *, bleu: EvaluateDetails | None, mlflow_run_id: str | None,
                   tracking_uri: str | None, git: Mapping[str, str], failure: str | None = None,
                   audit_path: str | None = None, audit_md: str | None = None,
-                  register: Mapping[str, Any] | None = None, ui_page: str | None = None) -> str:
+                  register: RegisterDetails | None = None, ui_page: str | None = None) -> str:
     """The whole report: stages, BLEU, the audit, lineage (git, MLflow, registry), failure (if any).
 
     Args:
         outcomes: one per stage task that started.
-        bleu: ``evaluate.details.json`` (empty: not scored yet).
+        bleu: ``evaluate.details.json`` (None: not scored yet).
         mlflow_run_id: the parent run (None: tracking off).
         tracking_uri: the MLflow store (a server gets a link, a local store the ``mlflow ui`` command).
         git: ``git_commit`` and ``git_dirty``.
         failure: the error that ended the run.
         audit_path: ``<paths.reports>/audit.md`` relative to the repository (None: no audit section).
         audit_md: its text (None: not written yet).
-        register: ``register.details.json`` (None or empty: no registry lines).
+        register: ``register.details.json`` (None: no registry lines).
         ui_page: the page a local ``mlflow ui`` should open (:func:`flows.parent_run.ui_page`).
     """
-    table = bleu_table(bleu) or ["No `evaluate.details.json` yet."]
+    table = bleu_table(bleu or EvaluateDetails()) or ["No `evaluate.details.json` yet."]
     lines = ["# wmt14-pipeline", "", "## Stages", "", *stage_rows(outcomes), "", "## BLEU", "", *table, ""]
     if audit_path:
         lines += audit_section(audit_path, audit_md)
@@ -196,7 +178,7 @@ def render_report(outcomes: Sequence[StageOutcome], *, bleu: Mapping[str, Any], 
     lines += ["## Lineage", "", f"- git commit: `{git.get('git_commit') or 'unknown (not a git checkout)'}`{dirty}",
               f"- MLflow parent run: {run}"]
     hint = mlflow_ui_hint(tracking_uri, ui_page) if mlflow_run_id else None
-    lines += ([f"- MLflow UI: {hint}"] if hint else []) + registry_lines(register or {})
+    lines += ([f"- MLflow UI: {hint}"] if hint else []) + registry_lines(register or RegisterDetails())
     if failure:
         lines += ["", "## Failure", "", "```", failure, "```"]
     return "\n".join(lines) + "\n"

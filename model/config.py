@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 #: Special token ids, defined once: the BPE model is trained with them and the network uses them.
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -121,12 +120,12 @@ class TransformerConfig:
         """This config with ``vocab_size`` set (from the BPE model)."""
         return dataclasses.replace(self, vocab_size=vocab_size)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, int | float | bool]:
         """Plain dict of all fields (JSON/``torch.save(weights_only=True)`` friendly)."""
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
+    def from_dict(cls, data: dict[str, int | float | bool]) -> TransformerConfig:
         """Inverse of :meth:`to_dict`; unknown keys are an error naming them."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)

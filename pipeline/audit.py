@@ -14,11 +14,11 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
 
 from pipeline.auditing.inputs import load_inputs
 from pipeline.auditing.report import build_audit, tracking_metrics
 from pipeline.core.config import Params
+from pipeline.core.details import AuditDetails
 from pipeline.core.stage import stage_main, stage_parser
 from pipeline.core.textio import atomic_path, sha256_file
 
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def stage(params: Params, *, params_file: str | Path, lock_file: str | Path, root: str | Path,
-          md_path: str | Path, json_path: str | Path) -> dict[str, Any]:
+          md_path: str | Path, json_path: str | Path) -> AuditDetails:
     """Write the replication audit (``audit.md`` and ``audit.json``, both atomically) and log it to MLflow.
 
     Args:
@@ -61,10 +61,10 @@ def stage(params: Params, *, params_file: str | Path, lock_file: str | Path, roo
     paper = audit["summary"]["paper"]
     log.info("audit: %d paper items match, %d deviate, %d not measured; %d warning(s) -> %s", paper["matches"],
              paper["deviates"], paper["not measured"], audit["summary"]["warnings"], md_path)
-    return {**numbers, "report": str(json_path), "report_sha256": sha256_file(json_path)}
+    return AuditDetails(extra={**numbers, "report": str(json_path), "report_sha256": sha256_file(json_path)})
 
 
-def _run(params: Params, args: argparse.Namespace) -> dict[str, Any]:
+def _run(params: Params, args: argparse.Namespace) -> AuditDetails:
     root = Path(args.root)
     reports = root / params.paths.reports
     return stage(params, params_file=args.params, lock_file=args.lock, root=root, md_path=reports / "audit.md",

@@ -22,32 +22,31 @@ import logging
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from pipeline.core import env, stages, tracking
 from pipeline.core.config import EvaluateConfig, Params
+from pipeline.core.details import RegisterDetails
 from pipeline.core.stage import stage_main
 from pipeline.inference import registration, registry
 from pipeline.inference.registration import ALIAS, SPLITS
+from pipeline.inference.registry import ModelVersion
 
 log = logging.getLogger(__name__)
 
 
-def _record_only(name: str, new: dict[str, Any], decision: str, *, existing: dict[str, Any] | None = None,
-                 holder: dict[str, Any] | None = None) -> dict[str, Any]:
+def _record_only(name: str, new: dict[str, float], decision: str, *, existing: ModelVersion | None = None,
+                 holder: ModelVersion | None = None) -> RegisterDetails:
     """The record of a run that logs nothing (tracking off, or this model already registered)."""
-    record = {"tracking": "on" if tracking.enabled() else "off", "model_name": name, "alias": ALIAS,
-              "alias_moved": False, "decision": decision, "new": new,
-              "mlflow_run_id": existing["run_id"] if existing else None,
-              "model_version": existing["version"] if existing else None,
-              "candidate_version": holder["version"] if holder else None}
     log.info("register: %s", decision)
-    return record
+    return RegisterDetails(tracking="on" if tracking.enabled() else "off", model_name=name, alias=ALIAS,
+                           alias_moved=False, decision=decision, mlflow_run_id=existing.run_id if existing else None,
+                           model_version=existing.version if existing else None,
+                           candidate_version=holder.version if holder else None, extra={"new": new})
 
 
 def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Path,
           bleu_path: str | Path, lock_path: str | Path = "dvc.lock",
-          dataset_paths: dict[str, tuple[str, str]] | None = None, root: str | Path = ".") -> dict[str, Any]:
+          dataset_paths: dict[str, tuple[str, str]] | None = None, root: str | Path = ".") -> RegisterDetails:
     """Log and register the averaged model; move ``candidate`` if it wins on valid BLEU.
 
     Args:
@@ -77,14 +76,14 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
                                                "alpha": chosen.alpha}, root)
     if same:
         return _record_only(name, new, f"this averaged.pt with beam {chosen.beam}, alpha "
-                            f"{chosen.alpha} is already version {same[0]['version']}: not logged again",
+                            f"{chosen.alpha} is already version {same[0].version}: not logged again",
                             existing=same[0], holder=holder)
     run = tracking.current()
     with tempfile.TemporaryDirectory(prefix="nmt-register-") as tmp:
         work = Path(tmp)
         datasets = registration.log_lineage(run, inputs, name, lock_path, dataset_paths or {})
         info = registration.log_model(run, cfg, inputs, name, work, root)
-        version = info["version"]
+        version = info.version
         registry.tag_model_version(name, version, {"run_id": run.run_id, **new,
                                                    "averaged_sha256": inputs.averaged_sha256,
                                                    **{f"{s}_ref_sha256": inputs.ref_sha[s] for s in SPLITS}}, root)
@@ -93,21 +92,23 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
         if moved:
             registry.set_alias(name, ALIAS, version, root)
         previous = None if holder is None else {
-            "version": holder["version"], "run_id": holder["run_id"],
-            **{k: float(holder["tags"][k]) for k in ("valid_bleu", "test_bleu") if k in holder["tags"]}}
-        record = {"tracking": "on", "model_name": name, "alias": ALIAS, "alias_moved": moved, "decision": decision,
-                  "mlflow_run_id": run.run_id, "model_version": version, "model_uri": info["model_uri"],
-                  "registered_uri": f"models:/{name}/{version}", "new": new, "previous_candidate": previous,
-                  "candidate_version": version if moved else (holder or {}).get("version"),
-                  "paired_bootstrap": bootstrap, "paired_bootstrap_skipped": not_compared,
-                  "datasets": [{k: d[k] for k in ("name", "digest", "context")} for d in datasets]}
-        registration.log_decision(run, record)
+            "version": holder.version, "run_id": holder.run_id,
+            **{k: float(holder.tags[k]) for k in ("valid_bleu", "test_bleu") if k in holder.tags}}
+        record = RegisterDetails(
+            tracking="on", model_name=name, alias=ALIAS, alias_moved=moved, decision=decision,
+            mlflow_run_id=run.run_id, model_version=version,
+            candidate_version=version if moved else holder.version if holder else None,
+            extra={"model_uri": info.model_uri, "registered_uri": f"models:/{name}/{version}", "new": new,
+                   "previous_candidate": previous, "paired_bootstrap": bootstrap,
+                   "paired_bootstrap_skipped": not_compared,
+                   "datasets": [{k: d[k] for k in ("name", "digest", "context")} for d in datasets]})
+        registration.log_decision(run, record, chosen, bootstrap, holder)
     log.info("registered %s version %s (%s); alias %s %s", name, version, decision, ALIAS,
              "moved" if moved else "kept")
     return record
 
 
-def _run(params: Params, args: argparse.Namespace) -> dict:
+def _run(params: Params, args: argparse.Namespace) -> RegisterDetails:
     paths = params.paths
     return stage(params.evaluate, model_dir=paths.model, eval_dir=paths.eval, raw_dir=paths.raw,
                  bleu_path=stages.details_file(paths.metrics, "evaluate"),

@@ -48,12 +48,13 @@ import torch
 
 from pipeline.core import env
 from pipeline.core.config import Params
+from pipeline.core.details import TrainDetails
 from pipeline.core.stage import stage_main
 from pipeline.training.curves import write_curves
 from pipeline.training.loop import train as stage
 
 
-def _run(params: Params, args: argparse.Namespace) -> dict:
+def _run(params: Params, args: argparse.Namespace) -> TrainDetails:
     if threads := env.settings().threads:
         torch.set_num_threads(threads)
     paths = params.paths

@@ -71,10 +71,10 @@ def step_precision(r: Runner, data: Path, profile: str, dry: bool) -> dict[str, 
     return {**out, "curves": curves, "compare": compare_curves(curves["bf16"], curves["fp32"])}
 
 
-def compare_curves(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict[str, Any]:
+def compare_curves(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict[str, dict[str, float]]:
     """Largest absolute and relative difference of each loss column, over the steps both logged."""
     by_step = {row["step"]: row for row in b}
-    worst: dict[str, Any] = {}
+    worst: dict[str, dict[str, float]] = {}
     for column in ("train_loss", "train_nll", "valid_loss", "valid_nll"):
         pairs = [(row[column], by_step[row["step"]][column]) for row in a
                  if column in row and row["step"] in by_step and column in by_step[row["step"]]]
@@ -133,7 +133,7 @@ def compare_checkpoints(a: Path, b: Path) -> dict[str, Any]:
     return {**result, "history_equal": history_a == history_b}
 
 
-def step_attention(dry: bool) -> dict[str, Any]:
+def step_attention(dry: bool) -> dict[str, dict[str, float]]:
     """Seconds for 12 beam searches (beam 4, 12 steps, a random demo-sized model) whose shapes are new, then
     the same again, with the model's attention backends and with cuDNN's allowed first (PyTorch's own order)."""
     import torch
@@ -157,7 +157,7 @@ def step_attention(dry: bool) -> dict[str, Any]:
             torch.cuda.synchronize()
         return round(time.perf_counter() - started, 3)
 
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, float]] = {}
     for name, backends, first in (("shipped", shipped, 1),
                                   ("cudnn_allowed", [SDPBackend.CUDNN_ATTENTION, *shipped], 100)):
         model.layers.CUDA_ATTENTION = backends

@@ -142,11 +142,11 @@ class Runner:
                 tar.add(curve, arcname=str(curve.relative_to(self.work)))
 
 
-def step_env() -> dict[str, Any]:
+def step_env() -> dict[str, str | float | bool]:
     """torch, Python, the CUDA device and NCCL versions, ``nvidia-smi -L``."""
     import torch
 
-    info: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(),
+    info: dict[str, str | float | bool] = {"torch": torch.__version__, "python": platform.python_version(),
                             "cuda_available": torch.cuda.is_available()}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)

@@ -41,7 +41,7 @@ def path_in(model_dir: str | Path) -> Path:
     return Path(model_dir) / NAME
 
 
-def content_sha256(weights: dict[str, torch.Tensor], config: dict[str, Any], spm: bytes) -> str:
+def content_sha256(weights: dict[str, torch.Tensor], config: dict[str, int | float | bool], spm: bytes) -> str:
     """Hex sha256 of each tensor (by name: name, dtype, shape, bytes), the config as sorted JSON and the BPE
     model: independent of how ``torch.save`` lays out the zip."""
     digest = hashlib.sha256()

@@ -13,7 +13,7 @@ from pipeline.auditing.ranking import TopicLine, deviation_topics
 from pipeline.auditing.replay import Replay
 from pipeline.auditing.run_items import training_items
 from pipeline.auditing.settings import OPEN_KEYS, PAPER_SETTINGS
-from pipeline.auditing.summary import Headline, counts, headline, warnings
+from pipeline.auditing.summary import Headline, Summary, counts, headline, warnings
 from pipeline.core.config import flatten
 
 
@@ -23,7 +23,7 @@ class Audit(TypedDict):
     format: int
     profile: str | None
     dataset: str | None
-    summary: dict[str, Any]
+    summary: Summary
     headline: Headline
     configuration: list[Item]
     measured: list[Item]
@@ -98,8 +98,8 @@ def build_audit(inp: Inputs) -> Audit:
                 + lineage_items(inp))  # each "not measured" while its input is missing
     items, topics = config + measured + inp.replay.get("items", []), deviation_topics(config, measured)
     warned, per_kind = warnings(items), counts(items)
-    summary = {"paper": per_kind["paper"], "reference": per_kind["reference"], "checks": per_kind["check"],
-               "warnings": len(warned), "deviation_topics": len(topics)}
+    summary = Summary(paper=per_kind["paper"], reference=per_kind["reference"], checks=per_kind["check"],
+                      warnings=len(warned), deviation_topics=len(topics))
     dataset = inp.params.download.dataset
     return {"format": FORMAT, "profile": inp.params.profile, "dataset": dataset, "summary": summary,
             "headline": headline(dataset, inp.details.evaluate.test),

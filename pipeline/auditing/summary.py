@@ -5,7 +5,7 @@ the counts per kind of item, and the warnings.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from pipeline.auditing.items import KINDS, VERDICTS, Item
 from pipeline.auditing.paper import PAPER, SACREBLEU_EQUIVALENT
@@ -76,6 +76,16 @@ def headline(dataset: str | None, test: SetFigures) -> Headline:
     return out
 
 
+class Summary(TypedDict):
+    """Verdicts counted per kind of item (:func:`counts`), the warnings and the deviation topics."""
+
+    paper: dict[str, int]
+    reference: dict[str, int]
+    checks: dict[str, int]
+    warnings: int
+    deviation_topics: int
+
+
 def counts(items: list[Item]) -> dict[str, dict[str, int]]:
     """Verdicts counted per kind (:data:`pipeline.auditing.items.KINDS`): a check never adds a match."""
     return {kind: {v: sum(1 for i in items if i["kind"] == kind and i["verdict"] == v) for v in VERDICTS}
@@ -88,7 +98,7 @@ def warnings(items: list[Item]) -> list[str]:
             if i["kind"] == "check" and i["verdict"] in ("warning", "deviates")]
 
 
-def counts_line(summary: dict[str, Any]) -> str:
+def counts_line(summary: Summary) -> str:
     """The counts as one sentence: paper items, reference-implementation items, run checks."""
     paper, ref, checks = summary["paper"], summary["reference"], summary["checks"]
     return (f"Against the paper: {paper['matches']} match, {paper['deviates']} deviate, {paper['not measured']} "

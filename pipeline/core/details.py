@@ -4,7 +4,7 @@ A stage returns a JSON object; :func:`pipeline.core.stage.run_stage` writes it w
 ``mlflow_run_id`` added. A record names the fields its readers use, with their types. ``from_json`` checks
 each one (a wrong type is a one-line error naming the file and the key), reads a missing key or ``null`` as
 None (empty for a list, a mapping or a nested record) and keeps every other key in ``extra``; ``to_json``
-leaves out what is None, so that ``from_json(to_json(r)) == r`` and nothing a stage wrote is lost.
+writes every field (None as null), so that ``from_json(to_json(r)) == r`` and nothing a stage wrote is lost.
 """
 
 from __future__ import annotations
@@ -45,10 +45,9 @@ class Record:
         return cls(**known, extra={k: v for k, v in data.items() if k not in hints})
 
     def to_json(self) -> dict[str, object]:
-        """The JSON object: the fields that are not None (nested records as objects), then ``extra``."""
+        """The JSON object: every field (None as null, nested records as objects), then ``extra``."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
-        out = {k: v.to_json() if isinstance(v, Record) else v for k, v in out.items() if v is not None}
-        return out | self.extra
+        return {k: v.to_json() if isinstance(v, Record) else v for k, v in out.items()} | self.extra
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,13 +58,13 @@ class StageDetails(Record):
     mlflow_run_id: str | None = None
 
     @classmethod
-    def read(cls, metrics_dir: str | Path) -> Self | None:
-        """``<metrics_dir>/<STAGE>.details.json``, or None when the stage has not written it yet.
+    def read(cls, metrics_dir: str | Path, stage: str | None = None) -> Self | None:
+        """``<metrics_dir>/<STAGE>.details.json`` (``stage``'s, when given), or None when not written yet.
 
         Raises:
             PipelineError: not valid JSON; DataError: not an object or a field of the wrong type (names the file).
         """
-        path = stages.details_file(metrics_dir, cls.STAGE)
+        path = stages.details_file(metrics_dir, stage or cls.STAGE)
         if not path.is_file():
             return None
         try:

@@ -124,7 +124,7 @@ LEVEL = Parser("logging level", str.upper)
 FAULT_SPEC = Parser(f"`{FAULT_SYNTAX}`", _fault)
 
 
-def meta(name: str, parse: Parser, doc: str) -> dict[str, Any]:
+def meta(name: str, parse: Parser, doc: str) -> dict[str, str | Parser]:
     """The metadata of a :class:`Settings` field: its variable ``name``, how to ``parse`` it, one line ``doc``."""
     return {"env": name, "parse": parse, "doc": doc}
 

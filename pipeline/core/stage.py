@@ -1,7 +1,7 @@
 """What every stage shares: logging, params loading, the bookkeeping wrapper, one-line errors.
 
-A stage module defines ``stage(cfg, *, input and output paths) -> dict`` (its typed params section
-in, its figures out: no MLflow, timing or metrics files) and ``main(argv)``, which calls
+A stage module defines ``stage(cfg, *, input and output paths)`` (its typed params section in, its figures
+out as a JSON object or its :mod:`pipeline.core.details` record: no MLflow, timing or metrics files) and ``main(argv)``, which calls
 :func:`stage_main`. ``python -m pipeline.<stage>`` then loads params.yaml and runs the stage under
 :func:`run_stage`, the one place that opens the stage's MLflow run (:func:`pipeline.core.tracking.current`
 inside the stage), logs its params sections, times it and writes ``<stage>.json`` (DVC metrics) and
@@ -22,12 +22,15 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.core import env, stages, tracking
 from pipeline.core.config import Params, flatten, load_params, section_dict
 from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.textio import public_path, write_error, write_text
+
+if TYPE_CHECKING:  # a stage that builds no record does not depend on pipeline/core/details.py
+    from pipeline.core.details import StageDetails
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +132,7 @@ def _fail(name: str, message: str) -> int:
     return 1
 
 
-def write_metrics(path: str | Path, metrics: dict[str, Any]) -> None:
+def write_metrics(path: str | Path, metrics: dict[str, object]) -> None:
     """Write a stage's metrics JSON atomically (sorted keys, trailing newline)."""
     write_text(path, json.dumps(metrics, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
@@ -145,8 +148,8 @@ def read_json(path: str | Path) -> Any:
         raise PipelineError(f"{path}: not valid JSON ({exc}); delete it and rerun the stage that writes it") from None
 
 
-def run_stage(name: str, body: Callable[[], dict[str, Any]], *, metrics_dir: str | Path,
-              params: Params | None = None, root: str | Path = ".") -> dict[str, Any]:
+def run_stage(name: str, body: Callable[[], dict[str, object] | StageDetails], *, metrics_dir: str | Path,
+              params: Params | None = None, root: str | Path = ".") -> dict[str, object]:
     """Run one stage's ``body`` with its bookkeeping: the one wrapper every stage goes through.
 
     Opens the stage's MLflow run (at the start, or on first use for the table's ``lazy_run`` stages,
@@ -170,6 +173,7 @@ def run_stage(name: str, body: Callable[[], dict[str, Any]], *, metrics_dir: str
         if not spec.lazy_run:
             run.open()  # now, so that the run's duration is the stage's
         record = body()
+        record = record if isinstance(record, dict) else record.to_json()
         seconds = round(time.monotonic() - start, 3)
         if run.opened:
             run.log_metrics({"stage_seconds": seconds})
@@ -206,8 +210,8 @@ def _log_plots(run: tracking.StageRun, name: str, params: Params | None, root: s
             run.log_artifact(path, "plots")
 
 
-def stage_main(name: str, body: Callable[[Params, argparse.Namespace], dict[str, Any]], argv: list[str] | None,
-               parser: argparse.ArgumentParser | None = None) -> int:
+def stage_main(name: str, body: Callable[[Params, argparse.Namespace], dict[str, object] | StageDetails],
+               argv: list[str] | None, parser: argparse.ArgumentParser | None = None) -> int:
     """``python -m pipeline.<name>``: :func:`run_cli` around :func:`run_stage` of ``body(params, args)``.
 
     The metrics files go to ``<paths.metrics>`` (under ``--root`` when the stage's parser has one).

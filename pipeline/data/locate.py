@@ -208,7 +208,7 @@ def _download_unit(env: FetchEnv, spec: DatasetSpec, sf: SourceFile) -> Located:
 
 
 def locate(env: FetchEnv, spec: DatasetSpec, staging: Path, expected: dict[str, list[Expectation]]
-           ) -> tuple[dict[SourceFile, Located], dict[str, dict[str, Any]]]:
+           ) -> tuple[dict[SourceFile, Located], dict[str, dict[str, str | int]]]:
     """Find every source file's bytes: mirror (extracted), mirror (archive); with no mirror, cache or network.
 
     Args:
@@ -234,7 +234,7 @@ def locate(env: FetchEnv, spec: DatasetSpec, staging: Path, expected: dict[str, 
             located[sf] = _download_unit(env, spec, sf)
     # fetch every archive before unpacking any, so one bad archive does not hold up the others' downloads
     wheres = {url: _download_unit(env, spec, files[0]) for url, files in by_archive.items()}
-    archives: dict[str, dict[str, Any]] = {}
+    archives: dict[str, dict[str, str | int]] = {}
     for url, files in by_archive.items():
         first, where = files[0], wheres[url]
         digest, size = check(where.path, first.url_name, expected.get(first.url_name, []), where.copy)

@@ -89,10 +89,10 @@ def _write_side(fh: IO[bytes], digest: Any, lines: Iterator[str]) -> int:
 
 
 def _write_split(split: str, corpora: tuple[Corpus, ...], located: dict[SourceFile, Located], out_dir: Path,
-                 staging: Path, expected: dict[str, list[Expectation]]) -> tuple[list[dict[str, Any]],
-                                                                                 dict[str, Any]]:
+                 staging: Path, expected: dict[str, list[Expectation]]
+                 ) -> tuple[list[dict[str, str | int | None]], dict[str, dict[str, str | int]]]:
     """Write ``<split>.{en,de}``: the corpora concatenated, each checked; return manifest entries."""
-    entries: list[dict[str, Any]] = []
+    entries: list[dict[str, str | int | None]] = []
     handles = {lang: open(out_dir / f"{split}.{lang}", "wb") for lang in LANGS}  # noqa: SIM115 - closed below
     digests = {lang: hashlib.sha256() for lang in LANGS}
     try:
@@ -148,8 +148,8 @@ def write_raw(spec: DatasetSpec, located: dict[SourceFile, Located], out_dir: Pa
         DownloadError: a checksum or line-count mismatch, or a corrupt archive.
         DataError: a source file with invalid UTF-8 or a NUL byte (naming the file a user can open).
     """
-    files: list[dict[str, Any]] = []
-    outputs: dict[str, Any] = {}
+    files: list[dict[str, str | int | None]] = []
+    outputs: dict[str, dict[str, str | int]] = {}
     for split in SPLITS:
         entries, outs = _write_split(split, spec.split(split), located, out_dir, staging, expected)
         files += entries

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.textio import sha256_file
@@ -34,7 +33,7 @@ def write(folder: str | Path) -> Path:
         DigestError: ``folder`` holds something other than plain files (a digest covers one flat folder).
     """
     folder = Path(folder)
-    entries: dict[str, Any] = {}
+    entries: dict[str, dict[str, int | str]] = {}
     for path in _files(folder):
         if not path.is_file() or path.is_symlink():
             raise DigestError(f"{path}: not a plain file; a digested folder holds files only")

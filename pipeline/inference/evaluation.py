@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -77,14 +77,23 @@ def load_set(shards_dir: str | Path, raw_dir: str | Path, split: str, translator
     return EvalSet(sources, truncated, ref_path, refs)
 
 
+class GridEntry(TypedDict):
+    """One (beam, α) of the grid on valid: its BLEU and the seconds of its beam size's decode."""
+
+    beam: int
+    alpha: float
+    bleu: float
+    decode_seconds: float
+
+
 def choose_on_valid(cfg: EvaluateConfig, translator: Translator, sources: list[list[int]],
-                    refs: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+                    refs: list[str]) -> tuple[list[GridEntry], GridEntry, list[str]]:
     """Decode valid once per beam size, rank every α; returns (grid, chosen entry, chosen hypotheses).
 
     The chosen entry has the highest valid BLEU; ties go to the earlier grid entry (params order).
     """
-    grid: list[dict[str, Any]] = []
-    best: tuple[float, dict[str, Any], list[str]] | None = None
+    grid: list[GridEntry] = []
+    best: tuple[float, GridEntry, list[str]] | None = None
     for beam in cfg.beam_sizes:
         start = time.monotonic()
         by_alpha = decode_sources(translator, sources, beam_size=beam, alphas=cfg.alphas, max_len_a=cfg.max_len_a,
@@ -92,8 +101,8 @@ def choose_on_valid(cfg: EvaluateConfig, translator: Translator, sources: list[l
         seconds = time.monotonic() - start
         for alpha in cfg.alphas:
             text = detokenize(translator.sp, by_alpha[float(alpha)])
-            entry = {"beam": beam, "alpha": float(alpha), "bleu": primary_bleu(text, refs),
-                     "decode_seconds": round(seconds, 3)}
+            entry = GridEntry(beam=beam, alpha=float(alpha), bleu=primary_bleu(text, refs),
+                              decode_seconds=round(seconds, 3))
             grid.append(entry)
             log.info("valid beam %d alpha %.2f: BLEU %.2f", beam, alpha, entry["bleu"])
             if best is None or entry["bleu"] > best[0]:
@@ -139,7 +148,7 @@ def evaluate_averaged(cfg: EvaluateConfig, translator: Translator, valid: EvalSe
 
 
 @torch.no_grad()
-def perplexity(model: Transformer, shards: ShardSet, *, max_tokens: int) -> dict[str, Any]:
+def perplexity(model: Transformer, shards: ShardSet, *, max_tokens: int) -> dict[str, float]:
     """Per-token NLL and perplexity of ``model`` on every pair of ``shards`` that fits the model.
 
     The paper's Table 3 reports perplexity "per-wordpiece": the NLL of every non-pad target token (the pieces and
@@ -181,7 +190,7 @@ def perplexity(model: Transformer, shards: ShardSet, *, max_tokens: int) -> dict
             "skipped": int(len(ids) - sentences)}
 
 
-def perplexity_fields(model: torch.nn.Module, shards: ShardSet, max_tokens: int) -> dict[str, Any]:
+def perplexity_fields(model: torch.nn.Module, shards: ShardSet, max_tokens: int) -> dict[str, float]:
     """``nll``, ``ppl`` and what they were computed on, as the report stores them."""
     figures = perplexity(model, shards, max_tokens=max_tokens)
     return {"nll": figures["nll"], "ppl": figures["ppl"], "ppl_tokens": figures["tokens"],

@@ -23,7 +23,7 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 log = logging.getLogger(__name__)
 
 #: decoding settings used when neither the model config nor the request gives one.
-DEFAULTS: dict[str, Any] = {"beam_size": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50, "max_tokens": 8192,
+DEFAULTS: dict[str, int | float | str] = {"beam_size": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50, "max_tokens": 8192,
                             "engine": "torch"}
 #: settings a request may override through ``params``.
 REQUEST_PARAMS = ("beam_size", "alpha", "engine")
@@ -91,7 +91,8 @@ class Translator(mlflow.pyfunc.PythonModel):
         self._settings = {**DEFAULTS, **{k: v for k, v in (context.model_config or {}).items() if k in DEFAULTS}}
         log.info("translator loaded (%s) with %s", ", ".join(self._engines), self._settings)
 
-    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> list[str]:
+    def predict(self, context: Any, model_input: pd.DataFrame,
+                params: dict[str, int | float | str] | None = None) -> list[str]:
         """One translation per line of ``model_input`` (:func:`source_lines`), with this request's ``params``.
 
         Raises:

@@ -14,17 +14,19 @@ import shutil
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 
 from pipeline.artifacts import model_file
 from pipeline.core import env, tracking
 from pipeline.core.config import EvaluateConfig
+from pipeline.core.details import EvaluateDetails, RegisterDetails
 from pipeline.core.errors import CheckpointError, DataError
 from pipeline.core.stage import read_json
 from pipeline.core.textio import read_lines, sha256_file
 from pipeline.inference import ct2, registry
+from pipeline.inference.registry import LoggedModel, ModelVersion
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,21 @@ class Evaluation:
     evaluate_run_id: str | None
 
 
+class Bootstrap(TypedDict):
+    """sacreBLEU's paired bootstrap of the new model against the candidate (:func:`paired_bootstrap`)."""
+
+    p_value: float
+    n_samples: int
+    signature: str
+    identical_hypotheses: bool
+    new_bleu: float
+    new_mean: float
+    new_ci: float
+    candidate_bleu: float
+    candidate_mean: float
+    candidate_ci: float
+
+
 @dataclass(frozen=True)
 class Inputs:
     """The register stage's inputs, checked: the model file, evaluate's figures, hypotheses and references."""
@@ -65,16 +82,21 @@ class Inputs:
 
 
 def read_evaluation(path: str | Path) -> Evaluation:
-    """The figures register needs from evaluate's ``evaluate.details.json`` (a missing key is a DataError)."""
-    report = read_json(path)
-    try:
-        return Evaluation(valid_bleu=float(report["valid"]["bleu"]), test_bleu=float(report["test"]["bleu"]),
-                          beam=int(report["chosen"]["beam"]), alpha=float(report["chosen"]["alpha"]),
-                          signature=str(report["test"].get("signatures", {}).get("bleu", "")),
-                          evaluate_run_id=report.get("mlflow_run_id"))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise DataError(f"{path}: lacks {exc} (needs valid.bleu, test.bleu, chosen.beam, chosen.alpha); "
-                        "rerun `dvc repro evaluate`") from None
+    """The figures register needs from evaluate's ``evaluate.details.json``.
+
+    Raises:
+        PipelineError/DataError: missing file, bad JSON, a missing key or one of the wrong type (named, with the
+            remedy).
+    """
+    report = EvaluateDetails.from_json(read_json(path), str(path))
+    needed = {"valid.bleu": report.valid.bleu, "test.bleu": report.test.bleu, "chosen.beam": report.chosen.beam,
+              "chosen.alpha": report.chosen.alpha}
+    missing = [key for key, value in needed.items() if value is None]
+    if missing:
+        raise DataError(f"{path}: lacks {', '.join(missing)} (needs {', '.join(needed)}); rerun `dvc repro evaluate`")
+    return Evaluation(valid_bleu=report.valid.bleu, test_bleu=report.test.bleu, beam=report.chosen.beam,
+                      alpha=report.chosen.alpha, signature=report.test.signatures.get("bleu", ""),
+                      evaluate_run_id=report.mlflow_run_id)
 
 
 def gather_inputs(model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Path, bleu_path: str | Path) -> Inputs:
@@ -140,12 +162,12 @@ def dvc_datasets(lock_path: str | Path, wanted: dict[str, tuple[str, str]]) -> l
 
 
 def paired_bootstrap(new_hyps: list[str], candidate_hyps: list[str], refs: list[str],
-                     n_samples: int = BOOTSTRAP_SAMPLES) -> dict[str, Any]:
+                     n_samples: int = BOOTSTRAP_SAMPLES) -> Bootstrap:
     """sacreBLEU's paired bootstrap resampling (BLEU 13a cased), the candidate as baseline.
 
     Returns:
-        ``{"p_value", "n_samples", "signature", "identical_hypotheses", "new_bleu", "new_mean", "new_ci",
-        "candidate_bleu", "candidate_mean", "candidate_ci"}``.
+        Both BLEUs with their bootstrap means and confidence intervals; ``p_value`` is the probability of a
+        BLEU difference at least this large arising by chance.
 
     Raises:
         DataError: the three line lists differ in length.
@@ -162,29 +184,29 @@ def paired_bootstrap(new_hyps: list[str], candidate_hyps: list[str], refs: list[
     (metric,) = (k for k in scores if k != "System")
     baseline, system = scores[metric]
     # Note: sacreBLEU gives p = 1/(n+1) for two identical systems (a zero difference is never "by chance").
-    return {"p_value": float(system.p_value), "n_samples": n_samples, "signature": signatures[metric].format(),
-            "identical_hypotheses": list(new_hyps) == list(candidate_hyps),
-            "new_bleu": float(system.score), "new_mean": float(system.mean), "new_ci": float(system.ci),
-            "candidate_bleu": float(baseline.score), "candidate_mean": float(baseline.mean),
-            "candidate_ci": float(baseline.ci)}
+    return Bootstrap(p_value=float(system.p_value), n_samples=n_samples, signature=signatures[metric].format(),
+                     identical_hypotheses=list(new_hyps) == list(candidate_hyps),
+                     new_bleu=float(system.score), new_mean=float(system.mean), new_ci=float(system.ci),
+                     candidate_bleu=float(baseline.score), candidate_mean=float(baseline.mean),
+                     candidate_ci=float(baseline.ci))
 
 
-def decide(new_valid: float, new_refs: dict[str, str], holder: dict[str, Any] | None) -> tuple[bool, str]:
+def decide(new_valid: float, new_refs: dict[str, str], holder: ModelVersion | None) -> tuple[bool, str]:
     """Whether ``candidate`` moves to the new version, and why (valid BLEU only; the test set never chooses)."""
     if holder is None:
         return True, "no version held the alias"
-    tags = holder["tags"]
+    tags = holder.tags
     if tags.get("valid_ref_sha256") != new_refs["valid"]:
-        return False, (f"version {holder['version']} was scored against other valid references (another dataset or "
+        return False, (f"version {holder.version} was scored against other valid references (another dataset or "
                        "profile): not comparable; set NMT_MODEL_NAME to register this model under its own name")
     try:
         old_valid = float(tags["valid_bleu"])
     except (KeyError, ValueError):
-        return False, (f"version {holder['version']} has no valid_bleu tag: cannot compare; move the alias by hand "
+        return False, (f"version {holder.version} has no valid_bleu tag: cannot compare; move the alias by hand "
                        "if this model should replace it")
     if new_valid > old_valid:
-        return True, f"valid BLEU {new_valid:.2f} > {old_valid:.2f} of version {holder['version']}"
-    return False, f"valid BLEU {new_valid:.2f} <= {old_valid:.2f} of version {holder['version']}"
+        return True, f"valid BLEU {new_valid:.2f} > {old_valid:.2f} of version {holder.version}"
+    return False, f"valid BLEU {new_valid:.2f} <= {old_valid:.2f} of version {holder.version}"
 
 
 def _requirements() -> list[str]:
@@ -210,14 +232,14 @@ def _code_copies(work: Path) -> list[str]:
 
 
 def log_model(run: tracking.StageRun, cfg: EvaluateConfig, inputs: Inputs, name: str, work: Path,
-              root: str | Path) -> dict[str, Any]:
+              root: str | Path) -> LoggedModel:
     """Log and register the pyfunc translator (with a CTranslate2 export when ``NMT_REGISTER_CTRANSLATE2`` asks
-    for one); returns ``{"model_uri", "model_id", "version"}``."""
+    for one)."""
     spm_path = work / "spm.model"
     spm_path.write_bytes(model_file.load(inputs.averaged, mmap=True).spm)
     chosen = inputs.evaluation
     artifacts = {"averaged": str(inputs.averaged), "spm": str(spm_path)}
-    model_config = {"beam_size": chosen.beam, "alpha": chosen.alpha, "max_len_a": cfg.max_len_a,
+    model_config: dict[str, int | float | str] = {"beam_size": chosen.beam, "alpha": chosen.alpha, "max_len_a": cfg.max_len_a,
                     "max_len_b": cfg.max_len_b, "max_tokens": cfg.max_tokens, "engine": "torch"}
     quantization = env.settings().register_ctranslate2
     if quantization != "off":
@@ -227,26 +249,26 @@ def log_model(run: tracking.StageRun, cfg: EvaluateConfig, inputs: Inputs, name:
         run, python_model=MODEL_FILE, artifacts=artifacts, code_paths=_code_copies(work), model_config=model_config,
         params={"beam_size": chosen.beam, "alpha": chosen.alpha, "engine": model_config["engine"]},
         registered_model_name=name, pip_requirements=_requirements(), root=root)
-    assert info is not None and info["version"] is not None  # tracking is on here
+    assert info is not None and info.version is not None  # tracking is on here
     return info
 
 
-def compare(holder: dict[str, Any] | None, inputs: Inputs, work: Path,
-            root: str | Path) -> tuple[dict[str, Any] | None, str | None]:
+def compare(holder: ModelVersion | None, inputs: Inputs, work: Path,
+            root: str | Path) -> tuple[Bootstrap | None, str | None]:
     """Paired bootstrap of the new vs the candidate's test hypotheses, or (None, why it was not run)."""
     if holder is None:
         return None, "no candidate to compare with"
-    if holder["tags"].get("test_ref_sha256") != inputs.ref_sha["test"]:
-        return None, f"version {holder['version']} was scored against other test references"
+    if holder.tags.get("test_ref_sha256") != inputs.ref_sha["test"]:
+        return None, f"version {holder.version} was scored against other test references"
     fetched = None
-    if holder.get("run_id"):
-        fetched = registry.download_run_artifact(holder["run_id"], f"{HYPS_ARTIFACT_DIR}/test.hyp.de",
+    if holder.run_id:
+        fetched = registry.download_run_artifact(holder.run_id, f"{HYPS_ARTIFACT_DIR}/test.hyp.de",
                                                  work / "candidate", root)
     if fetched is None:
-        return None, f"version {holder['version']}'s run has no {HYPS_ARTIFACT_DIR}/test.hyp.de artifact"
+        return None, f"version {holder.version}'s run has no {HYPS_ARTIFACT_DIR}/test.hyp.de artifact"
     result = paired_bootstrap(list(read_lines(inputs.hyps["test"])), list(read_lines(fetched)),
                               list(read_lines(inputs.refs["test"])))
-    log.info("paired bootstrap on test vs version %s: BLEU %.2f vs %.2f, p = %.4f", holder["version"],
+    log.info("paired bootstrap on test vs version %s: BLEU %.2f vs %.2f, p = %.4f", holder.version,
              result["new_bleu"], result["candidate_bleu"], result["p_value"])
     return result, None
 
@@ -268,15 +290,15 @@ def log_lineage(run: tracking.StageRun, inputs: Inputs, name: str, lock_path: st
     return datasets
 
 
-def log_decision(run: tracking.StageRun, record: dict[str, Any]) -> None:
+def log_decision(run: tracking.StageRun, record: RegisterDetails, chosen: Evaluation, bootstrap: Bootstrap | None,
+                 holder: ModelVersion | None) -> None:
     """BLEU of both models, the p-value and the decision (the stage's record), as metrics and tags of the run."""
-    new, previous, bootstrap = record["new"], record["previous_candidate"] or {}, record["paired_bootstrap"]
-    metrics = {"valid_bleu": new["valid_bleu"], "test_bleu": new["test_bleu"],
-               "alias_moved": int(record["alias_moved"])}
+    moved = bool(record.alias_moved)
+    metrics = {"valid_bleu": chosen.valid_bleu, "test_bleu": chosen.test_bleu, "alias_moved": int(moved)}
     if bootstrap:
         metrics.update(paired_bs_p_value=bootstrap["p_value"], candidate_test_bleu=bootstrap["candidate_bleu"])
-    if "valid_bleu" in previous:
-        metrics["candidate_valid_bleu"] = previous["valid_bleu"]
+    if holder is not None and "valid_bleu" in holder.tags:
+        metrics["candidate_valid_bleu"] = float(holder.tags["valid_bleu"])
     run.log_metrics(metrics)
-    run.set_tags({"register.decision": record["decision"], "register.alias_moved": str(record["alias_moved"]).lower(),
-                  "register.model_version": record["model_version"]})
+    run.set_tags({"register.decision": record.decision, "register.alias_moved": str(moved).lower(),
+                  "register.model_version": record.model_version})

@@ -9,12 +9,31 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.tracking import StageRun, mlflow_client, tracking_uri
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """A registered model version: its number, the run that logged it (its ``run_id`` tag first) and its tags."""
+
+    version: str
+    run_id: str | None
+    tags: dict[str, str]
+
+
+@dataclass(frozen=True)
+class LoggedModel:
+    """A logged model's URI and id, and its registered version (None when not registered)."""
+
+    model_uri: str
+    model_id: str | None
+    version: str | None
 
 
 @contextlib.contextmanager
@@ -38,10 +57,10 @@ def _fluent_tracking_uri(uri: str) -> Iterator[None]:
 
 
 def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict[str, str],
-                     code_paths: list[str] | None = None, model_config: dict[str, Any] | None = None,
+                     code_paths: list[str] | None = None, model_config: dict[str, int | float | str] | None = None,
                      params: dict[str, int | float | str] | None = None, registered_model_name: str | None = None,
                      pip_requirements: list[str] | None = None, name: str = "translator",
-                     root: str | Path = ".") -> dict[str, Any] | None:
+                     root: str | Path = ".") -> LoggedModel | None:
     """Log a models-from-code pyfunc (one column in, one string per row out) into ``run``; maybe register it.
 
     ``python_model`` is the file MLflow executes, ``params`` the inference params with their defaults (part of
@@ -49,7 +68,7 @@ def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict
     MLflow does not load the model to infer them.
 
     Returns:
-        ``{"model_uri", "model_id", "version"}`` (version None when not registered), or None when off.
+        The logged (and maybe registered) model, or None when off.
     """
     if run.run_id is None:
         return None
@@ -74,8 +93,8 @@ def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict
             model_config=model_config, signature=signature, registered_model_name=registered_model_name,
             pip_requirements=pip_requirements)
     version = getattr(info, "registered_model_version", None)
-    return {"model_uri": info.model_uri, "model_id": getattr(info, "model_id", None),
-            "version": str(version) if version is not None else None}
+    return LoggedModel(model_uri=info.model_uri, model_id=getattr(info, "model_id", None),
+                       version=str(version) if version is not None else None)
 
 
 def log_datasets(run: StageRun, datasets: list[dict[str, str]]) -> None:
@@ -90,13 +109,13 @@ def log_datasets(run: StageRun, datasets: list[dict[str, str]]) -> None:
     run.client.log_inputs(run.run_id, datasets=inputs)
 
 
-def _version(mv: Any) -> dict[str, Any]:
+def _version(mv: Any) -> ModelVersion:
     tags = dict(mv.tags or {})
-    return {"version": str(mv.version), "run_id": tags.get("run_id") or mv.run_id, "tags": tags}
+    return ModelVersion(version=str(mv.version), run_id=tags.get("run_id") or mv.run_id, tags=tags)
 
 
-def alias_holder(model_name: str, alias: str, root: str | Path = ".") -> dict[str, Any] | None:
-    """The model version holding ``alias``: ``{"version", "run_id", "tags"}``, or None (no model, no alias)."""
+def alias_holder(model_name: str, alias: str, root: str | Path = ".") -> ModelVersion | None:
+    """The model version holding ``alias``, or None (no model, no alias)."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -107,8 +126,8 @@ def alias_holder(model_name: str, alias: str, root: str | Path = ".") -> dict[st
         raise
 
 
-def find_model_versions(model_name: str, tags: dict[str, Any], root: str | Path = ".") -> list[dict[str, Any]]:
-    """Versions of ``model_name`` whose tags equal all of ``tags`` (newest first): ``{"version", "run_id", "tags"}``."""
+def find_model_versions(model_name: str, tags: dict[str, str | float], root: str | Path = ".") -> list[ModelVersion]:
+    """Versions of ``model_name`` whose tags equal all of ``tags`` (as strings; newest first)."""
     quoted = model_name.replace("'", "\\'")
     clauses = [f"name = '{quoted}'", *(f"tag.`{k}` = '{v!s}'" for k, v in tags.items())]
     found = mlflow_client(root).search_model_versions(" and ".join(clauses), order_by=["version_number DESC"])
@@ -120,7 +139,7 @@ def set_alias(model_name: str, alias: str, version: str, root: str | Path = ".")
     mlflow_client(root).set_registered_model_alias(model_name, alias, str(version))
 
 
-def tag_model_version(model_name: str, version: str, tags: dict[str, Any], root: str | Path = ".") -> None:
+def tag_model_version(model_name: str, version: str, tags: dict[str, str | float], root: str | Path = ".") -> None:
     """Set string tags on one registered model version."""
     client = mlflow_client(root)
     for key, value in tags.items():

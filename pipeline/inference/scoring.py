@@ -21,7 +21,7 @@ from pipeline.core.errors import DataError
 from pipeline.core.textio import read_lines
 
 #: metric key → sacreBLEU constructor arguments (the first is the primary figure).
-SACREBLEU_METRICS: dict[str, tuple[type, dict[str, Any]]] = {
+SACREBLEU_METRICS: dict[str, tuple[type, dict[str, str | bool]]] = {
     "bleu": (BLEU, {"tokenize": "13a", "lowercase": False}),
     "bleu_lc": (BLEU, {"tokenize": "13a", "lowercase": True}),
     "bleu_intl": (BLEU, {"tokenize": "intl", "lowercase": False}),

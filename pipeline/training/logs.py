@@ -70,8 +70,8 @@ class TrainLog:
         """Seconds since the run (re)started."""
         return time.monotonic() - self.t0
 
-    def line(self, state: TrainState, last: dict[str, float]) -> None:
-        """Log the interval ending at ``state.step`` (``last``: that step's lr and grad norm), then start the next."""
+    def line(self, state: TrainState, last: dict[str, float]) -> dict[str, float]:
+        """Log the interval ending at ``state.step`` (``last``: that step's lr and grad norm); return its row."""
         s = self.sums
         tok, steps = max(s["tokens"], 1.0), max(s["steps"], 1.0)
         row = {"step": state.step, "epoch": state.epoch, "train_loss": s["loss"] / tok, "train_nll": s["nll"] / tok,
@@ -105,9 +105,9 @@ def log_valid(tracker: Any, state: TrainState, scores: dict[str, float]) -> None
     state.history.append({"step": state.step, "epoch": state.epoch, **scores})
 
 
-def history_csv(history: list[dict[str, Any]]) -> str:
+def history_csv(history: list[dict[str, float]]) -> str:
     """``train.csv``: one row per logged step (train interval and validation merged), fixed columns."""
-    rows: dict[int, dict[str, Any]] = {}
+    rows: dict[int, dict[str, float]] = {}
     for entry in history:
         rows.setdefault(entry["step"], {}).update(entry)
     out = io.StringIO()

@@ -22,6 +22,7 @@ import torch
 from model import TransformerConfig, autocast, inverse_sqrt_lr
 from pipeline.core import tracking
 from pipeline.core.config import TrainConfig
+from pipeline.core.details import TrainDetails
 from pipeline.core.errors import PipelineError
 from pipeline.core.textio import write_text
 from pipeline.data import batching
@@ -179,7 +180,7 @@ def _after_step(tr: Trainer, state: TrainState, stats: dict[str, float], logs: T
 
 
 def _finish(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any, wall: float,
-            resumed_from: int | None) -> dict[str, Any]:
+            resumed_from: int | None) -> TrainDetails:
     """Validate and checkpoint the last step (unless just done); the stage's summary."""
     last_valid = next((h for h in reversed(state.history) if "valid_loss" in h), None)
     if last_valid is None or last_valid["step"] != state.step:
@@ -188,21 +189,21 @@ def _finish(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any, wall
     setup.save(tr, state, run_dir, tracker.run_id)
     last_train = next((h for h in reversed(state.history) if "train_loss" in h), {})
     dev = tr.ctx.device
-    return {"step": state.step, "epoch": state.epoch, "tokens_seen": state.tokens_seen,
-            "world_size": tr.ctx.world_size, "max_tokens": tr.max_tokens, "global_batches": len(tr.plan),
-            **state.batch_stats(),
-            **{k: v for k, v in last_train.items() if k.startswith("train_")},
-            **{k: v for k, v in last_valid.items() if k.startswith("valid_")},
-            "train_seconds": round(state.train_seconds, 3), "wall_seconds": round(wall, 3),
-            "tgt_tokens_per_s": state.tokens_seen / max(state.train_seconds, 1e-9),
-            "resumed_from_step": resumed_from, "oom_skipped_steps": state.oom_skipped,
-            "device": dev.type,
-            "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"}
+    return TrainDetails(
+        step=state.step, tokens_seen=state.tokens_seen, world_size=tr.ctx.world_size, **state.batch_stats(),
+        device=dev.type, device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        wall_seconds=round(wall, 3), train_seconds=round(state.train_seconds, 3), resumed_from_step=resumed_from,
+        valid_ppl=last_valid["valid_ppl"],
+        extra={"epoch": state.epoch, "max_tokens": tr.max_tokens, "global_batches": len(tr.plan),
+               **{k: v for k, v in last_train.items() if k.startswith("train_")},
+               **{k: v for k, v in last_valid.items() if k.startswith("valid_") and k != "valid_ppl"},
+               "tgt_tokens_per_s": state.tokens_seen / max(state.train_seconds, 1e-9),
+               "oom_skipped_steps": state.oom_skipped})
 
 
 def train(cfg: TrainConfig, *, model_cfg: TransformerConfig, seed: int, shards_dir: str | Path, spm_model: str | Path,
           run_dir: str | Path, plots_path: str | Path, device: str | None = None,
-          hooks: faults.Hooks | None = None) -> dict:
+          hooks: faults.Hooks | None = None) -> TrainDetails:
     """Train (or resume) the Transformer in ``run_dir``; every rank of a torchrun job calls this.
 
     Rank 0 writes ``plots_path`` (``train.csv``, one row per logged step). ``device`` ``cpu`` forces the CPU

@@ -15,7 +15,7 @@ import torch
 from model import Transformer, TransformerConfig
 from pipeline.artifacts import checkpoint
 from pipeline.core import env
-from pipeline.core.config import TrainConfig, section_dict
+from pipeline.core.config import TrainConfig, flatten, section_dict
 from pipeline.core.errors import CheckpointError, ConfigError, DataError
 from pipeline.core.textio import sha256_file
 from pipeline.data import batching
@@ -138,16 +138,11 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
                    flops_per_token=flops, hooks=hooks, loss=loss)
 
 
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``."""
-    if not isinstance(data, dict):
-        return {prefix[:-1]: data}
-    return {k: v for key, value in data.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
 
 
 def check_resumable(folder: Path, state: dict[str, Any], *, config: dict[str, Any], shards_sha256: str) -> None:
     """Refuse (CheckpointError naming every differing key) to resume ``folder`` under another config or shards."""
-    a, b = _flat(state.get("config", {})), _flat(config)
+    a, b = flatten(state.get("config", {})), flatten(config)
     keys = sorted((set(a) | set(b)) - {f"train.{k}" for k in RESUMABLE_TRAIN_KEYS})
     diffs = [f"{k}: checkpoint {a.get(k, '<absent>')!r}, now {b.get(k, '<absent>')!r}"
              for k in keys if a.get(k, "<absent>") != b.get(k, "<absent>")]

@@ -26,7 +26,7 @@ class TrainState:
     interval: dict[str, float] = field(default_factory=dict)
     """Sums of the log interval in progress: saved, so that the first line after a resume averages the same
     steps as an uninterrupted run."""
-    history: list[dict[str, Any]] = field(default_factory=list)
+    history: list[dict[str, float]] = field(default_factory=list)
     """Logged rows (train intervals and validations) up to ``step``: the plots file is rebuilt from it."""
 
     def advance(self, epoch_len: int) -> None:

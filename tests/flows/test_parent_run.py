@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from flows.parent_run import child_run, end_orphans, pipeline_run, run_name
-from flows.report import HEADLINE_METRICS, headline_metrics
+from flows.report import HEADLINE_METRICS, headline_from, headline_metrics
+from pipeline.core.details import EvaluateDetails, TrainDetails
+from pipeline.core.errors import DataError
 from tests.helpers.paths import REPO
 
-EVALUATE = {"valid": {"bleu": 25.5, "chrf2": 51.0, "ppl": 6.25, "signatures": {}},
-            "test": {"bleu": 27.25, "chrf2": 55.5}, "chosen": {"beam": 4}}
+EVALUATE = EvaluateDetails.from_json({"valid": {"bleu": 25.5, "chrf2": 51.0, "ppl": 6.25, "signatures": {}},
+                                     "test": {"bleu": 27.25, "chrf2": 55.5}, "chosen": {"beam": 4}}, "e.json")
 
 
 def test_the_name_says_profile_commit_and_time() -> None:
@@ -29,18 +31,22 @@ def test_the_name_says_profile_commit_and_time() -> None:
 
 
 def test_headline_metrics_on_gpu_and_cpu() -> None:
-    gpu = headline_metrics(EVALUATE, {"step": 100000, "wall_seconds": 43200.0, "world_size": 8, "device": "cuda"})
+    gpu = headline_metrics(EVALUATE, TrainDetails(step=100000, wall_seconds=43200.0, world_size=8, device="cuda"))
     assert gpu == {"test_bleu": 27.25, "valid_bleu": 25.5, "test_chrf": 55.5, "valid_chrf": 51.0, "valid_ppl": 6.25,
                    "train_steps": 100000.0, "gpu_hours": 96.0}
     assert set(gpu) == set(HEADLINE_METRICS)
-    cpu = headline_metrics(EVALUATE, {"step": 700, "wall_seconds": 534.8, "world_size": 1, "device": "cpu"})
+    cpu = headline_metrics(EVALUATE, TrainDetails(step=700, wall_seconds=534.8, world_size=1, device="cpu"))
     assert cpu["gpu_hours"] == 0.0 and cpu["train_steps"] == 700.0
 
 
-def test_missing_files_and_odd_values_are_left_out() -> None:
-    assert headline_metrics({}, {}) == {}
-    odd = {"valid": {"bleu": "n/a", "ppl": True}, "test": {"bleu": 20}}
-    assert headline_metrics(odd, {"step": None}) == {"test_bleu": 20.0}
+def test_missing_files_and_figures_are_left_out(tmp_path: Path) -> None:
+    assert headline_metrics(None, None) == {}
+    (tmp_path / "evaluate.details.json").write_text('{"valid": {"ppl": null}, "test": {"bleu": 20}}')
+    (tmp_path / "train.details.json").write_text('{"step": null}')
+    assert headline_from(tmp_path) == {"test_bleu": 20.0}
+    (tmp_path / "train.details.json").write_text('{"step": "n/a"}')  # a wrong type is named, not skipped
+    with pytest.raises(DataError, match=r"train\.details\.json: step: expected an integer"):
+        headline_from(tmp_path)
 
 
 def test_a_reopened_variant_run_is_continued_not_duplicated(tmp_path: Path, mlflow_sqlite: str) -> None:

@@ -6,6 +6,7 @@ The model is a random tiny ``averaged.pt`` built by the average stage; the evalu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from pipeline.core.config import EvaluateConfig
 from pipeline.core.errors import DataError, PipelineError
 from pipeline.core.stage import run_stage
 from pipeline.inference.registration import decide, dvc_datasets, paired_bootstrap
+from pipeline.inference.registry import ModelVersion
 from pipeline.register import main, stage
 from tests.helpers.models import make_averaged
 
@@ -299,7 +301,7 @@ def test_cli_reads_paths_from_params(model_dir: Path, tmp_path: Path, repo_root:
 @pytest.mark.parametrize("damage, message", [
     ("no_hyp", r"test\.hyp\.de: not found; run `dvc repro evaluate`"),
     ("short_hyp", r"test\.hyp\.de has 39 lines but .*test\.de has 40: the hypotheses are from another set"),
-    ("bleu_key", r"evaluate\.details\.json: lacks 'chosen' .*rerun `dvc repro evaluate`"),
+    ("bleu_key", r"evaluate\.details\.json: lacks chosen\.beam, chosen\.alpha .*rerun `dvc repro evaluate`"),
     ("no_model", r"averaged\.pt: not found; run `dvc repro average`"),
 ])
 def test_bad_inputs_are_clear_errors_and_write_nothing(model_dir: Path, tmp_path: Path, damage: str,
@@ -350,12 +352,12 @@ def test_dvc_datasets_come_from_lock_outs(tmp_path: Path) -> None:
 
 def test_decide_uses_valid_bleu_only_and_refuses_other_references() -> None:
     refs = {"valid": "v", "test": "t"}
-    holder = {"version": "3", "run_id": "r", "tags": {"valid_bleu": "20.0", "valid_ref_sha256": "v"}}
+    holder = ModelVersion(version="3", run_id="r", tags={"valid_bleu": "20.0", "valid_ref_sha256": "v"})
     assert decide(20.5, refs, None) == (True, "no version held the alias")
     assert decide(20.5, refs, holder)[0] and not decide(20.0, refs, holder)[0]
     moved, why = decide(30.0, {"valid": "other", "test": "t"}, holder)
     assert not moved and "not comparable" in why and "NMT_MODEL_NAME" in why
-    moved, why = decide(30.0, refs, {**holder, "tags": {"valid_ref_sha256": "v"}})
+    moved, why = decide(30.0, refs, dataclasses.replace(holder, tags={"valid_ref_sha256": "v"}))
     assert not moved and "no valid_bleu tag" in why
 
 
