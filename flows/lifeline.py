@@ -5,13 +5,10 @@ processes it started running, a cancelled flow run's process is signalled alone 
 SIGKILLed flow signals nobody, so a stage's torchrun ranks (grandchildren) would outlive it.
 
 :func:`run_in_group` starts ``python -m flows.lifeline --parent PID --grace S -- CMD ...`` as the leader of a new
-session, so ``CMD`` and everything it starts share its process group and a terminal's Ctrl-C to the flow's group
-does not reach them. The flow ends the whole group (SIGTERM, a grace period, SIGKILL: :func:`kill_group`) when
-the command exits with members still alive and when the caller is interrupted (Prefect's timeout or
-``TerminationSignal``, ``KeyboardInterrupt``). When ``PID`` dies, however it dies (SIGKILL, the OOM killer, a lost
-node agent), the kernel sends the lifeline SIGTERM (``PR_SET_PDEATHSIG``, ``prctl(2)``) and it ends its own group
-the same way (a checkpoint being written completes, or is left without its ``DONE`` marker, which the loader
-ignores). Standard library only: the lifeline starts in a few tens of milliseconds.
+session (a terminal's Ctrl-C to the flow's group does not reach it). The flow ends the whole group (SIGTERM, a
+grace period, SIGKILL) when the command exits with members still alive and when the caller is interrupted. When
+``PID`` dies, however it dies, the kernel sends the lifeline SIGTERM (``PR_SET_PDEATHSIG``, ``prctl(2)``) and it
+ends its own group the same way. Standard library only: the lifeline starts in a few tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ import contextlib
 import ctypes
 import errno
 import logging
+import math
 import os
 import shutil
 import signal
@@ -30,7 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -48,10 +46,10 @@ _live_lock = threading.Lock()
 _PR_SET_PDEATHSIG = 1
 
 
-def _wait_until(gone: Callable[[], bool], limit_s: float) -> bool:
-    """Poll ``gone`` every 50 ms for up to ``limit_s`` seconds; whether it became true."""
+def _wait_until(done: Callable[[], bool], limit_s: float = math.inf) -> bool:
+    """Poll ``done`` every 50 ms for up to ``limit_s`` seconds; whether it became true."""
     deadline = time.monotonic() + limit_s
-    while not gone():
+    while not done():
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
@@ -59,11 +57,8 @@ def _wait_until(gone: Callable[[], bool], limit_s: float) -> bool:
 
 
 def kill_group(pgid: int, proc: subprocess.Popen[bytes] | None = None, grace_s: float = 10.0) -> None:
-    """SIGTERM process group ``pgid``, wait up to ``grace_s``, then SIGKILL what is left.
-
-    ``proc`` (the group leader, our child) is reaped while waiting, so its zombie does not keep the group
-    looking alive.
-    """
+    """SIGTERM process group ``pgid``, wait up to ``grace_s``, then SIGKILL what is left (``proc``, the group leader,
+    is reaped while waiting, so that its zombie does not keep the group looking alive)."""
     def gone() -> bool:
         if proc is not None:
             proc.poll()
@@ -84,7 +79,7 @@ def kill_group(pgid: int, proc: subprocess.Popen[bytes] | None = None, grace_s: 
 
 
 def _others_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` other than this one is alive (zombies count as ended)."""
+    """Whether a process of group ``pgid`` other than this one is alive (not a zombie)."""
     me = os.getpid()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
@@ -115,43 +110,29 @@ def run(cmd: list[str], *, parent: int, grace_s: float) -> int:
     parent that died before the death signal was armed is caught by comparing ``os.getppid()`` with it.
     """
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda signum, frame: None)  # the loop below sees whether the parent is gone
-    try:
+        signal.signal(sig, lambda signum, frame: None)  # the wait below sees whether the parent is gone
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: only the getppid check
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: only the getppid check
-        pass
     if os.getppid() != parent:
         return 128 + signal.SIGTERM  # the flow is gone before anything started
     child = subprocess.Popen(cmd)
-    while child.poll() is None:
-        if os.getppid() != parent:
-            _end_own_group(child, grace_s)
-            break
-        try:
-            child.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            pass
+    _wait_until(lambda: child.poll() is not None or os.getppid() != parent)
+    if child.poll() is None:
+        _end_own_group(child, grace_s)
     code = child.wait()
     return code if code >= 0 else 128 - code
 
 
 @dataclass(frozen=True)
 class ProcessResult:
-    """What one command did.
-
-    Attributes:
-        args: the command line.
-        returncode: exit status (negative: killed by that signal).
-        duration_s: wall time from start to the group being gone.
-        stdout_lines: every complete stdout line (DVC's own messages are short).
-        stderr_tail: the last ``TAIL_LINES`` lines of stderr.
-    """
+    """What one command did: its exit status (negative: killed by that signal), wall time until its group was gone,
+    every stdout line (DVC's own messages are short) and the last :data:`TAIL_LINES` lines of stderr."""
 
     args: tuple[str, ...]
     returncode: int
     duration_s: float
-    stdout_lines: tuple[str, ...] = field(default=())
-    stderr_tail: tuple[str, ...] = field(default=())
+    stdout_lines: tuple[str, ...] = ()
+    stderr_tail: tuple[str, ...] = ()
 
 
 def live_process_groups() -> set[int]:
@@ -194,15 +175,6 @@ def _pump(stream: IO[bytes], emit: Callable[[str], None]) -> None:
     stream.close()
 
 
-def _wait(proc: subprocess.Popen[bytes]) -> None:
-    """Wait for ``proc`` in steps of a second, so that Prefect's cancellation can raise in a worker thread."""
-    while proc.poll() is None:
-        try:
-            proc.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            pass
-
-
 def _start(args: Sequence[str], cwd: str | Path, env: Mapping[str, str] | None,
            grace_s: float) -> subprocess.Popen[bytes]:
     """Start ``args`` under a lifeline to this process as the leader of a new session, registered as live."""
@@ -219,19 +191,12 @@ def _start(args: Sequence[str], cwd: str | Path, env: Mapping[str, str] | None,
 def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str] | None = None,
                  grace_s: float = 10.0,
                  logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None) -> ProcessResult:
-    """Run ``args`` in a new session under a lifeline, log each output line, end the whole group when done.
+    """Run ``args`` in a new session under a lifeline, log each output line (INFO), end the whole group when done.
 
-    Args:
-        args: command line, e.g. ``["dvc", "exp", "run", ...]``; cwd: its folder; env: its whole environment
-            (default: this process's); grace_s: seconds between SIGTERM and SIGKILL when the group is ended;
-            logger: where stdout/stderr lines go (INFO; default this module's).
-
-    Returns:
-        The :class:`ProcessResult`. An exception raised while waiting (Prefect's timeout or ``TerminationSignal``,
-        ``KeyboardInterrupt``) propagates once the group is gone; what it prints from then on is not logged.
-
-    Raises:
-        FileNotFoundError: the executable does not exist.
+    ``env`` is the command's whole environment (default: this process's); ``grace_s`` the seconds between SIGTERM
+    and SIGKILL when the group is ended. An exception raised while waiting (Prefect's timeout or
+    ``TerminationSignal``, ``KeyboardInterrupt``) propagates once the group is gone; what it prints from then on is
+    not logged. A FileNotFoundError when the executable does not exist.
     """
     out = logger or log
     stdout_lines: list[str] = []
@@ -258,7 +223,7 @@ def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str]
     for t in readers:
         t.start()
     try:
-        _wait(proc)
+        _wait_until(lambda: proc.poll() is not None)  # in steps: Prefect's cancellation raises in this thread
     except BaseException:  # Ctrl-C, SIGTERM, a timeout, a cancellation: the flow says it stopped, in one line
         with _live_lock:
             _stopping.add(pgid)

@@ -30,20 +30,12 @@ SWEEP_COLUMNS: tuple[tuple[str, str, str], ...] = (
 
 @dataclass(frozen=True)
 class StageOutcome:
-    """What one stage task did.
-
-    Attributes:
-        stage: DVC stage name.
-        status: ``ran``, ``skipped``, ``restored``, ``unknown``, ``failed (exit N)``, ``timed out`` or
-            ``interrupted``.
-        duration_s: wall time of the last attempt (of all attempts for a failure).
-        attempts: how many times the task ran (retries included).
-    """
+    """What one stage task did."""
 
     stage: str
-    status: str
-    duration_s: float
-    attempts: int = 1
+    status: str  # ran, skipped, restored, unknown, failed (exit N), timed out or interrupted
+    duration_s: float  # of the last attempt (of all attempts for a failure)
+    attempts: int = 1  # retries included
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -64,12 +56,8 @@ def _number(record: Mapping[str, Any], *keys: str) -> float | None:
 
 
 def headline_metrics(evaluate: Mapping[str, Any], train: Mapping[str, Any]) -> dict[str, float]:
-    """The parent run's metrics (:data:`HEADLINE_METRICS`) from ``evaluate.details.json`` and ``train.details.json``.
-
-    BLEU and chrF of valid and test, valid perplexity (the evaluated model's), training steps, and
-    GPU-hours = train wall seconds x GPUs / 3600 (0.0 when it trained on CPU). A figure whose file
-    or key is missing is left out.
-    """
+    """The parent run's :data:`HEADLINE_METRICS` from ``evaluate.details.json`` and ``train.details.json``
+    (GPU-hours = train wall seconds x GPUs / 3600, 0.0 on CPU); a figure whose file or key is missing is left out."""
     found = {"test_bleu": _number(evaluate, "test", "bleu"), "valid_bleu": _number(evaluate, "valid", "bleu"),
              "test_chrf": _number(evaluate, "test", "chrf2"), "valid_chrf": _number(evaluate, "valid", "chrf2"),
              "valid_ppl": _number(evaluate, "valid", "ppl"), "train_steps": _number(train, "step")}
@@ -124,8 +112,7 @@ def mlflow_link(tracking_uri: str | None, run_id: str) -> str:
 
 
 def mlflow_ui_hint(tracking_uri: str | None, page: str | None = None) -> str | None:
-    """How to browse a local store: the ``mlflow ui`` command and the page to open (None for a server, which is
-    its own UI); ``page`` defaults to the UI's start page."""
+    """How to browse a local store: the ``mlflow ui`` command and the page to open (None for a server)."""
     if not tracking_uri or tracking_uri.startswith(("http://", "https://")):
         return None
     return f"`.venv/bin/mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1` (then " \
@@ -179,13 +166,9 @@ def render_report(outcomes: Sequence[StageOutcome], *, bleu: Mapping[str, Any], 
         outcomes: one per stage task that started.
         bleu: ``evaluate.details.json`` (empty: not scored yet).
         mlflow_run_id: the parent run (None: tracking off).
-        tracking_uri: the MLflow store (a server gets a link, a local store the ``mlflow ui`` command).
-        git: ``git_commit`` and ``git_dirty``.
-        failure: the error that ended the run.
         audit_path: ``<paths.reports>/audit.md`` relative to the repository (None: no audit section).
         audit_md: its text (None: not written yet).
         register: ``register.details.json`` (None or empty: no registry lines).
-        ui_page: the page a local ``mlflow ui`` should open (:func:`flows.parent_run.ui_page`).
     """
     table = bleu_table(bleu) or ["No `evaluate.details.json` yet."]
     lines = ["# wmt14-pipeline", "", "## Stages", "", *stage_rows(outcomes), "", "## BLEU", "", *table, ""]
@@ -221,13 +204,8 @@ def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commi
                  mlflow_run_id: str | None, tracking_uri: str | None) -> str:
     """A sweep's markdown: variants x headline metrics, the best variant, where DVC and MLflow show them.
 
-    Args:
-        spec: the checked spec.
-        records: one per variant, in spec order (``name``, ``overrides``, ``status``, ``metrics``, ``error``).
-        commit: the commit every variant ran.
-        ran: how many variants this run executed (0: all were done already).
-        mlflow_run_id: the sweep's parent run (None: tracking off).
-        tracking_uri: the MLflow store.
+    ``records``: one per variant in spec order (``name``, ``overrides``, ``status``, ``metrics``, ``error``);
+    ``ran``: how many variants this run executed; ``mlflow_run_id``: the sweep's parent run (None: tracking off).
     """
     keys = spec.keys
     shared = ", ".join(f"{k}={_cell(v)}" for k, v in spec.shared.items())
