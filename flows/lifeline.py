@@ -4,11 +4,10 @@ Ours and not Prefect's: a Prefect task's timeout or cancellation raises in the t
 processes it started running, a cancelled flow run's process is signalled alone (PrefectHQ/prefect#20979), and a
 SIGKILLed flow signals nobody, so a stage's torchrun ranks (grandchildren) would outlive it.
 
-:func:`run_in_group` starts ``python -m flows.lifeline --parent PID --grace S -- CMD ...`` as the leader of a new
-session (a terminal's Ctrl-C to the flow's group does not reach it). The flow ends the whole group (SIGTERM, a
-grace period, SIGKILL) when the command exits with members still alive and when the caller is interrupted. When
-``PID`` dies, however it dies, the kernel sends the lifeline SIGTERM (``PR_SET_PDEATHSIG``, ``prctl(2)``) and it
-ends its own group the same way. Standard library only: the lifeline starts in a few tens of milliseconds.
+``python -m flows.lifeline --parent PID --grace S -- CMD ...`` leads a new session (a terminal's Ctrl-C to the
+flow's group does not reach it); when ``PID`` dies, however it dies, the kernel sends it SIGTERM
+(``PR_SET_PDEATHSIG``, ``prctl(2)``) and it ends its group: SIGTERM, a grace period, SIGKILL. Standard library
+only: it starts in a few tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -126,7 +125,7 @@ def run(cmd: list[str], *, parent: int, grace_s: float) -> int:
 @dataclass(frozen=True)
 class ProcessResult:
     """What one command did: its exit status (negative: killed by that signal), wall time until its group was gone,
-    every stdout line (DVC's own messages are short) and the last :data:`TAIL_LINES` lines of stderr."""
+    every non-blank stdout line (DVC's messages are short) and the last :data:`TAIL_LINES` lines of stderr."""
 
     args: tuple[str, ...]
     returncode: int
@@ -135,17 +134,12 @@ class ProcessResult:
     stderr_tail: tuple[str, ...] = ()
 
 
-def live_process_groups() -> set[int]:
-    """Process-group ids of commands started here that have not been reaped yet."""
-    with _live_lock:
-        return set(_live_groups)
-
-
 def kill_all_groups(grace_s: float = 10.0) -> None:
     """End every process group started by :func:`run_in_group` that is still alive (its output no longer logged)."""
-    for pgid in live_process_groups():
-        with _live_lock:
-            _stopping.add(pgid)
+    with _live_lock:
+        groups = set(_live_groups)
+        _stopping.update(groups)
+    for pgid in groups:
         kill_group(pgid, grace_s=grace_s)
 
 
@@ -198,28 +192,22 @@ def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str]
     ``TerminationSignal``, ``KeyboardInterrupt``) propagates once the group is gone; what it prints from then on is
     not logged. A FileNotFoundError when the executable does not exist.
     """
-    out = logger or log
     stdout_lines: list[str] = []
     stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)
 
-    def show(line: str) -> None:
-        if line.strip() and pgid not in _stopping:
-            out.info("%s", line)
-
-    def on_stdout(line: str) -> None:
-        stdout_lines.append(line)
-        show(line)
-
-    def on_stderr(line: str) -> None:
-        if line.strip():
-            stderr_tail.append(line)
-            show(line)
+    def keep(lines: list[str] | deque[str]) -> Callable[[str], None]:
+        def emit(line: str) -> None:
+            if line.strip():
+                lines.append(line)
+                if pgid not in _stopping:
+                    (logger or log).info("%s", line)
+        return emit
 
     start = time.monotonic()
     proc = _start(args, cwd, env, grace_s)
     pgid = proc.pid  # a new session's leader: its pid is the group id
     readers = [threading.Thread(target=_pump, args=(s, f), daemon=True, name=f"pump-{pgid}")
-               for s, f in ((proc.stdout, on_stdout), (proc.stderr, on_stderr))]
+               for s, f in ((proc.stdout, keep(stdout_lines)), (proc.stderr, keep(stderr_tail)))]
     for t in readers:
         t.start()
     try:

@@ -163,9 +163,7 @@ def record_end(parent: tracking.StageRun, root: Path, metrics_dir: Path | None, 
 def ui_page(run_id: str, root: str | Path = ".", port: int = 5000) -> str | None:
     """The page of ``run_id``'s experiment in a local ``mlflow ui`` on its training runs (MLflow 3.17's UI opens
     every experiment on its GenAI overview unless the URL's ``workflowType`` says otherwise), or None."""
-    try:
+    experiment = None
+    with _never_fails(f"read the experiment of run {run_id}"):
         experiment = tracking.mlflow_client(root).get_run(run_id).info.experiment_id
-    except Exception as exc:  # noqa: BLE001 - a link in a report must not fail the pipeline
-        log.warning("could not read the experiment of run %s: %s", run_id, exc)
-        return None
-    return f"http://127.0.0.1:{port}/#/experiments/{experiment}?workflowType=machine_learning"
+    return f"http://127.0.0.1:{port}/#/experiments/{experiment}?workflowType=machine_learning" if experiment else None

@@ -1,11 +1,6 @@
-"""The Prefect flow ``wmt14-pipeline``: DVC executes, Prefect sequences, retries and times out.
-
-One task per DVC stage runs ``dvc repro --single-item <stage>`` in its own process group (:mod:`flows.dvc_task`,
-:mod:`flows.lifeline`; DVC alone decides what is stale: ``cache_policy=NO_CACHE``) under one MLflow parent run
-(:mod:`flows.parent_run`); the run ends with a markdown report (:mod:`flows.report`). README, "Orchestration"::
-
-    python -m flows.pipeline --profile tiny
-    python -m flows.pipeline --stages train average evaluate --timeout train=86400
+"""The Prefect flow ``wmt14-pipeline`` (README, "Orchestration"): DVC executes, Prefect sequences, retries and
+times out. One task per DVC stage runs ``dvc repro --single-item <stage>`` in its own process group (DVC alone
+decides what is stale: ``cache_policy=NO_CACHE``) under one MLflow parent run; the run ends with a markdown report.
 
 Ours around theirs: DVC runs the stages and Prefect the tasks; the flow adds what neither knows (the MLflow parent
 run, the profile switch, the report).
@@ -149,11 +144,9 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
     """Reproduce the DVC stages in order, one task each, under one MLflow parent run.
 
     Args:
-        stages: stage names to run (default: every stage of dvc.yaml), always in pipeline order.
-            Each runs with ``--single-item``: upstream stages not listed are not checked.
+        stages: stages to run, in pipeline order, each ``--single-item`` (default: every stage of dvc.yaml).
         force: pass ``--force`` (rerun even when DVC finds the stage up to date).
-        profile: run with this profile's params.yaml; the previous params.yaml is restored byte for byte at
-            the end, however the run ends (``nmt profile NAME`` is the persistent switch).
+        profile: run with this profile's params.yaml; the previous one is restored however the run ends.
         repo: the project checkout (where dvc.yaml lives).
         timeouts_s: wall-clock limit per stage in seconds (missing: none); the group is killed.
         retries: attempts after a failure per stage (default download 3, train 2, others 0).
@@ -161,8 +154,7 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
         kill_grace_s: seconds between SIGTERM and SIGKILL when a stage's group is ended.
 
     Raises:
-        PipelineError: another run holds this workspace, or an unknown stage (refused before the workspace,
-            params.yaml or MLflow are touched).
+        PipelineError: another run holds this workspace, or an unknown stage (refused before anything is touched).
         StageFailed: a stage failed (after its retries) or timed out.
     """
     root = Path(repo).resolve()

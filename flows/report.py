@@ -8,6 +8,7 @@ import.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,6 @@ from typing import Any
 from flows.sweep_spec import SweepSpec
 from pipeline.core import stages as stage_table
 
-_SETS = ("valid", "test")
 AUDIT_ARTIFACT_KEY = "wmt14-audit"
 AUDIT_LINES = 12  # deviations quoted in the run report; the rest stay in audit.md
 #: What the MLflow parent run carries, for MLflow's Compare view (README, "Comparing runs in MLflow").
@@ -87,7 +87,7 @@ def stage_rows(outcomes: Sequence[StageOutcome]) -> list[str]:
 def bleu_table(bleu: Mapping[str, Any]) -> list[str]:
     """Markdown rows from ``evaluate.details.json``: every scored figure per set with its sacreBLEU signature."""
     rows = ["| set | metric | score | signature |", "|---|---|---:|---|"]
-    for name in _SETS:
+    for name in ("valid", "test"):
         figures = bleu.get(name)
         if not isinstance(figures, Mapping):
             continue
@@ -127,14 +127,8 @@ def audit_section(audit_path: str, audit_md: str | None, max_lines: int = AUDIT_
     summary = next((ln for ln in audit_md.splitlines()[1:] if ln.strip() and not ln.startswith("#")), "")
     if summary:
         lines += ["", summary]
-    bullets, inside = [], False
-    for line in audit_md.splitlines():
-        if line.startswith("## "):
-            if inside:
-                break
-            inside = line.strip().lower() == "## deviations"
-        elif inside and line.startswith("- "):
-            bullets.append(line)
+    section = re.search(r"^## deviations[ \t\r]*$(.*?)(?=^## |\Z)", audit_md, re.IGNORECASE | re.MULTILINE | re.DOTALL)
+    bullets = [line for line in section.group(1).splitlines() if line.startswith("- ")] if section else []
     if bullets:
         lines += ["", "Deviations from the paper:", "", *bullets[:max_lines]]
         if len(bullets) > max_lines:
@@ -160,16 +154,8 @@ def render_report(outcomes: Sequence[StageOutcome], *, bleu: Mapping[str, Any], 
                   tracking_uri: str | None, git: Mapping[str, str], failure: str | None = None,
                   audit_path: str | None = None, audit_md: str | None = None,
                   register: Mapping[str, Any] | None = None, ui_page: str | None = None) -> str:
-    """The whole report: stages, BLEU, the audit, lineage (git, MLflow, registry), failure (if any).
-
-    Args:
-        outcomes: one per stage task that started.
-        bleu: ``evaluate.details.json`` (empty: not scored yet).
-        mlflow_run_id: the parent run (None: tracking off).
-        audit_path: ``<paths.reports>/audit.md`` relative to the repository (None: no audit section).
-        audit_md: its text (None: not written yet).
-        register: ``register.details.json`` (None or empty: no registry lines).
-    """
+    """The whole report: stages, BLEU (``bleu``: ``evaluate.details.json``), the audit (``audit_path`` relative
+    to the repository; None: no section), lineage (git, MLflow, ``register.details.json``), failure (if any)."""
     table = bleu_table(bleu) or ["No `evaluate.details.json` yet."]
     lines = ["# wmt14-pipeline", "", "## Stages", "", *stage_rows(outcomes), "", "## BLEU", "", *table, ""]
     if audit_path:
@@ -187,13 +173,9 @@ def render_report(outcomes: Sequence[StageOutcome], *, bleu: Mapping[str, Any], 
 
 def best_variant(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The finished sweep variant with the highest valid BLEU (the first of equals, in spec order), or None."""
-    best = None
-    for record in records:
-        score = (record.get("metrics") or {}).get(OBJECTIVE)
-        if record.get("status") == "done" and isinstance(score, (int, float)):
-            if best is None or score > best["metrics"][OBJECTIVE]:
-                best = record
-    return best
+    done = [r for r in records if r.get("status") == "done"
+            and isinstance((r.get("metrics") or {}).get(OBJECTIVE), (int, float))]
+    return max(done, key=lambda r: r["metrics"][OBJECTIVE], default=None)  # max keeps the first of equals
 
 
 def _overrides(record: Mapping[str, Any], keys: Sequence[str]) -> str:

@@ -57,10 +57,7 @@ def start_temporary_server() -> str:
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port), "--no-ui",
            "--no-services", "--analytics-off"]
     log_path = Path(tempfile.mkdtemp(prefix="nmt-prefect-")) / "server.log"
-    try:
-        limit = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90"))
-    except ValueError:
-        limit = 90.0
+    limit = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90"))  # Prefect checked it
     with log_path.open("wb") as out:
         proc = subprocess.Popen(lifeline.command(cmd, parent=os.getpid(), grace_s=_STOP_GRACE_S),
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,10 +1,7 @@
-"""The Prefect flow ``wmt14-sweep``: variants of a base profile run as DVC experiments, compared in MLflow.
-
-``nmt sweep SPEC.yaml`` (``python -m flows.sweep SPEC.yaml``; README, "Sweeps") refuses a bad spec before anything
-runs, opens (on a restart, reopens) the MLflow parent run ``sweep-<name>``, runs the stages no variant changes
-once, then each unfinished variant as a Prefect task run, at most ``concurrency`` at once: ``dvc exp run`` in its
-own clone under its own child MLflow run, then ``dvc exp push`` back to the checkout. The table of variants x
-headline metrics becomes a Prefect artifact, ``reports/sweeps/<name>.md`` and an artifact of the MLflow parent.
+"""The Prefect flow ``wmt14-sweep`` (README, "Sweeps"): variants of a base profile run as DVC experiments, each in
+its own clone under its own MLflow run, children of one parent run ``sweep-<name>``; the stages no variant changes
+run once; a restart skips the finished variants. The table of variants x headline metrics becomes a Prefect
+artifact, ``reports/sweeps/<name>.md`` and an artifact of the MLflow parent.
 
 Ours and not DVC's experiment queue (``dvc exp run --queue``, ``dvc queue start -j N``): see :mod:`flows.sweep_work`.
 """
@@ -81,21 +78,17 @@ def artifact_key(name: str) -> str:
 
 
 @task(name="sweep-shared-stages", cache_policy=NO_CACHE, task_run_name="shared stages {stages}")
-def build_shared(stages: list[str], ctx: SweepContext, params: dict[str, Any]) -> dict[str, str]:
-    """Run ``stages`` (those no variant changes) once in the clone ``base``, which new variant clones copy; return
-    what DVC did with each (:func:`flows.dvc_task.stage_status`)."""
+def build_shared(stages: list[str], ctx: SweepContext, params: dict[str, Any]) -> None:
+    """Run ``stages`` (those no variant changes) once in the clone ``base``, which new variant clones copy."""
     logger = get_run_logger()
     clone = prepare_clone(Path(ctx.root), sweep_dir(Path(ctx.root), ctx.sweep) / "base", ctx.commit, ctx.cache)
     write_params(clone, params, ctx.header(" with the shared overrides"))
-    statuses: dict[str, str] = {}
     for stage in stages:
         result = run_in_group(repro_command(stage), cwd=clone, env=ctx.env(ctx.parent_run_id), grace_s=ctx.grace_s,
                               logger=logger)
         if result.returncode != 0:
             raise VariantFailed("base", result)
-        statuses[stage] = stage_status(stage, result.stdout_lines)
-    logger.info("shared stages: %s", ", ".join(f"{s} {v}" for s, v in statuses.items()))
-    return statuses
+        logger.info("shared stage %s: %s", stage, stage_status(stage, result.stdout_lines))
 
 
 def _variant_tags(ctx: SweepContext, variant: Variant, clone: Path) -> dict[str, str]:
@@ -184,12 +177,7 @@ def _publish(root: Path, spec: SweepSpec, markdown: str, parent: tracking.StageR
 
 @flow(name=FLOW_NAME)
 def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> dict[str, Any]:
-    """Run a sweep's unfinished variants, then write its table.
-
-    Args:
-        spec_path: the sweep's YAML spec.
-        repo: the project checkout (a git + DVC repository with at least one commit).
-        kill_grace_s: seconds between SIGTERM and SIGKILL when a variant's process group is ended.
+    """Run a sweep's unfinished variants, then write its table; ``kill_grace_s``: seconds from SIGTERM to SIGKILL.
 
     Raises:
         SpecError: a bad spec, or a state file written for other variants (nothing runs).

@@ -1,16 +1,11 @@
 """Where a sweep's variants run and what it remembers: one git clone per variant, the state file, DVC's commands.
 
-Ours and not DVC's ``dvc exp run --temp`` / ``--queue``: their executors start each experiment from git-tracked
-files and the DVC cache alone in a folder they delete afterwards (``TempDirExecutor`` in
-dvc/repo/experiments/executor/local.py), so uncached outputs (every stage's ``<stage>.details.json``, train's
-checkpoints) could neither be shared by the variants nor kept for a resume, and a queued run gets no environment
-of its own to name its MLflow parent (``run_env`` in dvc/repo/experiments/queue/base.py).
-
-Each variant runs in its own clone under ``<repo>/.dvc/tmp/sweeps/<name>/`` (one DVC workspace runs one ``dvc``
-command at a time; ``git worktree`` would share the ``refs/exps`` bookkeeping) with the checkout's DVC cache.
-The stages no variant changes run once, in the clone ``base``, which each new variant clone copies (DVC's run
-cache keeps no entry for a stage with an uncached output that is not a metric or plot: ``no_cache_outs`` in
-dvc/stage/__init__.py).
+Ours and not DVC's ``dvc exp run --temp`` / ``--queue``: their executors run each experiment in a folder they
+delete afterwards, from git-tracked files and the DVC cache alone (``TempDirExecutor`` in
+dvc/repo/experiments/executor/local.py), so uncached outputs (``<stage>.details.json``, checkpoints) could neither
+be shared by the variants nor kept for a resume, and a queued run gets no environment of its own to name its MLflow
+parent (``run_env`` in dvc/repo/experiments/queue/base.py). So each variant runs in its own clone (one DVC
+workspace runs one ``dvc`` command at a time) with the checkout's DVC cache.
 """
 
 from __future__ import annotations
@@ -81,13 +76,9 @@ def cache_dir(root: Path) -> str:
 
 
 def prepare_clone(root: Path, clone: Path, commit: str, cache: str, template: Path | None = None) -> Path:
-    """A clone of ``root`` at ``commit`` with ``cache`` as its DVC cache; an existing one is reset.
-
-    A new clone is a copy of ``template`` (the base clone, with the shared stages' outputs and their
-    ``dvc.lock`` entries) when there is one. A clone left by an interrupted run keeps its untracked and ignored
-    files (dvc.lock, data, checkpoints: its built stages are skipped, training resumes from its newest
-    checkpoint) and loses its changes to tracked files and its unfinished experiment's refs.
-    """
+    """A clone of ``root`` at ``commit`` with ``cache`` as its DVC cache: a new one is a copy of ``template`` (the
+    base clone, with the shared stages built) if given; an existing one (an interrupted run's) keeps its untracked
+    files (dvc.lock, data, checkpoints: the rerun resumes) and loses its changes to tracked files and exp refs."""
     clone.parent.mkdir(parents=True, exist_ok=True)
     if not (clone / ".git").is_dir() and template is not None and (template / ".git").is_dir():
         tmp = clone.with_name(f".{clone.name}.copying")
@@ -194,8 +185,7 @@ class SweepState:
         path = sweep_dir(root, spec.name) / "state.json"
         plan = {"profile": spec.profile, "variants": [v.key for v in spec.variants]}
         if not path.is_file():
-            return cls(path, {"name": spec.name, "commit": commit, "plan": plan, "mlflow_run_id": None,
-                              "variants": {}})
+            return cls(path, {"name": spec.name, "commit": commit, "plan": plan, "mlflow_run_id": None, "variants": {}})
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("plan") != plan:
             raise SpecError(spec.source, f"sweep {spec.name!r} already ran with another profile or other variants "
