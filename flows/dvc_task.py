@@ -80,11 +80,8 @@ def repro_command(stage: str, *, force: bool = False) -> list[str]:
 
 def repro(stage: str, *, force: bool = False, root: str | Path = ".") -> int:
     """Reproduce ``stage`` alone through DVC's API (what ``dvc repro --single-item`` calls); 0, or 255 (``dvc``'s
-    status) after DVC's one-line ``ERROR:``.
-
-    ``SCMContext.quiet`` (dvc/repo/scm_context.py) silences the "git add dvc.lock" reminder, as DVC's own
-    experiment executor does (dvc/repo/experiments/executor/base.py); the flow says once at the end what to
-    commit (:func:`publish_hint`).
+    status) after DVC's one-line ``ERROR:``. ``SCMContext.quiet`` (dvc/repo/scm_context.py) silences the "git add
+    dvc.lock" reminder, as DVC's experiment executor does; the flow says once what to commit (:func:`publish_hint`).
     """
     from dvc.exceptions import DvcException
     from dvc.repo import Repo

@@ -103,11 +103,8 @@ def _end_own_group(child: subprocess.Popen[bytes], grace_s: float) -> None:
 
 
 def run(cmd: list[str], *, parent: int, grace_s: float) -> int:
-    """Run ``cmd`` tied to ``parent``; return its exit code (``128 + signal`` when a signal ended it).
-
-    While ``parent`` lives, a SIGTERM or SIGINT here is left to it (it signals the whole group itself); a
-    parent that died before the death signal was armed is caught by comparing ``os.getppid()`` with it.
-    """
+    """Run ``cmd`` tied to ``parent``; its exit code (``128 + signal`` when a signal ended it). While ``parent``
+    lives, a SIGTERM or SIGINT here is left to it (it signals the whole group itself)."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: None)  # the wait below sees whether the parent is gone
     with contextlib.suppress(OSError, AttributeError):  # not Linux: only the getppid check
@@ -169,28 +166,13 @@ def _pump(stream: IO[bytes], emit: Callable[[str], None]) -> None:
     stream.close()
 
 
-def _start(args: Sequence[str], cwd: str | Path, env: Mapping[str, str] | None,
-           grace_s: float) -> subprocess.Popen[bytes]:
-    """Start ``args`` under a lifeline to this process as the leader of a new session, registered as live."""
-    if shutil.which(args[0], path=(env or os.environ).get("PATH")) is None:
-        raise FileNotFoundError(errno.ENOENT, "command not found", args[0])
-    proc = subprocess.Popen(command(list(args), parent=os.getpid(), grace_s=grace_s), cwd=cwd,
-                            env=dict(env) if env is not None else None, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    with _live_lock:
-        _live_groups.add(proc.pid)
-    return proc
-
-
 def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str] | None = None,
                  grace_s: float = 10.0,
                  logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None) -> ProcessResult:
     """Run ``args`` in a new session under a lifeline, log each output line (INFO), end the whole group when done.
 
-    ``env`` is the command's whole environment (default: this process's); ``grace_s`` the seconds between SIGTERM
-    and SIGKILL when the group is ended. An exception raised while waiting (Prefect's timeout or
-    ``TerminationSignal``, ``KeyboardInterrupt``) propagates once the group is gone; what it prints from then on is
-    not logged. A FileNotFoundError when the executable does not exist.
+    ``env`` is the command's whole environment (default: this process's). An exception raised while waiting
+    (Prefect's timeout or ``TerminationSignal``, ``KeyboardInterrupt``) propagates once the group is gone.
     """
     stdout_lines: list[str] = []
     stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)
@@ -203,9 +185,15 @@ def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str]
                     (logger or log).info("%s", line)
         return emit
 
+    if shutil.which(args[0], path=(env or os.environ).get("PATH")) is None:
+        raise FileNotFoundError(errno.ENOENT, "command not found", args[0])
     start = time.monotonic()
-    proc = _start(args, cwd, env, grace_s)
+    proc = subprocess.Popen(command(list(args), parent=os.getpid(), grace_s=grace_s), cwd=cwd,
+                            env=dict(env) if env is not None else None, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     pgid = proc.pid  # a new session's leader: its pid is the group id
+    with _live_lock:
+        _live_groups.add(pgid)
     readers = [threading.Thread(target=_pump, args=(s, f), daemon=True, name=f"pump-{pgid}")
                for s, f in ((proc.stdout, keep(stdout_lines)), (proc.stderr, keep(stderr_tail)))]
     for t in readers:

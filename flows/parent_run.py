@@ -37,11 +37,8 @@ def run_name(profile: str, commit: str, when: float | None = None) -> str:
 @contextlib.contextmanager
 def mlflow_run(name: str, *, root: str | Path, tags: dict[str, str],
                reopen: str | None = None) -> Iterator[tracking.StageRun]:
-    """An MLflow run named ``name`` for the ``with`` block, ended FINISHED, or FAILED when the block raises.
-
-    The run names this process as its owner (:mod:`pipeline.core.owner`), so that a later run can end it if this
-    process is killed. ``reopen``: continue that run instead of creating one (a new one if the store lost it).
-    """
+    """An MLflow run for the ``with`` block, ended FINISHED, or FAILED when the block raises; owned by this process
+    (:mod:`pipeline.core.owner`: a later run ends it if this one is killed). ``reopen``: continue that run."""
     if not tracking.enabled():
         yield tracking.StageRun()
         return

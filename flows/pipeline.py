@@ -210,13 +210,11 @@ def _per_stage(flag: str, items: list[str]) -> dict[str, float]:
     """``STAGE=SECONDS`` items of option ``flag`` as a mapping (PipelineError for an item of another form)."""
     out: dict[str, float] = {}
     for item in items:
-        stage, sep, value = item.partition("=")
+        stage, _, value = item.partition("=")
         try:
-            out[stage] = float(value)
+            out[stage] = float(value if stage else "")  # no "=" leaves value empty
         except ValueError:
-            sep = ""
-        if not sep or not stage:
-            raise PipelineError(f"{flag} {item!r}: expected STAGE=SECONDS, e.g. train=86400")
+            raise PipelineError(f"{flag} {item!r}: expected STAGE=SECONDS, e.g. train=86400") from None
     return out
 
 

@@ -185,10 +185,7 @@ def _overrides(record: Mapping[str, Any], keys: Sequence[str]) -> str:
 def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commit: str, ran: int,
                  mlflow_run_id: str | None, tracking_uri: str | None) -> str:
     """A sweep's markdown: variants x headline metrics, the best variant, where DVC and MLflow show them.
-
-    ``records``: one per variant in spec order (``name``, ``overrides``, ``status``, ``metrics``, ``error``);
-    ``ran``: how many variants this run executed; ``mlflow_run_id``: the sweep's parent run (None: tracking off).
-    """
+    ``records``: one per variant in spec order; ``ran``: how many this run executed."""
     keys = spec.keys
     shared = ", ".join(f"{k}={_cell(v)}" for k, v in spec.shared.items())
     intro = (f"Base profile `{spec.profile}`{f' with {shared}' if shared else ''}; {len(records)} variants at commit "

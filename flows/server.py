@@ -46,12 +46,8 @@ def healthy(url: str) -> bool:
 
 
 def start_temporary_server() -> str:
-    """Start the server tied to this process (it ends 10 s after this process does); return its API URL.
-
-    Raises:
-        PipelineError: the server exited or was not healthy within
-            ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` (90 s as for Prefect's own; its log's tail named).
-    """
+    """Start the server tied to this process (it ends 10 s after this process does); return its API URL. A
+    PipelineError quoting its log when it is not healthy within ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``."""
     port = free_port()
     url = f"http://{HOST}:{port}/api"
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port), "--no-ui",

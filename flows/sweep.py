@@ -154,7 +154,8 @@ def _run_variants(todo: list[Variant], ctx: SweepContext, base: dict[str, Any], 
                         " ".join(dict.fromkeys([lines[0], lines[-1]]))
                     record = {"name": variant.name, "index": variant.index, "overrides": variant.overrides,
                               "status": "failed", "error": error}
-                state.record(variant.key, record)
+                state.data["variants"][variant.key] = record
+                state.save()
         except BaseException:
             kill_all_groups(grace_s=ctx.grace_s)  # Ctrl-C, SIGTERM, cancel: no variant outlives the flow
             raise

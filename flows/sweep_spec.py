@@ -181,11 +181,7 @@ def _header(source: str, data: Any, root: Path) -> tuple[str, str, int]:
 
 
 def load_spec(path: str | Path, root: str | Path = ".") -> SweepSpec:
-    """Read and check a sweep spec against the profiles and params of the checkout ``root``.
-
-    Raises:
-        SpecError: the spec cannot run (the message names the file and the key).
-    """
+    """Read and check a sweep spec against the profiles and params of the checkout ``root`` (a SpecError if not)."""
     source, root = str(path), Path(root)
     try:
         data = load_yaml(path)

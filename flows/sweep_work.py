@@ -198,13 +198,8 @@ class SweepState:
         record = self.data["variants"].get(key)
         return record if record and record.get("status") == "done" else None
 
-    def record(self, key: str, record: dict[str, Any]) -> None:
-        """Store one variant's outcome (atomically: a killed run leaves the previous file)."""
-        self.data["variants"][key] = record
-        self.save()
-
     def save(self) -> None:
-        """Write the state file."""
+        """Write the state file (atomically: a killed run leaves the previous one)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_text(self.path, json.dumps(self.data, indent=2) + "\n")  # keys in spec order
 
