@@ -1,8 +1,7 @@
 """DVC's side of a flow: the stages of dvc.yaml, what ``dvc repro`` did with one, and the stage command.
 
-``python -m flows.dvc_task repro STAGE [--force]`` (:func:`repro_command`) is ``dvc repro --single-item STAGE``
-without DVC's reminder to ``git add dvc.lock`` after every stage (:func:`repro`); a flow runs it through
-:func:`flows.lifeline.run_in_group`. Ours and not DVC's CLI: ``dvc repro`` has no switch for that reminder alone
+``python -m flows.dvc_task repro STAGE [--force]`` is ``dvc repro --single-item STAGE`` without DVC's reminder to
+``git add dvc.lock`` after every stage. Ours and not DVC's CLI: ``dvc repro`` has no switch for that reminder alone
 (``--quiet`` also hides the ``Running stage`` lines :func:`stage_status` reads). No Prefect import here.
 """
 
@@ -21,8 +20,6 @@ import yaml
 
 from pipeline.core.errors import PipelineError
 
-log = logging.getLogger(__name__)
-
 PUBLISH_HINT = ("dvc.lock changed: to publish this run, commit it with its params and numbers: "
                 "git add params.yaml dvc.lock metrics/ plots/ && git commit")
 #: The variables through which a flow tells a stage which runs it belongs to (set per command, never globally).
@@ -38,11 +35,7 @@ _STATUS_PATTERNS: tuple[tuple[str, str], ...] = (
 
 
 def stage_status(stage: str, stdout_lines: Sequence[str]) -> str:
-    """Classify what ``dvc repro`` did with ``stage`` from its stdout.
-
-    Returns:
-        ``"ran"``, ``"restored"`` (from the run cache), ``"skipped"`` (unchanged) or ``"unknown"``.
-    """
+    """What ``dvc repro`` did with ``stage`` by its stdout: ``ran``, ``restored``, ``skipped`` or ``unknown``."""
     text = "\n".join(stdout_lines)
     for status, pattern in _STATUS_PATTERNS:
         if re.search(pattern.format(stage=re.escape(stage)), text):
@@ -51,11 +44,7 @@ def stage_status(stage: str, stdout_lines: Sequence[str]) -> str:
 
 
 def dvc_stages(repo: str | Path) -> list[str]:
-    """Stage names of ``<repo>/dvc.yaml`` in file order (the project's dvc.yaml lists them upstream first).
-
-    Raises:
-        PipelineError: no dvc.yaml, or one without stages.
-    """
+    """Stage names of ``<repo>/dvc.yaml`` in file order, upstream first (a PipelineError without any)."""
     path = Path(repo) / "dvc.yaml"
     try:
         stages = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("stages")
@@ -67,11 +56,7 @@ def dvc_stages(repo: str | Path) -> list[str]:
 
 
 def select_stages(repo: str | Path, requested: Sequence[str] | None) -> list[str]:
-    """``requested`` (all when empty) in pipeline order.
-
-    Raises:
-        PipelineError: an unknown stage (the known ones named).
-    """
+    """``requested`` (all when empty) in pipeline order; a PipelineError naming an unknown one and the known."""
     known = dvc_stages(repo)
     unknown = [s for s in requested or [] if s not in known]
     if unknown:
@@ -89,22 +74,14 @@ def stage_env(ids: Mapping[str, str]) -> dict[str, str]:
 
 
 def repro_command(stage: str, *, force: bool = False) -> list[str]:
-    """The command line that reproduces ``stage`` alone, as ``dvc repro --single-item STAGE [--force]``,
-    without DVC's ``git add`` reminder (:func:`repro`); its output has the lines :func:`stage_status` reads."""
+    """The command line of ``dvc repro --single-item STAGE [--force]`` without DVC's ``git add`` reminder."""
     return [sys.executable, "-m", "flows.dvc_task", "repro", stage, *(["--force"] if force else [])]
 
 
 def repro(stage: str, *, force: bool = False, root: str | Path = ".") -> int:
-    """Reproduce ``stage`` alone through DVC's API (what ``dvc repro --single-item`` calls); 0 on success.
-
-    DVC ends every command that rewrote ``dvc.lock`` with "To track the changes with git, run: git add
-    dvc.lock ..." (``SCMContext`` in dvc/repo/scm_context.py) unless its ``quiet`` is set, which is what
-    DVC's own experiment executor does (dvc/repo/experiments/executor/base.py); ``dvc repro`` has no option
-    for it (``--quiet`` also hides the ``Running stage`` lines :func:`stage_status` reads). The flow says once
-    at the end what to commit (:func:`publish_hint`).
-
-    Returns:
-        0, or 255 after DVC's one-line ``ERROR:`` (the exit status of ``dvc`` for a DVC error).
+    """Reproduce ``stage`` alone through DVC's API (what ``dvc repro --single-item`` calls); 0, or 255 (``dvc``'s
+    status) after DVC's one-line ``ERROR:``. ``SCMContext.quiet`` (dvc/repo/scm_context.py) silences the "git add
+    dvc.lock" reminder, as DVC's experiment executor does; the flow says once what to commit (:func:`publish_hint`).
     """
     from dvc.exceptions import DvcException
     from dvc.repo import Repo

@@ -4,14 +4,10 @@ Ours and not Prefect's: a Prefect task's timeout or cancellation raises in the t
 processes it started running, a cancelled flow run's process is signalled alone (PrefectHQ/prefect#20979), and a
 SIGKILLed flow signals nobody, so a stage's torchrun ranks (grandchildren) would outlive it.
 
-:func:`run_in_group` starts ``python -m flows.lifeline --parent PID --grace S -- CMD ...`` as the leader of a new
-session, so ``CMD`` and everything it starts share its process group and a terminal's Ctrl-C to the flow's group
-does not reach them. The flow ends the whole group (SIGTERM, a grace period, SIGKILL: :func:`kill_group`) when
-the command exits with members still alive and when the caller is interrupted (Prefect's timeout or
-``TerminationSignal``, ``KeyboardInterrupt``). When ``PID`` dies, however it dies (SIGKILL, the OOM killer, a lost
-node agent), the kernel sends the lifeline SIGTERM (``PR_SET_PDEATHSIG``, ``prctl(2)``) and it ends its own group
-the same way (a checkpoint being written completes, or is left without its ``DONE`` marker, which the loader
-ignores). Standard library only: the lifeline starts in a few tens of milliseconds.
+``python -m flows.lifeline --parent PID --grace S -- CMD ...`` leads a new session (a terminal's Ctrl-C to the
+flow's group does not reach it); when ``PID`` dies, however it dies, the kernel sends it SIGTERM
+(``PR_SET_PDEATHSIG``, ``prctl(2)``) and it ends its group: SIGTERM, a grace period, SIGKILL. Standard library
+only: it starts in a few tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -21,6 +17,7 @@ import contextlib
 import ctypes
 import errno
 import logging
+import math
 import os
 import shutil
 import signal
@@ -30,7 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -48,10 +45,10 @@ _live_lock = threading.Lock()
 _PR_SET_PDEATHSIG = 1
 
 
-def _wait_until(gone: Callable[[], bool], limit_s: float) -> bool:
-    """Poll ``gone`` every 50 ms for up to ``limit_s`` seconds; whether it became true."""
+def _wait_until(done: Callable[[], bool], limit_s: float = math.inf) -> bool:
+    """Poll ``done`` every 50 ms for up to ``limit_s`` seconds; whether it became true."""
     deadline = time.monotonic() + limit_s
-    while not gone():
+    while not done():
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
@@ -59,11 +56,8 @@ def _wait_until(gone: Callable[[], bool], limit_s: float) -> bool:
 
 
 def kill_group(pgid: int, proc: subprocess.Popen[bytes] | None = None, grace_s: float = 10.0) -> None:
-    """SIGTERM process group ``pgid``, wait up to ``grace_s``, then SIGKILL what is left.
-
-    ``proc`` (the group leader, our child) is reaped while waiting, so its zombie does not keep the group
-    looking alive.
-    """
+    """SIGTERM process group ``pgid``, wait up to ``grace_s``, then SIGKILL what is left (``proc``, the group leader,
+    is reaped while waiting, so that its zombie does not keep the group looking alive)."""
     def gone() -> bool:
         if proc is not None:
             proc.poll()
@@ -84,7 +78,7 @@ def kill_group(pgid: int, proc: subprocess.Popen[bytes] | None = None, grace_s: 
 
 
 def _others_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` other than this one is alive (zombies count as ended)."""
+    """Whether a process of group ``pgid`` other than this one is alive (not a zombie)."""
     me = os.getpid()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
@@ -109,62 +103,40 @@ def _end_own_group(child: subprocess.Popen[bytes], grace_s: float) -> None:
 
 
 def run(cmd: list[str], *, parent: int, grace_s: float) -> int:
-    """Run ``cmd`` tied to ``parent``; return its exit code (``128 + signal`` when a signal ended it).
-
-    While ``parent`` lives, a SIGTERM or SIGINT here is left to it (it signals the whole group itself); a
-    parent that died before the death signal was armed is caught by comparing ``os.getppid()`` with it.
-    """
+    """Run ``cmd`` tied to ``parent``; its exit code (``128 + signal`` when a signal ended it). While ``parent``
+    lives, a SIGTERM or SIGINT here is left to it (it signals the whole group itself)."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda signum, frame: None)  # the loop below sees whether the parent is gone
-    try:
+        signal.signal(sig, lambda signum, frame: None)  # the wait below sees whether the parent is gone
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: only the getppid check
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: only the getppid check
-        pass
     if os.getppid() != parent:
         return 128 + signal.SIGTERM  # the flow is gone before anything started
     child = subprocess.Popen(cmd)
-    while child.poll() is None:
-        if os.getppid() != parent:
-            _end_own_group(child, grace_s)
-            break
-        try:
-            child.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            pass
+    _wait_until(lambda: child.poll() is not None or os.getppid() != parent)
+    if child.poll() is None:
+        _end_own_group(child, grace_s)
     code = child.wait()
     return code if code >= 0 else 128 - code
 
 
 @dataclass(frozen=True)
 class ProcessResult:
-    """What one command did.
-
-    Attributes:
-        args: the command line.
-        returncode: exit status (negative: killed by that signal).
-        duration_s: wall time from start to the group being gone.
-        stdout_lines: every complete stdout line (DVC's own messages are short).
-        stderr_tail: the last ``TAIL_LINES`` lines of stderr.
-    """
+    """What one command did: its exit status (negative: killed by that signal), wall time until its group was gone,
+    every non-blank stdout line (DVC's messages are short) and the last :data:`TAIL_LINES` lines of stderr."""
 
     args: tuple[str, ...]
     returncode: int
     duration_s: float
-    stdout_lines: tuple[str, ...] = field(default=())
-    stderr_tail: tuple[str, ...] = field(default=())
-
-
-def live_process_groups() -> set[int]:
-    """Process-group ids of commands started here that have not been reaped yet."""
-    with _live_lock:
-        return set(_live_groups)
+    stdout_lines: tuple[str, ...] = ()
+    stderr_tail: tuple[str, ...] = ()
 
 
 def kill_all_groups(grace_s: float = 10.0) -> None:
     """End every process group started by :func:`run_in_group` that is still alive (its output no longer logged)."""
-    for pgid in live_process_groups():
-        with _live_lock:
-            _stopping.add(pgid)
+    with _live_lock:
+        groups = set(_live_groups)
+        _stopping.update(groups)
+    for pgid in groups:
         kill_group(pgid, grace_s=grace_s)
 
 
@@ -194,71 +166,40 @@ def _pump(stream: IO[bytes], emit: Callable[[str], None]) -> None:
     stream.close()
 
 
-def _wait(proc: subprocess.Popen[bytes]) -> None:
-    """Wait for ``proc`` in steps of a second, so that Prefect's cancellation can raise in a worker thread."""
-    while proc.poll() is None:
-        try:
-            proc.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def _start(args: Sequence[str], cwd: str | Path, env: Mapping[str, str] | None,
-           grace_s: float) -> subprocess.Popen[bytes]:
-    """Start ``args`` under a lifeline to this process as the leader of a new session, registered as live."""
-    if shutil.which(args[0], path=(env or os.environ).get("PATH")) is None:
-        raise FileNotFoundError(errno.ENOENT, "command not found", args[0])
-    proc = subprocess.Popen(command(list(args), parent=os.getpid(), grace_s=grace_s), cwd=cwd,
-                            env=dict(env) if env is not None else None, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    with _live_lock:
-        _live_groups.add(proc.pid)
-    return proc
-
-
 def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str] | None = None,
                  grace_s: float = 10.0,
                  logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None) -> ProcessResult:
-    """Run ``args`` in a new session under a lifeline, log each output line, end the whole group when done.
+    """Run ``args`` in a new session under a lifeline, log each output line (INFO), end the whole group when done.
 
-    Args:
-        args: command line, e.g. ``["dvc", "exp", "run", ...]``; cwd: its folder; env: its whole environment
-            (default: this process's); grace_s: seconds between SIGTERM and SIGKILL when the group is ended;
-            logger: where stdout/stderr lines go (INFO; default this module's).
-
-    Returns:
-        The :class:`ProcessResult`. An exception raised while waiting (Prefect's timeout or ``TerminationSignal``,
-        ``KeyboardInterrupt``) propagates once the group is gone; what it prints from then on is not logged.
-
-    Raises:
-        FileNotFoundError: the executable does not exist.
+    ``env`` is the command's whole environment (default: this process's). An exception raised while waiting
+    (Prefect's timeout or ``TerminationSignal``, ``KeyboardInterrupt``) propagates once the group is gone.
     """
-    out = logger or log
     stdout_lines: list[str] = []
     stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)
 
-    def show(line: str) -> None:
-        if line.strip() and pgid not in _stopping:
-            out.info("%s", line)
+    def keep(lines: list[str] | deque[str]) -> Callable[[str], None]:
+        def emit(line: str) -> None:
+            if line.strip():
+                lines.append(line)
+                if pgid not in _stopping:
+                    (logger or log).info("%s", line)
+        return emit
 
-    def on_stdout(line: str) -> None:
-        stdout_lines.append(line)
-        show(line)
-
-    def on_stderr(line: str) -> None:
-        if line.strip():
-            stderr_tail.append(line)
-            show(line)
-
+    if shutil.which(args[0], path=(env or os.environ).get("PATH")) is None:
+        raise FileNotFoundError(errno.ENOENT, "command not found", args[0])
     start = time.monotonic()
-    proc = _start(args, cwd, env, grace_s)
+    proc = subprocess.Popen(command(list(args), parent=os.getpid(), grace_s=grace_s), cwd=cwd,
+                            env=dict(env) if env is not None else None, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     pgid = proc.pid  # a new session's leader: its pid is the group id
+    with _live_lock:
+        _live_groups.add(pgid)
     readers = [threading.Thread(target=_pump, args=(s, f), daemon=True, name=f"pump-{pgid}")
-               for s, f in ((proc.stdout, on_stdout), (proc.stderr, on_stderr))]
+               for s, f in ((proc.stdout, keep(stdout_lines)), (proc.stderr, keep(stderr_tail)))]
     for t in readers:
         t.start()
     try:
-        _wait(proc)
+        _wait_until(lambda: proc.poll() is not None)  # in steps: Prefect's cancellation raises in this thread
     except BaseException:  # Ctrl-C, SIGTERM, a timeout, a cancellation: the flow says it stopped, in one line
         with _live_lock:
             _stopping.add(pgid)

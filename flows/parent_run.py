@@ -1,10 +1,9 @@
 """The MLflow parent runs the flows open: a pipeline run's (stage runs become its children) and a sweep's.
 
-A pipeline run's name says which run it is at a glance (``demo 291a2df 2026-11-25 18:40``); it carries the
-flattened params, ``params.yaml`` and ``dvc.lock`` as artifacts, each stage's run as ``produced_by.<stage>``
-and the headline metrics (:func:`flows.report.headline_metrics`), so that MLflow's Compare view has columns to
-compare. Tracking never fails a run: what cannot be recorded is a warning. Neither Prefect nor DVC opens MLflow
-runs, so this is ours; it is built on :mod:`pipeline.core.tracking`, which alone imports ``mlflow``.
+A pipeline run's parent carries the flattened params, ``params.yaml`` and ``dvc.lock``, each stage's run as
+``produced_by.<stage>`` and the headline metrics, for MLflow's Compare view. Tracking never fails a run: what
+cannot be recorded is a warning. Neither Prefect nor DVC opens MLflow runs, so this is ours; it is built on
+:mod:`pipeline.core.tracking`, which alone imports ``mlflow``.
 """
 
 from __future__ import annotations
@@ -38,12 +37,8 @@ def run_name(profile: str, commit: str, when: float | None = None) -> str:
 @contextlib.contextmanager
 def mlflow_run(name: str, *, root: str | Path, tags: dict[str, str],
                reopen: str | None = None) -> Iterator[tracking.StageRun]:
-    """An MLflow run named ``name`` for the ``with`` block, ended FINISHED, or FAILED when the block raises.
-
-    Besides ``tags`` the run names this process as its owner (:mod:`pipeline.core.owner`), so that a later
-    run can end it if this process is killed. ``reopen``: continue that run (set RUNNING with the tags again)
-    instead of creating one; a run the store no longer has is replaced by a new one.
-    """
+    """An MLflow run for the ``with`` block, ended FINISHED, or FAILED when the block raises; owned by this process
+    (:mod:`pipeline.core.owner`: a later run ends it if this one is killed). ``reopen``: continue that run."""
     if not tracking.enabled():
         yield tracking.StageRun()
         return
@@ -63,13 +58,9 @@ def mlflow_run(name: str, *, root: str | Path, tags: dict[str, str],
 @contextlib.contextmanager
 def pipeline_run(name: str, *, params: dict[str, Any], root: str | Path = ".",
                  tags: dict[str, str] | None = None, reopen: str | None = None) -> Iterator[tracking.StageRun]:
-    """Open the parent run of one pipeline run (:func:`mlflow_run`); stage runs find it via ``MLFLOW_PARENT_RUN_ID``.
-
-    Logs the flattened params once, ``params.yaml`` as an artifact and, at the end, ``dvc.lock``. The caller
-    exports ``MLFLOW_PARENT_RUN_ID`` only to the child processes it starts (never globally). ``tags``
-    override the default git tags (:func:`pipeline.core.tracking.git_tags` of ``root``); ``reopen``: a
-    resumed sweep variant's run, with the same params.
-    """
+    """The parent run of one pipeline run (:func:`mlflow_run`), with its params, ``params.yaml`` and at the end
+    ``dvc.lock``; ``tags`` override the git tags of ``root``. Stage runs find it via ``MLFLOW_PARENT_RUN_ID``,
+    which the caller exports only to the processes it starts."""
     root = Path(root)
     with mlflow_run(name, root=root, tags={"pipeline": "true", **tracking.git_tags(root), **(tags or {})},
                     reopen=reopen) as handle:
@@ -126,24 +117,19 @@ def child_run(parent_id: str | None, tag: str, value: str, root: str | Path = ".
 
 
 def end_orphans(root: str | Path = ".", logger: logging.Logger | logging.LoggerAdapter | None = None) -> None:
-    """End the MLflow runs a killed flow, sweep or stage of ``root`` left RUNNING (:func:`tracking.end_orphaned_runs`).
-
-    Call it when a pipeline run or sweep starts, holding its lock. A store that cannot be searched is a warning:
-    the bookkeeping of earlier runs never stops this one (an unreachable server fails it when its run opens).
-    """
-    try:
+    """End the MLflow runs a killed flow, sweep or stage of ``root`` left RUNNING; call it holding the run's lock.
+    A store that cannot be searched is a warning (an unreachable server fails the run when its run opens)."""
+    with _never_fails("end the MLflow runs a killed run left RUNNING", logger):
         tracking.end_orphaned_runs(root, logger)
-    except Exception as exc:  # noqa: BLE001
-        (logger or log).warning("could not end the MLflow runs a killed run left RUNNING: %s", exc)
 
 
 @contextlib.contextmanager
-def _never_fails(what: str) -> Iterator[None]:
+def _never_fails(what: str, logger: logging.Logger | logging.LoggerAdapter | None = None) -> Iterator[None]:
     """Log an error inside the block as a warning (``could not <what>``): tracking must never fail a run."""
     try:
         yield
     except Exception as exc:  # noqa: BLE001
-        log.warning("could not %s: %s", what, exc)
+        (logger or log).warning("could not %s: %s", what, exc)
 
 
 def record_stage(parent: tracking.StageRun, root: Path, metrics_dir: Path, stage: str) -> None:
@@ -172,15 +158,9 @@ def record_end(parent: tracking.StageRun, root: Path, metrics_dir: Path | None, 
 
 
 def ui_page(run_id: str, root: str | Path = ".", port: int = 5000) -> str | None:
-    """The page of ``run_id``'s experiment in a local ``mlflow ui``, on its training runs.
-
-    MLflow 3.17's UI opens every experiment on its GenAI overview unless the page's URL (``workflowType``) or the
-    top-left "GenAI | Model training" switch says otherwise; the experiment's ``mlflow.experimentKind`` tag is
-    consulted only when that switch is hidden. None when the run cannot be read.
-    """
-    try:
+    """The page of ``run_id``'s experiment in a local ``mlflow ui`` on its training runs (MLflow 3.17's UI opens
+    every experiment on its GenAI overview unless the URL's ``workflowType`` says otherwise), or None."""
+    experiment = None
+    with _never_fails(f"read the experiment of run {run_id}"):
         experiment = tracking.mlflow_client(root).get_run(run_id).info.experiment_id
-    except Exception as exc:  # noqa: BLE001 - a link in a report must not fail the pipeline
-        log.warning("could not read the experiment of run %s: %s", run_id, exc)
-        return None
-    return f"http://127.0.0.1:{port}/#/experiments/{experiment}?workflowType=machine_learning"
+    return f"http://127.0.0.1:{port}/#/experiments/{experiment}?workflowType=machine_learning" if experiment else None

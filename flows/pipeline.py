@@ -1,16 +1,6 @@
-"""The Prefect flow ``wmt14-pipeline``: DVC executes, Prefect sequences, retries and times out.
-
-One task per DVC stage runs ``dvc repro --single-item <stage>`` in its own process group (:mod:`flows.dvc_task`;
-DVC alone decides what is stale: ``cache_policy=NO_CACHE``; a timed-out stage's group is killed) under one
-MLflow parent run (:mod:`flows.parent_run`), whose id reaches the stages through their environment only; the
-run ends with a markdown report (:mod:`flows.report`). ``--profile NAME`` writes the profile's params.yaml for
-the run only and restores the previous bytes however the run ends. Without ``PREFECT_API_URL``, ``python -m
-flows.pipeline`` starts a temporary Prefect server (:mod:`flows.server`). Stopping the run (Ctrl-C, SIGTERM,
-SIGKILL, a cancel) ends the running stage's whole process tree within ``--kill-grace`` seconds
-(:mod:`flows.lifeline`); the next run resumes (training from its newest checkpoint)::
-
-    python -m flows.pipeline --profile tiny
-    python -m flows.pipeline --stages train average evaluate --timeout train=86400
+"""The Prefect flow ``wmt14-pipeline`` (README, "Orchestration"): DVC executes, Prefect sequences, retries and
+times out. One task per DVC stage runs ``dvc repro --single-item <stage>`` in its own process group (DVC alone
+decides what is stale: ``cache_policy=NO_CACHE``) under one MLflow parent run; the run ends with a markdown report.
 
 Ours around theirs: DVC runs the stages and Prefect the tasks; the flow adds what neither knows (the MLflow parent
 run, the profile switch, the report).
@@ -36,7 +26,7 @@ from prefect.runtime import task_run as task_run_ctx
 
 from flows import parent_run
 from flows.dvc_task import publish_hint, repro_command, select_stages, stage_env, stage_status
-from flows.lifeline import ProcessResult, kill_all_groups, run_in_group
+from flows.lifeline import kill_all_groups, run_in_group
 from flows.report import AUDIT_ARTIFACT_KEY, StageOutcome, render_report
 from flows.server import ensure_api
 from pipeline.core import env
@@ -47,7 +37,6 @@ from pipeline.core.errors import PipelineError
 from pipeline.project.profiles import profile_run, restore_params
 from pipeline.project.workspace import exclusive_run
 
-log = logging.getLogger(__name__)
 D = TypeVar("D", bound=StageDetails)
 
 FLOW_NAME = "wmt14-pipeline"
@@ -74,14 +63,6 @@ class StageFailed(PipelineError):
         self.stage, self.returncode = stage, returncode
         super().__init__(f"stage '{stage}' {how}")
 
-    @classmethod
-    def exited(cls, stage: str, result: ProcessResult) -> StageFailed:
-        """The failure of ``result``: exit code, duration, command and the tail of its stderr."""
-        tail = "\n".join(result.stderr_tail) or "(no stderr)"
-        return cls(stage, f"failed with exit code {result.returncode} after {result.duration_s:.1f} s: "
-                          f"`{' '.join(result.args)}`\nlast {len(result.stderr_tail)} lines of stderr:\n{tail}",
-                   result.returncode)
-
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -95,19 +76,17 @@ class RunSettings:
 
 @task(name="dvc-repro", cache_policy=NO_CACHE, task_run_name="dvc repro {stage}")
 def repro_stage(stage: str, settings: RunSettings) -> StageOutcome:
-    """Run ``dvc repro --single-item <stage>`` (:func:`flows.dvc_task.repro_command`); report ran / skipped /
-    restored and its duration.
-
-    Raises:
-        StageFailed: non-zero exit (stage name, exit code and stderr tail in the message).
-    """
+    """Run ``dvc repro --single-item <stage>`` (:func:`flows.dvc_task.repro_command`); a StageFailed when it fails."""
     logger = get_run_logger()
     args = repro_command(stage, force=settings.force)
     logger.info("%s", " ".join(args))
     result = run_in_group(args, cwd=settings.repo, env=stage_env(settings.extra_env), grace_s=settings.grace_s,
                           logger=logger)
     if result.returncode != 0:
-        raise StageFailed.exited(stage, result)
+        tail = "\n".join(result.stderr_tail) or "(no stderr)"
+        raise StageFailed(stage, f"failed with exit code {result.returncode} after {result.duration_s:.1f} s: "
+                                 f"`{' '.join(args)}`\nlast {len(result.stderr_tail)} lines of stderr:\n{tail}",
+                          result.returncode)
     status = stage_status(stage, result.stdout_lines)
     logger.info("stage '%s' %s in %.1f s", stage, status, result.duration_s)
     return StageOutcome(stage=stage, status=status, duration_s=round(result.duration_s, 2),
@@ -126,11 +105,8 @@ def _details(record: type[D], metrics_dir: Path | None) -> D | None:
 
 def _finish(root: Path, paths: PathsConfig | None, outcomes: list[StageOutcome], parent: tracking.StageRun,
             git: dict[str, str], failure: BaseException | None) -> str:
-    """Record the run's end on the MLflow parent; write the report (and the audit) as Prefect artifacts.
-
-    Returns:
-        The report markdown (also printed by ``python -m flows.pipeline``).
-    """
+    """Record the run's end on the MLflow parent; write the report (and the audit) as Prefect artifacts; return
+    the report."""
     parent_run.record_end(parent, root, Path(paths.metrics) if paths else None, succeeded=failure is None)
     audit_path = f"{paths.reports}/audit.md" if paths else None
     try:
@@ -159,11 +135,7 @@ def _finish(root: Path, paths: PathsConfig | None, outcomes: list[StageOutcome],
 def _run_stages(selected: list[str], settings: RunSettings, *, retries: dict[str, int], delays: dict[str, float],
                 timeouts_s: dict[str, float], metrics_dir: Path | None, parent: tracking.StageRun,
                 outcomes: list[StageOutcome]) -> None:
-    """Run the stage tasks in order, appending each outcome (also of the one that fails) to ``outcomes``.
-
-    Raises:
-        StageFailed: a stage failed or timed out (after its retries).
-    """
+    """Run the stage tasks in order, appending each outcome (also of the one that fails) to ``outcomes``."""
     for stage in selected:
         started = time.monotonic()
         timeout = timeouts_s.get(stage) if (timeouts_s.get(stage) or 0) > 0 else None
@@ -193,23 +165,17 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
     """Reproduce the DVC stages in order, one task each, under one MLflow parent run.
 
     Args:
-        stages: stage names to run (default: every stage of dvc.yaml), always in pipeline order.
-            Each runs with ``--single-item``: upstream stages not listed are not checked.
+        stages: stages to run, in pipeline order, each ``--single-item`` (default: every stage of dvc.yaml).
         force: pass ``--force`` (rerun even when DVC finds the stage up to date).
-        profile: run with this profile's params.yaml; the previous params.yaml is restored byte for byte at
-            the end, however the run ends (``nmt profile NAME`` is the persistent switch).
+        profile: run with this profile's params.yaml; the previous one is restored however the run ends.
         repo: the project checkout (where dvc.yaml lives).
         timeouts_s: wall-clock limit per stage in seconds (missing: none); the group is killed.
         retries: attempts after a failure per stage (default download 3, train 2, others 0).
         retry_delay_s: seconds before a retry per stage (default download 60, train 300).
         kill_grace_s: seconds between SIGTERM and SIGKILL when a stage's group is ended.
 
-    Returns:
-        ``{"stages": [StageOutcome as dict], "mlflow_run_id", "git_commit", "markdown"}``.
-
     Raises:
-        PipelineError: another run holds this workspace (:mod:`pipeline.project.workspace`), or bad arguments
-            (an unknown stage is refused before the workspace, params.yaml or MLflow are touched).
+        PipelineError: another run holds this workspace, or an unknown stage (refused before anything is touched).
         StageFailed: a stage failed (after its retries) or timed out.
     """
     root = Path(repo).resolve()
@@ -265,13 +231,11 @@ def _per_stage(flag: str, items: list[str]) -> dict[str, float]:
     """``STAGE=SECONDS`` items of option ``flag`` as a mapping (PipelineError for an item of another form)."""
     out: dict[str, float] = {}
     for item in items:
-        stage, sep, value = item.partition("=")
+        stage, _, value = item.partition("=")
         try:
-            out[stage] = float(value)
+            out[stage] = float(value if stage else "")  # no "=" leaves value empty
         except ValueError:
-            sep = ""
-        if not sep or not stage:
-            raise PipelineError(f"{flag} {item!r}: expected STAGE=SECONDS, e.g. train=86400")
+            raise PipelineError(f"{flag} {item!r}: expected STAGE=SECONDS, e.g. train=86400") from None
     return out
 
 

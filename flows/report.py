@@ -8,6 +8,7 @@ import.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,29 +30,17 @@ SWEEP_COLUMNS: tuple[tuple[str, str, str], ...] = (
 
 @dataclass(frozen=True)
 class StageOutcome:
-    """What one stage task did.
-
-    Attributes:
-        stage: DVC stage name.
-        status: ``ran``, ``skipped``, ``restored``, ``unknown``, ``failed (exit N)``, ``timed out`` or
-            ``interrupted``.
-        duration_s: wall time of the last attempt (of all attempts for a failure).
-        attempts: how many times the task ran (retries included).
-    """
+    """What one stage task did."""
 
     stage: str
-    status: str
-    duration_s: float
-    attempts: int = 1
+    status: str  # ran, skipped, restored, unknown, failed (exit N), timed out or interrupted
+    duration_s: float  # of the last attempt (of all attempts for a failure)
+    attempts: int = 1  # retries included
 
 
 def headline_metrics(evaluate: EvaluateDetails | None, train: TrainDetails | None) -> dict[str, float]:
-    """The parent run's metrics (:data:`HEADLINE_METRICS`) from ``evaluate.details.json`` and ``train.details.json``.
-
-    BLEU and chrF of valid and test, valid perplexity (the evaluated model's), training steps, and
-    GPU-hours = train wall seconds x GPUs / 3600 (0.0 when it trained on CPU). A figure whose file
-    or key is missing is left out.
-    """
+    """The parent run's :data:`HEADLINE_METRICS` from ``evaluate.details.json`` and ``train.details.json``
+    (GPU-hours = train wall seconds x GPUs / 3600, 0.0 on CPU); a figure whose file or key is missing is left out."""
     evaluate, train = evaluate or EvaluateDetails(), train or TrainDetails()
     found = {"test_bleu": evaluate.test.bleu, "valid_bleu": evaluate.valid.bleu, "test_chrf": evaluate.test.chrf2,
              "valid_chrf": evaluate.valid.chrf2, "valid_ppl": evaluate.valid.ppl, "train_steps": train.step}
@@ -106,8 +95,7 @@ def mlflow_link(tracking_uri: str | None, run_id: str) -> str:
 
 
 def mlflow_ui_hint(tracking_uri: str | None, page: str | None = None) -> str | None:
-    """How to browse a local store: the ``mlflow ui`` command and the page to open (None for a server, which is
-    its own UI); ``page`` defaults to the UI's start page."""
+    """How to browse a local store: the ``mlflow ui`` command and the page to open (None for a server)."""
     if not tracking_uri or tracking_uri.startswith(("http://", "https://")):
         return None
     return f"`.venv/bin/mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1` (then " \
@@ -122,14 +110,8 @@ def audit_section(audit_path: str, audit_md: str | None, max_lines: int = AUDIT_
     summary = next((ln for ln in audit_md.splitlines()[1:] if ln.strip() and not ln.startswith("#")), "")
     if summary:
         lines += ["", summary]
-    bullets, inside = [], False
-    for line in audit_md.splitlines():
-        if line.startswith("## "):
-            if inside:
-                break
-            inside = line.strip().lower() == "## deviations"
-        elif inside and line.startswith("- "):
-            bullets.append(line)
+    section = re.search(r"^## deviations[ \t\r]*$(.*?)(?=^## |\Z)", audit_md, re.IGNORECASE | re.MULTILINE | re.DOTALL)
+    bullets = [line for line in section.group(1).splitlines() if line.startswith("- ")] if section else []
     if bullets:
         lines += ["", "Deviations from the paper:", "", *bullets[:max_lines]]
         if len(bullets) > max_lines:
@@ -155,20 +137,8 @@ def render_report(outcomes: Sequence[StageOutcome], *, bleu: EvaluateDetails | N
                   tracking_uri: str | None, git: Mapping[str, str], failure: str | None = None,
                   audit_path: str | None = None, audit_md: str | None = None,
                   register: RegisterDetails | None = None, ui_page: str | None = None) -> str:
-    """The whole report: stages, BLEU, the audit, lineage (git, MLflow, registry), failure (if any).
-
-    Args:
-        outcomes: one per stage task that started.
-        bleu: ``evaluate.details.json`` (None: not scored yet).
-        mlflow_run_id: the parent run (None: tracking off).
-        tracking_uri: the MLflow store (a server gets a link, a local store the ``mlflow ui`` command).
-        git: ``git_commit`` and ``git_dirty``.
-        failure: the error that ended the run.
-        audit_path: ``<paths.reports>/audit.md`` relative to the repository (None: no audit section).
-        audit_md: its text (None: not written yet).
-        register: ``register.details.json`` (None: no registry lines).
-        ui_page: the page a local ``mlflow ui`` should open (:func:`flows.parent_run.ui_page`).
-    """
+    """The whole report: stages, BLEU (``bleu``: ``evaluate.details.json``), the audit (``audit_path`` relative
+    to the repository; None: no section), lineage (git, MLflow, ``register.details.json``), failure (if any)."""
     table = bleu_table(bleu or EvaluateDetails()) or ["No `evaluate.details.json` yet."]
     lines = ["# wmt14-pipeline", "", "## Stages", "", *stage_rows(outcomes), "", "## BLEU", "", *table, ""]
     if audit_path:
@@ -186,13 +156,9 @@ def render_report(outcomes: Sequence[StageOutcome], *, bleu: EvaluateDetails | N
 
 def best_variant(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The finished sweep variant with the highest valid BLEU (the first of equals, in spec order), or None."""
-    best = None
-    for record in records:
-        score = (record.get("metrics") or {}).get(OBJECTIVE)
-        if record.get("status") == "done" and isinstance(score, (int, float)):
-            if best is None or score > best["metrics"][OBJECTIVE]:
-                best = record
-    return best
+    done = [r for r in records if r.get("status") == "done"
+            and isinstance((r.get("metrics") or {}).get(OBJECTIVE), (int, float))]
+    return max(done, key=lambda r: r["metrics"][OBJECTIVE], default=None)  # max keeps the first of equals
 
 
 def _overrides(record: Mapping[str, Any], keys: Sequence[str]) -> str:
@@ -202,15 +168,7 @@ def _overrides(record: Mapping[str, Any], keys: Sequence[str]) -> str:
 def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commit: str, ran: int,
                  mlflow_run_id: str | None, tracking_uri: str | None) -> str:
     """A sweep's markdown: variants x headline metrics, the best variant, where DVC and MLflow show them.
-
-    Args:
-        spec: the checked spec.
-        records: one per variant, in spec order (``name``, ``overrides``, ``status``, ``metrics``, ``error``).
-        commit: the commit every variant ran.
-        ran: how many variants this run executed (0: all were done already).
-        mlflow_run_id: the sweep's parent run (None: tracking off).
-        tracking_uri: the MLflow store.
-    """
+    ``records``: one per variant in spec order; ``ran``: how many this run executed."""
     keys = spec.keys
     shared = ", ".join(f"{k}={_cell(v)}" for k, v in spec.shared.items())
     intro = (f"Base profile `{spec.profile}`{f' with {shared}' if shared else ''}; {len(records)} variants at commit "

@@ -1,11 +1,10 @@
 """A temporary Prefect server for one local flow run, in its own session and tied to the flow's life.
 
-Ours and not Prefect's: Prefect's own temporary server (``SubprocessASGIServer`` in
-prefect/server/api/server.py) runs in the flow's process group and stops at the flow's ``atexit``, so a
-terminal's Ctrl-C ends it with the flow, which then retries its API calls for minutes, and a SIGKILLed flow
-leaves it running. This one is ``prefect server start --no-ui --no-services`` on a free 127.0.0.1 port
-under a :mod:`flows.lifeline` in a new session: it outlives signals aimed at the flow's group while the flow
-records how the run ended, and stops once the flow's process has exited, however it exited.
+Ours and not Prefect's: Prefect's own temporary server (``SubprocessASGIServer`` in prefect/server/api/server.py)
+runs in the flow's process group and stops at the flow's ``atexit``, so a terminal's Ctrl-C ends it with the flow,
+which then retries its API calls for minutes, and a SIGKILLed flow leaves it running. This one runs under a
+:mod:`flows.lifeline` in a new session: it outlives signals aimed at the flow's group and stops once the flow's
+process has exited, however it exited.
 """
 
 from __future__ import annotations
@@ -47,23 +46,14 @@ def healthy(url: str) -> bool:
 
 
 def start_temporary_server() -> str:
-    """Start the server tied to this process; return its API URL (``http://127.0.0.1:PORT/api``).
-
-    It ends when this process does (its lifeline), after a grace of 10 s; nothing needs to stop it.
-
-    Raises:
-        PipelineError: the server exited or was not healthy within
-            ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` (90 s as for Prefect's own; its log's tail named).
-    """
+    """Start the server tied to this process (it ends 10 s after this process does); return its API URL. A
+    PipelineError quoting its log when it is not healthy within ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``."""
     port = free_port()
     url = f"http://{HOST}:{port}/api"
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port), "--no-ui",
            "--no-services", "--analytics-off"]
     log_path = Path(tempfile.mkdtemp(prefix="nmt-prefect-")) / "server.log"
-    try:
-        limit = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90"))
-    except ValueError:
-        limit = 90.0
+    limit = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90"))  # Prefect checked it
     with log_path.open("wb") as out:
         proc = subprocess.Popen(lifeline.command(cmd, parent=os.getpid(), grace_s=_STOP_GRACE_S),
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -88,12 +78,8 @@ def start_temporary_server() -> str:
 
 
 def ensure_api(module: str, argv: list[str] | None) -> None:
-    """With no ``PREFECT_API_URL`` set, start the temporary server and run ``python -m MODULE ARGV`` again in
-    this process (``exec``: the pid, and so the lifeline's tie, stays) with the URL set; else return.
-
-    Prefect reads ``PREFECT_API_URL`` when it is imported and its background threads (events, logs) keep
-    what they read then, so the URL must be in the environment before Prefect is imported.
-    """
+    """With no ``PREFECT_API_URL`` set, start the temporary server and ``exec`` ``python -m MODULE ARGV`` with it set
+    (the pid, and so the lifeline's tie, stays): Prefect's background threads keep the URL they read at import."""
     from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value():

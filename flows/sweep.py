@@ -1,17 +1,7 @@
-"""The Prefect flow ``wmt14-sweep``: variants of a base profile run as DVC experiments, compared in MLflow.
-
-``nmt sweep SPEC.yaml`` (``python -m flows.sweep SPEC.yaml``) refuses a bad spec (:mod:`flows.sweep_spec`)
-before anything runs, then opens (on a restart, reopens) the MLflow parent run ``sweep-<name>``, runs the
-stages no variant changes once (task ``sweep-shared-stages``), and runs each unfinished variant as a Prefect
-task run, at most ``concurrency`` at once: ``dvc exp run --name <name>-<i> --set-param key=value ...`` in its
-own clone (:mod:`flows.sweep_work`) under its own MLflow run (a child of the sweep's, tagged
-``override.<key>``, with a pipeline run's headline metrics), then ``dvc exp push`` back to the checkout, where
-``dvc exp show`` lists it. Finished variants are recorded in ``.dvc/tmp/sweeps/<name>/state.json`` (a restart
-skips them). The table of variants x headline metrics, best valid BLEU named, becomes the Prefect artifact
-``wmt14-sweep-<name>``, ``reports/sweeps/<name>.md`` and an artifact of the MLflow parent. Variants run the
-checkout's committed HEAD; ``MLFLOW_TRACKING_URI`` defaults to the checkout's store, as for ``nmt run``::
-
-    python -m flows.sweep sweeps/demo-warmup.yaml
+"""The Prefect flow ``wmt14-sweep`` (README, "Sweeps"): variants of a base profile run as DVC experiments, each in
+its own clone under its own MLflow run, children of one parent run ``sweep-<name>``; the stages no variant changes
+run once; a restart skips the finished variants. The table of variants x headline metrics becomes a Prefect
+artifact, ``reports/sweeps/<name>.md`` and an artifact of the MLflow parent.
 
 Ours and not DVC's experiment queue (``dvc exp run --queue``, ``dvc queue start -j N``): see :mod:`flows.sweep_work`.
 """
@@ -51,8 +41,6 @@ from pipeline.core.config import flatten
 from pipeline.core.errors import PipelineError
 from pipeline.project.profiles import merged_profile
 
-log = logging.getLogger(__name__)
-
 FLOW_NAME = "wmt14-sweep"
 _PUSH_LOCK = threading.Lock()  # one `dvc exp push` into the checkout's refs at a time (the sweep lock: one sweep)
 
@@ -85,29 +73,22 @@ class SweepContext:
 
 
 def artifact_key(name: str) -> str:
-    """The Prefect artifact key of sweep ``name`` (keys allow lowercase letters, digits and dashes)."""
+    """The Prefect artifact key of sweep ``name`` (lowercase letters, digits and dashes)."""
     return "wmt14-sweep-" + re.sub(r"[^a-z0-9-]", "-", name.lower())
 
 
 @task(name="sweep-shared-stages", cache_policy=NO_CACHE, task_run_name="shared stages {stages}")
-def build_shared(stages: list[str], ctx: SweepContext, params: dict[str, Any]) -> dict[str, str]:
-    """Run ``stages`` (those no variant changes) once in the clone ``base``, which new variant clones copy.
-
-    Returns:
-        stage -> ``ran`` / ``restored`` / ``skipped``.
-    """
+def build_shared(stages: list[str], ctx: SweepContext, params: dict[str, Any]) -> None:
+    """Run ``stages`` (those no variant changes) once in the clone ``base``, which new variant clones copy."""
     logger = get_run_logger()
     clone = prepare_clone(Path(ctx.root), sweep_dir(Path(ctx.root), ctx.sweep) / "base", ctx.commit, ctx.cache)
     write_params(clone, params, ctx.header(" with the shared overrides"))
-    statuses: dict[str, str] = {}
     for stage in stages:
         result = run_in_group(repro_command(stage), cwd=clone, env=ctx.env(ctx.parent_run_id), grace_s=ctx.grace_s,
                               logger=logger)
         if result.returncode != 0:
             raise VariantFailed("base", result)
-        statuses[stage] = stage_status(stage, result.stdout_lines)
-    logger.info("shared stages: %s", ", ".join(f"{s} {v}" for s, v in statuses.items()))
-    return statuses
+        logger.info("shared stage %s: %s", stage, stage_status(stage, result.stdout_lines))
 
 
 def _variant_tags(ctx: SweepContext, variant: Variant, clone: Path) -> dict[str, str]:
@@ -122,15 +103,8 @@ def _variant_tags(ctx: SweepContext, variant: Variant, clone: Path) -> dict[str,
 
 @task(name="sweep-variant", cache_policy=NO_CACHE, task_run_name="variant {variant.name}")
 def run_variant(variant: Variant, ctx: SweepContext, base: dict[str, Any]) -> dict[str, Any]:
-    """One variant: its clone, ``dvc exp run --set-param ...`` under its MLflow run, ``dvc exp push``.
-
-    Returns:
-        Its state record: ``name``, ``index``, ``overrides``, ``status`` (``done``), ``metrics`` (headline),
-        ``mlflow_run_id``, ``exp_rev``, ``stages`` (what DVC did with each stage), ``duration_s``.
-
-    Raises:
-        VariantFailed: ``dvc exp run`` or ``dvc exp push`` failed (the command and its stderr tail named).
-    """
+    """One variant: its clone, ``dvc exp run --set-param ...`` under its MLflow run, ``dvc exp push``; return its
+    state record (a VariantFailed when a command failed)."""
     logger = get_run_logger()
     started, root = time.monotonic(), Path(ctx.root)
     clone = prepare_clone(root, sweep_dir(root, ctx.sweep) / variant.name, ctx.commit, ctx.cache,
@@ -180,7 +154,8 @@ def _run_variants(todo: list[Variant], ctx: SweepContext, base: dict[str, Any], 
                         " ".join(dict.fromkeys([lines[0], lines[-1]]))
                     record = {"name": variant.name, "index": variant.index, "overrides": variant.overrides,
                               "status": "failed", "error": error}
-                state.record(variant.key, record)
+                state.data["variants"][variant.key] = record
+                state.save()
         except BaseException:
             kill_all_groups(grace_s=ctx.grace_s)  # Ctrl-C, SIGTERM, cancel: no variant outlives the flow
             raise
@@ -203,16 +178,7 @@ def _publish(root: Path, spec: SweepSpec, markdown: str, parent: tracking.StageR
 
 @flow(name=FLOW_NAME)
 def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> dict[str, Any]:
-    """Run a sweep's unfinished variants, then write its table (see the module docstring).
-
-    Args:
-        spec_path: the sweep's YAML spec.
-        repo: the project checkout (a git + DVC repository with at least one commit).
-        kill_grace_s: seconds between SIGTERM and SIGKILL when a variant's process group is ended.
-
-    Returns:
-        ``{"records": [one per variant, spec order], "ran": [names run now], "best", "mlflow_run_id",
-        "flow_run_id", "markdown", "report"}``.
+    """Run a sweep's unfinished variants, then write its table; ``kill_grace_s``: seconds from SIGTERM to SIGKILL.
 
     Raises:
         SpecError: a bad spec, or a state file written for other variants (nothing runs).
@@ -220,7 +186,7 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
     """
     root = Path(repo).resolve()
     spec = load_spec(spec_path, root)
-    logger = get_run_logger()
+    logger, flow_run_id = get_run_logger(), str(flow_run_ctx.id or "")
     head = head_commit(root)
     if tracking.enabled():
         os.environ.setdefault("MLFLOW_TRACKING_URI", tracking.tracking_uri(root))  # clones log to this store
@@ -234,13 +200,12 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
         logger.info("sweep %s: %d variants, %d to run, %d at once", spec.name, len(spec.variants), len(todo),
                     spec.concurrency)
         base = merged_profile(spec.profile, root)
-        with parent_run.sweep_run(root, spec, state, str(flow_run_ctx.id or "")) as parent:
+        with parent_run.sweep_run(root, spec, state, flow_run_id) as parent:
             shared = shared_stages(root / "dvc.yaml", spec.keys) if todo else []
             ctx = SweepContext(root=str(root), sweep=spec.name, profile=spec.profile, commit=state.data["commit"],
                                cache=cache_dir(root) if todo else "",
                                base_clone=str(sweep_dir(root, spec.name) / "base") if shared else None,
-                               parent_run_id=parent.run_id, flow_run_id=str(flow_run_ctx.id or ""),
-                               grace_s=kill_grace_s)
+                               parent_run_id=parent.run_id, flow_run_id=flow_run_id, grace_s=kill_grace_s)
             if shared:
                 build_shared(shared, ctx, shared_params(base, spec))
             if todo:
@@ -258,7 +223,7 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
                                     "them (finished variants are not rerun)")
     best = best_variant(records)
     return {"records": records, "ran": [v.name for v in todo], "best": best["name"] if best else None,
-            "mlflow_run_id": parent.run_id, "flow_run_id": str(flow_run_ctx.id or ""), "markdown": markdown,
+            "mlflow_run_id": parent.run_id, "flow_run_id": flow_run_id, "markdown": markdown,
             "report": str(report)}
 
 

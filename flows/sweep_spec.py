@@ -1,24 +1,9 @@
-"""A sweep's spec file (``nmt sweep SPEC.yaml``): read, checked against params.yaml, expanded into variants.
+"""A sweep's spec file (``nmt sweep SPEC.yaml``; README, "Sweeps"): read, checked against params.yaml, expanded
+into variants. Every bad spec is refused before anything runs, with one line naming the file and the key.
 
-Plain Python, no Prefect import. Every bad spec is refused before anything runs, with one line naming the
-file and the key::
-
-    name: warmup               # the sweep: MLflow parent run `sweep-warmup`, DVC experiments warmup-1, ...
-    profile: demo              # the base profile (profiles/<name>.yaml)
-    concurrency: 2             # variants running at once (default 2)
-    set:                       # overrides every variant shares (optional)
-      train.max_steps: 200
-    grid:                      # dotted params key -> values: the cross product, in this order
-      train.warmup_steps: [50, 100]
-      train.lr_scale: [0.5, 1.0]
-    # or, instead of grid, a list of override mappings:
-    # variants:
-    #   - {train.warmup_steps: 50}
-    #   - {train.warmup_steps: 100, train.lr_scale: 1.0}
-
-The objective is valid BLEU (``valid_bleu``, higher is better); test BLEU is shown beside it. Ours and not DVC's
-``-S 'key=choice(...)'`` sweeps: DVC expands those only into ``--queue`` runs (dvc/repo/experiments/run.py),
-which a sweep cannot use (:mod:`flows.sweep_work`), and checks no key or value against params.yaml first.
+Ours and not DVC's ``-S 'key=choice(...)'`` sweeps: DVC expands those only into ``--queue`` runs
+(dvc/repo/experiments/run.py), which a sweep cannot use (:mod:`flows.sweep_work`), and checks no key or value
+against params.yaml first.
 """
 
 from __future__ import annotations
@@ -27,7 +12,8 @@ import copy
 import itertools
 import json
 import re
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +38,8 @@ class SpecError(PipelineError):
 
 @dataclass(frozen=True)
 class Variant:
-    """One run of the sweep.
-
-    Attributes:
-        index: 1-based position in the spec (grid order or list order).
-        name: the DVC experiment name, ``<sweep>-<index>``.
-        overrides: this variant's own overrides (dotted key -> value), in spec order.
-        applied: the shared ``set`` overrides followed by ``overrides``: what ``dvc exp run -S`` receives.
-    """
+    """One run of the sweep: its 1-based ``index`` in spec order, its DVC experiment ``name`` (``<sweep>-<index>``),
+    its own ``overrides`` and the ``applied`` ones (``set``, then its own: what ``dvc exp run -S`` receives)."""
 
     index: int
     name: str
@@ -86,7 +66,7 @@ class SweepSpec:
     concurrency: int
     shared: dict[str, Any]
     variants: tuple[Variant, ...]
-    keys: tuple[str, ...] = field(default=())  # the keys the variants vary, in spec order
+    keys: tuple[str, ...] = ()  # the keys the variants vary, in spec order
 
     @property
     def run_name(self) -> str:
@@ -126,9 +106,7 @@ def _grid(source: str, grid: dict[str, Any], known: dict[str, Any]) -> list[dict
                                     f"{values!r} (a single value: [{values!r}] or put it under set:)")
         if not values:
             raise SpecError(source, f"grid.{key}: empty list; give at least one value")
-    size = 1
-    for values in grid.values():
-        size *= len(values)
+    size = math.prod(len(values) for values in grid.values())
     if size > MAX_VARIANTS:
         raise SpecError(source, f"grid: {' x '.join(str(len(v)) for v in grid.values())} = {size} variants, "
                                 f"more than the limit of {MAX_VARIANTS}; split the sweep")
@@ -159,30 +137,22 @@ def _check_not_shared(source: str, shared: dict[str, Any], own: list[dict[str, A
                                     "replace the shared one; keep the key in one of them")
 
 
-def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    *parents, leaf = key.split(".")
-    node = data
-    for part in parents:
-        node = node[part]
-    node[leaf] = copy.deepcopy(value)
-
-
 def shared_params(base: dict[str, Any], spec: SweepSpec) -> dict[str, Any]:
-    """The params of the clone that runs the shared stages: the first variant's.
-
-    The shared stages read none of the keys the variants change, so every variant's params give them the
-    same inputs; the base profile with the ``set`` overrides alone need not even be valid (``set:
-    train.max_steps: 200`` over the demo's warmup of 200 steps, which every variant changes). Each variant's
-    params were checked when the spec was loaded.
-    """
+    """The params of the clone that runs the shared stages: the first variant's, which give those stages the
+    same inputs as any variant's (the base profile with ``set`` alone need not be valid: ``set:
+    train.max_steps: 200`` under the demo's warmup of 200 steps, which every variant changes)."""
     return variant_params(base, spec.variants[0].applied)
 
 
 def variant_params(base: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
-    """The full params mapping of a variant: ``base`` with the dotted ``applied`` overrides set."""
+    """``base`` with the dotted ``applied`` overrides set."""
     data = copy.deepcopy(base)
     for key, value in applied.items():
-        _set_dotted(data, key, value)
+        *parents, leaf = key.split(".")
+        node = data
+        for part in parents:
+            node = node[part]
+        node[leaf] = copy.deepcopy(value)
     return data
 
 
@@ -211,13 +181,7 @@ def _header(source: str, data: Any, root: Path) -> tuple[str, str, int]:
 
 
 def load_spec(path: str | Path, root: str | Path = ".") -> SweepSpec:
-    """Read and check a sweep spec against the profiles and params of the checkout ``root``.
-
-    Raises:
-        SpecError: the spec cannot run (unknown key, a key that is not a param, an empty grid, more than
-            :data:`MAX_VARIANTS` variants, two equal variants, or a value of the wrong type); the message
-            names the file and the key.
-    """
+    """Read and check a sweep spec against the profiles and params of the checkout ``root`` (a SpecError if not)."""
     source, root = str(path), Path(root)
     try:
         data = load_yaml(path)

@@ -1,18 +1,11 @@
 """Where a sweep's variants run and what it remembers: one git clone per variant, the state file, DVC's commands.
 
-Ours and not DVC's ``dvc exp run --temp`` / ``--queue``: their executors start each experiment from git-tracked
-files and the DVC cache alone in a folder they delete afterwards (``TempDirExecutor`` in
-dvc/repo/experiments/executor/local.py), so uncached outputs (every stage's ``<stage>.details.json``, train's
-checkpoints) could neither be shared by the variants nor kept for a resume, and a queued run gets no environment
-of its own to name its MLflow parent (``run_env`` in dvc/repo/experiments/queue/base.py).
-
-Each variant runs in its own clone under ``<repo>/.dvc/tmp/sweeps/<name>/`` (one DVC workspace runs one ``dvc``
-command at a time, and ``git worktree`` would share the ``refs/exps`` bookkeeping), at the sweep's commit, with
-the checkout's DVC cache (``dvc cache dir --local``). The stages no variant changes run once, in the clone
-``base``, which each new variant clone copies, so its ``dvc.lock`` records them and ``dvc exp run`` skips them
-(DVC's run cache keeps no entry for a stage with a ``cache: false`` output that is not a metric or plot:
-``no_cache_outs`` in dvc/stage/__init__.py). A finished experiment is pushed back with ``dvc exp push`` (git
-refs only), so ``dvc exp show`` in the checkout lists it. Plain Python, no Prefect import.
+Ours and not DVC's ``dvc exp run --temp`` / ``--queue``: their executors run each experiment in a folder they
+delete afterwards, from git-tracked files and the DVC cache alone (``TempDirExecutor`` in
+dvc/repo/experiments/executor/local.py), so uncached outputs (``<stage>.details.json``, checkpoints) could neither
+be shared by the variants nor kept for a resume, and a queued run gets no environment of its own to name its MLflow
+parent (``run_env`` in dvc/repo/experiments/queue/base.py). So each variant runs in its own clone (one DVC
+workspace runs one ``dvc`` command at a time) with the checkout's DVC cache.
 """
 
 from __future__ import annotations
@@ -22,7 +15,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -40,25 +33,16 @@ REPORTS_DIR = Path("reports") / "sweeps"
 
 
 class VariantFailed(PipelineError):
-    """A command of one variant (``dvc repro``, ``dvc exp run``, ``dvc exp push``) failed.
-
-    Attributes:
-        summary: one line: the failed stage's own error line (``error: stage <name>: ...``, which
-            :func:`pipeline.core.stage.run_cli` prints), else DVC's last line, then the command.
-    """
+    """A command of one variant (``dvc repro``, ``dvc exp run``, ``dvc exp push``) failed; ``summary`` is one line:
+    the failed stage's own error line (:func:`pipeline.core.stage.run_cli`), else DVC's last, then the command."""
 
     def __init__(self, name: str, result: ProcessResult) -> None:
         tail = "\n".join(result.stderr_tail[-8:]) or "(no stderr)"
-        cause = stage_error(result.stderr_tail) or (result.stderr_tail[-1].strip() if result.stderr_tail
-                                                    else "(no stderr)")
+        lines = [line.strip() for line in result.stderr_tail] or ["(no stderr)"]
+        cause = next((line for line in reversed(lines) if line.startswith("error: stage ")), lines[-1])
         self.summary = (f"variant {name}: {cause} (`{' '.join(result.args)}` failed with exit code "
                         f"{result.returncode} after {result.duration_s:.0f} s)")
         super().__init__(f"{self.summary}; last lines of stderr:\n{tail}")
-
-
-def stage_error(lines: Sequence[str]) -> str | None:
-    """The last ``error: stage <name>: ...`` line among ``lines`` (a stage's own one-line error), or None."""
-    return next((line.strip() for line in reversed(lines) if line.strip().startswith("error: stage ")), None)
 
 
 def sweep_dir(root: Path, name: str) -> Path:
@@ -66,26 +50,18 @@ def sweep_dir(root: Path, name: str) -> Path:
     return root / SWEEPS_DIR / name
 
 
-def git(cwd: Path, *args: str) -> str:
-    """Run git in ``cwd``; its stripped stdout.
-
-    Raises:
-        PipelineError: git failed (its command and stderr named).
-    """
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
+def _run(cwd: Path, *cmd: str) -> str:
+    """Run ``cmd`` in ``cwd``; its stripped stdout (a PipelineError naming the command and its stderr if it fails)."""
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise PipelineError(f"{cwd}: `git {' '.join(args)}` failed: {done.stderr.strip() or done.returncode}")
+        raise PipelineError(f"{cwd}: `{' '.join(cmd)}` failed: {done.stderr.strip() or done.returncode}")
     return done.stdout.strip()
 
 
 def head_commit(root: Path) -> str:
-    """The commit the checkout is at (a sweep runs committed code only).
-
-    Raises:
-        PipelineError: ``root`` is not a git checkout with a commit.
-    """
+    """The commit the checkout is at (a sweep runs committed code only; PipelineError when there is none)."""
     try:
-        return git(root, "rev-parse", "--verify", "HEAD^{commit}")
+        return _run(root, "git", "rev-parse", "--verify", "HEAD^{commit}")
     except PipelineError:
         raise PipelineError(f"{root}: a sweep runs the committed pipeline, and this checkout has no commit; "
                             "commit it first (git add -A && git commit)") from None
@@ -100,37 +76,29 @@ def cache_dir(root: Path) -> str:
 
 
 def prepare_clone(root: Path, clone: Path, commit: str, cache: str, template: Path | None = None) -> Path:
-    """A clone of ``root`` at ``commit`` with ``cache`` as its DVC cache; an existing one is reset.
-
-    A new clone is a copy of ``template`` (the base clone, with the shared stages' outputs and their
-    ``dvc.lock`` entries) when there is one. A clone left by an interrupted run keeps its untracked and ignored
-    files (dvc.lock, data, checkpoints: its built stages are skipped, training resumes from its newest
-    checkpoint) and loses its changes to tracked files and its unfinished experiment's refs.
-    """
+    """A clone of ``root`` at ``commit`` with ``cache`` as its DVC cache: a new one is a copy of ``template`` (the
+    base clone, with the shared stages built) if given; an existing one (an interrupted run's) keeps its untracked
+    files (dvc.lock, data, checkpoints: the rerun resumes) and loses its changes to tracked files and exp refs."""
+    clone.parent.mkdir(parents=True, exist_ok=True)
     if not (clone / ".git").is_dir() and template is not None and (template / ".git").is_dir():
-        clone.parent.mkdir(parents=True, exist_ok=True)
         tmp = clone.with_name(f".{clone.name}.copying")
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(template, tmp, symlinks=True,
                         ignore=lambda folder, names: ["tmp"] if Path(folder) == template / ".dvc" else [])
         tmp.rename(clone)  # a copy interrupted half-way is never taken for a clone
     if not (clone / ".git").is_dir():
-        clone.parent.mkdir(parents=True, exist_ok=True)
-        git(root, "clone", "-q", "--no-checkout", str(root), str(clone))
-        git(clone, "checkout", "-q", "--detach", commit)
-        done = subprocess.run(["dvc", "cache", "dir", "--local", cache], cwd=clone, capture_output=True,
-                              text=True, check=False)
-        if done.returncode != 0:
-            raise PipelineError(f"{clone}: `dvc cache dir --local {cache}` failed: {done.stderr.strip()}")
+        _run(root, "git", "clone", "-q", "--no-checkout", str(root), str(clone))
+        _run(clone, "git", "checkout", "-q", "--detach", commit)
+        _run(clone, "dvc", "cache", "dir", "--local", cache)
         return clone
     # `dvc exp run` stages dvc.lock after each stage (``_repro_and_track`` in dvc/repo/experiments/executor/
     # base.py): unstaged first, it stays an untracked file, which `reset --hard` would otherwise delete with
     # the record of the stages the interrupted run had built.
-    git(clone, "reset", "-q")
-    git(clone, "reset", "-q", "--hard")
-    git(clone, "checkout", "-q", "--detach", commit)
-    for ref in git(clone, "for-each-ref", "--format=%(refname)", "refs/exps").splitlines():
-        git(clone, "update-ref", "-d", ref)
+    _run(clone, "git", "reset", "-q")
+    _run(clone, "git", "reset", "-q", "--hard")
+    _run(clone, "git", "checkout", "-q", "--detach", commit)
+    for ref in _run(clone, "git", "for-each-ref", "--format=%(refname)", "refs/exps").splitlines():
+        _run(clone, "git", "update-ref", "-d", ref)
     return clone
 
 
@@ -140,11 +108,8 @@ def write_params(clone: Path, params: dict[str, Any], header: str) -> None:
 
 
 def check_applied(clone: Path, applied: dict[str, Any]) -> None:
-    """The clone's params.yaml after ``dvc exp run`` holds every override as the spec gave it.
-
-    Raises:
-        PipelineError: DVC's ``--set-param`` read a value otherwise (a string that looks like a number).
-    """
+    """Raise a PipelineError unless ``dvc exp run --set-param`` left every override in the clone's params.yaml as
+    the spec gave it (it reads a string that looks like a number as the number)."""
     got = flatten(yaml.safe_load((clone / "params.yaml").read_text(encoding="utf-8")) or {})
     for key, value in applied.items():
         if got.get(key) != value:
@@ -172,8 +137,7 @@ def exp_push_command(name: str) -> list[str]:
 def exp_ref(root: Path, name: str, commit: str) -> str | None:
     """The sha of experiment ``name`` on baseline ``commit`` in ``root`` (DVC's ``refs/exps/<2>/<38>/<name>``)."""
     ref = f"refs/exps/{commit[:2]}/{commit[2:]}/{name}"
-    out = git(root, "for-each-ref", "--format=%(objectname)", ref)
-    return out or None
+    return _run(root, "git", "for-each-ref", "--format=%(objectname)", ref) or None
 
 
 def _params_entries(entries: Iterable[Any]) -> Iterator[str | None]:
@@ -208,27 +172,20 @@ def shared_stages(dvc_yaml: Path, keys: Iterable[str]) -> list[str]:
 
 
 class SweepState:
-    """The state file ``<sweep dir>/state.json``: the commit, the MLflow parent and each finished variant.
-
-    A restart reads it and skips every variant recorded as done; it refuses a spec whose variants differ
-    from the ones the state was written for (their results would not be comparable in one table).
-    """
+    """The state file ``<sweep dir>/state.json``: the commit, the MLflow parent and each finished variant, which a
+    restart skips."""
 
     def __init__(self, path: Path, data: dict[str, Any]) -> None:
         self.path, self.data = path, data
 
     @classmethod
     def load(cls, root: Path, spec: SweepSpec, commit: str) -> SweepState:
-        """The sweep's state, or a new one at ``commit``.
-
-        Raises:
-            SpecError: the state was written for other variants or another base profile.
-        """
+        """The sweep's state, or a new one at ``commit``; a SpecError when it was written for other variants or
+        another base profile (their results would not be comparable in one table)."""
         path = sweep_dir(root, spec.name) / "state.json"
         plan = {"profile": spec.profile, "variants": [v.key for v in spec.variants]}
         if not path.is_file():
-            return cls(path, {"name": spec.name, "commit": commit, "plan": plan, "mlflow_run_id": None,
-                              "variants": {}})
+            return cls(path, {"name": spec.name, "commit": commit, "plan": plan, "mlflow_run_id": None, "variants": {}})
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("plan") != plan:
             raise SpecError(spec.source, f"sweep {spec.name!r} already ran with another profile or other variants "
@@ -241,24 +198,16 @@ class SweepState:
         record = self.data["variants"].get(key)
         return record if record and record.get("status") == "done" else None
 
-    def record(self, key: str, record: dict[str, Any]) -> None:
-        """Store one variant's outcome (atomically: a killed run leaves the previous file)."""
-        self.data["variants"][key] = record
-        self.save()
-
     def save(self) -> None:
-        """Write the state file."""
+        """Write the state file (atomically: a killed run leaves the previous one)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_text(self.path, json.dumps(self.data, indent=2) + "\n")  # keys in spec order
 
 
 @contextmanager
 def held(path: Path, what: str) -> Iterator[None]:
-    """An exclusive ``flock(2)`` on ``path`` for the block (the kernel drops it when the holder dies).
-
-    Raises:
-        PipelineError: another process holds it (its pid named).
-    """
+    """An exclusive ``flock(2)`` on ``path`` for the block (the kernel drops it when the holder dies); a PipelineError
+    naming the holder's pid when another process holds it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

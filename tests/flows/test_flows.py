@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flows import lifeline
 from flows.dvc_task import dvc_stages, stage_status
-from flows.lifeline import live_process_groups, run_in_group
+from flows.lifeline import run_in_group
 from flows.pipeline import ARTIFACT_KEY, StageFailed, wmt14_pipeline
 from flows.report import HEADLINE_METRICS
 from pipeline.core.errors import PipelineError
@@ -60,7 +61,7 @@ def test_group_runner_collapses_progress_and_reaps_leftover_members(tmp_path: Pa
     child = int(result.stdout_lines[0])
     assert result.stdout_lines[1:] == ("100%",) and result.stderr_tail == ("oops",)
     assert wait_dead([child]) == []  # the leader exited cleanly; its leftover child is ended too
-    assert live_process_groups() == set()
+    assert lifeline._live_groups == set()  # noqa: SLF001 - no group is left registered
 
 
 def test_runs_then_skips_then_restores_with_report(make_repo: MakeRepo) -> None:
