@@ -1,15 +1,8 @@
-"""Benchmark decoding: this project's beam search (batched, and one sentence at a time) against CTranslate2
-(fp32 and int8, exported by ``nmt export``'s code) on the same weights, beam 4, at 1 and 2 threads; and
-(``process``) the whole ``nmt translate --engine ctranslate2`` process against :data:`PLAIN_CT2`.
+"""Benchmark decoding: this project's beam search (batched, and one sentence at a time) against CTranslate2 (fp32
+and int8) on the same weights; ``process``: the whole ``nmt translate --engine ctranslate2`` process against a plain
+CTranslate2 script. Rows are timed in rounds, the fastest of ``--repeats`` counting (:func:`in_rounds`).
 
-Each row times a decode of one model (``--model``; its Multi30k val BLEU beside it) on one set, the fastest of
-``--repeats`` in rounds (:func:`in_rounds`): sentences/s, tokens/s, mean length, the share of outputs equal to
-this project's batched search at the same α, BLEU. Layouts: one search at a time on T threads (ours),
-``inter_threads`` × ``intra_threads`` (CTranslate2).
-
-Usage:
-    python benchmarks/decode.py --model demo=runs/demo/model/averaged.pt --model d256=/path/averaged.pt --repeats 2
-    python benchmarks/decode.py process --export runs/demo/ct2 --repeats 3   # whole processes, Multi30k test
+Usage: ``python benchmarks/decode.py --model NAME=PATH [--model ...]``, ``... process --export DIR``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Benchmark the data stages: pairs/s of ``clean`` and ``encode`` against raw SentencePiece, and peak RSS.
-
-The corpus is Multi30k train grown to 35 shuffled copies (a numbered token appended, so dedup keeps every copy):
-≈ 1.0M distinct pairs, then 8× that for the memory (``--quick``: 4 copies and 2×); an 8,000-piece BPE is trained
-once on the original text. Every measurement runs in its own subprocess with threads pinned (OMP/MKL/OpenBLAS = 1,
-``NMT_DATA_WORKERS`` = ``--workers``), its peak RSS sampled over the process tree. The ceiling is raw
-``SentencePieceProcessor.encode`` of the same text (both sides) in as many processes, without I/O; "threads" is
-one process with ``--workers`` SentencePiece threads.
+"""Benchmark the data stages: pairs/s of ``clean`` and ``encode`` against raw SentencePiece, and peak RSS, on
+Multi30k train grown to 35 numbered copies (``--quick``: 4), each measurement in its own pinned subprocess.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""A synthetic EN–DE parallel corpus of WMT14 scale (~4.5M pairs, millions of word types, a share of junk), for
-measuring the data stages without the network (``benchmarks/scale.py``), in the layout the download stage writes
-(``<out>/{train,valid,test}.{en,de}``, aligned lines):
-
-- **Words**: ``types`` word forms per language (3M for WMT14), built from syllables so frequent words are short,
-  with Zipf frequencies (p(rank) ∝ rank^-s, s = 1.05); German forms use umlauts, ß and capitalised nouns.
-- **Sentences**: log-normal word counts (median 19 words; the 10,000 WMT pairs of OpenNMT-py's ``toy-ende`` set,
-  tokenised, have 21), punctuation; the German side a noisy "translation" of the English one (the same ranks
-  through a fixed permutation, length within ±15% typically).
-- **Noise** (2% of training pairs, evenly over :data:`NOISE_KINDS`; never a NUL byte, which clean refuses).
-
-The output is a function of the arguments only; a smaller corpus is a prefix of a larger one with the same seed
-and types (pairs are drawn in blocks of 20,000, each from its own seeded generator).
+"""A synthetic EN-DE parallel corpus of WMT14 scale for ``benchmarks/scale.py``, in the download stage's layout
+(``<out>/{train,valid,test}.{en,de}``): Zipf-distributed syllable words, log-normal sentence lengths, the German side
+a noisy permutation of the English, 2% noisy pairs (:data:`NOISE_KINDS`). The output is a function of the
+arguments; a smaller corpus is a prefix of a larger one (pairs come in seeded blocks of :data:`BLOCK`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Benchmark one training step: our Transformer vs ``torch.nn.Transformer`` of identical dimensions.
+"""Benchmark one training step (forward, loss, backward, Adam): our Transformer vs ``torch.nn.Transformer`` of the
+same dimensions on the same batches, alternating repeats (A B, B A, ...) so that drift hits both; medians.
 
-Both get the same batch (random ids, lengths varied so padding is realistic), tied embedding, sinusoidal positions
-and output projection, the label-smoothed loss summed over non-pad targets, and Adam: a full step. Repeats
-alternate the two models (A B, B A, ...) so that drift on a shared machine hits both; the table gives medians.
-Threads are pinned (``--threads``, interop 1); CUDA runs use bf16 autocast and fused Adam, as the stage does.
-Every planned step runs once untimed first (compiling happens there); progress lines go to stderr.
-
-Usage: ``python benchmarks/train.py`` (CPU, small config);
-``python benchmarks/train.py --device cuda --config news-25k --max-tokens 32768 --iters 10 --compile step --dynamic``.
+Usage: ``python benchmarks/train.py`` (CPU, small config); ``--device cuda --config news-25k --compile step``.
 """
 
 from __future__ import annotations
