@@ -61,7 +61,7 @@ def bleu(translator: Any, hyps: Hyps, refs: list[str]) -> float:
 
 def torch_row(translator: Any, sources: Hyps, *, alpha: float, max_tokens: int, threads: int
               ) -> Callable[[], tuple[float, Hyps]]:
-    """One timed decode of this project's search (``decode_sources``) on ``threads`` threads: (seconds, hypotheses)."""
+    """One timed decode of this project's search on ``threads`` threads: (seconds, hypotheses)."""
     import torch
 
     from pipeline.inference.decoding import decode_sources
@@ -110,9 +110,8 @@ class Row:
 
 
 def in_rounds(rows: list[Row]) -> None:
-    """Run every row :data:`REPEATS` times, round-robin (each round runs every row once), and keep each row's
-    fastest run: a slow spell of a shared machine then falls on every row alike instead of on the rows that
-    happened to be running, so ratios between rows of the same run hold."""
+    """Run every row :data:`REPEATS` times round-robin, keeping each row's fastest run (a slow spell of a shared
+    machine then falls on every row alike)."""
     for _ in range(REPEATS):
         for r in rows:
             seconds, hyps = r.run()
@@ -142,8 +141,8 @@ def plan_rows(translator: Any, exports: dict[str, Path], sources: Hyps, t: int, 
 
 def measure_set(translator: Any, exports: dict[str, Path], srcs: list[str], refs: list[str], *, threads: list[int],
                 single_limit: int) -> list[dict[str, Any]]:
-    """Every row for one model and one source set, each thread count's rows timed in rounds; then, as CTranslate2's
-    length penalty differs from GNMT's, CTranslate2 fp32 at α 0 beside this project's search at α 0."""
+    """Every row for one model and one set; then CTranslate2 fp32 at α 0 beside ours at α 0 (its length penalty
+    differs from GNMT's)."""
     from pipeline.inference.translate import prepare_lines
 
     sources, out = prepare_lines(translator, srcs)[0], []
@@ -196,9 +195,8 @@ def table(result: dict[str, Any]) -> str:
                      "tok/s", "mean len", "same as batched", "BLEU"), rows)
 
 
-#: A plain CTranslate2 script on an ``nmt export`` folder (argv: the folder, an input file, an output file, the
-#: longest output: the model's ``max_positions``, past which CTranslate2 has no position encoding): what ``process``
-#: sets ``nmt translate --engine ctranslate2`` beside, at its defaults (beam 4, α 0.6, 8192 tokens).
+#: A plain CTranslate2 script at ``nmt translate``'s defaults (argv: an ``nmt export`` folder, input, output, the
+#: model's ``max_positions``, past which CTranslate2 has no position encoding).
 PLAIN_CT2 = """\
 import sys
 
@@ -226,8 +224,7 @@ def imports_torch(command: list[str]) -> bool:
 
 
 def measure_processes(export: Path, lines: list[str], repeats: int) -> dict[str, Any]:
-    """Wall seconds of whole processes translating ``lines`` with ``export``, the fastest of ``repeats`` rounds
-    (each round runs both once): ``nmt translate --engine ctranslate2`` and :data:`PLAIN_CT2`."""
+    """Wall seconds of whole processes translating ``lines``: ``nmt translate`` (CTranslate2) and :data:`PLAIN_CT2`."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         src, script = folder / "in.en", folder / "plain_ct2.py"
@@ -250,14 +247,12 @@ def measure_processes(export: Path, lines: list[str], repeats: int) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse the command line (``process`` first: the whole-process mode), measure, print, write the JSON."""
     argv = sys.argv[1:] if argv is None else argv
     process = argv[:1] == ["process"]
     p = argparse.ArgumentParser(prog="decode.py process" if process else None,
                                 description=(measure_processes.__doc__ if process else __doc__).splitlines()[0])
     if process:
         p.add_argument("--export", type=Path, required=True, help="a folder `nmt export` wrote")
-        p.add_argument("--set", default="multi30k-test", choices=(*SETS, "multi30k-val"))
     else:
         p.add_argument("--model", action="append", required=True, help="NAME=path/to/averaged.pt (repeatable)")
         p.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
@@ -274,8 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     logging.getLogger("pipeline").setLevel(logging.WARNING)
     if process:
-        result = measure_processes(args.export, read_set(args.data, args.set, None)[0], args.repeats)
-        print(json.dumps({**header(argv), "set": args.set, **result}, indent=1))
+        result = measure_processes(args.export, read_set(args.data, "multi30k-test", None)[0], args.repeats)
+        print(json.dumps({**header(argv), "set": "multi30k-test", **result}, indent=1))
         return 0
     global REPEATS
     REPEATS = args.repeats

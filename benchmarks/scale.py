@@ -49,8 +49,7 @@ def disk_bytes(root: Path) -> int:
 
 
 def write_mirror(gen: Path, mirror: Path, spec: DatasetSpec = WMT14) -> None:
-    """Lay a generated corpus out as ``NMT_DATA_MIRROR`` holds ``spec`` (``<mirror>/wmt14/<path>``): the training
-    text cut into its corpora by their line counts (so it must have exactly that many pairs), newstest2014 as SGML."""
+    """Lay a generated corpus (exactly ``spec``'s pairs) out as ``NMT_DATA_MIRROR`` holds ``spec``."""
     def dest(corpus: Corpus, lang: str) -> Path:
         path = mirror / spec.name / corpus.side(lang).path
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,8 +68,7 @@ def write_mirror(gen: Path, mirror: Path, spec: DatasetSpec = WMT14) -> None:
 
 
 def run_stage(stage: str, work: Path, params: Path) -> dict:
-    """Run ``python -m pipeline.<stage>`` to its end, sampling its process tree every 50 ms (RSS, CPU time per
-    thread) and the disk; raise SystemExit with its log's tail if it fails."""
+    """Run ``python -m pipeline.<stage>``, sampling its process tree (RSS, CPU per thread) and the disk."""
     # Its own temp folder, short: multiprocessing's forkserver socket lives there (AF_UNIX paths <= 108 bytes).
     tmp = Path(tempfile.mkdtemp(prefix="nmt-scale-"))
     env = {**os.environ, **ENV, "TMPDIR": str(tmp), "PYTHONPATH": str(REPO),  # this checkout's stages
@@ -107,7 +105,7 @@ def run_stage(stage: str, work: Path, params: Path) -> dict:
 
 
 def bench_size(root: Path, pairs: int, stages: tuple[str, ...], *, types: int, vocab: int | None) -> dict:
-    """Generate one corpus size and run the stages on it; returns per-stage measurements."""
+    """Per-stage measurements on a corpus of ``pairs``."""
     work = root / f"pairs-{pairs}"
     corpus = synth_corpus.write_corpus(work / "gen", pairs, types=types)
     if pairs == WMT14_PAIRS and "download" in stages:  # the download stage checks each corpus' line count
@@ -143,8 +141,7 @@ def _spin(n: int) -> float:
 
 
 def machine_speedup(n: int = 20_000_000) -> float:
-    """Throughput of two processes over one on a pure-Python loop: what this machine's 2 CPUs give (two vCPUs can
-    be two threads of one core); :func:`projection` divides CPU time by it to tell CPU-bound time from waiting."""
+    """Throughput of two processes over one on a pure-Python loop (two vCPUs can be one core's two threads)."""
     one = _spin(n)
     with multiprocessing.get_context("fork").Pool(2) as pool:
         started = time.perf_counter()
@@ -154,14 +151,8 @@ def machine_speedup(n: int = 20_000_000) -> float:
 
 
 def projection(results: dict, cores: int = 16) -> dict[str, dict]:
-    """Each stage's wall time at the largest size projected to a node with ``cores`` cores of this speed and the
-    same disk (a projection, not a measurement).
-
-    What does not spread over more cores is a stage's main thread (clean's dedup and ordered writing, bpe's merge
-    loop, encode's planning, all of download); its workers and SentencePiece's threads do. So: wall ≈ max(main
-    thread, total CPU / cores), plus its time here beyond max(main thread, total CPU / S) (I/O, start-up),
-    unchanged; S is what this machine's two vCPUs give (``machine_speedup_2_cpus``).
-    """
+    """Each stage's wall time at the largest size projected to ``cores`` cores of this speed: max(main thread,
+    CPU / cores) plus its waiting here, wall - max(main thread, CPU / S), S = ``machine_speedup_2_cpus``."""
     out = {}
     for stage, r in results["sizes"][-1]["stages"].items():
         cpu, main, wall = r["cpu_s_total"], r["cpu_s_main_thread"], r["seconds"]
@@ -187,7 +178,6 @@ def table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse options, run every size, print the table and write the JSON."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default=f"1000000,2000000,{WMT14_PAIRS}",
                    help=f"comma-separated training pair counts (download runs at {WMT14_PAIRS} only)")

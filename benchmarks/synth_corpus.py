@@ -33,8 +33,7 @@ PUNCT = np.array([".", ".", ".", ".", ".", ".", "?", "!", ":", ""])
 
 
 def word_forms(n: int, syllables: list[str], seed: int, capitalise_every: int = 0) -> np.ndarray:
-    """An object array [n] of distinct word forms of ``syllables``, ordered by frequency rank: short forms first,
-    shuffled within a length by ``seed``; when ``capitalise_every`` > 0, every such rank capitalised (German nouns)."""
+    """[n] distinct forms of ``syllables`` by rank, short first; every ``capitalise_every``-th capitalised."""
     rng = np.random.default_rng(seed)
     forms: list[str] = []
     for k in itertools.count(1):
@@ -66,7 +65,6 @@ class Lexicon:
 
     @classmethod
     def build(cls, types: int, seed: int) -> Lexicon:
-        """Forms for ``types`` ranks per language (deterministic in ``seed``)."""
         en = word_forms(types, _syllables(EN_ONSETS, EN_NUCLEI, [""]), seed)
         de = word_forms(types, _syllables(DE_ONSETS, DE_NUCLEI, DE_CODAS), seed + 1, capitalise_every=5)
         cdf = np.cumsum(np.arange(1, types + 1, dtype=np.float64) ** -ZIPF_S)
@@ -77,13 +75,11 @@ class Lexicon:
         return cls(en=en, de=de, cdf=cdf / cdf[-1], to_de=to_de)
 
     def ranks(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """``n`` word ranks drawn from the Zipf distribution."""
         return np.minimum(np.searchsorted(self.cdf, rng.random(n)), len(self.cdf) - 1)
 
 
 def _join(rng: np.random.Generator, words: np.ndarray, lengths: np.ndarray, punct: np.ndarray) -> list[str]:
-    """Sentences from a flat word array [sum(lengths)] and per-sentence lengths: the first word capitalised, ~6% of
-    words with a comma, ``punct`` after the last."""
+    """Sentences from a flat word array [sum(lengths)]: capitalised, some commas, ``punct`` at the end."""
     words = words.copy()
     comma = rng.random(len(words)) < COMMA
     words[comma] = words[comma] + ","
@@ -116,8 +112,7 @@ def clean_block(lex: Lexicon, rng: np.random.Generator, n: int) -> tuple[list[st
 
 
 def add_noise(lex: Lexicon, rng: np.random.Generator, en: list[str], de: list[str], share: float) -> np.ndarray:
-    """Replace a ``share`` of the pairs in place with noisy ones, evenly over :data:`NOISE_KINDS`; returns [len(en)]
-    each pair's index into :data:`NOISE_KINDS`, -1 for a clean pair."""
+    """Make a ``share`` of the pairs noisy in place; returns [len(en)] indices into :data:`NOISE_KINDS` (-1: clean)."""
     n = len(en)
     picks = np.flatnonzero(rng.random(n) < share)
     kinds = np.full(n, -1)
@@ -151,8 +146,7 @@ def add_noise(lex: Lexicon, rng: np.random.Generator, en: list[str], de: list[st
 
 
 def generate_block(lex: Lexicon, seed: int, block: int, noise: float) -> tuple[list[str], list[str], np.ndarray]:
-    """Block ``block`` of the training split, :data:`BLOCK` pairs from its own generator ``(seed, block)``: EN lines,
-    DE lines and each pair's noise kind (see :func:`add_noise`)."""
+    """Block ``block`` of the training split from its own generator: EN lines, DE lines, noise kinds."""
     rng = np.random.default_rng([seed, block])
     en, de = clean_block(lex, rng, BLOCK)
     return en, de, add_noise(lex, rng, en, de, noise)
@@ -160,8 +154,7 @@ def generate_block(lex: Lexicon, seed: int, block: int, noise: float) -> tuple[l
 
 def write_corpus(out: Path, pairs: int, *, types: int = 3_000_000, seed: int = 1, noise: float = 0.02,
                  valid: int = 3000, test: int = 3003) -> dict:
-    """Write ``out/{train,valid,test}.{en,de}`` (``pairs`` training pairs, ``noise`` of them noisy; ``valid`` and
-    ``test`` clean, as newstest is), everything a function of ``seed``; returns counts and sizes."""
+    """Write ``out/{train,valid,test}.{en,de}`` (valid and test clean, as newstest is); returns counts and sizes."""
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     lex = Lexicon.build(types, seed)
