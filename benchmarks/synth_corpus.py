@@ -92,13 +92,9 @@ def _join(rng: np.random.Generator, words: np.ndarray, lengths: np.ndarray, punc
     return out
 
 
-def _sentence_lengths(rng: np.random.Generator, n: int) -> np.ndarray:
-    return np.clip(np.rint(rng.lognormal(np.log(19.0), 0.6, n)), 1, 150).astype(np.int64)
-
-
 def clean_block(lex: Lexicon, rng: np.random.Generator, n: int) -> tuple[list[str], list[str]]:
     """``n`` well-formed pairs: EN sentences and their German counterparts."""
-    en_len = _sentence_lengths(rng, n)
+    en_len = np.clip(np.rint(rng.lognormal(np.log(19.0), 0.6, n)), 1, 150).astype(np.int64)  # median 19 words
     de_len = np.maximum(1, np.rint(en_len * np.exp(rng.normal(0.0, 0.12, n)))).astype(np.int64)
     en_ranks = lex.ranks(rng, int(en_len.sum()))
     # The German side reuses the English ranks (permuted), shortened or padded with fresh draws.
@@ -145,13 +141,6 @@ def add_noise(lex: Lexicon, rng: np.random.Generator, en: list[str], de: list[st
     return kinds
 
 
-def generate_block(lex: Lexicon, seed: int, block: int, noise: float) -> tuple[list[str], list[str], np.ndarray]:
-    """Block ``block`` of the training split from its own generator: EN lines, DE lines, noise kinds."""
-    rng = np.random.default_rng([seed, block])
-    en, de = clean_block(lex, rng, BLOCK)
-    return en, de, add_noise(lex, rng, en, de, noise)
-
-
 def write_corpus(out: Path, pairs: int, *, types: int = 3_000_000, seed: int = 1, noise: float = 0.02,
                  valid: int = 3000, test: int = 3003) -> dict:
     """Write ``out/{train,valid,test}.{en,de}`` (valid and test clean, as newstest is); returns counts and sizes."""
@@ -162,7 +151,9 @@ def write_corpus(out: Path, pairs: int, *, types: int = 3_000_000, seed: int = 1
     with open(out / "train.en", "w", encoding="utf-8", newline="\n") as f_en, \
             open(out / "train.de", "w", encoding="utf-8", newline="\n") as f_de:
         for b, start in enumerate(range(0, pairs, BLOCK)):
-            en, de, kinds = generate_block(lex, seed, b, noise)
+            rng = np.random.default_rng([seed, b])  # each block its own generator: the prefix property
+            en, de = clean_block(lex, rng, BLOCK)
+            kinds = add_noise(lex, rng, en, de, noise)
             n = min(BLOCK, pairs - start)  # the last block is cut: a smaller corpus is a prefix of a larger one
             f_en.write("".join(s + "\n" for s in en[:n]))
             f_de.write("".join(s + "\n" for s in de[:n]))
