@@ -185,7 +185,6 @@ def measure_model(path: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    """The markdown table of every model, set and row."""
     rows = [(f"{model} (valid {m['valid_bleu']})", f"{name} ({r['sentences']})", r["threads"], r["engine"],
              r["layout"], r.get("max_tokens", ""),
              f"{r['searches']} ({r['largest_search']})" if "searches" in r else "", r["sent_per_s"], r["tok_per_s"],

@@ -158,7 +158,6 @@ def bench_scale(data: Path, root: Path, copies: int, repeats: int, workers: int,
 
 
 def table(results: dict) -> str:
-    """The markdown table of a run."""
     rows = []
     for name, res in results["scales"].items():
         rows += [(name, f"{res['train_pairs_raw']:,}", kind, f"{r['pairs_per_s']:,.0f}",

@@ -163,7 +163,6 @@ def projection(results: dict, cores: int = 16) -> dict[str, dict]:
 
 
 def table(results: dict) -> str:
-    """The markdown table of a run."""
     text = md_table(("train pairs (raw)", "raw text GB", "stage", "wall s", "pairs/s", "peak RSS MiB (largest / tree)",
                      "temp disk MB", "output MB"), [
         (f"{size['corpus']['pairs']:,}", f"{sum(size['corpus']['bytes'].values()) / 1e9:.2f}", stage,
