@@ -1,15 +1,8 @@
-"""Benchmark decoding: this project's beam search (batched, and one sentence at a time) against CTranslate2
-(fp32 and int8, exported by ``nmt export``'s code) on the same weights, beam 4, at 1 and 2 threads; and
-(``process``) the whole ``nmt translate --engine ctranslate2`` process against :data:`PLAIN_CT2`.
+"""Benchmark decoding: this project's beam search (batched, and one sentence at a time) against CTranslate2 (fp32
+and int8) on the same weights; ``process``: the whole ``nmt translate --engine ctranslate2`` process against a plain
+CTranslate2 script. Rows are timed in rounds, the fastest of ``--repeats`` counting (:func:`in_rounds`).
 
-Each row times a decode of one model (``--model``; its Multi30k val BLEU beside it) on one set, the fastest of
-``--repeats`` in rounds (:func:`in_rounds`): sentences/s, tokens/s, mean length, the share of outputs equal to
-this project's batched search at the same α, BLEU. Layouts: one search at a time on T threads (ours),
-``inter_threads`` × ``intra_threads`` (CTranslate2).
-
-Usage:
-    python benchmarks/decode.py --model demo=runs/demo/model/averaged.pt --model d256=/path/averaged.pt --repeats 2
-    python benchmarks/decode.py process --export runs/demo/ct2 --repeats 3   # whole processes, Multi30k test
+Usage: ``python benchmarks/decode.py --model NAME=PATH [--model ...]``, ``... process --export DIR``.
 """
 
 from __future__ import annotations
@@ -68,7 +61,7 @@ def bleu(translator: Any, hyps: Hyps, refs: list[str]) -> float:
 
 def torch_row(translator: Any, sources: Hyps, *, alpha: float, max_tokens: int, threads: int
               ) -> Callable[[], tuple[float, Hyps]]:
-    """One timed decode of this project's search (``decode_sources``) on ``threads`` threads: (seconds, hypotheses)."""
+    """One timed decode of this project's search on ``threads`` threads: (seconds, hypotheses)."""
     import torch
 
     from pipeline.inference.decoding import decode_sources
@@ -117,9 +110,8 @@ class Row:
 
 
 def in_rounds(rows: list[Row]) -> None:
-    """Run every row :data:`REPEATS` times, round-robin (each round runs every row once), and keep each row's
-    fastest run: a slow spell of a shared machine then falls on every row alike instead of on the rows that
-    happened to be running, so ratios between rows of the same run hold."""
+    """Run every row :data:`REPEATS` times round-robin, keeping each row's fastest run (a slow spell of a shared
+    machine then falls on every row alike)."""
     for _ in range(REPEATS):
         for r in rows:
             seconds, hyps = r.run()
@@ -149,8 +141,8 @@ def plan_rows(translator: Any, exports: dict[str, Path], sources: Hyps, t: int, 
 
 def measure_set(translator: Any, exports: dict[str, Path], srcs: list[str], refs: list[str], *, threads: list[int],
                 single_limit: int) -> list[dict[str, Any]]:
-    """Every row for one model and one source set, each thread count's rows timed in rounds; then, as CTranslate2's
-    length penalty differs from GNMT's, CTranslate2 fp32 at α 0 beside this project's search at α 0."""
+    """Every row for one model and one set; then CTranslate2 fp32 at α 0 beside ours at α 0 (its length penalty
+    differs from GNMT's)."""
     from pipeline.inference.translate import prepare_lines
 
     sources, out = prepare_lines(translator, srcs)[0], []
@@ -193,7 +185,6 @@ def measure_model(path: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    """The markdown table of every model, set and row."""
     rows = [(f"{model} (valid {m['valid_bleu']})", f"{name} ({r['sentences']})", r["threads"], r["engine"],
              r["layout"], r.get("max_tokens", ""),
              f"{r['searches']} ({r['largest_search']})" if "searches" in r else "", r["sent_per_s"], r["tok_per_s"],
@@ -203,9 +194,8 @@ def table(result: dict[str, Any]) -> str:
                      "tok/s", "mean len", "same as batched", "BLEU"), rows)
 
 
-#: A plain CTranslate2 script on an ``nmt export`` folder (argv: the folder, an input file, an output file, the
-#: longest output: the model's ``max_positions``, past which CTranslate2 has no position encoding): what ``process``
-#: sets ``nmt translate --engine ctranslate2`` beside, at its defaults (beam 4, α 0.6, 8192 tokens).
+#: A plain CTranslate2 script at ``nmt translate``'s defaults (argv: an ``nmt export`` folder, input, output, the
+#: model's ``max_positions``, past which CTranslate2 has no position encoding).
 PLAIN_CT2 = """\
 import sys
 
@@ -233,8 +223,7 @@ def imports_torch(command: list[str]) -> bool:
 
 
 def measure_processes(export: Path, lines: list[str], repeats: int) -> dict[str, Any]:
-    """Wall seconds of whole processes translating ``lines`` with ``export``, the fastest of ``repeats`` rounds
-    (each round runs both once): ``nmt translate --engine ctranslate2`` and :data:`PLAIN_CT2`."""
+    """Wall seconds of whole processes translating ``lines``: ``nmt translate`` (CTranslate2) and :data:`PLAIN_CT2`."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         src, script = folder / "in.en", folder / "plain_ct2.py"
@@ -257,14 +246,12 @@ def measure_processes(export: Path, lines: list[str], repeats: int) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse the command line (``process`` first: the whole-process mode), measure, print, write the JSON."""
     argv = sys.argv[1:] if argv is None else argv
     process = argv[:1] == ["process"]
     p = argparse.ArgumentParser(prog="decode.py process" if process else None,
                                 description=(measure_processes.__doc__ if process else __doc__).splitlines()[0])
     if process:
         p.add_argument("--export", type=Path, required=True, help="a folder `nmt export` wrote")
-        p.add_argument("--set", default="multi30k-test", choices=(*SETS, "multi30k-val"))
     else:
         p.add_argument("--model", action="append", required=True, help="NAME=path/to/averaged.pt (repeatable)")
         p.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
@@ -281,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     logging.getLogger("pipeline").setLevel(logging.WARNING)
     if process:
-        result = measure_processes(args.export, read_set(args.data, args.set, None)[0], args.repeats)
-        print(json.dumps({**header(argv), "set": args.set, **result}, indent=1))
+        result = measure_processes(args.export, read_set(args.data, "multi30k-test", None)[0], args.repeats)
+        print(json.dumps({**header(argv), "set": "multi30k-test", **result}, indent=1))
         return 0
     global REPEATS
     REPEATS = args.repeats

@@ -1,11 +1,5 @@
-"""Benchmark the data stages: pairs/s of ``clean`` and ``encode`` against raw SentencePiece, and peak RSS.
-
-The corpus is Multi30k train grown to 35 shuffled copies (a numbered token appended, so dedup keeps every copy):
-≈ 1.0M distinct pairs, then 8× that for the memory (``--quick``: 4 copies and 2×); an 8,000-piece BPE is trained
-once on the original text. Every measurement runs in its own subprocess with threads pinned (OMP/MKL/OpenBLAS = 1,
-``NMT_DATA_WORKERS`` = ``--workers``), its peak RSS sampled over the process tree. The ceiling is raw
-``SentencePieceProcessor.encode`` of the same text (both sides) in as many processes, without I/O; "threads" is
-one process with ``--workers`` SentencePiece threads.
+"""Benchmark the data stages: pairs/s of ``clean`` and ``encode`` against raw SentencePiece, and peak RSS, on
+Multi30k train grown to 35 numbered copies (``--quick``: 4), each measurement in its own pinned subprocess.
 """
 
 from __future__ import annotations
@@ -72,8 +66,7 @@ def train_bpe(data: Path, out: Path, vocab: int) -> None:
 
 
 def _raw_chunk(args: tuple[str, str, int, int, int]) -> float:
-    """Seconds spent encoding lines [start, end) of both clean train files: read up front (not timed), encoded in
-    blocks of ``RAW_BLOCK`` lines whose ids are dropped (no I/O, not the whole corpus as Python lists)."""
+    """Seconds encoding lines [start, end) of both clean train files, read first, in blocks of ``RAW_BLOCK``."""
     import sentencepiece as spm
 
     model, clean, start, end, threads = args
@@ -93,7 +86,7 @@ def _raw_chunk(args: tuple[str, str, int, int, int]) -> float:
 
 
 def measure(kind: str, work: Path, workers: int) -> dict:
-    """One measurement: returns pairs processed and seconds (excluding interpreter start-up)."""
+    """Pairs processed and seconds of one measurement."""
     from pipeline import clean, encode
     from pipeline.core.config import CleanConfig, EncodeConfig
     from pipeline.core.stage import run_stage
@@ -138,8 +131,7 @@ KINDS = ("clean", "encode", "raw_processes", "raw_threads")
 
 def bench_scale(data: Path, root: Path, copies: int, repeats: int, workers: int, vocab_dir: Path,
                 kinds: tuple[str, ...] = KINDS) -> dict:
-    """All measurements on one corpus size, interleaved per repeat (on a shared machine encode and its raw
-    SentencePiece baseline then run back to back); medians over ``repeats``, and of the per-repeat ratios."""
+    """All measurements on one corpus size, interleaved per repeat; medians, and of the per-repeat ratios."""
     work = root / f"x{copies}"
     (work / "bpe").mkdir(parents=True)
     (work / "bpe" / "spm.model").write_bytes((vocab_dir / "spm.model").read_bytes())
@@ -166,7 +158,6 @@ def bench_scale(data: Path, root: Path, copies: int, repeats: int, workers: int,
 
 
 def table(results: dict) -> str:
-    """The markdown table of a run."""
     rows = []
     for name, res in results["scales"].items():
         rows += [(name, f"{res['train_pairs_raw']:,}", kind, f"{r['pairs_per_s']:,.0f}",
@@ -180,7 +171,6 @@ def table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse options, run every scale, print the table and write the JSON."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with Multi30k train.{en,de}.gz")
     p.add_argument("--repeats", type=int, default=3)

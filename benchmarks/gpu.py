@@ -5,16 +5,8 @@
     python benchmarks/gpu.py check|multi30k --data data/gpu --out OUT   # on the GPU machine (carry data/gpu)
     python benchmarks/gpu.py parts --out OUT                            # on the GPU machine
 
-Figures are in benchmarks/RESULTS.md. ``check`` and ``multi30k`` run their steps in order (``--steps``: a subset;
-one with less left of ``--budget-s`` than it needs is skipped), each stage a subprocess with its own log under
-``--work`` and a time limit, and rewrite ``OUT/gpu_<command>.json`` and ``OUT/logs.tar.gz`` after every step, so
-what finished comes back even if a later step hangs. Both begin with ``env`` and end with ``throughput`` (the base
-model's compiled step in ``benchmarks/train.py``). ``check`` (gpu_steps/check.py): ``tiny`` and ``demo``, train (one
-process, then torchrun) -> average -> evaluate; ``pytest``, the ``gpu`` tests; ``precision``, bf16 against fp32;
-``determinism``, runs twice and killed + resumed; ``attention``, searches over new shapes with and without cuDNN.
-``multi30k`` (gpu_steps/multi30k.py): ``sweep``, the Multi30k profile, its variants and the ``news`` chain at once;
-``newstest``, newstest2014 decoded, timed. ``parts`` (gpu_steps/parts.py): the loss and attention kernels alone.
-Stages run with ``NMT_TRACKING=off`` (the device image has no MLflow); other ``NMT_*`` variables pass through.
+``check`` and ``multi30k`` rewrite ``OUT/gpu_<command>.json`` and ``OUT/logs.tar.gz`` after every step, so what
+finished comes back even if a later step hangs; a step with less left of ``--budget-s`` than it needs is skipped.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""A synthetic EN–DE parallel corpus of WMT14 scale (~4.5M pairs, millions of word types, a share of junk), for
-measuring the data stages without the network (``benchmarks/scale.py``), in the layout the download stage writes
-(``<out>/{train,valid,test}.{en,de}``, aligned lines):
-
-- **Words**: ``types`` word forms per language (3M for WMT14), built from syllables so frequent words are short,
-  with Zipf frequencies (p(rank) ∝ rank^-s, s = 1.05); German forms use umlauts, ß and capitalised nouns.
-- **Sentences**: log-normal word counts (median 19 words; the 10,000 WMT pairs of OpenNMT-py's ``toy-ende`` set,
-  tokenised, have 21), punctuation; the German side a noisy "translation" of the English one (the same ranks
-  through a fixed permutation, length within ±15% typically).
-- **Noise** (2% of training pairs, evenly over :data:`NOISE_KINDS`; never a NUL byte, which clean refuses).
-
-The output is a function of the arguments only; a smaller corpus is a prefix of a larger one with the same seed
-and types (pairs are drawn in blocks of 20,000, each from its own seeded generator).
+"""A synthetic EN-DE parallel corpus of WMT14 scale for ``benchmarks/scale.py``, in the download stage's layout
+(``<out>/{train,valid,test}.{en,de}``): Zipf-distributed syllable words, log-normal sentence lengths, the German side
+a noisy permutation of the English, 2% noisy pairs (:data:`NOISE_KINDS`). The output is a function of the
+arguments; a smaller corpus is a prefix of a larger one (pairs come in seeded blocks of :data:`BLOCK`).
 """
 
 from __future__ import annotations
@@ -42,8 +33,7 @@ PUNCT = np.array([".", ".", ".", ".", ".", ".", "?", "!", ":", ""])
 
 
 def word_forms(n: int, syllables: list[str], seed: int, capitalise_every: int = 0) -> np.ndarray:
-    """An object array [n] of distinct word forms of ``syllables``, ordered by frequency rank: short forms first,
-    shuffled within a length by ``seed``; when ``capitalise_every`` > 0, every such rank capitalised (German nouns)."""
+    """[n] distinct forms of ``syllables`` by rank, short first; every ``capitalise_every``-th capitalised."""
     rng = np.random.default_rng(seed)
     forms: list[str] = []
     for k in itertools.count(1):
@@ -75,7 +65,6 @@ class Lexicon:
 
     @classmethod
     def build(cls, types: int, seed: int) -> Lexicon:
-        """Forms for ``types`` ranks per language (deterministic in ``seed``)."""
         en = word_forms(types, _syllables(EN_ONSETS, EN_NUCLEI, [""]), seed)
         de = word_forms(types, _syllables(DE_ONSETS, DE_NUCLEI, DE_CODAS), seed + 1, capitalise_every=5)
         cdf = np.cumsum(np.arange(1, types + 1, dtype=np.float64) ** -ZIPF_S)
@@ -86,13 +75,11 @@ class Lexicon:
         return cls(en=en, de=de, cdf=cdf / cdf[-1], to_de=to_de)
 
     def ranks(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """``n`` word ranks drawn from the Zipf distribution."""
         return np.minimum(np.searchsorted(self.cdf, rng.random(n)), len(self.cdf) - 1)
 
 
 def _join(rng: np.random.Generator, words: np.ndarray, lengths: np.ndarray, punct: np.ndarray) -> list[str]:
-    """Sentences from a flat word array [sum(lengths)] and per-sentence lengths: the first word capitalised, ~6% of
-    words with a comma, ``punct`` after the last."""
+    """Sentences from a flat word array [sum(lengths)]: capitalised, some commas, ``punct`` at the end."""
     words = words.copy()
     comma = rng.random(len(words)) < COMMA
     words[comma] = words[comma] + ","
@@ -105,13 +92,9 @@ def _join(rng: np.random.Generator, words: np.ndarray, lengths: np.ndarray, punc
     return out
 
 
-def _sentence_lengths(rng: np.random.Generator, n: int) -> np.ndarray:
-    return np.clip(np.rint(rng.lognormal(np.log(19.0), 0.6, n)), 1, 150).astype(np.int64)
-
-
 def clean_block(lex: Lexicon, rng: np.random.Generator, n: int) -> tuple[list[str], list[str]]:
     """``n`` well-formed pairs: EN sentences and their German counterparts."""
-    en_len = _sentence_lengths(rng, n)
+    en_len = np.clip(np.rint(rng.lognormal(np.log(19.0), 0.6, n)), 1, 150).astype(np.int64)  # median 19 words
     de_len = np.maximum(1, np.rint(en_len * np.exp(rng.normal(0.0, 0.12, n)))).astype(np.int64)
     en_ranks = lex.ranks(rng, int(en_len.sum()))
     # The German side reuses the English ranks (permuted), shortened or padded with fresh draws.
@@ -125,8 +108,7 @@ def clean_block(lex: Lexicon, rng: np.random.Generator, n: int) -> tuple[list[st
 
 
 def add_noise(lex: Lexicon, rng: np.random.Generator, en: list[str], de: list[str], share: float) -> np.ndarray:
-    """Replace a ``share`` of the pairs in place with noisy ones, evenly over :data:`NOISE_KINDS`; returns [len(en)]
-    each pair's index into :data:`NOISE_KINDS`, -1 for a clean pair."""
+    """Make a ``share`` of the pairs noisy in place; returns [len(en)] indices into :data:`NOISE_KINDS` (-1: clean)."""
     n = len(en)
     picks = np.flatnonzero(rng.random(n) < share)
     kinds = np.full(n, -1)
@@ -159,18 +141,9 @@ def add_noise(lex: Lexicon, rng: np.random.Generator, en: list[str], de: list[st
     return kinds
 
 
-def generate_block(lex: Lexicon, seed: int, block: int, noise: float) -> tuple[list[str], list[str], np.ndarray]:
-    """Block ``block`` of the training split, :data:`BLOCK` pairs from its own generator ``(seed, block)``: EN lines,
-    DE lines and each pair's noise kind (see :func:`add_noise`)."""
-    rng = np.random.default_rng([seed, block])
-    en, de = clean_block(lex, rng, BLOCK)
-    return en, de, add_noise(lex, rng, en, de, noise)
-
-
 def write_corpus(out: Path, pairs: int, *, types: int = 3_000_000, seed: int = 1, noise: float = 0.02,
                  valid: int = 3000, test: int = 3003) -> dict:
-    """Write ``out/{train,valid,test}.{en,de}`` (``pairs`` training pairs, ``noise`` of them noisy; ``valid`` and
-    ``test`` clean, as newstest is), everything a function of ``seed``; returns counts and sizes."""
+    """Write ``out/{train,valid,test}.{en,de}`` (valid and test clean, as newstest is); returns counts and sizes."""
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     lex = Lexicon.build(types, seed)
@@ -178,7 +151,9 @@ def write_corpus(out: Path, pairs: int, *, types: int = 3_000_000, seed: int = 1
     with open(out / "train.en", "w", encoding="utf-8", newline="\n") as f_en, \
             open(out / "train.de", "w", encoding="utf-8", newline="\n") as f_de:
         for b, start in enumerate(range(0, pairs, BLOCK)):
-            en, de, kinds = generate_block(lex, seed, b, noise)
+            rng = np.random.default_rng([seed, b])  # each block its own generator: the prefix property
+            en, de = clean_block(lex, rng, BLOCK)
+            kinds = add_noise(lex, rng, en, de, noise)
             n = min(BLOCK, pairs - start)  # the last block is cut: a smaller corpus is a prefix of a larger one
             f_en.write("".join(s + "\n" for s in en[:n]))
             f_de.write("".join(s + "\n" for s in de[:n]))

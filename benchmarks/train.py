@@ -1,19 +1,14 @@
-"""Benchmark one training step: our Transformer vs ``torch.nn.Transformer`` of identical dimensions.
+"""Benchmark one training step (forward, loss, backward, Adam): our Transformer vs ``torch.nn.Transformer`` of the
+same dimensions on the same batches, alternating repeats (A B, B A, ...) so that drift hits both; medians.
 
-Both get the same batch (random ids, lengths varied so padding is realistic), tied embedding, sinusoidal positions
-and output projection, the label-smoothed loss summed over non-pad targets, and Adam: a full step. Repeats
-alternate the two models (A B, B A, ...) so that drift on a shared machine hits both; the table gives medians.
-Threads are pinned (``--threads``, interop 1); CUDA runs use bf16 autocast and fused Adam, as the stage does.
-Every planned step runs once untimed first (compiling happens there); progress lines go to stderr.
-
-Usage: ``python benchmarks/train.py`` (CPU, small config);
-``python benchmarks/train.py --device cuda --config news-25k --max-tokens 32768 --iters 10 --compile step --dynamic``.
+Usage: ``python benchmarks/train.py`` (CPU, small config); ``--device cuda --config news-25k --compile step``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -75,7 +70,7 @@ class TorchBaseline(nn.Module):
 
 
 def make_batch(spec: dict, device: torch.device, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """(src, tgt_in, tgt_out) int64 with per-sentence lengths in [max_len/2, max_len], padded."""
+    """(src, tgt_in, tgt_out) with lengths in [max_len/2, max_len], padded."""
     g = torch.Generator().manual_seed(seed)
     b, m = spec["batch"], spec["max_len"]
     batch = tuple(torch.full((b, m), PAD) for _ in range(3))
@@ -94,13 +89,8 @@ def _fill(batch: tuple[torch.Tensor, ...], i: int, ls: int, lt: int, vocab: int,
 
 
 def make_news_steps(spec: dict, device: torch.device, max_tokens: int, seed: int = 0) -> list[Step]:
-    """``spec["steps"]`` optimizer steps planned as the train stage plans them, from short to long.
-
-    The pairs' (source, target) lengths come from the news sets' BPE length histogram (``tests/data/news_lengths.json``,
-    see tests/pipeline/data/test_global_batches.py), cut into global batches of ``spec["tokens_per_step"]`` target
-    tokens and passes of <= ``max_tokens`` padded tokens (one process) by :mod:`pipeline.data.batching`. Evenly
-    spaced batches of the length-sorted plan are taken; token ids are random.
-    """
+    """``spec["steps"]`` evenly spaced optimizer steps of the plan :mod:`pipeline.data.batching` makes from the news
+    sets' length histogram (:data:`NEWS_LENGTHS`), short to long; token ids are random."""
     import numpy as np
 
     from pipeline.data.batching import forward_passes, plan_global_batches, token_lengths
@@ -134,10 +124,6 @@ def _ours_loss(model, src, tgt_in, tgt_out, loss=label_smoothed_nll_loss):
     return loss(model(src, tgt_in), tgt_out, epsilon=EPS, ignore_index=PAD)[0]
 
 
-def _lean_loss(model, src, tgt_in, tgt_out):
-    return _ours_loss(model, src, tgt_in, tgt_out, label_smoothed_nll_loss_lean)
-
-
 def _torch_loss(model, src, tgt_in, tgt_out):
     logits = model(src, tgt_in)
     return F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum",
@@ -145,9 +131,8 @@ def _torch_loss(model, src, tgt_in, tgt_out):
 
 
 def compiled_loss(mode: str, dynamic: bool, model: nn.Module, lean: bool = False):
-    """Our loss function for ``model``, with ``torch.compile`` applied to the model, the loss, the two together,
-    or nothing (``lean``: :func:`model.loss.label_smoothed_nll_loss_lean`; only with ``none`` or ``step``)."""
-    ours = _lean_loss if lean else _ours_loss
+    """Our loss function for ``model``, ``torch.compile`` applied to the model, the loss, both, or nothing."""
+    ours = functools.partial(_ours_loss, loss=label_smoothed_nll_loss_lean) if lean else _ours_loss
     if mode == "none":
         return ours
     if mode == "step":
@@ -160,8 +145,7 @@ def compiled_loss(mode: str, dynamic: bool, model: nn.Module, lean: bool = False
 
 
 def make_step(model: nn.Module, loss_fn, steps: list[Step], device: torch.device):
-    """A closure running one full training step (the next of ``steps``, in turn): each forward pass's loss,
-    backward, then Adam; returns nothing (syncs on CUDA)."""
+    """A closure running the next of ``steps`` in turn: each forward pass's loss and backward, then Adam."""
     cuda = device.type == "cuda"
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=cuda or None)
     turn = itertools.cycle(steps)
@@ -234,7 +218,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _planned(name: str, device: torch.device, args: argparse.Namespace) -> tuple[list[Step], str]:
-    """The optimizer steps config ``name`` times and their shape in words (SystemExit: ``--iters`` no multiple)."""
+    """The optimizer steps config ``name`` times and their shape in words."""
     spec = CONFIGS[name]
     if "steps" in spec:
         planned = make_news_steps(spec, device, args.max_tokens or DEFAULT_MAX_TOKENS[device.type])
@@ -249,7 +233,6 @@ def _planned(name: str, device: torch.device, args: argparse.Namespace) -> tuple
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark, print a markdown table, write the JSON."""
     args = _parser().parse_args(argv)
     if args.loss == "lean" and args.compile in ("model", "loss"):
         raise SystemExit(f"--loss lean with --compile {args.compile}: the lean loss is timed eager or inside the "

@@ -40,8 +40,7 @@ def step_pytest(r: Runner, dry: bool) -> dict[str, Any]:
 
 
 def step_profile(r: Runner, data: Path, step: str, profile: str, launcher: str, dry: bool) -> dict[str, Any]:
-    """train -> average -> evaluate on ``profile`` in ``work/<step>``; ``launcher`` is ``train`` (one process) or
-    ``launch``."""
+    """train (or ``launch``) -> average -> evaluate on ``profile`` in ``work/<step>``."""
     work = r.work / step
     train = {"max_steps": 6, "warmup_steps": 2, "save_every_steps": 2, "valid_every_steps": 3,
              "log_every_steps": 1} if dry else {}
@@ -86,8 +85,7 @@ def compare_curves(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict
 
 def step_determinism(r: Runner, data: Path, profile: str, dry: bool,
                      only: tuple[str, ...] = ("default", "deterministic")) -> dict[str, Any]:
-    """Two uninterrupted runs and one killed after step ``kill`` and relaunched, per mode in ``only`` (torchrun, NCCL;
-    the dry run: the default mode only, tests/pipeline/training/test_deterministic_kernels.py runs the switch)."""
+    """Two runs and one killed after step ``kill`` and relaunched, per mode in ``only`` (dry run: the first)."""
     steps, every, kill = (6, 2, 3) if dry else (40, 10, 21)
     train = {"max_steps": steps, "warmup_steps": steps // 2, "save_every_steps": every, "valid_every_steps": steps,
              "log_every_steps": every}
@@ -134,8 +132,7 @@ def compare_checkpoints(a: Path, b: Path) -> dict[str, Any]:
 
 
 def step_attention(dry: bool) -> dict[str, dict[str, float]]:
-    """Seconds for 12 beam searches (beam 4, 12 steps, a random demo-sized model) whose shapes are new, then
-    the same again, with the model's attention backends and with cuDNN's allowed first (PyTorch's own order)."""
+    """Seconds for 12 beam searches of new shapes, then again, with the shipped backends and with cuDNN first."""
     import torch
     from torch.nn.attention import SDPBackend
 

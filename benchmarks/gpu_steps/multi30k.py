@@ -53,13 +53,11 @@ def steps(r: Runner, data: Path, chains: list[str], dry: bool) -> dict[str, tupl
 
 
 def _overrides(name: str) -> dict[str, dict[str, Any]]:
-    """What chain ``name`` changes in its base profile (nothing for the ``multi30k`` profile itself)."""
     return NEWS_CHAIN if name == "news" else CANDIDATES.get(name, {})
 
 
 def chain_params(name: str, data: Path, work: Path | None, dry: bool) -> dict:
-    """``name``'s params: the ``multi30k`` profile, a candidate (overrides of it), or ``news`` (the paper profile
-    on ``data/news``); run paths under ``work``."""
+    """``name``'s params (:data:`CHAINS`); run paths under ``work``."""
     params = params_for("paper" if name == "news" else PROFILE, data, work, dataset="news" if name == "news" else "",
                         max_minutes=0 if dry else PAUSE_MINUTES)
     small_bpe = {"bpe": {"vocab_size": 200}} if dry and name == "news" else {}  # the tests' few hundred lines
@@ -70,8 +68,7 @@ def chain_params(name: str, data: Path, work: Path | None, dry: bool) -> dict:
 
 
 def step_sweep(r: Runner, data: Path, chains: list[str], dry: bool) -> dict[str, Any]:
-    """Every chain in ``chains`` (:data:`CHAINS`), train -> average -> evaluate, all at once on the one device (each
-    wall time an upper bound on the run's alone), each saved as it ends; beam and α chosen on valid, test scored."""
+    """Every chain in ``chains`` at once on the one device, train -> average -> evaluate, each saved as it ends."""
     out: dict[str, Any] = {}
     lock = threading.Lock()
     timeout = max(r.left() - 60, 60)  # leave the newstest step its time
@@ -91,9 +88,7 @@ def step_sweep(r: Runner, data: Path, chains: list[str], dry: bool) -> dict[str,
 
 
 def step_newstest(r: Runner, data: Path, dry: bool) -> dict[str, Any]:
-    """newstest2014 (3,003 lines) through ``translate_lines`` (normalise, BPE, batched beam 4 search, detokenise)
-    with the ``news`` chain's averaged model: a warm-up, timed runs at 8k-32k tokens a batch; sacreBLEU and the
-    output/reference length ratio beside."""
+    """newstest2014 through ``translate_lines`` with the ``news`` model, timed at 8k-32k tokens a batch; BLEU."""
     import sacrebleu
     import torch
 
@@ -135,9 +130,7 @@ def timed(translator: Any, lines: list[str], max_tokens: int, dev: Any) -> tuple
 
 
 def news_data(data: Path, mirror: Path, dry: bool) -> int:
-    """The ``news`` chain's data, here (the device machine has no shared data): the small news sets of WMT14's
-    ``dev.tgz`` as training pairs, newstest2013 as valid, newstest2014 as test, through clean, bpe and encode
-    (the ``paper`` profile's data settings); newstest2014's text for the ``newstest`` step."""
+    """The ``news`` chain's data, here: WMT14's small dev news sets to train on, newstest2013 valid, 2014 test."""
     wmt14, target = mirror / "wmt14", REPO / data / "news"
     if not (wmt14 / "dev").is_dir() or not (wmt14 / "test-full-txt").is_dir():
         log.error("%s: no wmt14/dev and wmt14/test-full-txt folders here; pass --mirror, the shared data folder",

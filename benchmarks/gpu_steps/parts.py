@@ -49,8 +49,7 @@ def loss_rows(n: int, v: int) -> dict[str, float]:
 
 
 def attention_rows(b: int, length: int, h: int = 8, dh: int = 64) -> dict[str, float]:
-    """fwd + bwd ms of attention variants on [b, h, length, dh] bf16, ~15% key padding: SDPA with a key mask
-    (memory-efficient), without (flash), causal, and ``varlen_attn`` / flex attention where this torch has them."""
+    """fwd + bwd ms of attention variants on [b, h, length, dh] bf16 with key padding (varlen, flex if present)."""
     from torch.nn.attention import sdpa_kernel
 
     q, k, v = (torch.randn(b, h, length, dh, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -89,8 +88,7 @@ def attention_rows(b: int, length: int, h: int = 8, dh: int = 64) -> dict[str, f
 
 
 def run() -> dict[str, object]:
-    """The loss rows ([29000 x 37000] logits) and the attention rows ([900 x 32] and [450 x 64] batches), each
-    logged as a markdown table row."""
+    """The loss rows ([29000 x 37000] logits) and the attention rows, each logged as a markdown table row."""
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu.py parts times CUDA kernels and this machine has no CUDA device; run it on "
                          "a GPU (benchmarks/train.py --device cpu times a whole CPU step)")

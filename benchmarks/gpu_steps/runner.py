@@ -28,11 +28,8 @@ DRY_BUDGET_S = 3600.0
 
 
 def params_for(profile: str, data: Path, work: Path | None, dataset: str = "", **train: Any) -> dict:
-    """Profile ``profile``'s params: data paths under ``data/<dataset>`` (default: the profile's name), run paths
-    under ``work`` (absolute), ``train`` overrides. ``data`` is relative to the repository or absolute; the params
-    loader takes an absolute path only inside the params file's folder (pipeline/core/paths.py), so an absolute
-    ``data`` is reached through a link ``work/data`` (the run stages only read it).
-    """
+    """Profile ``profile``'s params: data paths under ``data/<dataset or profile>``, run paths under ``work``.
+    An absolute ``data`` goes through a link ``work/data`` (pipeline/core/paths.py takes no outside absolute path)."""
     if work is not None and data.is_absolute():
         work.mkdir(parents=True, exist_ok=True)
         if not (work / "data").is_symlink():
@@ -100,9 +97,8 @@ class Runner:
         return True
 
     def chain(self, name: str, work: Path, timeout: float, launcher: str = "train", **extra: str) -> dict[str, Any]:
-        """``launcher`` (``train`` or ``launch``) -> ``average`` -> ``evaluate`` on ``work/params.yaml`` within
-        ``timeout`` seconds, and the metrics files they wrote. A failed train still averages what it saved (a run
-        paused by ``train.max_minutes`` exits 1); a failed average or evaluate ends the chain."""
+        """``launcher`` -> ``average`` -> ``evaluate`` on ``work/params.yaml`` and their metrics; a failed train
+        still averages what it saved (a paused run exits 1)."""
         params, result, started = work / "params.yaml", {}, time.monotonic()
         for stage in (launcher, "average", "evaluate"):
             left = timeout - (time.monotonic() - started)
@@ -114,8 +110,7 @@ class Runner:
         return result
 
     def run_steps(self, steps: dict[str, tuple[Callable[[], Any], float]], names: list[str] | None, dry: bool) -> None:
-        """Each named step (default all, in order) that has the seconds it needs left of the budget (a dry run
-        skips none), saving what it returns or its error; the results JSON is rewritten after each one."""
+        """Each named step (default all) that has its seconds left of the budget, saving its result or error."""
         for name in names or list(steps):
             do, needs = steps[name]
             if self.left() < needs and not dry:
@@ -159,8 +154,7 @@ def step_env() -> dict[str, str | float | bool]:
 
 
 def step_throughput(r: Runner, dry: bool) -> dict[str, Any]:
-    """``benchmarks/train.py`` on the base model (37k vocabulary, ~25k target tokens a step), compiled step, beside
-    ``nn.Transformer``; the dry run times the small config for one step on the CPU."""
+    """``benchmarks/train.py`` on the base model's 25k-token compiled step (dry run: small config, CPU)."""
     json_path = r.work / "train-base-25k.json"
     argv = [sys.executable, str(REPO / "benchmarks" / "train.py"), "--out", str(json_path)]
     argv += (["--device", "cpu", "--config", "small", "--threads", "1", "--repeats", "1", "--iters", "1"] if dry else
