@@ -1,10 +1,8 @@
 """params.yaml → one tree of frozen, keyword-only dataclasses, built strictly by :mod:`pipeline.core.strict`.
 
-Every unknown, missing, mistyped or out-of-range key is reported together in one :class:`ConfigError`, one line
-per key. Each numeric key's valid range is in :data:`RANGES` (a test makes every numeric field have one), and
-every ``paths.*`` value follows :mod:`pipeline.core.paths`' rules. Cross-field rules live in ``__post_init__``
-of the section they concern. Derived values (vocabulary size, forward passes per step) are computed, never
-stored: the ``model`` section is the network's own :class:`model.config.TransformerConfig`.
+Each numeric key's range is in :data:`RANGES`, each ``paths.*`` value follows :mod:`pipeline.core.paths`, and
+cross-field rules live in the ``__post_init__`` of their section. The ``model`` section is the network's own
+:class:`model.config.TransformerConfig`; derived values (vocabulary size) are computed, never stored.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ from pipeline.core.paths import layout_problems, path_problem
 from pipeline.core.strict import Range, build, shown
 from pipeline.core.yamlfile import load_yaml
 
-#: Keys that left params.yaml for an ``NMT_*`` variable (pipeline/core/env.py): a params file that
-#: still has one fails naming the variable.
+#: Keys that left params.yaml for an ``NMT_*`` variable: a params file that still has one fails naming it.
 MOVED_TO_ENV = {"train.max_tokens": "NMT_MAX_TOKENS"}
 
 
@@ -170,8 +167,8 @@ class Params:
 
 
 def _model_size_problem(model: TransformerConfig, vocab_size: int) -> str | None:
-    """Why the model of ``model`` and ``bpe.vocab_size`` has more than :data:`model.config.MAX_WEIGHTS` weights,
-    naming the key furthest above the paper's base model; None if it has not."""
+    """Why the model has more than :data:`model.config.MAX_WEIGHTS` weights, naming the key furthest above the
+    paper's base model; None if it has not."""
     count = model.weight_count(vocab_size)
     if count <= MAX_WEIGHTS:
         return None
@@ -237,7 +234,7 @@ def _key_problems(cls: type, name: str, value: Any) -> list[tuple[str, str]]:
 
 
 def params_from_dict(data: dict[str, Any], source: str = "params.yaml") -> Params:
-    """Build :class:`Params` from a parsed mapping; raise one error listing every bad key."""
+    """Build :class:`Params` from a parsed mapping; raise one ConfigError listing every bad key."""
     return build(Params, data, source, rules=_key_problems, moved=MOVED_TO_ENV)
 
 
@@ -258,8 +255,7 @@ def load_params(path: str | Path = "params.yaml") -> Params:
 
 
 def section_dict(obj: Any) -> dict[str, Any]:
-    """A dataclass section (or all of :class:`Params`) as a plain dict of its settings, as params.yaml
-    spells them (derived values such as the model's vocabulary size left out): for tracking and audit."""
+    """A section (or all of :class:`Params`) as the plain dict params.yaml spells (derived values left out)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: section_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)
                 if DERIVED not in f.metadata}

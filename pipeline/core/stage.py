@@ -1,12 +1,8 @@
 """What every stage shares: logging, params loading, the bookkeeping wrapper, one-line errors.
 
-A stage module defines ``stage(cfg, *, input and output paths) -> dict`` (its typed params section
-in, its figures out: no MLflow, timing or metrics files) and ``main(argv)``, which calls
-:func:`stage_main`. ``python -m pipeline.<stage>`` then loads params.yaml and runs the stage under
-:func:`run_stage`, the one place that opens the stage's MLflow run (:func:`pipeline.core.tracking.current`
-inside the stage), logs its params sections, times it and writes ``<stage>.json`` (DVC metrics) and
-``<stage>.details.json`` (everything, with the run id); a
-:class:`~pipeline.core.errors.PipelineError` becomes one clear line on stderr and exit code 1.
+A stage module defines ``stage(cfg, *, paths) -> dict`` (its params section in, its figures out) and
+``main(argv)``, which calls :func:`stage_main`: the one place that opens the stage's MLflow run, logs its
+params, times it, writes its metrics files and turns a known error into one line on stderr and exit code 1.
 """
 
 from __future__ import annotations
@@ -37,11 +33,8 @@ _SECRET_ENV = re.compile(r"(?i)(PASSWORD|PASSWD|TOKEN|SECRET|CREDENTIAL|API_?KEY
 
 
 def redact(text: str) -> str:
-    """``text`` without credentials: URL userinfo (``https://user:pass@host``) and secret env values.
-
-    An environment variable counts as secret when its name contains PASSWORD, TOKEN, SECRET,
-    CREDENTIAL, API_KEY, ACCESS_KEY or PRIVATE_KEY; its value (6+ characters) is masked wherever it occurs.
-    """
+    """``text`` without URL userinfo (``https://user:pass@host``) or the value (6+ characters) of an environment
+    variable whose name says it is secret (:data:`_SECRET_ENV`)."""
     text = _USERINFO.sub(r"\1***@", text)
     for name, value in os.environ.items():
         if len(value) >= 6 and _SECRET_ENV.search(name) and value in text:
@@ -57,10 +50,8 @@ class RedactingFormatter(logging.Formatter):
 
 
 def setup_logging(level: str | None = None) -> None:
-    """Log to stderr with timestamps, credentials redacted; level from ``NMT_LOG_LEVEL`` (default INFO).
-
-    A malformed ``NMT_*`` variable is not reported here (INFO is used): the stage reports it as its error.
-    """
+    """Log to stderr with timestamps, credentials redacted; level ``NMT_LOG_LEVEL`` (INFO when it is malformed:
+    the stage reports that as its error)."""
     if not level:
         try:
             level = env.settings().log_level
@@ -72,7 +63,7 @@ def setup_logging(level: str | None = None) -> None:
 
 
 def stage_parser(description: str) -> argparse.ArgumentParser:
-    """An argument parser with the options every stage accepts."""
+    """An argument parser with the options every stage accepts (``--params``)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     return parser
@@ -95,12 +86,10 @@ def os_error_message(exc: OSError) -> str:
 
 def run_cli(name: str, body: Callable[[Params, argparse.Namespace], None], argv: list[str] | None,
             parser: argparse.ArgumentParser | None = None) -> int:
-    """Parse args, load params, run ``body``; map known errors to one line and exit code 1.
+    """Check the ``NMT_*`` environment, load params, run ``body``; return the exit code.
 
-    A :class:`~pipeline.core.errors.PipelineError` or an ``OSError`` (disk full, permission denied...)
-    becomes ``error: stage <name>: <message>``; anything else prints its traceback first (a bug),
-    then the same one line. Everything printed has credentials redacted. The ``NMT_*`` environment
-    (:mod:`pipeline.core.env`) is checked first, so a bad variable fails the stage before any work.
+    A PipelineError or OSError becomes ``error: stage <name>: <message>`` and exit code 1; anything else (a bug)
+    prints its traceback first. Everything printed has credentials redacted.
     """
     setup_logging()
     parser = parser or stage_parser(f"pipeline stage {name}")
@@ -130,7 +119,7 @@ def _fail(name: str, message: str) -> int:
 
 
 def write_metrics(path: str | Path, metrics: dict[str, Any]) -> None:
-    """Write a stage's metrics JSON atomically (sorted keys, trailing newline)."""
+    """Write a stage's metrics JSON atomically (sorted keys)."""
     write_text(path, json.dumps(metrics, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
@@ -147,18 +136,12 @@ def read_json(path: str | Path) -> Any:
 
 def run_stage(name: str, body: Callable[[], dict[str, Any]], *, metrics_dir: str | Path,
               params: Params | None = None, root: str | Path = ".") -> dict[str, Any]:
-    """Run one stage's ``body`` with its bookkeeping: the one wrapper every stage goes through.
+    """Run one stage's ``body`` with its bookkeeping and return its details record.
 
-    Opens the stage's MLflow run (at the start, or on first use for the table's ``lazy_run`` stages,
-    dated back to the start; ``body`` reaches it through :func:`pipeline.core.tracking.current`; MLflow's
-    system metrics on a CUDA train run), queues the table's params
-    sections of ``params`` as its params, times ``body``, logs the seconds, and on rank 0 (``RANK``
-    unset or 0) writes ``<stage>.json`` (the table's ``metrics`` keys, if any) and ``<stage>.details.json`` (the
-    whole record plus ``seconds`` and ``mlflow_run_id``; also the run's artifact), each atomically, and
-    logs ``<paths.plots>/<stage>.csv`` / ``.png`` as artifacts when the stage wrote them.
-
-    Returns:
-        The details record.
+    Opens the stage's MLflow run (on first use for ``lazy_run`` stages; ``body`` reaches it through
+    :func:`pipeline.core.tracking.current`), logs the table's params sections and the seconds, and on rank 0
+    writes ``<stage>.json`` (the table's ``metrics``) and ``<stage>.details.json`` (the record, ``seconds`` and
+    ``mlflow_run_id``), logging it and ``<paths.plots>/<stage>.{csv,png}`` as artifacts.
     """
     spec = stages.get(name)
     active = os.environ.get("RANK", "0") in ("", "0")
@@ -183,12 +166,13 @@ def run_stage(name: str, body: Callable[[], dict[str, Any]], *, metrics_dir: str
             write_metrics(stages.details_file(metrics_dir, name), details)
             if run.opened:
                 run.log_artifact(stages.details_file(metrics_dir, name))
-                _log_plots(run, name, params, root)
+                if params is not None:
+                    _log_plots(run, name, params, root)
     return details
 
 
 def _cuda_available(name: str) -> bool:
-    """Whether torch sees a CUDA device (asked only for the train stage, which imports torch anyway)."""
+    """Whether torch sees CUDA (asked only for the train stage, which imports torch anyway)."""
     if name != "train":
         return False
     import torch
@@ -198,8 +182,6 @@ def _cuda_available(name: str) -> bool:
 
 def _log_plots(run: tracking.StageRun, name: str, params: Params | None, root: str | Path) -> None:
     """Log ``<paths.plots>/<stage>.csv`` and ``.png`` (whichever the stage wrote) under the run's ``plots/``."""
-    if params is None:
-        return
     for suffix in (".csv", ".png"):
         path = Path(root) / params.paths.plots / f"{name}{suffix}"
         if path.is_file():
@@ -208,10 +190,8 @@ def _log_plots(run: tracking.StageRun, name: str, params: Params | None, root: s
 
 def stage_main(name: str, body: Callable[[Params, argparse.Namespace], dict[str, Any]], argv: list[str] | None,
                parser: argparse.ArgumentParser | None = None) -> int:
-    """``python -m pipeline.<name>``: :func:`run_cli` around :func:`run_stage` of ``body(params, args)``.
-
-    The metrics files go to ``<paths.metrics>`` (under ``--root`` when the stage's parser has one).
-    """
+    """``python -m pipeline.<name>``: :func:`run_cli` around :func:`run_stage` of ``body(params, args)``, the metrics
+    files in ``<paths.metrics>`` (under ``--root`` when the stage's parser has one)."""
     def run(params: Params, args: argparse.Namespace) -> None:
         root = Path(getattr(args, "root", "."))
         run_stage(name, lambda: body(params, args), params=params, metrics_dir=root / params.paths.metrics,

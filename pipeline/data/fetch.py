@@ -1,10 +1,7 @@
-"""Getting bytes onto the disk reliably: HTTP with resume and retries.
+"""Getting bytes onto the disk reliably: HTTP with resume (``Range``) and retries with exponential backoff.
 
-:func:`fetch_url` streams a URL into a cache file through ``<name>.part``: an interrupted transfer
-resumes with an HTTP ``Range`` request (a server that ignores it and answers 200 restarts the file
-cleanly), transient failures (connection errors, timeouts, 5xx/429, truncated bodies) are retried with
-exponential backoff, and the file is renamed into place only once complete. A failure that waiting
-cannot fix (404/410, a host name that does not resolve, an invalid URL) ends the download at once.
+A failure that waiting cannot fix (404/410, a host name that does not resolve, an invalid URL) ends the
+download at once; the file is renamed into place only once complete.
 """
 
 from __future__ import annotations
@@ -46,21 +43,21 @@ class RetryPolicy:
 
 
 class NotFound(DownloadError):
-    """The server answered 404/410 for ``url``."""
+    """The server answered 404/410."""
 
     def __init__(self, url: str, status: int) -> None:
         super().__init__(f"{url}: HTTP {status} (not found); check the URL or the mirror's layout")
 
 
 class Unreachable(DownloadError):
-    """Every attempt at ``url`` failed with a transient error."""
+    """Every attempt failed with a transient error."""
 
     def __init__(self, url: str, attempts: int, last: str) -> None:
         super().__init__(f"{url}: could not download after {attempts} attempt(s): {last}")
 
 
 class HostNotFound(DownloadError):
-    """The host of ``url`` has no address (DNS lookup failed): a typo, or no network to resolve it."""
+    """The host has no address (DNS lookup failed)."""
 
     def __init__(self, url: str) -> None:
         super().__init__(f"{url}: host {urlsplit(url).hostname!r} not found (DNS lookup failed); check the "
@@ -72,7 +69,7 @@ class _Transient(Exception):
 
 
 def cache_path(cache_dir: Path, url: str) -> Path:
-    """Where ``url`` is cached: ``<cache_dir>/<host>/<url path>`` (readable, collision-free)."""
+    """Where ``url`` is cached: ``<cache_dir>/<host>/<url path>``."""
     parts = urlsplit(url)
     host = re.sub(r"[^A-Za-z0-9._-]", "_", parts.netloc) or "local"
     comps = [c for c in parts.path.split("/") if c not in ("", ".", "..")] or ["index"]
@@ -116,16 +113,13 @@ class _Progress:
 def _content_range(value: str | None) -> tuple[int | None, int | None]:
     """(first byte, total) from a ``Content-Range: bytes a-b/total`` header (None where absent)."""
     match = re.fullmatch(r"\s*bytes\s+(?:(\d+)-\d+|\*)/(\d+|\*)\s*", value or "")
-    if not match:
-        return None, None
-    first = int(match.group(1)) if match.group(1) else None
-    total = int(match.group(2)) if match.group(2) != "*" else None
-    return first, total
+    first, total = match.groups() if match else (None, None)
+    return int(first) if first else None, int(total) if total and total != "*" else None
 
 
 def _open(session: requests.Session, url: str, part: Path, timeout: float) -> tuple[requests.Response, int,
                                                                                        int | None]:
-    """Send the (range) request; return the response, the offset to write at and the total size."""
+    """Send the (range) request; return the response, the offset to write at (-1: complete) and the total size."""
     have = part.stat().st_size if part.exists() else 0
     headers = {"Accept-Encoding": "identity"}
     if have:
@@ -162,7 +156,7 @@ def _open(session: requests.Session, url: str, part: Path, timeout: float) -> tu
 
 
 def _name_not_resolved(exc: BaseException | None, depth: int = 0) -> bool:
-    """Whether ``exc`` (a requests/urllib3 error) comes from a failed DNS lookup: its reason/cause chain."""
+    """Whether ``exc`` (a requests/urllib3 error) comes from a failed DNS lookup."""
     if exc is None or depth > 4:
         return False
     if isinstance(exc, urllib3.exceptions.NameResolutionError):
@@ -201,16 +195,11 @@ def _attempt(session: requests.Session, url: str, part: Path, timeout: float, la
 
 
 def fetch_url(url: str, dest: Path, *, policy: RetryPolicy, session: requests.Session | None = None) -> Path:
-    """Download ``url`` to ``dest`` (via ``dest.part``, resumable); return ``dest``.
-
-    A failed attempt that added bytes does not count against ``policy.retries``; ``retries`` failures
-    in a row without progress (plus the first) give up.
+    """Download ``url`` to ``dest`` through ``dest.part``; return ``dest``. Gives up after ``policy.retries``
+    failures in a row that added no bytes.
 
     Raises:
-        NotFound: HTTP 404/410 (names the URL).
-        HostNotFound: the URL's host name does not resolve (not retried).
-        Unreachable: every attempt failed with a transient error.
-        DownloadError: another HTTP error (names the URL and status).
+        NotFound, HostNotFound, Unreachable: see each; DownloadError: another HTTP error (naming the status).
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")

@@ -1,10 +1,9 @@
 """The clean stage's work: every line normalised, training pairs filtered, in blocks and worker processes.
 
-Only training pairs are filtered (empty, too short/long, length ratio, source == target copies, exact
-duplicates); valid and test keep every line, empty ones included, so their line counts match the raw
-files and the references BLEU is computed against. Normalising and the per-pair rules run in blocks of
-:data:`BLOCK_ROWS` lines in worker processes; dedup (:class:`pipeline.data.dedup.DigestSet`) and writing
-stay in the caller's process, in line order, so the output bytes do not depend on the number of workers.
+Only training pairs are filtered (:data:`RULES`); valid and test keep every line, so their line counts match
+the references BLEU is computed against. Blocks of :data:`BLOCK_ROWS` lines are normalised and filtered in
+worker processes; dedup and writing stay in the caller's process, in line order, so the output bytes do not
+depend on the number of workers.
 """
 
 from __future__ import annotations
@@ -82,12 +81,9 @@ class BlockResult:
 
 
 def plan_blocks(src: Path, tgt: Path, cfg: CleanConfig | None) -> tuple[list[Block], int]:
-    """Cut a split into blocks of :data:`BLOCK_ROWS` aligned lines; returns them and the line count."""
+    """Cut a split (aligned files: the stage checked) into blocks of :data:`BLOCK_ROWS` lines, and its line count."""
     rows = BLOCK_ROWS
-    (src_offs, n_src), (tgt_offs, n_tgt) = (line_offsets(p, rows) for p in (src, tgt))
-    if n_src != n_tgt:
-        raise DataError(f"{src} has {n_src} lines but {tgt} has {n_tgt}: the files are not aligned; "
-                        "fix or re-download them (`dvc repro download`)")
+    (src_offs, n_src), (tgt_offs, _) = (line_offsets(p, rows) for p in (src, tgt))
     src_ends, tgt_ends = src_offs[1:] + [-1], tgt_offs[1:] + [-1]
     blocks = [Block(str(src), str(tgt), (s0, s1), (t0, t1), k * rows, min(rows, n_src - k * rows), cfg)
               for k, (s0, s1, t0, t1) in enumerate(zip(src_offs, src_ends, tgt_offs, tgt_ends))
@@ -133,16 +129,16 @@ def _drop_repeats(result: BlockResult, fresh: np.ndarray) -> tuple[str, str]:
 
 
 def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path, workers: int = 1) -> dict:
-    """Normalise (and for train, filter) one split of ``raw_dir`` into ``out_dir``; return its counts.
+    """Normalise (and for train, filter) one split of ``raw_dir`` into ``out_dir``.
 
     Returns:
         ``pairs_in`` and ``pairs_out``; for train the pairs ``dropped`` per rule, else the ``blank`` pairs kept.
 
     Raises:
-        DataError: invalid UTF-8 or a NUL byte (file:line), misaligned files, an all-blank valid/test set,
-            or a training set the filters emptied (naming the counts per rule and the params to loosen).
+        DataError: invalid UTF-8 or a NUL byte (file:line), an all-blank valid/test set, or a training set the
+            filters emptied (naming the counts per rule and the params to loosen).
     """
-    src, tgt = (raw_dir / f"{split}.{lang}" for lang in LANGS)  # checked by the stage before anything is written
+    src, tgt = (raw_dir / f"{split}.{lang}" for lang in LANGS)
     filtering = split == "train"
     blocks, total = plan_blocks(src, tgt, cfg if filtering else None)
     seen = DigestSet() if filtering and cfg.dedup else None
@@ -169,16 +165,12 @@ def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path, work
                 rate = n_in / (last_log - start)
                 log.info("clean %s: %d/%d pairs read, %d kept, %.0f pairs/s, ETA %.0f s", split, n_in, total,
                          n_out, rate, (total - n_in) / max(rate, 1e-9))
-    counts: dict = {"pairs_in": n_in, "pairs_out": n_out}
-    if filtering:
-        counts["dropped"] = dropped
-    else:
+    log.info("clean %s: %d pairs in, %d out%s", split, n_in, n_out, f", dropped {dropped}" if filtering else "")
+    if not filtering:
         _check_blank(split, src, tgt, n_in, blank)
-        counts["blank"] = blank
-    log.info("clean %s: %d pairs in, %d out%s", split, n_in, n_out,
-             f", dropped {dropped}" if filtering else "")
-    if filtering:
-        _check_not_empty(cfg, counts)
+        return {"pairs_in": n_in, "pairs_out": n_out, "blank": blank}
+    counts = {"pairs_in": n_in, "pairs_out": n_out, "dropped": dropped}
+    _check_not_empty(cfg, counts)
     return counts
 
 
@@ -198,7 +190,7 @@ def run_blocks(blocks: list[Block], workers: int) -> Iterator[BlockResult]:
 
 
 def _check_blank(split: str, src: Path, tgt: Path, pairs: int, blank: int) -> None:
-    """Refuse a valid/test set with no complete pair; warn about blank lines (kept, to keep line numbers)."""
+    """Refuse a valid/test set with no complete pair; warn about blank lines (kept)."""
     if blank == pairs:
         raise DataError(f"{src} and {tgt}: all {pairs} pairs are blank on one side or both after normalisation: "
                         f"nothing to score on the {split} set; check or rerun the download stage "
@@ -209,7 +201,6 @@ def _check_blank(split: str, src: Path, tgt: Path, pairs: int, blank: int) -> No
 
 
 def _check_not_empty(cfg: CleanConfig, counts: dict) -> None:
-    """Refuse a training set the filters emptied, naming the counts per rule and the params to loosen."""
     if counts["pairs_out"]:
         return
     rules = ", ".join(f"{k}={v}" for k, v in counts["dropped"].items() if v)

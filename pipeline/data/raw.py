@@ -1,9 +1,8 @@
 """The raw folder (``paths.raw``): each split's source files checked and concatenated into
 ``{train,valid,test}.{en,de}``, and ``manifest.json`` recording every file's sha256, size and lines.
 
-The files and the manifest depend only on the source files' bytes, never on where they were found, so
-a mirror run and a network run are byte-identical. Pins come from params (``download.sha256``, by file
-name) and from the previous run's manifest (by ``url|member``).
+Both depend only on the source files' bytes, never on where they were found. The sha256 pins come from
+``download.sha256`` (by file name) and from the previous run's manifest (by ``url|member``).
 """
 
 from __future__ import annotations
@@ -80,11 +79,10 @@ def _lines(sf: SourceFile, loc: Located, staging: Path) -> Iterator[str]:
 
 def _write_side(fh: IO[bytes], digest: Any, lines: Iterator[str]) -> int:
     n = 0
-    for line in lines:
+    for n, line in enumerate(lines, 1):
         data = line.encode("utf-8") + b"\n"
         fh.write(data)
         digest.update(data)
-        n += 1
     return n
 
 
@@ -132,17 +130,8 @@ def _check_counts(corpus: Corpus, counts: dict[str, int], copies: set[Path]) -> 
 
 def write_raw(spec: DatasetSpec, located: dict[SourceFile, Located], out_dir: Path, staging: Path,
               expected: dict[str, list[Expectation]]) -> dict[str, int]:
-    """Write every split of ``spec`` and ``manifest.json`` into the empty folder ``out_dir``.
-
-    Args:
-        spec: the dataset.
-        located: every source file's bytes (:func:`pipeline.data.locate.locate`).
-        out_dir: the folder to fill.
-        staging: where gzip files are decompressed (deleted by the caller).
-        expected: sha256 pins (:func:`expectations`).
-
-    Returns:
-        The pairs of each split.
+    """Write every split of ``spec`` and ``manifest.json`` into the empty folder ``out_dir`` (gzip files decompressed
+    in ``staging``); return the pairs of each split.
 
     Raises:
         DownloadError: a checksum or line-count mismatch, or a corrupt archive.

@@ -30,12 +30,10 @@ def sample_indices(total: int, k: int, seed: int) -> np.ndarray:
 
 
 class Sample:
-    """A seeded sample of the lines of ``files`` (taken as one sequence), iterated in file order.
+    """A seeded sample of the non-empty lines of ``files`` (as one sequence), read in file order as it is iterated.
 
-    Empty lines are skipped; ``count`` is the number of sentences yielded so far. The files are read
-    as they are iterated, so the sample never exists as a list or a file. A :class:`DataError` met
-    while reading (invalid UTF-8, a NUL byte) is kept in ``error``: SentencePiece turns an exception
-    in its iterator into a ``RuntimeError`` that has lost the file and line.
+    ``count``: sentences yielded so far; ``error``: a DataError met while reading, kept because SentencePiece
+    turns an exception in its iterator into a ``RuntimeError`` that has lost the file and line.
     """
 
     def __init__(self, files: list[Path], k: int, seed: int) -> None:
@@ -58,7 +56,7 @@ class Sample:
             raise
 
     def _lines(self) -> Iterator[str]:
-        """The chosen lines, read and decoded a block at a time (a line at a time costs more than the rest)."""
+        """The chosen lines, read and decoded a block at a time."""
         self.count = base = 0
         chosen = self.chosen
         for path, offsets, n in zip(self.files, self.offsets, self.counts):

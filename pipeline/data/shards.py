@@ -1,16 +1,13 @@
-"""Reading the encode stage's Parquet shards: :class:`ShardSet` and :func:`read_manifest`.
+"""Reading the encode stage's Parquet shards (:mod:`pipeline.data.sharding` writes them).
 
-A split's shards hold contiguous line-id ranges in order (``line_start``/``line_end`` in the
-manifest), so the shard of an id is found by binary search without opening any file. Token
-payloads are decoded lazily, one shard at a time, into flat numpy arrays (values + offsets) and
-cached; :meth:`ShardSet.lengths` reads only the small length columns.
+A split's shards hold contiguous line-id ranges in order, so the shard of an id is found by binary search
+without opening any file; a shard's tokens are decoded on first use into flat numpy arrays and kept.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +26,7 @@ _COLUMNS = ("id", "src", "tgt", "src_len", "tgt_len")
 
 
 def read_manifest(shards_dir: str | Path) -> dict:
-    """Parse ``<shards_dir>/manifest.json``.
-
-    Raises:
-        DataError: missing, not JSON, or without the keys the reader needs.
-    """
+    """Parse ``<shards_dir>/manifest.json``; a DataError when it is missing, not JSON or lacks the keys read."""
     path = Path(shards_dir) / "manifest.json"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
@@ -48,8 +41,7 @@ def read_manifest(shards_dir: str | Path) -> dict:
 
 
 def _check_types(table: pa.Table, path: Path) -> None:
-    """Refuse columns of another type than the encode stage writes (``id`` integers, ``src``/``tgt`` lists of
-    unsigned integers)."""
+    """Refuse columns of another type than the encode stage writes."""
     for name in table.column_names:
         kind = table.schema.field(name).type
         ok = (pa.types.is_integer(kind) if name in ("id", "src_len", "tgt_len")
@@ -81,19 +73,13 @@ def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class ShardSet:
-    """The shards of one split (``train``, ``valid`` or ``test``).
-
-    Args:
-        shards_dir: the encode stage's output directory (holding ``manifest.json``).
-        split: which split to read.
-        max_cached_shards: keep at most this many decoded shards (least recently used first out);
-            None caches every shard touched by :meth:`fetch`.
+    """The shards of one split (``train``, ``valid`` or ``test``) of the encode stage's folder ``shards_dir``.
 
     Raises:
         DataError: a missing/corrupt manifest or an unknown split.
     """
 
-    def __init__(self, shards_dir: str | Path, split: str, *, max_cached_shards: int | None = None) -> None:
+    def __init__(self, shards_dir: str | Path, split: str) -> None:
         self.root = Path(shards_dir)
         self.split = split
         self.manifest = read_manifest(self.root)
@@ -104,8 +90,7 @@ class ShardSet:
         self._shards = self._info["shards"]
         self._starts = np.array([s["line_start"] for s in self._shards], dtype=np.int64)
         self._ends = np.array([s["line_end"] for s in self._shards], dtype=np.int64)
-        self._cache: OrderedDict[int, _Shard] = OrderedDict()
-        self._max_cached = max_cached_shards
+        self._cache: dict[int, _Shard] = {}
         self._lengths: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
@@ -143,14 +128,9 @@ class ShardSet:
         return _Shard(table.column("id").to_numpy(), src, src_off, tgt, tgt_off)
 
     def _shard(self, k: int) -> _Shard:
-        shard = self._cache.get(k)
-        if shard is None:
-            shard = self._cache[k] = self._decode(k)
-            if self._max_cached is not None and len(self._cache) > self._max_cached:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(k)
-        return shard
+        if k not in self._cache:
+            self._cache[k] = self._decode(k)
+        return self._cache[k]
 
     def lengths(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ids [n] int64, src_len [n] int32, tgt_len [n] int32) of every row, in id order (no EOS)."""
@@ -195,11 +175,7 @@ class ShardSet:
                 yield (row_id, *shard.row(i))
 
     def check_spm(self, spm_model: str | Path) -> None:
-        """Refuse shards encoded with another BPE model.
-
-        Raises:
-            DataError: naming both sha256 values and the remedy.
-        """
+        """Refuse shards encoded with another BPE model (a DataError naming both sha256 values)."""
         actual = sha256_file(spm_model)
         expected = self.manifest["spm_sha256"]
         if actual != expected:
@@ -207,12 +183,10 @@ class ShardSet:
                             f"{spm_model} has sha256 {actual}; {_REMEDY} (or `dvc repro` to rebuild both)")
 
     def verify(self) -> None:
-        """Check every shard file of this split against the sha256 recorded in the manifest (the whole split is
-        read once: about a second per GB).
+        """Check every shard file of this split against its sha256 in the manifest (about a second per GB).
 
         Raises:
-            DataError: one line naming the first shard that is missing, changed since encode (rewritten ids,
-                emptied targets, zeroed bytes) or has no recorded sha256, how many others are, and the remedy.
+            DataError: naming the first shard that is missing, changed since encode or has no recorded sha256.
         """
         manifest = self.root / "manifest.json"
         problems = []
