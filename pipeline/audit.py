@@ -1,34 +1,10 @@
-"""Stage ``audit``: this run beside the paper's base model, item by item, with its lineage.
+"""Stage ``audit``: this run beside the paper's base model, item by item, with its lineage (README, "Tracking,
+registry and audit", says what it holds).
 
-Writes ``<paths.reports>/audit.md`` (for people) and ``audit.json`` (the same content, sorted keys,
-no timestamps beyond those in the inputs). audit.md opens with a summary that fits one screen
-(:mod:`pipeline.auditing.summary`): the test BLEU beside the reference that fits the test set (the paper's 27.3
-on WMT14 newstest2014; none on Multi30k, where no comparable published figure exists), the counts, the
-warnings, and the deviations, one line per topic ranked by expected effect on BLEU
-(:mod:`pipeline.auditing.ranking`); each deviation appears once, the detail tables after it hold the rest.
-Items are of three kinds, counted apart: the paper's (they cite it), the reference implementations' (where
-the paper is silent) and run checks (averaging, replay, lineage). Every item gets a verdict: ``matches``,
-``deviates`` (the deviation named, e.g. ``model.pre_norm = true (paper: post-norm)``), ``not measured``
-(its input does not exist yet: the audit never needs the whole pipeline to have run),
-``informational`` (context without a paper verdict, e.g. the world size) or ``warning`` (e.g. the
-newest checkpoint beats the averaged model on valid). A file that exists but is malformed is an
-error naming it.
-
-Verdicts compare with the paper: its settings (:mod:`pipeline.auditing.settings`, with tensor2tensor or
-fairseq named where the paper is silent) and what the run measured (tokens per step, averaging span,
-dev-set BLEU and perplexity: :mod:`pipeline.auditing.run_items`, :mod:`pipeline.auditing.dev_items`),
-never with ``profiles/paper.yaml``, whose differences from params are listed for information only.
-
-Inputs: params.yaml, ``profiles/paper.yaml`` (to list every key a profile changes), the stages'
-details JSON, the raw and shards manifests, the newest checkpoint's ``state.json``,
-``averaged.pt`` (parameter count), ``dvc.lock`` (read, not a dependency: DVC rewrites it when this
-stage runs) and git. The paper's figures live in :mod:`pipeline.auditing.paper` with their sources.
-The replay items (:mod:`pipeline.auditing.replay`) also read the hypothesis files, the valid/test
-references and the previous ``audit.json``.
-
-The stage logs itself as MLflow child run ``audit`` (both reports as artifacts, the verdict counts,
-parameter count and test BLEU as metrics); that run id goes to ``<paths.metrics>/audit.details.json``,
-never into the report, which stays a function of its inputs.
+Writes ``<paths.reports>/audit.md`` (for people: :mod:`pipeline.auditing.render`) and ``audit.json`` (the
+same content, a function of the inputs only: :mod:`pipeline.auditing.report`); the stage's MLflow run gets
+both as artifacts and the verdict counts as metrics. A missing input makes its items "not measured"; a
+malformed one is an error naming it.
 """
 
 from __future__ import annotations
@@ -51,23 +27,14 @@ log = logging.getLogger(__name__)
 
 def stage(params: Params, *, params_file: str | Path, lock_file: str | Path, root: str | Path,
           md_path: str | Path, json_path: str | Path) -> dict[str, Any]:
-    """Write the replication audit (``audit.md`` and ``audit.json``, both atomically) and log it to MLflow.
+    """Write the audit of ``params`` (loaded from ``params_file``; its ``paths`` relative to ``root``) to ``md_path``
+    and ``json_path`` atomically and log it to MLflow.
 
-    Args:
-        params: the loaded params (``paths`` says where every input lives, relative to ``root``); they
-            are compared with the paper and the params dvc.lock recorded (and listed beside
-            profiles/paper.yaml, for information).
-        params_file: the params.yaml they were loaded from (its sha256 goes into the lineage).
-        lock_file: ``dvc.lock`` (optional: without it lineage is "not measured").
-        root: the workspace the ``paths`` are relative to (git is asked there).
-        md_path: ``audit.md``. json_path: ``audit.json`` (an existing one is the previous audit the
-            replay compares with before it is replaced).
+    ``lock_file`` (dvc.lock) may be missing: lineage is then "not measured". An existing ``json_path`` is the
+    previous audit the replay compares with.
 
     Returns:
-        The stage's record (:func:`pipeline.auditing.report.tracking_metrics`): the paper items' verdict counts
-        (``matches``, ``deviates``, ``not_measured``), the reference and check counts, ``warnings``,
-        ``deviation_topics``, parameter count and test BLEU, and the report's path and sha256 (the audit itself is
-        in ``json_path``).
+        :func:`pipeline.auditing.report.tracking_metrics` of the audit, and the report's path and sha256.
 
     Raises:
         PipelineError: an input exists but is malformed (names the file).

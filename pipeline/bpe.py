@@ -1,11 +1,8 @@
 """Stage ``bpe``: a joint SentencePiece BPE model over the cleaned training text (EN and DE).
 
-The model is trained on a seeded sample of at most ``bpe.input_sentence_size`` sentences
-(:mod:`pipeline.data.sample`, not SentencePiece's) streamed to SentencePiece in file order through its
-``sentence_iterator``, so the same cleaned text and seed give the same ``spm.model`` bytes.
-Ids are fixed: pad=0, unk=1, bos=2, eos=3.
-SentencePiece's own normalisation is ``identity``: the text is already normalised by ``clean``
-(NFC), and decoding must give back exactly the cleaned text.
+It learns from a seeded sample of at most ``bpe.input_sentence_size`` sentences (:mod:`pipeline.data.sample`)
+streamed in file order, so the same text and seed give the same ``spm.model`` bytes. SentencePiece's own
+normalisation is ``identity``: clean already normalised the text, and decoding must give it back exactly.
 """
 
 from __future__ import annotations
@@ -32,11 +29,8 @@ SPECIAL_PIECES = {"pad_piece": "<pad>", "unk_piece": "<unk>", "bos_piece": "<s>"
 
 
 def train_model(sample: Path | Iterable[str], model_prefix: Path, cfg: BpeConfig, num_threads: int) -> None:
-    """Train SentencePiece BPE on every sentence of ``sample``; writes ``<prefix>.model``/``.vocab``.
-
-    Args:
-        sample: a text file (one sentence a line) or the sentences themselves, in training order.
-    """
+    """Train SentencePiece BPE on every sentence of ``sample`` (a text file or the sentences, in order); writes
+    ``<prefix>.model`` and ``.vocab``."""
     import sentencepiece as spm
 
     source = {"input": str(sample)} if isinstance(sample, Path) else {"sentence_iterator": iter(sample)}
@@ -58,12 +52,8 @@ def train_model(sample: Path | Iterable[str], model_prefix: Path, cfg: BpeConfig
 
 
 def _canonicalise(model_file: Path) -> None:
-    """Rewrite the machine-dependent trainer fields SentencePiece records inside the model.
-
-    The model proto stores the input path, the output prefix and the thread count; the pieces
-    and scores do not depend on them (checked: 1 and N threads give the same pieces), so they
-    are replaced by constants and the same text gives the same bytes on any machine.
-    """
+    """Replace the input path, output prefix and thread count SentencePiece records in the model by constants (the
+    pieces do not depend on them), so the same text gives the same bytes on any machine."""
     from sentencepiece import sentencepiece_model_pb2 as pb
 
     proto = pb.ModelProto()
@@ -75,10 +65,8 @@ def _canonicalise(model_file: Path) -> None:
 
 
 def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path) -> dict:
-    """Run the bpe stage: ``<clean_dir>/train.{en,de}`` → ``<bpe_dir>/spm.{model,vocab}``.
-
-    Returns:
-        The sample's sentence count, the vocabulary size and the model's sha256.
+    """Run the bpe stage: ``<clean_dir>/train.{en,de}`` → ``<bpe_dir>/spm.{model,vocab}``; return the sample's
+    sentence count, the vocabulary size and the model's sha256.
 
     Raises:
         DataError: missing cleaned text, an empty training set, invalid UTF-8 or a NUL byte (file:line),

@@ -1,10 +1,5 @@
-"""Stage ``clean``: normalise every split, filter training pairs.
-
-Reads ``<raw>/{train,valid,test}.{en,de}`` and writes ``<clean>/{train,valid,test}.{en,de}`` plus
-``<metrics>/clean.json``. Every line of every split goes through :func:`pipeline.data.normalize.normalize`;
-only training pairs are filtered (:mod:`pipeline.data.filters`), so valid and test keep their line counts.
-The work runs in blocks in ``NMT_DATA_WORKERS`` processes (default ``os.cpu_count()``); the output bytes do
-not depend on their number.
+"""Stage ``clean``: ``<raw>/{train,valid,test}.{en,de}`` normalised into ``<clean>/``, training pairs filtered
+(:mod:`pipeline.data.filters`), in ``NMT_DATA_WORKERS`` processes whose number does not change the bytes.
 """
 
 from __future__ import annotations
@@ -38,11 +33,8 @@ def _check_raw(raw_dir: Path, split: str) -> None:
 
 
 def stage(cfg: CleanConfig, *, raw_dir: str | Path, clean_dir: str | Path) -> dict:
-    """Run the clean stage: ``raw_dir`` → ``clean_dir`` (atomically).
-
-    Returns:
-        Per split ``pairs_in`` and ``pairs_out``; for train the pairs ``dropped`` per rule, else the ``blank``
-        pairs kept.
+    """Run the clean stage: ``raw_dir`` → ``clean_dir`` (atomically); per split the counts of
+    :func:`pipeline.data.filters.clean_split`.
 
     Raises:
         DataError: a missing, empty or misaligned raw file, invalid UTF-8 or a NUL byte (file:line),

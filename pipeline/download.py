@@ -1,10 +1,7 @@
 """Stage ``download``: fetch a dataset's parallel text into ``<paths.raw>/{train,valid,test}.{en,de}``.
 
-Each source file comes from ``NMT_DATA_MIRROR`` when it is set, else from its upstream URL through the
-download cache (:mod:`pipeline.data.locate`); the split files and ``manifest.json`` depend only on the files'
-bytes (:mod:`pipeline.data.raw`), so a mirror run and a network run are byte-identical. The whole raw
-folder is built under a temporary sibling and renamed into place: a failure leaves the previous outputs
-(or nothing) behind.
+Each source file comes from ``NMT_DATA_MIRROR`` or its upstream URL (:mod:`pipeline.data.locate`); the outputs
+depend only on the files' bytes (:mod:`pipeline.data.raw`), so a mirror run and a network run are identical.
 """
 
 from __future__ import annotations
@@ -28,12 +25,7 @@ log = logging.getLogger(__name__)
 
 
 def stage(cfg: DownloadConfig, *, raw_dir: Path, sources: DatasetSpec | None = None) -> dict:
-    """Download ``cfg.dataset`` (or ``sources``) into ``raw_dir``.
-
-    Args:
-        cfg: the ``download`` section (dataset, retries, timeout, sha256 pins).
-        raw_dir: output folder: ``{train,valid,test}.{en,de}`` and ``manifest.json``.
-        sources: the dataset table; default :func:`pipeline.data.sources.dataset_spec` of ``cfg.dataset``.
+    """Download ``cfg.dataset`` (or the table ``sources``) into ``raw_dir``, replaced whole.
 
     Returns:
         The dataset, pairs per split, where each file came from, and the archives' sizes and sha256s.

@@ -1,11 +1,5 @@
-"""Stage ``encode``: cleaned text → BPE ids in Parquet shards plus ``manifest.json``.
-
-Each split's clean files are cut into shards of ``encode.shard_rows`` consecutive lines, each encoded by one
-worker task (:mod:`pipeline.data.sharding`); training pairs longer than ``encode.max_len`` tokens are dropped
-and counted. The whole shards directory is built under a temporary sibling and renamed into place; reruns
-give byte-identical files. :mod:`pipeline.data.shards` reads them.
-
-Environment: ``NMT_DATA_WORKERS`` (processes; default ``os.cpu_count()``), read by :mod:`pipeline.data.workers`.
+"""Stage ``encode``: cleaned text → BPE ids in Parquet shards plus ``manifest.json``, written by
+:mod:`pipeline.data.sharding` in ``NMT_DATA_WORKERS`` processes and read by :mod:`pipeline.data.shards`.
 """
 
 from __future__ import annotations
@@ -29,10 +23,8 @@ log = logging.getLogger(__name__)
 
 
 def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shards_dir: str | Path) -> dict:
-    """Run the encode stage: clean text + ``spm.model`` → ``shards_dir`` (atomically).
-
-    Returns:
-        Per split the manifest's rows and token counts; the workers, vocabulary size and pairs/s.
+    """Run the encode stage: clean text + ``spm.model`` → ``shards_dir`` (atomically); return per split the manifest's
+    rows and token counts, and the workers, vocabulary size and pairs/s.
 
     Raises:
         DataError: missing inputs, empty, misaligned or invalid clean files (bad UTF-8, NUL bytes),

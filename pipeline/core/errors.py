@@ -8,15 +8,8 @@ class PipelineError(Exception):
 
 
 class ConfigError(PipelineError):
-    """params.yaml (or an overrides file) has unknown, missing or mistyped keys.
-
-    Args:
-        source: the file that was read.
-        problems: one line per bad key, each naming the dotted key.
-
-    One problem is one line (``params.yaml: train.max_tokens: ...``); several are a count followed by
-    one line each.
-    """
+    """A settings file (or the environment, ``source``) with bad keys: one line per problem, each naming its key;
+    several are a count followed by one line each."""
 
     def __init__(self, source: str, problems: list[str]) -> None:
         self.source = source

@@ -1,12 +1,9 @@
 """The pipeline's stages, in order: the one table the stage CLIs, ``nmt run``, the Prefect flow and the
-audit read (``dvc.yaml`` is checked against it by a test).
+audit read (a test checks ``dvc.yaml`` against it).
 
-Each stage writes ``<paths.metrics>/<stage>.details.json``, a plain output with everything it reported:
-strings, lists, signatures, hashes, its timing and its MLflow run id. The stages whose numbers a user
-compares across runs (a non-empty ``metrics`` in the table: train, evaluate) also write ``<stage>.json``,
-the few numbers ``dvc.yaml`` declares as DVC metrics. ``dvc metrics show`` prints one column per distinct
-key over all those files, so the keys are few, short, and never timings (a timing differs on every run,
-so every ``dvc metrics diff`` would show a change).
+Each stage writes ``<paths.metrics>/<stage>.details.json`` with everything it reported. Train and evaluate
+also write ``<stage>.json``, the few numbers ``dvc.yaml`` declares as DVC metrics: never timings, which
+would make every ``dvc metrics diff`` show a change.
 """
 
 from __future__ import annotations
@@ -25,25 +22,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Stage:
-    """One DVC stage.
+    """One DVC stage."""
 
-    Attributes:
-        name: the DVC stage and its MLflow run name.
-        module: what ``dvc.yaml`` runs (``python -m <module>``).
-        sections: the params.yaml sections its MLflow run logs as params.
-        summary: one line for ``--help`` and reports.
-        lazy_run: open the MLflow run on first use, not at the start: train first finds the run it
-            continues in its checkpoint; register logs only a model it has not registered yet.
-        metrics: the dotted keys of its record that ``<stage>.json`` holds (``valid.bleu`` is
-            ``record["valid"]["bleu"]``); empty: the stage writes no ``<stage>.json``.
-    """
-
-    name: str
-    module: str
-    sections: tuple[str, ...]
-    summary: str
+    name: str  # the DVC stage and its MLflow run name
+    module: str  # what dvc.yaml runs (python -m <module>)
+    sections: tuple[str, ...]  # the params.yaml sections its MLflow run logs as params
+    summary: str  # one line for --help and reports
+    # Open the MLflow run on first use: train first finds the run it continues in its checkpoint, register
+    # logs only a model it has not registered yet.
     lazy_run: bool = False
-    metrics: tuple[str, ...] = ()
+    metrics: tuple[str, ...] = ()  # dotted keys of its record that <stage>.json holds (none: no such file)
 
 
 STAGES: tuple[Stage, ...] = (
@@ -64,11 +52,7 @@ NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
 
 
 def get(name: str) -> Stage:
-    """The stage called ``name``.
-
-    Raises:
-        PipelineError: no such stage (the known ones are listed).
-    """
+    """The stage called ``name`` (a PipelineError listing the known ones if none)."""
     for stage in STAGES:
         if stage.name == name:
             return stage
@@ -86,12 +70,8 @@ def details_file(metrics_dir: str | Path, name: str) -> Path:
 
 
 def summary(name: str, record: dict[str, Any]) -> dict[str, Any] | None:
-    """What ``<name>.json`` holds: the stage's ``metrics`` keys of ``record``, nested as in ``record``.
-
-    Returns:
-        None for a stage without ``metrics`` (it writes no ``<name>.json``). A key the record lacks
-        is left out with a warning: the stage's outputs are kept, its metrics file names what is missing.
-    """
+    """What ``<name>.json`` holds: the stage's ``metrics`` keys of ``record``, nested as in ``record`` (a key it lacks
+    left out with a warning); None for a stage without ``metrics``."""
     keys = get(name).metrics
     if not keys:
         return None

@@ -20,8 +20,7 @@ from pipeline.core.yamlfile import load_yaml
 from pipeline.project.workspace import exclusive_run
 
 BASE = "paper"
-# While a profile run has params.yaml rewritten, the bytes it replaced wait here (or the ABSENT marker when
-# there was no params.yaml), so that a run killed before it could restore them is undone by the next run.
+# The params.yaml bytes a profile run replaced (ABSENT: there was none), so the next run undoes a killed one.
 SAVED = Path(".dvc") / "tmp" / "nmt-params.yaml.saved"
 ABSENT = Path(".dvc") / "tmp" / "nmt-params.yaml.absent"
 log = logging.getLogger(__name__)
@@ -44,7 +43,7 @@ def profile_names(root: str | Path = ".") -> list[str]:
 
 
 def describe(path: str | Path) -> str:
-    """A profile's one-line description: its first comment line, without ``#`` (empty when it has none)."""
+    """A profile's one-line description: its first comment line, without ``#``."""
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         if line.startswith("#"):
             return line.lstrip("#").strip()
@@ -52,7 +51,7 @@ def describe(path: str | Path) -> str:
 
 
 def active_profile(root: str | Path = ".") -> str | None:
-    """The ``profile:`` value of ``<root>/params.yaml``; None when the file is missing, does not load or has none."""
+    """The ``profile:`` value of ``<root>/params.yaml``, if it has one."""
     try:
         data = load_yaml(Path(root) / "params.yaml")
     except (OSError, ConfigError):
@@ -114,10 +113,8 @@ def _keep_edits(target: Path, root: Path) -> None:
 
 
 def write_profile(name: str, root: str | Path = ".", target: str | Path | None = None) -> Path:
-    """Write profile ``name`` as ``params.yaml``; a hand-edited file is first kept as ``params.yaml.<time>.bak``.
-
-    Holds the workspace lock (:mod:`pipeline.project.workspace`) while it writes, so a running pipeline's
-    params.yaml is never switched under it, and first undoes a killed profile run (:func:`restore_params`).
+    """Write profile ``name`` as ``params.yaml`` under the workspace lock (a hand-edited file is first kept as
+    ``params.yaml.<time>.bak``, a killed profile run undone).
 
     Raises:
         ConfigError: no such profile, or it does not validate (nothing is written then).
@@ -135,12 +132,8 @@ def write_profile(name: str, root: str | Path = ".", target: str | Path | None =
 
 
 def restore_params(root: str | Path = ".", logger: logging.Logger | logging.LoggerAdapter | None = None) -> bool:
-    """Put back the params.yaml a profile run replaced (:func:`profile_run`); False when there is nothing to undo.
-
-    Also undoes a run that was killed (SIGKILL) before it could restore: call it while holding the
-    workspace lock (:mod:`pipeline.project.workspace`), before anything reads params.yaml. Logs one line on
-    ``logger`` (default: this module's) when it restored something.
-    """
+    """Put back the params.yaml a (possibly killed) profile run replaced; False when there is nothing to undo. Call it
+    under the workspace lock, before anything reads params.yaml."""
     root = Path(root)
     target, saved, absent = root / "params.yaml", root / SAVED, root / ABSENT
     if saved.is_file():
@@ -159,11 +152,8 @@ def restore_params(root: str | Path = ".", logger: logging.Logger | logging.Logg
 @contextmanager
 def profile_run(name: str, root: str | Path = ".",
                 logger: logging.Logger | logging.LoggerAdapter | None = None) -> Iterator[Path]:
-    """``params.yaml`` holds profile ``name`` for the ``with`` block; its previous bytes come back after it.
-
-    The previous bytes are restored exactly in every ending that runs Python code (success, an
-    exception, Ctrl-C, Prefect's SIGTERM bridge); after a SIGKILL the next :func:`restore_params`
-    restores them. Hold the workspace lock around it. ``nmt profile NAME`` is the persistent switch.
+    """``params.yaml`` holds profile ``name`` for the ``with`` block (under the workspace lock); its previous bytes
+    come back after it, or after a SIGKILL at the next :func:`restore_params`.
 
     Raises:
         ConfigError: no such profile, or it does not validate (nothing is written then).
