@@ -10,11 +10,11 @@ iterator's whole state is ``(epoch, position in the epoch)``, which is what a ch
 
 from __future__ import annotations
 
-import contextlib
+import collections
+import concurrent.futures as cf
+import itertools
 import logging
-import queue
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,19 +140,18 @@ def epoch_order(n_batches: int, seed: int, epoch: int) -> np.ndarray:
 def epoch_steps(plan: Sequence[GlobalBatch], fetch, *, seed: int, epoch: int, start: int, rank: int,
                 world_size: int, max_tokens: int, pin: bool = False, **ids) -> Iterator[list[Batch]]:
     """This rank's :class:`Batch` es for each step of ``epoch`` from position ``start``, one list per step (empty
-    when the batch has fewer pairs than ranks), built ahead by a :class:`Prefetcher` from ``fetch``
+    when the batch has fewer pairs than ranks), built ahead by :func:`prefetch` from ``fetch``
     (``ShardSet.fetch``); ``ids`` are :func:`collate`'s."""
     order = epoch_order(len(plan), seed, epoch)
     passes = [forward_passes(plan[order[p]], rank=rank, world_size=world_size, max_tokens=max_tokens)
               for p in range(start, len(plan))]
     jobs = [((p, f), chunk) for p, chunks in zip(range(start, len(plan)), passes) for f, chunk in enumerate(chunks)]
-    pre = Prefetcher(fetch, jobs, pin=pin, **ids)
+    items = prefetch(fetch, jobs, pin=pin, **ids)
     try:
-        items = iter(pre)
         for chunks in passes:
             yield [next(items) for _ in chunks]
     finally:
-        pre.close()
+        items.close()
 
 
 @dataclass
@@ -192,40 +191,22 @@ def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, pad_id: int, bos_
     return Batch(*tensors, n_tokens=n_tokens, index=index, forward=forward)
 
 
-class Prefetcher:
-    """Builds the :class:`Batch` es of ``jobs`` (``((epoch position, forward pass), ids)``, in the order they are
-    consumed) in a background thread, ``depth`` ahead, from ``fetch`` (``ShardSet.fetch``)."""
+def prefetch(fetch, jobs: Iterable[tuple[tuple[int, int], np.ndarray]], *, depth: int = 2,
+             **collate_kw) -> Iterator[Batch]:
+    """The :class:`Batch` es of ``jobs`` (``((epoch position, forward pass), ids)``) in order, each built from
+    ``fetch`` (``ShardSet.fetch``) in a background thread up to ``depth`` ahead of its use."""
+    def build(job: tuple[tuple[int, int], np.ndarray]) -> Batch:
+        (position, forward), ids = job
+        return collate(fetch(ids), index=position, forward=forward, **collate_kw)
 
-    def __init__(self, fetch, jobs: Sequence[tuple[tuple[int, int], np.ndarray]], *, depth: int = 2,
-                 **collate_kw) -> None:
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._n = len(jobs)
-        self._thread = threading.Thread(target=self._work, args=(fetch, list(jobs), collate_kw), daemon=True,
-                                        name="batch-prefetch")
-        self._thread.start()
-
-    def _work(self, fetch, jobs, collate_kw) -> None:
+    with cf.ThreadPoolExecutor(1, thread_name_prefix="batch-prefetch") as pool:
+        todo = iter(jobs)
+        ahead = collections.deque(pool.submit(build, job) for job in itertools.islice(todo, depth))
         try:
-            for (position, forward), ids in jobs:
-                item = collate(fetch(ids), index=position, forward=forward, **collate_kw)
-                while not self._stop.is_set():
-                    with contextlib.suppress(queue.Full):
-                        self._queue.put(item, timeout=0.1)
-                        break
-                if self._stop.is_set():
-                    return
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, re-raised there
-            self._queue.put(exc)
-
-    def __iter__(self) -> Iterator[Batch]:
-        for _ in range(self._n):
-            item = self._queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def close(self) -> None:
-        """Stop the worker thread (safe to call twice)."""
-        self._stop.set()
-        self._thread.join(timeout=5)
+            while ahead:
+                batch = ahead.popleft().result()
+                ahead.extend(pool.submit(build, job) for job in itertools.islice(todo, 1))
+                yield batch
+        finally:
+            for future in ahead:
+                future.cancel()

@@ -30,38 +30,27 @@ _PERMANENT_REQUEST_ERRORS = (requests.exceptions.InvalidURL, requests.exceptions
 
 @dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
-    """How hard to try: ``retries`` failed attempts in a row after the first, backoff doubling."""
+    """How hard to try: ``retries`` failed attempts in a row after the first, the delay doubling up to a minute."""
 
     retries: int = 5
     timeout_s: float = 60.0
     backoff_s: float = 1.0
-    max_backoff_s: float = 60.0
 
     def delay(self, failures: int) -> float:
         """Seconds to wait after the ``failures``-th failure in a row (1-based)."""
-        return min(self.max_backoff_s, self.backoff_s * 2 ** (failures - 1))
+        return min(60.0, self.backoff_s * 2 ** (failures - 1))
 
 
 class NotFound(DownloadError):
     """The server answered 404/410."""
 
-    def __init__(self, url: str, status: int) -> None:
-        super().__init__(f"{url}: HTTP {status} (not found); check the URL or the mirror's layout")
-
 
 class Unreachable(DownloadError):
     """Every attempt failed with a transient error."""
 
-    def __init__(self, url: str, attempts: int, last: str) -> None:
-        super().__init__(f"{url}: could not download after {attempts} attempt(s): {last}")
-
 
 class HostNotFound(DownloadError):
     """The host has no address (DNS lookup failed)."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(f"{url}: host {urlsplit(url).hostname!r} not found (DNS lookup failed); check the "
-                         "host name and the network")
 
 
 class _Transient(Exception):
@@ -128,7 +117,7 @@ def _open(session: requests.Session, url: str, part: Path, timeout: float) -> tu
     status = resp.status_code
     if status in (404, 410):
         resp.close()
-        raise NotFound(url, status)
+        raise NotFound(f"{url}: HTTP {status} (not found); check the URL or the mirror's layout")
     if status == 416:  # our range starts at or past the end: complete already, or a stale part
         _, total = _content_range(resp.headers.get("Content-Range"))
         resp.close()
@@ -173,7 +162,8 @@ def _attempt(session: requests.Session, url: str, part: Path, timeout: float, la
         raise DownloadError(f"{url}: not a valid URL ({exc})") from None
     except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
         if _name_not_resolved(exc):
-            raise HostNotFound(url) from None
+            raise HostNotFound(f"{url}: host {urlsplit(url).hostname!r} not found (DNS lookup failed); check the "
+                               "host name and the network") from None
         raise _Transient(f"{type(exc).__name__}: {exc}") from None
     if offset < 0:
         return
@@ -217,7 +207,7 @@ def fetch_url(url: str, dest: Path, *, policy: RetryPolicy, session: requests.Se
                 now = part.stat().st_size if part.exists() else 0
                 failures = 0 if now > before else failures + 1
                 if failures > policy.retries:
-                    raise Unreachable(url, attempts, str(exc)) from None
+                    raise Unreachable(f"{url}: could not download after {attempts} attempt(s): {exc}") from None
                 delay = policy.delay(max(failures, 1))
                 log.warning("%s: %s; retrying in %.2g s (%d/%d failures in a row, %d bytes kept)", url, exc,
                             delay, failures, policy.retries, now)
