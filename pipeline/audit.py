@@ -1,11 +1,5 @@
 """Stage ``audit``: this run beside the paper's base model, item by item, with its lineage (README, "Tracking,
-registry and audit", says what it holds).
-
-Writes ``<paths.reports>/audit.md`` (for people: :mod:`pipeline.auditing.render`) and ``audit.json`` (the
-same content, a function of the inputs only: :mod:`pipeline.auditing.report`); the stage's MLflow run gets
-both as artifacts and the verdict counts as metrics. A missing input makes its items "not measured"; a
-malformed one is an error naming it.
-"""
+registry and audit"), as ``<paths.reports>/audit.md`` and ``audit.json``, a function of the inputs only."""
 
 from __future__ import annotations
 

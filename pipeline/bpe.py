@@ -1,13 +1,8 @@
-"""Stage ``bpe``: a joint SentencePiece BPE model over the cleaned training text (EN and DE).
-
-It learns from a seeded sample of at most ``bpe.input_sentence_size`` sentences (:mod:`pipeline.data.sample`)
-streamed in file order, so the same text and seed give the same ``spm.model`` bytes. SentencePiece's own
-normalisation is ``identity``: clean already normalised the text, and decoding must give it back exactly.
-"""
+"""Stage ``bpe``: a joint SentencePiece BPE model over the cleaned training text (EN and DE), learnt from a seeded
+sample streamed in file order (:mod:`pipeline.data.sample`), so the same text and seed give the same bytes."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -17,7 +12,7 @@ from pathlib import Path
 
 from model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from pipeline.core import tracking
-from pipeline.core.config import BpeConfig, Params
+from pipeline.core.config import BpeConfig
 from pipeline.core.errors import DataError
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, sha256_file
@@ -39,10 +34,9 @@ def train_model(sample: Path | Iterable[str], model_prefix: Path, cfg: BpeConfig
             **source, model_prefix=str(model_prefix), model_type="bpe",
             vocab_size=cfg.vocab_size, character_coverage=cfg.character_coverage,
             input_sentence_size=0, shuffle_input_sentence=False,  # the sample is ours, in a fixed order
-            normalization_rule_name="identity", num_threads=num_threads,
-            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, **SPECIAL_PIECES,
-            minloglevel=1,
-        )
+            normalization_rule_name="identity",  # clean normalised the text; decoding must give it back exactly
+            num_threads=num_threads, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, **SPECIAL_PIECES,
+            minloglevel=1)
     except RuntimeError as exc:
         hint = ("lower bpe.vocab_size in params.yaml" if "Vocabulary size" in str(exc)
                 else "check the cleaned training text")
@@ -103,13 +97,10 @@ def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path) -> dict
     return {"sentences": n, "vocab_size": cfg.vocab_size, "spm_sha256": sha256_file(bpe_dir / "spm.model")}
 
 
-def _run(params: Params, args: argparse.Namespace) -> dict:
-    return stage(params.bpe, clean_dir=params.paths.clean, bpe_dir=params.paths.bpe)
-
-
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m pipeline.bpe [--params params.yaml]``."""
-    return stage_main("bpe", _run, argv)
+    return stage_main("bpe", lambda params, _: stage(params.bpe, clean_dir=params.paths.clean,
+                                                     bpe_dir=params.paths.bpe), argv)
 
 
 if __name__ == "__main__":

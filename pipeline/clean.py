@@ -4,12 +4,11 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from pipeline.core import tracking
-from pipeline.core.config import CleanConfig, Params
+from pipeline.core.config import CleanConfig
 from pipeline.core.errors import DataError
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, count_lines
@@ -54,13 +53,10 @@ def stage(cfg: CleanConfig, *, raw_dir: str | Path, clean_dir: str | Path) -> di
     return metrics
 
 
-def _run(params: Params, args: argparse.Namespace) -> dict:
-    return stage(params.clean, raw_dir=params.paths.raw, clean_dir=params.paths.clean)
-
-
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m pipeline.clean [--params params.yaml]``."""
-    return stage_main("clean", _run, argv)
+    return stage_main("clean", lambda params, _: stage(params.clean, raw_dir=params.paths.raw,
+                                                       clean_dir=params.paths.clean), argv)
 
 
 if __name__ == "__main__":

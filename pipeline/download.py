@@ -1,12 +1,8 @@
-"""Stage ``download``: fetch a dataset's parallel text into ``<paths.raw>/{train,valid,test}.{en,de}``.
-
-Each source file comes from ``NMT_DATA_MIRROR`` or its upstream URL (:mod:`pipeline.data.locate`); the outputs
-depend only on the files' bytes (:mod:`pipeline.data.raw`), so a mirror run and a network run are identical.
-"""
+"""Stage ``download``: a dataset's parallel text into ``<paths.raw>/{train,valid,test}.{en,de}``, from
+``NMT_DATA_MIRROR`` or upstream (:mod:`pipeline.data.locate`), the same bytes either way."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -14,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from pipeline.core import tracking
-from pipeline.core.config import DownloadConfig, Params
+from pipeline.core.config import DownloadConfig
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path
 from pipeline.data.locate import FetchEnv, locate, remove_stale_staging
@@ -52,13 +48,9 @@ def stage(cfg: DownloadConfig, *, raw_dir: Path, sources: DatasetSpec | None = N
             "archives": archives}
 
 
-def _run(params: Params, _args: argparse.Namespace) -> dict:
-    return stage(params.download, raw_dir=Path(params.paths.raw))
-
-
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m pipeline.download [--params params.yaml]``."""
-    return stage_main("download", _run, argv)
+    return stage_main("download", lambda params, _: stage(params.download, raw_dir=Path(params.paths.raw)), argv)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -12,7 +11,7 @@ import time
 from pathlib import Path
 
 from pipeline.core import tracking
-from pipeline.core.config import EncodeConfig, Params
+from pipeline.core.config import EncodeConfig
 from pipeline.core.errors import DataError
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, sha256_file, write_text
@@ -58,14 +57,10 @@ def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shar
     return metrics
 
 
-def _run(params: Params, args: argparse.Namespace) -> dict:
-    return stage(params.encode, clean_dir=params.paths.clean, bpe_dir=params.paths.bpe,
-                 shards_dir=params.paths.shards)
-
-
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m pipeline.encode [--params params.yaml]``."""
-    return stage_main("encode", _run, argv)
+    return stage_main("encode", lambda params, _: stage(params.encode, clean_dir=params.paths.clean,
+                                                        bpe_dir=params.paths.bpe, shards_dir=params.paths.shards), argv)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,5 @@
-"""Stage ``evaluate``: decode valid and test with the averaged model and score against the raw references.
-
-Beam size and α are chosen on valid only; test is decoded once with the chosen pair
-(:mod:`pipeline.inference.evaluation`). The newest checkpoint (no averaging) decodes valid at that pair too,
-and both models get the valid perplexity: the paper's Table 3 reports single models, so the audit compares
-``valid_newest`` with it.
-"""
+"""Stage ``evaluate``: decode valid and test with the averaged model (beam and α chosen on valid), and valid with
+the newest checkpoint (the paper's Table 3 reports single models), and score against the raw references."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Optional DVC stage ``export`` (``dvc repro export/dvc.yaml``): the averaged model as a CTranslate2 model folder.
-
-It writes ``<paths.model>-ct2/`` as ``nmt export --format ctranslate2`` does, and opens no MLflow run
-(``register`` ships an export of its own when ``NMT_REGISTER_CTRANSLATE2`` asks for one).
-"""
+"""Optional DVC stage ``export`` (``dvc repro export/dvc.yaml``): the averaged model as a CTranslate2 model folder
+``<paths.model>-ct2/``, as ``nmt export --format ctranslate2`` writes it; no MLflow run."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""params.yaml → one tree of frozen, keyword-only dataclasses, built strictly by :mod:`pipeline.core.strict`.
-
-Each numeric key's range is in :data:`RANGES`, each ``paths.*`` value follows :mod:`pipeline.core.paths`, and
-cross-field rules live in the ``__post_init__`` of their section. The ``model`` section is the network's own
-:class:`model.config.TransformerConfig`; derived values (vocabulary size) are computed, never stored.
-"""
+"""params.yaml → one tree of frozen, keyword-only dataclasses, built strictly by :mod:`pipeline.core.strict`;
+each numeric key's range is in :data:`RANGES`, cross-field rules in the ``__post_init__`` of their section."""
 
 from __future__ import annotations
 

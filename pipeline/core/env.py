@@ -1,8 +1,7 @@
 """Every ``NMT_*`` environment variable the project reads: one typed, documented table (:class:`Settings`).
 
-Machine-dependent settings (process counts, devices, mirrors, caches, test hooks) live in the environment,
-never in params.yaml, so moving between machines never invalidates a DVC stage. Unset or blank means the
-default; :func:`settings` caches per distinct set of ``NMT_*`` values, so a changed variable is seen at once.
+Machine-dependent settings live in the environment, never in params.yaml, so moving between machines never
+invalidates a DVC stage. Unset or blank means the default.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The checkout's commit and what in it differs from the commit: one rule for MLflow's tags and the audit.
-
-A run's own records (``dvc.lock``, ``metrics/``, ``plots/``) never make a checkout dirty, nor does the
-``params.yaml`` a ``--profile`` run writes (its params are then the commit's ``profiles/``).
-"""
+"""The checkout's commit and what in it differs from the commit: one rule for MLflow's tags and the audit, under
+which a run's own records (``dvc.lock``, ``metrics/``, ``plots/``, a ``--profile`` run's params.yaml) are no edits."""
 
 from __future__ import annotations
 

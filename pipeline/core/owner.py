@@ -1,9 +1,5 @@
-"""Which process holds an MLflow run open, and whether it still lives: a run left RUNNING by a SIGKILLed process
-(which runs no code) is ended by the next pipeline run or sweep in the same checkout (:func:`end_orphans`).
-
-A run's owner tag is ``<host>/<pid>/<start>``, ``start`` being the process's start time (field 22 of
-``/proc/<pid>/stat``), so a pid the kernel has since given to another process does not count as the owner.
-"""
+"""Which process holds an MLflow run open (``<host>/<pid>/<start time>``), so that the next pipeline run or sweep
+in the checkout ends a run left RUNNING by a SIGKILLed process, which runs no code (:func:`end_orphans`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """Where outputs may go: the ``paths.*`` layout of a params file, and the output options of commands.
 
 Every stage replaces its output folder whole, so a path naming the wrong folder could cost a user their files.
-A ``paths.*`` value lies inside a git-ignored output folder (:data:`PATH_RULE`), overlaps no other key and no
-other profile's paths (profiles on one dataset share its :data:`SHARED_DATA` folders). :func:`output_problem`
-is the rule for an output a user names on a command line (``nmt export --output``).
 """
 
 from __future__ import annotations

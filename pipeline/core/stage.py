@@ -1,8 +1,7 @@
 """What every stage shares: logging, params loading, the bookkeeping wrapper, one-line errors.
 
 A stage module defines ``stage(cfg, *, paths) -> dict`` (its params section in, its figures out) and
-``main(argv)``, which calls :func:`stage_main`: the one place that opens the stage's MLflow run, logs its
-params, times it, writes its metrics files and turns a known error into one line on stderr and exit code 1.
+``main(argv)``, which calls :func:`stage_main`.
 """
 
 from __future__ import annotations

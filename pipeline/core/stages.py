@@ -1,10 +1,5 @@
-"""The pipeline's stages, in order: the one table the stage CLIs, ``nmt run``, the Prefect flow and the
-audit read (a test checks ``dvc.yaml`` against it).
-
-Each stage writes ``<paths.metrics>/<stage>.details.json`` with everything it reported. Train and evaluate
-also write ``<stage>.json``, the few numbers ``dvc.yaml`` declares as DVC metrics: never timings, which
-would make every ``dvc metrics diff`` show a change.
-"""
+"""The pipeline's stages, in order: the one table the stage CLIs, ``nmt run``, the Prefect flow and the audit
+read (a test checks ``dvc.yaml`` against it), and the ``<stage>.json`` / ``<stage>.details.json`` they write."""
 
 from __future__ import annotations
 

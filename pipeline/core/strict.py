@@ -1,9 +1,5 @@
-"""A frozen dataclass built from a parsed YAML mapping, strictly: one line per bad key, all reported together.
-
-:func:`build` collects every unknown, missing, mistyped or out-of-range key, named by its dotted path, into
-one :class:`~pipeline.core.errors.ConfigError`; a section's ``__post_init__`` (cross-field rules) runs only
-once all its keys are valid. Values are shown bounded (:func:`shown`): a value in a file can be huge.
-"""
+"""A frozen dataclass built from a parsed YAML mapping, strictly: every unknown, missing, mistyped or out-of-range
+key reported together, one line each, values shown bounded (:func:`shown`: a value in a file can be huge)."""
 
 from __future__ import annotations
 

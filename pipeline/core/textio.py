@@ -1,8 +1,7 @@
 """UTF-8 text split on ``\\n`` only, and atomic outputs.
 
-``str.splitlines`` also splits on ``\\r``, U+0085, U+2028/2029 and would misalign parallel EN/DE files, so
-every stage reads lines through :func:`read_lines`. Every output is built beside its place and renamed onto
-it (:func:`atomic_path`), so a crash never leaves half an output that DVC or the next stage could take for one.
+``str.splitlines`` also splits on ``\\r``, U+0085, U+2028/2029 and would misalign parallel EN/DE files. Every
+output is built beside its place and renamed onto it, so a crash never leaves half an output behind.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""MLflow runs, behind one small interface (logged and registered models: :mod:`pipeline.inference.registry`).
-
-``MLFLOW_TRACKING_URI`` (default ``sqlite:///<root>/.mlflow/mlflow.db``) and ``MLFLOW_EXPERIMENT_NAME`` choose the
-store; a stage run is a child of ``MLFLOW_PARENT_RUN_ID`` (flows/parent_run.py) when set. No torch.
-"""
+"""MLflow runs, behind one small interface (models: :mod:`pipeline.inference.registry`). The store is
+``MLFLOW_TRACKING_URI`` (default ``sqlite:///<root>/.mlflow/mlflow.db``); no torch here."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Reading a YAML file that a person writes (params, profiles, sweep specs, prefect.yaml): bounded.
-
-A few kilobytes of nested aliases (``a: &a [1, 1, 1]``, ``b: &b [*a, *a, *a]``, ...) expand into billions of
-items that any traversal walks in full. No YAML file here needs anchors, so :func:`load_yaml` refuses anchors,
-aliases and files over :data:`MAX_BYTES`, in one line naming the file (and line).
-"""
+"""Reading a YAML file that a person writes (params, profiles, sweep specs, prefect.yaml), bounded: a few
+kilobytes of nested aliases expand into billions of items, so anchors, aliases and big files are refused."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Global batches: the pairs of each optimizer step depend on the data, the seed, the epoch and the step only.
 
-The plan (fairseq's ``ordered_indices`` + ``batch_by_size``, the budget counted in non-pad target tokens as in
-the paper's §5.1): seeded ids stable-sorted by length, cut greedily into frozen *global batches* of at most
-``train.tokens_per_step`` target tokens; each epoch shuffles their order with (seed, epoch). Rank ``r`` of
-``W`` takes pairs ``r, r+W, ...`` of a batch and splits them into forward passes of at most ``NMT_MAX_TOKENS``
-padded tokens, so processes and memory decide who computes which pairs, never which pairs a step trains. The
-iterator's whole state is ``(epoch, position in the epoch)``, which is what a checkpoint stores.
+The plan is fairseq's ``ordered_indices`` + ``batch_by_size`` with the budget in target tokens (the paper's
+§5.1); the ranks and ``NMT_MAX_TOKENS`` only decide who computes which pairs in which forward pass.
 """
 
 from __future__ import annotations

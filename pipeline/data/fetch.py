@@ -1,8 +1,5 @@
-"""Getting bytes onto the disk reliably: HTTP with resume (``Range``) and retries with exponential backoff.
-
-A failure that waiting cannot fix (404/410, a host name that does not resolve, an invalid URL) ends the
-download at once; the file is renamed into place only once complete.
-"""
+"""Getting bytes onto the disk reliably: HTTP with resume (``Range``) and retries with exponential backoff; a
+failure that waiting cannot fix (404/410, a host that does not resolve, an invalid URL) ends it at once."""
 
 from __future__ import annotations
 

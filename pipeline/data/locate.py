@@ -1,10 +1,5 @@
-"""Where each source file's bytes come from: a mirror, the download cache or the network.
-
-With ``NMT_DATA_MIRROR`` set, a source file is ``<mirror>/<dataset>/<path>`` (extracted) or is in
-``<mirror>/<dataset>/<archive name>``; a file in neither place is an error naming both (a mirror is never
-silently bypassed). Without a mirror, each comes from its upstream URL through ``NMT_DOWNLOAD_CACHE``.
-Archives are checked against their expected sha256 before any member is extracted.
-"""
+"""Where each source file's bytes come from: ``NMT_DATA_MIRROR`` (extracted, or its archive; a file it lacks is
+an error, never silently downloaded), else the upstream URL through the download cache."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The raw folder (``paths.raw``): each split's source files checked and concatenated into
-``{train,valid,test}.{en,de}``, and ``manifest.json`` recording every file's sha256, size and lines.
-
-Both depend only on the source files' bytes, never on where they were found. The sha256 pins come from
-``download.sha256`` (by file name) and from the previous run's manifest (by ``url|member``).
-"""
+"""The raw folder (``paths.raw``): each split's source files checked and concatenated, and ``manifest.json``
+recording every file's sha256, size and lines; both depend only on the source files' bytes."""
 
 from __future__ import annotations
 

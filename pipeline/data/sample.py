@@ -1,8 +1,5 @@
-"""The bpe stage's training text: a seeded sample of lines, read in file order a block at a time.
-
-The sample is drawn here (not by SentencePiece) and streamed, so it never exists as a list or a file: at the
-paper's sample size a copy would be the whole 1.3 GB corpus. The same files and seed give the same lines.
-"""
+"""The bpe stage's training text: a seeded sample of lines, streamed in file order a block at a time, never a
+list or a file (at the paper's sample size a copy would be the whole 1.3 GB corpus)."""
 
 from __future__ import annotations
 

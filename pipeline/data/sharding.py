@@ -1,10 +1,5 @@
-"""Writing the encode stage's Parquet shards: shard ``k`` of a split holds line ids ``[k, k + 1) * shard_rows``,
-encoded by one worker task with SentencePiece's batched (multi-threaded) ``encode``.
-
-Training pairs longer than ``encode.max_len`` tokens on either side (EOS not counted) are dropped and counted,
-so train ids have gaps; valid and test keep every line. The writer options are fixed (:data:`WRITE_OPTIONS`),
-so reruns give byte-identical files.
-"""
+"""Writing the encode stage's Parquet shards: shard ``k`` of a split holds lines ``[k, k + 1) * shard_rows``
+(training pairs over ``encode.max_len`` dropped), byte-identical on rerun (:data:`WRITE_OPTIONS`)."""
 
 from __future__ import annotations
 

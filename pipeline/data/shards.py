@@ -1,8 +1,5 @@
-"""Reading the encode stage's Parquet shards (:mod:`pipeline.data.sharding` writes them).
-
-A split's shards hold contiguous line-id ranges in order, so the shard of an id is found by binary search
-without opening any file; a shard's tokens are decoded on first use into flat numpy arrays and kept.
-"""
+"""Reading the encode stage's Parquet shards: the shard of an id is found by binary search in the manifest's
+line ranges, and its tokens are decoded on first use into flat numpy arrays."""
 
 from __future__ import annotations
 
@@ -114,11 +111,11 @@ class ShardSet:
             raise DataError(f"{path}: corrupt Parquet shard ({exc}); {_REMEDY}") from None
         if table.num_rows != self._shards[k]["rows"]:
             raise DataError(f"{path}: {table.num_rows} rows, the manifest says {self._shards[k]['rows']}; {_REMEDY}")
+        _check_types(table, path)
         return table
 
     def _decode(self, k: int) -> _Shard:
         table = self._read(k, _COLUMNS)
-        _check_types(table, self._path(k))
         src, src_off = _flat(table.column("src"))
         tgt, tgt_off = _flat(table.column("tgt"))
         for side, tokens in (("src", src), ("tgt", tgt)):
@@ -136,8 +133,6 @@ class ShardSet:
         """(ids [n] int64, src_len [n] int32, tgt_len [n] int32) of every row, in id order (no EOS)."""
         if self._lengths is None:
             parts = [self._read(k, ("id", "src_len", "tgt_len")) for k in range(len(self._shards))]
-            for k, part in enumerate(parts):
-                _check_types(part, self._path(k))
             cols = [[p.column(c).to_numpy() for p in parts] for c in ("id", "src_len", "tgt_len")]
             dtypes = (np.int64, np.int32, np.int32)
             self._lengths = tuple(np.concatenate(c).astype(d, copy=False) if c else np.zeros(0, d)

@@ -1,9 +1,5 @@
-"""The datasets the download stage knows: where each file comes from and how it becomes lines.
-
-A :class:`DatasetSpec` maps each split to its parallel :class:`Corpus` entries, concatenated in order; each
-side of a corpus is a :class:`SourceFile`. SGML test sets are parsed exactly as sacreBLEU 2.x does
-(``FakeSGMLDataset._convert_format``, entities left as they are), so the text equals what sacreBLEU scores.
-"""
+"""The datasets the download stage knows: where each file comes from and how it becomes lines (SGML test sets
+exactly as sacreBLEU 2.x reads them, so the text equals what sacreBLEU scores)."""
 
 from __future__ import annotations
 

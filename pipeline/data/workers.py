@@ -1,10 +1,5 @@
-"""Worker process pools of the data stages (clean, encode): ``NMT_DATA_WORKERS`` forkserver processes.
-
-The forkserver (no fork of a process that may hold tracking threads) listens on a Unix socket at
-``<temp dir>/pymp-XXXXXXXX/listener-XXXXXXXX`` (``multiprocessing.connection.arbitrary_address``), and Linux
-limits a socket path to 107 bytes (unix(7)): a too long ``TMPDIR`` is refused up front, not met as
-"AF_UNIX path too long".
-"""
+"""Worker process pools of the data stages (clean, encode): ``NMT_DATA_WORKERS`` forkserver processes (no fork
+of a process that may hold tracking threads)."""
 
 from __future__ import annotations
 

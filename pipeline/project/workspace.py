@@ -1,9 +1,5 @@
-"""One pipeline run per workspace: a second flow run, or a profile switch, in the same checkout is refused at once.
-
-A second ``dvc`` process fails with "Unable to acquire lock" (which the flow would retry as a failed stage),
-and a second ``--profile`` would rewrite ``params.yaml`` under the first. So the flow and the profile switch
-hold an exclusive ``flock(2)`` on ``.dvc/tmp/nmt-pipeline.lock``, which the kernel drops however the holder dies.
-"""
+"""One pipeline run per workspace: a second flow run or profile switch in the checkout is refused at once (DVC
+would fail it with "Unable to acquire lock", and its ``--profile`` would rewrite params.yaml under the first)."""
 
 from __future__ import annotations
 
