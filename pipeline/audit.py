@@ -22,17 +22,9 @@ log = logging.getLogger(__name__)
 def stage(params: Params, *, params_file: str | Path, lock_file: str | Path, root: str | Path,
           md_path: str | Path, json_path: str | Path) -> dict[str, Any]:
     """Write the audit of ``params`` (loaded from ``params_file``; its ``paths`` relative to ``root``) to ``md_path``
-    and ``json_path`` atomically and log it to MLflow.
-
-    ``lock_file`` (dvc.lock) may be missing: lineage is then "not measured". An existing ``json_path`` is the
-    previous audit the replay compares with.
-
-    Returns:
-        :func:`pipeline.auditing.report.tracking_metrics` of the audit, and the report's path and sha256.
-
-    Raises:
-        PipelineError: an input exists but is malformed (names the file).
-    """
+    and ``json_path`` atomically and log it to MLflow; return its :func:`pipeline.auditing.report.tracking_metrics`
+    and the report's path and sha256. A missing input (``lock_file`` too) is "not measured", a malformed one an
+    error naming it; an existing ``json_path`` is the previous audit the replay compares with."""
     from pipeline.auditing.render import render_markdown
     from pipeline.core import tracking
 

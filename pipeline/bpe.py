@@ -59,13 +59,11 @@ def _canonicalise(model_file: Path) -> None:
 
 
 def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path) -> dict:
-    """Run the bpe stage: ``<clean_dir>/train.{en,de}`` → ``<bpe_dir>/spm.{model,vocab}``; return the sample's
-    sentence count, the vocabulary size and the model's sha256.
+    """Run the bpe stage: ``<clean_dir>/train.{en,de}`` → ``<bpe_dir>/spm.{model,vocab}`` (atomically); return the
+    sample's sentence count, the vocabulary size and the model's sha256.
 
     Raises:
-        DataError: missing cleaned text, an empty training set, invalid UTF-8 or a NUL byte (file:line),
-            or a vocabulary the text cannot fill.
-        OutputError: the disk filled up while writing (the previous ``bpe_dir`` is kept).
+        DataError: missing or empty cleaned text, bad UTF-8 (file:line), or a vocabulary the text cannot fill.
     """
     clean_dir, bpe_dir = Path(clean_dir), Path(bpe_dir)
     files = [clean_dir / "train.en", clean_dir / "train.de"]

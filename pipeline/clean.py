@@ -33,13 +33,7 @@ def _check_raw(raw_dir: Path, split: str) -> None:
 
 def stage(cfg: CleanConfig, *, raw_dir: str | Path, clean_dir: str | Path) -> dict:
     """Run the clean stage: ``raw_dir`` → ``clean_dir`` (atomically); per split the counts of
-    :func:`pipeline.data.filters.clean_split`.
-
-    Raises:
-        DataError: a missing, empty or misaligned raw file, invalid UTF-8 or a NUL byte (file:line),
-            or a training set emptied by the filters (naming the counts per rule and the params to loosen).
-        OutputError: the disk filled up while writing (the previous ``clean_dir`` is kept).
-    """
+    :func:`pipeline.data.filters.clean_split`, whose DataErrors it raises, or one for a bad raw file."""
     raw_dir, clean_dir = Path(raw_dir), Path(clean_dir)
     for split in SPLITS:  # fail before writing anything
         _check_raw(raw_dir, split)

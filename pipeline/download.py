@@ -21,10 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def stage(cfg: DownloadConfig, *, raw_dir: Path, sources: DatasetSpec | None = None) -> dict:
-    """Download ``cfg.dataset`` (or the table ``sources``) into ``raw_dir``, replaced whole.
-
-    Returns:
-        The dataset, pairs per split, where each file came from, and the archives' sizes and sha256s.
+    """Download ``cfg.dataset`` (or the table ``sources``) into ``raw_dir``, replaced whole; return the dataset, pairs
+    per split, where each file came from, and the archives' sizes and sha256s.
 
     Raises:
         DownloadError: unreachable/missing source, corrupt archive, checksum or line-count mismatch.

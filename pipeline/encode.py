@@ -23,13 +23,7 @@ log = logging.getLogger(__name__)
 
 def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shards_dir: str | Path) -> dict:
     """Run the encode stage: clean text + ``spm.model`` → ``shards_dir`` (atomically); return per split the manifest's
-    rows and token counts, and the workers, vocabulary size and pairs/s.
-
-    Raises:
-        DataError: missing inputs, empty, misaligned or invalid clean files (bad UTF-8, NUL bytes),
-            an unreadable BPE model.
-        OutputError: the disk filled up while writing (the previous ``shards_dir`` is kept).
-    """
+    rows and token counts, and the workers, vocabulary size and pairs/s. A bad input is a DataError."""
     clean_dir, shards_dir = Path(clean_dir), Path(shards_dir)
     spm_model = Path(bpe_dir) / "spm.model"
     if not spm_model.is_file():

@@ -56,10 +56,6 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, shards_dir: str | Path,
     Returns:
         Per set every figure and signature (valid also ``nll``/``ppl``), the grid, the chosen beam and α,
         the device, and ``valid_newest``: the newest checkpoint's step, folder, valid figures and perplexity.
-
-    Raises:
-        CheckpointError: unreadable model file or checkpoint, no checkpoint in ``train_dir``.
-        DataError: shards/references/BPE model that disagree.
     """
     refuse_foreign(Path(eval_dir), "eval")  # before the work, not only at the swap
     translator = load_translator(model_file.path_in(model_dir))

@@ -40,15 +40,12 @@ def _record_only(name: str, new: dict[str, Any], decision: str, *, existing: dic
 def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Path,
           bleu_path: str | Path, lock_path: str | Path = "dvc.lock",
           dataset_paths: dict[str, tuple[str, str]] | None = None, root: str | Path = ".") -> dict[str, Any]:
-    """Log and register the averaged model; move ``candidate`` if it wins on valid BLEU.
+    """Log and register the averaged model; move ``candidate`` if it wins on valid BLEU; return the decision record.
 
     Args:
         cfg: the ``evaluate`` section (the served model decodes with its length and batch limits).
         bleu_path: evaluate's ``evaluate.details.json`` (valid/test BLEU, chosen beam and α).
         lock_path: ``dvc.lock``, whose md5s of ``dataset_paths`` (name → (DVC out, MLflow context)) are logged.
-
-    Returns:
-        The decision record: run id, version, decision, p-value and both BLEUs.
 
     Raises:
         CheckpointError, DataError: missing or inconsistent inputs (nothing is logged then).

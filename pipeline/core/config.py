@@ -222,8 +222,7 @@ def _key_problems(cls: type, name: str, value: Any) -> list[tuple[str, str]]:
     if cls is PathsConfig:
         problem = path_problem(value)
         return [("", problem)] if problem else []
-    rng = RANGES.get(cls, {}).get(name)
-    if rng is None:
+    if (rng := RANGES.get(cls, {}).get(name)) is None:
         return []
     items = enumerate(value) if isinstance(value, list) else [(None, value)]
     return [("" if i is None else f"[{i}]", problem) for i, v in items if (problem := rng.problem(v))]
@@ -244,8 +243,7 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except OSError as exc:
         raise ConfigError(str(path), [f"cannot be read ({exc.strerror or exc}); pass a readable file"]) from None
     params = params_from_dict(data or {}, str(path))
-    problems = layout_problems(section_dict(params.paths), path.parent, params.profile)
-    if problems:
+    if problems := layout_problems(section_dict(params.paths), path.parent, params.profile):
         raise ConfigError(str(path), problems)
     return params
 

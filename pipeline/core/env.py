@@ -227,8 +227,7 @@ def _parse(snapshot: tuple[tuple[str, str], ...]) -> Settings:
     problems: list[str] = []
     for f in FIELDS:
         name = f.metadata["env"]
-        raw = raw_values.get(name, "").strip()
-        if not raw:
+        if not (raw := raw_values.get(name, "").strip()):
             continue
         try:
             values[f.name] = f.metadata["parse"].fn(raw)

@@ -72,6 +72,5 @@ def end_orphans(client: Any, experiment_id: str, root: str | Path,
                 logger.info("marked MLflow run %s (%s) KILLED: its process %s ended without closing it", run_id,
                             tags.get("mlflow.runName", "?"), tags[OWNER_TAG])
                 ended.append(run_id)
-        token = page.token
-        if not token:
+        if not (token := page.token):
             return ended

@@ -17,8 +17,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 #: The ``paths.*`` keys whose folder several profiles on one dataset may share (the data stages' outputs).
 SHARED_DATA = ("raw", "clean", "bpe", "shards")
 BASE_PROFILE = "paper"
-#: The git-ignored output folders: every ``paths.*`` value lies strictly inside one of them, so a stage
-#: that clears its output can never delete tracked files (docs/, src/) or write outside the repository.
+#: The git-ignored output folders: a stage that replaces its output can never delete tracked files.
 OUTPUT_ROOTS = ("data", "runs", "metrics", "plots", "reports")
 PATH_RULE = (f"a relative path without '..' inside one of {', '.join(r + '/' for r in OUTPUT_ROOTS)}; "
              "an absolute path only for a params file kept outside the checkout, inside that file's folder")

@@ -159,8 +159,7 @@ def run_stage(name: str, body: Callable[[], dict[str, Any]], *, metrics_dir: str
         details = {**record, "seconds": seconds,
                    "mlflow_run_id": run.run_id if run.opened else record.get("mlflow_run_id")}
         if active:
-            summary = stages.summary(name, details)
-            if summary is not None:
+            if (summary := stages.summary(name, details)) is not None:
                 write_metrics(stages.metrics_file(metrics_dir, name), summary)
             write_metrics(stages.details_file(metrics_dir, name), details)
             if run.opened:

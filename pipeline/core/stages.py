@@ -67,8 +67,7 @@ def details_file(metrics_dir: str | Path, name: str) -> Path:
 def summary(name: str, record: dict[str, Any]) -> dict[str, Any] | None:
     """What ``<name>.json`` holds: the stage's ``metrics`` keys of ``record``, nested as in ``record`` (a key it lacks
     left out with a warning); None for a stage without ``metrics``."""
-    keys = get(name).metrics
-    if not keys:
+    if not (keys := get(name).metrics):
         return None
     out: dict[str, Any] = {}
     for key in keys:
@@ -88,7 +87,6 @@ def summary(name: str, record: dict[str, Any]) -> dict[str, Any] | None:
 
 def lock_md5(lock: dict[str, Any], name: str) -> str:
     """A stable md5 of stage ``name``'s entry in a parsed ``dvc.lock`` (empty when it has none)."""
-    entry = (lock.get("stages") or {}).get(name)
-    if entry is None:
+    if (entry := (lock.get("stages") or {}).get(name)) is None:
         return ""
     return hashlib.md5(json.dumps(entry, sort_keys=True).encode()).hexdigest()  # a fingerprint, not security

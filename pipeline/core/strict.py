@@ -37,7 +37,6 @@ def shown(value: Any) -> str:
 
 
 def _key_text(key: Any) -> str:
-    """A mapping key as an error message names it."""
     return _clip(str(key)) if isinstance(key, (str, int)) else shown(key)
 
 

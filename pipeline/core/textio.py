@@ -21,8 +21,7 @@ from pipeline.core.errors import DataError, OutputError
 
 log = logging.getLogger(__name__)
 
-#: The file inside every folder written whole by :func:`atomic_path`: it names the folder's role, so a
-#: later run replaces that folder only if it is the same kind of output (never a folder a user made).
+#: The file naming the role of every folder :func:`atomic_path` writes: only the same role replaces it.
 MARKER = ".nmt-output"
 # A temporary sibling made by atomic_path: .<name>.<pid>.<8 random chars>.tmp
 _TMP_NAME = re.compile(r"^\.(.+)\.\d+\.[A-Za-z0-9_]{8}\.tmp$")

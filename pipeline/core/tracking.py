@@ -33,8 +33,7 @@ def enabled() -> bool:
 
 def tracking_uri(root: str | Path = ".") -> str:
     """The tracking URI: ``MLFLOW_TRACKING_URI`` or the local SQLite store under ``root``."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
+    if uri := os.environ.get("MLFLOW_TRACKING_URI"):
         return uri
     store = Path(root).resolve() / ".mlflow"
     store.mkdir(parents=True, exist_ok=True)
@@ -66,8 +65,7 @@ def require_server(uri: str, timeout_s: float = 5.0) -> None:
 
 def require_configured_server() -> None:
     """:func:`require_server` on ``MLFLOW_TRACKING_URI`` when tracking is on and the variable is set."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri and enabled():
+    if (uri := os.environ.get("MLFLOW_TRACKING_URI")) and enabled():
         require_server(uri)
 
 
@@ -82,8 +80,7 @@ def mlflow_client(root: str | Path = ".") -> Any:
 
 def git_tags(root: str | Path = ".", *, temporary_params: bool = False) -> dict[str, str]:
     """Git commit and dirty flag of ``root`` (empty outside a git checkout) by :mod:`pipeline.core.gitstate`'s rule."""
-    commit = gitstate.commit(root)
-    if commit is None:
+    if (commit := gitstate.commit(root)) is None:
         return {"git_commit": "", "git_dirty": ""}
     dirty = gitstate.dirty_paths(root, temporary_params=temporary_params)
     return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower()}
@@ -190,8 +187,7 @@ class StageRun:
 def experiment_id(client: Any, root: str | Path) -> str:
     """The experiment's id, created (or tagged) so that MLflow 3's UI opens it on its runs table."""
     name = os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT)
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
+    if (exp := client.get_experiment_by_name(name)) is not None:
         if EXPERIMENT_KIND_TAG not in exp.tags:
             client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id

@@ -45,8 +45,7 @@ def _clip(text: str, limit: int) -> str:
 
 def _where(exc: yaml.YAMLError, text: str) -> str:
     """``line L, column C: `` of a YAML error in ``text``, if PyYAML gave a position."""
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    if mark is not None:
+    if (mark := getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)) is not None:
         return f"line {mark.line + 1}, column {mark.column + 1}: "
     position = getattr(exc, "position", None)  # a ReaderError: a character PyYAML cannot read
     if isinstance(position, int):

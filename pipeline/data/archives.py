@@ -69,8 +69,7 @@ def extract_members(archive: Path, members: Iterable[str], dest: Path, *, remedy
                 found[name] = target
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise _corrupt(archive, exc, remedy) from None
-    missing = sorted(wanted - set(found))
-    if missing:
+    if missing := sorted(wanted - set(found)):
         raise DownloadError(f"{archive}: no member(s) {missing}; the archive is not the expected one or is "
                             f"incomplete: {remedy}")
     return found

@@ -107,23 +107,20 @@ def _open(session: requests.Session, url: str, part: Path, timeout: float) -> tu
                                                                                        int | None]:
     """Send the (range) request; return the response, the offset to write at (-1: complete) and the total size."""
     have = part.stat().st_size if part.exists() else 0
-    headers = {"Accept-Encoding": "identity"}
-    if have:
-        headers["Range"] = f"bytes={have}-"
+    headers = {"Accept-Encoding": "identity", **({"Range": f"bytes={have}-"} if have else {})}
     resp = session.get(url, headers=headers, stream=True, timeout=timeout, allow_redirects=True)
     status = resp.status_code
-    if status in (404, 410):
+    if status not in (200, 206):
         resp.close()
+    if status in (404, 410):
         raise NotFound(f"{url}: HTTP {status} (not found); check the URL or the mirror's layout")
     if status == 416:  # our range starts at or past the end: complete already, or a stale part
         _, total = _content_range(resp.headers.get("Content-Range"))
-        resp.close()
         if total is not None and total == have:
             return resp, -1, total
         part.unlink(missing_ok=True)
         raise _Transient(f"HTTP 416 for a resume at byte {have}; restarting from scratch")
     if status >= 500 or status in (408, 429):
-        resp.close()
         raise _Transient(f"HTTP {status}")
     if status == 206:
         first, total = _content_range(resp.headers.get("Content-Range"))
@@ -137,7 +134,6 @@ def _open(session: requests.Session, url: str, part: Path, timeout: float) -> tu
             log.info("%s: server ignored the Range request; restarting the transfer", url)
         length = resp.headers.get("Content-Length")
         return resp, 0, int(length) if length and length.isdigit() else None
-    resp.close()
     raise DownloadError(f"{url}: HTTP {status} {resp.reason}; check the URL (or NMT_DATA_MIRROR)")
 
 

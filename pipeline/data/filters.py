@@ -165,14 +165,12 @@ def clean_block(block: Block) -> BlockResult:
         raise DataError(f"{block.src} and {block.tgt} changed length while being read; rerun the stage")
     pairs = [(normalize(a), normalize(b)) for a, b in zip(src, tgt)]
     dropped = dict.fromkeys(RULES, 0)
-    cfg = block.cfg
-    if cfg is None:
+    if (cfg := block.cfg) is None:
         blank = sum(1 for a, b in pairs if not a or not b)
         return BlockResult(_text(p[0] for p in pairs), _text(p[1] for p in pairs), b"", len(pairs), dropped, blank)
     kept = []
     for pair in pairs:
-        rule = _rule(cfg, *pair)
-        if rule is None:
+        if (rule := _rule(cfg, *pair)) is None:
             kept.append(pair)
         else:
             dropped[rule] += 1

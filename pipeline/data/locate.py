@@ -196,8 +196,7 @@ def locate(env: FetchEnv, spec: DatasetSpec, staging: Path, expected: dict[str, 
     for _, _, _, sf in spec.files():
         if sf in located or sf in by_archive.get(sf.url, []):
             continue
-        found = _from_mirror(env, f"{spec.name}/{sf.path}")
-        if found is not None:
+        if (found := _from_mirror(env, f"{spec.name}/{sf.path}")) is not None:
             located[sf] = found
         elif sf.archive:
             by_archive.setdefault(sf.url, []).append(sf)

@@ -35,12 +35,8 @@ class Sample:
 
     def __init__(self, files: list[Path], k: int, seed: int) -> None:
         self.files = files
-        self.offsets: list[list[int]] = []
-        self.counts: list[int] = []
-        for path in files:
-            offsets, n = line_offsets(path, READ_BLOCK)
-            self.offsets.append(offsets)
-            self.counts.append(n)
+        found = [line_offsets(path, READ_BLOCK) for path in files]
+        self.offsets, self.counts = [offsets for offsets, _ in found], [n for _, n in found]
         self.chosen = sample_indices(sum(self.counts), k, seed)
         self.count = 0
         self.error: DataError | None = None
@@ -53,7 +49,6 @@ class Sample:
             raise
 
     def _lines(self) -> Iterator[str]:
-        """The chosen lines, read and decoded a block at a time."""
         self.count = base = 0
         chosen = self.chosen
         for path, offsets, n in zip(self.files, self.offsets, self.counts):

@@ -63,7 +63,6 @@ class ShardTask:
 
 
 def _read_block(task: ShardTask, path: str, start: int, end: int) -> list[str]:
-    """The task's lines of ``path``, which must be all there."""
     lines = read_line_block(path, start, end, task.line_start)
     if len(lines) != task.line_end - task.line_start:
         raise DataError(f"{path}: expected {task.line_end - task.line_start} lines from line {task.line_start + 1}, "

@@ -38,7 +38,6 @@ def read_manifest(shards_dir: str | Path) -> dict:
 
 
 def _check_types(table: pa.Table, path: Path) -> None:
-    """Refuse columns of another type than the encode stage writes."""
     for name in table.column_names:
         kind = table.schema.field(name).type
         ok = (pa.types.is_integer(kind) if name in ("id", "src_len", "tgt_len")

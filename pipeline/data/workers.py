@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from pipeline.core import env
 from pipeline.core.errors import ConfigError
 
-SOCKET_PATH_MAX = 107
-#: ``/pymp-`` + 8 characters + ``/listener-`` + 8 characters after the temp dir.
-SOCKET_SUFFIX = len("/pymp-12345678/listener-12345678")
+SOCKET_PATH_MAX = 107  # sun_path, unix(7)
+SOCKET_SUFFIX = len("/pymp-12345678/listener-12345678")  # multiprocessing.connection.arbitrary_address
 
 
 def data_workers() -> int:

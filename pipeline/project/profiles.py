@@ -42,14 +42,6 @@ def profile_names(root: str | Path = ".") -> list[str]:
     return sorted(p.stem for p in (Path(root) / "profiles").glob("*.yaml"))
 
 
-def describe(path: str | Path) -> str:
-    """A profile's one-line description: its first comment line, without ``#``."""
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.startswith("#"):
-            return line.lstrip("#").strip()
-    return ""
-
-
 def active_profile(root: str | Path = ".") -> str | None:
     """The ``profile:`` value of ``<root>/params.yaml``, if it has one."""
     try:
@@ -61,13 +53,15 @@ def active_profile(root: str | Path = ".") -> str | None:
 
 
 def listing(root: str | Path = ".") -> list[str]:
-    """What ``nmt profile`` prints: one line per profile, its description, ``*`` before the active one."""
-    names = profile_names(root)
-    active = active_profile(root)
+    """What ``nmt profile`` prints: one line per profile with its first comment line, ``*`` before the active one."""
+    names, active = profile_names(root), active_profile(root)
     width = max((len(n) for n in names), default=0)
-    folder = Path(root) / "profiles"
-    return [f"{'*' if name == active else ' '} {name.ljust(width)}  {describe(folder / f'{name}.yaml')}".rstrip()
-            for name in names]
+    lines = []
+    for name in names:
+        text = (Path(root) / "profiles" / f"{name}.yaml").read_text(encoding="utf-8")
+        about = next((line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")), "")
+        lines.append(f"{'*' if name == active else ' '} {name.ljust(width)}  {about}".rstrip())
+    return lines
 
 
 def merged_profile(name: str, root: str | Path = ".") -> dict[str, Any]:
@@ -80,8 +74,7 @@ def merged_profile(name: str, root: str | Path = ".") -> dict[str, Any]:
     if name != BASE:
         data = deep_merge(data, load_yaml(path) or {})
     params = params_from_dict(data, str(path))  # refuse to write an invalid params.yaml
-    problems = layout_problems(section_dict(params.paths), root, name)
-    if problems:
+    if problems := layout_problems(section_dict(params.paths), root, name):
         raise ConfigError(str(path), problems)
     return data
 
@@ -162,7 +155,6 @@ def profile_run(name: str, root: str | Path = ".",
     target = root / "params.yaml"
     text = render(name, root)  # validates before anything is touched
     restore_params(root, logger)  # a killed profile run's leftovers first
-    (root / SAVED).parent.mkdir(parents=True, exist_ok=True)
     if target.is_file():
         with atomic_path(root / SAVED) as tmp:
             tmp.write_bytes(target.read_bytes())
