@@ -24,8 +24,7 @@ SPECIAL_PIECES = {"pad_piece": "<pad>", "unk_piece": "<unk>", "bos_piece": "<s>"
 
 
 def train_model(sample: Path | Iterable[str], model_prefix: Path, cfg: BpeConfig, num_threads: int) -> None:
-    """Train SentencePiece BPE on every sentence of ``sample`` (a text file or the sentences, in order); writes
-    ``<prefix>.model`` and ``.vocab``."""
+    """Train SentencePiece BPE on ``sample`` (a text file or the sentences) into ``<prefix>.model``/``.vocab``."""
     import sentencepiece as spm
 
     source = {"input": str(sample)} if isinstance(sample, Path) else {"sentence_iterator": iter(sample)}

@@ -18,9 +18,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
     if args.name is None:
         print("\n".join(listing()))
-        return 0
-    path = write_profile(args.name)
-    log.info("wrote %s for profile %s", path, args.name)
+    else:
+        log.info("wrote %s for profile %s", write_profile(args.name), args.name)
     return 0
 
 
@@ -70,11 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "under one MLflow parent run, compared by valid BLEU (python -m flows.sweep)")
     p.add_argument("spec", help="the sweep's YAML spec: name, profile, grid or variants (README, Sweeps)")
     p.set_defaults(func=_cmd_sweep)
-    from pipeline.inference.ct2 import add_parser as add_export_parser
-    from pipeline.inference.translate import add_parser as add_translate_parser
+    from pipeline.inference import ct2, translate
 
-    add_translate_parser(sub)
-    add_export_parser(sub)
+    translate.add_parser(sub)
+    ct2.add_parser(sub)
     return parser
 
 

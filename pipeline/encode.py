@@ -36,8 +36,7 @@ def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shar
     workers = data_workers()
     start = time.monotonic()
     with atomic_path(shards_dir, role="shards") as tmp:
-        for split in SPLITS:
-            (tmp / split).mkdir(parents=True)
+        tmp.mkdir()  # each shard's folder is made as it is written
         tasks, lines = plan_tasks(cfg, clean_dir, spm_model.resolve(), spm_sha256, tmp, workers)
         results = run_tasks(tasks, workers)
         manifest = build_manifest(tasks, results, lines, vocab_size=vocab_size, spm_sha256=spm_sha256, cfg=cfg)

@@ -57,9 +57,8 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
         return _record_only(name, new, "tracking is off (NMT_TRACKING=off): nothing logged or "
                             "registered; `dvc repro -f register` with tracking on to register this model")
     holder = registry.alias_holder(name, ALIAS, root)
-    same = registry.find_model_versions(name, {"averaged_sha256": inputs.averaged_sha256, "beam": chosen.beam,
-                                               "alpha": chosen.alpha}, root)
-    if same:
+    if same := registry.find_model_versions(name, {"averaged_sha256": inputs.averaged_sha256, "beam": chosen.beam,
+                                                  "alpha": chosen.alpha}, root):
         return _record_only(name, new, f"this averaged.pt with beam {chosen.beam}, alpha "
                             f"{chosen.alpha} is already version {same[0]['version']}: not logged again",
                             existing=same[0], holder=holder)

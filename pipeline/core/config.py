@@ -163,8 +163,7 @@ class Params:
 
 
 def _model_size_problem(model: TransformerConfig, vocab_size: int) -> str | None:
-    """Why the model has more than :data:`model.config.MAX_WEIGHTS` weights, naming the key furthest above the
-    paper's base model; None if it has not."""
+    """Why the model has more than ``MAX_WEIGHTS`` weights, naming the key furthest above the base model, or None."""
     count = model.weight_count(vocab_size)
     if count <= MAX_WEIGHTS:
         return None

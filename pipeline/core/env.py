@@ -6,6 +6,7 @@ invalidates a DVC stage. Unset or blank means the default.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -43,8 +44,7 @@ class Fault:
 
 @dataclass(frozen=True)
 class Parser:
-    """``kind``: what is accepted, in words; ``fn``: stripped text -> value, or ``ValueError`` with one problem per
-    argument."""
+    """How a variable's text becomes its value (``fn``: a ``ValueError`` argument per problem); ``kind`` in words."""
 
     kind: str
     fn: Callable[[str], Any]
@@ -63,13 +63,10 @@ def seconds(*, positive: bool) -> Parser:
     bound = "> 0" if positive else ">= 0"
 
     def parse(raw: str) -> float:
-        try:
-            value = float(raw)
-        except ValueError:
-            value = float("nan")
-        if not math.isfinite(value) or not (value > 0 if positive else value >= 0):
-            raise ValueError(f"expected a number of seconds {bound}")
-        return value
+        with contextlib.suppress(ValueError):
+            if math.isfinite(value := float(raw)) and (value > 0 if positive else value >= 0):
+                return value
+        raise ValueError(f"expected a number of seconds {bound}")
     return Parser(f"seconds {bound}", parse)
 
 
@@ -242,11 +239,7 @@ def _parse(snapshot: tuple[tuple[str, str], ...]) -> Settings:
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """Every ``NMT_*`` variable of ``environ`` (default ``os.environ``), parsed; ``settings.cache_clear()`` forgets.
-
-    Raises:
-        ConfigError: one line per bad or retired variable, naming it, its value and what is expected.
-    """
+    """Every ``NMT_*`` variable of ``environ`` (default ``os.environ``), parsed; a ConfigError line per bad one."""
     return _parse(_snapshot(os.environ if environ is None else environ))
 
 

@@ -24,8 +24,7 @@ def commit(root: str | Path) -> str | None:
 
 
 def dirty_paths(root: str | Path, *, temporary_params: bool = False) -> list[str]:
-    """Tracked paths of ``root`` that differ from its commit, the run's own records (with ``temporary_params`` also
-    ``params.yaml``) left out."""
+    """Tracked paths of ``root`` that differ from its commit, the run's own records left out."""
     excluded = [*RUN_RECORDS, *(["params.yaml"] if temporary_params else [])]
     out = _git(root, "status", "--porcelain", "--untracked-files=no", "--", ".",
                *(f":(exclude){p}" for p in excluded)) or ""

@@ -102,8 +102,7 @@ def _paths_of(data: Any) -> dict[str, str]:  # noqa: ANN401 - a parsed YAML file
 
 def output_problem(output: str | Path, *, inputs: Iterable[str | Path] = (),
                    root: str | Path | None = None) -> str | None:
-    """Why a command may not replace ``output`` (the current folder, the checkout ``root``, ``.git``, or what is or
-    holds one of its ``inputs``), or None if it may."""
+    """Why a command may not replace ``output`` (the checkout, the current folder, ``.git``, or holding ``inputs``)."""
     target = Path(os.path.abspath(output))
     root = Path(os.path.abspath(root)) if root is not None else CHECKOUT
     if target == Path(os.path.abspath(os.curdir)):

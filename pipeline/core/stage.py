@@ -49,8 +49,7 @@ class RedactingFormatter(logging.Formatter):
 
 
 def setup_logging(level: str | None = None) -> None:
-    """Log to stderr with timestamps, credentials redacted; level ``NMT_LOG_LEVEL`` (INFO when it is malformed:
-    the stage reports that as its error)."""
+    """Log to stderr with timestamps, credentials redacted, at ``NMT_LOG_LEVEL`` (INFO if malformed)."""
     if not level:
         try:
             level = env.settings().log_level
@@ -164,8 +163,9 @@ def run_stage(name: str, body: Callable[[], dict[str, Any]], *, metrics_dir: str
             write_metrics(stages.details_file(metrics_dir, name), details)
             if run.opened:
                 run.log_artifact(stages.details_file(metrics_dir, name))
-                if params is not None:
-                    _log_plots(run, name, params, root)
+                for suffix in (".csv", ".png") if params is not None else ():  # the plots the stage wrote
+                    if (plot := Path(root) / params.paths.plots / f"{name}{suffix}").is_file():
+                        run.log_artifact(plot, "plots")
     return details
 
 
@@ -176,14 +176,6 @@ def _cuda_available(name: str) -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def _log_plots(run: tracking.StageRun, name: str, params: Params | None, root: str | Path) -> None:
-    """Log ``<paths.plots>/<stage>.csv`` and ``.png`` (whichever the stage wrote) under the run's ``plots/``."""
-    for suffix in (".csv", ".png"):
-        path = Path(root) / params.paths.plots / f"{name}{suffix}"
-        if path.is_file():
-            run.log_artifact(path, "plots")
 
 
 def stage_main(name: str, body: Callable[[Params, argparse.Namespace], dict[str, Any]], argv: list[str] | None,

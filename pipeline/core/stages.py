@@ -65,8 +65,7 @@ def details_file(metrics_dir: str | Path, name: str) -> Path:
 
 
 def summary(name: str, record: dict[str, Any]) -> dict[str, Any] | None:
-    """What ``<name>.json`` holds: the stage's ``metrics`` keys of ``record``, nested as in ``record`` (a key it lacks
-    left out with a warning); None for a stage without ``metrics``."""
+    """What ``<name>.json`` holds: the stage's ``metrics`` keys of ``record`` (None for a stage without any)."""
     if not (keys := get(name).metrics):
         return None
     out: dict[str, Any] = {}

@@ -117,8 +117,7 @@ def _tmp_sibling(path: Path) -> Path:
 
 
 def public_path(path: str | Path) -> Path:
-    """``path`` with each temporary component ``.<name>.<pid>.<random>.tmp`` shown as ``<name>``, the output a user
-    knows."""
+    """``path`` with each temporary component ``.<name>.<pid>.<random>.tmp`` shown as ``<name>``."""
     return Path(*(_TMP_NAME.sub(r"\1", part) for part in Path(path).parts))
 
 

@@ -192,10 +192,8 @@ def experiment_id(client: Any, root: str | Path) -> str:
             client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
     # A SQLite store keeps its artifacts beside the database (never ./mlruns in the cwd); a server decides itself.
-    location = None
-    uri = tracking_uri(root)
-    if uri.startswith("sqlite:///"):
-        location = (Path(uri[len("sqlite:///"):]).parent / "artifacts").resolve().as_uri()
+    sqlite = (uri := tracking_uri(root)).startswith("sqlite:///")
+    location = (Path(uri[len("sqlite:///"):]).parent / "artifacts").resolve().as_uri() if sqlite else None
     return client.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
 
 
@@ -257,8 +255,7 @@ def current() -> StageRun:
 
 def end_orphaned_runs(root: str | Path = ".",
                       logger: logging.Logger | logging.LoggerAdapter | None = None) -> list[str]:
-    """Mark ``KILLED`` the runs of ``root`` (or a clone inside it) left ``RUNNING`` by a process that is gone
-    (:func:`pipeline.core.owner.end_orphans`); returns their ids."""
+    """Mark ``KILLED`` the runs of ``root`` left ``RUNNING`` by a process that is gone; return their ids."""
     if not enabled():
         return []
     client = mlflow_client(root)

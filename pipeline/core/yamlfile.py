@@ -47,8 +47,7 @@ def _where(exc: yaml.YAMLError, text: str) -> str:
     """``line L, column C: `` of a YAML error in ``text``, if PyYAML gave a position."""
     if (mark := getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)) is not None:
         return f"line {mark.line + 1}, column {mark.column + 1}: "
-    position = getattr(exc, "position", None)  # a ReaderError: a character PyYAML cannot read
-    if isinstance(position, int):
+    if isinstance(position := getattr(exc, "position", None), int):  # a character PyYAML cannot read
         before = text[:position]
         return f"line {before.count(chr(10)) + 1}, column {position - before.rfind(chr(10))}: "
     return ""

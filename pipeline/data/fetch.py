@@ -177,7 +177,7 @@ def _attempt(session: requests.Session, url: str, part: Path, timeout: float, la
         raise _Transient(f"truncated body: {size} of {total} bytes")
 
 
-def fetch_url(url: str, dest: Path, *, policy: RetryPolicy, session: requests.Session | None = None) -> Path:
+def fetch_url(url: str, dest: Path, *, policy: RetryPolicy, session: requests.Session) -> Path:
     """Download ``url`` to ``dest`` through ``dest.part``; return ``dest``. Gives up after ``policy.retries``
     failures in a row that added no bytes.
 
@@ -186,28 +186,22 @@ def fetch_url(url: str, dest: Path, *, policy: RetryPolicy, session: requests.Se
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
-    own = session is None
-    session = session or requests.Session()
     failures = attempts = 0
-    try:
-        while True:
-            before = part.stat().st_size if part.exists() else 0
-            attempts += 1
-            try:
-                _attempt(session, url, part, policy.timeout_s, dest.name)
-                break
-            except _Transient as exc:
-                now = part.stat().st_size if part.exists() else 0
-                failures = 0 if now > before else failures + 1
-                if failures > policy.retries:
-                    raise Unreachable(f"{url}: could not download after {attempts} attempt(s): {exc}") from None
-                delay = policy.delay(max(failures, 1))
-                log.warning("%s: %s; retrying in %.2g s (%d/%d failures in a row, %d bytes kept)", url, exc,
-                            delay, failures, policy.retries, now)
-                time.sleep(delay)
-    finally:
-        if own:
-            session.close()
+    while True:
+        before = part.stat().st_size if part.exists() else 0
+        attempts += 1
+        try:
+            _attempt(session, url, part, policy.timeout_s, dest.name)
+            break
+        except _Transient as exc:
+            now = part.stat().st_size if part.exists() else 0
+            failures = 0 if now > before else failures + 1
+            if failures > policy.retries:
+                raise Unreachable(f"{url}: could not download after {attempts} attempt(s): {exc}") from None
+            delay = policy.delay(max(failures, 1))
+            log.warning("%s: %s; retrying in %.2g s (%d/%d failures in a row, %d bytes kept)", url, exc, delay,
+                        failures, policy.retries, now)
+            time.sleep(delay)
     os.replace(part, dest)
     log.info("downloaded %s (%d bytes)", url, dest.stat().st_size)
     return dest

@@ -36,8 +36,7 @@ def pair_digest(src: str, tgt: str) -> bytes:
 
 
 class DigestSet:
-    """A set of 16-byte digests in an open-addressing numpy table, batched and vectorised: ~34 bytes per entry
-    where a Python ``set`` of ``bytes`` takes ~100."""
+    """A set of 16-byte digests in a vectorised open-addressing numpy table (~34 bytes an entry, a ``set`` ~100)."""
 
     def __init__(self, capacity: int = 1 << 16) -> None:
         self._keys = np.zeros((capacity, 2), dtype=np.uint64)
@@ -85,8 +84,7 @@ class DigestSet:
         return new
 
     def add_batch(self, digests: list[bytes] | bytes) -> np.ndarray:
-        """Add digests in order (a list, or 16-byte digests back to back); return a bool mask, True where a
-        digest is seen for the first time."""
+        """Add digests in order (a list, or joined); return a mask, True where a digest is seen the first time."""
         if not digests:
             return np.zeros(0, dtype=bool)
         joined = digests if isinstance(digests, bytes) else b"".join(digests)

@@ -91,8 +91,6 @@ def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
 
 def remove_stale_staging(cache_dir: Path) -> None:
     """Delete ``extract-<pid>-*`` staging folders of killed runs (extracted corpora: gigabytes)."""
-    if not cache_dir.is_dir():
-        return
     for entry in cache_dir.iterdir():
         match = re.fullmatch(r"extract-(\d+)-\w+", entry.name)
         if match and entry.is_dir() and not pid_alive(int(match.group(1))):

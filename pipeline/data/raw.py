@@ -3,6 +3,7 @@ recording every file's sha256, size and lines; both depend only on the source fi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -87,9 +88,10 @@ def _write_split(split: str, corpora: tuple[Corpus, ...], located: dict[SourceFi
                                                                                  dict[str, Any]]:
     """Write ``<split>.{en,de}``: the corpora concatenated, each checked; return manifest entries."""
     entries: list[dict[str, Any]] = []
-    handles = {lang: open(out_dir / f"{split}.{lang}", "wb") for lang in LANGS}  # noqa: SIM115 - closed below
+    paths = {lang: out_dir / f"{split}.{lang}" for lang in LANGS}
     digests = {lang: hashlib.sha256() for lang in LANGS}
-    try:
+    with contextlib.ExitStack() as stack:
+        handles = {lang: stack.enter_context(open(paths[lang], "wb")) for lang in LANGS}
         for corpus in corpora:
             counts = {}
             for lang in LANGS:
@@ -102,15 +104,9 @@ def _write_split(split: str, corpora: tuple[Corpus, ...], located: dict[SourceFi
                                 "member": sf.member, "format": sf.fmt, "sha256": digest, "bytes": size,
                                 "lines": counts[lang]})
             _check_counts(corpus, counts, {located[corpus.en].copy, located[corpus.de].copy})
-    finally:
-        for fh in handles.values():
-            fh.close()
-    outputs = {}
-    for lang in LANGS:
-        path = out_dir / f"{split}.{lang}"
-        outputs[path.name] = {"sha256": digests[lang].hexdigest(), "bytes": path.stat().st_size,
-                              "lines": sum(e["lines"] for e in entries if e["lang"] == lang)}
-    return entries, outputs
+    return entries, {path.name: {"sha256": digests[lang].hexdigest(), "bytes": path.stat().st_size,
+                                 "lines": sum(e["lines"] for e in entries if e["lang"] == lang)}
+                     for lang, path in paths.items()}
 
 
 def _check_counts(corpus: Corpus, counts: dict[str, int], copies: set[Path]) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import functools
 import itertools
 import logging
@@ -147,25 +148,20 @@ def run_tasks(tasks: list[ShardTask], workers: int) -> list[dict]:
     results: list[dict | None] = [None] * len(tasks)
     total = sum(t.line_end - t.line_start for t in tasks)
     done_lines, start = 0, time.monotonic()
-
-    def progress(i: int, result: dict) -> None:
-        nonlocal done_lines
-        results[i] = result
-        done_lines += tasks[i].line_end - tasks[i].line_start
-        rate = done_lines / max(time.monotonic() - start, 1e-9)
-        log.info("encode: %d/%d shards, %d/%d pairs, %.0f pairs/s, ETA %.0f s", sum(r is not None for r in results),
-                 len(tasks), done_lines, total, rate, (total - done_lines) / max(rate, 1e-9))
-
-    if workers == 1 or len(tasks) <= 1:
-        for i, task in enumerate(tasks):
-            progress(i, encode_shard(task))
-        return results  # type: ignore[return-value]
-    # the forkserver imports this module (never the stage module: its workers re-run that as __mp_main__, and
-    # runpy warns "found in sys.modules" when it is imported already)
-    with process_pool(min(workers, len(tasks)), (__name__, "sentencepiece")) as pool:
-        futures = {pool.submit(encode_shard, t): i for i, t in enumerate(tasks)}
-        for fut in cf.as_completed(futures):
-            progress(futures[fut], fut.result())
+    with contextlib.ExitStack() as stack:
+        if workers == 1 or len(tasks) <= 1:
+            finished = ((i, encode_shard(task)) for i, task in enumerate(tasks))
+        else:  # the forkserver imports this module, never the stage module (its workers would re-run that)
+            pool = stack.enter_context(process_pool(min(workers, len(tasks)), (__name__, "sentencepiece")))
+            futures = {pool.submit(encode_shard, t): i for i, t in enumerate(tasks)}
+            finished = ((futures[fut], fut.result()) for fut in cf.as_completed(futures))
+        for i, result in finished:
+            results[i] = result
+            done_lines += tasks[i].line_end - tasks[i].line_start
+            rate = done_lines / max(time.monotonic() - start, 1e-9)
+            log.info("encode: %d/%d shards, %d/%d pairs, %.0f pairs/s, ETA %.0f s",
+                     sum(r is not None for r in results), len(tasks), done_lines, total, rate,
+                     (total - done_lines) / max(rate, 1e-9))
     return results  # type: ignore[return-value]
 
 

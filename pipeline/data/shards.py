@@ -69,11 +69,7 @@ def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class ShardSet:
-    """The shards of one split (``train``, ``valid`` or ``test``) of the encode stage's folder ``shards_dir``.
-
-    Raises:
-        DataError: a missing/corrupt manifest or an unknown split.
-    """
+    """The shards of one split of the encode stage's folder ``shards_dir`` (a DataError for a bad manifest or split)."""
 
     def __init__(self, shards_dir: str | Path, split: str) -> None:
         self.root = Path(shards_dir)
@@ -139,11 +135,7 @@ class ShardSet:
         return self._lengths  # type: ignore[return-value]
 
     def fetch(self, ids: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Token arrays (src, tgt) of the rows ``ids``, in that order (uint16/uint32, no BOS/EOS).
-
-        Raises:
-            KeyError: an id not in this split (out of range, or dropped by ``encode.max_len``).
-        """
+        """Token arrays (src, tgt) of the rows ``ids``, in order (no BOS/EOS); a KeyError for an id not in the split."""
         want = np.asarray(ids, dtype=np.int64)
         which = np.searchsorted(self._ends, want, side="right")
         out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(want)
@@ -177,11 +169,7 @@ class ShardSet:
                             f"{spm_model} has sha256 {actual}; {_REMEDY} (or `dvc repro` to rebuild both)")
 
     def verify(self) -> None:
-        """Check every shard file of this split against its sha256 in the manifest (about a second per GB).
-
-        Raises:
-            DataError: naming the first shard that is missing, changed since encode or has no recorded sha256.
-        """
+        """Check each shard file against its manifest sha256 (a second per GB); a DataError names the first bad one."""
         manifest = self.root / "manifest.json"
         problems = []
         for k, entry in enumerate(self._shards):

@@ -98,10 +98,9 @@ def _tgz_pair(name: str, url: str, stem: str, lines: int) -> Corpus:
 
 def _multi30k(name: str, stem: str, lines: int) -> Corpus:
     """A Multi30k task-1 split stored as ``<stem>.{en,de}.gz`` in the dataset repository."""
-    def side(lang: str) -> SourceFile:
-        return SourceFile(url=f"{MULTI30K}/{stem}.{lang}.gz", path=f"data/task1/raw/{stem}.{lang}.gz",
-                          archive=False, fmt="gzip")
-    return Corpus(name=name, lines=lines, en=side("en"), de=side("de"))
+    en, de = (SourceFile(url=f"{MULTI30K}/{stem}.{lang}.gz", path=f"data/task1/raw/{stem}.{lang}.gz", archive=False,
+                         fmt="gzip") for lang in LANGS)
+    return Corpus(name=name, lines=lines, en=en, de=de)
 
 
 WMT14 = DatasetSpec(

@@ -6,7 +6,7 @@ import copy
 import logging
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -95,11 +95,9 @@ def _keep_edits(target: Path, root: Path) -> None:
         return
     text = target.read_text(encoding="utf-8")
     for name in profile_names(root):
-        try:
+        with suppress(ConfigError):  # a profile that does not validate produced nothing
             if render(name, root) == text:
                 return
-        except ConfigError:
-            continue
     backup = target.with_name(f"{target.name}.{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}.bak")
     write_text(backup, text)
     log.warning("%s had edits that no profile produces; kept them in %s", target.name, backup)

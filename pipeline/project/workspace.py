@@ -19,11 +19,8 @@ RUN_REMEDY = "wait for it to end or stop it, or run in another clone"
 
 @contextmanager
 def exclusive_run(repo: str | Path, what: str, remedy: str = RUN_REMEDY) -> Iterator[None]:
-    """Hold the pipeline lock of checkout ``repo`` for the ``with`` block, recording ``what`` holds it.
-
-    Raises:
-        PipelineError: another run holds the lock (its pid, start time and ``what``), with ``remedy``.
-    """
+    """Hold the pipeline lock of checkout ``repo`` for the ``with`` block, recording ``what`` holds it (a
+    PipelineError naming the holder and ``remedy`` if another run holds it)."""
     path = Path(repo) / LOCK_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
