@@ -1,11 +1,5 @@
-"""Stage ``audit``: this run beside the paper's base model, item by item, with its lineage.
-
-Writes ``<paths.reports>/audit.md`` (for people) and ``audit.json`` (the same content, sorted keys), both a
-function of their inputs only: the MLflow run id goes to ``<paths.metrics>/audit.details.json``, never into
-the report. Every item gets a verdict against the paper (or, where it is silent, a named reference
-implementation), never against ``profiles/paper.yaml``; a missing input leaves its items "not measured", a
-malformed one is an error naming it. README.md describes the report.
-"""
+"""Stage ``audit``: this run beside the paper's base model, item by item, with its lineage (README, "Tracking,
+registry and audit"), as ``<paths.reports>/audit.md`` and ``audit.json``, a function of the inputs only."""
 
 from __future__ import annotations
 
@@ -27,20 +21,10 @@ log = logging.getLogger(__name__)
 
 def stage(params: Params, *, params_file: str | Path, lock_file: str | Path, root: str | Path,
           md_path: str | Path, json_path: str | Path) -> AuditDetails:
-    """Write the replication audit (``audit.md`` and ``audit.json``, both atomically) and log it to MLflow.
-
-    Args:
-        params_file: the params.yaml ``params`` were loaded from (its sha256 goes into the lineage).
-        lock_file: ``dvc.lock`` (optional: without it lineage is "not measured").
-        root: the workspace the ``params.paths`` are relative to (git is asked there).
-        json_path: ``audit.json``; an existing one is the previous audit the replay compares with.
-
-    Returns:
-        :func:`pipeline.auditing.report.tracking_metrics` plus the report's path and sha256.
-
-    Raises:
-        PipelineError: an input exists but is malformed (names the file).
-    """
+    """Write the audit of ``params`` (loaded from ``params_file``; its ``paths`` relative to ``root``) to ``md_path``
+    and ``json_path`` atomically and log it to MLflow; return its :func:`pipeline.auditing.report.tracking_metrics`
+    and the report's path and sha256. A missing input (``lock_file`` too) is "not measured", a malformed one an
+    error naming it; an existing ``json_path`` is the previous audit the replay compares with."""
     from pipeline.auditing.render import render_markdown
     from pipeline.core import tracking
 

@@ -1,16 +1,8 @@
-"""Stage ``bpe``: a joint SentencePiece BPE model over the cleaned training text (EN and DE).
-
-The model is trained on a seeded sample of at most ``bpe.input_sentence_size`` sentences
-(:mod:`pipeline.data.sample`, not SentencePiece's) streamed to SentencePiece in file order through its
-``sentence_iterator``, so the same cleaned text and seed give the same ``spm.model`` bytes.
-Ids are fixed: pad=0, unk=1, bos=2, eos=3.
-SentencePiece's own normalisation is ``identity``: the text is already normalised by ``clean``
-(NFC), and decoding must give back exactly the cleaned text.
-"""
+"""Stage ``bpe``: a joint SentencePiece BPE model over the cleaned training text (EN and DE), learnt from a seeded
+sample streamed in file order (:mod:`pipeline.data.sample`), so the same text and seed give the same bytes."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -20,7 +12,7 @@ from pathlib import Path
 
 from model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from pipeline.core import tracking
-from pipeline.core.config import BpeConfig, Params
+from pipeline.core.config import BpeConfig
 from pipeline.core.errors import DataError
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, sha256_file
@@ -32,11 +24,7 @@ SPECIAL_PIECES = {"pad_piece": "<pad>", "unk_piece": "<unk>", "bos_piece": "<s>"
 
 
 def train_model(sample: Path | Iterable[str], model_prefix: Path, cfg: BpeConfig, num_threads: int) -> None:
-    """Train SentencePiece BPE on every sentence of ``sample``; writes ``<prefix>.model``/``.vocab``.
-
-    Args:
-        sample: a text file (one sentence a line) or the sentences themselves, in training order.
-    """
+    """Train SentencePiece BPE on ``sample`` (a text file or the sentences) into ``<prefix>.model``/``.vocab``."""
     import sentencepiece as spm
 
     source = {"input": str(sample)} if isinstance(sample, Path) else {"sentence_iterator": iter(sample)}
@@ -45,10 +33,9 @@ def train_model(sample: Path | Iterable[str], model_prefix: Path, cfg: BpeConfig
             **source, model_prefix=str(model_prefix), model_type="bpe",
             vocab_size=cfg.vocab_size, character_coverage=cfg.character_coverage,
             input_sentence_size=0, shuffle_input_sentence=False,  # the sample is ours, in a fixed order
-            normalization_rule_name="identity", num_threads=num_threads,
-            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, **SPECIAL_PIECES,
-            minloglevel=1,
-        )
+            normalization_rule_name="identity",  # clean normalised the text; decoding must give it back exactly
+            num_threads=num_threads, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, **SPECIAL_PIECES,
+            minloglevel=1)
     except RuntimeError as exc:
         hint = ("lower bpe.vocab_size in params.yaml" if "Vocabulary size" in str(exc)
                 else "check the cleaned training text")
@@ -58,12 +45,8 @@ def train_model(sample: Path | Iterable[str], model_prefix: Path, cfg: BpeConfig
 
 
 def _canonicalise(model_file: Path) -> None:
-    """Rewrite the machine-dependent trainer fields SentencePiece records inside the model.
-
-    The model proto stores the input path, the output prefix and the thread count; the pieces
-    and scores do not depend on them (checked: 1 and N threads give the same pieces), so they
-    are replaced by constants and the same text gives the same bytes on any machine.
-    """
+    """Replace the input path, output prefix and thread count SentencePiece records in the model by constants (the
+    pieces do not depend on them), so the same text gives the same bytes on any machine."""
     from sentencepiece import sentencepiece_model_pb2 as pb
 
     proto = pb.ModelProto()
@@ -75,15 +58,11 @@ def _canonicalise(model_file: Path) -> None:
 
 
 def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path) -> dict:
-    """Run the bpe stage: ``<clean_dir>/train.{en,de}`` → ``<bpe_dir>/spm.{model,vocab}``.
-
-    Returns:
-        The sample's sentence count, the vocabulary size and the model's sha256.
+    """Run the bpe stage: ``<clean_dir>/train.{en,de}`` → ``<bpe_dir>/spm.{model,vocab}`` (atomically); return the
+    sample's sentence count, the vocabulary size and the model's sha256.
 
     Raises:
-        DataError: missing cleaned text, an empty training set, invalid UTF-8 or a NUL byte (file:line),
-            or a vocabulary the text cannot fill.
-        OutputError: the disk filled up while writing (the previous ``bpe_dir`` is kept).
+        DataError: missing or empty cleaned text, bad UTF-8 (file:line), or a vocabulary the text cannot fill.
     """
     clean_dir, bpe_dir = Path(clean_dir), Path(bpe_dir)
     files = [clean_dir / "train.en", clean_dir / "train.de"]
@@ -115,13 +94,10 @@ def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path) -> dict
     return {"sentences": n, "vocab_size": cfg.vocab_size, "spm_sha256": sha256_file(bpe_dir / "spm.model")}
 
 
-def _run(params: Params, args: argparse.Namespace) -> dict:
-    return stage(params.bpe, clean_dir=params.paths.clean, bpe_dir=params.paths.bpe)
-
-
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m pipeline.bpe [--params params.yaml]``."""
-    return stage_main("bpe", _run, argv)
+    return stage_main("bpe", lambda params, _: stage(params.bpe, clean_dir=params.paths.clean,
+                                                     bpe_dir=params.paths.bpe), argv)
 
 
 if __name__ == "__main__":

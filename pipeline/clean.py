@@ -1,20 +1,14 @@
-"""Stage ``clean``: normalise every split, filter training pairs.
-
-Reads ``<raw>/{train,valid,test}.{en,de}`` and writes ``<clean>/{train,valid,test}.{en,de}`` plus
-``<metrics>/clean.json``. Every line of every split goes through :func:`pipeline.data.normalize.normalize`;
-only training pairs are filtered (:mod:`pipeline.data.filters`), so valid and test keep their line counts.
-The work runs in blocks in ``NMT_DATA_WORKERS`` processes (default ``os.cpu_count()``); the output bytes do
-not depend on their number.
+"""Stage ``clean``: ``<raw>/{train,valid,test}.{en,de}`` normalised into ``<clean>/``, training pairs filtered
+(:mod:`pipeline.data.filters`), in ``NMT_DATA_WORKERS`` processes whose number does not change the bytes.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from pipeline.core import tracking
-from pipeline.core.config import CleanConfig, Params
+from pipeline.core.config import CleanConfig
 from pipeline.core.errors import DataError
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, count_lines
@@ -38,17 +32,8 @@ def _check_raw(raw_dir: Path, split: str) -> None:
 
 
 def stage(cfg: CleanConfig, *, raw_dir: str | Path, clean_dir: str | Path) -> dict:
-    """Run the clean stage: ``raw_dir`` → ``clean_dir`` (atomically).
-
-    Returns:
-        Per split ``pairs_in`` and ``pairs_out``; for train the pairs ``dropped`` per rule, else the ``blank``
-        pairs kept.
-
-    Raises:
-        DataError: a missing, empty or misaligned raw file, invalid UTF-8 or a NUL byte (file:line),
-            or a training set emptied by the filters (naming the counts per rule and the params to loosen).
-        OutputError: the disk filled up while writing (the previous ``clean_dir`` is kept).
-    """
+    """Run the clean stage: ``raw_dir`` → ``clean_dir`` (atomically); per split the counts of
+    :func:`pipeline.data.filters.clean_split`, whose DataErrors it raises, or one for a bad raw file."""
     raw_dir, clean_dir = Path(raw_dir), Path(clean_dir)
     for split in SPLITS:  # fail before writing anything
         _check_raw(raw_dir, split)
@@ -62,13 +47,10 @@ def stage(cfg: CleanConfig, *, raw_dir: str | Path, clean_dir: str | Path) -> di
     return metrics
 
 
-def _run(params: Params, args: argparse.Namespace) -> dict:
-    return stage(params.clean, raw_dir=params.paths.raw, clean_dir=params.paths.clean)
-
-
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m pipeline.clean [--params params.yaml]``."""
-    return stage_main("clean", _run, argv)
+    return stage_main("clean", lambda params, _: stage(params.clean, raw_dir=params.paths.raw,
+                                                       clean_dir=params.paths.clean), argv)
 
 
 if __name__ == "__main__":

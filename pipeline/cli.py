@@ -6,10 +6,9 @@ import argparse
 import logging
 import sys
 
-from pipeline.core import env
+from pipeline.core import env, stages
 from pipeline.core.errors import PipelineError
 from pipeline.core.stage import setup_logging
-from pipeline.core.stages import NAMES
 
 log = logging.getLogger("nmt")
 
@@ -19,44 +18,35 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
     if args.name is None:
         print("\n".join(listing()))
-        return 0
-    path = write_profile(args.name)
-    log.info("wrote %s for profile %s", path, args.name)
+    else:
+        log.info("wrote %s for profile %s", write_profile(args.name), args.name)
     return 0
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    """The Prefect flow ``wmt14-pipeline`` (flows/pipeline.py), the one whole-pipeline runner.
-
-    This process becomes the flow (``exec``), so Ctrl-C, SIGTERM and SIGKILL reach the flow itself,
-    which stops its stage (flows/lifeline.py); a parent process would have to forward each signal.
-    """
+def _exec_flow(cmd: list[str]) -> int:
+    """Become the flow ``python -m <cmd>`` (``exec``), so Ctrl-C, SIGTERM and SIGKILL reach it, which stops its
+    stage (flows/lifeline.py); a parent process would have to forward each signal."""
     import os
 
-    from pipeline.core import stages
-
-    for name in args.stages:  # refused before anything runs or any MLflow run is opened
-        stages.get(name)
-    cmd = [sys.executable, "-m", "flows.pipeline"] + (["--stages", *args.stages] if args.stages else [])
-    cmd += (["--profile", args.profile] if args.profile else []) + (["--force"] if args.force else [])
-    log.info("%s", " ".join(cmd[1:]))
+    log.info("-m %s", " ".join(cmd))
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, cmd)
+    os.execv(sys.executable, [sys.executable, "-m", *cmd])
     return 0  # pragma: no cover - execv does not return
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    """The Prefect flow ``wmt14-pipeline`` (flows/pipeline.py), the one whole-pipeline runner."""
+    for name in args.stages:  # refused before anything runs or any MLflow run is opened
+        stages.get(name)
+    cmd = ["flows.pipeline"] + (["--stages", *args.stages] if args.stages else [])
+    cmd += (["--profile", args.profile] if args.profile else []) + (["--force"] if args.force else [])
+    return _exec_flow(cmd)
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    """The Prefect flow ``wmt14-sweep`` (flows/sweep.py); like ``run``, this process becomes the flow (``exec``),
-    which refuses a bad spec before it starts a Prefect server, a clone or an MLflow run."""
-    import os
-
-    cmd = [sys.executable, "-m", "flows.sweep", args.spec]
-    log.info("%s", " ".join(cmd[1:]))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, cmd)
-    return 0  # pragma: no cover - execv does not return
+    """The Prefect flow ``wmt14-sweep`` (flows/sweep.py), which refuses a bad spec before it starts anything."""
+    return _exec_flow(["flows.sweep", args.spec])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_profile)
     p = sub.add_parser("run", help="the Prefect flow: each stage's `dvc repro --single-item` under one MLflow "
                                    "parent run (python -m flows.pipeline)")
-    p.add_argument("stages", nargs="*", help=f"stages to run, in pipeline order (default: all): {', '.join(NAMES)}")
+    p.add_argument("stages", nargs="*",
+                   help=f"stages to run, in pipeline order (default: all): {', '.join(stages.NAMES)}")
     p.add_argument("--profile", help="run with this profile's params.yaml (demo, multi30k, tiny, paper); the previous "
                                      "params.yaml is restored afterwards (`nmt profile NAME` switches for good)")
     p.add_argument("--force", action="store_true", help="rerun stages even if DVC thinks they are up to date")
@@ -78,11 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "under one MLflow parent run, compared by valid BLEU (python -m flows.sweep)")
     p.add_argument("spec", help="the sweep's YAML spec: name, profile, grid or variants (README, Sweeps)")
     p.set_defaults(func=_cmd_sweep)
-    from pipeline.inference.ct2 import add_parser as add_export_parser
-    from pipeline.inference.translate import add_parser as add_translate_parser
+    from pipeline.inference import ct2, translate
 
-    add_translate_parser(sub)
-    add_export_parser(sub)
+    translate.add_parser(sub)
+    ct2.add_parser(sub)
     return parser
 
 

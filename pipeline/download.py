@@ -1,15 +1,8 @@
-"""Stage ``download``: fetch a dataset's parallel text into ``<paths.raw>/{train,valid,test}.{en,de}``.
-
-Each source file comes from ``NMT_DATA_MIRROR`` when it is set, else from its upstream URL through the
-download cache (:mod:`pipeline.data.locate`); the split files and ``manifest.json`` depend only on the files'
-bytes (:mod:`pipeline.data.raw`), so a mirror run and a network run are byte-identical. The whole raw
-folder is built under a temporary sibling and renamed into place: a failure leaves the previous outputs
-(or nothing) behind.
-"""
+"""Stage ``download``: a dataset's parallel text into ``<paths.raw>/{train,valid,test}.{en,de}``, from
+``NMT_DATA_MIRROR`` or upstream (:mod:`pipeline.data.locate`), the same bytes either way."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -17,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from pipeline.core import tracking
-from pipeline.core.config import DownloadConfig, Params
+from pipeline.core.config import DownloadConfig
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path
 from pipeline.data.locate import FetchEnv, locate, remove_stale_staging
@@ -28,15 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def stage(cfg: DownloadConfig, *, raw_dir: Path, sources: DatasetSpec | None = None) -> dict:
-    """Download ``cfg.dataset`` (or ``sources``) into ``raw_dir``.
-
-    Args:
-        cfg: the ``download`` section (dataset, retries, timeout, sha256 pins).
-        raw_dir: output folder: ``{train,valid,test}.{en,de}`` and ``manifest.json``.
-        sources: the dataset table; default :func:`pipeline.data.sources.dataset_spec` of ``cfg.dataset``.
-
-    Returns:
-        The dataset, pairs per split, where each file came from, and the archives' sizes and sha256s.
+    """Download ``cfg.dataset`` (or the table ``sources``) into ``raw_dir``, replaced whole; return the dataset, pairs
+    per split, where each file came from, and the archives' sizes and sha256s.
 
     Raises:
         DownloadError: unreachable/missing source, corrupt archive, checksum or line-count mismatch.
@@ -60,13 +46,9 @@ def stage(cfg: DownloadConfig, *, raw_dir: Path, sources: DatasetSpec | None = N
             "archives": archives}
 
 
-def _run(params: Params, _args: argparse.Namespace) -> dict:
-    return stage(params.download, raw_dir=Path(params.paths.raw))
-
-
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m pipeline.download [--params params.yaml]``."""
-    return stage_main("download", _run, argv)
+    return stage_main("download", lambda params, _: stage(params.download, raw_dir=Path(params.paths.raw)), argv)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,9 @@
-"""Stage ``encode``: cleaned text → BPE ids in Parquet shards plus ``manifest.json``.
-
-Each split's clean files are cut into shards of ``encode.shard_rows`` consecutive lines, each encoded by one
-worker task (:mod:`pipeline.data.sharding`); training pairs longer than ``encode.max_len`` tokens are dropped
-and counted. The whole shards directory is built under a temporary sibling and renamed into place; reruns
-give byte-identical files. :mod:`pipeline.data.shards` reads them.
-
-Environment: ``NMT_DATA_WORKERS`` (processes; default ``os.cpu_count()``), read by :mod:`pipeline.data.workers`.
+"""Stage ``encode``: cleaned text → BPE ids in Parquet shards plus ``manifest.json``, written by
+:mod:`pipeline.data.sharding` in ``NMT_DATA_WORKERS`` processes and read by :mod:`pipeline.data.shards`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -18,7 +11,7 @@ import time
 from pathlib import Path
 
 from pipeline.core import tracking
-from pipeline.core.config import EncodeConfig, Params
+from pipeline.core.config import EncodeConfig
 from pipeline.core.errors import DataError
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, sha256_file, write_text
@@ -29,16 +22,8 @@ log = logging.getLogger(__name__)
 
 
 def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shards_dir: str | Path) -> dict:
-    """Run the encode stage: clean text + ``spm.model`` → ``shards_dir`` (atomically).
-
-    Returns:
-        Per split the manifest's rows and token counts; the workers, vocabulary size and pairs/s.
-
-    Raises:
-        DataError: missing inputs, empty, misaligned or invalid clean files (bad UTF-8, NUL bytes),
-            an unreadable BPE model.
-        OutputError: the disk filled up while writing (the previous ``shards_dir`` is kept).
-    """
+    """Run the encode stage: clean text + ``spm.model`` → ``shards_dir`` (atomically); return per split the manifest's
+    rows and token counts, and the workers, vocabulary size and pairs/s. A bad input is a DataError."""
     clean_dir, shards_dir = Path(clean_dir), Path(shards_dir)
     spm_model = Path(bpe_dir) / "spm.model"
     if not spm_model.is_file():
@@ -51,8 +36,7 @@ def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shar
     workers = data_workers()
     start = time.monotonic()
     with atomic_path(shards_dir, role="shards") as tmp:
-        for split in SPLITS:
-            (tmp / split).mkdir(parents=True)
+        tmp.mkdir()  # each shard's folder is made as it is written
         tasks, lines = plan_tasks(cfg, clean_dir, spm_model.resolve(), spm_sha256, tmp, workers)
         results = run_tasks(tasks, workers)
         manifest = build_manifest(tasks, results, lines, vocab_size=vocab_size, spm_sha256=spm_sha256, cfg=cfg)
@@ -66,14 +50,10 @@ def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shar
     return metrics
 
 
-def _run(params: Params, args: argparse.Namespace) -> dict:
-    return stage(params.encode, clean_dir=params.paths.clean, bpe_dir=params.paths.bpe,
-                 shards_dir=params.paths.shards)
-
-
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m pipeline.encode [--params params.yaml]``."""
-    return stage_main("encode", _run, argv)
+    return stage_main("encode", lambda params, _: stage(params.encode, clean_dir=params.paths.clean,
+                                                        bpe_dir=params.paths.bpe, shards_dir=params.paths.shards), argv)
 
 
 if __name__ == "__main__":

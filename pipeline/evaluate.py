@@ -1,11 +1,5 @@
-"""Stage ``evaluate``: decode valid and test with the averaged model and score against the raw references.
-
-Beam size and α are chosen on valid only, test is decoded once with the chosen pair
-(:mod:`pipeline.inference.evaluation`). The newest complete training checkpoint (no averaging) decodes valid
-once at that pair into ``valid.newest.hyp.de``, and both models get the valid set's teacher-forced perplexity:
-the paper's Table 3 reports newstest2013 BLEU and perplexity of single models without checkpoint averaging, so
-the audit compares ``valid_newest`` with it; a newest checkpoint that beats the average is a warning.
-"""
+"""Stage ``evaluate``: decode valid and test with the averaged model (beam and α chosen on valid), and valid with
+the newest checkpoint (the paper's Table 3 reports single models), and score against the raw references."""
 
 from __future__ import annotations
 
@@ -56,28 +50,12 @@ def _log_run(report: dict[str, Any]) -> None:
 
 def stage(cfg: EvaluateConfig, *, model_dir: str | Path, shards_dir: str | Path, raw_dir: str | Path,
           eval_dir: str | Path, train_dir: str | Path, spm_model: str | Path) -> dict:
-    """Decode valid (grid) and test (chosen beam, α) with the averaged model, valid with the newest checkpoint.
-
-    Every input is read and checked before the first decode. Both models also get the valid set's
-    teacher-forced per-token perplexity (:func:`pipeline.inference.evaluation.perplexity`).
-
-    Args:
-        cfg: the ``evaluate`` section.
-        model_dir: ``paths.model`` holding ``averaged.pt``.
-        shards_dir: ``paths.shards`` (valid and test splits are decoded).
-        raw_dir: ``paths.raw`` holding the untouched references ``{valid,test}.de``.
-        eval_dir: ``paths.eval``; written whole (``{valid,test}.hyp.de``, ``valid.newest.hyp.de``), replacing
-            only a folder this stage wrote.
-        train_dir: ``paths.train``; its newest complete checkpoint is scored on valid.
-        spm_model: ``<paths.bpe>/spm.model``, the BPE model the checkpoints were trained with.
+    """Decode valid (grid) and test (chosen beam, α) with the averaged model, valid with the newest checkpoint of
+    ``train_dir``, into ``eval_dir`` (written whole); every input is checked before the first decode.
 
     Returns:
         Per set every figure and signature (valid also ``nll``/``ppl``), the grid, the chosen beam and α,
         the device, and ``valid_newest``: the newest checkpoint's step, folder, valid figures and perplexity.
-
-    Raises:
-        CheckpointError: unreadable model file or checkpoint, no checkpoint in ``train_dir``.
-        DataError: shards/references/BPE model that disagree.
     """
     refuse_foreign(Path(eval_dir), "eval")  # before the work, not only at the swap
     translator = load_translator(model_file.path_in(model_dir))

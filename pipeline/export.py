@@ -1,13 +1,5 @@
-"""Optional DVC stage ``export`` (``export/dvc.yaml``): the averaged model as a CTranslate2 model directory.
-
-``dvc repro`` reads ./dvc.yaml, so the paper and demo pipelines never run this stage; ``dvc repro
-export/dvc.yaml`` runs it after ``average`` (reproducing what ``average`` needs first) and records it in
-``export/dvc.lock``. It writes ``<paths.model>-ct2/`` through :func:`pipeline.inference.ct2.export`, as
-``nmt export --format ctranslate2`` does (the SentencePiece model beside the weights, written into a
-temporary sibling and renamed into place); the weight type is the ``--quantization`` of that dvc.yaml's
-command. It opens no MLflow run: ``register`` ships an export of its own when ``NMT_REGISTER_CTRANSLATE2``
-asks for one.
-"""
+"""Optional DVC stage ``export`` (``dvc repro export/dvc.yaml``): the averaged model as a CTranslate2 model folder
+``<paths.model>-ct2/``, as ``nmt export --format ctranslate2`` writes it; no MLflow run."""
 
 from __future__ import annotations
 

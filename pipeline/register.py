@@ -1,18 +1,10 @@
 """Stage ``register``: log the averaged model once as an MLflow pyfunc translator and maybe move ``candidate``.
 
-After ``evaluate``: the model is logged into this stage's MLflow run with the decoding defaults the evaluate
-stage chose on the valid set and registered as a new version of ``wmt14-transformer`` (``NMT_MODEL_NAME``
-overrides the name); :mod:`pipeline.inference.registration` does the work. DVC reruns the stage only when
-its inputs change; a rerun with the same ``averaged.pt`` (sha256) and the same chosen beam and α (``dvc repro
--f``, or an evaluate rerun that only changed timings) logs nothing and points its record at that version.
-
-The alias ``candidate`` moves to the new version only if no version holds it yet, or the new model has a
-higher VALID BLEU than the holder (the test set never chooses); a paired bootstrap of both models' test
-hypotheses is recorded beside the decision. Models scored against other references (another dataset or
-profile) are not comparable: the alias stays and the record says why. The run also records its dataset
-inputs (raw text, BPE model, shards) with their dvc.lock md5s. ``<paths.metrics>/register.details.json``
-holds the run id, version, decision, p-value and both BLEUs. With ``NMT_TRACKING=off`` nothing is logged
-and the record says so.
+The model is logged into this stage's run with the decoding defaults evaluate chose on valid and registered
+as a new version of ``NMT_MODEL_NAME``; :mod:`pipeline.inference.registration` does the work. A rerun with
+the same ``averaged.pt`` and the same beam and α logs nothing and points its record at that version. The
+alias ``candidate`` moves only to a model with a higher VALID BLEU on the same references (the test set
+never chooses); a paired bootstrap of both models' test hypotheses is recorded beside the decision.
 """
 
 from __future__ import annotations
@@ -47,20 +39,12 @@ def _record_only(name: str, new: dict[str, float], decision: str, *, existing: M
 def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Path,
           bleu_path: str | Path, lock_path: str | Path = "dvc.lock",
           dataset_paths: dict[str, tuple[str, str]] | None = None, root: str | Path = ".") -> RegisterDetails:
-    """Log and register the averaged model; move ``candidate`` if it wins on valid BLEU.
+    """Log and register the averaged model; move ``candidate`` if it wins on valid BLEU; return the decision record.
 
     Args:
         cfg: the ``evaluate`` section (the served model decodes with its length and batch limits).
-        model_dir: ``paths.model`` holding ``averaged.pt``.
-        eval_dir: ``paths.eval`` holding ``{valid,test}.hyp.de``.
-        raw_dir: ``paths.raw`` holding the references ``{valid,test}.de``.
         bleu_path: evaluate's ``evaluate.details.json`` (valid/test BLEU, chosen beam and α).
-        lock_path: ``dvc.lock`` (dataset md5s).
-        dataset_paths: dataset name → (DVC out path, MLflow context) to record as inputs.
-        root: repository root (default MLflow store).
-
-    Returns:
-        The decision record: run id, version, decision, p-value and both BLEUs.
+        lock_path: ``dvc.lock``, whose md5s of ``dataset_paths`` (name → (DVC out, MLflow context)) are logged.
 
     Raises:
         CheckpointError, DataError: missing or inconsistent inputs (nothing is logged then).
@@ -72,9 +56,8 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
         return _record_only(name, new, "tracking is off (NMT_TRACKING=off): nothing logged or "
                             "registered; `dvc repro -f register` with tracking on to register this model")
     holder = registry.alias_holder(name, ALIAS, root)
-    same = registry.find_model_versions(name, {"averaged_sha256": inputs.averaged_sha256, "beam": chosen.beam,
-                                               "alpha": chosen.alpha}, root)
-    if same:
+    if same := registry.find_model_versions(name, {"averaged_sha256": inputs.averaged_sha256, "beam": chosen.beam,
+                                                  "alpha": chosen.alpha}, root):
         return _record_only(name, new, f"this averaged.pt with beam {chosen.beam}, alpha "
                             f"{chosen.alpha} is already version {same[0].version}: not logged again",
                             existing=same[0], holder=holder)

@@ -1,11 +1,5 @@
-"""params.yaml → one tree of frozen, keyword-only dataclasses, built strictly by :mod:`pipeline.core.strict`.
-
-Every unknown, missing, mistyped or out-of-range key is reported together in one :class:`ConfigError`, one line
-per key. Each numeric key's valid range is in :data:`RANGES` (a test makes every numeric field have one), and
-every ``paths.*`` value follows :mod:`pipeline.core.paths`' rules. Cross-field rules live in ``__post_init__``
-of the section they concern. Derived values (vocabulary size, forward passes per step) are computed, never
-stored: the ``model`` section is the network's own :class:`model.config.TransformerConfig`.
-"""
+"""params.yaml → one tree of frozen, keyword-only dataclasses, built strictly by :mod:`pipeline.core.strict`;
+each numeric key's range is in :data:`RANGES`, cross-field rules in the ``__post_init__`` of their section."""
 
 from __future__ import annotations
 
@@ -21,8 +15,7 @@ from pipeline.core.paths import layout_problems, path_problem
 from pipeline.core.strict import Range, build, shown
 from pipeline.core.yamlfile import load_yaml
 
-#: Keys that left params.yaml for an ``NMT_*`` variable (pipeline/core/env.py): a params file that
-#: still has one fails naming the variable.
+#: Keys that left params.yaml for an ``NMT_*`` variable: a params file that still has one fails naming it.
 MOVED_TO_ENV = {"train.max_tokens": "NMT_MAX_TOKENS"}
 
 
@@ -170,8 +163,7 @@ class Params:
 
 
 def _model_size_problem(model: TransformerConfig, vocab_size: int) -> str | None:
-    """Why the model of ``model`` and ``bpe.vocab_size`` has more than :data:`model.config.MAX_WEIGHTS` weights,
-    naming the key furthest above the paper's base model; None if it has not."""
+    """Why the model has more than ``MAX_WEIGHTS`` weights, naming the key furthest above the base model, or None."""
     count = model.weight_count(vocab_size)
     if count <= MAX_WEIGHTS:
         return None
@@ -229,15 +221,14 @@ def _key_problems(cls: type, name: str, value: Any) -> list[tuple[str, str]]:
     if cls is PathsConfig:
         problem = path_problem(value)
         return [("", problem)] if problem else []
-    rng = RANGES.get(cls, {}).get(name)
-    if rng is None:
+    if (rng := RANGES.get(cls, {}).get(name)) is None:
         return []
     items = enumerate(value) if isinstance(value, list) else [(None, value)]
     return [("" if i is None else f"[{i}]", problem) for i, v in items if (problem := rng.problem(v))]
 
 
 def params_from_dict(data: dict[str, Any], source: str = "params.yaml") -> Params:
-    """Build :class:`Params` from a parsed mapping; raise one error listing every bad key."""
+    """Build :class:`Params` from a parsed mapping; raise one ConfigError listing every bad key."""
     return build(Params, data, source, rules=_key_problems, moved=MOVED_TO_ENV)
 
 
@@ -251,15 +242,13 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except OSError as exc:
         raise ConfigError(str(path), [f"cannot be read ({exc.strerror or exc}); pass a readable file"]) from None
     params = params_from_dict(data or {}, str(path))
-    problems = layout_problems(section_dict(params.paths), path.parent, params.profile)
-    if problems:
+    if problems := layout_problems(section_dict(params.paths), path.parent, params.profile):
         raise ConfigError(str(path), problems)
     return params
 
 
 def section_dict(obj: Any) -> dict[str, Any]:
-    """A dataclass section (or all of :class:`Params`) as a plain dict of its settings, as params.yaml
-    spells them (derived values such as the model's vocabulary size left out): for tracking and audit."""
+    """A section (or all of :class:`Params`) as the plain dict params.yaml spells (derived values left out)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: section_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)
                 if DERIVED not in f.metadata}

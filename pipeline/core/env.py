@@ -1,18 +1,12 @@
-"""Every ``NMT_*`` environment variable the project reads: one typed, documented table, read once.
+"""Every ``NMT_*`` environment variable the project reads: one typed, documented table (:class:`Settings`).
 
-Machine-dependent settings (process counts, devices, mirrors, caches, test hooks) live in the environment,
-never in params.yaml, so moving between machines never invalidates a DVC stage. :class:`Settings` lists each
-variable with its type, default and meaning; :func:`settings` reads them all, validates them and raises one
-:class:`~pipeline.core.errors.ConfigError` with one line per bad variable (its value and what is expected), or
-per retired variable still set (:data:`RETIRED`, naming what replaced it). Unset or blank means the default.
-
-The parsed table is cached per distinct set of ``NMT_*`` values, so a changed variable (a test's
-``monkeypatch.setenv``) is seen on the next call; ``settings.cache_clear()`` empties the cache and
-``settings(environ)`` reads a mapping instead of ``os.environ``. No torch, no mlflow here.
+Machine-dependent settings live in the environment, never in params.yaml, so moving between machines never
+invalidates a DVC stage. Unset or blank means the default.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -38,11 +32,8 @@ FAULT_SYNTAX = "<point>:<step>[:<action>[:<rank>]][@<file>]"
 
 @dataclass(frozen=True)
 class Fault:
-    """One parsed ``NMT_FAULT_POINT`` (see :mod:`pipeline.training.faults`).
-
-    Attributes:
-        once: fire only if this file does not exist (it is created just before firing); None: every time.
-    """
+    """One parsed ``NMT_FAULT_POINT`` (:mod:`pipeline.training.faults`); ``once``: fire only while this file
+    does not exist (it is created just before firing), None: every time."""
 
     point: str
     step: int
@@ -53,15 +44,13 @@ class Fault:
 
 @dataclass(frozen=True)
 class Parser:
-    """Turns a variable's (stripped, non-empty) text into its value: ``kind`` says what is accepted, in words;
-    ``fn`` raises ``ValueError`` whose arguments are each one problem (``"expected an integer >= 1"``)."""
+    """How a variable's text becomes its value (``fn``: a ``ValueError`` argument per problem); ``kind`` in words."""
 
     kind: str
     fn: Callable[[str], Any]
 
 
 def integer(minimum: int) -> Parser:
-    """An integer >= ``minimum``."""
     def parse(raw: str) -> int:
         value = int(raw) if re.fullmatch(r"[+-]?[0-9]+", raw) else minimum - 1
         if value < minimum:
@@ -71,22 +60,17 @@ def integer(minimum: int) -> Parser:
 
 
 def seconds(*, positive: bool) -> Parser:
-    """A finite number of seconds, > 0 (``positive``) or >= 0."""
     bound = "> 0" if positive else ">= 0"
 
     def parse(raw: str) -> float:
-        try:
-            value = float(raw)
-        except ValueError:
-            value = float("nan")
-        if not math.isfinite(value) or not (value > 0 if positive else value >= 0):
-            raise ValueError(f"expected a number of seconds {bound}")
-        return value
+        with contextlib.suppress(ValueError):
+            if math.isfinite(value := float(raw)) and (value > 0 if positive else value >= 0):
+                return value
+        raise ValueError(f"expected a number of seconds {bound}")
     return Parser(f"seconds {bound}", parse)
 
 
 def choice(*choices: str) -> Parser:
-    """One of ``choices`` (case-sensitive, as the code compares them)."""
     def parse(raw: str) -> str:
         if raw not in choices:
             raise ValueError(f"expected one of {', '.join(choices)}")
@@ -95,7 +79,7 @@ def choice(*choices: str) -> Parser:
 
 
 def _fault(raw: str) -> Fault:
-    """``<point>:<step>[:<action>[:<rank>]][@<file>]``; every problem of the spec is reported."""
+    """Parse :data:`FAULT_SYNTAX`, reporting every problem of the spec."""
     spec, at, once = raw.partition("@")  # the file may hold ':' and '@'; the spec before it holds neither '@'
     parts = spec.split(":")
     if not 2 <= len(parts) <= 4:
@@ -125,7 +109,7 @@ FAULT_SPEC = Parser(f"`{FAULT_SYNTAX}`", _fault)
 
 
 def meta(name: str, parse: Parser, doc: str) -> dict[str, str | Parser]:
-    """The metadata of a :class:`Settings` field: its variable ``name``, how to ``parse`` it, one line ``doc``."""
+    """A :class:`Settings` field's metadata: its variable, its parser, one line of documentation."""
     return {"env": name, "parse": parse, "doc": doc}
 
 
@@ -205,8 +189,7 @@ class Settings:
         "params.yaml is left out of `git_dirty`"))
 
 
-#: ``NMT_MAX_TOKENS`` when unset, per device type: fixed, never derived from free memory, so a
-#: machine's budget does not depend on what else runs on it.
+#: ``NMT_MAX_TOKENS`` when unset: fixed per device type, never derived from free memory.
 DEFAULT_MAX_TOKENS: dict[str, int] = {"cuda": 8192, "cpu": 4096}
 
 
@@ -218,8 +201,7 @@ def max_tokens(device_type: str) -> int:
 FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(Settings)
 NAMES: tuple[str, ...] = tuple(f.metadata["env"] for f in FIELDS)
 
-#: Variables no longer read, each with what replaced it. Not part of the table: setting one (non-blank) is
-#: an error naming its replacement, so a value set for an older version is never silently ignored.
+#: Variables no longer read: setting one is an error naming its replacement, never silently ignored.
 RETIRED: dict[str, str] = {
     "NMT_CLEAN_WORKERS": "set NMT_DATA_WORKERS (worker processes of clean and encode) instead",
     "NMT_ENCODE_WORKERS": "set NMT_DATA_WORKERS (worker processes of clean and encode) instead",
@@ -229,11 +211,6 @@ RETIRED: dict[str, str] = {
     "NMT_MASTER_ADDR": "set NMT_RDZV_ENDPOINT=<node 0>:<port> with NMT_NODE_RANK (static rendezvous) instead",
     "NMT_MASTER_PORT": "set NMT_RDZV_ENDPOINT=<node 0>:<port> with NMT_NODE_RANK (static rendezvous) instead",
 }
-
-
-def _problems(name: str, raw: str, exc: ValueError) -> list[str]:
-    """One line per problem of ``exc`` (a parser's ``ValueError``), naming the variable and its value."""
-    return [f"{name}={raw!r}: {problem}" for problem in exc.args]
 
 
 def _snapshot(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -247,13 +224,12 @@ def _parse(snapshot: tuple[tuple[str, str], ...]) -> Settings:
     problems: list[str] = []
     for f in FIELDS:
         name = f.metadata["env"]
-        raw = raw_values.get(name, "").strip()
-        if not raw:
+        if not (raw := raw_values.get(name, "").strip()):
             continue
         try:
             values[f.name] = f.metadata["parse"].fn(raw)
         except ValueError as exc:
-            problems.extend(_problems(name, raw, exc))
+            problems.extend(f"{name}={raw!r}: {problem}" for problem in exc.args)
     for name, replacement in RETIRED.items():
         if raw_values.get(name, "").strip():
             problems.append(f"{name}={raw_values[name].strip()!r}: no longer read; {replacement}")
@@ -263,11 +239,7 @@ def _parse(snapshot: tuple[tuple[str, str], ...]) -> Settings:
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """Every ``NMT_*`` variable of ``environ`` (default ``os.environ``), parsed and validated.
-
-    Raises:
-        ConfigError: one line per bad variable, naming it, its value and what is expected.
-    """
+    """Every ``NMT_*`` variable of ``environ`` (default ``os.environ``), parsed; a ConfigError line per bad one."""
     return _parse(_snapshot(os.environ if environ is None else environ))
 
 
@@ -275,12 +247,8 @@ settings.cache_clear = _parse.cache_clear  # type: ignore[attr-defined]
 
 
 def prefer_this_interpreter() -> None:
-    """Put this interpreter's folder first on ``PATH``, as activating its virtual environment would.
-
-    The commands the flows start look their programs up on ``PATH``: ``dvc``, and DVC's stage commands
-    (``python -m pipeline.<stage>``, dvc.yaml). Without this, ``.venv/bin/nmt run`` from a shell where ``.venv``
-    is not activated would run them with whatever ``python`` comes first, which lacks the pipeline's packages.
-    """
+    """Put this interpreter's folder first on ``PATH``, as activating its virtual environment would, so that the
+    ``dvc`` and ``python -m pipeline.<stage>`` the flows start are this environment's."""
     folder = str(Path(sys.executable).parent)
     parts = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p]
     if parts[:1] != [folder]:

@@ -8,24 +8,13 @@ class PipelineError(Exception):
 
 
 class ConfigError(PipelineError):
-    """params.yaml (or an overrides file) has unknown, missing or mistyped keys.
-
-    Args:
-        source: the file that was read.
-        problems: one line per bad key, each naming the dotted key.
-
-    One problem is one line (``params.yaml: train.max_tokens: ...``); several are a count followed by
-    one line each.
-    """
+    """Bad keys in a settings file (or the environment, ``source``): one line per problem, each naming its key."""
 
     def __init__(self, source: str, problems: list[str]) -> None:
-        self.source = source
-        self.problems = list(problems)
-        if len(self.problems) == 1:
-            super().__init__(f"{source}: {self.problems[0]}")
-            return
-        listing = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{source}: {len(self.problems)} problem(s) in the configuration:\n{listing}")
+        self.source, self.problems = source, list(problems)
+        listing = "".join(f"\n  - {p}" for p in self.problems)
+        super().__init__(f"{source}: {self.problems[0]}" if len(self.problems) == 1
+                         else f"{source}: {len(self.problems)} problem(s) in the configuration:{listing}")
 
 
 class DataError(PipelineError):

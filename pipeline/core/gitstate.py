@@ -1,11 +1,5 @@
-"""The checkout's commit and what in it differs from the commit: one rule for MLflow's tags and the audit.
-
-A run's own records are not edits: ``dvc.lock`` (DVC rewrites it after every stage) and the versioned
-``metrics/`` and ``plots/`` folders (the stages write them; a published run commits them, see the README's DVC
-section) never make a checkout dirty. During a ``--profile`` run (``NMT_PROFILE_RUN``) the flow has written
-``params.yaml`` for the run and puts the previous bytes back afterwards, so ``params.yaml`` is left out too: the
-run's params are then the commit's ``profiles/`` rendered for that profile. Any other tracked change counts.
-"""
+"""The checkout's commit and what in it differs from the commit: one rule for MLflow's tags and the audit, under
+which a run's own records (``dvc.lock``, ``metrics/``, ``plots/``, a ``--profile`` run's params.yaml) are no edits."""
 
 from __future__ import annotations
 
@@ -30,12 +24,7 @@ def commit(root: str | Path) -> str | None:
 
 
 def dirty_paths(root: str | Path, *, temporary_params: bool = False) -> list[str]:
-    """Tracked paths of ``root`` that differ from its commit, the run's own records left out (module docstring).
-
-    Args:
-        root: the checkout.
-        temporary_params: a ``--profile`` run: leave ``params.yaml`` out as well.
-    """
+    """Tracked paths of ``root`` that differ from its commit, the run's own records left out."""
     excluded = [*RUN_RECORDS, *(["params.yaml"] if temporary_params else [])]
     out = _git(root, "status", "--porcelain", "--untracked-files=no", "--", ".",
                *(f":(exclude){p}" for p in excluded)) or ""

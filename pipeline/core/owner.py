@@ -1,12 +1,5 @@
-"""Which process holds an MLflow run open, and whether it still lives: how a run left RUNNING by a killed
-process is told from one that is still running.
-
-A run records its owner in a tag when it opens (``<host>/<pid>/<start>``, ``start`` being the process's
-start time in clock ticks since boot, field 22 of ``/proc/<pid>/stat``, so a pid the kernel has since given
-to another process does not count as the owner). SIGKILL runs no code, so nothing can end the run then;
-the next pipeline run or sweep in the same checkout ends it (:func:`end_orphans`, called by
-:func:`pipeline.core.tracking.end_orphaned_runs`). No mlflow here: the client is handed in.
-"""
+"""Which process holds an MLflow run open (``<host>/<pid>/<start time>``), so that the next pipeline run or sweep
+in the checkout ends a run left RUNNING by a SIGKILLed process, which runs no code (:func:`end_orphans`)."""
 
 from __future__ import annotations
 
@@ -16,24 +9,21 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.textio import pid_alive
+
 #: The run's owner: ``<host>/<pid>/<start>``.
 OWNER_TAG = "nmt.owner"
 #: The checkout (or sweep clone) the run belongs to, resolved.
 CHECKOUT_TAG = "nmt.checkout"
 
 
-def _stat(pid: int) -> list[str]:
-    """The fields of ``/proc/<pid>/stat`` from the third (the state) on; empty when it cannot be read."""
+def _start_ticks(pid: int) -> str:
+    """The start time of process ``pid`` (``/proc/<pid>/stat`` field 22); empty when it cannot be read."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
     except OSError:
-        return []
-    return stat[stat.rfind(")") + 2:].split()  # the command name in (...) may hold spaces
-
-
-def _start_ticks(pid: int) -> str:
-    """The start time of process ``pid`` (``/proc/<pid>/stat`` field 22); empty when it cannot be read."""
-    fields = _stat(pid)
+        return ""
+    fields = stat[stat.rfind(")") + 2:].split()  # the command name in (...) may hold spaces
     return fields[19] if len(fields) > 19 else ""
 
 
@@ -49,26 +39,14 @@ def owner_tags(root: str | Path) -> dict[str, str]:
 
 
 def owner_gone(value: str) -> bool:
-    """Whether the owner named by ``value`` (an :data:`OWNER_TAG`) is a process of this host that has ended.
-
-    False when it is alive, on another host, or ``value`` is not an owner (a run opened elsewhere or by an
-    older version is never taken for an orphan).
-    """
+    """Whether the owner named by ``value`` (an :data:`OWNER_TAG`) is a process of this host that has ended (or a
+    zombie, or its pid now names another process); False for anything else."""
     host, _, rest = value.partition("/")
     pid_text, _, start = rest.partition("/")
     if host != socket.gethostname() or not pid_text.isdigit():
         return False
     pid = int(pid_text)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass  # alive, another user's
-    fields = _stat(pid)
-    if fields[:1] == ["Z"]:
-        return True  # ended, not yet waited for by its parent
-    return bool(start) and len(fields) > 19 and fields[19] != start  # the pid now names another process
+    return not pid_alive(pid) or bool(start) and _start_ticks(pid) not in ("", start)
 
 
 def in_checkout(value: str, root: str | Path) -> bool:
@@ -79,9 +57,8 @@ def in_checkout(value: str, root: str | Path) -> bool:
 
 def end_orphans(client: Any, experiment_id: str, root: str | Path,
                 logger: logging.Logger | logging.LoggerAdapter) -> list[str]:
-    """Mark ``KILLED`` every ``RUNNING`` run of the experiment that belongs to ``root`` (:func:`in_checkout`) and
-    whose owner is gone (:func:`owner_gone`), logging one line each; runs of other hosts, of live processes or
-    without the tags are left alone. ``client`` is an MLflow client. Returns the ids of the runs it ended."""
+    """Mark ``KILLED`` every ``RUNNING`` run of the experiment that belongs to ``root`` and whose owner is gone,
+    logging one line each; return their ids. ``client`` is an MLflow client (no mlflow import here)."""
     ended: list[str] = []
     token = None
     while True:
@@ -95,6 +72,5 @@ def end_orphans(client: Any, experiment_id: str, root: str | Path,
                 logger.info("marked MLflow run %s (%s) KILLED: its process %s ended without closing it", run_id,
                             tags.get("mlflow.runName", "?"), tags[OWNER_TAG])
                 ended.append(run_id)
-        token = page.token
-        if not token:
+        if not (token := page.token):
             return ended

@@ -1,19 +1,6 @@
 """Where outputs may go: the ``paths.*`` layout of a params file, and the output options of commands.
 
-Every stage replaces its output folder whole, so a path that names the wrong folder could cost a user
-their files. The rules, checked before any stage runs (:func:`layout_problems`, from the params loader and
-``nmt profile``):
-
-- a relative ``paths.*`` value lies inside one of the git-ignored output folders (``data/``, ``runs/`` ...;
-  :func:`path_problem`, the per-key rule); an absolute one lies strictly inside the folder that
-  holds the params file (a params file kept outside a checkout, as tests do), never in its ``.git``;
-- no two ``paths.*`` of one params file are the same folder or one inside the other;
-- none is the same as, inside, or around a path of another profile in ``profiles/``, except that profiles
-  on one dataset share its data folders (the same key and the same folder: ``raw``, ``clean``, ``bpe``,
-  ``shards``).
-
-:func:`output_problem` is the rule for a folder or file a user names on a command line (``nmt export
---output``): never the current folder, the checkout, ``.git``, or a folder holding one of the inputs.
+Every stage replaces its output folder whole, so a path naming the wrong folder could cost a user their files.
 """
 
 from __future__ import annotations
@@ -30,16 +17,15 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 #: The ``paths.*`` keys whose folder several profiles on one dataset may share (the data stages' outputs).
 SHARED_DATA = ("raw", "clean", "bpe", "shards")
 BASE_PROFILE = "paper"
-#: The git-ignored output folders: every ``paths.*`` value lies strictly inside one of them, so a stage
-#: that clears its output can never delete tracked files (docs/, src/) or write outside the repository.
+#: The git-ignored output folders: a stage that replaces its output can never delete tracked files.
 OUTPUT_ROOTS = ("data", "runs", "metrics", "plots", "reports")
 PATH_RULE = (f"a relative path without '..' inside one of {', '.join(r + '/' for r in OUTPUT_ROOTS)}; "
              "an absolute path only for a params file kept outside the checkout, inside that file's folder")
 
 
 def path_problem(value: str) -> str | None:
-    """Why ``value`` may not be a ``paths.*`` setting (:data:`PATH_RULE`), or None if it may (an absolute
-    path outside the checkout passes here; :func:`layout_problems` accepts it only inside the params file's folder)."""
+    """Why ``value`` may not be a ``paths.*`` setting (:data:`PATH_RULE`), or None if it may (an absolute path
+    outside the checkout passes here; :func:`layout_problems` checks it against the params file's folder)."""
     parts = PurePosixPath(value).parts
     if value.startswith(("/", "\\")) or PurePosixPath(value).is_absolute():
         if ".." not in parts and not Path(value).resolve().is_relative_to(CHECKOUT):
@@ -65,13 +51,8 @@ def _related(a: Path, b: Path) -> bool:
 
 
 def layout_problems(paths: Mapping[str, str], root: str | Path, profile: str | None = None) -> list[str]:
-    """Problems with a params file's ``paths`` section, one line each naming the key (empty when fine).
-
-    Args:
-        paths: ``paths.*`` as written (key -> folder).
-        root: the folder holding the params file; relative paths are relative to it.
-        profile: the params file's ``profile`` (its own entry in ``profiles/`` is not compared with it).
-    """
+    """Problems with the ``paths`` section of a params file in folder ``root`` (naming ``profile``, whose own entry
+    in ``profiles/`` is not compared with it), one line each naming the key."""
     root = Path(os.path.abspath(root))
     mine, problems = {}, []
     for key, value in paths.items():
@@ -110,11 +91,8 @@ def other_profiles(root: Path, profile: str | None) -> dict[str, dict[str, str]]
     if not (folder / f"{BASE_PROFILE}.yaml").is_file():
         return {}
     base = _paths_of(load_yaml(folder / f"{BASE_PROFILE}.yaml"))
-    found = {}
-    for path in sorted(folder.glob("*.yaml")):
-        if path.stem != profile:
-            found[path.stem] = base | (_paths_of(load_yaml(path)) if path.stem != BASE_PROFILE else {})
-    return found
+    return {path.stem: base | (_paths_of(load_yaml(path)) if path.stem != BASE_PROFILE else {})
+            for path in sorted(folder.glob("*.yaml")) if path.stem != profile}
 
 
 def _paths_of(data: Any) -> dict[str, str]:  # noqa: ANN401 - a parsed YAML file
@@ -124,13 +102,7 @@ def _paths_of(data: Any) -> dict[str, str]:  # noqa: ANN401 - a parsed YAML file
 
 def output_problem(output: str | Path, *, inputs: Iterable[str | Path] = (),
                    root: str | Path | None = None) -> str | None:
-    """Why a command may not write (and so replace) ``output``, or None if it may.
-
-    Args:
-        output: the file or folder a user named (``--output``).
-        inputs: what the command reads: the output may not be one of them, nor hold one.
-        root: the checkout (default: the one this module lies in).
-    """
+    """Why a command may not replace ``output`` (the checkout, the current folder, ``.git``, or holding ``inputs``)."""
     target = Path(os.path.abspath(output))
     root = Path(os.path.abspath(root)) if root is not None else CHECKOUT
     if target == Path(os.path.abspath(os.curdir)):

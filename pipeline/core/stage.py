@@ -1,12 +1,7 @@
 """What every stage shares: logging, params loading, the bookkeeping wrapper, one-line errors.
 
-A stage module defines ``stage(cfg, *, input and output paths)`` (its typed params section in, its figures
-out as a JSON object or its :mod:`pipeline.core.details` record: no MLflow, timing or metrics files) and ``main(argv)``, which calls
-:func:`stage_main`. ``python -m pipeline.<stage>`` then loads params.yaml and runs the stage under
-:func:`run_stage`, the one place that opens the stage's MLflow run (:func:`pipeline.core.tracking.current`
-inside the stage), logs its params sections, times it and writes ``<stage>.json`` (DVC metrics) and
-``<stage>.details.json`` (everything, with the run id); a
-:class:`~pipeline.core.errors.PipelineError` becomes one clear line on stderr and exit code 1.
+A stage module defines ``stage(cfg, *, paths)`` (its params section in, its figures out as a JSON object or its
+:mod:`pipeline.core.details` record) and ``main(argv)``, which calls :func:`stage_main`.
 """
 
 from __future__ import annotations
@@ -40,11 +35,8 @@ _SECRET_ENV = re.compile(r"(?i)(PASSWORD|PASSWD|TOKEN|SECRET|CREDENTIAL|API_?KEY
 
 
 def redact(text: str) -> str:
-    """``text`` without credentials: URL userinfo (``https://user:pass@host``) and secret env values.
-
-    An environment variable counts as secret when its name contains PASSWORD, TOKEN, SECRET,
-    CREDENTIAL, API_KEY, ACCESS_KEY or PRIVATE_KEY; its value (6+ characters) is masked wherever it occurs.
-    """
+    """``text`` without URL userinfo (``https://user:pass@host``) or the value (6+ characters) of an environment
+    variable whose name says it is secret (:data:`_SECRET_ENV`)."""
     text = _USERINFO.sub(r"\1***@", text)
     for name, value in os.environ.items():
         if len(value) >= 6 and _SECRET_ENV.search(name) and value in text:
@@ -60,10 +52,7 @@ class RedactingFormatter(logging.Formatter):
 
 
 def setup_logging(level: str | None = None) -> None:
-    """Log to stderr with timestamps, credentials redacted; level from ``NMT_LOG_LEVEL`` (default INFO).
-
-    A malformed ``NMT_*`` variable is not reported here (INFO is used): the stage reports it as its error.
-    """
+    """Log to stderr with timestamps, credentials redacted, at ``NMT_LOG_LEVEL`` (INFO if malformed)."""
     if not level:
         try:
             level = env.settings().log_level
@@ -75,7 +64,7 @@ def setup_logging(level: str | None = None) -> None:
 
 
 def stage_parser(description: str) -> argparse.ArgumentParser:
-    """An argument parser with the options every stage accepts."""
+    """An argument parser with the options every stage accepts (``--params``)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     return parser
@@ -98,12 +87,10 @@ def os_error_message(exc: OSError) -> str:
 
 def run_cli(name: str, body: Callable[[Params, argparse.Namespace], None], argv: list[str] | None,
             parser: argparse.ArgumentParser | None = None) -> int:
-    """Parse args, load params, run ``body``; map known errors to one line and exit code 1.
+    """Check the ``NMT_*`` environment, load params, run ``body``; return the exit code.
 
-    A :class:`~pipeline.core.errors.PipelineError` or an ``OSError`` (disk full, permission denied...)
-    becomes ``error: stage <name>: <message>``; anything else prints its traceback first (a bug),
-    then the same one line. Everything printed has credentials redacted. The ``NMT_*`` environment
-    (:mod:`pipeline.core.env`) is checked first, so a bad variable fails the stage before any work.
+    A PipelineError or OSError becomes ``error: stage <name>: <message>`` and exit code 1; anything else (a bug)
+    prints its traceback first. Everything printed has credentials redacted.
     """
     setup_logging()
     parser = parser or stage_parser(f"pipeline stage {name}")
@@ -133,7 +120,7 @@ def _fail(name: str, message: str) -> int:
 
 
 def write_metrics(path: str | Path, metrics: dict[str, object]) -> None:
-    """Write a stage's metrics JSON atomically (sorted keys, trailing newline)."""
+    """Write a stage's metrics JSON atomically (sorted keys)."""
     write_text(path, json.dumps(metrics, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
@@ -150,18 +137,12 @@ def read_json(path: str | Path) -> Any:
 
 def run_stage(name: str, body: Callable[[], dict[str, object] | StageDetails], *, metrics_dir: str | Path,
               params: Params | None = None, root: str | Path = ".") -> dict[str, object]:
-    """Run one stage's ``body`` with its bookkeeping: the one wrapper every stage goes through.
+    """Run one stage's ``body`` with its bookkeeping and return its details record.
 
-    Opens the stage's MLflow run (at the start, or on first use for the table's ``lazy_run`` stages,
-    dated back to the start; ``body`` reaches it through :func:`pipeline.core.tracking.current`; MLflow's
-    system metrics on a CUDA train run), queues the table's params
-    sections of ``params`` as its params, times ``body``, logs the seconds, and on rank 0 (``RANK``
-    unset or 0) writes ``<stage>.json`` (the table's ``metrics`` keys, if any) and ``<stage>.details.json`` (the
-    whole record plus ``seconds`` and ``mlflow_run_id``; also the run's artifact), each atomically, and
-    logs ``<paths.plots>/<stage>.csv`` / ``.png`` as artifacts when the stage wrote them.
-
-    Returns:
-        The details record.
+    Opens the stage's MLflow run (on first use for ``lazy_run`` stages; ``body`` reaches it through
+    :func:`pipeline.core.tracking.current`), logs the table's params sections and the seconds, and on rank 0
+    writes ``<stage>.json`` (the table's ``metrics``) and ``<stage>.details.json`` (the record, ``seconds`` and
+    ``mlflow_run_id``), logging it and ``<paths.plots>/<stage>.{csv,png}`` as artifacts.
     """
     spec = stages.get(name)
     active = os.environ.get("RANK", "0") in ("", "0")
@@ -181,18 +162,19 @@ def run_stage(name: str, body: Callable[[], dict[str, object] | StageDetails], *
         details = {**record, "seconds": seconds,
                    "mlflow_run_id": run.run_id if run.opened else record.get("mlflow_run_id")}
         if active:
-            summary = stages.summary(name, details)
-            if summary is not None:
+            if (summary := stages.summary(name, details)) is not None:
                 write_metrics(stages.metrics_file(metrics_dir, name), summary)
             write_metrics(stages.details_file(metrics_dir, name), details)
             if run.opened:
                 run.log_artifact(stages.details_file(metrics_dir, name))
-                _log_plots(run, name, params, root)
+                for suffix in (".csv", ".png") if params is not None else ():  # the plots the stage wrote
+                    if (plot := Path(root) / params.paths.plots / f"{name}{suffix}").is_file():
+                        run.log_artifact(plot, "plots")
     return details
 
 
 def _cuda_available(name: str) -> bool:
-    """Whether torch sees a CUDA device (asked only for the train stage, which imports torch anyway)."""
+    """Whether torch sees CUDA (asked only for the train stage, which imports torch anyway)."""
     if name != "train":
         return False
     import torch
@@ -200,22 +182,10 @@ def _cuda_available(name: str) -> bool:
     return torch.cuda.is_available()
 
 
-def _log_plots(run: tracking.StageRun, name: str, params: Params | None, root: str | Path) -> None:
-    """Log ``<paths.plots>/<stage>.csv`` and ``.png`` (whichever the stage wrote) under the run's ``plots/``."""
-    if params is None:
-        return
-    for suffix in (".csv", ".png"):
-        path = Path(root) / params.paths.plots / f"{name}{suffix}"
-        if path.is_file():
-            run.log_artifact(path, "plots")
-
-
 def stage_main(name: str, body: Callable[[Params, argparse.Namespace], dict[str, object] | StageDetails],
                argv: list[str] | None, parser: argparse.ArgumentParser | None = None) -> int:
-    """``python -m pipeline.<name>``: :func:`run_cli` around :func:`run_stage` of ``body(params, args)``.
-
-    The metrics files go to ``<paths.metrics>`` (under ``--root`` when the stage's parser has one).
-    """
+    """``python -m pipeline.<name>``: :func:`run_cli` around :func:`run_stage` of ``body(params, args)``, the metrics
+    files in ``<paths.metrics>`` (under ``--root`` when the stage's parser has one)."""
     def run(params: Params, args: argparse.Namespace) -> None:
         root = Path(getattr(args, "root", "."))
         run_stage(name, lambda: body(params, args), params=params, metrics_dir=root / params.paths.metrics,

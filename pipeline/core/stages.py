@@ -1,13 +1,5 @@
-"""The pipeline's stages, in order: the one table the stage CLIs, ``nmt run``, the Prefect flow and the
-audit read (``dvc.yaml`` is checked against it by a test).
-
-Each stage writes ``<paths.metrics>/<stage>.details.json``, a plain output with everything it reported:
-strings, lists, signatures, hashes, its timing and its MLflow run id. The stages whose numbers a user
-compares across runs (a non-empty ``metrics`` in the table: train, evaluate) also write ``<stage>.json``,
-the few numbers ``dvc.yaml`` declares as DVC metrics. ``dvc metrics show`` prints one column per distinct
-key over all those files, so the keys are few, short, and never timings (a timing differs on every run,
-so every ``dvc metrics diff`` would show a change).
-"""
+"""The pipeline's stages, in order: the one table the stage CLIs, ``nmt run``, the Prefect flow and the audit
+read (a test checks ``dvc.yaml`` against it), and the ``<stage>.json`` / ``<stage>.details.json`` they write."""
 
 from __future__ import annotations
 
@@ -25,25 +17,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Stage:
-    """One DVC stage.
+    """One DVC stage."""
 
-    Attributes:
-        name: the DVC stage and its MLflow run name.
-        module: what ``dvc.yaml`` runs (``python -m <module>``).
-        sections: the params.yaml sections its MLflow run logs as params.
-        summary: one line for ``--help`` and reports.
-        lazy_run: open the MLflow run on first use, not at the start: train first finds the run it
-            continues in its checkpoint; register logs only a model it has not registered yet.
-        metrics: the dotted keys of its record that ``<stage>.json`` holds (``valid.bleu`` is
-            ``record["valid"]["bleu"]``); empty: the stage writes no ``<stage>.json``.
-    """
-
-    name: str
-    module: str
-    sections: tuple[str, ...]
-    summary: str
+    name: str  # the DVC stage and its MLflow run name
+    module: str  # what dvc.yaml runs (python -m <module>)
+    sections: tuple[str, ...]  # the params.yaml sections its MLflow run logs as params
+    summary: str  # one line for --help and reports
+    # Open the MLflow run on first use: train first finds the run it continues in its checkpoint, register
+    # logs only a model it has not registered yet.
     lazy_run: bool = False
-    metrics: tuple[str, ...] = ()
+    metrics: tuple[str, ...] = ()  # dotted keys of its record that <stage>.json holds (none: no such file)
 
 
 STAGES: tuple[Stage, ...] = (
@@ -64,11 +47,7 @@ NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
 
 
 def get(name: str) -> Stage:
-    """The stage called ``name``.
-
-    Raises:
-        PipelineError: no such stage (the known ones are listed).
-    """
+    """The stage called ``name`` (a PipelineError listing the known ones if none)."""
     for stage in STAGES:
         if stage.name == name:
             return stage
@@ -86,14 +65,8 @@ def details_file(metrics_dir: str | Path, name: str) -> Path:
 
 
 def summary(name: str, record: dict[str, Any]) -> dict[str, Any] | None:
-    """What ``<name>.json`` holds: the stage's ``metrics`` keys of ``record``, nested as in ``record``.
-
-    Returns:
-        None for a stage without ``metrics`` (it writes no ``<name>.json``). A key the record lacks
-        is left out with a warning: the stage's outputs are kept, its metrics file names what is missing.
-    """
-    keys = get(name).metrics
-    if not keys:
+    """What ``<name>.json`` holds: the stage's ``metrics`` keys of ``record`` (None for a stage without any)."""
+    if not (keys := get(name).metrics):
         return None
     out: dict[str, Any] = {}
     for key in keys:
@@ -113,7 +86,6 @@ def summary(name: str, record: dict[str, Any]) -> dict[str, Any] | None:
 
 def lock_md5(lock: dict[str, Any], name: str) -> str:
     """A stable md5 of stage ``name``'s entry in a parsed ``dvc.lock`` (empty when it has none)."""
-    entry = (lock.get("stages") or {}).get(name)
-    if entry is None:
+    if (entry := (lock.get("stages") or {}).get(name)) is None:
         return ""
     return hashlib.md5(json.dumps(entry, sort_keys=True).encode()).hexdigest()  # a fingerprint, not security

@@ -1,11 +1,5 @@
-"""A frozen dataclass built from a parsed YAML mapping, strictly: one line per bad key, all reported together.
-
-:func:`build` collects every unknown, missing, mistyped or out-of-range key of a mapping (and of the mappings
-nested in it) into one :class:`~pipeline.core.errors.ConfigError` that names each key by its dotted path.
-Values are shown bounded (:func:`shown`): a value in a file can be arbitrarily large. The schema, with each
-key's :class:`Range`, is :mod:`pipeline.core.config`'s; the dataclasses' ``__post_init__`` (cross-field
-rules) runs only once every key of its section is valid.
-"""
+"""A frozen dataclass built from a parsed YAML mapping, strictly: every unknown, missing, mistyped or out-of-range
+key reported together, one line each, values shown bounded (:func:`shown`: a value in a file can be huge)."""
 
 from __future__ import annotations
 
@@ -33,17 +27,17 @@ _REPR.maxlong = _REPR.maxstring = _REPR.maxother = SHOWN_CHARS
 KeyRules = Callable[[type, str, Any], list[tuple[str, str]]]
 
 
-def shown(value: Any) -> str:
-    """``repr(value)`` for an error message: at most :data:`SHOWN_CHARS` characters, built without walking
-    more than a few items of a nested list or mapping."""
-    text = _REPR.repr(value)
+def _clip(text: str) -> str:
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error message: at most :data:`SHOWN_CHARS` characters, built from a few items."""
+    return _clip(_REPR.repr(value))
 
 
 def _key_text(key: Any) -> str:
-    """A mapping key as an error message names it (a long one cut like :func:`shown`)."""
-    text = str(key) if isinstance(key, (str, int)) else shown(key)
-    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+    return _clip(str(key)) if isinstance(key, (str, int)) else shown(key)
 
 
 @dataclass(frozen=True)
@@ -74,14 +68,9 @@ class Range:
 
 
 def build(cls: type, data: Any, source: str, *, rules: KeyRules, moved: Mapping[str, str]) -> Any:
-    """Build dataclass ``cls`` from mapping ``data`` (every key required; defaults serve code, not files).
+    """Build dataclass ``cls`` from mapping ``data`` read from ``source`` (every key required: defaults serve code).
 
-    Args:
-        cls: a dataclass whose fields are annotated (nested dataclasses, lists, dicts, unions, literals).
-        data: the parsed mapping.
-        source: the file named in the error.
-        rules: the per-key rules (ranges, paths) checked once a key's type is right.
-        moved: dotted keys that left the file, each with the variable that replaced it.
+    ``rules`` are checked on each key whose type is right; ``moved`` names the variable that replaced a key.
 
     Raises:
         ConfigError: one line per problem (at most :data:`MAX_PROBLEMS`, the rest counted).

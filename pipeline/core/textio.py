@@ -1,8 +1,7 @@
 """UTF-8 text split on ``\\n`` only, and atomic outputs.
 
-``str.splitlines`` also splits on ``\\r``, U+0085, U+2028/2029 and would misalign parallel EN/DE files, so
-every stage reads lines through :func:`read_lines`. Every output is built beside its place and renamed onto
-it (:func:`atomic_path`), so a crash never leaves half an output that DVC or the next stage could take for one.
+``str.splitlines`` also splits on ``\\r``, U+0085, U+2028/2029 and would misalign parallel EN/DE files. Every
+output is built beside its place and renamed onto it, so a crash never leaves half an output behind.
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ from pipeline.core.errors import DataError, OutputError
 
 log = logging.getLogger(__name__)
 
-#: The file inside every folder written whole by :func:`atomic_path`: it names the folder's role, so a
-#: later run replaces that folder only if it is the same kind of output (never a folder a user made).
+#: The file naming the role of every folder :func:`atomic_path` writes: only the same role replaces it.
 MARKER = ".nmt-output"
 # A temporary sibling made by atomic_path: .<name>.<pid>.<8 random chars>.tmp
 _TMP_NAME = re.compile(r"^\.(.+)\.\d+\.[A-Za-z0-9_]{8}\.tmp$")
@@ -37,9 +35,7 @@ _NOT_ALLOWED = {errno.EACCES: "permission denied", errno.EPERM: "operation not p
 
 
 def read_lines(path: str | Path) -> Iterator[str]:
-    """Yield the lines of a UTF-8 file, split on ``\\n`` only, without the newline.
-
-    A final line without ``\\n`` is still yielded; an empty file yields nothing.
+    """Yield the lines of a UTF-8 file, split on ``\\n`` only, without the newline (a last line without one too).
 
     Raises:
         DataError: invalid UTF-8 or a NUL byte (names the file and 1-based line number).
@@ -67,11 +63,8 @@ def _decode_line(path: str | Path, lineno: int, raw: bytes) -> str:
 
 
 def read_line_block(path: str | Path, start: int, end: int, first_line: int) -> list[str]:
-    """The lines in bytes ``[start, end)`` of ``path`` (``end`` -1: to the end), read and decoded in one go.
-
-    ``start`` is a line start (:func:`line_offsets`), ``first_line`` its 0-based number: a bad line raises
-    :func:`read_lines`' DataError.
-    """
+    """The lines in bytes ``[start, end)`` of ``path`` (``end`` -1: to the end; ``start`` a line start whose 0-based
+    number is ``first_line``), decoded in one go; a bad line raises :func:`read_lines`' DataError."""
     with open(path, "rb") as fh:
         fh.seek(start)
         raw = fh.read(end - start if end >= 0 else -1)
@@ -85,8 +78,7 @@ def read_line_block(path: str | Path, start: int, end: int, first_line: int) -> 
 
 
 def line_offsets(path: str | Path, every: int) -> tuple[list[int], int]:
-    """Byte offsets of lines 0, every, 2·every, ... of ``path`` and its line count (``\\n`` split; numpy finds
-    the newlines of 16 MiB chunks, no Python loop per line)."""
+    """Byte offsets of lines 0, every, 2·every, ... of ``path`` and its line count (numpy finds the newlines)."""
     import numpy as np
 
     offsets, n, pos, last = [0], 0, 0, b"\n"
@@ -125,8 +117,7 @@ def _tmp_sibling(path: Path) -> Path:
 
 
 def public_path(path: str | Path) -> Path:
-    """``path`` with every temporary component (``.<name>.<pid>.<random>.tmp``) shown as ``<name>``: errors
-    name the output a user knows (``data/clean/train.en``), not the sibling being built."""
+    """``path`` with each temporary component ``.<name>.<pid>.<random>.tmp`` shown as ``<name>``."""
     return Path(*(_TMP_NAME.sub(r"\1", part) for part in Path(path).parts))
 
 
@@ -144,8 +135,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def remove_stale_temps(path: str | Path) -> list[Path]:
-    """Delete and return the ``.<name>.*.tmp`` siblings of ``path`` left by runs that died (SIGKILL, power loss);
-    a sibling whose pid is alive (a concurrent writer) is kept, one without a pid (an older naming) is not."""
+    """Delete and return the ``.<name>.*.tmp`` siblings of ``path`` left by dead runs (a live pid's are kept)."""
     path = Path(path)
     prefix = f".{path.name}."
     removed = []
@@ -180,10 +170,8 @@ def newest_file(tmp: Path) -> Path:
 
 
 def write_error(exc: OSError, target: str | Path, output: str | Path | None = None) -> OutputError | None:
-    """A one-line :class:`OutputError` for a failure to write ``target`` (disk full, quota, file size limit,
-    permission, read-only file system: with the remedy), or None for another error. ``output``, the atomic
-    output ``target`` belongs to, is said to be untouched (absent, or still the previous complete version).
-    """
+    """A one-line :class:`OutputError` with the remedy for a full disk, quota, size limit or missing permission
+    while writing ``target`` (else None); ``output``, the atomic output it belongs to, is said to be untouched."""
     target = public_path(target)
     code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
     if exc.errno in _DISK_FULL:
@@ -203,7 +191,7 @@ def write_error(exc: OSError, target: str | Path, output: str | Path | None = No
 
 
 def _as_write_error(exc: OSError, tmp: Path, path: Path) -> OutputError | None:
-    """Translate an error raised while building ``tmp`` (the future ``path``), if it is about writing it."""
+    """:func:`write_error` for an error raised while building ``tmp`` (the future ``path``), if it is about ``tmp``."""
     if exc.filename is not None:
         failed = Path(os.fsdecode(exc.filename))
         if failed != tmp and tmp not in failed.parents:
@@ -214,9 +202,8 @@ def _as_write_error(exc: OSError, tmp: Path, path: Path) -> OutputError | None:
 
 
 def refuse_foreign(path: Path, role: str | None, *, replacing_with_folder: bool = False) -> None:
-    """Raise :class:`OutputError` unless whatever is at ``path`` may be replaced by the ``role`` output: nothing,
-    a folder whose marker names ``role``, or a plain file unless a folder is to take its place (a symbolic link
-    or a folder without the marker is someone else's)."""
+    """Raise :class:`OutputError` unless ``path`` is nothing, a folder whose marker names ``role``, or a plain file
+    not to be replaced by a folder (a symbolic link or an unmarked folder is someone else's)."""
     shown = public_path(path)
     if path.is_symlink():
         raise OutputError(f"{shown}: is a symbolic link, not an output this project wrote; refusing to replace "
@@ -238,17 +225,14 @@ def refuse_foreign(path: Path, role: str | None, *, replacing_with_folder: bool 
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path, role: str | None = None) -> Iterator[Path]:
-    """Yield a temporary sibling path; on success rename it onto ``path``, on error delete it.
+    """Yield a temporary sibling path for the caller to fill; on success rename it onto ``path``, on error delete it.
 
-    The caller creates a file or a folder at the yielded path. A folder gets a :data:`MARKER` naming ``role``
-    (``"clean"``, ``"shards"``, ...); an existing folder at ``path`` is replaced only when its marker names the
-    same ``role``, checked before the work and again before the swap. Stale temporary siblings of ``path``
-    from a killed run are deleted first.
+    A folder gets a :data:`MARKER` naming ``role``; an existing folder at ``path`` is replaced only when its
+    marker names the same ``role`` (checked before the work and before the swap).
 
     Raises:
-        OutputError: ``path`` is a folder (or a symbolic link) this project did not write as ``role``, or a
-            write failed for lack of space, quota or permission: naming the path and the remedy. Nothing
-            was renamed onto ``path``.
+        OutputError: ``path`` is not ours to replace (:func:`refuse_foreign`), or a write failed for lack of space,
+            quota or permission (:func:`write_error`); nothing was renamed onto ``path``.
     """
     path = Path(path)
     refuse_foreign(path, role)

@@ -1,13 +1,5 @@
-"""MLflow runs, behind one small interface (logged and registered models: :mod:`pipeline.inference.registry`). No torch.
-
-Environment:
-    NMT_TRACKING=off          disable tracking (every call becomes a no-op; run ids are None)
-    MLFLOW_TRACKING_URI       a server or store; default ``sqlite:///<root>/.mlflow/mlflow.db``
-    MLFLOW_EXPERIMENT_NAME    default ``wmt14-transformer``
-    MLFLOW_PARENT_RUN_ID      set by whoever starts a pipeline run (flows/parent_run.py); stage runs are its children
-    NMT_PREFECT_FLOW_RUN_ID   set by the Prefect flow; stage runs are tagged with it
-    NMT_PROFILE_RUN           set by the Prefect flow during a ``--profile`` run (see :func:`git_tags`)
-"""
+"""MLflow runs, behind one small interface (models: :mod:`pipeline.inference.registry`). The store is
+``MLFLOW_TRACKING_URI`` (default ``sqlite:///<root>/.mlflow/mlflow.db``); no torch here."""
 
 from __future__ import annotations
 
@@ -35,14 +27,13 @@ _CURRENT: contextvars.ContextVar[StageRun | None] = contextvars.ContextVar("nmt_
 
 
 def enabled() -> bool:
-    """Whether tracking is on (``NMT_TRACKING`` not in off/0/false/no; a malformed ``NMT_*`` is a ConfigError)."""
+    """Whether tracking is on (``NMT_TRACKING``)."""
     return env.settings().tracking
 
 
 def tracking_uri(root: str | Path = ".") -> str:
     """The tracking URI: ``MLFLOW_TRACKING_URI`` or the local SQLite store under ``root``."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
+    if uri := os.environ.get("MLFLOW_TRACKING_URI"):
         return uri
     store = Path(root).resolve() / ".mlflow"
     store.mkdir(parents=True, exist_ok=True)
@@ -51,12 +42,8 @@ def tracking_uri(root: str | Path = ".") -> str:
 
 @functools.lru_cache(maxsize=8)  # an answer is kept for the process; a failure is not (it raises)
 def require_server(uri: str, timeout_s: float = 5.0) -> None:
-    """Fail at once, in one line, when ``uri`` is an http(s) tracking server whose ``/health`` does not answer
-    (MLflow's client would retry for minutes). Any HTTP answer counts as reachable; other stores pass.
-
-    Raises:
-        PipelineError: naming ``MLFLOW_TRACKING_URI`` (credentials in it masked), why, and what to do.
-    """
+    """Raise a one-line PipelineError at once when ``uri`` is an http(s) server whose ``/health`` gives no HTTP
+    answer (MLflow's client would retry for minutes); other stores pass."""
     if not re.match(r"^https?://", uri):
         return
     import requests
@@ -78,8 +65,7 @@ def require_server(uri: str, timeout_s: float = 5.0) -> None:
 
 def require_configured_server() -> None:
     """:func:`require_server` on ``MLFLOW_TRACKING_URI`` when tracking is on and the variable is set."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri and enabled():
+    if (uri := os.environ.get("MLFLOW_TRACKING_URI")) and enabled():
         require_server(uri)
 
 
@@ -93,21 +79,16 @@ def mlflow_client(root: str | Path = ".") -> Any:
 
 
 def git_tags(root: str | Path = ".", *, temporary_params: bool = False) -> dict[str, str]:
-    """Git commit and dirty flag of ``root`` (empty outside a git checkout), by :mod:`pipeline.core.gitstate`'s
-    rule (``params.yaml`` does not count with ``temporary_params``: a ``NMT_PROFILE_RUN`` tags its profile)."""
-    commit = gitstate.commit(root)
-    if commit is None:
+    """Git commit and dirty flag of ``root`` (empty outside a git checkout) by :mod:`pipeline.core.gitstate`'s rule."""
+    if (commit := gitstate.commit(root)) is None:
         return {"git_commit": "", "git_dirty": ""}
     dirty = gitstate.dirty_paths(root, temporary_params=temporary_params)
     return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower()}
 
 
 class StageRun:
-    """A handle on one MLflow run; every method is a no-op when tracking is off.
-
-    A stage's handle (from :func:`stage_run`) opens its run on first use, so a stage that logs nothing
-    leaves no run behind; :meth:`queue_params` are logged when a new run opens (not a :meth:`resume`\\ d one).
-    """
+    """A handle on one MLflow run, no-ops when tracking is off; a stage's handle opens its run on first use, so a
+    stage that logs nothing leaves no run behind."""
 
     def __init__(self, client: Any = None, run_id: str | None = None,
                  opener: Callable[[str | None], tuple[Any, str]] | None = None) -> None:
@@ -124,7 +105,7 @@ class StageRun:
 
     @property
     def client(self) -> Any:
-        """The MLflow client of the run (opens a lazy run); None when tracking is off."""
+        """The run's MLflow client (opens a lazy run); None when tracking is off."""
         self._live()
         return self._client
 
@@ -144,7 +125,7 @@ class StageRun:
             self._resume_id = run_id
 
     def queue_params(self, params: dict[str, Any]) -> None:
-        """Params to log once a new run opens."""
+        """Params to log when a new run opens (not a resumed one)."""
         self._queued.update(params)
 
     def _live(self) -> bool:
@@ -162,7 +143,7 @@ class StageRun:
         return self._client is not None
 
     def close(self, status: str) -> None:
-        """Stop the system metrics monitor (if any) and end the run with ``status``."""
+        """Stop the system metrics monitor and end the run with ``status``."""
         if self._monitor is not None:
             self._monitor.finish()
             self._monitor = None
@@ -206,29 +187,21 @@ class StageRun:
 def experiment_id(client: Any, root: str | Path) -> str:
     """The experiment's id, created (or tagged) so that MLflow 3's UI opens it on its runs table."""
     name = os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT)
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
+    if (exp := client.get_experiment_by_name(name)) is not None:
         if EXPERIMENT_KIND_TAG not in exp.tags:
             client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
     # A SQLite store keeps its artifacts beside the database (never ./mlruns in the cwd); a server decides itself.
-    location = None
-    uri = tracking_uri(root)
-    if uri.startswith("sqlite:///"):
-        location = (Path(uri[len("sqlite:///"):]).parent / "artifacts").resolve().as_uri()
+    sqlite = (uri := tracking_uri(root)).startswith("sqlite:///")
+    location = (Path(uri[len("sqlite:///"):]).parent / "artifacts").resolve().as_uri() if sqlite else None
     return client.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
 
 
 @contextlib.contextmanager
 def stage_run(stage: str, *, root: str | Path = ".", resume_run_id: str | None = None,
               active: bool = True, system_metrics: bool = False) -> Iterator[StageRun]:
-    """The MLflow run of one stage, opened on first use; yields a :class:`StageRun` (also :func:`current`).
-
-    ``stage`` names the run; ``root`` is the repository (default store, git tags); ``resume_run_id`` continues
-    that run (a resumed training); ``active`` False (non-zero ranks) yields a no-op handle; ``system_metrics``
-    samples the machine into the run (:func:`system_metrics_wanted`). A run opened late still starts when this
-    block started, so its duration is the stage's.
-    """
+    """The MLflow run of one stage, opened on first use but dated from the start of the block; yields a
+    :class:`StageRun` (also :func:`current`), a no-op one when not ``active`` (non-zero ranks)."""
     if not (active and enabled()):
         handle = StageRun()
     else:
@@ -282,9 +255,7 @@ def current() -> StageRun:
 
 def end_orphaned_runs(root: str | Path = ".",
                       logger: logging.Logger | logging.LoggerAdapter | None = None) -> list[str]:
-    """Mark ``KILLED`` every run of ``root`` (or of a clone inside it) left ``RUNNING`` by a process that is gone
-    (:func:`pipeline.core.owner.end_orphans`): a SIGKILLed flow, sweep or stage cannot end its runs. Called when a
-    pipeline run or sweep starts; returns the ids it ended (none when tracking is off or no experiment exists)."""
+    """Mark ``KILLED`` the runs of ``root`` left ``RUNNING`` by a process that is gone; return their ids."""
     if not enabled():
         return []
     client = mlflow_client(root)

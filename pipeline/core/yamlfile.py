@@ -1,12 +1,5 @@
-"""Reading a YAML file that a person writes (params, profiles, sweep specs, prefect.yaml): bounded.
-
-``yaml.safe_load`` expands every alias into a shared reference, so a few kilobytes of nested anchors
-(``a: &a [1, 1, 1]``, ``b: &b [*a, *a, *a]``, ...) become a value with billions of items that any
-traversal, copy or repr of it walks in full. None of this project's YAML files needs anchors, so
-:func:`load_yaml` refuses an anchor or alias at the line holding it, and refuses a file larger than
-:data:`MAX_BYTES` before parsing it. Every refusal is one line naming the file (and line).
-No torch or MLflow here: the flows use it too.
-"""
+"""Reading a YAML file that a person writes (params, profiles, sweep specs, prefect.yaml), bounded: a few
+kilobytes of nested aliases expand into billions of items, so anchors, aliases and big files are refused."""
 
 from __future__ import annotations
 
@@ -29,7 +22,6 @@ class _NoAnchorLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that stops at the first anchor (``&name``) or alias (``*name``)."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        """PyYAML's, refusing a node with an anchor and an alias (the error marks where it is)."""
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             sign = "*" if isinstance(event, yaml.AliasEvent) else "&"
@@ -39,7 +31,6 @@ class _NoAnchorLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
-        """PyYAML's, with a ValueError from a scalar's conversion marked at the scalar's line."""
         try:
             return super().construct_object(node, deep)
         except ValueError as exc:  # int() past its digit limit, a date like 2024-13-45: name the line
@@ -53,12 +44,10 @@ def _clip(text: str, limit: int) -> str:
 
 
 def _where(exc: yaml.YAMLError, text: str) -> str:
-    """``line L, column C: `` of a YAML error in ``text`` (empty when PyYAML gave no position)."""
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    if mark is not None:
+    """``line L, column C: `` of a YAML error in ``text``, if PyYAML gave a position."""
+    if (mark := getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)) is not None:
         return f"line {mark.line + 1}, column {mark.column + 1}: "
-    position = getattr(exc, "position", None)  # a ReaderError: a character PyYAML cannot read
-    if isinstance(position, int):
+    if isinstance(position := getattr(exc, "position", None), int):  # a character PyYAML cannot read
         before = text[:position]
         return f"line {before.count(chr(10)) + 1}, column {position - before.rfind(chr(10))}: "
     return ""
@@ -74,20 +63,12 @@ def _problem(exc: yaml.YAMLError) -> str:
 
 
 def load_yaml(path: str | Path, *, max_bytes: int = MAX_BYTES) -> Any:
-    """Parse the YAML file ``path``, refusing anchors, aliases and files over ``max_bytes``.
-
-    Args:
-        path: the file.
-        max_bytes: the largest size accepted.
-
-    Returns:
-        The parsed value (None for an empty file).
+    """Parse the YAML file ``path`` (None when empty), refusing anchors, aliases and files over ``max_bytes``.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist (each caller says what to do about it).
-        OSError: ``path`` cannot be read.
-        ConfigError: larger than ``max_bytes``, not UTF-8, not valid YAML, or holding an anchor or
-            alias; one line naming the file and, where known, the line and column.
+        OSError: ``path`` cannot be read (FileNotFoundError: each caller says what to do about it).
+        ConfigError: too large, not UTF-8, not valid YAML, or holding an anchor or alias; one line naming the
+            file and, where known, the line and column.
     """
     path = Path(path)
     with open(path, "rb") as fh:

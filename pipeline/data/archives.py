@@ -48,20 +48,8 @@ def _check_member(info: tarfile.TarInfo, archive: Path) -> str:
 
 
 def extract_members(archive: Path, members: Iterable[str], dest: Path, *, remedy: str) -> dict[str, Path]:
-    """Read the whole tar(.gz) ``archive`` and copy ``members`` to ``dest/<member>``.
-
-    Every member is checked (no absolute paths, no ``..``, no links or devices pointing out), and
-    the archive is read to its end so that truncation is detected.
-
-    Args:
-        archive: a local ``.tar``/``.tgz`` file.
-        members: member paths to extract (a leading ``./`` in the archive is ignored).
-        dest: folder to extract into.
-        remedy: what to tell the user when the archive is corrupt (e.g. which cached copy to delete).
-
-    Returns:
-        member path -> extracted file.
-    """
+    """Read the whole tar(.gz) ``archive`` (so truncation is detected), checking every member, and copy ``members``
+    to ``dest/<member>``; return member -> extracted file. ``remedy`` is what a corruption error tells to do."""
     wanted = {posixpath.normpath(m) for m in members}
     found: dict[str, Path] = {}
     try:
@@ -81,8 +69,7 @@ def extract_members(archive: Path, members: Iterable[str], dest: Path, *, remedy
                 found[name] = target
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise _corrupt(archive, exc, remedy) from None
-    missing = sorted(wanted - set(found))
-    if missing:
+    if missing := sorted(wanted - set(found)):
         raise DownloadError(f"{archive}: no member(s) {missing}; the archive is not the expected one or is "
                             f"incomplete: {remedy}")
     return found

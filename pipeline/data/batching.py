@@ -1,26 +1,16 @@
 """Global batches: the pairs of each optimizer step depend on the data, the seed, the epoch and the step only.
 
-The plan (fairseq's ``ordered_indices`` + ``batch_by_size``, with the budget counted in non-pad
-target tokens as in the paper's §5.1): a seeded permutation of the ids, stable-sorted by length
-(the longer of source+EOS and BOS+target), cut greedily into *global batches* of at most
-``train.tokens_per_step`` non-pad target tokens (target + EOS). The list is frozen; each epoch
-shuffles it with (seed, epoch), and step ``s`` of an epoch trains global batch ``order[s]``.
-
-Rank ``r`` of ``W`` takes every ``W``-th pair of that batch (pairs ``r, r+W, ...``, so the shares
-have similar lengths) and splits its share into forward passes of at most ``max_tokens`` padded
-tokens (sentences × longest): the device's memory budget (``NMT_MAX_TOKENS``), not a param. Losses
-are summed and the gradient divided by the step's global token count, so the number of processes
-and the memory budget only decide who computes which pairs, never which pairs a step trains. The
-iterator's whole state is ``(epoch, position in the epoch)``, which is what a checkpoint stores.
+The plan is fairseq's ``ordered_indices`` + ``batch_by_size`` with the budget in target tokens (the paper's
+§5.1); the ranks and ``NMT_MAX_TOKENS`` only decide who computes which pairs in which forward pass.
 """
 
 from __future__ import annotations
 
-import contextlib
+import collections
+import concurrent.futures as cf
+import itertools
 import logging
-import queue
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,36 +30,21 @@ def token_lengths(src_len: np.ndarray, tgt_len: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class GlobalBatch:
-    """The pairs of one optimizer step, shortest first.
+    """The pairs of one optimizer step, shortest first."""
 
-    Attributes:
-        ids: [n] int64 example ids.
-        lengths: [n] int64 cost lengths (:func:`token_lengths`), aligned with ``ids``.
-        tgt_tokens: non-pad target tokens of the batch (targets + EOS).
-    """
-
-    ids: np.ndarray
-    lengths: np.ndarray
-    tgt_tokens: int
+    ids: np.ndarray  # [n] int64 example ids
+    lengths: np.ndarray  # [n] int64 cost lengths (token_lengths)
+    tgt_tokens: int  # non-pad target tokens (targets + EOS)
 
     def share(self, rank: int, world_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rank ``rank``'s pairs: every ``world_size``-th one from ``rank`` (ids, lengths; shortest first)."""
+        """Rank ``rank``'s pairs, every ``world_size``-th one: (ids, lengths)."""
         return self.ids[rank::world_size], self.lengths[rank::world_size]
 
 
 def plan_global_batches(ids: np.ndarray, lengths: np.ndarray, tgt_tokens: np.ndarray, *, tokens_per_step: int,
                         seed: int) -> list[GlobalBatch]:
-    """Cut the length-sorted ids into global batches of at most ``tokens_per_step`` target tokens.
-
-    Args:
-        ids: [N] int64 example ids.
-        lengths: [N] cost lengths (:func:`token_lengths`), aligned with ``ids``.
-        tgt_tokens: [N] non-pad target tokens per pair (target length + 1 for EOS).
-        tokens_per_step: the budget of one optimizer step (``train.tokens_per_step``).
-        seed: seed of the permutation that breaks ties between equal lengths.
-
-    Returns:
-        The frozen batch list, shortest pairs first; each batch is as full as the next pair allows.
+    """Cut ids [N] (ties of ``lengths`` [N] broken by ``seed``) into global batches, each as full of ``tgt_tokens``
+    [N] (target + EOS) as ``tokens_per_step`` allows; shortest pairs first.
 
     Raises:
         DataError: one pair alone has more target tokens than ``tokens_per_step``.
@@ -96,20 +71,11 @@ def plan_global_batches(ids: np.ndarray, lengths: np.ndarray, tgt_tokens: np.nda
 
 def plan_batches(ids: np.ndarray, lengths: np.ndarray, *, max_tokens: int, seed: int | None,
                  budget: str = "NMT_MAX_TOKENS") -> list[np.ndarray]:
-    """Pack ``ids`` into forward passes of at most ``max_tokens`` padded tokens (sentences × longest).
-
-    Args:
-        ids: [N] int64 example ids.
-        lengths: [N] cost lengths (see :func:`token_lengths`), aligned with ``ids``.
-        max_tokens: budget per forward pass, counting padding (from the setting ``budget``, named in errors).
-        seed: seed of the tie-breaking permutation; ``None`` keeps id order among equal lengths.
-
-    Returns:
-        The batches (shortest sentences first), each an int64 array of ids: greedy on sorted lengths, so
-        as few as the budget allows.
+    """Pack ids [N] by ``lengths`` [N] greedily into as few forward passes of at most ``max_tokens`` padded tokens
+    (sentences × longest) as it can, shortest first; ``seed`` breaks ties (None: id order).
 
     Raises:
-        DataError: a single pair is longer than ``max_tokens``.
+        DataError: a single pair is longer than ``max_tokens`` (the setting ``budget``, named).
     """
     ids, lengths = np.asarray(ids, np.int64), np.asarray(lengths, np.int64)
     if len(ids) and lengths.max() > max_tokens:
@@ -134,11 +100,7 @@ def plan_batches(ids: np.ndarray, lengths: np.ndarray, *, max_tokens: int, seed:
 
 
 def forward_passes(batch: GlobalBatch, *, rank: int, world_size: int, max_tokens: int) -> list[np.ndarray]:
-    """Rank ``rank``'s share of ``batch`` split into forward passes of <= ``max_tokens`` padded tokens.
-
-    Returns:
-        Id arrays, one per forward pass; empty when the batch has fewer pairs than ranks.
-    """
+    """Rank ``rank``'s share of ``batch`` as id arrays, one per forward pass of <= ``max_tokens`` padded tokens."""
     ids, lengths = batch.share(rank, world_size)
     return plan_batches(ids, lengths, max_tokens=max_tokens, seed=None) if len(ids) else []
 
@@ -155,11 +117,8 @@ def forward_shapes(plan: Sequence[GlobalBatch], *, rank: int, world_size: int,
 
 
 def valid_plan(ids: np.ndarray, lengths: np.ndarray, *, max_tokens: int, max_positions: int) -> list[np.ndarray]:
-    """Batches of a split that is never length-filtered upstream (valid/test), in length order.
-
-    The budget grows to the longest pair that fits the model; pairs longer than ``max_positions``
-    are skipped with a warning (the model could not embed them).
-    """
+    """Batches of a split that is not length-filtered (valid/test), in length order: the budget grows to the longest
+    pair, and pairs longer than ``max_positions`` are skipped with a warning."""
     ids, lengths = np.asarray(ids, np.int64), np.asarray(lengths, np.int64)
     fits = lengths <= max_positions
     if not fits.all():
@@ -176,52 +135,31 @@ def epoch_order(n_batches: int, seed: int, epoch: int) -> np.ndarray:
 
 def epoch_steps(plan: Sequence[GlobalBatch], fetch, *, seed: int, epoch: int, start: int, rank: int,
                 world_size: int, max_tokens: int, pin: bool = False, **ids) -> Iterator[list[Batch]]:
-    """This rank's forward passes for each remaining step of ``epoch``, built ahead by a :class:`Prefetcher`.
-
-    ``plan``: the frozen global batches; ``fetch``: ``ShardSet.fetch``; ``start``: the epoch position to resume
-    at; ``max_tokens``: this device's budget per pass; ``ids``: ``pad_id``, ``bos_id``, ``eos_id`` (:func:`collate`).
-
-    Yields:
-        One list per step: this rank's :class:`Batch` es (``index`` = epoch position, ``forward`` =
-        pass number); empty when the global batch has fewer pairs than ranks.
-    """
+    """This rank's :class:`Batch` es for each step of ``epoch`` from position ``start``, one list per step (empty
+    when the batch has fewer pairs than ranks), built ahead by :func:`prefetch` from ``fetch``
+    (``ShardSet.fetch``); ``ids`` are :func:`collate`'s."""
     order = epoch_order(len(plan), seed, epoch)
     passes = [forward_passes(plan[order[p]], rank=rank, world_size=world_size, max_tokens=max_tokens)
               for p in range(start, len(plan))]
     jobs = [((p, f), chunk) for p, chunks in zip(range(start, len(plan)), passes) for f, chunk in enumerate(chunks)]
-    pre = Prefetcher(fetch, jobs, pin=pin, **ids)
+    items = prefetch(fetch, jobs, pin=pin, **ids)
     try:
-        items = iter(pre)
         for chunks in passes:
             yield [next(items) for _ in chunks]
     finally:
-        pre.close()
+        items.close()
 
 
 @dataclass
 class Batch:
-    """One micro-batch as tensors.
+    """One micro-batch as tensors."""
 
-    Attributes:
-        src: [B, S] int64 source ids + EOS, right-padded with pad.
-        tgt_in: [B, T] int64 BOS + target ids, padded.
-        tgt_out: [B, T] int64 target ids + EOS, padded (the loss target).
-        n_tokens: non-pad target tokens (``(tgt_out != pad).sum()``).
-        index: position of its global batch in the epoch (``-1`` for validation).
-        forward: which of this rank's forward passes of that step it is.
-    """
-
-    src: torch.Tensor
-    tgt_in: torch.Tensor
-    tgt_out: torch.Tensor
-    n_tokens: int
-    index: int = -1
-    forward: int = 0
-
-    @property
-    def padded_tgt(self) -> int:
-        """Target slots including padding (``B × T``)."""
-        return int(self.tgt_out.numel())
+    src: torch.Tensor  # [B, S] int64 source ids + EOS, right-padded
+    tgt_in: torch.Tensor  # [B, T] int64 BOS + target ids, padded
+    tgt_out: torch.Tensor  # [B, T] int64 target ids + EOS, padded (the loss target)
+    n_tokens: int  # non-pad target tokens
+    index: int = -1  # position of its global batch in the epoch (-1: validation)
+    forward: int = 0  # which of this rank's forward passes of that step it is
 
     def to(self, device: torch.device) -> Batch:
         """The same batch on ``device`` (non-blocking from pinned memory)."""
@@ -232,10 +170,7 @@ class Batch:
 
 def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, pad_id: int, bos_id: int, eos_id: int,
             index: int = -1, forward: int = 0, pin: bool = False) -> Batch:
-    """Pad ``(src, tgt)`` id arrays into a :class:`Batch`.
-
-    Source = ids + EOS, decoder input = BOS + ids, target = ids + EOS.
-    """
+    """Pad ``(src, tgt)`` id arrays into a :class:`Batch` (source ids + EOS, BOS + target ids, target ids + EOS)."""
     src = np.full((len(pairs), max(len(s) for s, _ in pairs) + 1), pad_id, np.int64)
     tgt_in, tgt_out = np.full((2, len(pairs), max(len(t) for _, t in pairs) + 1), pad_id, np.int64)
     for i, (s, t) in enumerate(pairs):
@@ -252,47 +187,22 @@ def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, pad_id: int, bos_
     return Batch(*tensors, n_tokens=n_tokens, index=index, forward=forward)
 
 
-class Prefetcher:
-    """Builds the next micro-batches in a background thread while the current one trains.
+def prefetch(fetch, jobs: Iterable[tuple[tuple[int, int], np.ndarray]], *, depth: int = 2,
+             **collate_kw) -> Iterator[Batch]:
+    """The :class:`Batch` es of ``jobs`` (``((epoch position, forward pass), ids)``) in order, each built from
+    ``fetch`` (``ShardSet.fetch``) in a background thread up to ``depth`` ahead of its use."""
+    def build(job: tuple[tuple[int, int], np.ndarray]) -> Batch:
+        (position, forward), ids = job
+        return collate(fetch(ids), index=position, forward=forward, **collate_kw)
 
-    Args:
-        fetch: maps a sequence of ids to ``(src, tgt)`` arrays (``ShardSet.fetch``).
-        jobs: ``((epoch position, forward pass), ids)`` in the order they will be consumed; iterating yields
-            their :class:`Batch` es in that order.
-        depth: batches built ahead.
-        collate_kw: keyword arguments of :func:`collate` (pad/bos/eos ids, pin).
-    """
-
-    def __init__(self, fetch, jobs: Sequence[tuple[tuple[int, int], np.ndarray]], *, depth: int = 2,
-                 **collate_kw) -> None:
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._n = len(jobs)
-        self._thread = threading.Thread(target=self._work, args=(fetch, list(jobs), collate_kw), daemon=True,
-                                        name="batch-prefetch")
-        self._thread.start()
-
-    def _work(self, fetch, jobs, collate_kw) -> None:
+    with cf.ThreadPoolExecutor(1, thread_name_prefix="batch-prefetch") as pool:
+        todo = iter(jobs)
+        ahead = collections.deque(pool.submit(build, job) for job in itertools.islice(todo, depth))
         try:
-            for (position, forward), ids in jobs:
-                item = collate(fetch(ids), index=position, forward=forward, **collate_kw)
-                while not self._stop.is_set():
-                    with contextlib.suppress(queue.Full):
-                        self._queue.put(item, timeout=0.1)
-                        break
-                if self._stop.is_set():
-                    return
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, re-raised there
-            self._queue.put(exc)
-
-    def __iter__(self) -> Iterator[Batch]:
-        for _ in range(self._n):
-            item = self._queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def close(self) -> None:
-        """Stop the worker thread (safe to call twice)."""
-        self._stop.set()
-        self._thread.join(timeout=5)
+            while ahead:
+                batch = ahead.popleft().result()
+                ahead.extend(pool.submit(build, job) for job in itertools.islice(todo, 1))
+                yield batch
+        finally:
+            for future in ahead:
+                future.cancel()

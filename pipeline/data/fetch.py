@@ -1,11 +1,5 @@
-"""Getting bytes onto the disk reliably: HTTP with resume and retries.
-
-:func:`fetch_url` streams a URL into a cache file through ``<name>.part``: an interrupted transfer
-resumes with an HTTP ``Range`` request (a server that ignores it and answers 200 restarts the file
-cleanly), transient failures (connection errors, timeouts, 5xx/429, truncated bodies) are retried with
-exponential backoff, and the file is renamed into place only once complete. A failure that waiting
-cannot fix (404/410, a host name that does not resolve, an invalid URL) ends the download at once.
-"""
+"""Getting bytes onto the disk reliably: HTTP with resume (``Range``) and retries with exponential backoff; a
+failure that waiting cannot fix (404/410, a host that does not resolve, an invalid URL) ends it at once."""
 
 from __future__ import annotations
 
@@ -33,38 +27,27 @@ _PERMANENT_REQUEST_ERRORS = (requests.exceptions.InvalidURL, requests.exceptions
 
 @dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
-    """How hard to try: ``retries`` failed attempts in a row after the first, backoff doubling."""
+    """How hard to try: ``retries`` failed attempts in a row after the first, the delay doubling up to a minute."""
 
     retries: int = 5
     timeout_s: float = 60.0
     backoff_s: float = 1.0
-    max_backoff_s: float = 60.0
 
     def delay(self, failures: int) -> float:
         """Seconds to wait after the ``failures``-th failure in a row (1-based)."""
-        return min(self.max_backoff_s, self.backoff_s * 2 ** (failures - 1))
+        return min(60.0, self.backoff_s * 2 ** (failures - 1))
 
 
 class NotFound(DownloadError):
-    """The server answered 404/410 for ``url``."""
-
-    def __init__(self, url: str, status: int) -> None:
-        super().__init__(f"{url}: HTTP {status} (not found); check the URL or the mirror's layout")
+    """The server answered 404/410."""
 
 
 class Unreachable(DownloadError):
-    """Every attempt at ``url`` failed with a transient error."""
-
-    def __init__(self, url: str, attempts: int, last: str) -> None:
-        super().__init__(f"{url}: could not download after {attempts} attempt(s): {last}")
+    """Every attempt failed with a transient error."""
 
 
 class HostNotFound(DownloadError):
-    """The host of ``url`` has no address (DNS lookup failed): a typo, or no network to resolve it."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(f"{url}: host {urlsplit(url).hostname!r} not found (DNS lookup failed); check the "
-                         "host name and the network")
+    """The host has no address (DNS lookup failed)."""
 
 
 class _Transient(Exception):
@@ -72,7 +55,7 @@ class _Transient(Exception):
 
 
 def cache_path(cache_dir: Path, url: str) -> Path:
-    """Where ``url`` is cached: ``<cache_dir>/<host>/<url path>`` (readable, collision-free)."""
+    """Where ``url`` is cached: ``<cache_dir>/<host>/<url path>``."""
     parts = urlsplit(url)
     host = re.sub(r"[^A-Za-z0-9._-]", "_", parts.netloc) or "local"
     comps = [c for c in parts.path.split("/") if c not in ("", ".", "..")] or ["index"]
@@ -116,34 +99,28 @@ class _Progress:
 def _content_range(value: str | None) -> tuple[int | None, int | None]:
     """(first byte, total) from a ``Content-Range: bytes a-b/total`` header (None where absent)."""
     match = re.fullmatch(r"\s*bytes\s+(?:(\d+)-\d+|\*)/(\d+|\*)\s*", value or "")
-    if not match:
-        return None, None
-    first = int(match.group(1)) if match.group(1) else None
-    total = int(match.group(2)) if match.group(2) != "*" else None
-    return first, total
+    first, total = match.groups() if match else (None, None)
+    return int(first) if first else None, int(total) if total and total != "*" else None
 
 
 def _open(session: requests.Session, url: str, part: Path, timeout: float) -> tuple[requests.Response, int,
                                                                                        int | None]:
-    """Send the (range) request; return the response, the offset to write at and the total size."""
+    """Send the (range) request; return the response, the offset to write at (-1: complete) and the total size."""
     have = part.stat().st_size if part.exists() else 0
-    headers = {"Accept-Encoding": "identity"}
-    if have:
-        headers["Range"] = f"bytes={have}-"
+    headers = {"Accept-Encoding": "identity", **({"Range": f"bytes={have}-"} if have else {})}
     resp = session.get(url, headers=headers, stream=True, timeout=timeout, allow_redirects=True)
     status = resp.status_code
-    if status in (404, 410):
+    if status not in (200, 206):
         resp.close()
-        raise NotFound(url, status)
+    if status in (404, 410):
+        raise NotFound(f"{url}: HTTP {status} (not found); check the URL or the mirror's layout")
     if status == 416:  # our range starts at or past the end: complete already, or a stale part
         _, total = _content_range(resp.headers.get("Content-Range"))
-        resp.close()
         if total is not None and total == have:
             return resp, -1, total
         part.unlink(missing_ok=True)
         raise _Transient(f"HTTP 416 for a resume at byte {have}; restarting from scratch")
     if status >= 500 or status in (408, 429):
-        resp.close()
         raise _Transient(f"HTTP {status}")
     if status == 206:
         first, total = _content_range(resp.headers.get("Content-Range"))
@@ -157,12 +134,11 @@ def _open(session: requests.Session, url: str, part: Path, timeout: float) -> tu
             log.info("%s: server ignored the Range request; restarting the transfer", url)
         length = resp.headers.get("Content-Length")
         return resp, 0, int(length) if length and length.isdigit() else None
-    resp.close()
     raise DownloadError(f"{url}: HTTP {status} {resp.reason}; check the URL (or NMT_DATA_MIRROR)")
 
 
 def _name_not_resolved(exc: BaseException | None, depth: int = 0) -> bool:
-    """Whether ``exc`` (a requests/urllib3 error) comes from a failed DNS lookup: its reason/cause chain."""
+    """Whether ``exc`` (a requests/urllib3 error) comes from a failed DNS lookup."""
     if exc is None or depth > 4:
         return False
     if isinstance(exc, urllib3.exceptions.NameResolutionError):
@@ -179,7 +155,8 @@ def _attempt(session: requests.Session, url: str, part: Path, timeout: float, la
         raise DownloadError(f"{url}: not a valid URL ({exc})") from None
     except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
         if _name_not_resolved(exc):
-            raise HostNotFound(url) from None
+            raise HostNotFound(f"{url}: host {urlsplit(url).hostname!r} not found (DNS lookup failed); check the "
+                               "host name and the network") from None
         raise _Transient(f"{type(exc).__name__}: {exc}") from None
     if offset < 0:
         return
@@ -200,42 +177,31 @@ def _attempt(session: requests.Session, url: str, part: Path, timeout: float, la
         raise _Transient(f"truncated body: {size} of {total} bytes")
 
 
-def fetch_url(url: str, dest: Path, *, policy: RetryPolicy, session: requests.Session | None = None) -> Path:
-    """Download ``url`` to ``dest`` (via ``dest.part``, resumable); return ``dest``.
-
-    A failed attempt that added bytes does not count against ``policy.retries``; ``retries`` failures
-    in a row without progress (plus the first) give up.
+def fetch_url(url: str, dest: Path, *, policy: RetryPolicy, session: requests.Session) -> Path:
+    """Download ``url`` to ``dest`` through ``dest.part``; return ``dest``. Gives up after ``policy.retries``
+    failures in a row that added no bytes.
 
     Raises:
-        NotFound: HTTP 404/410 (names the URL).
-        HostNotFound: the URL's host name does not resolve (not retried).
-        Unreachable: every attempt failed with a transient error.
-        DownloadError: another HTTP error (names the URL and status).
+        NotFound, HostNotFound, Unreachable: see each; DownloadError: another HTTP error (naming the status).
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
-    own = session is None
-    session = session or requests.Session()
     failures = attempts = 0
-    try:
-        while True:
-            before = part.stat().st_size if part.exists() else 0
-            attempts += 1
-            try:
-                _attempt(session, url, part, policy.timeout_s, dest.name)
-                break
-            except _Transient as exc:
-                now = part.stat().st_size if part.exists() else 0
-                failures = 0 if now > before else failures + 1
-                if failures > policy.retries:
-                    raise Unreachable(url, attempts, str(exc)) from None
-                delay = policy.delay(max(failures, 1))
-                log.warning("%s: %s; retrying in %.2g s (%d/%d failures in a row, %d bytes kept)", url, exc,
-                            delay, failures, policy.retries, now)
-                time.sleep(delay)
-    finally:
-        if own:
-            session.close()
+    while True:
+        before = part.stat().st_size if part.exists() else 0
+        attempts += 1
+        try:
+            _attempt(session, url, part, policy.timeout_s, dest.name)
+            break
+        except _Transient as exc:
+            now = part.stat().st_size if part.exists() else 0
+            failures = 0 if now > before else failures + 1
+            if failures > policy.retries:
+                raise Unreachable(f"{url}: could not download after {attempts} attempt(s): {exc}") from None
+            delay = policy.delay(max(failures, 1))
+            log.warning("%s: %s; retrying in %.2g s (%d/%d failures in a row, %d bytes kept)", url, exc, delay,
+                        failures, policy.retries, now)
+            time.sleep(delay)
     os.replace(part, dest)
     log.info("downloaded %s (%d bytes)", url, dest.stat().st_size)
     return dest

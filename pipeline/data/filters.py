@@ -1,15 +1,11 @@
-"""The clean stage's work: every line normalised, training pairs filtered, in blocks and worker processes.
-
-Only training pairs are filtered (empty, too short/long, length ratio, source == target copies, exact
-duplicates); valid and test keep every line, empty ones included, so their line counts match the raw
-files and the references BLEU is computed against. Normalising and the per-pair rules run in blocks of
-:data:`BLOCK_ROWS` lines in worker processes; dedup (:class:`pipeline.data.dedup.DigestSet`) and writing
-stay in the caller's process, in line order, so the output bytes do not depend on the number of workers.
-"""
+"""The clean stage's work: every line normalised, training pairs filtered (:data:`RULES`), in blocks in worker
+processes; dedup (one 16-byte digest per pair, never the text) and writing stay in line order in the caller's
+process, so the bytes do not depend on the workers."""
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 import logging
 import time
@@ -22,7 +18,6 @@ import numpy as np
 from pipeline.core.config import CleanConfig
 from pipeline.core.errors import DataError
 from pipeline.core.textio import line_offsets, read_line_block
-from pipeline.data.dedup import DigestSet, pair_digest
 from pipeline.data.normalize import normalize
 from pipeline.data.workers import process_pool
 
@@ -33,6 +28,74 @@ LANGS = ("en", "de")
 RULES = ("empty", "too_short", "too_long", "ratio", "copy", "duplicate")
 BLOCK_ROWS = 65536  # pairs per block: one task of a worker, ~10-20 MB of text
 _LOG_EVERY_S = 10.0
+
+
+def pair_digest(src: str, tgt: str) -> bytes:
+    """16-byte digest of a normalised pair (``\\n`` cannot occur inside a line: unambiguous)."""
+    return hashlib.blake2b(f"{src}\n{tgt}".encode(), digest_size=16).digest()
+
+
+class DigestSet:
+    """A set of 16-byte digests in a vectorised open-addressing numpy table (~34 bytes an entry, a ``set`` ~100)."""
+
+    def __init__(self, capacity: int = 1 << 16) -> None:
+        self._keys = np.zeros((capacity, 2), dtype=np.uint64)
+        self._used = np.zeros(capacity, dtype=bool)
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _grow(self) -> None:
+        old_keys, old_used = self._keys, self._used
+        cap = 2 * len(old_used)
+        self._keys = np.zeros((cap, 2), dtype=np.uint64)
+        self._used = np.zeros(cap, dtype=bool)
+        self._n = 0
+        step = 1 << 18  # rehash in chunks: no full copy of the old keys
+        for i in range(0, len(old_used), step):
+            self._insert_unique(old_keys[i:i + step][old_used[i:i + step]])
+
+    def _insert_unique(self, keys: np.ndarray) -> np.ndarray:
+        """Insert distinct ``keys`` [m, 2]; return a mask of those that were not present."""
+        mask = len(self._used) - 1
+        slot = (keys[:, 0] & np.uint64(mask)).astype(np.int64)
+        new = np.zeros(len(keys), dtype=bool)
+        todo = np.arange(len(keys))
+        while len(todo):
+            s = slot[todo]
+            used = self._used[s]
+            same = used & np.all(self._keys[s] == keys[todo], axis=1)
+            # Empty slot: the first claimant (lowest index) takes it; the others probe again.
+            empty = ~used
+            claim = np.zeros(len(todo), dtype=bool)
+            if empty.any():
+                cand = np.flatnonzero(empty)
+                _, first = np.unique(s[cand], return_index=True)
+                claim[cand[first]] = True
+                won = todo[claim]
+                self._keys[slot[won]] = keys[won]
+                self._used[slot[won]] = True
+                new[won] = True
+                self._n += len(won)
+            keep = ~(same | claim)
+            todo = todo[keep]
+            slot[todo] = (slot[todo] + 1) & mask
+        return new
+
+    def add_batch(self, digests: list[bytes] | bytes) -> np.ndarray:
+        """Add digests in order (a list, or joined); return a mask, True where a digest is seen the first time."""
+        if not digests:
+            return np.zeros(0, dtype=bool)
+        joined = digests if isinstance(digests, bytes) else b"".join(digests)
+        keys = np.frombuffer(joined, dtype=np.uint64).reshape(-1, 2)
+        _, first = np.unique(keys.view(np.dtype((np.void, 16))).ravel(), return_index=True)
+        first.sort()
+        while (self._n + len(first)) * 2 > len(self._used):
+            self._grow()
+        result = np.zeros(len(keys), dtype=bool)
+        result[first] = self._insert_unique(keys[first])
+        return result
 
 
 def _n_words(line: str) -> int:
@@ -82,12 +145,9 @@ class BlockResult:
 
 
 def plan_blocks(src: Path, tgt: Path, cfg: CleanConfig | None) -> tuple[list[Block], int]:
-    """Cut a split into blocks of :data:`BLOCK_ROWS` aligned lines; returns them and the line count."""
+    """Cut a split (aligned files: the stage checked) into blocks of :data:`BLOCK_ROWS` lines, and its line count."""
     rows = BLOCK_ROWS
-    (src_offs, n_src), (tgt_offs, n_tgt) = (line_offsets(p, rows) for p in (src, tgt))
-    if n_src != n_tgt:
-        raise DataError(f"{src} has {n_src} lines but {tgt} has {n_tgt}: the files are not aligned; "
-                        "fix or re-download them (`dvc repro download`)")
+    (src_offs, n_src), (tgt_offs, _) = (line_offsets(p, rows) for p in (src, tgt))
     src_ends, tgt_ends = src_offs[1:] + [-1], tgt_offs[1:] + [-1]
     blocks = [Block(str(src), str(tgt), (s0, s1), (t0, t1), k * rows, min(rows, n_src - k * rows), cfg)
               for k, (s0, s1, t0, t1) in enumerate(zip(src_offs, src_ends, tgt_offs, tgt_ends))
@@ -103,14 +163,12 @@ def clean_block(block: Block) -> BlockResult:
         raise DataError(f"{block.src} and {block.tgt} changed length while being read; rerun the stage")
     pairs = [(normalize(a), normalize(b)) for a, b in zip(src, tgt)]
     dropped = dict.fromkeys(RULES, 0)
-    cfg = block.cfg
-    if cfg is None:
+    if (cfg := block.cfg) is None:
         blank = sum(1 for a, b in pairs if not a or not b)
         return BlockResult(_text(p[0] for p in pairs), _text(p[1] for p in pairs), b"", len(pairs), dropped, blank)
     kept = []
     for pair in pairs:
-        rule = _rule(cfg, *pair)
-        if rule is None:
+        if (rule := _rule(cfg, *pair)) is None:
             kept.append(pair)
         else:
             dropped[rule] += 1
@@ -133,16 +191,16 @@ def _drop_repeats(result: BlockResult, fresh: np.ndarray) -> tuple[str, str]:
 
 
 def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path, workers: int = 1) -> dict:
-    """Normalise (and for train, filter) one split of ``raw_dir`` into ``out_dir``; return its counts.
+    """Normalise (and for train, filter) one split of ``raw_dir`` into ``out_dir``.
 
     Returns:
         ``pairs_in`` and ``pairs_out``; for train the pairs ``dropped`` per rule, else the ``blank`` pairs kept.
 
     Raises:
-        DataError: invalid UTF-8 or a NUL byte (file:line), misaligned files, an all-blank valid/test set,
-            or a training set the filters emptied (naming the counts per rule and the params to loosen).
+        DataError: invalid UTF-8 or a NUL byte (file:line), an all-blank valid/test set, or a training set the
+            filters emptied (naming the counts per rule and the params to loosen).
     """
-    src, tgt = (raw_dir / f"{split}.{lang}" for lang in LANGS)  # checked by the stage before anything is written
+    src, tgt = (raw_dir / f"{split}.{lang}" for lang in LANGS)
     filtering = split == "train"
     blocks, total = plan_blocks(src, tgt, cfg if filtering else None)
     seen = DigestSet() if filtering and cfg.dedup else None
@@ -169,16 +227,12 @@ def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path, work
                 rate = n_in / (last_log - start)
                 log.info("clean %s: %d/%d pairs read, %d kept, %.0f pairs/s, ETA %.0f s", split, n_in, total,
                          n_out, rate, (total - n_in) / max(rate, 1e-9))
-    counts: dict = {"pairs_in": n_in, "pairs_out": n_out}
-    if filtering:
-        counts["dropped"] = dropped
-    else:
+    log.info("clean %s: %d pairs in, %d out%s", split, n_in, n_out, f", dropped {dropped}" if filtering else "")
+    if not filtering:
         _check_blank(split, src, tgt, n_in, blank)
-        counts["blank"] = blank
-    log.info("clean %s: %d pairs in, %d out%s", split, n_in, n_out,
-             f", dropped {dropped}" if filtering else "")
-    if filtering:
-        _check_not_empty(cfg, counts)
+        return {"pairs_in": n_in, "pairs_out": n_out, "blank": blank}
+    counts = {"pairs_in": n_in, "pairs_out": n_out, "dropped": dropped}
+    _check_not_empty(cfg, counts)
     return counts
 
 
@@ -198,7 +252,7 @@ def run_blocks(blocks: list[Block], workers: int) -> Iterator[BlockResult]:
 
 
 def _check_blank(split: str, src: Path, tgt: Path, pairs: int, blank: int) -> None:
-    """Refuse a valid/test set with no complete pair; warn about blank lines (kept, to keep line numbers)."""
+    """Refuse a valid/test set with no complete pair; warn about blank lines (kept)."""
     if blank == pairs:
         raise DataError(f"{src} and {tgt}: all {pairs} pairs are blank on one side or both after normalisation: "
                         f"nothing to score on the {split} set; check or rerun the download stage "
@@ -209,7 +263,6 @@ def _check_blank(split: str, src: Path, tgt: Path, pairs: int, blank: int) -> No
 
 
 def _check_not_empty(cfg: CleanConfig, counts: dict) -> None:
-    """Refuse a training set the filters emptied, naming the counts per rule and the params to loosen."""
     if counts["pairs_out"]:
         return
     rules = ", ".join(f"{k}={v}" for k, v in counts["dropped"].items() if v)

@@ -1,15 +1,5 @@
-"""Where each source file's bytes come from: a mirror, the download cache or the network.
-
-With ``NMT_DATA_MIRROR`` set, each source file is looked up, in order, as
-``$NMT_DATA_MIRROR/<dataset>/<path>`` (an extracted file), then ``$NMT_DATA_MIRROR/<dataset>/<archive name>``;
-a file in neither place is an error naming both (a mirror is never silently bypassed). Without a mirror,
-each comes from its upstream URL through the download cache. Archives are checked against their
-expected sha256 before any member is extracted into the caller's staging folder.
-
-Environment: ``NMT_DATA_MIRROR`` (a folder or http(s) base URL; ``user:password@`` in it is sent as
-basic auth and never logged), ``NMT_DOWNLOAD_CACHE`` (default ``<repo>/.cache/downloads``),
-``NMT_DOWNLOAD_BACKOFF_S`` (first retry delay, default 1 s, doubling); parsed in :mod:`pipeline.core.env`.
-"""
+"""Where each source file's bytes come from: ``NMT_DATA_MIRROR`` (extracted, or its archive; a file it lacks is
+an error, never silently downloaded), else the upstream URL through the download cache."""
 
 from __future__ import annotations
 
@@ -47,13 +37,10 @@ class FetchEnv:
 
     @classmethod
     def from_env(cls, cfg: DownloadConfig) -> FetchEnv:
-        """Read ``NMT_DATA_MIRROR``, ``NMT_DOWNLOAD_CACHE`` and ``NMT_DOWNLOAD_BACKOFF_S``.
-
-        Credentials in an http(s) mirror URL (``https://user:pass@host/data``) are taken out of it
-        and sent as HTTP basic auth, so URLs in logs, errors and cache paths never carry them.
+        """Read the ``NMT_*`` download settings; ``user:pass@`` in an http(s) mirror becomes basic auth, so URLs in
+        logs, errors and cache paths never carry it.
 
         Raises:
-            ConfigError: a malformed ``NMT_*`` variable (named, with what is expected).
             DownloadError: the mirror is neither an existing folder nor a valid http(s) URL.
         """
         env = env_settings()
@@ -104,8 +91,6 @@ def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
 
 def remove_stale_staging(cache_dir: Path) -> None:
     """Delete ``extract-<pid>-*`` staging folders of killed runs (extracted corpora: gigabytes)."""
-    if not cache_dir.is_dir():
-        return
     for entry in cache_dir.iterdir():
         match = re.fullmatch(r"extract-(\d+)-\w+", entry.name)
         if match and entry.is_dir() and not pid_alive(int(match.group(1))):
@@ -134,19 +119,12 @@ def check(path: Path, label: str, expected: list[Expectation], copy: Path) -> tu
 
 @dataclass(frozen=True)
 class Located:
-    """A source file's bytes on local disk and where they came from.
+    """A source file's bytes on local disk and where they came from."""
 
-    Attributes:
-        path: the file's bytes (for an archive member: extracted into the staging folder).
-        origin: ``mirror``, ``cache`` or ``network``.
-        copy: the file a user would delete or replace to fix it (the archive, for a member).
-        cached: whether ``copy`` lives in our download cache (then a corrupt one is deleted for them).
-    """
-
-    path: Path
-    origin: str
-    copy: Path
-    cached: bool
+    path: Path  # for an archive member: extracted into the staging folder
+    origin: str  # mirror, cache or network
+    copy: Path  # the file a user would delete or replace to fix it (the archive, for a member)
+    cached: bool  # whether copy lives in our download cache (then a corrupt one is deleted for them)
 
     def remedy(self) -> str:
         """What to do about a corrupt ``copy``."""
@@ -155,8 +133,8 @@ class Located:
         return f"replace the mirror's copy {self.copy} with a good one"
 
     def unpack(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args, remedy=...)`` (an unpacker of :mod:`pipeline.data.archives`, the destination last); a
-        corrupt cached copy is deleted so that a rerun fetches it anew."""
+        """``fn(*args, remedy=...)``, an unpacker of :mod:`pipeline.data.archives` (destination last); a corrupt
+        cached copy is deleted so that a rerun fetches it anew."""
         try:
             return fn(*args, remedy=self.remedy())
         except CorruptArchive:
@@ -209,24 +187,14 @@ def _download_unit(env: FetchEnv, spec: DatasetSpec, sf: SourceFile) -> Located:
 
 def locate(env: FetchEnv, spec: DatasetSpec, staging: Path, expected: dict[str, list[Expectation]]
            ) -> tuple[dict[SourceFile, Located], dict[str, dict[str, str | int]]]:
-    """Find every source file's bytes: mirror (extracted), mirror (archive); with no mirror, cache or network.
-
-    Args:
-        env: where to look.
-        spec: the dataset's files.
-        staging: a folder to extract archive members into (deleted by the caller).
-        expected: sha256 expectations by archive name (checked before extracting).
-
-    Returns:
-        Every source file's bytes, and per archive URL its ``sha256``, ``bytes`` and ``origin``.
-    """
+    """Every source file's bytes (archive members extracted into ``staging`` after the archive's sha256 was checked
+    against ``expected``), and per archive URL its ``sha256``, ``bytes`` and ``origin``."""
     located: dict[SourceFile, Located] = {}
     by_archive: dict[str, list[SourceFile]] = {}
     for _, _, _, sf in spec.files():
         if sf in located or sf in by_archive.get(sf.url, []):
             continue
-        found = _from_mirror(env, f"{spec.name}/{sf.path}")
-        if found is not None:
+        if (found := _from_mirror(env, f"{spec.name}/{sf.path}")) is not None:
             located[sf] = found
         elif sf.archive:
             by_archive.setdefault(sf.url, []).append(sf)

@@ -20,13 +20,8 @@ def _strip_controls(text: str) -> str:
 
 
 def normalize(text: str) -> str:
-    """Normalise one sentence: controls removed, Unicode NFC, whitespace collapsed and stripped.
-
-    Control characters (categories Cc and Cf) are deleted, except that whitespace controls
-    (tab, CR, VT, FF, U+0085, ...) become a space so words stay apart. Every run of whitespace
-    (including NBSP, U+2028, U+2029) becomes one ASCII space; leading/trailing whitespace goes.
-    Idempotent: ``normalize(normalize(s)) == normalize(s)``.
-    """
+    """Normalise one sentence (idempotently): control characters (Cc, Cf) deleted, whitespace controls made spaces,
+    Unicode NFC, every run of whitespace (NBSP, U+2028 too) one ASCII space, stripped."""
     if not text.isprintable():  # fast path: plain printable text has no controls or odd spaces
         text = _strip_controls(text)
     if not text.isascii():

@@ -1,13 +1,9 @@
-"""The raw folder (``paths.raw``): each split's source files checked and concatenated into
-``{train,valid,test}.{en,de}``, and ``manifest.json`` recording every file's sha256, size and lines.
-
-The files and the manifest depend only on the source files' bytes, never on where they were found, so
-a mirror run and a network run are byte-identical. Pins come from params (``download.sha256``, by file
-name) and from the previous run's manifest (by ``url|member``).
-"""
+"""The raw folder (``paths.raw``): each split's source files checked and concatenated, and ``manifest.json``
+recording every file's sha256, size and lines; both depend only on the source files' bytes."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -80,11 +76,10 @@ def _lines(sf: SourceFile, loc: Located, staging: Path) -> Iterator[str]:
 
 def _write_side(fh: IO[bytes], digest: Any, lines: Iterator[str]) -> int:
     n = 0
-    for line in lines:
+    for n, line in enumerate(lines, 1):
         data = line.encode("utf-8") + b"\n"
         fh.write(data)
         digest.update(data)
-        n += 1
     return n
 
 
@@ -93,9 +88,10 @@ def _write_split(split: str, corpora: tuple[Corpus, ...], located: dict[SourceFi
                  ) -> tuple[list[dict[str, str | int | None]], dict[str, dict[str, str | int]]]:
     """Write ``<split>.{en,de}``: the corpora concatenated, each checked; return manifest entries."""
     entries: list[dict[str, str | int | None]] = []
-    handles = {lang: open(out_dir / f"{split}.{lang}", "wb") for lang in LANGS}  # noqa: SIM115 - closed below
+    paths = {lang: out_dir / f"{split}.{lang}" for lang in LANGS}
     digests = {lang: hashlib.sha256() for lang in LANGS}
-    try:
+    with contextlib.ExitStack() as stack:
+        handles = {lang: stack.enter_context(open(paths[lang], "wb")) for lang in LANGS}
         for corpus in corpora:
             counts = {}
             for lang in LANGS:
@@ -108,15 +104,9 @@ def _write_split(split: str, corpora: tuple[Corpus, ...], located: dict[SourceFi
                                 "member": sf.member, "format": sf.fmt, "sha256": digest, "bytes": size,
                                 "lines": counts[lang]})
             _check_counts(corpus, counts, {located[corpus.en].copy, located[corpus.de].copy})
-    finally:
-        for fh in handles.values():
-            fh.close()
-    outputs = {}
-    for lang in LANGS:
-        path = out_dir / f"{split}.{lang}"
-        outputs[path.name] = {"sha256": digests[lang].hexdigest(), "bytes": path.stat().st_size,
-                              "lines": sum(e["lines"] for e in entries if e["lang"] == lang)}
-    return entries, outputs
+    return entries, {path.name: {"sha256": digests[lang].hexdigest(), "bytes": path.stat().st_size,
+                                 "lines": sum(e["lines"] for e in entries if e["lang"] == lang)}
+                     for lang, path in paths.items()}
 
 
 def _check_counts(corpus: Corpus, counts: dict[str, int], copies: set[Path]) -> None:
@@ -132,17 +122,8 @@ def _check_counts(corpus: Corpus, counts: dict[str, int], copies: set[Path]) -> 
 
 def write_raw(spec: DatasetSpec, located: dict[SourceFile, Located], out_dir: Path, staging: Path,
               expected: dict[str, list[Expectation]]) -> dict[str, int]:
-    """Write every split of ``spec`` and ``manifest.json`` into the empty folder ``out_dir``.
-
-    Args:
-        spec: the dataset.
-        located: every source file's bytes (:func:`pipeline.data.locate.locate`).
-        out_dir: the folder to fill.
-        staging: where gzip files are decompressed (deleted by the caller).
-        expected: sha256 pins (:func:`expectations`).
-
-    Returns:
-        The pairs of each split.
+    """Write every split of ``spec`` and ``manifest.json`` into the empty folder ``out_dir`` (gzip files decompressed
+    in ``staging``); return the pairs of each split.
 
     Raises:
         DownloadError: a checksum or line-count mismatch, or a corrupt archive.

@@ -1,8 +1,5 @@
-"""The bpe stage's training text: a seeded sample of lines, read in file order a block at a time.
-
-The sample is drawn here (not by SentencePiece) and streamed, so it never exists as a list or a file: at the
-paper's sample size a copy would be the whole 1.3 GB corpus. The same files and seed give the same lines.
-"""
+"""The bpe stage's training text: a seeded sample of lines, streamed in file order a block at a time, never a
+list or a file (at the paper's sample size a copy would be the whole 1.3 GB corpus)."""
 
 from __future__ import annotations
 
@@ -30,22 +27,16 @@ def sample_indices(total: int, k: int, seed: int) -> np.ndarray:
 
 
 class Sample:
-    """A seeded sample of the lines of ``files`` (taken as one sequence), iterated in file order.
+    """A seeded sample of the non-empty lines of ``files`` (as one sequence), read in file order as it is iterated.
 
-    Empty lines are skipped; ``count`` is the number of sentences yielded so far. The files are read
-    as they are iterated, so the sample never exists as a list or a file. A :class:`DataError` met
-    while reading (invalid UTF-8, a NUL byte) is kept in ``error``: SentencePiece turns an exception
-    in its iterator into a ``RuntimeError`` that has lost the file and line.
+    ``count``: sentences yielded so far; ``error``: a DataError met while reading, kept because SentencePiece
+    turns an exception in its iterator into a ``RuntimeError`` that has lost the file and line.
     """
 
     def __init__(self, files: list[Path], k: int, seed: int) -> None:
         self.files = files
-        self.offsets: list[list[int]] = []
-        self.counts: list[int] = []
-        for path in files:
-            offsets, n = line_offsets(path, READ_BLOCK)
-            self.offsets.append(offsets)
-            self.counts.append(n)
+        found = [line_offsets(path, READ_BLOCK) for path in files]
+        self.offsets, self.counts = [offsets for offsets, _ in found], [n for _, n in found]
         self.chosen = sample_indices(sum(self.counts), k, seed)
         self.count = 0
         self.error: DataError | None = None
@@ -58,7 +49,6 @@ class Sample:
             raise
 
     def _lines(self) -> Iterator[str]:
-        """The chosen lines, read and decoded a block at a time (a line at a time costs more than the rest)."""
         self.count = base = 0
         chosen = self.chosen
         for path, offsets, n in zip(self.files, self.offsets, self.counts):

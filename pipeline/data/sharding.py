@@ -1,16 +1,10 @@
-"""Writing the encode stage's Parquet shards: each split cut into shards of ``encode.shard_rows`` lines, each
-shard encoded by one worker task with SentencePiece's batched (C++ multi-threaded) ``encode``.
-
-Shard ``k`` covers line ids ``[k * shard_rows, (k + 1) * shard_rows)``. Training pairs longer than
-``encode.max_len`` BPE tokens on either side (EOS not counted) are dropped and counted, so a train shard may
-hold fewer rows and its ids have gaps; valid and test keep every line (an empty line is an empty list).
-Token lists become flat numpy arrays and Arrow list arrays without a Python loop per token; the writer
-options are fixed (:data:`WRITE_OPTIONS`), so reruns give byte-identical files.
-"""
+"""Writing the encode stage's Parquet shards: shard ``k`` of a split holds lines ``[k, k + 1) * shard_rows``
+(training pairs over ``encode.max_len`` dropped), byte-identical on rerun (:data:`WRITE_OPTIONS`)."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import functools
 import itertools
 import logging
@@ -38,14 +32,12 @@ WRITE_OPTIONS = {"compression": "zstd", "compression_level": 3, "use_dictionary"
 
 
 def token_type(vocab_size: int) -> pa.DataType:
-    """uint16 while every id fits (vocabulary ≤ 65,536), else uint32."""
+    """uint16 while every id fits, else uint32."""
     return pa.uint16() if vocab_size <= 1 << 16 else pa.uint32()
 
 
 def shard_schema(vocab_size: int) -> pa.Schema:
-    """The shard schema for ``vocab_size`` ids: ``id`` int64 (the line index in the clean file), ``src`` and
-    ``tgt`` lists of token ids (uint16 up to 65,536 ids, else uint32), ``src_len`` and ``tgt_len`` int32; no
-    BOS/EOS stored (:mod:`pipeline.data.shards` reads it)."""
+    """``id`` (the line in the clean file), ``src``/``tgt`` token lists without BOS/EOS, and their lengths."""
     tok = pa.list_(token_type(vocab_size))
     return pa.schema([("id", pa.int64()), ("src", tok), ("tgt", tok), ("src_len", pa.int32()),
                       ("tgt_len", pa.int32())])
@@ -53,22 +45,17 @@ def shard_schema(vocab_size: int) -> pa.Schema:
 
 @dataclass(frozen=True)
 class ShardTask:
-    """One shard to encode: lines ``[line_start, line_end)`` of a split, read from byte offsets."""
+    """One shard to encode: lines ``[line_start, line_end)`` of a split, at byte ranges of its two files."""
 
     split: str
     index: int
     line_start: int
     line_end: int
-    src_path: str
-    tgt_path: str
-    src_offset: int
-    tgt_offset: int
-    src_end: int  # byte offset where the next shard starts; -1: end of file
-    tgt_end: int
+    files: tuple[tuple[str, int, int], ...]  # (path, start, end) of the EN and DE lines; end -1: end of file
     spm_model: str
     spm_sha256: str
     max_len: int | None  # None: keep every line (valid/test)
-    out_path: str
+    out_dir: str
     threads: int
 
     @property
@@ -76,12 +63,11 @@ class ShardTask:
         return f"{self.split}/part-{self.index:05d}.parquet"
 
 
-def _read_block(path: str, start: int, end: int, count: int, first_line: int) -> list[str]:
-    """The ``count`` lines in bytes ``[start, end)`` of ``path`` (``end`` -1: to EOF; line ``first_line`` first)."""
-    lines = read_line_block(path, start, end, first_line)
-    if len(lines) != count:
-        raise DataError(f"{path}: expected {count} lines from line {first_line + 1}, found {len(lines)}; "
-                        "the file changed during encoding, rerun `dvc repro encode`")
+def _read_block(task: ShardTask, path: str, start: int, end: int) -> list[str]:
+    lines = read_line_block(path, start, end, task.line_start)
+    if len(lines) != task.line_end - task.line_start:
+        raise DataError(f"{path}: expected {task.line_end - task.line_start} lines from line {task.line_start + 1}, "
+                        f"found {len(lines)}; the file changed during encoding, rerun `dvc repro encode`")
     return lines
 
 
@@ -101,10 +87,9 @@ def encode_lines(sp, lines: list[str], threads: int, dtype: np.dtype) -> tuple[n
     return flat, lengths
 
 
-def _list_array(flat: np.ndarray, lengths: np.ndarray, keep: np.ndarray | None) -> pa.ListArray:
+def _list_array(flat: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> pa.ListArray:
     """An Arrow list array of the rows of (flat, lengths) selected by ``keep``."""
-    if keep is not None:
-        flat, lengths = flat[np.repeat(keep, lengths)], lengths[keep]
+    flat, lengths = flat[np.repeat(keep, lengths)], lengths[keep]
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
@@ -115,27 +100,21 @@ def encode_shard(task: ShardTask) -> dict:
     sp = processor(task.spm_model, task.spm_sha256)
     vocab = sp.get_piece_size()
     dtype = np.dtype(token_type(vocab).to_pandas_dtype())
-    count = task.line_end - task.line_start
-    src, src_len = encode_lines(
-        sp, _read_block(task.src_path, task.src_offset, task.src_end, count, task.line_start), task.threads, dtype)
-    tgt, tgt_len = encode_lines(
-        sp, _read_block(task.tgt_path, task.tgt_offset, task.tgt_end, count, task.line_start), task.threads, dtype)
-    keep = None
+    (src, src_len), (tgt, tgt_len) = (encode_lines(sp, _read_block(task, *file), task.threads, dtype)
+                                      for file in task.files)
+    keep = np.ones(len(src_len), dtype=bool)
     if task.max_len is not None:
         keep = (src_len <= task.max_len) & (tgt_len <= task.max_len)
-    ids = np.arange(task.line_start, task.line_end, dtype=np.int64)
-    if keep is not None:
-        ids, src_len_k, tgt_len_k = ids[keep], src_len[keep], tgt_len[keep]
-    else:
-        src_len_k, tgt_len_k = src_len, tgt_len
+    ids = np.arange(task.line_start, task.line_end, dtype=np.int64)[keep]
     table = pa.table([pa.array(ids), _list_array(src, src_len, keep), _list_array(tgt, tgt_len, keep),
-                      pa.array(src_len_k.astype(np.int32)), pa.array(tgt_len_k.astype(np.int32))],
+                      pa.array(src_len[keep].astype(np.int32)), pa.array(tgt_len[keep].astype(np.int32))],
                      schema=shard_schema(vocab))
-    with atomic_path(task.out_path) as tmp:
+    out_path = Path(task.out_dir) / task.rel_path
+    with atomic_path(out_path) as tmp:
         pq.write_table(table, tmp, row_group_size=max(1, len(ids)), **WRITE_OPTIONS)
     return {"path": task.rel_path, "rows": len(ids), "line_start": task.line_start, "line_end": task.line_end,
-            "src_tokens": int(src_len_k.sum()), "tgt_tokens": int(tgt_len_k.sum()),
-            "sha256": sha256_file(task.out_path), "dropped": count - len(ids)}
+            "src_tokens": int(src_len[keep].sum()), "tgt_tokens": int(tgt_len[keep].sum()),
+            "sha256": sha256_file(out_path), "dropped": len(keep) - len(ids)}
 
 
 def plan_tasks(cfg: EncodeConfig, clean_dir: Path, spm_model: Path, spm_sha256: str, out_dir: Path,
@@ -153,17 +132,14 @@ def plan_tasks(cfg: EncodeConfig, clean_dir: Path, spm_model: Path, spm_sha256: 
         if n_src == 0:
             raise DataError(f"{src} and {tgt} are empty: every split needs text; rerun `dvc repro clean`")
         lines[split] = n_src
-        src_ends, tgt_ends = src_offs[1:] + [-1], tgt_offs[1:] + [-1]
-        for k, offs in enumerate(zip(src_offs, tgt_offs, src_ends, tgt_ends)):
-            specs.append((split, k, src, tgt, offs, n_src))
+        ranges = [[(str(path), s, e) for s, e in zip(offs, offs[1:] + [-1])] for path, offs in
+                  ((src, src_offs), (tgt, tgt_offs))]
+        specs += [(split, k, files, n_src) for k, files in enumerate(zip(*ranges)) if n_src > k * cfg.shard_rows]
     threads = max(1, (os.cpu_count() or 1) // max(1, min(workers, len(specs))))
-    tasks = [ShardTask(split=split, index=k, line_start=k * cfg.shard_rows,
-                       line_end=min(n, (k + 1) * cfg.shard_rows), src_path=str(src), tgt_path=str(tgt),
-                       src_offset=offs[0], tgt_offset=offs[1], src_end=offs[2], tgt_end=offs[3],
-                       spm_model=str(spm_model), spm_sha256=spm_sha256,
-                       max_len=cfg.max_len if split == "train" else None,
-                       out_path=str(out_dir / f"{split}/part-{k:05d}.parquet"), threads=threads)
-             for split, k, src, tgt, offs, n in specs if n > k * cfg.shard_rows]
+    tasks = [ShardTask(split=split, index=k, line_start=k * cfg.shard_rows, line_end=min(n, (k + 1) * cfg.shard_rows),
+                       files=files, spm_model=str(spm_model), spm_sha256=spm_sha256,
+                       max_len=cfg.max_len if split == "train" else None, out_dir=str(out_dir), threads=threads)
+             for split, k, files, n in specs]
     return tasks, lines
 
 
@@ -172,25 +148,20 @@ def run_tasks(tasks: list[ShardTask], workers: int) -> list[dict]:
     results: list[dict | None] = [None] * len(tasks)
     total = sum(t.line_end - t.line_start for t in tasks)
     done_lines, start = 0, time.monotonic()
-
-    def progress(i: int, result: dict) -> None:
-        nonlocal done_lines
-        results[i] = result
-        done_lines += tasks[i].line_end - tasks[i].line_start
-        rate = done_lines / max(time.monotonic() - start, 1e-9)
-        log.info("encode: %d/%d shards, %d/%d pairs, %.0f pairs/s, ETA %.0f s", sum(r is not None for r in results),
-                 len(tasks), done_lines, total, rate, (total - done_lines) / max(rate, 1e-9))
-
-    if workers == 1 or len(tasks) <= 1:
-        for i, task in enumerate(tasks):
-            progress(i, encode_shard(task))
-        return results  # type: ignore[return-value]
-    # the forkserver imports this module (never the stage module: its workers re-run that as __mp_main__, and
-    # runpy warns "found in sys.modules" when it is imported already)
-    with process_pool(min(workers, len(tasks)), (__name__, "sentencepiece")) as pool:
-        futures = {pool.submit(encode_shard, t): i for i, t in enumerate(tasks)}
-        for fut in cf.as_completed(futures):
-            progress(futures[fut], fut.result())
+    with contextlib.ExitStack() as stack:
+        if workers == 1 or len(tasks) <= 1:
+            finished = ((i, encode_shard(task)) for i, task in enumerate(tasks))
+        else:  # the forkserver imports this module, never the stage module (its workers would re-run that)
+            pool = stack.enter_context(process_pool(min(workers, len(tasks)), (__name__, "sentencepiece")))
+            futures = {pool.submit(encode_shard, t): i for i, t in enumerate(tasks)}
+            finished = ((futures[fut], fut.result()) for fut in cf.as_completed(futures))
+        for i, result in finished:
+            results[i] = result
+            done_lines += tasks[i].line_end - tasks[i].line_start
+            rate = done_lines / max(time.monotonic() - start, 1e-9)
+            log.info("encode: %d/%d shards, %d/%d pairs, %.0f pairs/s, ETA %.0f s",
+                     sum(r is not None for r in results), len(tasks), done_lines, total, rate,
+                     (total - done_lines) / max(rate, 1e-9))
     return results  # type: ignore[return-value]
 
 

@@ -1,16 +1,10 @@
-"""Reading the encode stage's Parquet shards: :class:`ShardSet` and :func:`read_manifest`.
-
-A split's shards hold contiguous line-id ranges in order (``line_start``/``line_end`` in the
-manifest), so the shard of an id is found by binary search without opening any file. Token
-payloads are decoded lazily, one shard at a time, into flat numpy arrays (values + offsets) and
-cached; :meth:`ShardSet.lengths` reads only the small length columns.
-"""
+"""Reading the encode stage's Parquet shards: the shard of an id is found by binary search in the manifest's
+line ranges, and its tokens are decoded on first use into flat numpy arrays."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +23,7 @@ _COLUMNS = ("id", "src", "tgt", "src_len", "tgt_len")
 
 
 def read_manifest(shards_dir: str | Path) -> dict:
-    """Parse ``<shards_dir>/manifest.json``.
-
-    Raises:
-        DataError: missing, not JSON, or without the keys the reader needs.
-    """
+    """Parse ``<shards_dir>/manifest.json``; a DataError when it is missing, not JSON or lacks the keys read."""
     path = Path(shards_dir) / "manifest.json"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
@@ -48,8 +38,6 @@ def read_manifest(shards_dir: str | Path) -> dict:
 
 
 def _check_types(table: pa.Table, path: Path) -> None:
-    """Refuse columns of another type than the encode stage writes (``id`` integers, ``src``/``tgt`` lists of
-    unsigned integers)."""
     for name in table.column_names:
         kind = table.schema.field(name).type
         ok = (pa.types.is_integer(kind) if name in ("id", "src_len", "tgt_len")
@@ -81,19 +69,9 @@ def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class ShardSet:
-    """The shards of one split (``train``, ``valid`` or ``test``).
+    """The shards of one split of the encode stage's folder ``shards_dir`` (a DataError for a bad manifest or split)."""
 
-    Args:
-        shards_dir: the encode stage's output directory (holding ``manifest.json``).
-        split: which split to read.
-        max_cached_shards: keep at most this many decoded shards (least recently used first out);
-            None caches every shard touched by :meth:`fetch`.
-
-    Raises:
-        DataError: a missing/corrupt manifest or an unknown split.
-    """
-
-    def __init__(self, shards_dir: str | Path, split: str, *, max_cached_shards: int | None = None) -> None:
+    def __init__(self, shards_dir: str | Path, split: str) -> None:
         self.root = Path(shards_dir)
         self.split = split
         self.manifest = read_manifest(self.root)
@@ -104,8 +82,7 @@ class ShardSet:
         self._shards = self._info["shards"]
         self._starts = np.array([s["line_start"] for s in self._shards], dtype=np.int64)
         self._ends = np.array([s["line_end"] for s in self._shards], dtype=np.int64)
-        self._cache: OrderedDict[int, _Shard] = OrderedDict()
-        self._max_cached = max_cached_shards
+        self._cache: dict[int, _Shard] = {}
         self._lengths: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
@@ -129,11 +106,11 @@ class ShardSet:
             raise DataError(f"{path}: corrupt Parquet shard ({exc}); {_REMEDY}") from None
         if table.num_rows != self._shards[k]["rows"]:
             raise DataError(f"{path}: {table.num_rows} rows, the manifest says {self._shards[k]['rows']}; {_REMEDY}")
+        _check_types(table, path)
         return table
 
     def _decode(self, k: int) -> _Shard:
         table = self._read(k, _COLUMNS)
-        _check_types(table, self._path(k))
         src, src_off = _flat(table.column("src"))
         tgt, tgt_off = _flat(table.column("tgt"))
         for side, tokens in (("src", src), ("tgt", tgt)):
@@ -143,21 +120,14 @@ class ShardSet:
         return _Shard(table.column("id").to_numpy(), src, src_off, tgt, tgt_off)
 
     def _shard(self, k: int) -> _Shard:
-        shard = self._cache.get(k)
-        if shard is None:
-            shard = self._cache[k] = self._decode(k)
-            if self._max_cached is not None and len(self._cache) > self._max_cached:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(k)
-        return shard
+        if k not in self._cache:
+            self._cache[k] = self._decode(k)
+        return self._cache[k]
 
     def lengths(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ids [n] int64, src_len [n] int32, tgt_len [n] int32) of every row, in id order (no EOS)."""
         if self._lengths is None:
             parts = [self._read(k, ("id", "src_len", "tgt_len")) for k in range(len(self._shards))]
-            for k, part in enumerate(parts):
-                _check_types(part, self._path(k))
             cols = [[p.column(c).to_numpy() for p in parts] for c in ("id", "src_len", "tgt_len")]
             dtypes = (np.int64, np.int32, np.int32)
             self._lengths = tuple(np.concatenate(c).astype(d, copy=False) if c else np.zeros(0, d)
@@ -165,11 +135,7 @@ class ShardSet:
         return self._lengths  # type: ignore[return-value]
 
     def fetch(self, ids: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Token arrays (src, tgt) of the rows ``ids``, in that order (uint16/uint32, no BOS/EOS).
-
-        Raises:
-            KeyError: an id not in this split (out of range, or dropped by ``encode.max_len``).
-        """
+        """Token arrays (src, tgt) of the rows ``ids``, in order (no BOS/EOS); a KeyError for an id not in the split."""
         want = np.asarray(ids, dtype=np.int64)
         which = np.searchsorted(self._ends, want, side="right")
         out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(want)
@@ -195,11 +161,7 @@ class ShardSet:
                 yield (row_id, *shard.row(i))
 
     def check_spm(self, spm_model: str | Path) -> None:
-        """Refuse shards encoded with another BPE model.
-
-        Raises:
-            DataError: naming both sha256 values and the remedy.
-        """
+        """Refuse shards encoded with another BPE model (a DataError naming both sha256 values)."""
         actual = sha256_file(spm_model)
         expected = self.manifest["spm_sha256"]
         if actual != expected:
@@ -207,13 +169,7 @@ class ShardSet:
                             f"{spm_model} has sha256 {actual}; {_REMEDY} (or `dvc repro` to rebuild both)")
 
     def verify(self) -> None:
-        """Check every shard file of this split against the sha256 recorded in the manifest (the whole split is
-        read once: about a second per GB).
-
-        Raises:
-            DataError: one line naming the first shard that is missing, changed since encode (rewritten ids,
-                emptied targets, zeroed bytes) or has no recorded sha256, how many others are, and the remedy.
-        """
+        """Check each shard file against its manifest sha256 (a second per GB); a DataError names the first bad one."""
         manifest = self.root / "manifest.json"
         problems = []
         for k, entry in enumerate(self._shards):

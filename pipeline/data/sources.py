@@ -1,16 +1,5 @@
-"""The datasets the download stage knows: where each file comes from and how it becomes lines.
-
-A :class:`DatasetSpec` maps each split (train, valid, test) to an ordered list of parallel
-:class:`Corpus` entries; a split's output file is the concatenation of its corpora in that order.
-Each side of a corpus is a :class:`SourceFile`: a logical upstream URL (an archive or a plain file),
-the path of the file inside that archive (or under the dataset's mirror folder), and its format.
-
-SGML test sets are parsed exactly as sacreBLEU 2.x does (``FakeSGMLDataset._convert_format``): every
-line starting with ``<seg `` becomes ``_clean(re.sub(r"<seg.*?>(.*)</seg>.*?", r"\\1", line))``, where
-``_clean`` strips and collapses runs of whitespace (``\\s+``, Unicode-aware) to one space. Entities
-such as ``&amp;`` are left as they are (sacreBLEU does not unescape them), so the text here equals
-what sacreBLEU scores against.
-"""
+"""The datasets the download stage knows: where each file comes from and how it becomes lines (SGML test sets
+exactly as sacreBLEU 2.x reads them, so the text equals what sacreBLEU scores)."""
 
 from __future__ import annotations
 
@@ -33,29 +22,21 @@ Format = Literal["text", "gzip", "sgm"]
 
 @dataclass(frozen=True, kw_only=True)
 class SourceFile:
-    """One side (EN or DE) of a corpus.
+    """One side (EN or DE) of a corpus."""
 
-    Attributes:
-        url: logical upstream URL of the download unit (a ``.tgz`` archive, or the file itself).
-        path: the file's path inside the archive; for a plain file, its path under the dataset's
-            mirror folder. A mirror is asked for ``<dataset>/<path>`` first.
-        archive: True when ``url`` is a tar(.gz) archive holding ``path``.
-        fmt: ``text`` (UTF-8 lines), ``gzip`` (gzip-compressed UTF-8 lines) or ``sgm`` (WMT SGML).
-    """
-
-    url: str
-    path: str
+    url: str  # upstream URL of the download unit: a tar(.gz) archive, or the file itself
+    path: str  # inside the archive, or under the dataset's mirror folder
     archive: bool
-    fmt: Format = "text"
+    fmt: Format = "text"  # UTF-8 lines, gzip-compressed ones, or WMT SGML
 
     @property
     def url_name(self) -> str:
-        """The last component of ``url`` (``dev.tgz``, ``train.en.gz``)."""
+        """The last component of ``url`` (``dev.tgz``)."""
         return PurePosixPath(self.url.split("?", 1)[0]).name
 
     @property
     def label(self) -> str:
-        """A human-readable name: ``dev.tgz:dev/newstest2013.en`` or the plain URL."""
+        """``dev.tgz:dev/newstest2013.en``, or the plain URL."""
         return f"{self.url_name}:{self.path}" if self.archive else self.url
 
     @property
@@ -85,7 +66,6 @@ class Corpus:
     lines: int | None = None
 
     def side(self, lang: str) -> SourceFile:
-        """The :class:`SourceFile` for ``lang`` (``en`` or ``de``)."""
         return self.en if lang == "en" else self.de
 
 
@@ -99,7 +79,6 @@ class DatasetSpec:
     test: tuple[Corpus, ...]
 
     def split(self, name: str) -> tuple[Corpus, ...]:
-        """The corpora of split ``name``."""
         return getattr(self, name)
 
     def files(self) -> Iterator[tuple[str, Corpus, str, SourceFile]]:
@@ -119,10 +98,9 @@ def _tgz_pair(name: str, url: str, stem: str, lines: int) -> Corpus:
 
 def _multi30k(name: str, stem: str, lines: int) -> Corpus:
     """A Multi30k task-1 split stored as ``<stem>.{en,de}.gz`` in the dataset repository."""
-    def side(lang: str) -> SourceFile:
-        return SourceFile(url=f"{MULTI30K}/{stem}.{lang}.gz", path=f"data/task1/raw/{stem}.{lang}.gz",
-                          archive=False, fmt="gzip")
-    return Corpus(name=name, lines=lines, en=side("en"), de=side("de"))
+    en, de = (SourceFile(url=f"{MULTI30K}/{stem}.{lang}.gz", path=f"data/task1/raw/{stem}.{lang}.gz", archive=False,
+                         fmt="gzip") for lang in LANGS)
+    return Corpus(name=name, lines=lines, en=en, de=de)
 
 
 WMT14 = DatasetSpec(
@@ -168,14 +146,7 @@ _SPACE = re.compile(r"\s+")
 
 
 def sgml_segments(lines: Iterable[str]) -> Iterator[str]:
-    """The text of each ``<seg ...>`` line, cleaned exactly as sacreBLEU's fake-SGML reader does.
-
-    Args:
-        lines: the SGML file's lines, split on ``\\n`` only (newline already removed).
-
-    Yields:
-        One string per line that starts with ``<seg ``, in file order.
-    """
+    """The text of each line starting with ``<seg ``, cleaned exactly as sacreBLEU's fake-SGML reader does."""
     for line in lines:
         if line.startswith("<seg "):
             yield _SPACE.sub(" ", _SEG.sub(r"\1", line).strip())

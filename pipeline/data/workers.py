@@ -1,14 +1,5 @@
-"""Worker process pools of the data stages (clean, encode): how many, how to start them, one error when they cannot.
-
-Both stages run ``NMT_DATA_WORKERS`` processes (default ``os.cpu_count()``; 1 runs the work in the stage's
-own process), read from :mod:`pipeline.core.env`.
-
-The pools use multiprocessing's forkserver (no fork of a process that may hold tracking threads). The
-forkserver listens on a Unix socket at ``<temp dir>/pymp-XXXXXXXX/listener-XXXXXXXX``
-(``multiprocessing.util.get_temp_dir``, ``multiprocessing.connection.arbitrary_address``), and Linux
-limits a socket path to 107 bytes (``sun_path``, see unix(7)): under a long ``TMPDIR`` the pool would die
-with "AF_UNIX path too long". That is refused up front, naming the variable and the ways out.
-"""
+"""Worker process pools of the data stages (clean, encode): ``NMT_DATA_WORKERS`` forkserver processes (no fork
+of a process that may hold tracking threads)."""
 
 from __future__ import annotations
 
@@ -21,26 +12,17 @@ from collections.abc import Sequence
 from pipeline.core import env
 from pipeline.core.errors import ConfigError
 
-SOCKET_PATH_MAX = 107
-#: ``/pymp-`` + 8 characters + ``/listener-`` + 8 characters after the temp dir.
-SOCKET_SUFFIX = len("/pymp-12345678/listener-12345678")
+SOCKET_PATH_MAX = 107  # sun_path, unix(7)
+SOCKET_SUFFIX = len("/pymp-12345678/listener-12345678")  # multiprocessing.connection.arbitrary_address
 
 
 def data_workers() -> int:
-    """Worker processes of a data stage: ``NMT_DATA_WORKERS`` or ``os.cpu_count()``.
-
-    Raises:
-        ConfigError: a malformed ``NMT_*`` variable (named, with what is expected).
-    """
+    """Worker processes of a data stage: ``NMT_DATA_WORKERS`` or ``os.cpu_count()`` (1: the stage's own process)."""
     return env.settings().data_workers or os.cpu_count() or 1
 
 
 def check_temp_dir() -> None:
-    """Refuse a temp dir whose forkserver socket path would not fit.
-
-    Raises:
-        ConfigError: naming ``TMPDIR``, its length, the limit and ``NMT_DATA_WORKERS=1``.
-    """
+    """Raise a ConfigError naming ``TMPDIR`` when the forkserver's socket path under it would not fit."""
     folder = tempfile.gettempdir()
     size = len(os.fsencode(folder))
     if size + SOCKET_SUFFIX > SOCKET_PATH_MAX:
@@ -51,11 +33,7 @@ def check_temp_dir() -> None:
 
 
 def process_pool(workers: int, preload: Sequence[str]) -> cf.ProcessPoolExecutor:
-    """A pool of ``workers`` forkserver processes that import ``preload`` once, before forking.
-
-    Raises:
-        ConfigError: the temp dir is too long for the forkserver's socket (:func:`check_temp_dir`).
-    """
+    """A pool of ``workers`` forkserver processes that import ``preload`` once (:func:`check_temp_dir` first)."""
     check_temp_dir()
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(preload))

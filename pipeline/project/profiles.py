@@ -6,7 +6,7 @@ import copy
 import logging
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,7 @@ from pipeline.core.yamlfile import load_yaml
 from pipeline.project.workspace import exclusive_run
 
 BASE = "paper"
-# While a profile run has params.yaml rewritten, the bytes it replaced wait here (or the ABSENT marker when
-# there was no params.yaml), so that a run killed before it could restore them is undone by the next run.
+# The params.yaml bytes a profile run replaced (ABSENT: there was none), so the next run undoes a killed one.
 SAVED = Path(".dvc") / "tmp" / "nmt-params.yaml.saved"
 ABSENT = Path(".dvc") / "tmp" / "nmt-params.yaml.absent"
 log = logging.getLogger(__name__)
@@ -43,16 +42,8 @@ def profile_names(root: str | Path = ".") -> list[str]:
     return sorted(p.stem for p in (Path(root) / "profiles").glob("*.yaml"))
 
 
-def describe(path: str | Path) -> str:
-    """A profile's one-line description: its first comment line, without ``#`` (empty when it has none)."""
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.startswith("#"):
-            return line.lstrip("#").strip()
-    return ""
-
-
 def active_profile(root: str | Path = ".") -> str | None:
-    """The ``profile:`` value of ``<root>/params.yaml``; None when the file is missing, does not load or has none."""
+    """The ``profile:`` value of ``<root>/params.yaml``, if it has one."""
     try:
         data = load_yaml(Path(root) / "params.yaml")
     except (OSError, ConfigError):
@@ -62,13 +53,15 @@ def active_profile(root: str | Path = ".") -> str | None:
 
 
 def listing(root: str | Path = ".") -> list[str]:
-    """What ``nmt profile`` prints: one line per profile, its description, ``*`` before the active one."""
-    names = profile_names(root)
-    active = active_profile(root)
+    """What ``nmt profile`` prints: one line per profile with its first comment line, ``*`` before the active one."""
+    names, active = profile_names(root), active_profile(root)
     width = max((len(n) for n in names), default=0)
-    folder = Path(root) / "profiles"
-    return [f"{'*' if name == active else ' '} {name.ljust(width)}  {describe(folder / f'{name}.yaml')}".rstrip()
-            for name in names]
+    lines = []
+    for name in names:
+        text = (Path(root) / "profiles" / f"{name}.yaml").read_text(encoding="utf-8")
+        about = next((line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")), "")
+        lines.append(f"{'*' if name == active else ' '} {name.ljust(width)}  {about}".rstrip())
+    return lines
 
 
 def merged_profile(name: str, root: str | Path = ".") -> dict[str, Any]:
@@ -81,8 +74,7 @@ def merged_profile(name: str, root: str | Path = ".") -> dict[str, Any]:
     if name != BASE:
         data = deep_merge(data, load_yaml(path) or {})
     params = params_from_dict(data, str(path))  # refuse to write an invalid params.yaml
-    problems = layout_problems(section_dict(params.paths), root, name)
-    if problems:
+    if problems := layout_problems(section_dict(params.paths), root, name):
         raise ConfigError(str(path), problems)
     return data
 
@@ -103,21 +95,17 @@ def _keep_edits(target: Path, root: Path) -> None:
         return
     text = target.read_text(encoding="utf-8")
     for name in profile_names(root):
-        try:
+        with suppress(ConfigError):  # a profile that does not validate produced nothing
             if render(name, root) == text:
                 return
-        except ConfigError:
-            continue
     backup = target.with_name(f"{target.name}.{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}.bak")
     write_text(backup, text)
     log.warning("%s had edits that no profile produces; kept them in %s", target.name, backup)
 
 
 def write_profile(name: str, root: str | Path = ".", target: str | Path | None = None) -> Path:
-    """Write profile ``name`` as ``params.yaml``; a hand-edited file is first kept as ``params.yaml.<time>.bak``.
-
-    Holds the workspace lock (:mod:`pipeline.project.workspace`) while it writes, so a running pipeline's
-    params.yaml is never switched under it, and first undoes a killed profile run (:func:`restore_params`).
+    """Write profile ``name`` as ``params.yaml`` under the workspace lock (a hand-edited file is first kept as
+    ``params.yaml.<time>.bak``, a killed profile run undone).
 
     Raises:
         ConfigError: no such profile, or it does not validate (nothing is written then).
@@ -135,12 +123,8 @@ def write_profile(name: str, root: str | Path = ".", target: str | Path | None =
 
 
 def restore_params(root: str | Path = ".", logger: logging.Logger | logging.LoggerAdapter | None = None) -> bool:
-    """Put back the params.yaml a profile run replaced (:func:`profile_run`); False when there is nothing to undo.
-
-    Also undoes a run that was killed (SIGKILL) before it could restore: call it while holding the
-    workspace lock (:mod:`pipeline.project.workspace`), before anything reads params.yaml. Logs one line on
-    ``logger`` (default: this module's) when it restored something.
-    """
+    """Put back the params.yaml a (possibly killed) profile run replaced; False when there is nothing to undo. Call it
+    under the workspace lock, before anything reads params.yaml."""
     root = Path(root)
     target, saved, absent = root / "params.yaml", root / SAVED, root / ABSENT
     if saved.is_file():
@@ -159,11 +143,8 @@ def restore_params(root: str | Path = ".", logger: logging.Logger | logging.Logg
 @contextmanager
 def profile_run(name: str, root: str | Path = ".",
                 logger: logging.Logger | logging.LoggerAdapter | None = None) -> Iterator[Path]:
-    """``params.yaml`` holds profile ``name`` for the ``with`` block; its previous bytes come back after it.
-
-    The previous bytes are restored exactly in every ending that runs Python code (success, an
-    exception, Ctrl-C, Prefect's SIGTERM bridge); after a SIGKILL the next :func:`restore_params`
-    restores them. Hold the workspace lock around it. ``nmt profile NAME`` is the persistent switch.
+    """``params.yaml`` holds profile ``name`` for the ``with`` block (under the workspace lock); its previous bytes
+    come back after it, or after a SIGKILL at the next :func:`restore_params`.
 
     Raises:
         ConfigError: no such profile, or it does not validate (nothing is written then).
@@ -172,7 +153,6 @@ def profile_run(name: str, root: str | Path = ".",
     target = root / "params.yaml"
     text = render(name, root)  # validates before anything is touched
     restore_params(root, logger)  # a killed profile run's leftovers first
-    (root / SAVED).parent.mkdir(parents=True, exist_ok=True)
     if target.is_file():
         with atomic_path(root / SAVED) as tmp:
             tmp.write_bytes(target.read_bytes())

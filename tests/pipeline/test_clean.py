@@ -16,7 +16,7 @@ from pipeline.clean import stage
 from pipeline.core.config import CleanConfig
 from pipeline.core.errors import DataError
 from pipeline.core.textio import read_lines
-from pipeline.data.dedup import DigestSet, pair_digest
+from pipeline.data.filters import DigestSet, pair_digest
 from pipeline.data.normalize import normalize
 from tests.helpers.clean import write_raw
 

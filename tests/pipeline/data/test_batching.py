@@ -131,19 +131,15 @@ def test_collate_follows_the_sequence_conventions():
     assert b.n_tokens == 6 == int((b.tgt_out != 0).sum()) and b.index == 4 and b.src.dtype == torch.int64
 
 
-def test_prefetcher_yields_in_order_and_reraises_errors():
+def test_prefetch_yields_in_order_and_reraises_errors():
     table = {i: (np.array([i + 4], np.uint16), np.array([i + 4, i + 4], np.uint16)) for i in range(10)}
     fetch = lambda ids: [table[int(i)] for i in ids]  # noqa: E731
     jobs = [((0, 0), np.array([1, 2])), ((0, 1), np.array([5])), ((2, 0), np.array([3]))]
-    pre = batching.Prefetcher(fetch, jobs, pad_id=0, bos_id=2, eos_id=3)
-    got = list(pre)
-    pre.close()
+    got = list(batching.prefetch(fetch, jobs, pad_id=0, bos_id=2, eos_id=3))
     assert [(g.index, g.forward) for g in got] == [(0, 0), (0, 1), (2, 0)]
     assert got[2].src.tolist() == [[7, 3]]
-    bad = batching.Prefetcher(fetch, [((0, 0), np.array([99]))], pad_id=0, bos_id=2, eos_id=3)
     with pytest.raises(KeyError):
-        list(bad)
-    bad.close()
+        list(batching.prefetch(fetch, [((0, 0), np.array([99]))], pad_id=0, bos_id=2, eos_id=3))
 
 
 def test_valid_plan_skips_pairs_beyond_the_position_table_and_fits_long_ones(caplog):

@@ -77,14 +77,6 @@ def test_fetch_missing_ids(built: tuple[Path, Path, Path]) -> None:
     assert data.fetch([]) == []
 
 
-def test_small_cache_gives_same_rows(built: tuple[Path, Path, Path]) -> None:
-    shards = built[2]
-    full, small = ShardSet(shards, "train"), ShardSet(shards, "train", max_cached_shards=1)
-    ids = full.lengths()[0][::-1].tolist()
-    for a, b in zip(full.fetch(ids), small.fetch(ids)):
-        assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist()
-
-
 def test_check_spm(tmp_path: Path, built: tuple[Path, Path, Path]) -> None:
     clean, bpe_dir, shards = built
     ShardSet(shards, "valid").check_spm(bpe_dir / "spm.model")
