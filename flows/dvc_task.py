@@ -2,7 +2,7 @@
 
 ``python -m flows.dvc_task repro STAGE [--force]`` is ``dvc repro --single-item STAGE`` without DVC's reminder to
 ``git add dvc.lock`` after every stage. Ours and not DVC's CLI: ``dvc repro`` has no switch for that reminder alone
-(``--quiet`` also hides the ``Running stage`` lines :func:`stage_status` reads). No Prefect import here.
+(``--quiet`` also hides the ``Running stage`` lines :func:`stage_status` reads).
 """
 
 from __future__ import annotations
@@ -66,8 +66,7 @@ def select_stages(repo: str | Path, requested: Sequence[str] | None) -> list[str
 
 
 def stage_env(ids: Mapping[str, str]) -> dict[str, str]:
-    """This process's environment with the run ids of :data:`RUN_ID_VARIABLES` replaced by ``ids`` (empty ones
-    left out): a global ``MLFLOW_RUN_ID`` would make every stage resume one run."""
+    """This environment with the run ids of :data:`RUN_ID_VARIABLES` replaced by ``ids`` (empty ones left out)."""
     env = {k: v for k, v in os.environ.items() if k not in RUN_ID_VARIABLES}
     env.update({k: v for k, v in ids.items() if v})
     return env

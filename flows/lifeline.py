@@ -3,11 +3,8 @@
 Ours and not Prefect's: a Prefect task's timeout or cancellation raises in the task's thread and leaves the
 processes it started running, a cancelled flow run's process is signalled alone (PrefectHQ/prefect#20979), and a
 SIGKILLed flow signals nobody, so a stage's torchrun ranks (grandchildren) would outlive it.
-
-``python -m flows.lifeline --parent PID --grace S -- CMD ...`` leads a new session (a terminal's Ctrl-C to the
-flow's group does not reach it); when ``PID`` dies, however it dies, the kernel sends it SIGTERM
-(``PR_SET_PDEATHSIG``, ``prctl(2)``) and it ends its group: SIGTERM, a grace period, SIGKILL. Standard library
-only: it starts in a few tens of milliseconds.
+``python -m flows.lifeline --parent PID --grace S -- CMD ...`` leads a new session; when ``PID`` dies the kernel
+sends it SIGTERM (``PR_SET_PDEATHSIG``, ``prctl(2)``) and it ends its group: SIGTERM, a grace period, SIGKILL.
 """
 
 from __future__ import annotations
@@ -56,8 +53,7 @@ def _wait_until(done: Callable[[], bool], limit_s: float = math.inf) -> bool:
 
 
 def kill_group(pgid: int, proc: subprocess.Popen[bytes] | None = None, grace_s: float = 10.0) -> None:
-    """SIGTERM process group ``pgid``, wait up to ``grace_s``, then SIGKILL what is left (``proc``, the group leader,
-    is reaped while waiting, so that its zombie does not keep the group looking alive)."""
+    """SIGTERM process group ``pgid``, wait up to ``grace_s`` (reaping ``proc``), then SIGKILL what is left."""
     def gone() -> bool:
         if proc is not None:
             proc.poll()
@@ -103,8 +99,7 @@ def _end_own_group(child: subprocess.Popen[bytes], grace_s: float) -> None:
 
 
 def run(cmd: list[str], *, parent: int, grace_s: float) -> int:
-    """Run ``cmd`` tied to ``parent``; its exit code (``128 + signal`` when a signal ended it). While ``parent``
-    lives, a SIGTERM or SIGINT here is left to it (it signals the whole group itself)."""
+    """Run ``cmd`` tied to ``parent``; its exit code (``128 + signal`` when a signal ended it)."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: None)  # the wait below sees whether the parent is gone
     with contextlib.suppress(OSError, AttributeError):  # not Linux: only the getppid check
@@ -121,8 +116,7 @@ def run(cmd: list[str], *, parent: int, grace_s: float) -> int:
 
 @dataclass(frozen=True)
 class ProcessResult:
-    """What one command did: its exit status (negative: killed by that signal), wall time until its group was gone,
-    every non-blank stdout line (DVC's messages are short) and the last :data:`TAIL_LINES` lines of stderr."""
+    """One command's exit status (negative: that signal), wall time, stdout lines and stderr's last lines."""
 
     args: tuple[str, ...]
     returncode: int

@@ -1,9 +1,7 @@
 """The MLflow parent runs the flows open: a pipeline run's (stage runs become its children) and a sweep's.
 
-A pipeline run's parent carries the flattened params, ``params.yaml`` and ``dvc.lock``, each stage's run as
-``produced_by.<stage>`` and the headline metrics, for MLflow's Compare view. Tracking never fails a run: what
-cannot be recorded is a warning. Neither Prefect nor DVC opens MLflow runs, so this is ours; it is built on
-:mod:`pipeline.core.tracking`, which alone imports ``mlflow``.
+Tracking never fails a run: what cannot be recorded is a warning. Neither Prefect nor DVC opens MLflow runs,
+so this is ours, built on :mod:`pipeline.core.tracking`.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ def run_name(profile: str, commit: str, when: float | None = None) -> str:
 @contextlib.contextmanager
 def mlflow_run(name: str, *, root: str | Path, tags: dict[str, str],
                reopen: str | None = None) -> Iterator[tracking.StageRun]:
-    """An MLflow run for the ``with`` block, ended FINISHED, or FAILED when the block raises; owned by this process
-    (:mod:`pipeline.core.owner`: a later run ends it if this one is killed). ``reopen``: continue that run."""
+    """An MLflow run for the ``with`` block, FAILED when it raises, owned by this process; ``reopen``: continue it."""
     if not tracking.enabled():
         yield tracking.StageRun()
         return
@@ -58,9 +55,7 @@ def mlflow_run(name: str, *, root: str | Path, tags: dict[str, str],
 @contextlib.contextmanager
 def pipeline_run(name: str, *, params: dict[str, Any], root: str | Path = ".",
                  tags: dict[str, str] | None = None, reopen: str | None = None) -> Iterator[tracking.StageRun]:
-    """The parent run of one pipeline run (:func:`mlflow_run`), with its params, ``params.yaml`` and at the end
-    ``dvc.lock``; ``tags`` override the git tags of ``root``. Stage runs find it via ``MLFLOW_PARENT_RUN_ID``,
-    which the caller exports only to the processes it starts."""
+    """The parent run of one pipeline run, with its params; ``tags`` override the git tags of ``root``."""
     root = Path(root)
     with mlflow_run(name, root=root, tags={"pipeline": "true", **tracking.git_tags(root), **(tags or {})},
                     reopen=reopen) as handle:
@@ -89,8 +84,7 @@ def _reopen(client: Any, run_id: str, tags: dict[str, str]) -> str | None:
 
 @contextlib.contextmanager
 def sweep_run(root: Path, spec: SweepSpec, state: SweepState, flow_run_id: str) -> Iterator[tracking.StageRun]:
-    """The MLflow parent run ``sweep-<name>``: created once (its id kept in the state file, the spec logged as its
-    artifact), reopened on a restart."""
+    """The MLflow parent run ``sweep-<name>``: created once (its id kept in the state file), reopened on a restart."""
     tags = {**tracking.git_tags(root), "sweep": spec.name, "sweep.parent": "true", "profile": spec.profile,
             "prefect.flow_run_id": flow_run_id}
     earlier = state.data.get("mlflow_run_id")
@@ -103,8 +97,7 @@ def sweep_run(root: Path, spec: SweepSpec, state: SweepState, flow_run_id: str) 
 
 
 def child_run(parent_id: str | None, tag: str, value: str, root: str | Path = ".") -> str | None:
-    """The newest child run of ``parent_id`` whose tag ``tag`` is ``value`` (e.g. a sweep variant an
-    interrupted sweep opened), or None (also when tracking is off)."""
+    """The newest child run of ``parent_id`` whose tag ``tag`` is ``value``, or None (also when tracking is off)."""
     if not (tracking.enabled() and parent_id):
         return None
     client = tracking.mlflow_client(root)
@@ -117,8 +110,7 @@ def child_run(parent_id: str | None, tag: str, value: str, root: str | Path = ".
 
 
 def end_orphans(root: str | Path = ".", logger: logging.Logger | logging.LoggerAdapter | None = None) -> None:
-    """End the MLflow runs a killed flow, sweep or stage of ``root`` left RUNNING; call it holding the run's lock.
-    A store that cannot be searched is a warning (an unreachable server fails the run when its run opens)."""
+    """End the MLflow runs a killed flow, sweep or stage of ``root`` left RUNNING; call it holding the run's lock."""
     with _never_fails("end the MLflow runs a killed run left RUNNING", logger):
         tracking.end_orphaned_runs(root, logger)
 
@@ -133,8 +125,7 @@ def _never_fails(what: str, logger: logging.Logger | logging.LoggerAdapter | Non
 
 
 def record_stage(parent: tracking.StageRun, root: Path, metrics_dir: Path, stage: str) -> None:
-    """Tag ``stage``'s MLflow run (its id from ``<stage>.details.json``) with its dvc.lock md5, and the parent
-    with ``produced_by.<stage>`` (also for a stage DVC skipped: the run that produced its outputs)."""
+    """Tag ``stage``'s MLflow run with its dvc.lock md5, and the parent with ``produced_by.<stage>``."""
     lock = root / "dvc.lock"
     if not (tracking.enabled() and lock.is_file()):
         return
@@ -147,8 +138,7 @@ def record_stage(parent: tracking.StageRun, root: Path, metrics_dir: Path, stage
 
 
 def record_end(parent: tracking.StageRun, root: Path, metrics_dir: Path | None, *, succeeded: bool) -> None:
-    """Tag the parent with the md5 of ``dvc.lock`` as the run left it and, after a success, log the headline
-    metrics from the details files as the DAG left them (so they are there also when DVC skipped every stage)."""
+    """Tag the parent with the md5 of ``dvc.lock`` and, after a success, log the headline metrics."""
     if (root / "dvc.lock").is_file():
         with _never_fails("tag the parent run with the dvc.lock md5"):
             parent.set_tags({"dvc_lock_md5": hashlib.md5((root / "dvc.lock").read_bytes()).hexdigest()})  # not security
@@ -158,8 +148,7 @@ def record_end(parent: tracking.StageRun, root: Path, metrics_dir: Path | None, 
 
 
 def ui_page(run_id: str, root: str | Path = ".", port: int = 5000) -> str | None:
-    """The page of ``run_id``'s experiment in a local ``mlflow ui`` on its training runs (MLflow 3.17's UI opens
-    every experiment on its GenAI overview unless the URL's ``workflowType`` says otherwise), or None."""
+    """The ``mlflow ui`` page of ``run_id``'s experiment on its training runs (not MLflow 3's GenAI view), or None."""
     experiment = None
     with _never_fails(f"read the experiment of run {run_id}"):
         experiment = tracking.mlflow_client(root).get_run(run_id).info.experiment_id

@@ -1,6 +1,4 @@
-"""The Prefect flow ``wmt14-pipeline`` (README, "Orchestration"): DVC executes, Prefect sequences, retries and
-times out. One task per DVC stage runs ``dvc repro --single-item <stage>`` in its own process group (DVC alone
-decides what is stale: ``cache_policy=NO_CACHE``) under one MLflow parent run; the run ends with a markdown report.
+"""The Prefect flow ``wmt14-pipeline`` (README, "Orchestration"): one task per DVC stage, each in its own process group.
 
 Ours around theirs: DVC runs the stages and Prefect the tasks; the flow adds what neither knows (the MLflow parent
 run, the profile switch, the report).
@@ -94,8 +92,7 @@ def repro_stage(stage: str, settings: RunSettings) -> StageOutcome:
 
 
 def _details(record: type[D], metrics_dir: Path | None) -> D | None:
-    """``record``'s file in ``metrics_dir``; None when absent or unreadable (a warning: the report must not mask
-    the run's own error)."""
+    """``record``'s file in ``metrics_dir``; None (a warning) when absent or unreadable."""
     try:
         return record.read(metrics_dir) if metrics_dir else None
     except PipelineError as exc:
@@ -105,8 +102,7 @@ def _details(record: type[D], metrics_dir: Path | None) -> D | None:
 
 def _finish(root: Path, paths: PathsConfig | None, outcomes: list[StageOutcome], parent: tracking.StageRun,
             git: dict[str, str], failure: BaseException | None) -> str:
-    """Record the run's end on the MLflow parent; write the report (and the audit) as Prefect artifacts; return
-    the report."""
+    """Record the run's end on the MLflow parent; write and return the report (and the audit) as Prefect artifacts."""
     parent_run.record_end(parent, root, Path(paths.metrics) if paths else None, succeeded=failure is None)
     audit_path = f"{paths.reports}/audit.md" if paths else None
     try:

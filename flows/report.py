@@ -1,8 +1,7 @@
 """The markdown a pipeline run and a sweep leave as Prefect artifacts, and the headline metrics of their MLflow runs.
 
 Ours and not ``dvc exp show --md`` / ``dvc metrics show --md``: those tabulate every param and metric DVC
-recorded, not a run's stage statuses, failed variants, best variant, audit or MLflow runs. Plain Python, no Prefect
-import.
+recorded, not a run's stage statuses, failed variants, best variant, audit or MLflow runs.
 """
 
 from __future__ import annotations
@@ -39,8 +38,7 @@ class StageOutcome:
 
 
 def headline_metrics(evaluate: EvaluateDetails | None, train: TrainDetails | None) -> dict[str, float]:
-    """The parent run's :data:`HEADLINE_METRICS` from ``evaluate.details.json`` and ``train.details.json``
-    (GPU-hours = train wall seconds x GPUs / 3600, 0.0 on CPU); a figure whose file or key is missing is left out."""
+    """The parent run's :data:`HEADLINE_METRICS` from the details files; a missing file or key is left out."""
     evaluate, train = evaluate or EvaluateDetails(), train or TrainDetails()
     found = {"test_bleu": evaluate.test.bleu, "valid_bleu": evaluate.valid.bleu, "test_chrf": evaluate.test.chrf2,
              "valid_chrf": evaluate.valid.chrf2, "valid_ppl": evaluate.valid.ppl, "train_steps": train.step}
@@ -137,8 +135,7 @@ def render_report(outcomes: Sequence[StageOutcome], *, bleu: EvaluateDetails | N
                   tracking_uri: str | None, git: Mapping[str, str], failure: str | None = None,
                   audit_path: str | None = None, audit_md: str | None = None,
                   register: RegisterDetails | None = None, ui_page: str | None = None) -> str:
-    """The whole report: stages, BLEU (``bleu``: ``evaluate.details.json``), the audit (``audit_path`` relative
-    to the repository; None: no section), lineage (git, MLflow, ``register.details.json``), failure (if any)."""
+    """The whole report: stages, BLEU, the audit (None: no section), lineage and the failure (if any)."""
     table = bleu_table(bleu or EvaluateDetails()) or ["No `evaluate.details.json` yet."]
     lines = ["# wmt14-pipeline", "", "## Stages", "", *stage_rows(outcomes), "", "## BLEU", "", *table, ""]
     if audit_path:
@@ -167,8 +164,7 @@ def _overrides(record: Mapping[str, Any], keys: Sequence[str]) -> str:
 
 def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commit: str, ran: int,
                  mlflow_run_id: str | None, tracking_uri: str | None) -> str:
-    """A sweep's markdown: variants x headline metrics, the best variant, where DVC and MLflow show them.
-    ``records``: one per variant in spec order; ``ran``: how many this run executed."""
+    """A sweep's markdown from ``records`` (one per variant in spec order); ``ran``: how many this run executed."""
     keys = spec.keys
     shared = ", ".join(f"{k}={_cell(v)}" for k, v in spec.shared.items())
     intro = (f"Base profile `{spec.profile}`{f' with {shared}' if shared else ''}; {len(records)} variants at commit "

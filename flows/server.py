@@ -3,8 +3,7 @@
 Ours and not Prefect's: Prefect's own temporary server (``SubprocessASGIServer`` in prefect/server/api/server.py)
 runs in the flow's process group and stops at the flow's ``atexit``, so a terminal's Ctrl-C ends it with the flow,
 which then retries its API calls for minutes, and a SIGKILLed flow leaves it running. This one runs under a
-:mod:`flows.lifeline` in a new session: it outlives signals aimed at the flow's group and stops once the flow's
-process has exited, however it exited.
+:mod:`flows.lifeline` in a new session and stops once the flow's process has exited.
 """
 
 from __future__ import annotations
@@ -46,8 +45,7 @@ def healthy(url: str) -> bool:
 
 
 def start_temporary_server() -> str:
-    """Start the server tied to this process (it ends 10 s after this process does); return its API URL. A
-    PipelineError quoting its log when it is not healthy within ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``."""
+    """Start the server tied to this process; return its API URL (a PipelineError quoting its log if not healthy)."""
     port = free_port()
     url = f"http://{HOST}:{port}/api"
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port), "--no-ui",
@@ -78,8 +76,7 @@ def start_temporary_server() -> str:
 
 
 def ensure_api(module: str, argv: list[str] | None) -> None:
-    """With no ``PREFECT_API_URL`` set, start the temporary server and ``exec`` ``python -m MODULE ARGV`` with it set
-    (the pid, and so the lifeline's tie, stays): Prefect's background threads keep the URL they read at import."""
+    """With no ``PREFECT_API_URL``, start the temporary server and ``exec`` ``python -m MODULE ARGV`` with it set."""
     from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value():

@@ -1,7 +1,5 @@
 """The Prefect flow ``wmt14-sweep`` (README, "Sweeps"): variants of a base profile run as DVC experiments, each in
-its own clone under its own MLflow run, children of one parent run ``sweep-<name>``; the stages no variant changes
-run once; a restart skips the finished variants. The table of variants x headline metrics becomes a Prefect
-artifact, ``reports/sweeps/<name>.md`` and an artifact of the MLflow parent.
+its own clone under its own MLflow run; a restart skips the finished variants.
 
 Ours and not DVC's experiment queue (``dvc exp run --queue``, ``dvc queue start -j N``): see :mod:`flows.sweep_work`.
 """
@@ -103,8 +101,7 @@ def _variant_tags(ctx: SweepContext, variant: Variant, clone: Path) -> dict[str,
 
 @task(name="sweep-variant", cache_policy=NO_CACHE, task_run_name="variant {variant.name}")
 def run_variant(variant: Variant, ctx: SweepContext, base: dict[str, Any]) -> dict[str, Any]:
-    """One variant: its clone, ``dvc exp run --set-param ...`` under its MLflow run, ``dvc exp push``; return its
-    state record (a VariantFailed when a command failed)."""
+    """One variant: its clone, ``dvc exp run`` under its MLflow run, ``dvc exp push``; return its state record."""
     logger = get_run_logger()
     started, root = time.monotonic(), Path(ctx.root)
     clone = prepare_clone(root, sweep_dir(root, ctx.sweep) / variant.name, ctx.commit, ctx.cache,

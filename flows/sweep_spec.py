@@ -1,5 +1,4 @@
-"""A sweep's spec file (``nmt sweep SPEC.yaml``; README, "Sweeps"): read, checked against params.yaml, expanded
-into variants. Every bad spec is refused before anything runs, with one line naming the file and the key.
+"""A sweep's spec file (``nmt sweep SPEC.yaml``; README, "Sweeps"): read, checked against params.yaml, expanded.
 
 Ours and not DVC's ``-S 'key=choice(...)'`` sweeps: DVC expands those only into ``--queue`` runs
 (dvc/repo/experiments/run.py), which a sweep cannot use (:mod:`flows.sweep_work`), and checks no key or value
@@ -38,8 +37,7 @@ class SpecError(PipelineError):
 
 @dataclass(frozen=True)
 class Variant:
-    """One run of the sweep: its 1-based ``index`` in spec order, its DVC experiment ``name`` (``<sweep>-<index>``),
-    its own ``overrides`` and the ``applied`` ones (``set``, then its own: what ``dvc exp run -S`` receives)."""
+    """One run of the sweep: 1-based ``index``, DVC experiment ``name``, own ``overrides``, ``applied`` (set + own)."""
 
     index: int
     name: str
@@ -138,9 +136,7 @@ def _check_not_shared(source: str, shared: dict[str, Any], own: list[dict[str, A
 
 
 def shared_params(base: dict[str, Any], spec: SweepSpec) -> dict[str, Any]:
-    """The params of the clone that runs the shared stages: the first variant's, which give those stages the
-    same inputs as any variant's (the base profile with ``set`` alone need not be valid: ``set:
-    train.max_steps: 200`` under the demo's warmup of 200 steps, which every variant changes)."""
+    """The params of the clone that runs the shared stages: the first variant's (``set`` alone need not be valid)."""
     return variant_params(base, spec.variants[0].applied)
 
 

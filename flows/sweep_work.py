@@ -4,8 +4,7 @@ Ours and not DVC's ``dvc exp run --temp`` / ``--queue``: their executors run eac
 delete afterwards, from git-tracked files and the DVC cache alone (``TempDirExecutor`` in
 dvc/repo/experiments/executor/local.py), so uncached outputs (``<stage>.details.json``, checkpoints) could neither
 be shared by the variants nor kept for a resume, and a queued run gets no environment of its own to name its MLflow
-parent (``run_env`` in dvc/repo/experiments/queue/base.py). So each variant runs in its own clone (one DVC
-workspace runs one ``dvc`` command at a time) with the checkout's DVC cache.
+parent (``run_env`` in dvc/repo/experiments/queue/base.py). So each variant runs in its own clone.
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ REPORTS_DIR = Path("reports") / "sweeps"
 
 
 class VariantFailed(PipelineError):
-    """A command of one variant (``dvc repro``, ``dvc exp run``, ``dvc exp push``) failed; ``summary`` is one line:
-    the failed stage's own error line (:func:`pipeline.core.stage.run_cli`), else DVC's last, then the command."""
+    """A command of one variant failed; ``summary`` is one line: the failed stage's error line, else DVC's last."""
 
     def __init__(self, name: str, result: ProcessResult) -> None:
         tail = "\n".join(result.stderr_tail[-8:]) or "(no stderr)"
@@ -76,9 +74,8 @@ def cache_dir(root: Path) -> str:
 
 
 def prepare_clone(root: Path, clone: Path, commit: str, cache: str, template: Path | None = None) -> Path:
-    """A clone of ``root`` at ``commit`` with ``cache`` as its DVC cache: a new one is a copy of ``template`` (the
-    base clone, with the shared stages built) if given; an existing one (an interrupted run's) keeps its untracked
-    files (dvc.lock, data, checkpoints: the rerun resumes) and loses its changes to tracked files and exp refs."""
+    """A clone of ``root`` at ``commit`` with ``cache`` as its DVC cache: a copy of ``template`` if given and new;
+    an existing one (an interrupted run's) keeps its untracked files (the rerun resumes), loses tracked changes."""
     clone.parent.mkdir(parents=True, exist_ok=True)
     if not (clone / ".git").is_dir() and template is not None and (template / ".git").is_dir():
         tmp = clone.with_name(f".{clone.name}.copying")
@@ -108,8 +105,7 @@ def write_params(clone: Path, params: dict[str, Any], header: str) -> None:
 
 
 def check_applied(clone: Path, applied: dict[str, Any]) -> None:
-    """Raise a PipelineError unless ``dvc exp run --set-param`` left every override in the clone's params.yaml as
-    the spec gave it (it reads a string that looks like a number as the number)."""
+    """Raise a PipelineError unless ``dvc exp run --set-param`` left each override in params.yaml as the spec has it."""
     got = flatten(yaml.safe_load((clone / "params.yaml").read_text(encoding="utf-8")) or {})
     for key, value in applied.items():
         if got.get(key) != value:
@@ -129,8 +125,7 @@ def exp_run_command(name: str, applied: dict[str, Any]) -> list[str]:
 
 
 def exp_push_command(name: str) -> list[str]:
-    """Push experiment ``name``'s git ref to the checkout the clone came from (``origin``); the data stays in
-    the shared cache, so no DVC remote is involved (``--no-cache``); ``--force`` replaces an older run of it."""
+    """Push experiment ``name``'s git ref to ``origin``; the data stays in the shared cache (``--no-cache``)."""
     return ["dvc", "exp", "push", "--force", "--no-cache", "origin", name]
 
 
@@ -155,9 +150,7 @@ def _touches(param: str | None, key: str) -> bool:
 
 
 def shared_stages(dvc_yaml: Path, keys: Iterable[str]) -> list[str]:
-    """The stages every variant runs identically: the leading stages of ``dvc_yaml`` (upstream first) whose
-    params none of ``keys`` touches, up to the first with a ``persist`` output DVC does not cache (``train``'s
-    checkpoints: each variant trains; the data stages' folders are ``persist`` but cached)."""
+    """The leading stages of ``dvc_yaml`` no key of ``keys`` touches, up to the first uncached ``persist`` output."""
     stages = (yaml.safe_load(dvc_yaml.read_text(encoding="utf-8")) or {}).get("stages") or {}
     keys = list(keys)
     shared = []
@@ -172,16 +165,14 @@ def shared_stages(dvc_yaml: Path, keys: Iterable[str]) -> list[str]:
 
 
 class SweepState:
-    """The state file ``<sweep dir>/state.json``: the commit, the MLflow parent and each finished variant, which a
-    restart skips."""
+    """The state file ``<sweep dir>/state.json``: the commit, the MLflow parent and each finished variant."""
 
     def __init__(self, path: Path, data: dict[str, Any]) -> None:
         self.path, self.data = path, data
 
     @classmethod
     def load(cls, root: Path, spec: SweepSpec, commit: str) -> SweepState:
-        """The sweep's state, or a new one at ``commit``; a SpecError when it was written for other variants or
-        another base profile (their results would not be comparable in one table)."""
+        """The sweep's state, or a new one at ``commit``; a SpecError when written for other variants or base."""
         path = sweep_dir(root, spec.name) / "state.json"
         plan = {"profile": spec.profile, "variants": [v.key for v in spec.variants]}
         if not path.is_file():
@@ -206,8 +197,7 @@ class SweepState:
 
 @contextmanager
 def held(path: Path, what: str) -> Iterator[None]:
-    """An exclusive ``flock(2)`` on ``path`` for the block (the kernel drops it when the holder dies); a PipelineError
-    naming the holder's pid when another process holds it."""
+    """An exclusive ``flock(2)`` on ``path`` for the block; a PipelineError naming the holder's pid when it is taken."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

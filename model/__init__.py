@@ -1,7 +1,5 @@
 """Pure-PyTorch Transformer for NMT: the network, the loss, the schedule and beam search.
-
-Nothing here knows about files, ranks, DVC, Prefect or MLflow. Names are imported on first use (PEP 562), so
-``model.config`` (what params.yaml validates into) can be imported without torch.
+Names are imported on first use (PEP 562), so ``model.config`` can be imported without torch.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""Batched beam search with a GNMT length penalty, by an exact rule (below) that two correct
-implementations agree on token for token.
-
-Rows are (sentence × beam). A sentence that is done leaves the batch, so a batch costs the sum of its
-sentences' real lengths, not its longest max_len times its size.
+"""Batched beam search with a GNMT length penalty, by an exact rule that two correct implementations agree on.
 
 Per step n (tokens generated so far, including this one) every live hypothesis is extended by every token but
 PAD and BOS (log-softmax in fp32 or wider, no renormalisation); candidates are ordered by (score desc,
@@ -12,15 +8,11 @@ non-EOS candidates become live until k are live; at n == max_len every live hypo
 is. A sentence is done with ≥ k finished hypotheses or after max_len. The answer is the best final
 score, ties to the one finished first (earlier step, then earlier candidate position; a hypothesis
 finished by the max_len rule keeps the position of the candidate that made it live, so at the last
-step an EOS candidate and a live one are ordered by candidate position, not by rule).
+step an EOS candidate and a live one are ordered by candidate position, not by rule). Pruning uses raw scores
+only, so the finished set does not depend on α.
 
-Pruning uses raw scores only, so the finished set does not depend on α: :func:`beam_search_finished`
-returns it with raw scores and steps, and :func:`best_hypothesis` ranks it for any α.
-
-The model needs ``cfg`` (``pad_id``, ``bos_id``, ``eos_id``) and the decoding methods of
-:class:`~model.transformer.Transformer` (``encode``, ``init_state``, ``decode_step``, ``reorder_state``; tests use
-toy modules). The logits ``decode_step`` returns belong to the search, which may overwrite them (a fresh tensor
-each step), and must be fp32 or wider even under bf16 autocast: bf16 logits would tie nearby candidates.
+The model needs ``cfg`` and the decoding methods of :class:`~model.transformer.Transformer`; the logits
+``decode_step`` returns may be overwritten and must be fp32 or wider (bf16 logits would tie nearby candidates).
 """
 
 from __future__ import annotations
@@ -37,9 +29,7 @@ from model.precision import wide
 
 @dataclass(frozen=True)
 class Hypothesis:
-    """One finished hypothesis: its ids without BOS and EOS, the raw sum of its log-probabilities (EOS included),
-    its ``step`` n (generated tokens with EOS: what the length penalty uses) and its ``order`` among those finished
-    at the same step."""
+    """One finished hypothesis: ids without BOS and EOS, raw score, ``step`` n (with EOS) and ``order`` in its step."""
 
     tokens: list[int]
     score: float
@@ -111,11 +101,7 @@ class _History:
 
 
 def _backtrack(org: Tensor, tok: Tensor, sent: Tensor, slot: Tensor, length: Tensor) -> Tensor:
-    """Tokens [H, max length] of H hypotheses at once, followed back through the live slots' origins.
-
-    ``org``/``tok`` [T, n_sent, k] are the slot each step's live hypothesis continued and the token it appended;
-    ``sent``, ``slot``, ``length`` [H] each hypothesis's sentence, its live slot at step ``length``, its length.
-    """
+    """Tokens [H, max length] of H hypotheses, followed back through ``org``/``tok`` [T, n_sent, k]."""
     out = tok.new_zeros(len(sent), int(length.max()) if len(sent) else 0)
     slot = slot.clone()
     for step in range(out.shape[1], 0, -1):
@@ -127,11 +113,7 @@ def _backtrack(org: Tensor, tok: Tensor, sent: Tensor, slot: Tensor, length: Ten
 
 
 def _rebuild(h: _History, n_sent: int) -> list[list[Hypothesis]]:
-    """Every finished hypothesis from the history, backtracked for all sentences at once on the host.
-
-    An EOS candidate finished at step n continues live slot ``eos_org`` of step n - 1; a hypothesis finished
-    by the max_len rule is live slot j of step n. Within a sentence and step the order is the candidate position.
-    """
+    """Every finished hypothesis from the history, backtracked for all sentences at once on the host."""
     if not h.sent:
         return [[] for _ in range(n_sent)]
 
@@ -177,13 +159,9 @@ class _Step(NamedTuple):
 
 
 def _top_candidates(flat: Tensor, tie_rank: Tensor, n_valid: Tensor, n2: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The first ``n2`` candidates by (score desc, flat index asc), exactly: ``topk`` finds the threshold and every
-    candidate above it, a second ``topk`` over ``tie_rank`` the lowest flat indices of those equal to it.
+    """(index, score, ok) [B, n2] of the first ``n2`` candidates of ``flat`` [B, N] by (score desc, flat index asc).
 
-    ``flat`` [B, N] holds the candidate scores (-inf where invalid; a valid one may be -inf too), ``tie_rank`` [N]
-    int32 N - flat index for a token that may extend a hypothesis and 0 for one that may not (empty slots come
-    after the live ones), ``n_valid`` [B] the valid candidates per row. Returns (index, score, ok), each [B, n2],
-    in candidate order; missing candidates come last with ok False and score -inf.
+    ``topk`` finds the threshold, a second ``topk`` over ``tie_rank`` [N] the lowest flat indices equal to it.
     """
     n = flat.shape[1]
     top, top_index = flat.topk(n2, dim=1)
@@ -212,7 +190,6 @@ def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: 
         lprobs: [B, slots, V] next-token log-probabilities, overwritten in place with the candidates' scores.
         live_ok: [B, slots] which slots hold a live hypothesis (a prefix of the slots).
         banned: [2] the ids that never extend a hypothesis (PAD and BOS).
-        k: beam size; ``eos`` the EOS id, ``pad`` the id fed to empty slots.
     """
     n_sent, slots, vocab = lprobs.shape
     n = slots * vocab
@@ -234,8 +211,7 @@ def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: 
 
 
 def _log_softmax_(logits: Tensor) -> Tensor:
-    """Log-softmax over the last dimension of ``logits`` [N, V], on CPU written over them (8.7 instead of 12.7 ms
-    for [1000, 8000]; benchmarks/RESULTS.md); other devices get a new tensor (in place is tested on CPU only)."""
+    """Log-softmax over the last dimension of ``logits`` [N, V], in place on CPU (benchmarks/RESULTS.md)."""
     if logits.device.type != "cpu":
         return torch.log_softmax(logits, dim=-1)
     return torch.log_softmax(logits, dim=-1, out=logits)
@@ -262,8 +238,7 @@ def beam_search_finished(
         model: see the module docstring; put it in eval mode first (dropout would randomise the search).
         src: [B, S] int64 source ids, right-padded with ``pad_id``.
         beam_size: k in 1 .. :data:`~model.config.MAX_BEAM_SIZE` and at most the vocabulary size (1: greedy).
-        max_len_a: a in max_len = max(1, floor(a · S + b)), S = non-pad tokens of the row.
-        max_len_b: b in the same formula.
+        max_len_a: a in max_len = max(1, floor(a · S + b)), S = non-pad tokens of the row; ``max_len_b``: b.
     """
     problem = beam_size_problem(beam_size, getattr(model.cfg, "vocab_size", 0))
     if problem:
@@ -315,9 +290,8 @@ def beam_search(
 ) -> list[list[int]] | list[list[Hypothesis]]:
     """Translate a batch with beam search (the rule in this module's docstring), restoring the model's mode.
 
-    Per sentence, returns the best hypothesis's ids without BOS and EOS (``[]`` for an empty source), ranked with
-    length-penalty exponent ``alpha``; or, with ``return_finished``, :func:`beam_search_finished`'s lists. The
-    other arguments are :func:`beam_search_finished`'s.
+    Per sentence, the best hypothesis's ids by length-penalty exponent ``alpha`` (or, with ``return_finished``,
+    :func:`beam_search_finished`'s lists).
     """
     was_training = model.training
     model.eval()

@@ -16,17 +16,13 @@ DERIVED = "derived"
 #: scores per step, so an unbounded beam lets one request take all of a machine's memory.
 MAX_BEAM_SIZE = 64
 
-#: The most weights (parameters and position-table entries) of a model trained here. Data-parallel training
-#: keeps fp32 weights, their gradients and Adam's two moments, 16 bytes per parameter, on every GPU: 2^32 of
-#: them make 64 GiB, all of an 80 GB GPU before the first activation. The paper's big model has 213 million.
+#: The most weights of a model trained here: at 16 bytes per parameter (fp32 weights, gradients, Adam's moments)
+#: 2^32 fill an 80 GB GPU before the first activation. The paper's big model has 213 million.
 MAX_WEIGHTS = 2**32
 
 
 def beam_size_problem(beam_size: object, vocab_size: int = 0) -> str | None:
-    """Why a search cannot keep ``beam_size`` hypotheses over ``vocab_size`` pieces (0 = not known), or None.
-
-    The rule is worded to follow the option or key that gave the value (``--beam 0: must be ...``).
-    """
+    """Why a search cannot keep ``beam_size`` hypotheses over ``vocab_size`` pieces (0 = not known), or None."""
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or not 1 <= beam_size <= MAX_BEAM_SIZE:
         return f"must be an integer from 1 to {MAX_BEAM_SIZE} (the widest beam this project searches)"
     if vocab_size > 0 and beam_size > vocab_size:
@@ -42,11 +38,7 @@ def max_length(src_len: int, a: float, b: float) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
-    """Dimensions and special token ids of the encoder-decoder Transformer; the defaults are the paper's base model.
-
-    ``vocab_size`` and the special ids come from the BPE model (``vocab_size`` 0 = not known yet, as in
-    params.yaml); :meth:`with_vocab` fills it in before a :class:`~model.Transformer` is built.
-    """
+    """Dimensions and special token ids of the Transformer (defaults: the paper's base); ``vocab_size`` 0: unknown."""
 
     vocab_size: int = field(default=0, metadata={DERIVED: "the BPE model's piece count"})
     d_model: int = 512
@@ -101,8 +93,7 @@ class TransformerConfig:
             raise ValueError("invalid TransformerConfig: " + "; ".join(problems))
 
     def weight_count(self, vocab_size: int | None = None) -> int:
-        """The parameters and position-table entries a :class:`~model.Transformer` of this config holds, counted
-        with ``vocab_size`` (default: this config's own)."""
+        """The parameters and position-table entries of a model of this config, with ``vocab_size`` (default: own)."""
         d, ff, vocab = self.d_model, self.d_ff, self.vocab_size if vocab_size is None else vocab_size
         attention = 4 * d * d + 4 * d  # q, k, v and output projections with biases
         ffn = 2 * d * ff + ff + d

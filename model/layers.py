@@ -1,7 +1,5 @@
 """Building blocks: sinusoidal positions, attention with fused projections, encoder/decoder layers.
-
-Boolean attention masks follow :func:`torch.nn.functional.scaled_dot_product_attention` (``True`` = may attend);
-padding masks (``pad_mask``) are ``True`` at padding. Sequences are right-padded.
+Boolean attention masks follow :func:`torch.nn.functional.scaled_dot_product_attention` (``True`` = may attend).
 """
 
 from __future__ import annotations
@@ -174,14 +172,10 @@ class DecoderLayer(nn.Module):
     ) -> Tensor:
         """One incremental step for N = B·beam rows, beam rows per sentence: x [N, 1, d] -> [N, 1, d].
 
-        The cross-attention and FFN see a sentence's beam rows as one [beam, d] sequence of queries against its
-        own K/V (no copy per beam).
-
         Args:
             x: [N, 1, d] the embedded token of every row at position t.
             k_buf: [N, capacity, H, dh] self-attention keys, positions < t filled; this step's is written at t.
             v_buf: [N, capacity, H, dh] self-attention values, the same way.
-            t: the position of this token.
             k_mem: [B, H, S, dh] cross-attention keys, one per sentence.
             v_mem: [B, H, S, dh] cross-attention values.
             mem_mask: [B, 1, 1, S] bool source mask.

@@ -34,11 +34,8 @@ def _sums(logits: Tensor, target: Tensor, epsilon: float, ignore_index: int) -> 
 
 class _LeanSums(torch.autograd.Function):
     """(loss_sum, nll_sum) from three per-row reductions; the backward recomputes the softmax from the logits.
-
-    Per kept row: nll = lse(x) - x[target] and mean_v(-log p[v]) = lse(x) - mean(x), so the forward saves
-    only the logits (already alive) and the fp32 log-sum-exp of each row, never an [N, V] fp32 log-softmax.
-    The gradient is dL/dx = (g_loss + g_nll) * softmax(x) - ((1 - eps) * g_loss + g_nll) * onehot(target)
-    - g_loss * eps / V on kept rows, zero on ignored ones.
+    nll = lse(x) - x[target] and mean_v(-log p[v]) = lse(x) - mean(x): the forward saves the logits and each row's
+    fp32 log-sum-exp, never an [N, V] fp32 log-softmax.
     """
 
     @staticmethod
@@ -71,8 +68,7 @@ class _LeanSums(torch.autograd.Function):
 def label_smoothed_nll_loss_lean(
     logits: Tensor, target: Tensor, epsilon: float = 0.1, ignore_index: int = 0
 ) -> tuple[Tensor, Tensor]:
-    """:func:`label_smoothed_nll_loss` that keeps no [N, V] fp32 tensor for the backward pass (the same sums up
-    to float rounding; the backward recomputes the softmax from the logits and the saved log-sum-exp)."""
+    """:func:`label_smoothed_nll_loss` that keeps no [N, V] fp32 tensor for the backward pass."""
     return _LeanSums.apply(*_flat(logits, target, epsilon), epsilon, ignore_index)
 
 
@@ -81,9 +77,7 @@ def label_smoothed_nll_loss(
 ) -> tuple[Tensor, Tensor]:
     """Label-smoothed cross-entropy of logits [..., V] against int64 target ids [...], the log-softmax in fp32 or
     wider: per token (1 - ε) · (-log p[target]) + ε · mean_v(-log p[v]), where ε is ``epsilon`` in [0, 1).
-
-    Positions whose target is ``ignore_index`` (the pad id) contribute nothing; EOS targets count. Returns
-    (loss_sum, nll_sum), unnormalised scalar sums over the kept tokens; ``nll_sum`` is unsmoothed.
+    Returns (loss_sum, nll_sum), scalar sums over the tokens whose target is not ``ignore_index``.
     """
     return _sums(*_flat(logits, target, epsilon), epsilon, ignore_index)
 

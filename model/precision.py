@@ -1,7 +1,5 @@
 """The precision the network runs at: bf16 autocast on CUDA, fp32 elsewhere, the same for every caller.
-
-Scores are the exception: the loss's and decoding's log-softmax run in fp32 or wider (bf16 keeps 8 significant
-bits, which would round nearby logits to one value: artificial ties between candidates).
+Scores are the exception: log-softmax runs in fp32 or wider (bf16 would round nearby logits to ties).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """The encoder-decoder Transformer of "Attention Is All You Need" (base by default).
-
-One embedding matrix for source, target and the output projection, scaled by sqrt(d_model) plus sinusoidal
-positions; post-norm (paper) or pre-norm. Sequences are right-padded with ``pad_id``; masks come from the ids.
+One embedding matrix for source, target and the output projection (§3.4); post-norm (paper) or pre-norm.
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ from model.precision import wide_dtype
 
 
 class EncoderOut(NamedTuple):
-    """What the encoder hands to the decoder: memory [B, S, d], pad_mask [B, S] (True at padding) and attn_mask
-    [B, 1, 1, S] (True = the decoder may attend there)."""
+    """Encoder output: memory [B, S, d], pad_mask [B, S] (True at padding), attn_mask [B, 1, 1, S] (True = attend)."""
 
     memory: Tensor
     pad_mask: Tensor
@@ -33,10 +30,8 @@ class DecoderState:
     """Incremental decoding state with room for ``beam`` adjacent rows per sentence, updated in place.
 
     Attributes:
-        self_k: per layer [B·beam, capacity, H, dh] self-attention keys (``self_v``: values); rows in use first,
-            their first ``length`` positions filled (positions before heads: a row's prefix is one block).
-        spare_k: per layer a buffer like ``self_k`` (``spare_v``: like ``self_v``) that
-            :meth:`Transformer.reorder_state` gathers into (then the two swap), so reordering allocates nothing.
+        self_k: per layer [B·beam, capacity, H, dh] self-attention keys (``self_v``: values), rows in use first.
+        spare_k: per layer a buffer like ``self_k`` (``spare_v``) that :meth:`Transformer.reorder_state` swaps in.
         cross_k: per layer [B, H, S, dh] cross-attention keys (``cross_v``: values), shared by a sentence's beams.
         mem_mask: [B, 1, 1, S] bool, True = the decoder may attend there.
         beam: the most rows per sentence.
@@ -111,8 +106,7 @@ class Transformer(nn.Module):
         return F.linear(hidden, self.embed.weight)
 
     def project_wide(self, hidden: Tensor) -> Tensor:
-        """Decoding's output projection without autocast: hidden [..., d] -> logits [..., V] in fp32 (float64 when
-        ``hidden`` or the weights are), so the logits are not rounded to bf16's 8 significant bits."""
+        """Output projection without autocast: hidden [..., d] -> logits [..., V] in fp32 (float64 if inputs are)."""
         weight = self.embed.weight
         dtype = wide_dtype(hidden, weight)
         with torch.autocast(device_type=hidden.device.type, enabled=False):
@@ -124,12 +118,7 @@ class Transformer(nn.Module):
         return self.project(self.decode(tgt_in, self.encode(src)))
 
     def init_state(self, enc: EncoderOut, beam: int = 1, capacity: int | None = None) -> DecoderState:
-        """Decoding state for up to ``beam`` rows per sentence of ``enc`` (B sentences), length 0.
-
-        Cross-attention K/V are computed once per sentence, self-attention buffers preallocated for ``capacity``
-        tokens (default ``max_positions``). The first :meth:`decode_step` feeds one row per sentence;
-        :meth:`reorder_state` then sets the rows.
-        """
+        """Decoding state for up to ``beam`` rows per sentence of ``enc`` (B sentences), ``capacity`` tokens long."""
         b, h, dh = enc.memory.shape[0], self.cfg.n_heads, self.cfg.head_dim
         capacity = self.cfg.max_positions if capacity is None else min(capacity, self.cfg.max_positions)
         cross = [layer.cross_attn.project_kv(enc.memory) for layer in self.decoder]
@@ -145,8 +134,7 @@ class Transformer(nn.Module):
         """Feed one token per row and get the next-token logits (layers in the ambient precision, projection fp32).
 
         Args:
-            tokens: [N] or [N, 1] int64, the last token of every row (BOS first), N = B·r rows with r
-                rows per sentence, adjacent (r = 1 at the first step).
+            tokens: [N] or [N, 1] int64, the last token of every row (BOS first), N = B·r rows, r per sentence.
             state: from :meth:`init_state` or a previous step; its buffers are written in place.
 
         Returns:
@@ -167,7 +155,6 @@ class Transformer(nn.Module):
         """Keep and reorder rows in place: new row r continues old row ``rows[r]``.
 
         Args:
-            state: the current state; its self-attention prefixes are gathered into the spare buffers, then swapped.
             rows: [N'] int64 old row per new row (rows of a sentence adjacent; a row may repeat).
             sentences: [B'] int64 the sentences kept, in their new order, or None when all stay.
         """
@@ -184,8 +171,7 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def cross_attention(self, src: Tensor, tgt_in: Tensor, layer: int = -1) -> Tensor:
-        """Cross-attention probabilities [H, T, S] of decoder ``layer`` (negative: from the end) for one sentence
-        pair, computed explicitly for plots: src [S] or [1, S], tgt_in [T] or [1, T] (BOS + target)."""
+        """Cross-attention probabilities [H, T, S] of decoder ``layer`` for one pair src [S], tgt_in [T] (for plots)."""
         index = range(len(self.decoder))[layer]
         enc = self.encode(src.view(1, -1))
         x = self._embed(tgt_in.view(1, -1))

@@ -48,8 +48,7 @@ def _check_member(info: tarfile.TarInfo, archive: Path) -> str:
 
 
 def extract_members(archive: Path, members: Iterable[str], dest: Path, *, remedy: str) -> dict[str, Path]:
-    """Read the whole tar(.gz) ``archive`` (so truncation is detected), checking every member, and copy ``members``
-    to ``dest/<member>``; return member -> extracted file. ``remedy`` is what a corruption error tells to do."""
+    """Read the whole tar(.gz) ``archive``, checking every member; copy ``members`` to ``dest``; member -> file."""
     wanted = {posixpath.normpath(m) for m in members}
     found: dict[str, Path] = {}
     try:

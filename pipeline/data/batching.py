@@ -117,8 +117,7 @@ def forward_shapes(plan: Sequence[GlobalBatch], *, rank: int, world_size: int,
 
 
 def valid_plan(ids: np.ndarray, lengths: np.ndarray, *, max_tokens: int, max_positions: int) -> list[np.ndarray]:
-    """Batches of a split that is not length-filtered (valid/test), in length order: the budget grows to the longest
-    pair, and pairs longer than ``max_positions`` are skipped with a warning."""
+    """Batches of a valid/test split in length order; pairs longer than ``max_positions`` skipped with a warning."""
     ids, lengths = np.asarray(ids, np.int64), np.asarray(lengths, np.int64)
     fits = lengths <= max_positions
     if not fits.all():
@@ -135,9 +134,7 @@ def epoch_order(n_batches: int, seed: int, epoch: int) -> np.ndarray:
 
 def epoch_steps(plan: Sequence[GlobalBatch], fetch, *, seed: int, epoch: int, start: int, rank: int,
                 world_size: int, max_tokens: int, pin: bool = False, **ids) -> Iterator[list[Batch]]:
-    """This rank's :class:`Batch` es for each step of ``epoch`` from position ``start``, one list per step (empty
-    when the batch has fewer pairs than ranks), built ahead by :func:`prefetch` from ``fetch``
-    (``ShardSet.fetch``); ``ids`` are :func:`collate`'s."""
+    """This rank's :class:`Batch` es for each step of ``epoch`` from ``start``, built ahead by :func:`prefetch`."""
     order = epoch_order(len(plan), seed, epoch)
     passes = [forward_passes(plan[order[p]], rank=rank, world_size=world_size, max_tokens=max_tokens)
               for p in range(start, len(plan))]
@@ -189,8 +186,7 @@ def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, pad_id: int, bos_
 
 def prefetch(fetch, jobs: Iterable[tuple[tuple[int, int], np.ndarray]], *, depth: int = 2,
              **collate_kw) -> Iterator[Batch]:
-    """The :class:`Batch` es of ``jobs`` (``((epoch position, forward pass), ids)``) in order, each built from
-    ``fetch`` (``ShardSet.fetch``) in a background thread up to ``depth`` ahead of its use."""
+    """The :class:`Batch` es of ``jobs`` in order, built from ``fetch`` in a thread up to ``depth`` ahead."""
     def build(job: tuple[tuple[int, int], np.ndarray]) -> Batch:
         (position, forward), ids = job
         return collate(fetch(ids), index=position, forward=forward, **collate_kw)

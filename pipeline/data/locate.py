@@ -133,8 +133,7 @@ class Located:
         return f"replace the mirror's copy {self.copy} with a good one"
 
     def unpack(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args, remedy=...)``, an unpacker of :mod:`pipeline.data.archives` (destination last); a corrupt
-        cached copy is deleted so that a rerun fetches it anew."""
+        """``fn(*args, remedy=...)``; a corrupt cached copy is deleted so that a rerun fetches it anew."""
         try:
             return fn(*args, remedy=self.remedy())
         except CorruptArchive:
@@ -187,8 +186,7 @@ def _download_unit(env: FetchEnv, spec: DatasetSpec, sf: SourceFile) -> Located:
 
 def locate(env: FetchEnv, spec: DatasetSpec, staging: Path, expected: dict[str, list[Expectation]]
            ) -> tuple[dict[SourceFile, Located], dict[str, dict[str, str | int]]]:
-    """Every source file's bytes (archive members extracted into ``staging`` after the archive's sha256 was checked
-    against ``expected``), and per archive URL its ``sha256``, ``bytes`` and ``origin``."""
+    """Every source file's bytes (archives checked against ``expected``), and per archive URL its record."""
     located: dict[SourceFile, Located] = {}
     by_archive: dict[str, list[SourceFile]] = {}
     for _, _, _, sf in spec.files():

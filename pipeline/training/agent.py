@@ -1,8 +1,6 @@
 """torchrun's agent, run in ``python -m pipeline.launch`` (the ranks' side is :mod:`pipeline.training.distributed`).
-
-Three changes to torch's agent, each for a failure seen in the multi-node tests (tests/pipeline/training/):
-store servers listen on their host only, a replaced node can join a later round, and a rendezvous ends within
-``NMT_RDZV_TIMEOUT_S`` whatever answers at the endpoint; failures are one line, not torchrun's tracebacks.
+Three changes to torch's agent, each for a failure seen in the multi-node tests: store servers listen on their
+host only, a replaced node can join a later round, and a rendezvous ends within ``NMT_RDZV_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ from pipeline.training.distributed import ROUND_ENV
 
 log = logging.getLogger(__name__)
 
-#: Seconds past ``NMT_RDZV_TIMEOUT_S`` before a rendezvous torch did not end by itself is ended
-#: (:func:`bound_rendezvous`): torch's own timeout error, a few seconds after the timeout, comes first.
+#: Seconds past ``NMT_RDZV_TIMEOUT_S`` before :func:`bound_rendezvous` ends a rendezvous torch did not end.
 RDZV_GRACE_S = 10
 
 
@@ -35,9 +32,7 @@ class RendezvousFailed(PipelineError):
 
 
 def bind_stores_to_their_host() -> None:
-    """Make every ``TCPStore`` server this process starts listen on its ``host_name`` only, through a socket
-    already bound there (``master_listen_fd``): torch's binds every interface, and the stores are unauthenticated.
-    """
+    """Make every ``TCPStore`` server this process starts listen on its ``host_name`` only (not every interface)."""
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, static_tcp_rendezvous
 
     base = dist.TCPStore
@@ -64,9 +59,7 @@ def bind_stores_to_their_host() -> None:
 
 
 def _listen_on(host: str, port: int) -> tuple[int, int] | None:
-    """(fd, port) of a socket listening on ``host:port`` (port 0: a free one); None when the port is taken (a
-    multi-tenant store of this process serves it, or torch reports the clash). An unresolvable host: RuntimeError.
-    """
+    """(fd, port) of a socket listening on ``host:port`` (port 0: a free one); None when the port is taken."""
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
     except OSError as exc:  # torchrun turns a RuntimeError of the store into a rendezvous error
@@ -88,10 +81,8 @@ def _listen_on(host: str, port: int) -> tuple[int, int] | None:
 def fresh_store_every_round() -> None:
     """Make torchrun's c10d rendezvous give the ranks a new store each round, and tell them the round.
 
-    ``DynamicRendezvousHandler.next_rendezvous`` (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py)
-    starts and publishes the store it shares with the ranks in its first round only, so a node replacing a dead
-    one waits forever. Forgetting both before every round makes each round's rank-0 agent publish a store, as
-    pytorch/pytorch#135712 chose for retries. The round goes to the ranks in ``PIPELINE_RDZV_ROUND``.
+    ``DynamicRendezvousHandler.next_rendezvous`` publishes its store in its first round only, so a node replacing
+    a dead one waits forever; pytorch/pytorch#135712 chose the same fix for retries.
     """
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
@@ -153,11 +144,8 @@ def _end_hung_agent() -> None:
 def bound_rendezvous(limit_s: float, on_hang: Callable[[], None]) -> Iterator[None]:
     """Make every rendezvous of torchrun's agent in the block end within ``limit_s`` seconds, in every mode.
 
-    A store client that reached something other than a store (an HTTP server on the port) waits inside C++
-    forever, where no Python signal handler runs. So a timer calls ``on_hang`` (which must end the process)
-    unless ``SimpleElasticAgent._rendezvous`` (torch/distributed/elastic/agent/server/api.py) has returned by
-    then: the first timer counts from this call (torchrun connects while it builds the handler), each later one
-    from its rendezvous' start. A store error becomes ``RendezvousTimeoutError``/``RendezvousConnectionError``.
+    A store client that reached something other than a store waits inside C++ forever, where no Python signal
+    handler runs, so a timer calls ``on_hang`` (which must end the process) unless the rendezvous has returned.
     """
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
     from torch.distributed.elastic.rendezvous import (RendezvousConnectionError, RendezvousError,
@@ -194,12 +182,9 @@ def bound_rendezvous(limit_s: float, on_hang: Callable[[], None]) -> Iterator[No
 
 
 def run_torchrun(torchrun_args: list[str]) -> int:
-    """Run torchrun's agent in this process with the changes above (RendezvousFailed: the nodes did not all join
-    within ``NMT_RDZV_TIMEOUT_S``, or the store was lost).
+    """Run torchrun's agent in this process with the changes above; 0, or the first failed rank's exit code.
 
-    Returns:
-        0 when every rank succeeded, else the first failed rank's exit code (``128 + signal`` for a rank
-        killed by a signal, or for this agent stopped by SIGTERM or SIGINT), with one line, not a traceback.
+    A rank killed by a signal, or this agent stopped by SIGTERM or SIGINT, gives ``128 + signal``, with one line.
     """
     bind_stores_to_their_host()
     fresh_store_every_round()

@@ -1,8 +1,5 @@
 """The training curves as files DVC and people read: ``valid.csv`` and ``train.png`` beside ``train.csv``.
-
-``valid.csv`` holds only ``train.csv``'s validation rows, so ``dvc plots show`` draws the valid curve from
-points that all exist. ``train.png`` needs no network (DVC's HTML loads its renderer from a CDN); it is drawn
-headless, on matplotlib's Agg canvas (https://matplotlib.org/stable/users/explain/figure/backends.html).
+``train.png`` needs no network (DVC's HTML loads its renderer from a CDN); it is drawn on matplotlib's Agg canvas.
 """
 
 from __future__ import annotations

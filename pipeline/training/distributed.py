@@ -1,8 +1,5 @@
 """Process groups and collectives of the training ranks (torchrun's agent side is :mod:`pipeline.training.agent`).
-
-Under ``torchrun`` :func:`init` opens a process group (NCCL for CUDA tensors, gloo for CPU ones); without it
-every collective here is the identity, so the training code has one path. A collective that waits longer than
-``NMT_DIST_TIMEOUT_S`` (a hung or dead peer) fails with a :class:`CollectiveError` naming the variable.
+Without ``torchrun`` every collective here is the identity, so the training code has one path.
 """
 
 from __future__ import annotations
@@ -61,8 +58,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 def init(device: str | None = None) -> DistContext:
-    """Join the process group torchrun prepared (or run alone); ``device`` ``cuda`` or ``cpu`` (default: CUDA
-    when available) gives ``cuda:<LOCAL_RANK>`` or the CPU."""
+    """Join the process group torchrun prepared (or run alone) on ``device`` ``cuda`` or ``cpu`` (default: CUDA)."""
     world, rank, local_rank = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
     use_cuda = torch.cuda.is_available() if device is None else device == "cuda"
     if use_cuda:
@@ -95,11 +91,8 @@ def check_cuda(local_rank: int = 0) -> None:
 
 def _attempt_store(timeout: datetime.timedelta) -> dist.Store:
     """torchrun's store with keys private to this attempt: its rendezvous round, else its restart count.
-
     After a restart, a store that outlived the workers still holds the previous attempt's gloo addresses
-    under the same keys ("Gloo connectFullMesh failed ... Connection refused"). The c10d round is the same
-    on every node; ``TORCHELASTIC_RESTART_COUNT`` differs on a node whose agent was replaced
-    (pytorch/pytorch#135712), so it serves only the static rendezvous, where all agents live on.
+    ("Gloo connectFullMesh failed"); the restart count differs on a replaced node, so it serves static only.
     """
     store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
     attempt = os.environ.get(ROUND_ENV)
@@ -108,8 +101,7 @@ def _attempt_store(timeout: datetime.timedelta) -> dist.Store:
 
 
 def bind_to_loopback_if_local() -> None:
-    """Bind gloo's and NCCL's sockets to ``lo`` (unless the user set them) when torchrun's store (``MASTER_ADDR``)
-    is a loopback address; else gloo and NCCL bind addresses reachable from the network."""
+    """Bind gloo's and NCCL's sockets to ``lo`` (unless the user set them) when ``MASTER_ADDR`` is loopback."""
     local = is_loopback(os.environ.get("MASTER_ADDR", "").strip("[]"))
     names = {name for _, name in socket.if_nameindex()} if local and hasattr(socket, "if_nameindex") else set()
     if "lo" in names:
@@ -164,8 +156,7 @@ def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
 
 @_collective
 def all_reduce_grads(params: Iterable[torch.nn.Parameter]) -> None:
-    """Sum the gradients of ``params`` over ranks, in flat buckets of ~32 MB; a missing gradient is created as
-    zeros, so every rank issues the same collectives, with or without a forward pass in this step."""
+    """Sum the gradients of ``params`` over ranks in ~32 MB buckets (a missing gradient counts as zeros)."""
     params = [p for p in params if p.requires_grad]
     for p in params:
         if p.grad is None:

@@ -1,16 +1,8 @@
 """Fault injection for the crash-recovery tests: named points in training that can kill, crash or stall.
 
-The loop, the checkpoint writer and the memory pre-flight call ``hooks.at(point, step, rank)``; the default
-:class:`Hooks` does nothing. ``NMT_FAULT_POINT=<point>:<step>[:<action>[:<rank>]][@<file>]`` (checked in
-:mod:`pipeline.core.env`; e.g. ``mid_save:4`` or ``collective:3:stall:1@/tmp/once``) fires ``action`` when
-``rank`` (default: any) reaches ``point`` at optimizer ``step``; with ``@<file>`` only while ``<file>`` does not
-exist (it is created before firing), so a job that torchrun restarts does not hit the fault again.
-
-Points: ``preflight`` (the pre-flight forward/backward, step 0), ``forward`` (before each forward pass),
-``mid_accum`` (between two forward passes), ``collective`` (before the gradient all-reduce); on rank 0
-``before_save``, ``mid_save`` (after ``model.pt``, before optim.pt/state.json/DONE) and ``after_save`` (after
-DONE, before pruning); ``after_step`` (validation and checkpoint included). Actions: ``kill`` (SIGKILL, the
-default), ``exit`` (exit code 3), ``stall`` (sleep forever: a hung rank), ``oom`` (``torch.OutOfMemoryError``).
+``NMT_FAULT_POINT=<point>:<step>[:<action>[:<rank>]][@<file>]`` (e.g. ``collective:3:stall:1@/tmp/once``) fires
+``action`` (default ``kill``) when ``rank`` reaches ``point`` at ``step``; with ``@<file>`` only while ``<file>``
+does not exist (created before firing), so a job that torchrun restarts does not hit the fault again.
 """
 
 from __future__ import annotations

@@ -24,10 +24,8 @@ CSV_COLUMNS = ("step", "epoch", "train_loss", "train_nll", "train_ppl", "valid_l
 def train_flops_per_target_token(cfg: TransformerConfig, src_len: float, tgt_len: float) -> float:
     """Matmul FLOPs of one training step per target token: 2 per multiply-add, training = 3 × forward.
 
-    Counted layer by layer for the paper's architecture (self- and cross-attention projections, FFN,
-    attention scores and weighted sums, the tied output projection), the convention of the MFU
-    definition in Chowdhery et al. 2022 (PaLM, arXiv:2204.02311, Appendix B). ``src_len``/``tgt_len``
-    are mean sequence lengths (with EOS/BOS); source terms are scaled by source tokens per target token.
+    Counted layer by layer as in Chowdhery et al. 2022 (PaLM, arXiv:2204.02311, Appendix B); ``src_len``/``tgt_len``
+    are mean sequence lengths (with EOS/BOS).
     """
     d, f, n, v = cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.vocab_size
     per_src = n * (8 * d * d + 4 * d * f + 4 * src_len * d) + n * 4 * d * d
@@ -43,8 +41,7 @@ def perplexity(nll_per_token: float) -> float:
 class TrainLog:
     """Interval sums between log lines, and the line itself (stdout, MLflow, ``state.history``).
 
-    ``peak_flops`` is 0 where MFU means nothing (CPU); ``sums`` is ``state.interval``, so that a checkpoint
-    saves the interval and a resumed run continues it.
+    ``peak_flops`` is 0 where MFU means nothing (CPU); ``sums`` is ``state.interval``, which checkpoints save.
     """
 
     KEYS = ("loss", "nll", "tokens", "forwards", "steps")

@@ -1,10 +1,8 @@
 """The training loop: the Transformer on global batches, on one or many processes (torchrun).
 
-Each optimizer step (:func:`train_step`, read it top to bottom) trains one global batch of about
-``train.tokens_per_step`` non-pad target tokens, the same pairs whatever the number of processes, in as many
-forward passes per rank as ``NMT_MAX_TOKENS`` needs. Losses are sums; the gradients are summed over ranks and
-divided by the step's global non-pad target tokens, so the update does not depend on how pairs fell into
-passes or ranks, and dropout is reseeded per pass (:func:`forward_seed`) so a resume is exact.
+Each optimizer step (:func:`train_step`) trains one global batch, the same pairs whatever the number of processes;
+gradients are summed and divided by the step's global non-pad target tokens, so the update does not depend on
+how pairs fell into passes or ranks.
 """
 
 from __future__ import annotations
@@ -42,10 +40,7 @@ def forward_seed(seed: int, epoch: int, position: int, rank: int, forward: int) 
 
 def train_step(tr: Trainer, passes: list[batching.Batch], state: TrainState) -> dict[str, float] | None:
     """One optimizer step on this rank's share ``passes`` of the global batch (possibly empty).
-
-    Returns:
-        The step's global ``loss_sum``, ``nll_sum``, ``tokens``, ``forwards`` (busiest rank), ``lr`` and
-        ``grad_norm``; None when a rank ran out of memory (every rank then skips the step).
+    None when a rank ran out of memory (every rank then skips the step).
 
     Raises:
         PipelineError: a non-finite loss or gradient norm (the step is not taken).
@@ -132,8 +127,7 @@ def _out_of_time(tr: Trainer, elapsed: float) -> bool:
 
 
 def fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> bool:
-    """Train until max_steps or max_epochs, validating, logging and checkpointing on the way; False when
-    ``train.max_minutes`` paused the run first."""
+    """Train until max_steps or max_epochs; False when ``train.max_minutes`` paused the run first."""
     cfg, model_cfg = tr.cfg, tr.model.cfg
     peak = PEAK_FLOPS * tr.ctx.world_size if tr.ctx.device.type == "cuda" else 0.0
     logs = TrainLog(tracker, max_steps=cfg.max_steps, max_minutes=cfg.max_minutes,
@@ -204,11 +198,7 @@ def _finish(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any, wall
 def train(cfg: TrainConfig, *, model_cfg: TransformerConfig, seed: int, shards_dir: str | Path, spm_model: str | Path,
           run_dir: str | Path, plots_path: str | Path, device: str | None = None,
           hooks: faults.Hooks | None = None) -> TrainDetails:
-    """Train (or resume) the Transformer in ``run_dir``; every rank of a torchrun job calls this.
-
-    Rank 0 writes ``plots_path`` (``train.csv``, one row per logged step). ``device`` ``cpu`` forces the CPU
-    (default: CUDA when available); ``hooks`` default to ``NMT_FAULT_POINT``'s. Returns the stage's summary.
-    """
+    """Train (or resume) the Transformer in ``run_dir``; every rank of a torchrun job calls this."""
     wall0 = time.monotonic()
     ctx = distributed.init(device)
     if not ctx.is_main:

@@ -1,8 +1,7 @@
 """``train.max_minutes`` as a pause: the run keeps its checkpoints, fails with one line, and resumes when rerun.
 
-A paused run exits 1 so that DVC records nothing for a model the params do not describe. So that torchrun's
-``--max-restarts`` does not train another ``max_minutes`` per restart, rank 0 leaves a ``PAUSED`` file naming
-the job (``TORCHELASTIC_RUN_ID``): its restarts fail at once, a new launch removes the file and resumes.
+A paused run exits 1 so that DVC records nothing; rank 0 leaves a ``PAUSED`` file naming the job so that
+torchrun's restarts fail at once instead of training another ``max_minutes`` each.
 """
 
 from __future__ import annotations

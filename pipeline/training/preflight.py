@@ -1,8 +1,6 @@
 """Memory: a pre-flight forward+backward on the plan's largest batch shapes, and out-of-memory reports.
 
-Training fails before its first step, naming ``NMT_MAX_TOKENS``, when one forward pass cannot fit; an
-out-of-memory error later in the run (fragmentation, a co-tenant) skips that optimizer step on every rank,
-as fairseq does, and is counted (``oom_skipped_steps`` in train.json).
+A later out-of-memory error skips that optimizer step on every rank, as fairseq does, and is counted.
 """
 
 from __future__ import annotations
@@ -40,8 +38,7 @@ def _free_memory(device: torch.device) -> None:
 
 def check(model: Transformer, shapes: Sequence[tuple[int, int]], *, device: torch.device, max_tokens: int,
           label_smoothing: float, rank: int = 0, hooks: Hooks | None = None, loss: BatchLoss = batch_loss) -> None:
-    """One forward+backward per shape with the training step's ``loss`` on synthetic ids, leaving no gradients;
-    out of memory is a PipelineError naming the shape and ``NMT_MAX_TOKENS`` to lower."""
+    """One forward+backward per shape on synthetic ids; out of memory is a PipelineError naming ``NMT_MAX_TOKENS``."""
     cfg = model.cfg
     gen = torch.Generator().manual_seed(0)  # synthetic ids; the global generators are reseeded per forward pass
     failed = None

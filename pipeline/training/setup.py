@@ -71,8 +71,7 @@ def check_budget(max_tokens: int, ids: np.ndarray, lengths: np.ndarray) -> None:
 
 def plan(cfg: TrainConfig, train: ShardSet, lengths: tuple[np.ndarray, np.ndarray, np.ndarray], *, seed: int,
          world_size: int) -> list[batching.GlobalBatch]:
-    """The run's global batches from the train split's ``(ids, src_len, tgt_len)`` (independent of ``world_size``);
-    DataError for an empty split or a pair longer than ``train.tokens_per_step``."""
+    """The run's global batches (independent of ``world_size``); DataError for an empty split or too long a pair."""
     ids, src_len, tgt_len = lengths
     if len(ids) == 0:
         raise DataError(f"{train.root}: the train split is empty; check the clean/encode stages' metrics")
@@ -86,11 +85,7 @@ def plan(cfg: TrainConfig, train: ShardSet, lengths: tuple[np.ndarray, np.ndarra
 
 
 def deterministic_kernels() -> None:
-    """Make CUDA kernels deterministic (``NMT_DETERMINISTIC``), before the first cuBLAS call of the process.
-
-    cuBLAS needs ``CUBLAS_WORKSPACE_CONFIG`` for reproducible matrix products (PyTorch's "Reproducibility"
-    notes); CPU kernels are deterministic for a fixed thread count either way.
-    """
+    """Make CUDA kernels deterministic (``NMT_DETERMINISTIC``), before the first cuBLAS call of the process."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
@@ -157,8 +152,7 @@ def check_resumable(folder: Path, state: dict[str, Any], *, config: dict[str, An
 
 
 def resume(tr: Trainer, run_dir: Path) -> tuple[TrainState, str | None, int | None]:
-    """Load the newest complete checkpoint: the state, the MLflow run id to continue and the world size that
-    saved it (None when starting fresh)."""
+    """The newest complete checkpoint's state, MLflow run id and world size (None when starting fresh)."""
     if tr.ctx.is_main:  # a run killed while saving: drop the half-written folder, finish the pruning
         checkpoint.clean_incomplete(run_dir)
         checkpoint.prune(run_dir, tr.cfg.keep_last)

@@ -1,9 +1,6 @@
 """torchrun's command line for this node, from the ``NMT_*`` environment (README, Environment; docs/cluster.md):
 hardware is environment, not params, so moving between machines never invalidates the train stage.
-
-Everything a one-node job listens on is bound to 127.0.0.1 (torchrun's stores are unauthenticated, and
-``torchrun --standalone`` would listen on every interface); several nodes meet at ``NMT_RDZV_ENDPOINT`` (c10d)
-or, with ``NMT_NODE_RANK``, at node 0's address (static). ``NMT_RDZV_TIMEOUT_S`` bounds every wait.
+A one-node job listens on 127.0.0.1 only: torchrun's stores are unauthenticated.
 """
 
 from __future__ import annotations
@@ -34,8 +31,7 @@ def _gpus() -> int:
 
 
 def torchrun_command(train_args: list[str]) -> list[str]:
-    """The full torchrun command line for this node (``--max-restarts``: ``NMT_MAX_RESTARTS``, default 3 on GPU);
-    ConfigError for a malformed ``NMT_*`` variable or an incomplete multi-node setup."""
+    """The full torchrun command line for this node; ConfigError for a malformed or incomplete ``NMT_*`` setup."""
     s = env.settings()
     nproc, nnodes = s.nproc or max(_gpus(), 1), s.nnodes
     cmd = [sys.executable, "-m", "pipeline.launch", AGENT_FLAG]  # == torchrun, from this interpreter
@@ -95,8 +91,7 @@ def is_loopback(host: str) -> bool:
 
 
 def wait_until_resolvable() -> None:
-    """Wait, up to ``NMT_RDZV_TIMEOUT_S``, for the host of a multi-node rendezvous to resolve (ConfigError if not):
-    a cluster's name service may list a node only once it runs (torch's retries print a C++ stack each)."""
+    """Wait up to ``NMT_RDZV_TIMEOUT_S`` for a multi-node rendezvous host to resolve (ConfigError if not)."""
     s = env.settings()
     value = s.rdzv_endpoint
     if s.nnodes == 1 or not value:
