@@ -3,6 +3,7 @@
 ``NMT_FAULT_POINT=<point>:<step>[:<action>[:<rank>]][@<file>]`` (e.g. ``collective:3:stall:1@/tmp/once``) fires
 ``action`` (default ``kill``) when ``rank`` reaches ``point`` at ``step``; with ``@<file>`` only while ``<file>``
 does not exist (created before firing), so a job that torchrun restarts does not hit the fault again.
+Points and actions: :data:`pipeline.core.env.FAULT_POINTS` and ``FAULT_ACTIONS``.
 """
 
 from __future__ import annotations
