@@ -1,10 +1,5 @@
-"""``nmt translate``: one sentence per line from stdin or a file into translations, with one model file.
-
-The input gets the training text's normalisation; invalid UTF-8 and NUL bytes are replaced (U+FFFD) and an
-overlong sentence truncated, each with a warning naming the lines. Standard input is read as fairseq-interactive
-reads it (what has arrived is translated and flushed). Every option is checked before any decoding, and with
-``--engine ctranslate2`` torch is never imported.
-"""
+"""``nmt translate``: one sentence per line from stdin or a file into translations, with one model file; standard
+input is read as fairseq-interactive reads it, and with ``--engine ctranslate2`` torch is never imported."""
 
 from __future__ import annotations
 
@@ -53,10 +48,8 @@ def decode_lines(raw: Sequence[bytes], first: int = 1) -> tuple[list[str], list[
 
 
 def stream_chunks(fd: int, max_lines: int = STREAM_LINES) -> Iterator[list[bytes]]:
-    """The lines of file descriptor ``fd`` in chunks: what has arrived when no more is ready, at most ``max_lines``.
-
-    ``os.read`` on the descriptor itself: a Python buffered reader could hide lines from ``select``.
-    """
+    """The lines of ``fd`` in chunks (what has arrived when no more is ready, at most ``max_lines``), read with
+    ``os.read``: a Python buffered reader could hide lines from ``select``."""
     pending: list[bytes] = []
     partial = b""
     while data := os.read(fd, 1 << 16):
@@ -161,11 +154,8 @@ def _load(args: argparse.Namespace) -> Translator | Ct2Translator:
 
 def translate_chunks(translator: Translator | Ct2Translator, chunks: Iterable[Sequence[bytes]],
                      emit: Callable[[list[str]], Any], *, pick: AttentionPick | None = None, **settings: Any) -> int:
-    """Translate chunks of byte lines in order, handing each chunk's translations to ``emit`` before reading on.
-
-    Warnings name lines by their number in the whole input; ``settings`` are :func:`translate_lines`'s keyword
-    arguments. Returns the number of lines.
-    """
+    """Translate chunks of byte lines in order, handing each chunk's translations to ``emit`` before reading on;
+    warnings number lines in the whole input. Returns the number of lines."""
     first = 1
     for raw in chunks:
         lines, bad = decode_lines(raw, first)
