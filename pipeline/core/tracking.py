@@ -42,8 +42,7 @@ def tracking_uri(root: str | Path = ".") -> str:
 
 @functools.lru_cache(maxsize=8)  # an answer is kept for the process; a failure is not (it raises)
 def require_server(uri: str, timeout_s: float = 5.0) -> None:
-    """Raise a one-line PipelineError at once when ``uri`` is an http(s) server whose ``/health`` gives no HTTP
-    answer (MLflow's client would retry for minutes); other stores pass."""
+    """Raise a one-line PipelineError at once when ``uri`` is an http(s) server whose ``/health`` is silent."""
     if not re.match(r"^https?://", uri):
         return
     import requests
@@ -87,8 +86,7 @@ def git_tags(root: str | Path = ".", *, temporary_params: bool = False) -> dict[
 
 
 class StageRun:
-    """A handle on one MLflow run, no-ops when tracking is off; a stage's handle opens its run on first use, so a
-    stage that logs nothing leaves no run behind."""
+    """A handle on one MLflow run, no-ops when tracking is off; a stage's handle opens its run on first use."""
 
     def __init__(self, client: Any = None, run_id: str | None = None,
                  opener: Callable[[str | None], tuple[Any, str]] | None = None) -> None:
