@@ -1,5 +1,4 @@
-"""The mean of the last N complete checkpoints (the paper averages the last 5 of the base model): floating tensors
-in fp32, cast back to their dtype; integer and boolean buffers from the newest checkpoint."""
+"""The mean of the last N complete checkpoints, as the paper averages the last 5 of the base model."""
 
 from __future__ import annotations
 

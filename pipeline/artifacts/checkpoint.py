@@ -1,5 +1,4 @@
-"""Checkpoint folders ``<run>/step-NNNNNNNN/`` (``model.pt``, ``optim.pt``, ``state.json``, ``DONE`` last): written
-atomically, each file checked against the size and sha256 ``state.json`` records before it loads."""
+"""Checkpoint folders ``<run>/step-NNNNNNNN/``: written atomically, each file's size and sha256 checked before load."""
 
 from __future__ import annotations
 
@@ -78,8 +77,7 @@ def _fsync(path: Path) -> None:
 
 def save(run_dir: str | Path, step: int, *, model_state: dict[str, torch.Tensor], optim_state: dict[str, Any],
          state: dict[str, Any], keep_last: int, at: Callable[[str, int], None] = lambda point, step: None) -> Path:
-    """Write checkpoint ``step`` atomically (rank 0 only; a complete one is kept), prune to the newest ``keep_last``
-    and return its folder; ``at`` is the fault-injection hook (pipeline/training/faults.py)."""
+    """Write checkpoint ``step`` atomically (rank 0), prune to ``keep_last``, return its folder; ``at``: fault hook."""
     final = step_dir(run_dir, step)
     if (final / DONE).is_file():
         return final

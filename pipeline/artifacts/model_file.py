@@ -1,5 +1,4 @@
-"""``averaged.pt``, the one file a translation needs (weights, config, BPE model, their content sha256): its only
-writer and reader. The digest is checked at every read; a file without one is refused."""
+"""``averaged.pt`` (weights, config, BPE model, content sha256 checked at every read): its only writer and reader."""
 
 from __future__ import annotations
 

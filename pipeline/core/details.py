@@ -1,6 +1,5 @@
 """What the stages report, as typed records (``<paths.metrics>/<stage>.details.json``) for the audit and the flows:
-``from_json`` checks each field's type (a one-line error naming file and key) and keeps other keys in ``extra``,
-so ``from_json(to_json(r)) == r``."""
+``from_json`` checks each field's type (a one-line error names file and key) and keeps other keys in ``extra``."""
 
 from __future__ import annotations
 

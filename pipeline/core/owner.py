@@ -1,5 +1,4 @@
-"""Which process holds an MLflow run open (``<host>/<pid>/<start time>``), so that the next pipeline run or sweep
-in the checkout ends a run left RUNNING by a SIGKILLed process, which runs no code (:func:`end_orphans`)."""
+"""Which process holds an MLflow run open, so the next run ends a run a SIGKILLed process left RUNNING."""
 
 from __future__ import annotations
 

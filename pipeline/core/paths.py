@@ -1,5 +1,4 @@
-"""Where outputs may go: the ``paths.*`` layout of a params file and commands' output options (every stage
-replaces its output folder whole, so a wrong path could cost a user their files)."""
+"""Where outputs may go (``paths.*`` and output options): every stage replaces its output folder whole."""
 
 from __future__ import annotations
 

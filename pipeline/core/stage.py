@@ -1,5 +1,4 @@
-"""What every stage shares: logging, params loading, the bookkeeping wrapper, one-line errors. A stage module
-defines ``stage(cfg, *, paths)`` and ``main(argv)``, which calls :func:`stage_main`."""
+"""What every stage shares: logging, params loading, the bookkeeping wrapper (:func:`stage_main`), one-line errors."""
 
 from __future__ import annotations
 

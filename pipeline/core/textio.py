@@ -197,7 +197,7 @@ def _as_write_error(exc: OSError, tmp: Path, path: Path) -> OutputError | None:
 
 
 def refuse_foreign(path: Path, role: str | None, *, replacing_with_folder: bool = False) -> None:
-    """Raise :class:`OutputError` unless ``path`` is nothing, a folder marked ``role`` or a file to overwrite."""
+    """Raise :class:`OutputError` unless ``path`` is nothing, a folder marked ``role``, or a file no folder replaces."""
     shown = public_path(path)
     if path.is_symlink():
         raise OutputError(f"{shown}: is a symbolic link, not an output this project wrote; refusing to replace "

@@ -1,5 +1,4 @@
-"""MLflow runs, behind one small interface (models: :mod:`pipeline.inference.registry`). The store is
-``MLFLOW_TRACKING_URI`` (default ``sqlite:///<root>/.mlflow/mlflow.db``); no torch here."""
+"""MLflow runs behind one small interface; the store is ``MLFLOW_TRACKING_URI`` (default: ``<root>/.mlflow``)."""
 
 from __future__ import annotations
 
@@ -198,8 +197,7 @@ def experiment_id(client: Any, root: str | Path) -> str:
 @contextlib.contextmanager
 def stage_run(stage: str, *, root: str | Path = ".", resume_run_id: str | None = None,
               active: bool = True, system_metrics: bool = False) -> Iterator[StageRun]:
-    """The MLflow run of one stage, opened on first use but dated from the start of the block; yields a
-    :class:`StageRun` (also :func:`current`), a no-op one when not ``active`` (non-zero ranks)."""
+    """One stage's :class:`StageRun`, opened on first use but dated from the block's start (no-op if not ``active``)."""
     if not (active and enabled()):
         handle = StageRun()
     else:

@@ -89,8 +89,7 @@ def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> torch.Tens
 
 def plan_searches(translator: Translator, sources: Sequence[Sequence[int]], *, beam_size: int, max_len_a: float,
                   max_len_b: float, max_tokens: int) -> list[Job]:
-    """The :data:`Job` list :func:`decode_sources` runs, none for empty sources; sentences whose length limit
-    floor(a·S + b) would pass the position table search apart, with the limit ``max_positions``."""
+    """The :data:`Job` list :func:`decode_sources` runs; long sentences search apart, limited to ``max_positions``."""
     cfg = translator.config
     lengths = [len(s) for s in sources]
     capped = [max_length(n, max_len_a, max_len_b) > cfg.max_positions for n in lengths]

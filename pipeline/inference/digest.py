@@ -1,5 +1,4 @@
-"""A folder's digest: the size and sha256 of every file, written beside them and checked strictly before use
-(a missing digest, file or entry key is an error, so deleting one never turns the check off)."""
+"""A folder's digest: size and sha256 of every file, written beside them and checked strictly (no key optional)."""
 
 from __future__ import annotations
 

@@ -84,8 +84,7 @@ class GridEntry(TypedDict):
 
 def choose_on_valid(cfg: EvaluateConfig, translator: Translator, sources: list[list[int]],
                     refs: list[str]) -> tuple[list[GridEntry], GridEntry, list[str]]:
-    """Decode valid once per beam size and rank every α; returns (grid, the entry with the best valid BLEU, ties
-    to the earlier one, its hypotheses)."""
+    """Decode valid once per beam size, rank every α: (grid, best valid BLEU entry (earliest on ties), its hyps)."""
     grid: list[GridEntry] = []
     best: tuple[float, GridEntry, list[str]] | None = None
     for beam in cfg.beam_sizes:
@@ -128,8 +127,7 @@ def decode_and_score(cfg: EvaluateConfig, translator: Translator, data: EvalSet,
 
 def evaluate_averaged(cfg: EvaluateConfig, translator: Translator, valid: EvalSet, test: EvalSet,
                       hyp_paths: dict[str, Path]) -> dict[str, Any]:
-    """The grid on valid, test at the chosen (beam, α); writes ``hyp_paths["valid"]`` and ``["test"]``; returns
-    ``valid`` and ``test`` (every figure and signature), ``grid``, ``chosen`` and ``device``."""
+    """The grid on valid, test at the chosen (beam, α), hypotheses written to ``hyp_paths``; returns all figures."""
     grid, chosen, valid_text = choose_on_valid(cfg, translator, valid.sources, valid.refs)
     beam, alpha = chosen["beam"], chosen["alpha"]
     write_lines(hyp_paths["valid"], valid_text)

@@ -38,8 +38,7 @@ def invalid(message: str) -> MlflowException:
 
 
 def source_lines(model_input: Any) -> list[str]:
-    """The source sentences of a pyfunc input (a DataFrame's ``src`` or only column, a Series, a list, a string),
-    in order, each checked to be a string of at most :data:`MAX_LINE_CHARS` characters."""
+    """The lines of a pyfunc input (DataFrame, Series, list, string), each a string of ≤ :data:`MAX_LINE_CHARS`."""
     if isinstance(model_input, str):
         model_input = [model_input]
     if isinstance(model_input, pd.DataFrame):

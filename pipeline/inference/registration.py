@@ -1,5 +1,4 @@
-"""The register stage's MLflow work: the averaged model logged as the pyfunc of
-:mod:`pipeline.inference.mlflow_model`, its lineage, and sacreBLEU's paired bootstrap against the candidate's."""
+"""The register stage's MLflow work: the pyfunc with its lineage, and the paired bootstrap against the candidate."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ MODEL_FILE = Path(__file__).resolve().with_name("mlflow_model.py")
 #: what the served model imports (versions pinned from this environment).
 REQUIREMENTS = ("mlflow", "torch", "sentencepiece", "numpy", "pandas", "pyyaml", "ctranslate2")
 SPLITS = ("valid", "test")
-#: Packages copied whole into the logged model (so it loads outside this checkout): all of their
-#: files are the register stage's code deps.
+#: Packages copied whole into the logged model (so it loads anywhere): their files are register's code deps.
 CODE_PACKAGES = ("pipeline", "model")
 
 

@@ -73,8 +73,7 @@ def _which(numbers: Sequence[int], limit: int = 10) -> str:
 
 
 def prepare_lines(translator: Translator | Ct2Translator, lines: Sequence[str]) -> tuple[list[list[int]], list[int]]:
-    """Raw lines → (model sources: normalised like training text, BPE, EOS, cut to ``max_positions``, ``[]`` for
-    an empty line; 1-based numbers of the truncated lines)."""
+    """Raw lines → (model sources as for training text, cut to ``max_positions``; 1-based truncated line numbers)."""
     from pipeline.data.normalize import normalize
 
     sources, truncated = [], []
@@ -91,8 +90,7 @@ def prepare_lines(translator: Translator | Ct2Translator, lines: Sequence[str]) 
 def translate_lines(translator: Translator | Ct2Translator, lines: Sequence[str], *, beam_size: int = 4,
                     alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: float = 50,
                     max_tokens: int = 8192) -> tuple[list[str], list[list[int]], list[list[int]], list[int]]:
-    """Translate raw lines with either engine: (translations, model sources, hypothesis ids, 1-based numbers of
-    truncated lines)."""
+    """Translate raw lines with either engine: (translations, sources, hypothesis ids, truncated line numbers)."""
     from pipeline.inference import ct2
 
     sources, truncated = prepare_lines(translator, lines)
@@ -154,8 +152,7 @@ def _load(args: argparse.Namespace) -> Translator | Ct2Translator:
 
 def translate_chunks(translator: Translator | Ct2Translator, chunks: Iterable[Sequence[bytes]],
                      emit: Callable[[list[str]], Any], *, pick: AttentionPick | None = None, **settings: Any) -> int:
-    """Translate chunks of byte lines in order, handing each chunk's translations to ``emit`` before reading on;
-    warnings number lines in the whole input. Returns the number of lines."""
+    """Translate byte-line chunks in order, handing each chunk's translations to ``emit`` before reading on."""
     first = 1
     for raw in chunks:
         lines, bad = decode_lines(raw, first)
