@@ -1,8 +1,4 @@
-"""The mean of the last N complete checkpoints: which ones, and their weights averaged.
-
-The paper averages the last 5 checkpoints (written every 10 minutes) of the base model. Floating tensors are
-averaged in fp32 (then cast back to their dtype); integer and boolean buffers come from the newest checkpoint.
-"""
+"""The mean of the last N complete checkpoints, as the paper averages the last 5 of the base model."""
 
 from __future__ import annotations
 
@@ -19,8 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def choose(train_dir: str | Path, last_n: int) -> tuple[list[Path], list[Path]]:
-    """The newest ``last_n`` complete checkpoint folders (oldest first), and the ``step-*`` folders without
-    ``DONE`` passed over among them (each warned about, as are fewer than ``last_n``)."""
+    """The newest ``last_n`` complete checkpoint folders (oldest first), and the incomplete ones passed over."""
     available = checkpoint.complete_checkpoints(train_dir)
     if not available:
         raise CheckpointError(f"{train_dir}: no complete checkpoint (step-*/ with DONE); run the train stage first")
@@ -53,8 +48,7 @@ def _check_same_layout(ref: dict[str, torch.Tensor], ref_path: Path, other: dict
 
 
 def average_state_dicts(folders: list[Path]) -> dict[str, torch.Tensor]:
-    """Mean of the ``model.pt`` files of checkpoint ``folders`` (oldest first), loaded one at a time; an unreadable
-    file or differing keys, shapes or dtypes are a CheckpointError naming file, key and remedy."""
+    """Mean of the ``model.pt`` files of ``folders``, loaded one at a time (CheckpointError: unreadable, unlike)."""
     if not folders:
         raise CheckpointError("no checkpoints to average")
     first = checkpoint.load_state_dict(folders[0], remedy=checkpoint.corrupt_remedy(folders[0], len(folders)))

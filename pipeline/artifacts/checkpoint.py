@@ -1,10 +1,4 @@
-"""Checkpoint folders ``<run>/step-NNNNNNNN/``: atomic, self-describing, prunable.
-
-A folder holds ``model.pt``, ``optim.pt``, ``state.json`` and ``DONE``, written last; it is assembled under a
-hidden temporary name and renamed into place, so a crash leaves a complete folder or nothing. ``state.json``
-records the byte size and sha256 of ``model.pt`` and ``optim.pt``, checked before every load (:func:`verify`),
-so a file changed after the fact is named before unpickling; everything loads with ``weights_only=True``.
-"""
+"""Checkpoint folders ``<run>/step-NNNNNNNN/``: written atomically, each file's size and sha256 checked before load."""
 
 from __future__ import annotations
 
@@ -83,10 +77,7 @@ def _fsync(path: Path) -> None:
 
 def save(run_dir: str | Path, step: int, *, model_state: dict[str, torch.Tensor], optim_state: dict[str, Any],
          state: dict[str, Any], keep_last: int, at: Callable[[str, int], None] = lambda point, step: None) -> Path:
-    """Write checkpoint ``step`` atomically (rank 0 only; a complete one is kept as it is), then prune to the
-    newest ``keep_last``; returns its folder. ``at(point, step)`` is the fault-injection hook
-    (pipeline/training/faults.py) at ``before_save``, ``mid_save`` and ``after_save``.
-    """
+    """Write checkpoint ``step`` atomically (rank 0), prune to ``keep_last``, return its folder; ``at``: fault hook."""
     final = step_dir(run_dir, step)
     if (final / DONE).is_file():
         return final
@@ -175,8 +166,7 @@ def read_state(folder: str | Path) -> dict[str, Any]:
 
 
 def corrupt_remedy(folder: Path, average_window: int | None = None) -> str:
-    """What to do about a corrupt complete checkpoint: delete it; training then resumes from the newest other one,
-    or with ``average_window`` (``average.last_n``) the remedy names what a rerun of ``average`` then averages."""
+    """What to do about a corrupt complete checkpoint (``average_window``: ``average.last_n``, for averaging)."""
     others = [p.name for _, p in complete_checkpoints(folder.parent) if p != folder]
     delete = f"delete the folder {folder} (or move it away)"
     if average_window is None:
@@ -188,8 +178,7 @@ def corrupt_remedy(folder: Path, average_window: int | None = None) -> str:
 
 
 def load_tensors(folder: str | Path, name: str, *, remedy: str | None = None) -> dict[str, Any]:
-    """``model.pt`` or ``optim.pt`` of a complete folder on CPU, checked by :func:`verify`, then loaded with
-    ``weights_only=True``; ``remedy`` ends any error (default: :func:`corrupt_remedy` for training)."""
+    """``model.pt`` or ``optim.pt`` of a complete folder on CPU, :func:`verify`-ed; ``remedy`` ends any error."""
     folder = Path(folder)
     _require_done(folder)
     remedy = remedy or corrupt_remedy(folder)
@@ -224,8 +213,7 @@ def _recorded(folder: Path, name: str, remedy: str) -> tuple[int, str]:
 
 
 def verify(folder: str | Path, name: str, *, remedy: str | None = None) -> None:
-    """Check ``folder/name`` against the size and sha256 that ``state.json`` recorded at save (CheckpointError
-    naming the file, what is wrong and ``remedy``); a missing record is refused too, never skipped."""
+    """Check ``folder/name`` against ``state.json``'s size and sha256 (CheckpointError, also without a record)."""
     folder = Path(folder)
     remedy = remedy or corrupt_remedy(folder)
     size, digest = _recorded(folder, name, remedy)

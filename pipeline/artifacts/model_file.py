@@ -1,10 +1,4 @@
-"""``averaged.pt``, the one file a translation needs: its only writer and reader.
-
-The file holds ``{"model": state_dict, "config": TransformerConfig as dict, "spm": spm.model bytes,
-"sha256": digest}`` and loads with ``torch.load(weights_only=True)``. ``sha256`` is the digest of the contents
-(:func:`content_sha256`), checked at every read, so changed bytes are refused although the file still
-unpickles; a file without it is refused too: a missing digest never skips the check.
-"""
+"""``averaged.pt`` (weights, config, BPE model, content sha256 checked at every read): its only writer and reader."""
 
 from __future__ import annotations
 
@@ -42,8 +36,7 @@ def path_in(model_dir: str | Path) -> Path:
 
 
 def content_sha256(weights: dict[str, torch.Tensor], config: dict[str, int | float | bool], spm: bytes) -> str:
-    """Hex sha256 of each tensor (by name: name, dtype, shape, bytes), the config as sorted JSON and the BPE
-    model: independent of how ``torch.save`` lays out the zip."""
+    """Hex sha256 of the tensors (by name), the config and the BPE model, independent of ``torch.save``'s zip."""
     digest = hashlib.sha256()
     for key in sorted(weights):
         tensor = weights[key].detach().cpu().contiguous().reshape(-1)
@@ -56,8 +49,7 @@ def content_sha256(weights: dict[str, torch.Tensor], config: dict[str, int | flo
 
 
 def save(path: str | Path, *, weights: dict[str, torch.Tensor], config: TransformerConfig, spm: bytes) -> None:
-    """Write the file atomically with its content sha256; equal contents give equal bytes (``torch.save``
-    into memory first)."""
+    """Write the file atomically with its content sha256; equal contents give equal bytes."""
     buffer = io.BytesIO()
     config_dict = config.to_dict()
     torch.save({"model": weights, "config": config_dict, "spm": spm,
@@ -90,8 +82,7 @@ def _read(path: Path, *, mmap: bool = False) -> dict[str, Any]:
 
 
 def load(path: str | Path, *, mmap: bool = False) -> ModelFile:
-    """Read and check the file (CheckpointError when missing, corrupt, changed since save or of another format);
-    :func:`build_model` fits the weights to a model."""
+    """Read and check the file (CheckpointError: missing, corrupt, changed since save or of another format)."""
     path = Path(path)
     blob = _read(path, mmap=mmap)
     try:
@@ -125,8 +116,7 @@ def checkpoint_config(folder: str | Path, vocab_size: int) -> TransformerConfig:
 
 
 def build_model(mf: ModelFile, path: str | Path, *, remedy: str = REMEDY) -> torch.nn.Module:
-    """The :class:`model.Transformer` of ``mf`` with its weights loaded (on CPU, train mode); weights that do not
-    fit are a CheckpointError naming ``path`` (where they came from) and ``remedy``."""
+    """The :class:`model.Transformer` of ``mf`` on CPU (CheckpointError naming ``path`` if weights do not fit)."""
     from model import Transformer
 
     try:
@@ -139,8 +129,7 @@ def build_model(mf: ModelFile, path: str | Path, *, remedy: str = REMEDY) -> tor
 
 
 def describe(path: str | Path) -> dict[str, Any] | None:
-    """``{"total", "embedding", "tied", "learned_positions", "vocab_size", "d_model"}`` of the file (a tensor
-    shared by two keys counts once), or None if it is absent."""
+    """Parameter counts and sizes of the file (a tensor shared by two keys counts once), or None if absent."""
     path = Path(path)
     if not path.is_file():
         return None

@@ -20,8 +20,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def refused_object(exc: BaseException) -> str | None:
-    """What the ``weights_only`` unpickler refused (``GLOBAL pathlib.PosixPath``, ``operand 149``), or None if
-    ``exc`` is another failure (torch's ``weights_only=False`` advice is left out: we never unpickle objects)."""
+    """What the ``weights_only`` unpickler refused (``GLOBAL pathlib.PosixPath``), or None for another failure."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
     if "Weights only load failed" not in text and "WeightsUnpickler error" not in text:
         return None
@@ -31,9 +30,8 @@ def refused_object(exc: BaseException) -> str | None:
 
 def load(path: str | Path, *, remedy: str, mmap: bool = False, what: str = "cannot be read",
          missing: str | None = None) -> Any:
-    """``torch.load(path, weights_only=True)`` onto the CPU; any failure is one :class:`CheckpointError`:
-    ``<path>: <what> (<Error>: <first line>); <remedy>`` (``missing`` replaces ``not found``), or for a pickle
-    holding other objects than tensors ``<path>: not a checkpoint written by this pipeline (...)``."""
+    """``torch.load(path, weights_only=True)`` onto the CPU; any failure is one :class:`CheckpointError`
+    ``<path>: <what> (<Error>: <first line>); <remedy>``, or "not a checkpoint written by this pipeline"."""
     path = Path(path)
     try:
         with warnings.catch_warnings():  # "Detected pickle protocol 4": the error below says it better

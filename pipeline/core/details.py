@@ -1,11 +1,5 @@
-"""What the stages report, as typed records: ``<paths.metrics>/<stage>.details.json`` for the audit and the flows.
-
-A stage returns a JSON object; :func:`pipeline.core.stage.run_stage` writes it with ``seconds`` and
-``mlflow_run_id`` added. A record names the fields its readers use, with their types. ``from_json`` checks
-each one (a wrong type is a one-line error naming the file and the key), reads a missing key or ``null`` as
-None (empty for a list, a mapping or a nested record) and keeps every other key in ``extra``; ``to_json``
-writes every field (None as null), so that ``from_json(to_json(r)) == r`` and nothing a stage wrote is lost.
-"""
+"""What the stages report, as typed records (``<paths.metrics>/<stage>.details.json``) for the audit and the flows:
+``from_json`` checks each field's type (a one-line error names file and key) and keeps other keys in ``extra``."""
 
 from __future__ import annotations
 
@@ -153,11 +147,8 @@ class AverageDetails(StageDetails):
 
 @dataclass(frozen=True, kw_only=True)
 class SetFigures(Record):
-    """One decoded and scored set: :data:`METRICS`, their sacreBLEU ``signatures`` and the set's size.
-
-    ``ppl`` (teacher-forced perplexity) is on the valid sets, ``truncated_sources`` on the sets decoded by the
-    averaged model, ``step`` on the newest checkpoint's (``valid_newest``).
-    """
+    """One decoded and scored set: :data:`METRICS`, their ``signatures``, its size; ``ppl`` on valid sets,
+    ``truncated_sources`` on the averaged model's, ``step`` on the newest checkpoint's."""
 
     bleu: float | None = None
     bleu_lc: float | None = None
@@ -226,8 +217,7 @@ RECORDS: dict[str, type[StageDetails]] = {cls.STAGE: cls for cls in (
 
 @dataclass(frozen=True)
 class RunDetails:
-    """The records of the stages up to evaluate in one workspace, what the audit reads; ``written`` names the
-    stages whose file exists (the others are empty records)."""
+    """The records of the stages up to evaluate in one workspace; ``written``: the stages whose file exists."""
 
     download: DownloadDetails = field(default_factory=DownloadDetails)
     clean: CleanDetails = field(default_factory=CleanDetails)

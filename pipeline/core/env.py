@@ -1,8 +1,5 @@
-"""Every ``NMT_*`` environment variable the project reads: one typed, documented table (:class:`Settings`).
-
-Machine-dependent settings live in the environment, never in params.yaml, so moving between machines never
-invalidates a DVC stage. Unset or blank means the default.
-"""
+"""Every ``NMT_*`` environment variable the project reads, in one typed table (:class:`Settings`): machine settings
+live here, never in params.yaml, so moving machines never invalidates a DVC stage. Unset or blank: the default."""
 
 from __future__ import annotations
 
@@ -32,8 +29,7 @@ FAULT_SYNTAX = "<point>:<step>[:<action>[:<rank>]][@<file>]"
 
 @dataclass(frozen=True)
 class Fault:
-    """One parsed ``NMT_FAULT_POINT`` (:mod:`pipeline.training.faults`); ``once``: fire only while this file
-    does not exist (it is created just before firing), None: every time."""
+    """One parsed ``NMT_FAULT_POINT`` (:mod:`pipeline.training.faults`); ``once``: fire only while it is absent."""
 
     point: str
     step: int
@@ -247,8 +243,7 @@ settings.cache_clear = _parse.cache_clear  # type: ignore[attr-defined]
 
 
 def prefer_this_interpreter() -> None:
-    """Put this interpreter's folder first on ``PATH``, as activating its virtual environment would, so that the
-    ``dvc`` and ``python -m pipeline.<stage>`` the flows start are this environment's."""
+    """Put this interpreter's folder first on ``PATH``, so the ``dvc`` the flows start is this environment's."""
     folder = str(Path(sys.executable).parent)
     parts = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p]
     if parts[:1] != [folder]:

@@ -1,5 +1,4 @@
-"""The checkout's commit and what in it differs from the commit: one rule for MLflow's tags and the audit, under
-which a run's own records (``dvc.lock``, ``metrics/``, ``plots/``, a ``--profile`` run's params.yaml) are no edits."""
+"""The checkout's commit and its edits (a run's own records are none), for MLflow's tags and the audit."""
 
 from __future__ import annotations
 

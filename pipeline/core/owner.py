@@ -1,5 +1,4 @@
-"""Which process holds an MLflow run open (``<host>/<pid>/<start time>``), so that the next pipeline run or sweep
-in the checkout ends a run left RUNNING by a SIGKILLed process, which runs no code (:func:`end_orphans`)."""
+"""Which process holds an MLflow run open, so the next run ends a run a SIGKILLed process left RUNNING."""
 
 from __future__ import annotations
 
@@ -39,8 +38,7 @@ def owner_tags(root: str | Path) -> dict[str, str]:
 
 
 def owner_gone(value: str) -> bool:
-    """Whether the owner named by ``value`` (an :data:`OWNER_TAG`) is a process of this host that has ended (or a
-    zombie, or its pid now names another process); False for anything else."""
+    """Whether the :data:`OWNER_TAG` ``value`` names an ended (or zombie, or reused) process of this host."""
     host, _, rest = value.partition("/")
     pid_text, _, start = rest.partition("/")
     if host != socket.gethostname() or not pid_text.isdigit():
@@ -57,8 +55,7 @@ def in_checkout(value: str, root: str | Path) -> bool:
 
 def end_orphans(client: Any, experiment_id: str, root: str | Path,
                 logger: logging.Logger | logging.LoggerAdapter) -> list[str]:
-    """Mark ``KILLED`` every ``RUNNING`` run of the experiment that belongs to ``root`` and whose owner is gone,
-    logging one line each; return their ids. ``client`` is an MLflow client (no mlflow import here)."""
+    """Mark ``KILLED`` the ``RUNNING`` runs of ``root`` whose owner is gone, logging each; return their ids."""
     ended: list[str] = []
     token = None
     while True:

@@ -1,7 +1,4 @@
-"""Where outputs may go: the ``paths.*`` layout of a params file, and the output options of commands.
-
-Every stage replaces its output folder whole, so a path naming the wrong folder could cost a user their files.
-"""
+"""Where outputs may go (``paths.*`` and output options): every stage replaces its output folder whole."""
 
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ PATH_RULE = (f"a relative path without '..' inside one of {', '.join(r + '/' for
 
 
 def path_problem(value: str) -> str | None:
-    """Why ``value`` may not be a ``paths.*`` setting (:data:`PATH_RULE`), or None if it may (an absolute path
-    outside the checkout passes here; :func:`layout_problems` checks it against the params file's folder)."""
+    """Why ``value`` may not be a ``paths.*`` setting (:data:`PATH_RULE`), or None if it may."""
     parts = PurePosixPath(value).parts
     if value.startswith(("/", "\\")) or PurePosixPath(value).is_absolute():
         if ".." not in parts and not Path(value).resolve().is_relative_to(CHECKOUT):
@@ -51,8 +47,7 @@ def _related(a: Path, b: Path) -> bool:
 
 
 def layout_problems(paths: Mapping[str, str], root: str | Path, profile: str | None = None) -> list[str]:
-    """Problems with the ``paths`` section of a params file in folder ``root`` (naming ``profile``, whose own entry
-    in ``profiles/`` is not compared with it), one line each naming the key."""
+    """Problems with the ``paths`` of a params file in ``root`` (``profile``: its name), one line each."""
     root = Path(os.path.abspath(root))
     mine, problems = {}, []
     for key, value in paths.items():

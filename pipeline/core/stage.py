@@ -1,8 +1,4 @@
-"""What every stage shares: logging, params loading, the bookkeeping wrapper, one-line errors.
-
-A stage module defines ``stage(cfg, *, paths)`` (its params section in, its figures out as a JSON object or its
-:mod:`pipeline.core.details` record) and ``main(argv)``, which calls :func:`stage_main`.
-"""
+"""What every stage shares: logging, params loading, the bookkeeping wrapper (:func:`stage_main`), one-line errors."""
 
 from __future__ import annotations
 
@@ -35,8 +31,7 @@ _SECRET_ENV = re.compile(r"(?i)(PASSWORD|PASSWD|TOKEN|SECRET|CREDENTIAL|API_?KEY
 
 
 def redact(text: str) -> str:
-    """``text`` without URL userinfo (``https://user:pass@host``) or the value (6+ characters) of an environment
-    variable whose name says it is secret (:data:`_SECRET_ENV`)."""
+    """``text`` without URL userinfo or the value of an environment variable whose name says it is secret."""
     text = _USERINFO.sub(r"\1***@", text)
     for name, value in os.environ.items():
         if len(value) >= 6 and _SECRET_ENV.search(name) and value in text:
@@ -87,11 +82,8 @@ def os_error_message(exc: OSError) -> str:
 
 def run_cli(name: str, body: Callable[[Params, argparse.Namespace], None], argv: list[str] | None,
             parser: argparse.ArgumentParser | None = None) -> int:
-    """Check the ``NMT_*`` environment, load params, run ``body``; return the exit code.
-
-    A PipelineError or OSError becomes ``error: stage <name>: <message>`` and exit code 1; anything else (a bug)
-    prints its traceback first. Everything printed has credentials redacted.
-    """
+    """Check the ``NMT_*`` environment, load params, run ``body``; return the exit code (a PipelineError or OSError
+    becomes ``error: stage <name>: <message>`` and 1, a bug also prints its traceback), credentials redacted."""
     setup_logging()
     parser = parser or stage_parser(f"pipeline stage {name}")
     args = parser.parse_args(argv)
@@ -137,13 +129,8 @@ def read_json(path: str | Path) -> Any:
 
 def run_stage(name: str, body: Callable[[], dict[str, object] | StageDetails], *, metrics_dir: str | Path,
               params: Params | None = None, root: str | Path = ".") -> dict[str, object]:
-    """Run one stage's ``body`` with its bookkeeping and return its details record.
-
-    Opens the stage's MLflow run (on first use for ``lazy_run`` stages; ``body`` reaches it through
-    :func:`pipeline.core.tracking.current`), logs the table's params sections and the seconds, and on rank 0
-    writes ``<stage>.json`` (the table's ``metrics``) and ``<stage>.details.json`` (the record, ``seconds`` and
-    ``mlflow_run_id``), logging it and ``<paths.plots>/<stage>.{csv,png}`` as artifacts.
-    """
+    """Run one stage's ``body`` with its bookkeeping (MLflow run, params, seconds; on rank 0 ``<stage>.json`` and
+    ``<stage>.details.json``, logged with the stage's plots as artifacts) and return its details record."""
     spec = stages.get(name)
     active = os.environ.get("RANK", "0") in ("", "0")
     start = time.monotonic()
@@ -184,8 +171,7 @@ def _cuda_available(name: str) -> bool:
 
 def stage_main(name: str, body: Callable[[Params, argparse.Namespace], dict[str, object] | StageDetails],
                argv: list[str] | None, parser: argparse.ArgumentParser | None = None) -> int:
-    """``python -m pipeline.<name>``: :func:`run_cli` around :func:`run_stage` of ``body(params, args)``, the metrics
-    files in ``<paths.metrics>`` (under ``--root`` when the stage's parser has one)."""
+    """``python -m pipeline.<name>``: :func:`run_cli` around :func:`run_stage` of ``body(params, args)``."""
     def run(params: Params, args: argparse.Namespace) -> None:
         root = Path(getattr(args, "root", "."))
         run_stage(name, lambda: body(params, args), params=params, metrics_dir=root / params.paths.metrics,

@@ -1,5 +1,4 @@
-"""The pipeline's stages, in order: the one table the stage CLIs, ``nmt run``, the Prefect flow and the audit
-read (a test checks ``dvc.yaml`` against it), and the ``<stage>.json`` / ``<stage>.details.json`` they write."""
+"""The pipeline's stages, in order: the one table the stage CLIs, ``nmt run``, the Prefect flow and the audit read."""
 
 from __future__ import annotations
 

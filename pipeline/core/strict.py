@@ -68,9 +68,8 @@ class Range:
 
 
 def build(cls: type, data: Any, source: str, *, rules: KeyRules, moved: Mapping[str, str]) -> Any:
-    """Build dataclass ``cls`` from mapping ``data`` read from ``source`` (every key required: defaults serve code).
-
-    ``rules`` are checked on each key whose type is right; ``moved`` names the variable that replaced a key.
+    """Build dataclass ``cls`` from mapping ``data`` read from ``source`` (every key required), checking ``rules``
+    on each well-typed key; ``moved`` names the variable that replaced a key.
 
     Raises:
         ConfigError: one line per problem (at most :data:`MAX_PROBLEMS`, the rest counted).

@@ -1,8 +1,5 @@
-"""UTF-8 text split on ``\\n`` only, and atomic outputs.
-
-``str.splitlines`` also splits on ``\\r``, U+0085, U+2028/2029 and would misalign parallel EN/DE files. Every
-output is built beside its place and renamed onto it, so a crash never leaves half an output behind.
-"""
+"""UTF-8 text split on ``\\n`` only (``str.splitlines`` also splits on ``\\r``, U+0085, U+2028/2029 and would
+misalign parallel files), and atomic outputs: built beside their place and renamed onto it."""
 
 from __future__ import annotations
 
@@ -63,8 +60,7 @@ def _decode_line(path: str | Path, lineno: int, raw: bytes) -> str:
 
 
 def read_line_block(path: str | Path, start: int, end: int, first_line: int) -> list[str]:
-    """The lines in bytes ``[start, end)`` of ``path`` (``end`` -1: to the end; ``start`` a line start whose 0-based
-    number is ``first_line``), decoded in one go; a bad line raises :func:`read_lines`' DataError."""
+    """The lines in bytes ``[start, end)`` of ``path`` (``end`` -1: to the end), numbered from ``first_line``."""
     with open(path, "rb") as fh:
         fh.seek(start)
         raw = fh.read(end - start if end >= 0 else -1)
@@ -170,8 +166,7 @@ def newest_file(tmp: Path) -> Path:
 
 
 def write_error(exc: OSError, target: str | Path, output: str | Path | None = None) -> OutputError | None:
-    """A one-line :class:`OutputError` with the remedy for a full disk, quota, size limit or missing permission
-    while writing ``target`` (else None); ``output``, the atomic output it belongs to, is said to be untouched."""
+    """A one-line :class:`OutputError` with the remedy for a full disk, quota, size limit or permission, else None."""
     target = public_path(target)
     code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
     if exc.errno in _DISK_FULL:
@@ -202,8 +197,7 @@ def _as_write_error(exc: OSError, tmp: Path, path: Path) -> OutputError | None:
 
 
 def refuse_foreign(path: Path, role: str | None, *, replacing_with_folder: bool = False) -> None:
-    """Raise :class:`OutputError` unless ``path`` is nothing, a folder whose marker names ``role``, or a plain file
-    not to be replaced by a folder (a symbolic link or an unmarked folder is someone else's)."""
+    """Raise :class:`OutputError` unless ``path`` is nothing, a folder marked ``role``, or a file no folder replaces."""
     shown = public_path(path)
     if path.is_symlink():
         raise OutputError(f"{shown}: is a symbolic link, not an output this project wrote; refusing to replace "
@@ -225,14 +219,11 @@ def refuse_foreign(path: Path, role: str | None, *, replacing_with_folder: bool 
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path, role: str | None = None) -> Iterator[Path]:
-    """Yield a temporary sibling path for the caller to fill; on success rename it onto ``path``, on error delete it.
-
-    A folder gets a :data:`MARKER` naming ``role``; an existing folder at ``path`` is replaced only when its
-    marker names the same ``role`` (checked before the work and before the swap).
+    """Yield a temporary sibling path to fill; on success rename it onto ``path`` (a folder gets a :data:`MARKER`
+    naming ``role`` and replaces only a folder whose marker names the same), on error delete it.
 
     Raises:
-        OutputError: ``path`` is not ours to replace (:func:`refuse_foreign`), or a write failed for lack of space,
-            quota or permission (:func:`write_error`); nothing was renamed onto ``path``.
+        OutputError: ``path`` is not ours to replace, or a write failed for lack of space, quota or permission.
     """
     path = Path(path)
     refuse_foreign(path, role)

@@ -1,5 +1,4 @@
-"""MLflow runs, behind one small interface (models: :mod:`pipeline.inference.registry`). The store is
-``MLFLOW_TRACKING_URI`` (default ``sqlite:///<root>/.mlflow/mlflow.db``); no torch here."""
+"""MLflow runs behind one small interface; the store is ``MLFLOW_TRACKING_URI`` (default: ``<root>/.mlflow``)."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ def tracking_uri(root: str | Path = ".") -> str:
 
 @functools.lru_cache(maxsize=8)  # an answer is kept for the process; a failure is not (it raises)
 def require_server(uri: str, timeout_s: float = 5.0) -> None:
-    """Raise a one-line PipelineError at once when ``uri`` is an http(s) server whose ``/health`` gives no HTTP
-    answer (MLflow's client would retry for minutes); other stores pass."""
+    """Raise a one-line PipelineError at once when ``uri`` is an http(s) server whose ``/health`` is silent."""
     if not re.match(r"^https?://", uri):
         return
     import requests
@@ -87,8 +85,7 @@ def git_tags(root: str | Path = ".", *, temporary_params: bool = False) -> dict[
 
 
 class StageRun:
-    """A handle on one MLflow run, no-ops when tracking is off; a stage's handle opens its run on first use, so a
-    stage that logs nothing leaves no run behind."""
+    """A handle on one MLflow run, no-ops when tracking is off; a stage's handle opens its run on first use."""
 
     def __init__(self, client: Any = None, run_id: str | None = None,
                  opener: Callable[[str | None], tuple[Any, str]] | None = None) -> None:
@@ -200,8 +197,7 @@ def experiment_id(client: Any, root: str | Path) -> str:
 @contextlib.contextmanager
 def stage_run(stage: str, *, root: str | Path = ".", resume_run_id: str | None = None,
               active: bool = True, system_metrics: bool = False) -> Iterator[StageRun]:
-    """The MLflow run of one stage, opened on first use but dated from the start of the block; yields a
-    :class:`StageRun` (also :func:`current`), a no-op one when not ``active`` (non-zero ranks)."""
+    """One stage's :class:`StageRun`, opened on first use but dated from the block's start (no-op if not ``active``)."""
     if not (active and enabled()):
         handle = StageRun()
     else:

@@ -67,8 +67,7 @@ def load_yaml(path: str | Path, *, max_bytes: int = MAX_BYTES) -> Any:
 
     Raises:
         OSError: ``path`` cannot be read (FileNotFoundError: each caller says what to do about it).
-        ConfigError: too large, not UTF-8, not valid YAML, or holding an anchor or alias; one line naming the
-            file and, where known, the line and column.
+        ConfigError: too large, not UTF-8, not valid YAML, or with an anchor or alias (names file, line, column).
     """
     path = Path(path)
     with open(path, "rb") as fh:

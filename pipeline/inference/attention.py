@@ -1,8 +1,4 @@
-"""``nmt translate --attention-png``: one sentence's cross-attention as heatmaps, one panel per head.
-
-Lines, decoder layers and heads are numbered from 1. The options are checked before anything is decoded; a line
-from standard input is known only when it arrives (:class:`AttentionPick`).
-"""
+"""``nmt translate --attention-png``: one sentence's cross-attention as heatmaps, one panel per head (from 1)."""
 
 from __future__ import annotations
 
@@ -49,8 +45,7 @@ def check_attention_layer(layer: int | None, n_layers: int) -> int:
 
 
 def attention_figure(translator: Translator, source: Sequence[int], hyp: Sequence[int], layer: int | None) -> Any:
-    """A matplotlib ``Figure`` of decoder layer ``layer``'s cross-attention (1-based; None: the last), one panel
-    per head: rows the target pieces the decoder predicts (then ``</s>``), columns the source pieces."""
+    """Decoder layer ``layer``'s cross-attention (1-based; None: the last) as a Figure, one panel per head."""
     import torch
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -92,8 +87,7 @@ def plot_cross_attention(translator: Translator, source: Sequence[int], hyp: Seq
 
 @dataclass
 class AttentionPick:
-    """The line whose attention ``--attention-png`` draws (``wanted``, or the first non-empty one), caught as the
-    chunks go by."""
+    """The line ``--attention-png`` draws (``wanted``, or the first non-empty one), caught as chunks go by."""
 
     wanted: int | None
     number: int | None = None
@@ -120,8 +114,7 @@ class AttentionPick:
 
 
 def check_attention_line(raw: Sequence[bytes], wanted: int | None, path: str) -> None:
-    """Refuse an ``--attention-line`` that an ``--input`` file (its byte lines ``raw``) does not have or that is
-    empty, or a file without a non-empty line to draw."""
+    """Refuse an ``--attention-line`` that ``raw`` lacks or that is empty, or input without a non-empty line."""
     from pipeline.data.normalize import normalize
 
     def text(number: int) -> str:

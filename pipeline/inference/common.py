@@ -1,6 +1,4 @@
-"""What the torch and CTranslate2 engines share, importing neither: ``--device`` values, model sources and
-detokenising. ``nmt translate --engine ctranslate2`` runs on these without importing torch.
-"""
+"""What the torch and CTranslate2 engines share, importing neither: ``--device`` values, sources, detokenising."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ def parse_device(spec: str, option: str = "--device") -> tuple[str, int | None]:
 
 def check_cuda(spec: str, index: int | None, count: int, *, option: str = "--device", library: str = "torch",
                probe: str = "torch.cuda.is_available() is False") -> None:
-    """Refuse a CUDA device this machine does not have (``count`` devices that ``library`` sees, ``probe`` the
-    call that said none), naming ``option``."""
+    """Refuse a CUDA device this machine lacks (``count``: the devices ``library`` sees), naming ``option``."""
     if count < 1:
         raise PipelineError(f"{option} {spec}: this {library} build sees no CUDA device ({probe}); "
                             f"use {option} cpu or leave {option} out")
@@ -45,6 +42,5 @@ def prepare_source(ids: Sequence[int], config: TransformerConfig) -> tuple[list[
 
 
 def detokenize(sp: Any, hyps: Sequence[Sequence[int]]) -> list[str]:
-    """SentencePiece ids → text with ``sp`` (a SentencePieceProcessor), one line per hypothesis (``[]`` → ``""``;
-    never a line break inside)."""
+    """SentencePiece ids → text with ``sp``, one line per hypothesis (``[]`` → ``""``)."""
     return [sp.decode([int(t) for t in h]).replace("\n", " ") if h else "" for h in hyps]

@@ -1,13 +1,7 @@
 """CTranslate2 (https://opennmt.net/CTranslate2/): export an ``averaged.pt`` and translate with the export.
 
-The export builds the model through CTranslate2's Python spec API, as its own fairseq and OpenNMT-py converters
-do, and adds ``spm.model``, ``nmt_model.json`` (our ``TransformerConfig``) and last ``nmt_sha256.json``
-(:mod:`pipeline.inference.digest`), checked before CTranslate2 reads anything. It is written atomically and
-replaces only a folder an earlier export wrote.
-
-Decoding: sources are prepared as for the torch engine, and sentences with one max length floor(a·S + b) go to
-CTranslate2 as one asynchronous ``translate_batch``. Its length penalty is length^α, not GNMT's, so outputs
-match the torch engine's only at α = 0, and then for nearly every sentence (``benchmarks/decode.py``).
+The export carries a digest (:mod:`pipeline.inference.digest`) checked before CTranslate2 reads anything. Its length
+penalty is length^α, not GNMT's, so outputs match the torch engine's only at α = 0 (``benchmarks/decode.py``).
 """
 
 from __future__ import annotations

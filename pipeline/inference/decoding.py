@@ -1,7 +1,5 @@
-"""Decoding around ``model.beam_search`` for ``evaluate`` and ``nmt translate``: the model file, length-sorted
-batches of at most ``max_tokens`` padded source tokens, and one search per beam size re-ranked for every α (the
-finished set does not depend on α: ``model/beam.py``).
-"""
+"""Decoding around ``model.beam_search``: length-sorted batches of at most ``max_tokens`` padded source tokens,
+one search per beam size re-ranked for every α (the finished set does not depend on α: ``model/beam.py``)."""
 
 from __future__ import annotations
 
@@ -38,8 +36,7 @@ class Translator:
 
 
 def resolve_device(spec: str | None, option: str = "--device") -> torch.device:
-    """The torch device a ``--device`` value names (None: CUDA when available, else CPU), checked against this
-    machine before any model is loaded (a PipelineError naming ``option``)."""
+    """The torch device a ``--device`` value names (None: CUDA if available), checked before any model loads."""
     if spec is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     kind, index = parse_device(spec, option)
@@ -92,11 +89,7 @@ def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> torch.Tens
 
 def plan_searches(translator: Translator, sources: Sequence[Sequence[int]], *, beam_size: int, max_len_a: float,
                   max_len_b: float, max_tokens: int) -> list[Job]:
-    """The searches :func:`decode_sources` runs, in order: one :data:`Job` each, none for empty sources.
-
-    Sentences whose length limit floor(a·S + b) would pass the position table search apart, with the limit
-    ``max_positions``.
-    """
+    """The :data:`Job` list :func:`decode_sources` runs; long sentences search apart, limited to ``max_positions``."""
     cfg = translator.config
     lengths = [len(s) for s in sources]
     capped = [max_length(n, max_len_a, max_len_b) > cfg.max_positions for n in lengths]
@@ -110,12 +103,8 @@ def decode_sources(
     translator: Translator, sources: Sequence[Sequence[int]], *, beam_size: int, alphas: Sequence[float],
     max_len_a: float, max_len_b: float, max_tokens: int, label: str = "decode",
 ) -> dict[float, list[list[int]]]:
-    """Beam-search every model source (ids + EOS, ``[]`` for an empty sentence) once and re-rank for each α,
-    logging progress (``label``) every 10 s and at the end.
-
-    Returns:
-        ``{alpha: hypotheses}``: per α, per sentence in input order, the ids without BOS/EOS.
-    """
+    """``{alpha: hypotheses}`` of every model source (ids + EOS, ``[]``: empty), searched once, re-ranked per α:
+    per sentence in input order, the ids without BOS/EOS; logs progress (``label``) every 10 s."""
     out = {float(a): [[] for _ in sources] for a in alphas}
     jobs = plan_searches(translator, sources, beam_size=beam_size, max_len_a=max_len_a, max_len_b=max_len_b,
                          max_tokens=max_tokens)

@@ -1,8 +1,4 @@
-"""A folder's digest: the byte size and sha256 of every file in it, written beside them and checked before use.
-
-The check is strict: a missing digest, an unlisted file, a missing file or an entry without ``bytes`` or
-``sha256`` is an error, so deleting or renaming one key never turns the check off.
-"""
+"""A folder's digest: size and sha256 of every file, written beside them and checked strictly (no key optional)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The evaluate stage's work: its inputs checked, the (beam, α) grid on valid, scored decodes.
-
-Hypotheses are detokenised with the model's own SentencePiece model and scored against the untouched
-``<paths.raw>/{valid,test}.de`` (:mod:`pipeline.inference.scoring`); every line is kept, an empty source gives
-an empty hypothesis line. Both models also get the valid set's teacher-forced perplexity (:func:`perplexity`).
-"""
+"""The evaluate stage's work: its inputs checked, the (beam, α) grid on valid, scored decodes and perplexity,
+every hypothesis scored against the untouched ``<paths.raw>/{valid,test}.de`` (:mod:`pipeline.inference.scoring`)."""
 
 from __future__ import annotations
 
@@ -88,10 +84,7 @@ class GridEntry(TypedDict):
 
 def choose_on_valid(cfg: EvaluateConfig, translator: Translator, sources: list[list[int]],
                     refs: list[str]) -> tuple[list[GridEntry], GridEntry, list[str]]:
-    """Decode valid once per beam size, rank every α; returns (grid, chosen entry, chosen hypotheses).
-
-    The chosen entry has the highest valid BLEU; ties go to the earlier grid entry (params order).
-    """
+    """Decode valid once per beam size, rank every α: (grid, best valid BLEU entry (earliest on ties), its hyps)."""
     grid: list[GridEntry] = []
     best: tuple[float, GridEntry, list[str]] | None = None
     for beam in cfg.beam_sizes:
@@ -134,8 +127,7 @@ def decode_and_score(cfg: EvaluateConfig, translator: Translator, data: EvalSet,
 
 def evaluate_averaged(cfg: EvaluateConfig, translator: Translator, valid: EvalSet, test: EvalSet,
                       hyp_paths: dict[str, Path]) -> dict[str, Any]:
-    """The grid on valid, test at the chosen (beam, α); writes ``hyp_paths["valid"]`` and ``["test"]``; returns
-    ``valid`` and ``test`` (every figure and signature), ``grid``, ``chosen`` and ``device``."""
+    """The grid on valid, test at the chosen (beam, α), hypotheses written to ``hyp_paths``; returns all figures."""
     grid, chosen, valid_text = choose_on_valid(cfg, translator, valid.sources, valid.refs)
     beam, alpha = chosen["beam"], chosen["alpha"]
     write_lines(hyp_paths["valid"], valid_text)
@@ -151,14 +143,11 @@ def evaluate_averaged(cfg: EvaluateConfig, translator: Translator, valid: EvalSe
 def perplexity(model: Transformer, shards: ShardSet, *, max_tokens: int) -> dict[str, float]:
     """Per-token NLL and perplexity of ``model`` on every pair of ``shards`` that fits the model.
 
-    The paper's Table 3 reports perplexity "per-wordpiece": the NLL of every non-pad target token (the pieces and
-    EOS) summed over the split, ``ppl = exp(sum / tokens)``. Batches are planned as training's validation plans
-    them (``max_tokens`` padded tokens); padding never enters the sums. The model runs where its parameters are,
-    in eval mode (restored afterwards), under :func:`model.autocast`.
+    The paper's Table 3 "per-wordpiece" perplexity: every non-pad target token (pieces and EOS), ``ppl = exp(sum /
+    tokens)``; batches as training's validation plans them, eval mode (restored after), :func:`model.autocast`.
 
     Returns:
-        ``{"nll": mean NLL per target token (nats), "ppl": exp(nll), "tokens": target tokens scored,
-        "sentences": pairs scored, "skipped": pairs longer than max_positions}``; none scored is a DataError.
+        ``{"nll" (nats per token), "ppl", "tokens", "sentences", "skipped"}``; none scored is a DataError.
     """
     cfg = model.cfg
     device = next(model.parameters()).device
@@ -207,8 +196,7 @@ def newest_checkpoint(train_dir: str | Path) -> tuple[int, Path]:
 
 
 def checkpoint_translator(folder: Path, spm_model: str | Path) -> Translator:
-    """A training checkpoint folder and the run's BPE model as a :class:`Translator` in eval mode on the CPU,
-    built as ``averaged.pt``'s model is.
+    """A training checkpoint folder and the run's BPE model as a :class:`Translator` in eval mode on the CPU.
 
     Raises:
         CheckpointError: an incomplete or unreadable checkpoint, or one that does not fit the BPE model.

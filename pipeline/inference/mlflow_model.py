@@ -1,14 +1,7 @@
-"""The MLflow pyfunc translator, logged "from code" by the ``register`` stage.
-
-MLflow executes this file as a fresh module when the model is logged and whenever it is loaded; the last line
-hands it the model object, so it imports mlflow itself and nothing in the pipeline imports it.
-
-Artifacts: ``averaged`` (``averaged.pt``, which embeds the SentencePiece model), ``spm`` and, with
-``NMT_REGISTER_CTRANSLATE2``, ``ctranslate2`` (an export). The model config holds the decoding defaults the
-evaluate stage chose; a request may override :data:`REQUEST_PARAMS`. Lines in, one translation per line out,
-exactly as ``nmt translate`` gives them. A request out of bounds (lines, characters, a non-string, beam, α) is
-refused before decoding with ``INVALID_PARAMETER_VALUE`` naming the field: HTTP 400 from ``mlflow models serve``.
-"""
+"""The MLflow pyfunc translator, logged "from code" by the ``register`` stage: MLflow executes this file as a fresh
+module when the model is logged or loaded, so it imports mlflow itself and nothing in the pipeline imports it.
+Lines in, one translation per line out, as ``nmt translate`` gives them; a request out of bounds is refused before
+decoding with ``INVALID_PARAMETER_VALUE`` naming the field (HTTP 400 from ``mlflow models serve``)."""
 
 import logging
 import math
@@ -30,8 +23,7 @@ REQUEST_PARAMS = ("beam_size", "alpha", "engine")
 #: The most source lines one request may hold: a request is decoded whole, and the scoring server gives up on
 #: it after MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT (60 s) while the decode goes on.
 MAX_REQUEST_LINES = 256
-#: The most characters of one source line: the model reads at most ``max_positions`` tokens of it (the rest is
-#: cut), so a longer line only costs normalisation and BPE time.
+#: The most characters of one source line: the model reads at most ``max_positions`` tokens of it anyway.
 MAX_LINE_CHARS = 10_000
 #: The largest length-penalty exponent a request may ask for: the paper uses 0.6, and ((5 + n) / 6)^alpha
 #: overflows a float at alpha ~ 138 for n = 1024 tokens.
@@ -46,8 +38,7 @@ def invalid(message: str) -> MlflowException:
 
 
 def source_lines(model_input: Any) -> list[str]:
-    """The source sentences of a pyfunc input (a DataFrame's ``src`` or only column, a Series, a list, a string),
-    in order, each checked to be a string of at most :data:`MAX_LINE_CHARS` characters."""
+    """The lines of a pyfunc input (DataFrame, Series, list, string), each a string of ≤ :data:`MAX_LINE_CHARS`."""
     if isinstance(model_input, str):
         model_input = [model_input]
     if isinstance(model_input, pd.DataFrame):

@@ -1,8 +1,4 @@
-"""The register stage's MLflow work: the averaged model logged as the pyfunc of
-:mod:`pipeline.inference.mlflow_model` with the :data:`CODE_PACKAGES` sources (so it loads anywhere), its
-lineage, and sacreBLEU's paired bootstrap (seed ``$SACREBLEU_SEED`` or 12345) of the new model's test hypotheses
-against those the ``candidate`` holder's run kept under ``hyps/``.
-"""
+"""The register stage's MLflow work: the pyfunc with its lineage, and the paired bootstrap against the candidate."""
 
 from __future__ import annotations
 
@@ -37,8 +33,7 @@ MODEL_FILE = Path(__file__).resolve().with_name("mlflow_model.py")
 #: what the served model imports (versions pinned from this environment).
 REQUIREMENTS = ("mlflow", "torch", "sentencepiece", "numpy", "pandas", "pyyaml", "ctranslate2")
 SPLITS = ("valid", "test")
-#: Packages copied whole into the logged model (so it loads outside this checkout): all of their
-#: files are the register stage's code deps.
+#: Packages copied whole into the logged model (so it loads anywhere): their files are register's code deps.
 CODE_PACKAGES = ("pipeline", "model")
 
 
@@ -85,8 +80,7 @@ def read_evaluation(path: str | Path) -> Evaluation:
     """The figures register needs from evaluate's ``evaluate.details.json``.
 
     Raises:
-        PipelineError/DataError: missing file, bad JSON, a missing key or one of the wrong type (named, with the
-            remedy).
+        PipelineError/DataError: missing file, bad JSON, a missing or mistyped key (named, with the remedy).
     """
     report = EvaluateDetails.from_json(read_json(path), str(path))
     needed = {"valid.bleu": report.valid.bleu, "test.bleu": report.test.bleu, "chosen.beam": report.chosen.beam,
@@ -126,11 +120,8 @@ def gather_inputs(model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Pa
 
 
 def dvc_datasets(lock_path: str | Path, wanted: dict[str, tuple[str, str]]) -> list[dict[str, str]]:
-    """One ``{"name", "digest" (DVC md5), "source", "context"}`` per ``wanted`` dataset found in ``dvc.lock``.
-
-    ``wanted`` maps a dataset name to (out path as in dvc.yaml, MLflow context such as ``training``); a missing
-    ``dvc.lock`` gives none, with a warning. Raises DataError when ``dvc.lock`` is not valid YAML.
-    """
+    """One ``{"name", "digest" (DVC md5), "source", "context"}`` per ``wanted`` dataset (name → (dvc.yaml out path,
+    MLflow context)) in ``dvc.lock`` (none, with a warning, without one; DataError when it is not valid YAML)."""
     lock_path = Path(lock_path)
     if not lock_path.is_file():
         log.warning("%s not found: dataset inputs are not recorded (run the pipeline with dvc repro)", lock_path)
@@ -163,11 +154,8 @@ def dvc_datasets(lock_path: str | Path, wanted: dict[str, tuple[str, str]]) -> l
 
 def paired_bootstrap(new_hyps: list[str], candidate_hyps: list[str], refs: list[str],
                      n_samples: int = BOOTSTRAP_SAMPLES) -> Bootstrap:
-    """sacreBLEU's paired bootstrap resampling (BLEU 13a cased), the candidate as baseline.
-
-    Returns:
-        Both BLEUs with their bootstrap means and confidence intervals; ``p_value`` is the probability of a
-        BLEU difference at least this large arising by chance.
+    """sacreBLEU's paired bootstrap (BLEU 13a cased, the candidate as baseline): both BLEUs, their bootstrap means
+    and confidence intervals, and ``p_value``, the chance of a BLEU difference at least this large.
 
     Raises:
         DataError: the three line lists differ in length.
@@ -233,8 +221,7 @@ def _code_copies(work: Path) -> list[str]:
 
 def log_model(run: tracking.StageRun, cfg: EvaluateConfig, inputs: Inputs, name: str, work: Path,
               root: str | Path) -> LoggedModel:
-    """Log and register the pyfunc translator (with a CTranslate2 export when ``NMT_REGISTER_CTRANSLATE2`` asks
-    for one)."""
+    """Log and register the pyfunc translator (with a CTranslate2 export if ``NMT_REGISTER_CTRANSLATE2`` asks)."""
     spm_path = work / "spm.model"
     spm_path.write_bytes(model_file.load(inputs.averaged, mmap=True).spm)
     chosen = inputs.evaluation

@@ -1,7 +1,4 @@
-"""MLflow's logged and registered models and a run's dataset inputs, for the ``register`` stage.
-
-Runs themselves are :mod:`pipeline.core.tracking`'s. The register stage calls these only with tracking on.
-"""
+"""MLflow's logged and registered models and a run's dataset inputs, for the ``register`` stage (tracking on)."""
 
 from __future__ import annotations
 
@@ -38,8 +35,7 @@ class LoggedModel:
 
 @contextlib.contextmanager
 def _fluent_tracking_uri(uri: str) -> Iterator[None]:
-    """Point MLflow's fluent API at ``uri`` for a block; restore its URI and ``MLFLOW_TRACKING_URI`` after
-    (``mlflow.set_tracking_uri`` also writes the variable, and unsets it when restoring None)."""
+    """Point MLflow's fluent API at ``uri`` for a block, restoring its URI and ``MLFLOW_TRACKING_URI`` after."""
     import mlflow
     from mlflow.tracking._tracking_service import utils
 
@@ -63,12 +59,8 @@ def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict
                      root: str | Path = ".") -> LoggedModel | None:
     """Log a models-from-code pyfunc (one column in, one string per row out) into ``run``; maybe register it.
 
-    ``python_model`` is the file MLflow executes, ``params`` the inference params with their defaults (part of
-    the signature); the other arguments are ``mlflow.pyfunc.log_model``'s. ``pip_requirements`` are given so
-    MLflow does not load the model to infer them.
-
-    Returns:
-        The logged (and maybe registered) model, or None when off.
+    ``params``: the inference params with their defaults (part of the signature); the rest are
+    ``mlflow.pyfunc.log_model``'s. Returns the logged (and maybe registered) model, or None when off.
     """
     if run.run_id is None:
         return None

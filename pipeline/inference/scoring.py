@@ -1,10 +1,5 @@
-"""BLEU and chrF against untouched references: sacreBLEU's figures plus the paper's tokenized BLEU.
-
-sacreBLEU gives the shareable numbers, each with its signature: BLEU 13a cased (the primary figure), 13a
-lowercased, intl cased, intl lowercased, chrF2. The paper's 27.3 came from tensor2tensor's ``get_ende_bleu.sh``
-(Moses punctuation replacement and tokenizer, the "ATAT" compound split, multi-bleu.perl);
-:data:`TOKENIZED_METRIC` repeats that chain on both sides, and docs/paper-bleu.md says step by step how and why.
-"""
+"""BLEU and chrF against untouched references: sacreBLEU's figures (BLEU 13a cased first) plus the paper's tokenized
+BLEU, which repeats tensor2tensor's ``get_ende_bleu.sh`` on both sides (docs/paper-bleu.md says how and why)."""
 
 from __future__ import annotations
 
@@ -94,8 +89,7 @@ def replace_unicode_punctuation(text: str) -> str:
 def compound_split(text: str) -> str:
     """Split hyphenated compounds exactly as t2t's ``get_ende_bleu.sh`` does, on the UTF-8 bytes as Perl does.
 
-    Matches do not overlap, so the byte after a split hyphen cannot start the next one; any non-space byte
-    counts, punctuation and a no-break space included (``x--y`` → ``x ##AT##-##AT## -y``).
+    Matches do not overlap and any non-space byte counts (``x--y`` → ``x ##AT##-##AT## -y``).
 
     >>> compound_split("E-Mail-Adresse")
     'E ##AT##-##AT## Mail ##AT##-##AT## Adresse'
@@ -132,9 +126,7 @@ def score_corpus(hyps: Sequence[str], refs: Sequence[str], lang: str = "de") -> 
     """Corpus scores of detokenised ``hyps`` against the untouched ``refs`` (one per line), ``lang`` the target.
 
     Returns:
-        ``{key: score for key in METRIC_KEYS, "signatures": {key: sacreBLEU signature},
-        "verbose": {key: sacreBLEU's one-line detail}}``; :data:`TOKENIZED_METRIC`'s signature names the
-        ``get_ende_bleu.sh`` steps before sacreBLEU's own.
+        ``{key: score for key in METRIC_KEYS, "signatures": {key: signature}, "verbose": {key: detail line}}``.
 
     Raises:
         DataError: different numbers of lines.

@@ -1,10 +1,5 @@
-"""``nmt translate``: one sentence per line from stdin or a file into translations, with one model file.
-
-The input gets the training text's normalisation; invalid UTF-8 and NUL bytes are replaced (U+FFFD) and an
-overlong sentence truncated, each with a warning naming the lines. Standard input is read as fairseq-interactive
-reads it (what has arrived is translated and flushed). Every option is checked before any decoding, and with
-``--engine ctranslate2`` torch is never imported.
-"""
+"""``nmt translate``: one sentence per line from stdin or a file into translations, with one model file; standard
+input is read as fairseq-interactive reads it, and with ``--engine ctranslate2`` torch is never imported."""
 
 from __future__ import annotations
 
@@ -53,10 +48,8 @@ def decode_lines(raw: Sequence[bytes], first: int = 1) -> tuple[list[str], list[
 
 
 def stream_chunks(fd: int, max_lines: int = STREAM_LINES) -> Iterator[list[bytes]]:
-    """The lines of file descriptor ``fd`` in chunks: what has arrived when no more is ready, at most ``max_lines``.
-
-    ``os.read`` on the descriptor itself: a Python buffered reader could hide lines from ``select``.
-    """
+    """The lines of ``fd`` in chunks (what has arrived when no more is ready, at most ``max_lines``), read with
+    ``os.read``: a Python buffered reader could hide lines from ``select``."""
     pending: list[bytes] = []
     partial = b""
     while data := os.read(fd, 1 << 16):
@@ -80,8 +73,7 @@ def _which(numbers: Sequence[int], limit: int = 10) -> str:
 
 
 def prepare_lines(translator: Translator | Ct2Translator, lines: Sequence[str]) -> tuple[list[list[int]], list[int]]:
-    """Raw lines → (model sources: normalised like training text, BPE, EOS, cut to ``max_positions``, ``[]`` for
-    an empty line; 1-based numbers of the truncated lines)."""
+    """Raw lines → (model sources as for training text, cut to ``max_positions``; 1-based truncated line numbers)."""
     from pipeline.data.normalize import normalize
 
     sources, truncated = [], []
@@ -98,8 +90,7 @@ def prepare_lines(translator: Translator | Ct2Translator, lines: Sequence[str]) 
 def translate_lines(translator: Translator | Ct2Translator, lines: Sequence[str], *, beam_size: int = 4,
                     alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: float = 50,
                     max_tokens: int = 8192) -> tuple[list[str], list[list[int]], list[list[int]], list[int]]:
-    """Translate raw lines with either engine: (translations, model sources, hypothesis ids, 1-based numbers of
-    truncated lines)."""
+    """Translate raw lines with either engine: (translations, sources, hypothesis ids, truncated line numbers)."""
     from pipeline.inference import ct2
 
     sources, truncated = prepare_lines(translator, lines)
@@ -161,11 +152,7 @@ def _load(args: argparse.Namespace) -> Translator | Ct2Translator:
 
 def translate_chunks(translator: Translator | Ct2Translator, chunks: Iterable[Sequence[bytes]],
                      emit: Callable[[list[str]], Any], *, pick: AttentionPick | None = None, **settings: Any) -> int:
-    """Translate chunks of byte lines in order, handing each chunk's translations to ``emit`` before reading on.
-
-    Warnings name lines by their number in the whole input; ``settings`` are :func:`translate_lines`'s keyword
-    arguments. Returns the number of lines.
-    """
+    """Translate byte-line chunks in order, handing each chunk's translations to ``emit`` before reading on."""
     first = 1
     for raw in chunks:
         lines, bad = decode_lines(raw, first)
