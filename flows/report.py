@@ -72,10 +72,10 @@ def bleu_table(bleu: EvaluateDetails) -> list[str]:
     """Markdown rows from ``evaluate.details.json``: every scored figure per set with its sacreBLEU signature."""
     rows = ["| set | metric | score | signature |", "|---|---|---:|---|"]
     for name, figures in (("valid", bleu.valid), ("test", bleu.test)):
-        scores = figures.scores()
+        scores = {**figures.extra, **figures.scores()}  # a signed score the record does not name is kept too
         for key in list(figures.signatures) or ["bleu"]:
             value = scores.get(key)
-            if value is not None:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
                 rows.append(f"| {name} | {_cell(key)} | {value:.2f} | `{_cell(figures.signatures.get(key, ''))}` |")
     if len(rows) == 2:
         return []
