@@ -4,9 +4,10 @@
     python benchmarks/gpu.py news --data data/gpu            # here: the news chain's data from the shared folder
     python benchmarks/gpu.py check|multi30k --data data/gpu --out OUT   # on the GPU machine (carry data/gpu)
     python benchmarks/gpu.py parts --out OUT                            # on the GPU machine
+    python benchmarks/gpu.py speed --data data/gpu --out OUT    # on the GPU machine: the stage's step, the losses
 
-``check`` and ``multi30k`` rewrite ``OUT/gpu_<command>.json`` and ``OUT/logs.tar.gz`` after every step, so what
-finished comes back even if a later step hangs; a step with less left of ``--budget-s`` than it needs is skipped.
+``check``, ``multi30k`` and ``speed`` rewrite ``OUT/gpu_<command>.json`` and ``OUT/logs.tar.gz`` after every step, so
+what finished comes back even if a later step hangs; a step with less left of ``--budget-s`` than it needs is skipped.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import REPO, setup_logging, write_json, write_params  # noqa: E402
-from benchmarks.gpu_steps import check, multi30k  # noqa: E402
+from benchmarks.gpu_steps import check, multi30k, speed  # noqa: E402
 from benchmarks.gpu_steps.runner import Runner, params_for, step_env  # noqa: E402
 
 
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     r.results["commit"] = args.commit
     r.save("env", step_env())
     steps = (check.steps(r, args.data, args.profiles, args.modes, args.dry_run) if args.command == "check" else
+             speed.steps(r, args.data, args.dry_run) if args.command == "speed" else
              multi30k.steps(r, args.data, args.chains, args.dry_run))
     r.run_steps(steps, args.steps, args.dry_run)
     return 0
@@ -55,12 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--mirror", type=Path, default=REPO.parent / "shared" / "data", help="the shared data folder")
     a.add_argument("--dry-run", action="store_true", help="a 200-piece BPE, for the tests' small mirror")
     for name, steps in (("check", ["tiny", "demo", "pytest", "precision", "determinism", "attention"]),
-                        ("multi30k", ["sweep", "newstest"])):
+                        ("multi30k", ["sweep", "newstest"]), ("speed", ["stage", "loss", "stage-eager", "bench"])):
         a = sub.add_parser(name, parents=[data], help=f"the {name} steps on the GPU")
         a.add_argument("--out", type=Path, required=True)
         a.add_argument("--work", type=Path, default=Path(f"/tmp/gpu_{name}"), help="runs and logs (%(default)s)")
         a.add_argument("--dry-run", action="store_true", help="CPU, a few steps: checks this script")
-        a.add_argument("--steps", nargs="*", choices=[*steps, "throughput"], help="a subset of the steps, in order")
+        extra = ["throughput"] if name != "speed" else []
+        a.add_argument("--steps", nargs="*", choices=[*steps, *extra], help="a subset of the steps, in order")
         a.add_argument("--budget-s", type=float, help="the whole run's seconds (default: 540; a dry run 3600)")
         a.add_argument("--commit", default="", help="recorded in the JSON")
     a = sub.choices["check"]
