@@ -26,12 +26,17 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
 	touch $@
 
+# Two pytest-xdist workers (TEST_WORKERS=0: one process). Each file's tests run on one worker, so a module's
+# fixtures are built once; the files holding slow tests are handed out first (tests/conftest.py).
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(PYTEST) tests
 
 # The everyday loop: every test not marked slow (the slow ones build pipelines, run torchrun or serve models).
 test-quick: install
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 # The main job: the whole DAG on the demo profile through the Prefect flow (temporary Prefect server,
 # MLflow in ./.mlflow, no servers to start). params.yaml holds `demo` for the run only: the flow puts the tracked

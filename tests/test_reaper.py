@@ -1,4 +1,5 @@
-"""Interrupting pytest (SIGTERM, Ctrl-C) leaves no process a test started behind (tests/helpers/reaper.py)."""
+"""Interrupting pytest (SIGTERM, Ctrl-C) leaves no process a test started behind (tests/helpers/reaper.py), also
+with pytest-xdist's workers (``make test``)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from tests.helpers.paths import REPO
 from tests.helpers.reaper import MARK
 
 INNER = '''
-import subprocess, time
+import os, subprocess, time
 from pathlib import Path
 
 def test_starts_a_detached_process_and_hangs(tmp_path):
     proc = subprocess.Popen(["sleep", "300"], start_new_session=True)  # out of pytest's process group
-    Path({pidfile!r}).write_text(str(proc.pid))
+    Path({pidfile!r} + ".tmp").write_text(f"{{proc.pid}} {{os.getpid()}}")  # and the (worker) process running it
+    os.replace({pidfile!r} + ".tmp", {pidfile!r})
     time.sleep(300)
 '''
 
@@ -33,24 +35,29 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_an_interrupted_session_leaves_no_process_behind(tmp_path: Path, sig: signal.Signals) -> None:
+@pytest.mark.parametrize(("sig", "workers"), [(signal.SIGTERM, 0), (signal.SIGINT, 0), (signal.SIGTERM, 2),
+                                            (signal.SIGINT, 2)], ids=["sigterm", "ctrl-c", "sigterm-xdist", "ctrl-c-xdist"])
+def test_an_interrupted_session_leaves_no_process_behind(tmp_path: Path, sig: signal.Signals, workers: int) -> None:
     pidfile = tmp_path / "pid"
     (tmp_path / "test_inner.py").write_text(INNER.format(pidfile=str(pidfile)), encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k != MARK}  # the inner session is a session of its own
     env["PYTHONPATH"] = str(REPO)
     inner = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-                              "tests.helpers.reaper", str(tmp_path / "test_inner.py")], cwd=tmp_path, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                              "tests.helpers.reaper", "-n", str(workers), str(tmp_path / "test_inner.py")],
+                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)
     deadline = time.monotonic() + 60
     while not pidfile.is_file() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert pidfile.is_file(), inner.communicate(timeout=30)[0]
-    sleeper = int(pidfile.read_text())
-    assert _alive(sleeper)
-    inner.send_signal(sig)
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert all(map(_alive, pids))
+    if sig == signal.SIGINT:
+        os.killpg(inner.pid, sig)  # Ctrl-C in a terminal: the foreground process group (pytest and its workers)
+    else:
+        inner.send_signal(sig)  # `kill PID`: pytest alone
     inner.communicate(timeout=60)
     deadline = time.monotonic() + 10
-    while _alive(sleeper) and time.monotonic() < deadline:
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(sleeper), "the detached process outlived the interrupted session"
+    assert not any(map(_alive, pids)), "a process of the test outlived the interrupted session"
