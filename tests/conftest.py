@@ -66,22 +66,22 @@ def prefect_harness() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def eval_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The evaluate stage's world: averaged.pt + clean/raw text + shards encoded by the real encode stage.
 
-    Built once per test module that asks for it (test_evaluate, test_bad_input).
+    Built once per session (test_evaluate, test_bad_input): read it, or change a copy.
     """
     from tests.helpers.eval_world import build_eval_world
 
     return build_eval_world(tmp_path_factory.mktemp("eval"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def audit_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A complete tiny-profile workspace produced by the real stages (~10 s), with a stand-in dvc.lock.
 
-    Built once per test module that asks for it (test_audit, test_audit_replay).
+    Built once per session (test_audit, test_audit_replay): read it, or change a copy.
     """
     from tests.helpers.audit_world import build_audit_world
 
