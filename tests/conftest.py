@@ -89,7 +89,7 @@ def audit_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_built(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
     """The tiny project after a whole ``dvc repro`` (``tests/helpers/tinyproject.py``), built once per run: under
     pytest-xdist the workers share it. Its project folder is ``tiny_built / "project"``: read it, or change a copy
     (``copy_built``) with ``built_env(tiny_built)`` set.
@@ -97,14 +97,14 @@ def tiny_built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.helpers.tinyproject import built_once
 
     base = tmp_path_factory.getbasetemp()
-    return built_once((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "tiny-built")
+    return built_once((base.parent if hasattr(request.config, "workerinput") else base) / "tiny-built")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip ``gpu``-marked tests when CUDA is not available; under pytest-xdist, put the files that hold a ``slow``
     test first (``make test`` hands out whole files in this order: the long ones start first, the short ones fill
     in at the end)."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if hasattr(config, "workerinput"):  # an xdist worker
         slow = {item.path for item in items if item.get_closest_marker("slow")}
         items.sort(key=lambda item: item.path not in slow)  # stable: a file's tests keep their order
     try:

@@ -35,8 +35,10 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.parametrize(("sig", "workers"), [(signal.SIGTERM, 0), (signal.SIGINT, 0), (signal.SIGTERM, 2),
-                                            (signal.SIGINT, 2)], ids=["sigterm", "ctrl-c", "sigterm-xdist", "ctrl-c-xdist"])
+@pytest.mark.parametrize(("sig", "workers"), [
+    pytest.param(signal.SIGTERM, 0, id="sigterm"), pytest.param(signal.SIGINT, 0, id="ctrl-c"),
+    pytest.param(signal.SIGTERM, 2, id="sigterm-xdist", marks=pytest.mark.slow),  # two workers to start and end
+    pytest.param(signal.SIGINT, 2, id="ctrl-c-xdist", marks=pytest.mark.slow)])
 def test_an_interrupted_session_leaves_no_process_behind(tmp_path: Path, sig: signal.Signals, workers: int) -> None:
     pidfile = tmp_path / "pid"
     (tmp_path / "test_inner.py").write_text(INNER.format(pidfile=str(pidfile)), encoding="utf-8")

@@ -43,6 +43,7 @@ def test_missing_files_and_odd_values_are_left_out() -> None:
     assert headline_metrics(odd, {"step": None}) == {"test_bleu": 20.0}
 
 
+@pytest.mark.slow
 def test_a_reopened_variant_run_is_continued_not_duplicated(tmp_path: Path, mlflow_sqlite: str) -> None:
     """A resumed sweep variant finds the run its interrupted try opened under the sweep's run and continues it."""
     from mlflow.tracking import MlflowClient
@@ -72,6 +73,7 @@ def test_a_reopened_variant_run_is_continued_not_duplicated(tmp_path: Path, mlfl
         assert new.run_id != "0" * 32
 
 
+@pytest.mark.slow
 def test_a_killed_flows_parent_run_is_ended_when_the_next_run_starts(tmp_path: Path, mlflow_sqlite: str) -> None:
     from mlflow.tracking import MlflowClient
 
