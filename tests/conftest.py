@@ -66,33 +66,45 @@ def prefect_harness() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def eval_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The evaluate stage's world: averaged.pt + clean/raw text + shards encoded by the real encode stage.
 
-    Built once per test module that asks for it (test_evaluate, test_bad_input).
+    Built once per session (test_evaluate, test_bad_input): read it, or change a copy.
     """
     from tests.helpers.eval_world import build_eval_world
 
     return build_eval_world(tmp_path_factory.mktemp("eval"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def audit_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A complete tiny-profile workspace produced by the real stages (~10 s), with a stand-in dvc.lock.
 
-    Built once per test module that asks for it (test_audit, test_audit_replay).
+    Built once per session (test_audit, test_audit_replay): read it, or change a copy.
     """
     from tests.helpers.audit_world import build_audit_world
 
     return build_audit_world(tmp_path_factory.mktemp("audit-world"))
 
 
+@pytest.fixture(scope="session")
+def tiny_built(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """The tiny project after a whole ``dvc repro`` (``tests/helpers/tinyproject.py``), built once per run: under
+    pytest-xdist the workers share it. Its project folder is ``tiny_built / "project"``: read it, or change a copy
+    (``copy_built``) with ``built_env(tiny_built)`` set.
+    """
+    from tests.helpers.tinyproject import built_once
+
+    base = tmp_path_factory.getbasetemp()
+    return built_once((base.parent if hasattr(request.config, "workerinput") else base) / "tiny-built")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip ``gpu``-marked tests when CUDA is not available; under pytest-xdist, put the files that hold a ``slow``
     test first (``make test`` hands out whole files in this order: the long ones start first, the short ones fill
     in at the end)."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if hasattr(config, "workerinput"):  # an xdist worker
         slow = {item.path for item in items if item.get_closest_marker("slow")}
         items.sort(key=lambda item: item.path not in slow)  # stable: a file's tests keep their order
     try:

@@ -15,6 +15,7 @@ from tests.helpers.models import CORPUS, make_averaged
 from tests.helpers.paths import load_benchmark
 
 
+@pytest.mark.slow
 def test_every_row_of_the_decoding_benchmark_runs_on_a_tiny_model(tmp_path: Path) -> None:
     bench = load_benchmark("decode")
     model = make_averaged(tmp_path, seed=2)
@@ -36,6 +37,7 @@ def test_every_row_of_the_decoding_benchmark_runs_on_a_tiny_model(tmp_path: Path
             assert r["same_as_batched"] == 1.0, r
 
 
+@pytest.mark.slow
 def test_the_process_mode_times_nmt_translate_beside_a_plain_script_and_sees_no_torch(tmp_path: Path) -> None:
     bench = load_benchmark("decode")
     export = ct2.export(make_averaged(tmp_path, seed=2), tmp_path / "ct2")

@@ -77,6 +77,7 @@ def test_the_mirror_layout_is_what_the_download_stage_reads(synth, tmp_path: Pat
         assert (tmp_path / "raw" / name).read_bytes() == (tmp_path / "gen" / name).read_bytes(), name
 
 
+@pytest.mark.slow
 def test_a_small_run_drives_the_real_stage_commands(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "scale.py"), "--quick", "--work", str(tmp_path),

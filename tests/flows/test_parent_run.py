@@ -49,6 +49,7 @@ def test_missing_files_and_figures_are_left_out(tmp_path: Path) -> None:
         headline_from(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_reopened_variant_run_is_continued_not_duplicated(tmp_path: Path, mlflow_sqlite: str) -> None:
     """A resumed sweep variant finds the run its interrupted try opened under the sweep's run and continues it."""
     from mlflow.tracking import MlflowClient
@@ -78,6 +79,7 @@ def test_a_reopened_variant_run_is_continued_not_duplicated(tmp_path: Path, mlfl
         assert new.run_id != "0" * 32
 
 
+@pytest.mark.slow
 def test_a_killed_flows_parent_run_is_ended_when_the_next_run_starts(tmp_path: Path, mlflow_sqlite: str) -> None:
     from mlflow.tracking import MlflowClient
 

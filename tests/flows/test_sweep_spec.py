@@ -159,6 +159,7 @@ def test_the_example_spec_is_a_four_variant_demo_sweep() -> None:
     params_from_dict(shared_params(merged_profile("demo", REPO), spec), "shared stages")  # its 200 steps < warmup
 
 
+@pytest.mark.slow
 def test_nmt_sweep_refuses_a_bad_spec_in_one_line_before_any_server(tmp_path: Path) -> None:
     path = _write(tmp_path, {"name": "x", "profile": "tiny", "grid": {"train.warmup_steps": []}})
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}

@@ -345,6 +345,7 @@ def test_search_restores_training_mode_and_float32_runs() -> None:
         beam_search(m, sources(0), beam_size=2, max_len_b=100)
 
 
+@pytest.mark.slow
 def test_a_trained_model_gives_the_literal_rules_hypotheses_in_a_batch() -> None:
     m = trained_reverser()
     g = torch.Generator().manual_seed(3)

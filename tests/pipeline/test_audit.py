@@ -43,6 +43,7 @@ def _by_item(report: dict) -> dict[str, dict]:
     return {i["item"]: i for i in report["configuration"] + report["measured"]}
 
 
+@pytest.mark.slow
 def test_tiny_run_audit_measures_everything_and_names_every_changed_key(audit_world: Path, tmp_path: Path) -> None:
     root = _copy(audit_world, tmp_path)
     data, params, _ = profile_params("tiny", root)
@@ -372,6 +373,7 @@ def test_hardware_and_gpu_hours_from_the_recorded_device(audit_world: Path, tmp_
     assert (items["Training time"]["verdict"], items["GPU-hours"]["verdict"]) == ("matches", "matches")
 
 
+@pytest.mark.slow
 def test_cli_with_params(audit_world: Path, tmp_path: Path) -> None:
     root = _copy(audit_world, tmp_path)
     profile_params("tiny", root)

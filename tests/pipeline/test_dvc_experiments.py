@@ -1,10 +1,11 @@
 """Acceptance: two runs of the tiny profile compared through DVC, as in DVC's example-get-started.
 
-A temporary git + DVC project holds this checkout's pipeline and .gitignore. Run 1 is ``dvc repro``,
-published by committing ``params.yaml dvc.lock metrics/ plots/``; run 2 is ``dvc exp run --set-param``.
-``dvc metrics diff``, ``dvc params diff`` and ``dvc exp show`` must then show both runs' numbers.
-Both runs decode at most a few pieces per sentence (evaluate.max_len_a = 0), so evaluate takes
-seconds; run 2 allows longer outputs, which changes the scores.
+A temporary git + DVC project holds this checkout's pipeline and .gitignore: a copy of the one that ``dvc repro``
+built (``tiny_built``, tests/conftest.py). Run 1 is that ``dvc repro`` (run again here: nothing changed), published
+by committing ``params.yaml dvc.lock metrics/ plots/``; run 2 is ``dvc exp run --set-param``. ``dvc metrics
+diff``, ``dvc params diff`` and ``dvc exp show`` must then show both runs' numbers. Both runs decode at most a
+few pieces per sentence (evaluate.max_len_a = 0), so evaluate takes seconds; run 2 allows longer outputs, which
+changes the scores.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ import pytest
 import yaml
 
 from pipeline.core import stages
-from tests.helpers.mirror import write_multi30k_mirror
 from tests.helpers.repoutil import git
-from tests.helpers.tinyproject import make_tiny_project
+from tests.helpers.tinyproject import CHEAP_EVALUATE, built_env, copy_built
 
 pytestmark = pytest.mark.slow
 
@@ -53,19 +53,16 @@ def _exp_rows(shown: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return rows
 
 
-def test_two_runs_appear_in_metrics_diff_params_diff_and_exp_show(tmp_path: Path,
+def test_two_runs_appear_in_metrics_diff_params_diff_and_exp_show(tiny_built: Path, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    repo = make_tiny_project(tmp_path / "project")
-    monkeypatch.setenv("NMT_TRACKING", "off")
-    monkeypatch.setenv("NMT_NPROC", "1")
-    monkeypatch.setenv("NMT_DATA_MIRROR", str(write_multi30k_mirror(tmp_path / "mirror")))
-    monkeypatch.setenv("NMT_DOWNLOAD_CACHE", str(tmp_path / "download-cache"))
+    repo = copy_built(tiny_built, tmp_path / "project")
+    for name, value in built_env(tiny_built).items():
+        monkeypatch.setenv(name, value)
     params = yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8"))
-    params["evaluate"].update(beam_sizes=[1], max_len_a=0.0, max_len_b=2)
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    assert params["evaluate"]["max_len_b"] == CHEAP_EVALUATE["max_len_b"] == 2
     metrics_dir = params["paths"]["metrics"]
 
-    _dvc(repo, "repro")
+    assert "Data and pipelines are up to date" in _dvc(repo, "repro")
     shown = _dvc(repo, "metrics", "show").rstrip("\n").splitlines()
     assert len(shown) == 3 and max(map(len, shown)) <= 120, "\n".join(shown)
     git(repo, "add", "params.yaml", "dvc.lock", "metrics/", "plots/")

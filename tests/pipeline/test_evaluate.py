@@ -178,6 +178,7 @@ def test_shards_from_another_bpe_model_are_refused(eval_world: Path, tmp_path: P
         stage(CFG, **_dirs(eval_world, shards_dir=shards, eval_dir=tmp_path / "eval"))
 
 
+@pytest.mark.slow
 def test_evaluate_logs_metrics_and_signature_to_mlflow(eval_world: Path, tmp_path: Path, mlflow_sqlite: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow.tracking import MlflowClient

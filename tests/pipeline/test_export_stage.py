@@ -51,6 +51,7 @@ def _stand_ins_for_every_dep(repo: Path) -> None:
             path.touch() if path.suffix else path.mkdir()
 
 
+@pytest.mark.slow
 def test_the_default_repro_leaves_export_out_and_export_follows_average(project: Path) -> None:
     _stand_ins_for_every_dep(project)  # a dry run still hashes each stage's deps
     dry = _dvc(project, "repro", "--dry")
@@ -61,6 +62,7 @@ def test_the_default_repro_leaves_export_out_and_export_follows_average(project:
     assert '"average" -> "export/dvc.yaml:export"' in dag.stdout
 
 
+@pytest.mark.slow
 def test_repro_of_the_stage_writes_a_ct2_export_and_locks_it(project: Path) -> None:
     done = _dvc(project, "repro", "--single-item", "export/dvc.yaml:export")
     assert done.returncode == 0, done.stdout + done.stderr

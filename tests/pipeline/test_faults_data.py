@@ -221,6 +221,7 @@ def test_clean_hitting_the_file_size_limit_keeps_the_previous_output(workspace: 
     assert temps(workspace) == []
 
 
+@pytest.mark.slow
 def test_encode_hitting_the_file_size_limit_in_a_worker_writes_nothing(workspace: Path) -> None:
     from pipeline import bpe, clean
     from pipeline.core.config import load_params

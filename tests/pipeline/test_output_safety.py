@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.mirror import write_multi30k_mirror
-from tests.helpers.tinyproject import make_tiny_project
+from tests.helpers.tinyproject import built_env, copy_built
 
 pytestmark = pytest.mark.slow
 
@@ -43,19 +42,12 @@ def _set_paths(repo: Path, **paths: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The tiny project after a whole ``dvc repro`` (tracking off, data from a local mirror)."""
-    tmp = tmp_path_factory.mktemp("output_safety")
-    repo = make_tiny_project(tmp / "project")
+def built(tiny_built: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A copy of the tiny project after a whole ``dvc repro`` (tracking off, data from a local mirror)."""
+    repo = copy_built(tiny_built, tmp_path_factory.mktemp("output_safety") / "project")
     env = pytest.MonkeyPatch()
-    for name, value in dict(NMT_TRACKING="off", NMT_NPROC="1", NMT_DOWNLOAD_CACHE=str(tmp / "download-cache"),
-                            NMT_DATA_MIRROR=str(write_multi30k_mirror(tmp / "mirror"))).items():
+    for name, value in built_env(tiny_built).items():
         env.setenv(name, value)
-    params = yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8"))
-    params["evaluate"].update(beam_sizes=[1], max_len_a=0.0, max_len_b=2)
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
-    done = _run(repo, "dvc", "repro")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     yield repo
     env.undo()
 

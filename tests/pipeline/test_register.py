@@ -85,6 +85,7 @@ def _client():
     return MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"], registry_uri=os.environ["MLFLOW_TRACKING_URI"])
 
 
+@pytest.mark.slow
 def test_first_model_takes_the_alias_worse_keeps_it_better_moves_it(model_dir: Path, tmp_path: Path,
                                                                      mlflow_sqlite: str) -> None:
     first = _register(model_dir, tmp_path / "a", valid_bleu=20.0, test_hyps=GOOD)
@@ -131,6 +132,7 @@ def _fresh_process(script: str, cwd: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_candidate_loads_in_a_fresh_process_and_translates(model_dir: Path, tmp_path: Path,
                                                            mlflow_sqlite: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NMT_MODEL_NAME", "tiny-translator")
@@ -164,6 +166,7 @@ def test_candidate_loads_in_a_fresh_process_and_translates(model_dir: Path, tmp_
     assert "beam_size': long (default: 2)" in out["params"] and "alpha': double (default: 0.8)" in out["params"]
 
 
+@pytest.mark.slow
 def test_the_translator_can_carry_a_ctranslate2_export(model_dir: Path, tmp_path: Path, mlflow_sqlite: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NMT_MODEL_NAME", "tiny-ct2")

@@ -61,6 +61,7 @@ def _evaluate(root: Path) -> None:
 
 # --- without DVC ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_reevaluation_is_replayed_exactly(audit_world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _copy(audit_world, tmp_path)
     monkeypatch.setenv("NMT_DEVICE", "cpu")
@@ -216,6 +217,7 @@ def test_dvc_repro_force_evaluate_reproduces_bleu_exactly_and_the_audit_says_so(
 
 # --- MLflow ----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_audit_logs_a_child_run_with_reports_and_counts(audit_world: Path, tmp_path: Path, mlflow_sqlite: str,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow.tracking import MlflowClient

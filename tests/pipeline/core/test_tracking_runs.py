@@ -30,6 +30,7 @@ def _client(uri: str) -> Any:
 
 
 @pytest.mark.parametrize("stage", ["audit", "average", "train", "register"])
+@pytest.mark.slow
 def test_a_stage_run_spans_the_stage_body(stage: str, tmp_path: Path, mlflow_sqlite: str) -> None:
     """[start_time, end_time] of the run holds the body's own start and end; lazy runs (train, register) included."""
     stamps: dict[str, float] = {}
@@ -73,6 +74,7 @@ def test_system_metrics_only_for_training_on_cuda(stage: str, device: str | None
     assert tracking.system_metrics_wanted(stage, device, cuda) is wanted
 
 
+@pytest.mark.slow
 def test_a_monitored_run_gets_mlflows_system_metrics(tmp_path: Path, mlflow_sqlite: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
@@ -83,6 +85,7 @@ def test_a_monitored_run_gets_mlflows_system_metrics(tmp_path: Path, mlflow_sqli
     assert any(key.startswith("system/cpu_utilization") for key in metrics), sorted(metrics)
 
 
+@pytest.mark.slow
 def test_a_new_experiment_opens_on_its_training_runs(tmp_path: Path, mlflow_sqlite: str) -> None:
     with tracking.stage_run("audit", root=tmp_path) as run:
         run.open()
@@ -178,6 +181,7 @@ def _killed_stage_run(root: Path, stage: str) -> str:
     return done.stdout.strip()
 
 
+@pytest.mark.slow
 def test_runs_a_killed_process_left_running_are_ended_at_the_next_start(tmp_path: Path, mlflow_sqlite: str) -> None:
     """Only runs of this checkout (or a clone in it) whose owner on this host is gone: a live owner's run, another
     checkout's, another host's and one without an owner tag stay RUNNING."""

@@ -65,6 +65,7 @@ def _translate(*args: str, stdin: bytes) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("stdin", [b"", b"\n", LONG.encode() + b"\nThe price is new.\n"],
                          ids=["empty input", "one empty line", "5000-token line"])
+@pytest.mark.slow
 def test_translate_with_ctranslate2_behaves_like_the_torch_engine(exported: tuple[Path, Path], stdin: bytes) -> None:
     model, out = exported
     runs = {engine: _translate("--engine", engine, "--model", str(path), stdin=stdin)

@@ -69,6 +69,7 @@ def _cli(ref: Path, hyp: Path, args: list[str]) -> dict:
     return json.loads(out)
 
 
+@pytest.mark.slow
 def test_figures_equal_the_sacrebleu_command_line(files: tuple[Path, Path]) -> None:
     hyp, ref = files
     ours = score_files(hyp, ref)

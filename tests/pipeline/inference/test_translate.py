@@ -34,6 +34,7 @@ def _nmt(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
                           capture_output=True, timeout=120, cwd=REPO)
 
 
+@pytest.mark.slow
 def test_cli_stdin_to_stdout_keeps_every_line(model_file: Path) -> None:
     stdin = "Gutach: Increased safety\n\nBad ".encode() + b"\xff\xfe bytes\n" + LONG.encode() + b"\nlast, no newline"
     proc = _nmt("--model", str(model_file), "--beam", "2", "--alpha", "0.6", "--max-tokens", "64", stdin=stdin)
@@ -207,6 +208,7 @@ def test_read_input_splits_on_newline_only_and_reports_bad_lines() -> None:
     assert read_input(io.BytesIO(b"\n")) == ([""], [])
 
 
+@pytest.mark.slow
 def test_flipped_bytes_in_the_model_file_are_refused_naming_file_and_remedy(model_file: Path, tmp_path: Path) -> None:
     from tests.helpers.corruption import flip_in_largest_record
 
@@ -278,6 +280,7 @@ def test_bad_options_are_refused_before_any_work_naming_the_option(model_file: P
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_beam_wider_than_the_models_vocabulary_is_refused_before_decoding(tmp_path: Path) -> None:
     """``--beam 301`` on a 300-piece model failed inside the search ("stack expects each tensor to be equal size")."""
     model = make_small_vocab_averaged(tmp_path / "small")

@@ -133,6 +133,7 @@ def test_output_file_is_written_only_at_the_end(models: dict[str, Path], tmp_pat
     assert len(out.read_text(encoding="utf-8").splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_an_attention_line_that_never_arrives_is_refused_at_end_of_input(models: dict[str, Path],
                                                                          tmp_path: Path) -> None:
     png, out = tmp_path / "a.png", tmp_path / "out.de"

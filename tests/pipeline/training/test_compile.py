@@ -7,6 +7,7 @@ Compiled on the CPU here (inductor's C++ backend); ``benchmarks/gpu.py check`` r
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ NO_DROPOUT = {"dropout": 0.0, "attn_dropout": 0.0, "ffn_dropout": 0.0}
 def _batch(gen: torch.Generator, n: int, length: int) -> tuple[torch.Tensor, ...]:
     ids = torch.randint(4, 50, (3, n, length), generator=gen)
     ids[:, 0, length - 2:] = 0  # one padded row
-    return ids[0], ids[1], ids[2]
+    return ids[0].clone(), ids[1].clone(), ids[2].clone()  # not views: a guard on the view's base would recompile
 
 
 @pytest.mark.slow
@@ -64,19 +65,18 @@ def _state(folder: Path, step: int) -> tuple[dict, list]:
 @pytest.mark.slow
 def test_a_compiled_training_run_with_dropout_resumes_bitwise(workspace, tmp_path):
     """Training, validation and the pre-flight through the compiled function, dropout on (inductor draws the masks
-    from the reseeded generator); killed after step 3 and relaunched, it ends as the uninterrupted run does."""
+    from the reseeded generator); a second run resumed from the first one's step-4 checkpoint ends as it did."""
     runs = {}
     for name in ("whole", "resumed"):
         data = tiny_params(tmp_path / name, workspace, max_steps=5, valid_every_steps=5)
         assert data["model"]["dropout"] > 0
         if name == "resumed":
-            killed = run_torchrun(data, tmp_path / name, nproc=1, env={"NMT_COMPILE": "on",
-                                                                       "NMT_FAULT_POINT": "after_step:3"})
-            assert killed.returncode != 0
+            shutil.copytree(tmp_path / "whole" / "runs" / "step-00000004", tmp_path / name / "runs" / "step-00000004")
         proc = run_torchrun(data, tmp_path / name, nproc=1, env={"NMT_COMPILE": "on"})
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert LINE in proc.stderr, proc.stderr[-3000:]
         runs[name] = _state(tmp_path / name, 5)
+    assert "resuming from" in proc.stderr and "step-00000004" in proc.stderr, proc.stderr[-3000:]
     (whole, whole_log), (resumed, resumed_log) = runs.values()
     for part in ("model.pt", "optim.pt"):
         assert whole[part].keys() == resumed[part].keys()
@@ -84,6 +84,7 @@ def test_a_compiled_training_run_with_dropout_resumes_bitwise(workspace, tmp_pat
     assert whole_log == resumed_log and [h["step"] for h in whole_log if "valid_loss" in h] == [5]
 
 
+@pytest.mark.slow
 def test_without_the_switch_training_runs_the_eager_function(workspace, tmp_path):
     proc = run_torchrun(tiny_params(tmp_path, workspace, max_steps=3), tmp_path, nproc=1)
     assert proc.returncode == 0 and LINE not in proc.stderr, proc.stderr[-3000:]

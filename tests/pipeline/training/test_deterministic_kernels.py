@@ -46,6 +46,7 @@ def _killed_and_resumed(workspace: dict, tmp: Path, env: dict, steps: int) -> Pa
     return tmp
 
 
+@pytest.mark.slow
 def test_the_switch_changes_nothing_on_the_cpu(workspace, tmp_path):
     plain, det = tmp_path / "plain", tmp_path / "det"
     for folder, env in ((plain, {}), (det, {"NMT_DETERMINISTIC": "1"})):

@@ -297,6 +297,7 @@ def test_a_params_error_is_one_line_before_torchrun_starts(workspace, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_a_failed_rank_ends_the_job_with_its_error_and_one_line_instead_of_torchruns_traceback(workspace, tmp_path):
     """The rank's own line, then one line naming the rank; no ChildFailedError traceback or failure table."""
     done = run_torchrun(tiny_params(tmp_path, workspace, max_steps=3, max_minutes=1e-6), tmp_path, nproc=1)
