@@ -38,12 +38,16 @@ def forward_seed(seed: int, epoch: int, position: int, rank: int, forward: int) 
     return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-def train_step(tr: Trainer, passes: list[batching.Batch], state: TrainState) -> dict[str, float] | None:
+def train_step(tr: Trainer, passes: list[batching.Batch], state: TrainState) -> dict[str, Any] | None:
     """One optimizer step on this rank's share ``passes`` of the global batch (possibly empty).
     None when a rank ran out of memory (every rank then skips the step).
 
+    With one CUDA process (:func:`on_device`) the step never waits for the GPU: ``loss_sum``, ``nll_sum`` and
+    ``grad_norm`` come back as device scalars, with ``nonfinite``; fused Adam skips a non-finite step on the device
+    (``found_inf``, as under ``torch.amp.GradScaler``) and :func:`settle` raises for it at the next read.
+
     Raises:
-        PipelineError: a non-finite loss or gradient norm (the step is not taken).
+        PipelineError: a non-finite loss or gradient norm (the step is not taken), read at once where not on device.
     """
     model, dev, rank, step = tr.model, tr.ctx.device, tr.ctx.rank, state.step + 1
     sums, tokens, oom = torch.zeros(2, dtype=torch.float64, device=dev), 0, None  # loss_sum, nll_sum
@@ -62,6 +66,8 @@ def train_step(tr: Trainer, passes: list[batching.Batch], state: TrainState) -> 
         tokens += b.n_tokens
         if i + 1 < len(passes):
             tr.hooks.at("mid_accum", step, rank)
+    if on_device(tr) and oom is None:  # one process: its sums are the global ones, nothing to agree on
+        return _update(tr, step, sums[0], sums[1], float(tokens), float(len(passes)))
     stats = torch.cat([sums, torch.tensor([float(tokens), float(oom is not None)], dtype=torch.float64, device=dev)])
     tr.hooks.at("collective", step, rank)
     distributed.all_reduce_sum(stats)  # 2. the global loss sums, non-pad target tokens and OOM ranks
@@ -72,27 +78,63 @@ def train_step(tr: Trainer, passes: list[batching.Batch], state: TrainState) -> 
         model.zero_grad(set_to_none=True)
         preflight.skip_step(state, oom, rank=rank, device=dev)
         return None
-    params = [p for p in model.parameters() if p.requires_grad]
+    stats = _update(tr, step, loss_sum, nll_sum, tokens, forwards)
+    settle([(step, stats)])  # 5. finite check, before the next step
+    return stats
+
+
+def on_device(tr: Trainer) -> bool:
+    """Whether steps stay on the device: one process whose Adam is fused (CUDA), so it can skip a step itself."""
+    return tr.ctx.world_size == 1 and bool(tr.optim.defaults.get("fused"))
+
+
+def _update(tr: Trainer, step: int, loss_sum: Any, nll_sum: Any, tokens: float, forwards: float) -> dict[str, Any]:
+    """Steps 3-7 of :func:`train_step`: gradient sums over ranks / ``tokens``, clipping, the lr, Adam."""
+    params = [p for p in tr.model.parameters() if p.requires_grad]
     distributed.all_reduce_grads(params)  # 3. gradient sums over ranks ...
     grads = [p.grad for p in params]
     torch._foreach_div_(grads, tokens)  # ... divided by the step's global non-pad target tokens
     norm = torch.nn.utils.get_total_norm(grads)
     if tr.cfg.clip_norm > 0:  # 4. clip (the paper does not)
         torch.nn.utils.clip_grads_with_norm_(params, tr.cfg.clip_norm, norm)
-    norm = float(norm)
-    if not (math.isfinite(loss_sum) and math.isfinite(norm)):  # 5. finite check
-        raise PipelineError(
-            f"train step {step}: non-finite {'loss' if not math.isfinite(loss_sum) else 'gradient norm'} "
-            f"(loss sum {loss_sum}, grad norm {norm}); the optimizer step was not taken. Lower train.lr_scale, "
-            "set train.clip_norm (e.g. 1.0) or check the data, then move paths.train away and retrain "
-            "(checkpoints resume only under the configuration that wrote them).")
-    lr = inverse_sqrt_lr(step, model.cfg.d_model, tr.cfg.warmup_steps, tr.cfg.lr_scale)  # 6. learning rate
+    stats = {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": tokens, "forwards": forwards, "grad_norm": norm}
+    if on_device(tr):
+        stats["nonfinite"] = ~(torch.isfinite(loss_sum) & torch.isfinite(norm))
+        tr.optim.found_inf = stats["nonfinite"].float()  # fused Adam leaves params, moments and step count alone
+    else:
+        stats["grad_norm"] = float(norm)
+        stats["nonfinite"] = not (math.isfinite(loss_sum) and math.isfinite(stats["grad_norm"]))
+        if stats["nonfinite"]:
+            return stats  # settle raises; the update is not taken
+    lr = inverse_sqrt_lr(step, tr.model.cfg.d_model, tr.cfg.warmup_steps, tr.cfg.lr_scale)  # 6. learning rate
     for group in tr.optim.param_groups:
         group["lr"] = lr
     tr.optim.step()  # 7. Adam step
+    tr.optim.found_inf = None
     tr.optim.zero_grad(set_to_none=True)
-    return {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": tokens, "forwards": forwards, "lr": lr,
-            "grad_norm": norm}
+    return {**stats, "lr": lr}
+
+
+def settle(steps: list[tuple[int, dict[str, Any]]]) -> None:
+    """Turn the steps' device scalars into floats, in place, with one host sync; raise at the first non-finite step.
+
+    Raises:
+        PipelineError: the step's loss or gradient norm is not finite; its optimizer step was not taken.
+    """
+    live = [s for _, s in steps if torch.is_tensor(s["grad_norm"])]
+    if live:
+        keys = ("loss_sum", "nll_sum", "grad_norm", "nonfinite")
+        values = torch.stack([torch.stack([s[k].double() for k in keys]) for s in live]).tolist()
+        for s, row in zip(live, values):
+            s.update(zip(keys, row), nonfinite=bool(row[3]))
+    for step, s in steps:
+        if s["nonfinite"]:
+            what = "loss" if not math.isfinite(s["loss_sum"]) else "gradient norm"
+            raise PipelineError(
+                f"train step {step}: non-finite {what} (loss sum {s['loss_sum']}, grad norm {s['grad_norm']}); the "
+                "optimizer step was not taken. Lower train.lr_scale, set train.clip_norm (e.g. 1.0) or check the "
+                "data, then move paths.train away and retrain (checkpoints resume only under the configuration "
+                "that wrote them).")
 
 
 @torch.no_grad()
@@ -122,6 +164,8 @@ def _out_of_time(tr: Trainer, elapsed: float) -> bool:
     """Whether ``train.max_minutes`` (> 0) is used up on any rank (agreed over ranks)."""
     if tr.cfg.max_minutes <= 0:
         return False
+    if tr.ctx.world_size == 1:  # nothing to agree on: no round trip to the device
+        return elapsed >= tr.cfg.max_minutes * 60
     seconds = torch.tensor([elapsed], dtype=torch.float64, device=tr.ctx.device)
     return float(distributed.all_reduce_max(seconds)) >= tr.cfg.max_minutes * 60
 
@@ -134,6 +178,9 @@ def fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> bool:
                     flops_per_token=tr.flops_per_token, peak_flops=peak, start_step=state.step,
                     sums=state.interval)
     tr.model.train()
+    # Steps whose figures are still on the device: read at log, validation and save steps and at the end
+    unread: list[tuple[int, dict[str, Any]]] = []
+    every = (cfg.log_every_steps, cfg.valid_every_steps, cfg.save_every_steps)
     while not _finished(tr, state):  # time is checked after each step
         steps = batching.epoch_steps(tr.plan, tr.train.fetch, seed=tr.seed, epoch=state.epoch, start=state.position,
                                      rank=tr.ctx.rank, world_size=tr.ctx.world_size, max_tokens=tr.max_tokens,
@@ -147,18 +194,30 @@ def fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> bool:
                 if stats is not None:  # None: skipped for lack of memory
                     state.oom_streak = 0
                     state.count(int(stats["tokens"]), int(stats["forwards"]))
+                    unread.append((state.step, stats))
+                    if not on_device(tr) or any(state.step % n == 0 for n in every):
+                        _read(unread, logs)  # waits for the device: counted in this step's time
                     state.train_seconds += time.monotonic() - started
-                    logs.add(stats)
                     _after_step(tr, state, stats, logs, run_dir=run_dir, tracker=tracker)
                 if _finished(tr, state):
                     break
                 if _out_of_time(tr, logs.elapsed()):
+                    _read(unread, logs)
                     log.info("training paused: train.max_minutes=%g used up at step %d of train.max_steps=%d; "
                              "rerun the stage to resume", cfg.max_minutes, state.step, cfg.max_steps)
                     return False
+    _read(unread, logs)
     limit = "max_steps" if state.step >= cfg.max_steps else "max_epochs"
     log.info("training stopped: reached train.%s=%d at step %d", limit, getattr(cfg, limit), state.step)
     return True
+
+
+def _read(unread: list[tuple[int, dict[str, Any]]], logs: TrainLog) -> None:
+    """:func:`settle` the unread steps and add them to the log interval."""
+    settle(unread)
+    for _, stats in unread:
+        logs.add(stats)
+    unread.clear()
 
 
 def _after_step(tr: Trainer, state: TrainState, stats: dict[str, float], logs: TrainLog, *, run_dir: Path,

@@ -27,6 +27,9 @@ from pipeline.training.state import TrainState
 
 log = logging.getLogger(__name__)
 
+#: Device types whose Adam is fused (``torch.optim.Adam(fused=True)``): one such process trains without waiting for
+#: the device inside a step (``pipeline/training/loop.py``). The CPU keeps the foreach Adam its results were built on.
+FUSED_ADAM = ("cuda",)
 # train keys that never change the trajectory: resuming with other values is allowed.
 RESUMABLE_TRAIN_KEYS = frozenset({"max_steps", "max_epochs", "max_minutes", "save_every_steps", "keep_last",
                                   "valid_every_steps", "log_every_steps"})
@@ -121,7 +124,7 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
     loss = forward.loss_function(env.settings().compile)
     preflight.check(model, preflight.largest_shapes(shapes), device=ctx.device, max_tokens=max_tokens,
                     label_smoothing=cfg.label_smoothing, rank=ctx.rank, hooks=hooks, loss=loss)
-    fused = {"fused": True} if ctx.device.type == "cuda" else {}
+    fused = {"fused": True} if ctx.device.type in FUSED_ADAM else {}
     optim = torch.optim.Adam(model.parameters(), lr=0.0, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                              weight_decay=cfg.weight_decay, **fused)
     sha = sha256_file(Path(shards_dir) / "manifest.json")
