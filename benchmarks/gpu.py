@@ -3,7 +3,6 @@
     python benchmarks/gpu.py prepare --data data/gpu [--profiles tiny demo multi30k]   # here, on CPU: data stages
     python benchmarks/gpu.py news --data data/gpu            # here: the news chain's data from the shared folder
     python benchmarks/gpu.py check|multi30k --data data/gpu --out OUT   # on the GPU machine (carry data/gpu)
-    python benchmarks/gpu.py parts --out OUT                            # on the GPU machine
     python benchmarks/gpu.py speed --data data/gpu --out OUT    # on the GPU machine: the stage's step, the losses
 
 ``check``, ``multi30k`` and ``speed`` rewrite ``OUT/gpu_<command>.json`` and ``OUT/logs.tar.gz`` after every step, so
@@ -17,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import REPO, setup_logging, write_json, write_params  # noqa: E402
+from benchmarks.common import REPO, setup_logging, write_params  # noqa: E402
 from benchmarks.gpu_steps import check, multi30k, speed  # noqa: E402
 from benchmarks.gpu_steps.runner import Runner, params_for, step_env  # noqa: E402
 
@@ -73,8 +72,6 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.choices["multi30k"]
     a.add_argument("--chains", nargs="+", choices=multi30k.CHAINS, default=list(multi30k.CHAINS),
                    help="the sweep's runs")
-    sub.add_parser("parts", help="the loss and attention kernels in isolation (CUDA only)").add_argument(
-        "--out", type=Path, required=True)
     sub.add_parser("fp32-train", help="the train stage with autocast off (the precision step's reference)"
                    ).add_argument("--params", type=Path, required=True)
     args = p.parse_args(argv)
@@ -82,11 +79,6 @@ def main(argv: list[str] | None = None) -> int:
         return multi30k.news_data(args.data, args.mirror, args.dry_run)
     if args.command == "fp32-train":
         return check.fp32_train(args.params)
-    if args.command == "parts":
-        from benchmarks.gpu_steps import parts
-
-        write_json(args.out / "gpu_parts.json", parts.run())
-        return 0
     return (prepare if args.command == "prepare" else run)(args)
 
 

@@ -116,13 +116,16 @@ def run(n: int, d: int, v: int, device: str) -> dict[str, object]:
             "device": torch.cuda.get_device_name() if cuda else "cpu", "rows": rows}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """Parse, run, write the JSON."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--dry-run", action="store_true", help="CPU, 256 tokens, 500 classes: checks this script")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
+        raise SystemExit("benchmarks/gpu_steps/losses.py times CUDA kernels and this machine has no CUDA device; run "
+                         "it on a GPU, or pass --dry-run to check the script on the CPU")
     result = run(256, 32, 500, "cpu") if args.dry_run else run(25000, 512, 37000, "cuda")
     args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0
