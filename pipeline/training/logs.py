@@ -16,6 +16,8 @@ from pipeline.training.state import TrainState
 
 log = logging.getLogger(__name__)
 
+#: A slow run prints a progress line at least this often, between its ``train.log_every_steps`` lines.
+QUIET_SECONDS = 60.0
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (NVIDIA H100 datasheet), the MFU denominator
 CSV_COLUMNS = ("step", "epoch", "train_loss", "train_nll", "train_ppl", "valid_loss", "valid_nll", "valid_ppl",
                "lr", "grad_norm", "tgt_tokens_per_step", "forwards_per_step")
@@ -54,7 +56,7 @@ class TrainLog:
         self.sums = sums
         for key in self.KEYS:
             self.sums.setdefault(key, 0.0)
-        self.since = time.monotonic()
+        self.since, self.since_step = time.monotonic(), start_step
         self.since_tokens = self.sums["tokens"]  # throughput counts this process's steps only
 
     def add(self, stats: dict[str, float]) -> None:
@@ -67,6 +69,27 @@ class TrainLog:
         """Seconds since the run (re)started."""
         return time.monotonic() - self.t0
 
+    def quiet(self) -> bool:
+        """Whether :data:`QUIET_SECONDS` passed since the last line: time for a :meth:`progress` line."""
+        return time.monotonic() - self.since >= QUIET_SECONDS
+
+    def _rate_eta(self, state: TrainState) -> tuple[float, str]:
+        """Target tokens/s since the last line, and the ETA at the pace of the steps since then."""
+        seconds = max(time.monotonic() - self.since, 1e-9)
+        rate = (self.sums["tokens"] - self.since_tokens) / seconds
+        eta = seconds / max(state.step - self.since_step, 1) * (self.max_steps - state.step)
+        if self.max_minutes > 0:
+            eta = min(eta, max(0.0, self.max_minutes * 60 - self.elapsed()))
+        self.since, self.since_step, self.since_tokens = time.monotonic(), state.step, self.sums["tokens"]
+        return rate, time.strftime("%H:%M:%S", time.gmtime(eta)) if eta < 86400 else f"{eta / 3600:.1f} h"
+
+    def progress(self, state: TrainState) -> None:
+        """A line between ``log_every_steps`` lines on a slow run: the interval so far; no row, no MLflow metric."""
+        tok = max(self.sums["tokens"], 1.0)
+        rate, eta = self._rate_eta(state)
+        log.info("step %d/%d epoch %d | loss %.4f over the last %d steps | %.0f tgt tok/s | ETA %s", state.step,
+                 self.max_steps, state.epoch, self.sums["loss"] / tok, self.sums["steps"], rate, eta)
+
     def line(self, state: TrainState, last: dict[str, float]) -> dict[str, float]:
         """Log the interval ending at ``state.step`` (``last``: that step's lr and grad norm); return its row."""
         s = self.sums
@@ -74,14 +97,10 @@ class TrainLog:
         row = {"step": state.step, "epoch": state.epoch, "train_loss": s["loss"] / tok, "train_nll": s["nll"] / tok,
                "train_ppl": perplexity(s["nll"] / tok), "lr": last["lr"], "grad_norm": last["grad_norm"],
                "tgt_tokens_per_step": s["tokens"] / steps, "forwards_per_step": s["forwards"] / steps}
-        rate = (s["tokens"] - self.since_tokens) / max(time.monotonic() - self.since, 1e-9)
+        rate, eta_text = self._rate_eta(state)
         extra = {"tgt_tokens_per_s": rate}
         if self.peak_flops:
             extra["mfu"] = rate * self.flops_per_token / self.peak_flops
-        eta = self.elapsed() / max(state.step - self.start_step, 1) * (self.max_steps - state.step)
-        if self.max_minutes > 0:
-            eta = min(eta, max(0.0, self.max_minutes * 60 - self.elapsed()))
-        eta_text = time.strftime("%H:%M:%S", time.gmtime(eta)) if eta < 86400 else f"{eta / 3600:.1f} h"
         log.info("step %d/%d epoch %d | loss %.4f nll %.4f ppl %.2f | lr %.3g | gnorm %.3f | %.0f tgt tok/s%s | "
                  "%.0f tok/step in %.1f passes | ETA %s", state.step, self.max_steps, state.epoch, row["train_loss"],
                  row["train_nll"], row["train_ppl"], row["lr"], row["grad_norm"], rate,
@@ -91,7 +110,7 @@ class TrainLog:
                                  step=state.step)
         state.history.append(row)
         self.sums.update(dict.fromkeys(self.KEYS, 0.0))
-        self.since, self.since_tokens = time.monotonic(), 0.0
+        self.since_tokens = 0.0
 
 
 def log_valid(tracker: Any, state: TrainState, scores: dict[str, float]) -> None:

@@ -195,9 +195,11 @@ def fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> bool:
                     state.oom_streak = 0
                     state.count(int(stats["tokens"]), int(stats["forwards"]))
                     unread.append((state.step, stats))
-                    if not on_device(tr) or any(state.step % n == 0 for n in every):
+                    if not on_device(tr) or logs.quiet() or any(state.step % n == 0 for n in every):
                         _read(unread, logs)  # waits for the device: counted in this step's time
                     state.train_seconds += time.monotonic() - started
+                    if logs.quiet() and state.step % cfg.log_every_steps:
+                        logs.progress(state)
                     _after_step(tr, state, stats, logs, run_dir=run_dir, tracker=tracker)
                 if _finished(tr, state):
                     break
