@@ -95,7 +95,8 @@ def environment(details: RunDetails) -> dict[str, str | int | None]:
     return {"python": platform.python_version(), "torch": version("torch"), "sacrebleu": version("sacrebleu"),
             "sentencepiece": version("sentencepiece"), "dvc": version("dvc"), "mlflow": version("mlflow"),
             "train_device": train.device, "train_device_name": train.device_name,
-            "train_world_size": train.world_size, "evaluate_device": details.evaluate.device}
+            "train_world_size": train.world_size, "train_machine": train.machine.describe(),
+            "evaluate_device": details.evaluate.device, "evaluate_machine": details.evaluate.machine.describe()}
 
 
 def previous_replay(path: Path | None) -> Replay | None:

@@ -112,6 +112,40 @@ class EncodeDetails(StageDetails):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Machine(Record):
+    """The CPU a stage's numbers came from: its model, the vector instructions torch's CPU kernels use
+    (``torch.backends.cpu.get_cpu_capability()``: DEFAULT, AVX2, AVX512...), torch's threads, torch's version.
+    Two CPUs of different capability may give different last bits, and so different BLEU."""
+
+    cpu: str | None = None
+    cpu_capability: str | None = None
+    threads: int | None = None
+    torch: str | None = None
+
+    @classmethod
+    def here(cls) -> Machine:
+        """This process's machine (torch imported here: the stages that call this use it anyway)."""
+        import platform
+
+        import torch
+
+        try:
+            lines = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines()
+            cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+        except OSError:
+            cpu = None
+        return cls(cpu=cpu or platform.processor() or platform.machine(),
+                   cpu_capability=torch.backends.cpu.get_cpu_capability(), threads=torch.get_num_threads(),
+                   torch=str(torch.__version__))
+
+    def describe(self) -> str | None:
+        """``AMD EPYC, AVX2, 2 threads, torch 2.13.0`` (None when nothing was recorded)."""
+        if self.cpu is None:
+            return None
+        return f"{self.cpu}, {self.cpu_capability}, {self.threads} threads, torch {self.torch}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainDetails(StageDetails):
     """Where training ended and what it measured (pipeline/training/loop.py): target tokens and forward passes
     per optimizer step (forwards: the busiest rank), ``wall_seconds`` of this invocation, ``train_seconds`` of
@@ -133,6 +167,7 @@ class TrainDetails(StageDetails):
     train_seconds: float | None = None
     resumed_from_step: int | None = None
     valid_ppl: float | None = None
+    machine: Machine = field(default_factory=Machine)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,6 +221,7 @@ class EvaluateDetails(StageDetails):
     valid_newest: SetFigures = field(default_factory=SetFigures)
     chosen: Chosen = field(default_factory=Chosen)
     device: str | None = None
+    machine: Machine = field(default_factory=Machine)
 
 
 @dataclass(frozen=True, kw_only=True)

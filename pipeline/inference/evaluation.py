@@ -16,6 +16,7 @@ import torch
 from model import Transformer, autocast, label_smoothed_nll_loss
 from pipeline.artifacts import checkpoint, model_file
 from pipeline.core.config import EvaluateConfig
+from pipeline.core.details import Machine
 from pipeline.core.errors import CheckpointError, DataError
 from pipeline.core.textio import read_lines, write_lines
 from pipeline.data import batching
@@ -136,7 +137,7 @@ def evaluate_averaged(cfg: EvaluateConfig, translator: Translator, valid: EvalSe
             "test": decode_and_score(cfg, translator, test, hyp_paths["test"], beam=beam, alpha=alpha,
                                      label="test"),
             "grid": grid, "chosen": {"beam": beam, "alpha": alpha, "chosen_on": "valid"},
-            "device": str(translator.device)}
+            "device": str(translator.device), "machine": Machine.here().to_json()}
 
 
 @torch.no_grad()

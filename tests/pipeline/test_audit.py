@@ -114,6 +114,9 @@ def test_tiny_run_audit_measures_everything_and_names_every_changed_key(audit_wo
     assert "0.7-1.4 points" in md and "tensor2tensor/issues/61" in md and "scaling_nmt/README.md" in md
     assert items["Lineage consistency"]["verdict"] == "matches", items["Lineage consistency"]["deviation"]
     assert report["environment"]["torch"] == torch.__version__
+    machine = f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    for stage in ("train", "evaluate"):  # the CPU each stage's figures came from (its model, vector unit, threads)
+        assert report["environment"][f"{stage}_machine"].endswith(machine) and f"| {stage}_machine |" in md
 
 
 def test_lineage_repeats_dvc_lock_manifests_params_and_run_ids(audit_world: Path, tmp_path: Path) -> None:

@@ -52,6 +52,8 @@ def test_single_process_run_writes_checkpoints_metrics_and_plots(workspace, tmp_
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in sd)
     written = json.loads((tmp_path / "metrics" / "train.details.json").read_text())
     assert written["step"] == 6 and written == json.loads(json.dumps(metrics))
+    assert written["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert written["machine"]["threads"] == torch.get_num_threads() and written["machine"]["cpu"]
     numbers = json.loads((tmp_path / "metrics" / "train.json").read_text())  # DVC metrics: the table's keys
     assert numbers == stages.summary("train", written) == {"step": 6, "tokens_seen": written["tokens_seen"]}
     lines = (tmp_path / "plots" / "train.csv").read_text().splitlines()
