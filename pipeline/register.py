@@ -1,7 +1,7 @@
 """Stage ``register``: log the averaged model once as an MLflow pyfunc translator and maybe move ``candidate``.
 
 The model is logged into this stage's run with the decoding defaults evaluate chose on valid and registered
-as a new version of ``NMT_MODEL_NAME``; :mod:`pipeline.inference.registration` does the work. A rerun with
+as a new version of the profile's registered model (``NMT_MODEL_NAME`` to name another); :mod:`pipeline.inference.registration` does the work. A rerun with
 the same ``averaged.pt`` and the same beam and α logs nothing and points its record at that version. The
 alias ``candidate`` moves only to a model with a higher VALID BLEU on the same references (the test set
 never chooses); a paired bootstrap of both models' test hypotheses is recorded beside the decision.
@@ -18,6 +18,7 @@ from pathlib import Path
 from pipeline.core import env, stages, tracking
 from pipeline.core.config import EvaluateConfig, Params
 from pipeline.core.details import RegisterDetails
+from pipeline.core.gitstate import commit
 from pipeline.core.stage import stage_main
 from pipeline.inference import registration, registry
 from pipeline.inference.registration import ALIAS, SPLITS
@@ -38,19 +39,21 @@ def _record_only(name: str, new: dict[str, float], decision: str, *, existing: M
 
 def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Path,
           bleu_path: str | Path, lock_path: str | Path = "dvc.lock",
-          dataset_paths: dict[str, tuple[str, str]] | None = None, root: str | Path = ".") -> RegisterDetails:
+          dataset_paths: dict[str, tuple[str, str]] | None = None, root: str | Path = ".", profile: str = "paper",
+          dataset: str = "wmt14") -> RegisterDetails:
     """Log and register the averaged model; move ``candidate`` if it wins on valid BLEU; return the decision record.
 
     Args:
         cfg: the ``evaluate`` section (the served model decodes with its length and batch limits).
         bleu_path: evaluate's ``evaluate.details.json`` (valid/test BLEU, chosen beam and α).
         lock_path: ``dvc.lock``, whose md5s of ``dataset_paths`` (name → (DVC out, MLflow context)) are logged.
+        profile, dataset: name the registered model (:func:`pipeline.core.env.model_name`) and tag it.
 
     Raises:
         CheckpointError, DataError: missing or inconsistent inputs (nothing is logged then).
     """
     inputs = registration.gather_inputs(model_dir, eval_dir, raw_dir, bleu_path)
-    name, chosen = env.settings().model_name, inputs.evaluation
+    name, chosen = env.model_name(profile), inputs.evaluation
     new = {"valid_bleu": chosen.valid_bleu, "test_bleu": chosen.test_bleu, "beam": chosen.beam, "alpha": chosen.alpha}
     if not tracking.enabled():
         return _record_only(name, new, "tracking is off (NMT_TRACKING=off): nothing logged or "
@@ -67,7 +70,11 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
         datasets = registration.log_lineage(run, inputs, name, lock_path, dataset_paths or {})
         info = registration.log_model(run, cfg, inputs, name, work, root)
         version = info.version
-        registry.tag_model_version(name, version, {"run_id": run.run_id, **new,
+        registry.describe_model(name, f"The Transformer of Vaswani et al. (2017) trained by this pipeline: profile "
+                                f"{profile}, dataset {dataset}. Each version is one averaged model, tagged with its "
+                                f"valid and test BLEU and commit; alias {ALIAS}: the best valid BLEU so far.",
+                                {"profile": profile, "dataset": dataset}, root)
+        registry.tag_model_version(name, version, {"run_id": run.run_id, **new, "commit": commit(root) or "none",
                                                    "averaged_sha256": inputs.averaged_sha256,
                                                    **{f"{s}_ref_sha256": inputs.ref_sha[s] for s in SPLITS}}, root)
         bootstrap, not_compared = registration.compare(holder, inputs, work, root)
@@ -96,7 +103,8 @@ def _run(params: Params, args: argparse.Namespace) -> RegisterDetails:
     return stage(params.evaluate, model_dir=paths.model, eval_dir=paths.eval, raw_dir=paths.raw,
                  bleu_path=stages.details_file(paths.metrics, "evaluate"),
                  dataset_paths={"raw": (paths.raw, "source"), "bpe": (paths.bpe, "training"),
-                                "shards": (paths.shards, "training")})
+                                "shards": (paths.shards, "training")},
+                 profile=params.profile, dataset=params.download.dataset)
 
 
 def main(argv: list[str] | None = None) -> int:

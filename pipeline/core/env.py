@@ -172,8 +172,9 @@ class Settings:
         "a no-op"))
     log_level: str = field(default="INFO", metadata=meta(
         "NMT_LOG_LEVEL", LEVEL, "logging level of every stage (an unknown name means INFO)"))
-    model_name: str = field(default="wmt14-transformer", metadata=meta(
-        "NMT_MODEL_NAME", TEXT, "name of the registered MLflow model (stage register)"))
+    model_name: str | None = field(default=None, metadata=meta(
+        "NMT_MODEL_NAME", TEXT, "registered MLflow model (stage register); default `wmt14-transformer` for "
+        "profile paper, else `<profile>-transformer`"))
     register_ctranslate2: str = field(default="off", metadata=meta(
         "NMT_REGISTER_CTRANSLATE2", choice("off", "float32", "int8", "int8_float32", "float16"),
         "stage register ships a CTranslate2 export of this weight type in the MLflow translator (its default engine)"))
@@ -248,3 +249,9 @@ def prefer_this_interpreter() -> None:
     parts = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p]
     if parts[:1] != [folder]:
         os.environ["PATH"] = os.pathsep.join([folder, *(p for p in parts if p != folder)])
+
+
+def model_name(profile: str) -> str:
+    """The registered MLflow model of ``profile``'s runs: ``NMT_MODEL_NAME``, else one name per profile, so that a
+    smoke run of the tiny profile never becomes a version of the paper's model."""
+    return settings().model_name or ("wmt14-transformer" if profile == "paper" else f"{profile}-transformer")

@@ -151,3 +151,11 @@ def download_run_artifact(run_id: str, artifact_path: str, dst_dir: str | Path,
         log.warning("run %s has no artifact %s: %s", run_id, artifact_path, exc)
         return None
     return Path(local)
+
+
+def describe_model(model_name: str, description: str, tags: dict[str, str], root: str | Path = ".") -> None:
+    """Set the registered model's description and tags (what the MLflow UI's model page shows)."""
+    client = mlflow_client(root)
+    client.update_registered_model(model_name, description=description)
+    for key, value in tags.items():
+        client.set_registered_model_tag(model_name, key, value)

@@ -30,7 +30,7 @@ from pipeline.inference.registry import ModelVersion
 from pipeline.register import main, stage
 from tests.helpers.models import make_averaged
 
-DEFAULT_MODEL_NAME = "wmt14-transformer"  # without NMT_MODEL_NAME (README, Environment)
+DEFAULT_MODEL_NAME = "wmt14-transformer"  # the paper profile's, without NMT_MODEL_NAME (pipeline/core/env.py)
 WORDS = "der Hund sieht die Katze auf dem grünen Rasen vor dem alten Haus am Fluss".split()
 REFS = [" ".join(WORDS[i % 5:i % 5 + 6 + i % 4]) + f" Nummer {i} ." for i in range(40)]
 GOOD = [" ".join(r.split()[:-2]) + " ." for r in REFS]                  # drops one token per line
@@ -102,6 +102,9 @@ def test_first_model_takes_the_alias_worse_keeps_it_better_moves_it(model_dir: P
     assert logged == {"hyps/test.hyp.de", "hyps/valid.hyp.de"}
     version = client.get_model_version(DEFAULT_MODEL_NAME, "1")
     assert version.tags["run_id"] == first["mlflow_run_id"] and float(version.tags["valid_bleu"]) == 20.0
+    assert version.tags["commit"]  # a git commit, or "none" outside a checkout
+    model = client.get_registered_model(DEFAULT_MODEL_NAME)  # the model page: what it is, which profile and data
+    assert model.tags == {"profile": "paper", "dataset": "wmt14"} and "profile paper, dataset wmt14" in model.description
 
     worse = _register(model_dir, tmp_path / "b", valid_bleu=19.5, test_hyps=BAD, alpha=0.6)
     assert not worse["alias_moved"] and worse["model_version"] == "2" and worse["candidate_version"] == "1"

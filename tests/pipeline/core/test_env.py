@@ -84,7 +84,7 @@ def test_defaults_when_unset_or_blank() -> None:
     assert (s.rdzv_endpoint, s.rdzv_id, s.max_restarts, s.device, s.threads) == (None, "nmt-train", None, None, None)
     assert (s.dist_timeout_s, s.fault) == (1800.0, None)
     assert (s.data_mirror, s.download_cache, s.download_backoff_s) == (None, REPO / ".cache" / "downloads", 1.0)
-    assert (s.data_workers, s.tracking, s.log_level, s.model_name) == (None, True, "INFO", "wmt14-transformer")
+    assert (s.data_workers, s.tracking, s.log_level, s.model_name) == (None, True, "INFO", None)
     assert s.prefect_flow_run_id is None
     assert settings({name: "  " for name in env.NAMES}) == Settings()  # blank = unset
     assert settings({"PATH": "/bin", "NMT_UNKNOWN": "x"}) == Settings()  # other variables are not ours
@@ -106,6 +106,14 @@ def test_good_values_are_parsed_to_their_types(tmp_path: Path) -> None:
     assert (s.data_mirror, s.download_cache, s.download_backoff_s) == (str(tmp_path), tmp_path / "cache", 0.0)
     assert (s.data_workers, s.tracking, s.log_level, s.model_name) == (2, False, "DEBUG", "tiny")
     assert s.prefect_flow_run_id == "abc"
+
+
+def test_each_profile_registers_its_own_model_unless_nmt_model_name_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NMT_MODEL_NAME", raising=False)
+    assert [env.model_name(p) for p in ("paper", "demo", "tiny")] == [
+        "wmt14-transformer", "demo-transformer", "tiny-transformer"]
+    monkeypatch.setenv("NMT_MODEL_NAME", "mine")
+    assert env.model_name("tiny") == "mine"
 
 
 @pytest.mark.parametrize("value", ["off", "0", "false", "no", "OFF", " No "])
