@@ -106,18 +106,31 @@ class TrainLog:
                  row["train_nll"], row["train_ppl"], row["lr"], row["grad_norm"], rate,
                  f" | MFU {extra['mfu']:.1%}" if "mfu" in extra else "", row["tgt_tokens_per_step"],
                  row["forwards_per_step"], eta_text)
-        self.tracker.log_metrics({k: v for k, v in {**row, **extra}.items() if k not in ("step", "epoch")},
+        self.tracker.log_metrics(chart_names({k: v for k, v in {**row, **extra}.items() if k not in ("step", "epoch")}),
                                  step=state.step)
         state.history.append(row)
         self.sums.update(dict.fromkeys(self.KEYS, 0.0))
         self.since_tokens = 0.0
 
 
+#: MLflow's UI puts the charts of ``group/name`` metrics in one section per group: the curves first, then
+#: throughput, then the batch's size (which hardly moves).
+CHART_GROUPS = {"train_loss": "train/loss", "train_nll": "train/nll", "train_ppl": "train/ppl", "lr": "train/lr",
+                "grad_norm": "train/grad_norm", "valid_loss": "valid/loss", "valid_nll": "valid/nll",
+                "valid_ppl": "valid/ppl", "tgt_tokens_per_s": "speed/tgt_tokens_per_s", "mfu": "speed/mfu",
+                "tgt_tokens_per_step": "batch/tgt_tokens_per_step", "forwards_per_step": "batch/forwards_per_step"}
+
+
+def chart_names(metrics: dict[str, float]) -> dict[str, float]:
+    """``metrics`` under their MLflow chart names (:data:`CHART_GROUPS`)."""
+    return {CHART_GROUPS.get(k, k): v for k, v in metrics.items()}
+
+
 def log_valid(tracker: Any, state: TrainState, scores: dict[str, float]) -> None:
     """Log a validation at ``state.step`` (progress line, MLflow, ``state.history``)."""
     log.info("step %d valid | loss %.4f nll %.4f ppl %.2f", state.step, scores["valid_loss"],
              scores["valid_nll"], scores["valid_ppl"])
-    tracker.log_metrics(scores, step=state.step)
+    tracker.log_metrics(chart_names(scores), step=state.step)
     state.history.append({"step": state.step, "epoch": state.epoch, **scores})
 
 

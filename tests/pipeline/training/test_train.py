@@ -223,9 +223,10 @@ def test_mlflow_run_is_continued_on_resume(workspace, tmp_path, mlflow_sqlite):
     run = client.get_run(first["mlflow_run_id"])
     assert run.data.params["train.tokens_per_step"] == "192" and run.data.params["model.vocab_size"] == "60"
     assert run.info.status == "FINISHED"
-    for key in ("train_loss", "train_ppl", "lr", "grad_norm", "tgt_tokens_per_s", "tgt_tokens_per_step"):
+    for key in ("train/loss", "train/ppl", "train/lr", "train/grad_norm", "speed/tgt_tokens_per_s",
+                "batch/tgt_tokens_per_step"):  # grouped as MLflow's UI groups charts: curves first
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == list(range(1, 7)), key
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "valid_loss")] == [3, 4, 6]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "valid/loss")] == [3, 4, 6]
 
 
 def test_an_epoch_limit_ends_the_run(workspace, tmp_path, caplog):
