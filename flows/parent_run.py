@@ -27,9 +27,10 @@ log = logging.getLogger(__name__)
 
 
 def run_name(profile: str, commit: str, when: float | None = None) -> str:
-    """``<profile> <short commit> <YYYY-MM-DD HH:MM>`` (local time; ``no-git`` outside a checkout)."""
-    stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(time.time() if when is None else when))
-    return f"{profile} {commit[:7] or 'no-git'} {stamp}"
+    """``<profile> <MM-DD HH:MM> <short commit>`` (local time; ``no-git`` outside a checkout): what tells two runs
+    apart first, since MLflow's runs table cuts names at about 20 characters (the year is in its Created column)."""
+    stamp = time.strftime("%m-%d %H:%M", time.localtime(time.time() if when is None else when))
+    return f"{profile} {stamp} {commit[:7] or 'no-git'}"
 
 
 @contextlib.contextmanager

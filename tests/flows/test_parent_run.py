@@ -25,9 +25,9 @@ EVALUATE = EvaluateDetails.from_json({"valid": {"bleu": 25.5, "chrf2": 51.0, "pp
 
 def test_the_name_says_profile_commit_and_time() -> None:
     when = time.mktime((2026, 11, 25, 18, 40, 0, 0, 0, -1))
-    assert run_name("demo", "291a2df0123456789", when) == "demo 291a2df 2026-11-25 18:40"
-    assert run_name("tiny", "").startswith("tiny no-git ")
-    assert re.fullmatch(r"paper abcdef0 \d{4}-\d\d-\d\d \d\d:\d\d", run_name("paper", "abcdef0123"))
+    assert run_name("demo", "291a2df0123456789", when) == "demo 11-25 18:40 291a2df"  # profile and time first
+    assert run_name("tiny", "").endswith(" no-git")
+    assert re.fullmatch(r"paper \d\d-\d\d \d\d:\d\d abcdef0", run_name("paper", "abcdef0123"))
 
 
 def test_headline_metrics_on_gpu_and_cpu() -> None:
