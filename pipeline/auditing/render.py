@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 from pipeline.auditing.items import Item, fmt
 from pipeline.auditing.paper import PAPER
 from pipeline.auditing.summary import counts_line
-from pipeline.core.textio import MARKER
 
 if TYPE_CHECKING:
     from pipeline.auditing.replay import Replay
@@ -83,10 +82,9 @@ def _replay(replay: Replay) -> list[str]:
               "three Replay items are under Run checks."), ""]
     if replay.get("hypotheses_md5"):
         lines += [f"Hypotheses directory md5 (as DVC computes it): `{replay['eval_dir_md5']}`", ""]
-        sha = replay["record"]["hypotheses_sha256"]
-        lines += _table(("file", "md5", "sha256"), [(rel, md5, sha.get(rel) or "")
-                                                     for rel, md5 in replay["hypotheses_md5"].items()
-                                                     if rel != MARKER])  # the folder's role, not a hypothesis
+        sha = replay.get("hypotheses_sha256") or {}
+        lines += _table(("file", "md5", "sha256"), [(rel, md5, sha.get(rel, "not measured"))
+                                                     for rel, md5 in replay["hypotheses_md5"].items()])
     return lines
 
 
@@ -144,12 +142,27 @@ def _summary(audit: Audit) -> list[str]:
     lines += ["", "## Deviations", ""]
     if not audit["deviation_topics"]:
         return lines + ["None.", ""]
-    lines += [("Against the paper (or, where it is silent, the named reference implementation), one line per "
-               "topic, ranked by expected effect on BLEU (evidence in brackets; pipeline/auditing/ranking.py): "
-               "the first three matter most."), ""]
-    lines += [f"- **{n}. {t['topic']}**: {t['text']} [{t['why']}]"
+    lines += ["From the paper (or its named reference), by expected effect on BLEU; the first three matter most.", ""]
+    lines += [_cut(f"- **{n}. {t['topic']}**: {t['text']}", WIDTH)
+              for n, t in enumerate(audit["deviation_topics"], start=1)]
+    lines += ["", "## Deviations in full", "", "Ranked as above (pipeline/auditing/ranking.py); evidence in brackets.",
+              ""]
+    lines += [f"{n}. **{t['topic']}**: {t['text']} [{t['why']}]"
               for n, t in enumerate(audit["deviation_topics"], start=1)]
     return lines + [""]
+
+
+#: The summary's deviation lines fit a terminal this wide (the first screen: under 30 lines).
+WIDTH = 120
+
+
+def _cut(line: str, width: int) -> str:
+    """``line``, cut at a ``; `` boundary (or a space) to at most ``width`` characters, ending in `` …`` if cut."""
+    if len(line) <= width:
+        return line
+    head = line[:width - 2]
+    stop = head.rfind("; ")
+    return (head[:stop] if stop > width // 2 else head[:head.rfind(" ")]) + " …"
 
 
 def _details(audit: Audit) -> list[str]:

@@ -16,7 +16,7 @@ from pipeline.auditing.items import NEUTRAL_KEYS, Item, item
 from pipeline.core.config import Params, flatten, section_dict
 from pipeline.core.details import METRICS, EvaluateDetails, SetFigures
 from pipeline.core.errors import PipelineError
-from pipeline.core.textio import sha256_file
+from pipeline.core.textio import MARKER, sha256_file
 from pipeline.inference.scoring import score_files
 
 SETS = ("valid", "test")
@@ -38,6 +38,7 @@ class Replay(TypedDict, total=False):
     rescored: dict[str, dict[str, Any]] | None
     eval_dir_md5: str | None
     hypotheses_md5: dict[str, str] | None
+    hypotheses_sha256: dict[str, str] | None
 
 
 def _item(name: str, *, run: str, ok: bool | None, **more: str) -> Item:
@@ -185,5 +186,7 @@ def replay(*, params: Params, bleu: EvaluateDetails | None, lock: dict[str, Any]
     current = dvc_dir_md5(eval_dir) if eval_dir.is_dir() else None
     now = record(params, bleu, model_path, eval_dir, raw_dir)
     items = [rescored_item, lock_check(lock, root, str(paths.eval), current), previous_check(now, previous)]
+    files = {rel: md5 for rel, md5 in current[1].items() if rel != MARKER} if current else None  # MARKER: no hyp
     return {"items": items, "record": now, "rescored": rescored,
-            "eval_dir_md5": current[0] if current else None, "hypotheses_md5": current[1] if current else None}
+            "eval_dir_md5": current[0] if current else None, "hypotheses_md5": files,
+            "hypotheses_sha256": {rel: sha256_file(eval_dir / rel) for rel in files} if files else None}

@@ -60,8 +60,7 @@ def _tokens_per_step(inp: Inputs, steps: int | None, tokens: int | None) -> Item
     return item("Target tokens per step", paper="~25,000", source="§5.1", note="; ".join(notes),
                 run=None if mean is None else f"{mean:,.0f}",
                 ok=None if mean is None else approx(mean, PAPER["tokens_per_step"], TOKENS_REL),
-                deviation=f"{mean or 0:,.0f} target tokens per step measured (params train.tokens_per_step = "
-                          f"{fmt(configured)}; paper: ~25,000, within 10% matches)")
+                deviation=f"{mean or 0:,.0f} target tokens per step (paper: ~25,000; within 10% matches)")
 
 
 def _volume_items(inp: Inputs) -> list[Item]:

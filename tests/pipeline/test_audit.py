@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -82,7 +83,7 @@ def test_tiny_run_audit_measures_everything_and_names_every_changed_key(audit_wo
     # measured beside configured: tokens per step from train.json, averaging span, the newest checkpoint on valid
     per_step = items["Target tokens per step"]
     assert per_step["run"] == f"{train['tokens_per_step_mean']:,.0f}" and "std " in per_step["note"]
-    assert per_step["verdict"] == "deviates" and "params train.tokens_per_step = 1024" in per_step["deviation"]
+    assert per_step["verdict"] == "deviates" and "params train.tokens_per_step = 1024" in per_step["note"]
     assert items["World size"]["verdict"] == items["Forward passes per step"]["verdict"] == "informational"
     assert items["Averaging span"]["run"].startswith("2 checkpoint(s), steps 18-20: the last 10.0% of training")
     assert (items["Averaging span"]["verdict"], items["Averaging span"]["note"]) == (
@@ -114,6 +115,8 @@ def test_tiny_run_audit_measures_everything_and_names_every_changed_key(audit_wo
     assert "0.7-1.4 points" in md and "tensor2tensor/issues/61" in md and "scaling_nmt/README.md" in md
     assert items["Lineage consistency"]["verdict"] == "matches", items["Lineage consistency"]["deviation"]
     assert report["environment"]["torch"] == torch.__version__
+    newest = next(line for line in md.splitlines() if line.startswith("| valid.newest.hyp.de |"))
+    assert re.search(r"\| [0-9a-f]{64} \|$", newest), newest  # every hypothesis file's sha256, not only the averaged's
     machine = f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     for stage in ("train", "evaluate"):  # the CPU each stage's figures came from (its model, vector unit, threads)
         assert report["environment"][f"{stage}_machine"].endswith(machine) and f"| {stage}_machine |" in md
