@@ -16,6 +16,7 @@ import errno
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -135,8 +136,21 @@ def kill_all_groups(grace_s: float = 10.0) -> None:
 
 
 def _visible(segment: bytes) -> str:
-    """What a terminal would show for ``segment``: the text after its last carriage return."""
-    return segment.rstrip(b"\r").rsplit(b"\r", 1)[-1].decode("utf-8", "replace")
+    """What a terminal would show for ``segment``: the text after its last carriage return, colour codes gone."""
+    return _ANSI.sub("", segment.rstrip(b"\r").rsplit(b"\r", 1)[-1].decode("utf-8", "replace"))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # terminal colour and cursor sequences (ECMA-48 CSI)
+#: A stage's own prefix (pipeline/core/stage.py ``setup_logging``): the flow's logger adds time and level itself.
+_STAGE_PREFIX = re.compile(r"^\d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+
+
+def relay(logger: logging.Logger | logging.LoggerAdapter[logging.Logger], line: str) -> None:
+    """Log a stage's output ``line`` once: at the stage's level, without its time and level prefix."""
+    if match := _STAGE_PREFIX.match(line):
+        logger.log(getattr(logging, match[1]), "%s", line[match.end():])
+    else:
+        logger.info("%s", line)
 
 
 def _pump(stream: IO[bytes], emit: Callable[[str], None]) -> None:
@@ -176,7 +190,7 @@ def run_in_group(args: Sequence[str], *, cwd: str | Path, env: Mapping[str, str]
             if line.strip():
                 lines.append(line)
                 if pgid not in _stopping:
-                    (logger or log).info("%s", line)
+                    relay(logger or log, line)
         return emit
 
     if shutil.which(args[0], path=(env or os.environ).get("PATH")) is None:

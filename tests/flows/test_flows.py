@@ -8,6 +8,7 @@ killing and the report.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -62,6 +63,18 @@ def test_group_runner_collapses_progress_and_reaps_leftover_members(tmp_path: Pa
     assert result.stdout_lines[1:] == ("100%",) and result.stderr_tail == ("oops",)
     assert wait_dead([child]) == []  # the leader exited cleanly; its leftover child is ended too
     assert lifeline._live_groups == set()  # noqa: SLF001 - no group is left registered
+
+
+def test_a_stage_line_is_logged_once_at_its_level_without_its_prefix_or_colour_codes(tmp_path: Path, caplog) -> None:
+    script = ("import sys; print('12:00:01 WARNING pipeline.clean: 3 pairs dropped'); "
+              "print('12:00:02 INFO pipeline.clean: done'); print('\\x1b[33mplain\\x1b[0m line', file=sys.stderr)")
+    caplog.set_level(logging.INFO, logger="flows.test")
+    result = run_in_group([sys.executable, "-c", script], cwd=tmp_path, grace_s=2,
+                          logger=logging.getLogger("flows.test"))
+    assert result.returncode == 0
+    got = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "flows.test"]
+    assert sorted(got) == [("INFO", "pipeline.clean: done"), ("INFO", "plain line"),
+                           ("WARNING", "pipeline.clean: 3 pairs dropped")]
 
 
 def test_runs_then_skips_then_restores_with_report(make_repo: MakeRepo) -> None:
