@@ -1,4 +1,4 @@
-"""The Prefect flow ``wmt14-pipeline`` (README, "Orchestration"): one task per DVC stage, each in its own process group.
+"""The Prefect flow ``wmt14-pipeline`` (docs/orchestration.md): one task per DVC stage, each in its own process group.
 
 Ours around theirs: DVC runs the stages and Prefect the tasks; the flow adds what neither knows (the MLflow parent
 run, the profile switch, the report).

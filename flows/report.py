@@ -18,7 +18,7 @@ from pipeline.core.details import Chosen, EvaluateDetails, RegisterDetails, Trai
 
 AUDIT_ARTIFACT_KEY = "wmt14-audit"
 AUDIT_LINES = 12  # deviations quoted in the run report; the rest stay in audit.md
-#: What the MLflow parent run carries, for MLflow's Compare view (README, "Comparing runs in MLflow").
+#: What the MLflow parent run carries, for MLflow's Compare view (docs/tracking.md, "Comparing runs in MLflow").
 HEADLINE_METRICS = ("test_bleu", "valid_bleu", "test_chrf", "valid_chrf", "valid_ppl", "train_steps", "gpu_hours")
 OBJECTIVE = "valid_bleu"  # a sweep's: higher is better
 # A sweep table's columns: (headline metric, title, format); valid BLEU first: it decides.

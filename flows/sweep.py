@@ -1,5 +1,5 @@
-"""The Prefect flow ``wmt14-sweep`` (README, "Sweeps"): variants of a base profile run as DVC experiments, each in
-its own clone under its own MLflow run; a restart skips the finished variants.
+"""The Prefect flow ``wmt14-sweep`` (docs/orchestration.md, "Sweeps"): variants of a base profile run as DVC
+experiments, each in its own clone under its own MLflow run; a restart skips the finished variants.
 
 Ours and not DVC's experiment queue (``dvc exp run --queue``, ``dvc queue start -j N``): see :mod:`flows.sweep_work`.
 """

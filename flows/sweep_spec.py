@@ -1,4 +1,4 @@
-"""A sweep's spec file (``nmt sweep SPEC.yaml``; README, "Sweeps"): read, checked against params.yaml, expanded.
+"""A sweep's spec file (``nmt sweep SPEC.yaml``; docs/orchestration.md): read, checked against params.yaml, expanded.
 
 Ours and not DVC's ``-S 'key=choice(...)'`` sweeps: DVC expands those only into ``--queue`` runs
 (dvc/repo/experiments/run.py), which a sweep cannot use (:mod:`flows.sweep_work`), and checks no key or value

@@ -1,5 +1,5 @@
-"""Stage ``audit``: this run beside the paper's base model, item by item, with its lineage (README, "Tracking,
-registry and audit"), as ``<paths.reports>/audit.md`` and ``audit.json``, a function of the inputs only."""
+"""Stage ``audit``: this run beside the paper's base model, item by item, with its lineage (docs/tracking.md,
+"The audit"), as ``<paths.reports>/audit.md`` and ``audit.json``, a function of the inputs only."""
 
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_run)
     p = sub.add_parser("sweep", help="the Prefect flow wmt14-sweep: variants of a profile as DVC experiments "
                                      "under one MLflow parent run, compared by valid BLEU (python -m flows.sweep)")
-    p.add_argument("spec", help="the sweep's YAML spec: name, profile, grid or variants (README, Sweeps)")
+    p.add_argument("spec", help="the sweep's YAML spec: name, profile, grid or variants (docs/orchestration.md)")
     p.set_defaults(func=_cmd_sweep)
     from pipeline.inference import ct2, translate
 

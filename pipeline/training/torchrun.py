@@ -1,4 +1,4 @@
-"""torchrun's command line for this node, from the ``NMT_*`` environment (README, Environment; docs/cluster.md):
+"""torchrun's command line for this node, from the ``NMT_*`` environment (docs/configuration.md; docs/cluster.md):
 hardware is environment, not params, so moving between machines never invalidates the train stage.
 A one-node job listens on 127.0.0.1 only: torchrun's stores are unauthenticated.
 """

@@ -30,7 +30,7 @@ from pipeline.inference.registry import ModelVersion
 from pipeline.register import main, stage
 from tests.helpers.models import make_averaged
 
-DEFAULT_MODEL_NAME = "wmt14-transformer"  # the paper profile's, without NMT_MODEL_NAME (pipeline/core/env.py)
+DEFAULT_MODEL_NAME = "wmt14-transformer"  # the paper profile's, without NMT_MODEL_NAME (docs/configuration.md)
 WORDS = "der Hund sieht die Katze auf dem grünen Rasen vor dem alten Haus am Fluss".split()
 REFS = [" ".join(WORDS[i % 5:i % 5 + 6 + i % 4]) + f" Nummer {i} ." for i in range(40)]
 GOOD = [" ".join(r.split()[:-2]) + " ." for r in REFS]                  # drops one token per line

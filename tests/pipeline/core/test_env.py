@@ -77,6 +77,13 @@ def test_every_variable_is_typed_and_documented_once() -> None:
         assert hints[f.name], f.name
 
 
+def test_every_variable_has_a_row_in_the_configuration_guide() -> None:
+    """docs/configuration.md holds the table users read: a row per variable, none for a variable no longer read."""
+    rows = re.findall(r"^\| `(NMT_[A-Z0-9_]+)` \|", (REPO / "docs" / "configuration.md").read_text(encoding="utf-8"),
+                      re.MULTILINE)
+    assert sorted(rows) == sorted(env.NAMES)
+
+
 def test_defaults_when_unset_or_blank() -> None:
     s = settings({})
     assert s == Settings()

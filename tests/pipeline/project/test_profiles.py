@@ -70,7 +70,7 @@ def test_listing_shows_each_profile_with_its_description_and_marks_the_active_on
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         "  bare",
-        "* demo      Multi30k on a laptop CPU in minutes (~2M parameters, 8k vocabulary).",
+        "* demo      Multi30k on a laptop CPU in minutes (~2.4M parameters, 8k vocabulary).",
         "  multi30k  Multi30k on one GPU in minutes (7.6M parameters, 8k vocabulary): 38 epochs in under 3 minutes "
         "on an H100.",
         "  paper     THE configuration (profile `paper`: the base Transformer of Vaswani et al. 2017 on WMT14 EN->DE).",

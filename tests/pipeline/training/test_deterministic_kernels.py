@@ -1,5 +1,5 @@
 """``NMT_DETERMINISTIC``: deterministic kernels, and what they buy on a GPU (a killed and resumed run
-ends bitwise equal to an uninterrupted one: the README's "On a GPU").
+ends bitwise equal to an uninterrupted one: docs/training.md, "On a GPU").
 
 On the CPU the switch must change nothing (CPU kernels are deterministic for a fixed thread count);
 the CUDA test is skipped without a GPU and runs in ``benchmarks/gpu.py check`` on a device.
