@@ -103,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C; output files are written whole (pipeline/core/textio.py, atomic_path)
+        print(f"error: nmt {args.command}: interrupted by Ctrl-C; no output file was left half-written",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
