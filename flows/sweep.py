@@ -37,7 +37,7 @@ from flows.sweep_work import (REPORTS_DIR, SweepState, VariantFailed, cache_dir,
 from pipeline.core import env, tracking
 from pipeline.core.config import flatten
 from pipeline.core.errors import PipelineError
-from pipeline.core.options import plain
+from pipeline.project.options import plain
 from pipeline.project.profiles import merged_profile
 
 FLOW_NAME = "wmt14-sweep"

@@ -8,7 +8,7 @@ import sys
 
 from pipeline.core import env, stages
 from pipeline.core.errors import PipelineError
-from pipeline.core.options import OneLineParser
+from pipeline.project.options import OneLineParser
 from pipeline.core.stage import setup_logging
 from pipeline.project import run_options
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import select
 import sys
@@ -14,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from model.config import MAX_BEAM_SIZE, beam_size_problem
 from pipeline.core.errors import PipelineError
-from pipeline.core.options import at_least, finite_float
 from pipeline.inference.common import check_cuda, detokenize, parse_device, prepare_source
 from pipeline.inference.attention import (AttentionPick, check_attention_layer, check_attention_line,
                                           check_attention_options, plot_cross_attention)
@@ -108,6 +108,32 @@ def check_beam(beam: int, vocab_size: int = 0, option: str = "--beam") -> None:
     """Refuse, naming ``option``, a beam outside 1 .. MAX_BEAM_SIZE or wider than ``vocab_size`` (0: not known)."""
     if problem := beam_size_problem(beam, vocab_size):
         raise PipelineError(f"{option} {beam!r:.40}: {problem}")
+
+
+def _at_least(least: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``least``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text:.40}: must be an integer >= {least}")
+        return value
+
+    return parse
+
+
+def _finite_float(text: str) -> float:
+    """An argparse ``type``: a finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text:.40}: must be a finite number")
+    return value
 
 
 def _beam(text: str) -> int:
@@ -241,16 +267,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                     "lines are translated)")
     p.add_argument("--beam", type=_beam, default=4,
                    help=f"beam size, 1 to {MAX_BEAM_SIZE} and at most the vocabulary size (default 4)")
-    p.add_argument("--alpha", type=finite_float, default=0.6, help="length penalty alpha (default 0.6)")
-    p.add_argument("--max-len-a", type=finite_float, default=1.0, help="max output length = a * source length + b")
-    p.add_argument("--max-len-b", type=finite_float, default=50, help="see --max-len-a (default 50)")
-    p.add_argument("--max-tokens", type=at_least(1), default=8192,
+    p.add_argument("--alpha", type=_finite_float, default=0.6, help="length penalty alpha (default 0.6)")
+    p.add_argument("--max-len-a", type=_finite_float, default=1.0, help="max output length = a * source length + b")
+    p.add_argument("--max-len-b", type=_finite_float, default=50, help="see --max-len-a (default 50)")
+    p.add_argument("--max-tokens", type=_at_least(1), default=8192,
                    help="batch budget in padded source tokens: what one search holds (default 8192)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if torch sees one, else cpu; "
                                     "--engine ctranslate2: cpu)")
-    p.add_argument("--workers", type=at_least(1),
+    p.add_argument("--workers", type=_at_least(1),
                    help="--engine ctranslate2 only: translations run at once (CTranslate2's inter_threads, default 1)")
-    p.add_argument("--threads", type=at_least(0), default=0,
+    p.add_argument("--threads", type=_at_least(0), default=0,
                    help="threads per translation (CTranslate2's intra_threads) or of the torch engine "
                         "(default: the library's)")
     p.add_argument("--attention-png", help="draw one sentence's cross-attention into this PNG")
