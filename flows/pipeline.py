@@ -32,6 +32,7 @@ from pipeline.core import tracking
 from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
 from pipeline.core.details import EvaluateDetails, RegisterDetails, StageDetails
 from pipeline.core.errors import PipelineError
+from pipeline.project import run_options
 from pipeline.project.profiles import profile_run, restore_params
 from pipeline.project.workspace import exclusive_run
 
@@ -223,42 +224,26 @@ def _pipeline(root: Path, selected: list[str], *, force: bool, profile: str | No
             "git_commit": git.get("git_commit", ""), "markdown": markdown}
 
 
-def _per_stage(flag: str, items: list[str]) -> dict[str, float]:
-    """``STAGE=SECONDS`` items of option ``flag`` as a mapping (PipelineError for an item of another form)."""
-    out: dict[str, float] = {}
-    for item in items:
-        stage, _, value = item.partition("=")
-        try:
-            out[stage] = float(value if stage else "")  # no "=" leaves value empty
-        except ValueError:
-            raise PipelineError(f"{flag} {item!r}: expected STAGE=SECONDS, e.g. train=86400") from None
-    return out
+def build_parser() -> argparse.ArgumentParser:
+    """``python -m flows.pipeline``'s parser: ``--stages`` and the options ``nmt run`` shares (run_options.py)."""
+    parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=run_options.DESCRIPTION)
+    parser.add_argument("--stages", nargs="*", help="stages to run (default: all, in pipeline order)")
+    run_options.add_options(parser)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.pipeline``: run the flow once (a temporary Prefect server when no API URL is set)."""
-    parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stages", nargs="*", help="stages to run (default: all, in pipeline order)")
-    parser.add_argument("--force", action="store_true", help="rerun even if DVC finds the stages up to date")
-    parser.add_argument("--profile", help="run with this profile's params.yaml (tiny, demo, multi30k, paper); the "
-                                          "previous params.yaml is restored afterwards")
-    parser.add_argument("--repo", default=".", help="project checkout holding dvc.yaml (default: .)")
-    parser.add_argument("--timeout", action="append", default=[], metavar="STAGE=SECONDS",
-                        help="per-stage wall-clock limit (repeatable)")
-    parser.add_argument("--retry-delay", action="append", default=[], metavar="STAGE=SECONDS",
-                        help="seconds before retrying a failed stage (repeatable)")
-    parser.add_argument("--kill-grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     env.prefer_this_interpreter()  # DVC's `python -m pipeline.<stage>` runs in this environment
     try:
-        timeouts, delays = _per_stage("--timeout", args.timeout), _per_stage("--retry-delay", args.retry_delay)
         select_stages(args.repo, args.stages)  # refused before any server, lock or MLflow run
         tracking.require_configured_server()  # an unreachable MLflow server too
         ensure_api("flows.pipeline", argv)
         report = wmt14_pipeline(stages=args.stages, force=args.force, profile=args.profile, repo=args.repo,
-                                timeouts_s=timeouts, retry_delay_s=delays, kill_grace_s=args.kill_grace)
+                                timeouts_s=dict(args.timeout), retry_delay_s=dict(args.retry_delay),
+                                kill_grace_s=args.kill_grace)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

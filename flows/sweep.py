@@ -37,6 +37,7 @@ from flows.sweep_work import (REPORTS_DIR, SweepState, VariantFailed, cache_dir,
 from pipeline.core import env, tracking
 from pipeline.core.config import flatten
 from pipeline.core.errors import PipelineError
+from pipeline.project.options import plain
 from pipeline.project.profiles import merged_profile
 
 FLOW_NAME = "wmt14-sweep"
@@ -226,7 +227,7 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.sweep SPEC.yaml``: run the sweep once (a temporary Prefect server when no API URL is set)."""
-    parser = argparse.ArgumentParser(prog="python -m flows.sweep", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m flows.sweep", description=plain(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", help="the sweep's YAML spec (see sweeps/demo-warmup.yaml)")
     parser.add_argument("--repo", default=".", help="project checkout holding dvc.yaml (default: .)")

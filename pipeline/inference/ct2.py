@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from model.config import TransformerConfig, max_length
+from pipeline.core.config import load_params
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import output_problem
 from pipeline.core.textio import atomic_path
@@ -28,6 +29,49 @@ QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16")
 EXPORT_ROLE = "ctranslate2 export"
 #: The layer-norm epsilon of torch.nn.LayerNorm (CTranslate2's default differs).
 LAYER_NORM_EPS = 1e-5
+#: The average stage's model file (pipeline/artifacts/model_file.py's NAME; that module imports torch).
+AVERAGED = "averaged.pt"
+
+
+def default_output(model_path: str | Path) -> Path:
+    """The folder to export ``model_path`` into: ``<its folder>-ct2``, which for ``<paths.model>/averaged.pt`` is the
+    export stage's ``<paths.model>-ct2`` (pipeline/export.py); ``<name>-ct2`` beside a file in ``.`` or ``/``."""
+    model_path = Path(model_path)
+    folder = model_path.parent
+    return Path(f"{folder}-ct2") if folder.name else model_path.with_name(f"{model_path.stem}-ct2")
+
+
+def _file_in(path: Path) -> Path | None:
+    """``path`` or the folder above it that exists and is not a folder (a file), if any."""
+    return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+
+
+def _where_averaged() -> str:
+    """Where ``dvc repro average`` writes the model for ./params.yaml (or for a params.yaml, if that is unreadable)."""
+    try:
+        return f"`dvc repro average` writes {Path(load_params().paths.model) / AVERAGED} for this params.yaml"
+    except (PipelineError, OSError):
+        return f"`dvc repro average` writes <paths.model>/{AVERAGED} for a params.yaml"
+
+
+def check_averaged(model: str | Path) -> Path:
+    """``--model`` of ``nmt export`` and ``nmt translate --engine torch``, if it exists and is not a folder.
+
+    Raises:
+        PipelineError: one line naming ``--model``, what it is and what to pass instead.
+    """
+    model = Path(model)
+    if model.is_dir():
+        if (model / AVERAGED).is_file():
+            hint = f"pass the model file in it, {model / AVERAGED}"
+        elif (model / "model.bin").is_file():
+            hint = "it holds a CTranslate2 export: nmt translate reads that with --engine ctranslate2"
+        else:
+            hint = f"pass an {AVERAGED} ({_where_averaged()})"
+        raise PipelineError(f"--model {model}: is a folder, not an {AVERAGED}; {hint}")
+    if not model.exists():
+        raise PipelineError(f"--model {model}: does not exist; pass an {AVERAGED} ({_where_averaged()})")
+    return model
 
 
 def unsupported(config: TransformerConfig, pieces: Sequence[str]) -> list[str]:
@@ -113,7 +157,11 @@ def export(model_path: str | Path, output: str | Path, quantization: str = "floa
     output = Path(output)
     if problem := output_problem(output, inputs=[model_path]):
         raise PipelineError(f"--output {output}: refusing to write there: {problem}; name a new folder, e.g. "
-                            f"{Path(model_path).parent}-ct2")
+                            f"{default_output(model_path)}")
+    if blocker := _file_in(output):  # refused before the work, and never replaced
+        where = "is a file" if blocker == output else f"lies below the file {blocker}"
+        raise PipelineError(f"--output {output}: {where}, left as it is; an export is a folder: name a new one, "
+                            f"e.g. {default_output(model_path)}")
     mf = model_file.load(model_path)
     sp = spm.SentencePieceProcessor(model_proto=mf.spm)
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
@@ -144,8 +192,8 @@ class Ct2Translator:
     sp: Any  # sentencepiece.SentencePieceProcessor
 
 
-def _export_command(model_dir: Path) -> str:
-    return f"`nmt export --format ctranslate2 --model averaged.pt --output {model_dir}`"
+def _export_command(output: Path) -> str:
+    return f"`nmt export --format ctranslate2 --model {AVERAGED} --output {output}`"
 
 
 def check(model_dir: str | Path, *, remedy: str | None = None) -> Path:
@@ -159,10 +207,12 @@ def check(model_dir: str | Path, *, remedy: str | None = None) -> Path:
     if model_dir.exists() and not model_dir.is_dir():
         raise PipelineError(f"{model_dir}: a file, not a CTranslate2 export folder; translate an averaged.pt with "
                             f"--engine torch, or export it with `nmt export --format ctranslate2 --model {model_dir} "
-                            f"--output {model_dir.parent}-ct2` and give that folder")
-    if not model_dir.is_dir():
-        raise PipelineError(f"{model_dir}: not found; give the folder `nmt export` wrote, or write one with "
-                            f"{_export_command(model_dir)}")
+                            f"--output {default_output(model_dir)}` and give that folder")
+    if not model_dir.is_dir():  # advice to export onto a missing averaged.pt's path, or below a file, would fail
+        blocker = _file_in(model_dir)
+        target = default_output(blocker or model_dir) if blocker or model_dir.suffix == ".pt" else model_dir
+        raise PipelineError(f"{model_dir}: does not exist; give the folder `nmt export` wrote, or write one with "
+                            f"{_export_command(target)}")
     missing = [n for n in ("model.bin", SPM_NAME, CONFIG_NAME) if not (model_dir / n).is_file()]
     if missing:
         raise PipelineError(f"{model_dir}: not a CTranslate2 export ({', '.join(missing)} missing); write one "
@@ -225,7 +275,7 @@ def decode_sources(ct2: Ct2Translator, sources: Sequence[Sequence[int]], *, beam
 
 
 def _cmd_export(args: Any) -> int:
-    export(args.model, args.output, args.quantization)  # --format: ctranslate2 is the only choice
+    export(check_averaged(args.model), args.output, args.quantization)  # --format: ctranslate2 is the only choice
     return 0
 
 

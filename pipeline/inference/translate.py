@@ -110,20 +110,50 @@ def check_beam(beam: int, vocab_size: int = 0, option: str = "--beam") -> None:
         raise PipelineError(f"{option} {beam!r:.40}: {problem}")
 
 
+def _at_least(least: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``least``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text:.40}: must be an integer >= {least}")
+        return value
+
+    return parse
+
+
+def _finite_float(text: str) -> float:
+    """An argparse ``type``: a finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text:.40}: must be a finite number")
+    return value
+
+
+def _beam(text: str) -> int:
+    """An argparse ``type``: a beam size within the project's bounds (the model's vocabulary is checked on load)."""
+    try:
+        beam = int(text)
+    except ValueError:
+        beam = 0
+    if problem := beam_size_problem(beam):
+        raise argparse.ArgumentTypeError(f"{text:.40}: {problem}")
+    return beam
+
+
 def _check_args(args: argparse.Namespace) -> None:
-    """The options that need no model and no input, each refused in one line."""
-    check_beam(args.beam)
+    """The option combinations that need no model and no input, each refused in one line (single options are
+    refused by their argparse ``type``)."""
     if args.workers is not None and args.engine != "ctranslate2":
         raise PipelineError(f"--workers {args.workers!r:.40}: sets how many translations CTranslate2 runs at once; "
                             "use it with --engine ctranslate2 (the torch engine runs one search at a time: "
                             "--threads sets its threads)")
-    for option, value, least in (("--max-tokens", args.max_tokens, 1), ("--workers", args.workers, 1),
-                                 ("--threads", args.threads, 0)):
-        if value is not None and value < least:
-            raise PipelineError(f"{option} {value!r:.40}: must be >= {least}")
-    for option, number in (("--alpha", args.alpha), ("--max-len-a", args.max_len_a), ("--max-len-b", args.max_len_b)):
-        if not math.isfinite(number):
-            raise PipelineError(f"{option} {number}: must be a finite number")
     check_attention_options(args.attention_png, args.attention_layer, args.attention_line, args.engine)
 
 
@@ -142,9 +172,11 @@ def _load(args: argparse.Namespace) -> Translator | Ct2Translator:
                         intra_threads=args.threads)
     import torch
 
+    from pipeline.inference.ct2 import check_averaged
     from pipeline.inference.decoding import load_translator, resolve_device
 
     device = resolve_device(args.device)
+    check_averaged(args.model)  # missing, or a folder: one line naming --model
     if args.threads:
         torch.set_num_threads(args.threads)
     return load_translator(args.model, device)
@@ -227,24 +259,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("translate", help="translate lines (stdin or --input) with an averaged.pt model or its "
                                          "CTranslate2 export")
     p.add_argument("--model", required=True, help="an averaged.pt written by the average stage (--engine torch) or "
-                                                  "a directory written by `nmt export` (--engine ctranslate2)")
+                                                  "a folder written by nmt export (--engine ctranslate2)")
     p.add_argument("--engine", choices=("torch", "ctranslate2"), default="torch",
                    help="this project's beam search (default) or CTranslate2's on an export")
     p.add_argument("--input", help="input file, one sentence per line (default: stdin, translated as lines arrive)")
     p.add_argument("--output", help="output file, written atomically at the end (default: stdout, written as "
                                     "lines are translated)")
-    p.add_argument("--beam", type=int, default=4,
+    p.add_argument("--beam", type=_beam, default=4,
                    help=f"beam size, 1 to {MAX_BEAM_SIZE} and at most the vocabulary size (default 4)")
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty alpha (default 0.6)")
-    p.add_argument("--max-len-a", type=float, default=1.0, help="max output length = a * source length + b")
-    p.add_argument("--max-len-b", type=float, default=50, help="see --max-len-a (default 50)")
-    p.add_argument("--max-tokens", type=int, default=8192,
+    p.add_argument("--alpha", type=_finite_float, default=0.6, help="length penalty alpha (default 0.6)")
+    p.add_argument("--max-len-a", type=_finite_float, default=1.0, help="max output length = a * source length + b")
+    p.add_argument("--max-len-b", type=_finite_float, default=50, help="see --max-len-a (default 50)")
+    p.add_argument("--max-tokens", type=_at_least(1), default=8192,
                    help="batch budget in padded source tokens: what one search holds (default 8192)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if torch sees one, else cpu; "
                                     "--engine ctranslate2: cpu)")
-    p.add_argument("--workers", type=int,
+    p.add_argument("--workers", type=_at_least(1),
                    help="--engine ctranslate2 only: translations run at once (CTranslate2's inter_threads, default 1)")
-    p.add_argument("--threads", type=int, default=0,
+    p.add_argument("--threads", type=_at_least(0), default=0,
                    help="threads per translation (CTranslate2's intra_threads) or of the torch engine "
                         "(default: the library's)")
     p.add_argument("--attention-png", help="draw one sentence's cross-attention into this PNG")

@@ -130,6 +130,42 @@ def test_bad_exports_and_options_are_refused_naming_the_problem(exported: tuple[
     assert not (tmp_path / "x").exists()
 
 
+def test_a_missing_model_or_the_wrong_kind_of_path_is_one_line_with_a_folder_to_export_to(
+        exported: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing averaged.pt once drew the advice to export onto its own path."""
+    model, out = exported
+    missing = tmp_path / "averaged.pt"
+    assert main(["translate", "--engine", "ctranslate2", "--model", str(missing)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {missing}: does not exist; give the folder `nmt export` wrote, or write one with `nmt export "
+        f"--format ctranslate2 --model averaged.pt --output {tmp_path}-ct2`"]
+    assert main(["translate", "--model", str(out)]) == 1  # an export, but --engine torch
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --model {out}: is a folder, not an averaged.pt; it holds a CTranslate2 export: nmt translate reads "
+        "that with --engine ctranslate2"]
+    assert main(["export", "--model", str(missing), "--output", str(tmp_path / "x")]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --model {missing}: does not exist; pass an averaged.pt ")
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_export_onto_a_file_is_refused_before_the_work_leaving_the_file(exported: tuple[Path, Path],
+                                                                          tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    model, _ = exported
+    target = tmp_path / "averaged.pt"
+    target.write_bytes(b"a file of the user's\n")
+    assert main(["export", "--model", str(model), "--output", str(target)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --output {target}: is a file, left as it is; an export is a folder: name a new one, e.g. "
+        f"{model.parent}-ct2"]
+    assert main(["export", "--model", str(model), "--output", str(target / "ct2")]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --output {target / 'ct2'}: lies below the file {target}, left as it is; an export is a folder: name "
+        f"a new one, e.g. {model.parent}-ct2"]
+    assert target.read_bytes() == b"a file of the user's\n" and list(tmp_path.iterdir()) == [target]
+
+
 def _copy(out: Path, tmp_path: Path) -> Path:
     import shutil
 

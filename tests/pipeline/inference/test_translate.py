@@ -257,27 +257,60 @@ def test_a_file_that_is_not_a_model_is_named_without_torch_advice(tmp_path: Path
     assert "weights_only=False" not in message and "\n" not in message
 
 
+def test_workers_without_ctranslate2_is_refused_before_any_work(model_file: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out.de"
+    assert main(["translate", "--model", str(model_file), "--input", str(model_file), "--output", str(out),
+                 "--workers", "2"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "error: --workers 2: sets how many translations CTranslate2 runs at once; use it with --engine ctranslate2 "
+        "(the torch engine runs one search at a time: --threads sets its threads)"]
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(("option", "message"), [
-    (["--engine", "ctranslate2", "--workers", "0"], "--workers 0: must be >= 1"),
-    (["--workers", "2"], "--workers 2: sets how many translations CTranslate2 runs at once; use it with --engine "
-                         "ctranslate2 (the torch engine runs one search at a time: --threads sets its threads)"),
-    (["--threads", "-1"], "--threads -1: must be >= 0"),
-    (["--max-tokens", "0"], "--max-tokens 0: must be >= 1"),
-    (["--beam", "0"], "--beam 0: must be an integer from 1 to 64"),
-    (["--beam", "1000000"], "--beam 1000000: must be an integer from 1 to 64"),
-    (["--alpha", "nan"], "--alpha nan: must be a finite number"),
-    (["--max-len-b", "inf"], "--max-len-b inf: must be a finite number"),
+    (["--engine", "ctranslate2", "--workers", "0"], "--workers: 0: must be an integer >= 1"),
+    (["--threads", "-1"], "--threads: -1: must be an integer >= 0"),
+    (["--max-tokens", "0"], "--max-tokens: 0: must be an integer >= 1"),
+    (["--max-tokens", "many"], "--max-tokens: many: must be an integer >= 1"),
+    (["--beam", "0"], "--beam: 0: must be an integer from 1 to 64 (the widest beam this project searches)"),
+    (["--beam", "1000000"], "--beam: 1000000: must be an integer from 1 to 64 (the widest beam this project "
+                            "searches)"),
+    (["--alpha", "nan"], "--alpha: nan: must be a finite number"),
+    (["--max-len-b", "inf"], "--max-len-b: inf: must be a finite number"),
 ])
-def test_bad_options_are_refused_before_any_work_naming_the_option(model_file: Path, tmp_path: Path,
-                                                                   option: list[str], message: str,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_sizes_out_of_bounds_are_usage_errors_naming_the_option(model_file: Path, tmp_path: Path,
+                                                                option: list[str], message: str,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused by argparse (exit 2, one line naming the option) before any work."""
     out = tmp_path / "out.de"
     args = ["translate", "--model", str(model_file), "--input", str(model_file), "--output", str(out), *option]
-    assert main(args) == 1
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.splitlines() == [f"error: {message} (the widest beam this project searches)"
-                                if option[0] == "--beam" else f"error: {message}"], err
+    assert err.splitlines() == [f"nmt translate: error: argument {message}; see nmt translate --help"], err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("what", ["missing", "empty folder", "folder holding averaged.pt"])
+def test_a_model_path_that_is_missing_or_a_folder_is_one_line_saying_what_to_pass(
+        model_file: Path, tmp_path: Path, what: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Once "not found" and "truncated or corrupt" together, or an IsADirectoryError traceback."""
+    path = tmp_path / ("averaged.pt" if what == "missing" else "model")
+    if what != "missing":
+        path.mkdir()
+    if what == "folder holding averaged.pt":
+        (path / "averaged.pt").write_bytes(model_file.read_bytes())
+    assert main(["translate", "--model", str(path), "--input", str(model_file)]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    expected = {"missing": f"error: --model {path}: does not exist; pass an averaged.pt (`dvc repro average` writes ",
+                "empty folder": f"error: --model {path}: is a folder, not an averaged.pt; pass an averaged.pt (",
+                "folder holding averaged.pt": f"error: --model {path}: is a folder, not an averaged.pt; pass the model "
+                                              f"file in it, {path / 'averaged.pt'}"}[what]
+    assert lines[0].startswith(expected), lines
+    assert "corrupt" not in lines[0]
 
 
 @pytest.mark.slow

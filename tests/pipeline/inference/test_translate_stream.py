@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -80,9 +81,16 @@ def test_chunked_translation_equals_whole_input_translation(models: dict[str, Pa
         assert [len(c) for c in chunks][:-1] == [max_lines] * (len(chunks) - 1)
 
 
+def _as_foreground() -> None:
+    """SIGINT at its default, as in a terminal's foreground job: a background job (a pytest started with ``&``)
+    inherits it ignored, and Python then raises no KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "translate", *args], cwd=REPO,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_as_foreground)
 
 
 def _readline(stream, timeout: float) -> bytes:  # noqa: ANN001 - a pipe's binary reader
@@ -110,6 +118,22 @@ def test_one_line_is_answered_while_stdin_stays_open(models: dict[str, Path], en
         proc.stdin.close()
         assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
         assert proc.stdout.read() == b""
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_ctrl_c_while_waiting_on_stdin_is_one_line_and_exit_130(models: dict[str, Path]) -> None:
+    """Ctrl-C in interactive use once printed a 17-line traceback."""
+    proc = _start("--model", str(models["torch"]), "--beam", "1", "--max-len-b", "4")
+    try:
+        proc.stdin.write(b"The price is new.\n")
+        proc.stdin.flush()
+        assert _readline(proc.stdout, timeout=30).endswith(b"\n")  # loaded, answered, waiting for the next line
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        lines = [line for line in proc.stderr.read().decode().splitlines() if " INFO " not in line]  # progress
+        assert lines == ["error: nmt translate: interrupted by Ctrl-C; no output file was left half-written"]
     finally:
         proc.kill()
         proc.wait()

@@ -1,0 +1,63 @@
+"""The options of a run of the Prefect flow wmt14-pipeline, defined once for ``nmt run`` and for
+``python -m flows.pipeline`` (``nmt run`` takes the stages as positionals, the flow as ``--stages``)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+DESCRIPTION = ("The Prefect flow wmt14-pipeline: each DVC stage as one task (dvc repro --single-item STAGE, in its "
+               "own process group) under one MLflow parent run, then a report.")
+DEFAULT_KILL_GRACE_S = 30.0
+
+
+def _seconds(text: str) -> float:
+    """An argparse ``type``: seconds, a finite number >= 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise argparse.ArgumentTypeError(f"{text:.40}: must be seconds, a finite number >= 0")
+    return seconds
+
+
+def stage_seconds(text: str) -> tuple[str, float]:
+    """An argparse ``type``: ``STAGE=SECONDS`` as ``(stage, seconds)``."""
+    stage, equals, value = text.partition("=")
+    if not (stage and equals):
+        raise argparse.ArgumentTypeError(f"{text:.60}: expected STAGE=SECONDS, e.g. train=86400")
+    return stage, _seconds(value)
+
+
+def add_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """Add the flow's options but the stage selection to ``parser``; returns them for :func:`flow_argv`."""
+    return [
+        parser.add_argument("--profile", help="run with this profile's params.yaml (demo, multi30k, tiny, paper); the "
+                                              "previous params.yaml is restored afterwards (nmt profile NAME "
+                                              "switches for good)"),
+        parser.add_argument("--force", action="store_true", help="rerun stages even if DVC finds them up to date"),
+        parser.add_argument("--repo", default=".", help="project checkout holding dvc.yaml (default: .)"),
+        parser.add_argument("--timeout", action="append", default=[], type=stage_seconds, metavar="STAGE=SECONDS",
+                            help="a stage's wall-clock limit; its process group is killed (repeatable; 0: none)"),
+        parser.add_argument("--retry-delay", action="append", default=[], type=stage_seconds, metavar="STAGE=SECONDS",
+                            help="seconds before retrying a failed stage (repeatable)"),
+        parser.add_argument("--kill-grace", type=_seconds, default=DEFAULT_KILL_GRACE_S, metavar="SECONDS",
+                            help=f"seconds from SIGTERM to SIGKILL when a stage is stopped "
+                                 f"(default {DEFAULT_KILL_GRACE_S:g})"),
+    ]
+
+
+def flow_argv(args: argparse.Namespace) -> list[str]:
+    """The options :func:`add_options` parsed into ``args``, as the flow's command line (defaults left out)."""
+    argv: list[str] = []
+    for action in add_options(argparse.ArgumentParser(add_help=False)):
+        flag, value = action.option_strings[0], getattr(args, action.dest)
+        if value == action.default:
+            continue
+        if isinstance(value, bool):
+            argv.append(flag)
+        else:
+            for item in value if isinstance(value, list) else [value]:
+                argv += [flag, "=".join(map(str, item)) if isinstance(item, tuple) else str(item)]
+    return argv
