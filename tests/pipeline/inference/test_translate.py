@@ -262,6 +262,9 @@ def test_a_file_that_is_not_a_model_is_named_without_torch_advice(tmp_path: Path
     (["--workers", "2"], "--workers 2: sets how many translations CTranslate2 runs at once; use it with --engine "
                          "ctranslate2 (the torch engine runs one search at a time: --threads sets its threads)"),
     (["--threads", "-1"], "--threads -1: must be >= 0"),
+    (["--engine", "ctranslate2", "--beam-rule", "t2t"], "--beam-rule t2t: chooses this project's beam search rule; "
+                                                        "use it with --engine torch (CTranslate2 searches by its own "
+                                                        "rule)"),
     (["--max-tokens", "0"], "--max-tokens 0: must be >= 1"),
     (["--beam", "0"], "--beam 0: must be an integer from 1 to 64"),
     (["--beam", "1000000"], "--beam 1000000: must be an integer from 1 to 64"),
@@ -278,6 +281,25 @@ def test_bad_options_are_refused_before_any_work_naming_the_option(model_file: P
     assert err.splitlines() == [f"error: {message} (the widest beam this project searches)"
                                 if option[0] == "--beam" else f"error: {message}"], err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("option", "rule"), [([], "fairseq"), (["--beam-rule", "t2t"], "t2t")])
+def test_the_beam_rule_reaches_the_search(model_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          option: list[str], rule: str) -> None:
+    from pipeline.inference import decoding
+
+    seen, search = [], decoding.beam_search
+
+    def spy(*args, **kwargs):  # the real search, its rule noted
+        seen.append(kwargs["rule"])
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(decoding, "beam_search", spy)
+    src = tmp_path / "in.en"
+    src.write_text("The price is new.\n", encoding="utf-8")
+    args = ["translate", "--model", str(model_file), "--input", str(src), "--output", str(tmp_path / "out.de")]
+    assert main([*args, "--beam", "2", *option]) == 0
+    assert seen == [rule]
 
 
 @pytest.mark.slow
