@@ -20,12 +20,11 @@ The model needs ``cfg`` and the decoding methods of :class:`~model.transformer.T
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from model.beam_rules import FairseqStop, Hypothesis, T2TStop, best_hypothesis, check_rule, penalties
+from model.beam_rules import FairseqStop, Hypothesis, Step, T2TStop, best_hypothesis, check_rule, penalties
 from model.config import beam_size_problem, max_length
 from model.precision import wide
 
@@ -58,7 +57,7 @@ class _History:
     eos_org: list[Tensor]
     eos_score: list[Tensor]
 
-    def append(self, sent: Tensor, st: _Step, fin_live: Tensor) -> None:
+    def append(self, sent: Tensor, st: Step, fin_live: Tensor) -> None:
         """Record one step (device tensors; no host sync)."""
         self.sent.append(sent)
         self.live_org.append(st.live_org)
@@ -121,19 +120,6 @@ def _rebuild(h: _History, n_sent: int) -> list[list[Hypothesis]]:
     return result
 
 
-class _Step(NamedTuple):
-    """One step's outcome before the per-sentence done/max_len rules ([B, k]; the eos fields [B, eos_width])."""
-
-    eos_fin: Tensor
-    eos_org: Tensor
-    eos_score: Tensor
-    live_ok: Tensor
-    live_org: Tensor
-    live_tok: Tensor
-    live_score: Tensor
-    live_pos: Tensor
-
-
 def _top_candidates(flat: Tensor, tie_rank: Tensor, n_valid: Tensor, n2: int) -> tuple[Tensor, Tensor, Tensor]:
     """(index, score, ok) [B, n2] of the first ``n2`` candidates of ``flat`` [B, N] by (score desc, flat index asc).
 
@@ -159,7 +145,7 @@ def _top_candidates(flat: Tensor, tie_rank: Tensor, n_valid: Tensor, n2: int) ->
 
 
 def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: int, eos: int, pad: int,
-            eos_width: int) -> _Step:
+            eos_width: int) -> Step:
     """Rank every extension of the live hypotheses; EOS candidates among the first ``eos_width`` finish, the first
     k others stay live.
 
@@ -187,7 +173,7 @@ def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: 
     fin = [is_eos & cand_ok, origin, cand_score]
     if m < eos_width:  # t2t's 2k at a first step over fewer tokens
         fin = [torch.cat([x, x.new_full((n_sent, eos_width - m), f)], 1) for x, f in zip(fin, (0, 0, float("-inf")))]
-    return _Step(*(x[:, :eos_width] for x in fin), ok, org, tok, live_score, live_pos)
+    return Step(*(x[:, :eos_width] for x in fin), ok, org, tok, live_score, live_pos)
 
 
 def _log_softmax_(logits: Tensor) -> Tensor:
@@ -257,7 +243,7 @@ def beam_search_finished(
         if leaving:  # done sentences leave the batch
             sent, max_len_t = sent[keep], max_len_t[keep]
             stop.keep(keep)
-            st = _Step(*(x.index_select(0, keep) for x in st))
+            st = Step(*(x.index_select(0, keep) for x in st))
         rows = (keep[:, None] * live_ok.shape[1] + st.live_org).view(-1)  # old row of each new row
         state = model.reorder_state(state, rows, keep if leaving else None)
         last, scores, live_ok = st.live_tok.reshape(-1), st.live_score, st.live_ok

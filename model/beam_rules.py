@@ -24,15 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from model.config import BEAM_RULES
-
-if TYPE_CHECKING:
-    from model.beam import _Step
 
 @dataclass(frozen=True)
 class Hypothesis:
@@ -61,6 +58,20 @@ def best_hypothesis(finished: list[Hypothesis], alpha: float) -> list[int]:
     return list(best.tokens)
 
 
+class Step(NamedTuple):
+    """One step's candidates as :mod:`model.beam` ranks them, before a rule's done and max_len decisions ([B, k];
+    the eos fields [B, eos_width])."""
+
+    eos_fin: Tensor
+    eos_org: Tensor
+    eos_score: Tensor
+    live_ok: Tensor
+    live_org: Tensor
+    live_tok: Tensor
+    live_score: Tensor
+    live_pos: Tensor
+
+
 def check_rule(rule: object) -> None:
     """Refuse anything but one of :data:`~model.config.BEAM_RULES` in one line."""
     if not isinstance(rule, str) or rule not in BEAM_RULES:
@@ -85,7 +96,7 @@ class FairseqStop:
         self.k, self.eos_width = k, k
         self.n_done = torch.zeros(n_sent, dtype=torch.long, device=device)
 
-    def step(self, st: _Step, n: int, at_max: Tensor) -> tuple[Tensor, Tensor]:
+    def step(self, st: Step, n: int, at_max: Tensor) -> tuple[Tensor, Tensor]:
         fin_live = st.live_ok & at_max[:, None]
         self.n_done = self.n_done + st.eos_fin.sum(1) + fin_live.sum(1)
         return fin_live, at_max | self.n_done.ge(self.k)
@@ -110,7 +121,7 @@ class T2TStop:
         self.k, self.alpha, self.eos_width, self.max_lp = k, alpha, 2 * k, max_lp
         self.fin: Tensor | None = None  # [B, k] the finished set's scores / lp(n), descending, -inf where empty
 
-    def step(self, st: _Step, n: int, at_max: Tensor) -> tuple[Tensor, Tensor]:
+    def step(self, st: Step, n: int, at_max: Tensor) -> tuple[Tensor, Tensor]:
         new = (st.eos_score / length_penalty(n, self.alpha)).masked_fill(~st.eos_fin, float("-inf"))
         if self.fin is None:
             self.fin, self.max_lp = new[:, :0], self.max_lp.to(new.dtype)
