@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 #: Public name -> the module defining it.
 _LAZY = {
     "DecoderState": "model.transformer", "EncoderOut": "model.transformer", "Transformer": "model.transformer",
-    "Hypothesis": "model.beam", "beam_search": "model.beam", "beam_search_finished": "model.beam",
-    "best_hypothesis": "model.beam", "length_penalty": "model.beam",
+    "Hypothesis": "model.beam_rules", "beam_search": "model.beam", "beam_search_finished": "model.beam",
+    "best_hypothesis": "model.beam_rules", "length_penalty": "model.beam_rules",
     "TransformerConfig": "model.config", "max_length": "model.config",
     "label_smoothed_nll_loss": "model.loss", "label_smoothed_nll_loss_lean": "model.loss",
     "autocast": "model.precision", "inverse_sqrt_lr": "model.schedule",
@@ -20,7 +20,8 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:
-    from model.beam import Hypothesis, beam_search, beam_search_finished, best_hypothesis, length_penalty
+    from model.beam import beam_search, beam_search_finished
+    from model.beam_rules import Hypothesis, best_hypothesis, length_penalty
     from model.config import TransformerConfig, max_length
     from model.loss import label_smoothed_nll_loss, label_smoothed_nll_loss_lean
     from model.precision import autocast

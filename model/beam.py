@@ -1,5 +1,7 @@
 """Batched beam search with a GNMT length penalty, by an exact rule that two correct implementations agree on.
 
+This docstring states the default rule, fairseq's; ``rule="t2t"`` is tensor2tensor's (:mod:`model.beam_rules`).
+
 Per step n (tokens generated so far, including this one) every live hypothesis is extended by every token but
 PAD and BOS (log-softmax in fp32 or wider, no renormalisation); candidates are ordered by (score desc,
 flat index asc) with flat index = live rank × V + token, and the first 2k are taken. In that order,
@@ -18,40 +20,13 @@ The model needs ``cfg`` and the decoding methods of :class:`~model.transformer.T
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from model.beam_rules import FairseqStop, Hypothesis, Step, T2TStop, best_hypothesis, check_rule, penalties
 from model.config import beam_size_problem, max_length
 from model.precision import wide
-
-
-@dataclass(frozen=True)
-class Hypothesis:
-    """One finished hypothesis: ids without BOS and EOS, raw score, ``step`` n (with EOS) and ``order`` in its step."""
-
-    tokens: list[int]
-    score: float
-    step: int
-    order: int
-
-    def final_score(self, alpha: float) -> float:
-        """score / ((5 + step) / 6)^alpha, in float64."""
-        return self.score / length_penalty(self.step, alpha)
-
-
-def length_penalty(n: int, alpha: float) -> float:
-    """GNMT length penalty ((5 + n) / 6)^alpha."""
-    return ((5.0 + n) / 6.0) ** alpha
-
-
-def best_hypothesis(finished: list[Hypothesis], alpha: float) -> list[int]:
-    """The best final score's tokens; ties to the earliest (step, order). Empty list if none."""
-    if not finished:
-        return []
-    best = min(finished, key=lambda h: (-h.final_score(alpha), h.step, h.order))
-    return list(best.tokens)
 
 
 def _first_k(mask: Tensor, values: list[Tensor], k: int, fill: list[float | int]) -> tuple[Tensor, list[Tensor]]:
@@ -82,7 +57,7 @@ class _History:
     eos_org: list[Tensor]
     eos_score: list[Tensor]
 
-    def append(self, sent: Tensor, st: _Step, fin_live: Tensor) -> None:
+    def append(self, sent: Tensor, st: Step, fin_live: Tensor) -> None:
         """Record one step (device tensors; no host sync)."""
         self.sent.append(sent)
         self.live_org.append(st.live_org)
@@ -90,7 +65,7 @@ class _History:
         self.live_pos.append(st.live_pos)
         self.fin_live.append(fin_live)
         self.live_score.append(st.live_score)
-        self.fin_eos.append(st.eos_first_k)
+        self.fin_eos.append(st.eos_fin)
         self.eos_org.append(st.eos_org)
         self.eos_score.append(st.eos_score)
 
@@ -145,19 +120,6 @@ def _rebuild(h: _History, n_sent: int) -> list[list[Hypothesis]]:
     return result
 
 
-class _Step(NamedTuple):
-    """One step's outcome before the per-sentence done/max_len rules (all [B, k])."""
-
-    eos_first_k: Tensor
-    eos_org: Tensor
-    eos_score: Tensor
-    live_ok: Tensor
-    live_org: Tensor
-    live_tok: Tensor
-    live_score: Tensor
-    live_pos: Tensor
-
-
 def _top_candidates(flat: Tensor, tie_rank: Tensor, n_valid: Tensor, n2: int) -> tuple[Tensor, Tensor, Tensor]:
     """(index, score, ok) [B, n2] of the first ``n2`` candidates of ``flat`` [B, N] by (score desc, flat index asc).
 
@@ -182,8 +144,10 @@ def _top_candidates(flat: Tensor, tie_rank: Tensor, n_valid: Tensor, n2: int) ->
     return index.gather(1, perm), score.gather(1, perm).masked_fill(~ok, float("-inf")), ok
 
 
-def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: int, eos: int, pad: int) -> _Step:
-    """Rank every extension of the live hypotheses; EOS candidates among the first k finish, others stay live.
+def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: int, eos: int, pad: int,
+            eos_width: int) -> Step:
+    """Rank every extension of the live hypotheses; EOS candidates among the first ``eos_width`` finish, the first
+    k others stay live.
 
     Args:
         scores: [B, slots] raw scores of the slots, -inf for a slot without a live hypothesis.
@@ -203,11 +167,13 @@ def _extend(scores: Tensor, lprobs: Tensor, live_ok: Tensor, banned: Tensor, k: 
     is_eos = token.eq(eos)
     m = index.shape[1]
     pos = torch.arange(m, device=index.device).expand(n_sent, m)
-    eos_first_k = (is_eos & cand_ok)[:, :k]
     ok, (org, tok, live_score, live_pos) = _first_k(
         ~is_eos & cand_ok, [origin, token, cand_score, pos], k, [0, pad, float("-inf"), m]
     )
-    return _Step(eos_first_k, origin[:, :k], cand_score[:, :k], ok, org, tok, live_score, live_pos)
+    fin = [is_eos & cand_ok, origin, cand_score]
+    if m < eos_width:  # t2t's 2k at a first step over fewer tokens
+        fin = [torch.cat([x, x.new_full((n_sent, eos_width - m), f)], 1) for x, f in zip(fin, (0, 0, float("-inf")))]
+    return Step(*(x[:, :eos_width] for x in fin), ok, org, tok, live_score, live_pos)
 
 
 def _log_softmax_(logits: Tensor) -> Tensor:
@@ -230,16 +196,21 @@ def _max_lens(src: Tensor, pad: int, a: float, b: float, limit: int | None) -> l
 
 @torch.no_grad()
 def beam_search_finished(
-    model: nn.Module, src: Tensor, beam_size: int = 4, max_len_a: float = 1.0, max_len_b: float = 50
+    model: nn.Module, src: Tensor, beam_size: int = 4, max_len_a: float = 1.0, max_len_b: float = 50, *,
+    rule: str = "fairseq", alpha: float = 0.6
 ) -> list[list[Hypothesis]]:
-    """Run the search and return every sentence's finished hypotheses, in finishing order, with raw scores.
+    """Run the search and return every sentence's finished set, in finishing order, with raw scores.
 
     Args:
         model: see the module docstring; put it in eval mode first (dropout would randomise the search).
         src: [B, S] int64 source ids, right-padded with ``pad_id``.
         beam_size: k in 1 .. :data:`~model.config.MAX_BEAM_SIZE` and at most the vocabulary size (1: greedy).
         max_len_a: a in max_len = max(1, floor(a · S + b)), S = non-pad tokens of the row; ``max_len_b``: b.
+        rule: ``"fairseq"`` (every hypothesis that finished; the same for every α) or ``"t2t"`` (the k best by
+            ``alpha``, or the best live one if none finished: :mod:`model.beam_rules`).
+        alpha: the length-penalty exponent the ``t2t`` rule searches with (unused by ``fairseq``).
     """
+    check_rule(rule)
     problem = beam_size_problem(beam_size, getattr(model.cfg, "vocab_size", 0))
     if problem:
         raise ValueError(f"beam_size {beam_size!r:.40}: {problem}")
@@ -250,7 +221,8 @@ def beam_search_finished(
     sent = torch.tensor([i for i, m in enumerate(max_lens) if m > 0], device=dev)  # empty sources never enter
     state = model.init_state(model.encode(src.index_select(0, sent)), k, max(max_lens))
     max_len_t = torch.tensor(max_lens, device=dev).index_select(0, sent)
-    n_done = torch.zeros_like(max_len_t)
+    stop = (FairseqStop(k, len(sent), dev) if rule == "fairseq"
+            else T2TStop(k, alpha, penalties([m for m in max_lens if m > 0], alpha, dev)))
     # step 1 extends one slot per sentence ([BOS]); every later step k slots
     last = torch.full((len(sent),), cfg.bos_id, dtype=torch.long, device=dev)
     live_ok = torch.ones(len(sent), 1, dtype=torch.bool, device=dev)
@@ -261,22 +233,21 @@ def beam_search_finished(
         logits, state = model.decode_step(last, state)
         lprobs = _log_softmax_(wide(logits)).view(len(sent), live_ok.shape[1], -1)  # fp32 stays fp32
         scores = lprobs.new_zeros(len(sent), 1) if scores is None else scores
-        st = _extend(scores, lprobs, live_ok, banned, k, cfg.eos_id, cfg.pad_id)
-        at_max = max_len_t.eq(n)
-        fin_live = st.live_ok & at_max[:, None]
-        n_done = n_done + st.eos_first_k.sum(1) + fin_live.sum(1)
+        st = _extend(scores, lprobs, live_ok, banned, k, cfg.eos_id, cfg.pad_id, stop.eos_width)
+        fin_live, done = stop.step(st, n, max_len_t.eq(n))
         hist.append(sent, st, fin_live)
-        keep = (~at_max & n_done.lt(k)).nonzero().view(-1)  # the one host sync per step: who goes on
+        keep = (~done).nonzero().view(-1)  # the one host sync per step: who goes on
         if keep.numel() == 0:
             break
         leaving = keep.numel() < len(sent)
         if leaving:  # done sentences leave the batch
-            sent, max_len_t, n_done = sent[keep], max_len_t[keep], n_done[keep]
-            st = _Step(*(x.index_select(0, keep) for x in st))
+            sent, max_len_t = sent[keep], max_len_t[keep]
+            stop.keep(keep)
+            st = Step(*(x.index_select(0, keep) for x in st))
         rows = (keep[:, None] * live_ok.shape[1] + st.live_org).view(-1)  # old row of each new row
         state = model.reorder_state(state, rows, keep if leaving else None)
         last, scores, live_ok = st.live_tok.reshape(-1), st.live_score, st.live_ok
-    return _rebuild(hist, n_sent)
+    return [stop.select(f) for f in _rebuild(hist, n_sent)]
 
 
 def beam_search(
@@ -287,8 +258,11 @@ def beam_search(
     max_len_a: float = 1.0,
     max_len_b: float = 50,
     return_finished: bool = False,
+    *,
+    rule: str = "fairseq",
 ) -> list[list[int]] | list[list[Hypothesis]]:
-    """Translate a batch with beam search (the rule in this module's docstring), restoring the model's mode.
+    """Translate a batch with beam search by ``rule`` (``"fairseq"``, this module's docstring, or ``"t2t"``:
+    :mod:`model.beam_rules`), restoring the model's mode.
 
     Per sentence, the best hypothesis's ids by length-penalty exponent ``alpha`` (or, with ``return_finished``,
     :func:`beam_search_finished`'s lists).
@@ -296,7 +270,7 @@ def beam_search(
     was_training = model.training
     model.eval()
     try:
-        finished = beam_search_finished(model, src, beam_size, max_len_a, max_len_b)
+        finished = beam_search_finished(model, src, beam_size, max_len_a, max_len_b, rule=rule, alpha=alpha)
     finally:
         model.train(was_training)
     if return_finished:

@@ -16,6 +16,9 @@ DERIVED = "derived"
 #: scores per step, so an unbounded beam lets one request take all of a machine's memory.
 MAX_BEAM_SIZE = 64
 
+#: The beam search rules (``model/beam_rules.py``): fairseq's and tensor2tensor's.
+BEAM_RULES = ("fairseq", "t2t")
+
 #: The most weights of a model trained here: at 16 bytes per parameter (fp32 weights, gradients, Adam's moments)
 #: 2^32 fill an 80 GB GPU before the first activation. The paper's big model has 213 million.
 MAX_WEIGHTS = 2**32

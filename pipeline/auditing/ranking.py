@@ -43,7 +43,7 @@ TOPICS: tuple[Topic, ...] = (
           ("Training-pair length filter", "Training-pair length ratio", "Maximum training length",
            "Sources cut at max_positions")),
     Topic("Decoding", "beam and α tuned on dev (§6.1)",
-          ("Beam size", "Length penalty α", "Maximum output length", "Decoding used")),
+          ("Beam size", "Length penalty α", "Beam search rule", "Maximum output length", "Decoding used")),
     Topic("Checkpoint averaging", "§6.1", ("Checkpoint interval", "Checkpoints averaged")),
     Topic("Compute", "changes training time, not the result at equal steps and batch",
           ("Training time", "Hardware", "GPU-hours")),

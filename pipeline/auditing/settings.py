@@ -1,8 +1,8 @@
 """The paper's settings, one per params key that changes results, each with its source.
 
 Vaswani et al. 2017, arXiv:1706.03762 (sections cited as §). Where the paper is silent, the value is that of a
-reference implementation, named as the source: tensor2tensor's ``transformer_base_v1``, fairseq's
-``transformer_wmt_en_de`` or fairseq's examples/translation/prepare-wmt14en2de.sh. Every params key is compared
+reference implementation, named as the source: tensor2tensor's ``transformer_base_v1`` or its beam search,
+fairseq's ``transformer_wmt_en_de`` or fairseq's examples/translation/prepare-wmt14en2de.sh. Every params key is compared
 here, neutral (:data:`pipeline.auditing.items.NEUTRAL_KEYS`) or left open (:data:`OPEN_KEYS`);
 tests/pipeline/auditing/test_audit_paper.py walks params.yaml to keep it so.
 """
@@ -18,6 +18,7 @@ from pipeline.auditing.items import Item, fmt, item
 T2T = "tensor2tensor transformer_base_v1"
 FAIRSEQ = "fairseq transformer_wmt_en_de"
 FAIRSEQ_PREP = "fairseq examples/translation/prepare-wmt14en2de.sh"
+T2T_BEAM = "tensor2tensor utils/beam_search.py"
 #: Sentences the BPE model learns from when it sees all the training text: ~4.5M pairs (§5.1), both sides.
 ALL_TRAIN_SENTENCES = 2 * 4_500_000
 
@@ -131,6 +132,9 @@ _AVERAGE_EVALUATE: tuple[Setting, ...] = (
     S("Checkpoints averaged", ("average.last_n",), (5,), "last 5", "§6.1"),
     S("Beam size", ("evaluate.beam_sizes",), ([4],), "4", "§6.1"),
     S("Length penalty α", ("evaluate.alphas",), ([0.6],), "0.6", "§6.1"),
+    S("Beam search rule", ("evaluate.beam_rule",), ("t2t",),
+      "tensor2tensor's: EOS candidates from all 2k finish; stop once no live hypothesis can beat the k-th finished",
+      f"paper silent; §7 names tensor2tensor as its code: {T2T_BEAM}", basis=T2T_BEAM),
     S("Maximum output length", ("evaluate.max_len_a", "evaluate.max_len_b"), (1.0, 50), "input length + 50",
       "§6.1"),
 )

@@ -115,10 +115,11 @@ class AverageConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class EvaluateConfig:
-    """Stage ``evaluate``: beam search grid (chosen on valid) and decoding budget."""
+    """Stage ``evaluate``: beam search grid (chosen on valid), its rule (:mod:`model.beam_rules`), decoding budget."""
 
     beam_sizes: list[int] = field(default_factory=lambda: [4])
     alphas: list[float] = field(default_factory=lambda: [0.6])
+    beam_rule: Literal["fairseq", "t2t"] = "fairseq"
     max_len_a: float = 1.0
     max_len_b: int = 50
     max_tokens: int = 8192

@@ -1,5 +1,6 @@
 """Decoding around ``model.beam_search``: length-sorted batches of at most ``max_tokens`` padded source tokens,
-one search per beam size re-ranked for every α (the finished set does not depend on α: ``model/beam.py``)."""
+under the fairseq rule one search per beam size re-ranked for every α (its finished set does not depend on α),
+under the t2t rule one search per α (where it stops depends on α: ``model/beam_rules.py``)."""
 
 from __future__ import annotations
 
@@ -101,21 +102,25 @@ def plan_searches(translator: Translator, sources: Sequence[Sequence[int]], *, b
 
 def decode_sources(
     translator: Translator, sources: Sequence[Sequence[int]], *, beam_size: int, alphas: Sequence[float],
-    max_len_a: float, max_len_b: float, max_tokens: int, label: str = "decode",
+    max_len_a: float, max_len_b: float, max_tokens: int, label: str = "decode", rule: str = "fairseq",
 ) -> dict[float, list[list[int]]]:
-    """``{alpha: hypotheses}`` of every model source (ids + EOS, ``[]``: empty), searched once, re-ranked per α:
-    per sentence in input order, the ids without BOS/EOS; logs progress (``label``) every 10 s."""
+    """``{alpha: hypotheses}`` of every model source (ids + EOS, ``[]``: empty) by beam ``rule``, searched once
+    and re-ranked per α (``fairseq``) or once per α (``t2t``): per sentence in input order, the ids without
+    BOS/EOS; logs progress (``label``) every 10 s."""
     out = {float(a): [[] for _ in sources] for a in alphas}
     jobs = plan_searches(translator, sources, beam_size=beam_size, max_len_a=max_len_a, max_len_b=max_len_b,
                          max_tokens=max_tokens)
     dev, total, done, start, last = translator.device, sum(len(job[0]) for job in jobs), 0, time.monotonic(), 0.0
+    searches = [list(out)] if rule == "fairseq" else [[alpha] for alpha in out]  # the α each search serves
     for batch, rows, k, a, b in jobs:
-        with torch.inference_mode(), autocast(dev):
-            finished = beam_search(translator.model, _pad(rows, translator.config.pad_id, dev), beam_size=k,
-                                   max_len_a=a, max_len_b=b, return_finished=True)
-        for i, hyps in zip(batch, finished):
-            for alpha in out:
-                out[alpha][i] = best_hypothesis(hyps, alpha)
+        src = _pad(rows, translator.config.pad_id, dev)
+        for alphas in searches:
+            with torch.inference_mode(), autocast(dev):
+                finished = beam_search(translator.model, src, beam_size=k, alpha=alphas[0], max_len_a=a,
+                                       max_len_b=b, return_finished=True, rule=rule)
+            for i, hyps in zip(batch, finished):
+                for alpha in alphas:
+                    out[alpha][i] = best_hypothesis(hyps, alpha)
         done, now = done + len(batch), time.monotonic() - start
         if now - last >= 10.0 or done == total:
             last, rate = now, done / max(now, 1e-9)

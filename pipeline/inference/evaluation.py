@@ -75,7 +75,7 @@ def load_set(shards_dir: str | Path, raw_dir: str | Path, split: str, translator
 
 
 class GridEntry(TypedDict):
-    """One (beam, α) of the grid on valid: its BLEU and the seconds of its beam size's decode."""
+    """One (beam, α) of the grid on valid: its BLEU and the seconds of its beam size's decode (all its α's)."""
 
     beam: int
     alpha: float
@@ -85,13 +85,15 @@ class GridEntry(TypedDict):
 
 def choose_on_valid(cfg: EvaluateConfig, translator: Translator, sources: list[list[int]],
                     refs: list[str]) -> tuple[list[GridEntry], GridEntry, list[str]]:
-    """Decode valid once per beam size, rank every α: (grid, best valid BLEU entry (earliest on ties), its hyps)."""
+    """Decode valid per beam size (fairseq rule: once, ranked for every α; t2t: once per α), every α scored:
+    (grid, best valid BLEU entry (earliest on ties), its hyps)."""
     grid: list[GridEntry] = []
     best: tuple[float, GridEntry, list[str]] | None = None
     for beam in cfg.beam_sizes:
         start = time.monotonic()
         by_alpha = decode_sources(translator, sources, beam_size=beam, alphas=cfg.alphas, max_len_a=cfg.max_len_a,
-                                  max_len_b=cfg.max_len_b, max_tokens=cfg.max_tokens, label="valid")
+                                  max_len_b=cfg.max_len_b, max_tokens=cfg.max_tokens, label="valid",
+                                  rule=cfg.beam_rule)
         seconds = time.monotonic() - start
         for alpha in cfg.alphas:
             text = detokenize(translator.sp, by_alpha[float(alpha)])
@@ -120,7 +122,7 @@ def decode_and_score(cfg: EvaluateConfig, translator: Translator, data: EvalSet,
     """Decode ``data`` once at (``beam``, ``alpha``), write the hypotheses to ``hyp_path`` and score them."""
     start = time.monotonic()
     hyps = decode_sources(translator, data.sources, beam_size=beam, alphas=[alpha], max_len_a=cfg.max_len_a,
-                          max_len_b=cfg.max_len_b, max_tokens=cfg.max_tokens, label=label)[alpha]
+                          max_len_b=cfg.max_len_b, max_tokens=cfg.max_tokens, label=label, rule=cfg.beam_rule)[alpha]
     seconds = time.monotonic() - start
     write_lines(hyp_path, detokenize(translator.sp, hyps))
     return _set_report(hyp_path, data, seconds=seconds, beam=beam, alpha=alpha)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from model.config import MAX_BEAM_SIZE, beam_size_problem
+from model.config import BEAM_RULES, MAX_BEAM_SIZE, beam_size_problem
 from pipeline.core.errors import PipelineError
 from pipeline.inference.common import check_cuda, detokenize, parse_device, prepare_source
 from pipeline.inference.attention import (AttentionPick, check_attention_layer, check_attention_line,
@@ -89,8 +89,13 @@ def prepare_lines(translator: Translator | Ct2Translator, lines: Sequence[str]) 
 
 def translate_lines(translator: Translator | Ct2Translator, lines: Sequence[str], *, beam_size: int = 4,
                     alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: float = 50,
-                    max_tokens: int = 8192) -> tuple[list[str], list[list[int]], list[list[int]], list[int]]:
-    """Translate raw lines with either engine: (translations, sources, hypothesis ids, truncated line numbers)."""
+                    max_tokens: int = 8192, beam_rule: str = "fairseq",
+                    ) -> tuple[list[str], list[list[int]], list[list[int]], list[int]]:
+    """Translate raw lines with either engine: (translations, sources, hypothesis ids, truncated line numbers).
+
+    ``beam_rule`` (``fairseq`` or ``t2t``: ``model/beam_rules.py``) is the torch engine's; CTranslate2 searches by
+    its own rule.
+    """
     from pipeline.inference import ct2
 
     sources, truncated = prepare_lines(translator, lines)
@@ -100,7 +105,8 @@ def translate_lines(translator: Translator | Ct2Translator, lines: Sequence[str]
     else:
         from pipeline.inference.decoding import decode_sources
 
-        hyps = decode_sources(translator, sources, alphas=[alpha], label="translate", **settings)[float(alpha)]
+        hyps = decode_sources(translator, sources, alphas=[alpha], label="translate", rule=beam_rule,
+                              **settings)[float(alpha)]
     return detokenize(translator.sp, hyps), sources, hyps, truncated
 
 
@@ -150,6 +156,9 @@ def _beam(text: str) -> int:
 def _check_args(args: argparse.Namespace) -> None:
     """The option combinations that need no model and no input, each refused in one line (single options are
     refused by their argparse ``type``)."""
+    if args.beam_rule is not None and args.engine == "ctranslate2":
+        raise PipelineError(f"--beam-rule {args.beam_rule}: chooses this project's beam search rule; use it with "
+                            "--engine torch (CTranslate2 searches by its own rule)")
     if args.workers is not None and args.engine != "ctranslate2":
         raise PipelineError(f"--workers {args.workers!r:.40}: sets how many translations CTranslate2 runs at once; "
                             "use it with --engine ctranslate2 (the torch engine runs one search at a time: "
@@ -244,7 +253,8 @@ def _translate(args: argparse.Namespace, translator: Translator | Ct2Translator,
     total = translate_chunks(
         translator, [raw] if raw is not None else stream_chunks(sys.stdin.fileno()),
         outputs.extend if to_file else _write_stdout, pick=pick, beam_size=args.beam, alpha=args.alpha,
-        max_len_a=args.max_len_a, max_len_b=args.max_len_b, max_tokens=args.max_tokens)
+        max_len_a=args.max_len_a, max_len_b=args.max_len_b, max_tokens=args.max_tokens,
+        beam_rule=args.beam_rule or "fairseq")
     picked = pick.result(total) if pick is not None else None  # refused before --output is written
     if to_file:
         write_lines(args.output, outputs)
@@ -268,6 +278,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beam", type=_beam, default=4,
                    help=f"beam size, 1 to {MAX_BEAM_SIZE} and at most the vocabulary size (default 4)")
     p.add_argument("--alpha", type=_finite_float, default=0.6, help="length penalty alpha (default 0.6)")
+    p.add_argument("--beam-rule", choices=BEAM_RULES,
+                   help="--engine torch: fairseq's rule (default) or tensor2tensor's, the paper's code "
+                        "(model/beam_rules.py)")
     p.add_argument("--max-len-a", type=_finite_float, default=1.0, help="max output length = a * source length + b")
     p.add_argument("--max-len-b", type=_finite_float, default=50, help="see --max-len-a (default 50)")
     p.add_argument("--max-tokens", type=_at_least(1), default=8192,

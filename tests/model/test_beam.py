@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from model import Hypothesis, Transformer, TransformerConfig, beam_search, best_hypothesis
+from model import Hypothesis, Transformer, TransformerConfig, beam_search, best_hypothesis, length_penalty
 import model.beam as beam_module
-from model.beam import length_penalty, max_length
+from model.beam import max_length
 from tests.helpers.models import trained_reverser
 
 PAD, A, BOS, EOS, B = 0, 1, 2, 3, 4  # toy vocabulary: V = 5

@@ -224,14 +224,15 @@ def test_a_search_holds_what_max_tokens_allows_and_overlong_limits_search_apart(
     assert all(job[1] == [sources[i] for i in job[0]] and job[2] == 4 for job in jobs)
 
 
-def test_batched_decoding_restores_order_and_equals_one_at_a_time(eval_world: Path) -> None:
+@pytest.mark.parametrize("rule", ["fairseq", "t2t"])
+def test_batched_decoding_restores_order_and_equals_one_at_a_time(eval_world: Path, rule: str) -> None:
     translator = load_translator(eval_world / "model" / "averaged.pt", "cpu")
     translator.model.double()  # float64: batching must not change a single token
     rng = random.Random(1)
     vocab = translator.config.vocab_size
     sources = [prepare_source([rng.randrange(4, vocab) for _ in range(rng.randint(0, 12))], translator.config)[0]
                for _ in range(16)]
-    kwargs = {"beam_size": 3, "alphas": [0.0, 0.6, 2.0], "max_len_a": 1.0, "max_len_b": 3}
+    kwargs = {"beam_size": 3, "alphas": [0.0, 0.6, 2.0], "max_len_a": 1.0, "max_len_b": 3, "rule": rule}
     together = decode_sources(translator, sources, max_tokens=200, **kwargs)
     alone = decode_sources(translator, sources, max_tokens=1, **kwargs)
     assert together == alone
@@ -243,7 +244,29 @@ def test_batched_decoding_restores_order_and_equals_one_at_a_time(eval_world: Pa
                 from model import beam_search
 
                 assert hyps[i] == beam_search(translator.model, x, beam_size=3, alpha=alpha, max_len_a=1.0,
-                                              max_len_b=3)[0]
+                                              max_len_b=3, rule=rule)[0]
+
+
+def test_the_t2t_rule_searches_once_per_alpha_and_reaches_the_search_from_the_stage(
+        eval_world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.inference import decoding
+
+    seen, search = [], decoding.beam_search
+
+    def spy(*args, **kwargs):  # the real search, its alpha and rule noted
+        seen.append((kwargs["alpha"], kwargs["rule"]))
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(decoding, "beam_search", spy)
+    translator = load_translator(eval_world / "model" / "averaged.pt", "cpu")
+    for rule, searches in (("fairseq", [(0.6, "fairseq")]), ("t2t", [(0.6, "t2t"), (1.0, "t2t")])):
+        seen.clear()
+        decode_sources(translator, [[5, 6, 3]], beam_size=2, alphas=[0.6, 1.0], max_len_a=1.0, max_len_b=3,
+                       max_tokens=64, rule=rule)
+        assert seen == searches
+    seen.clear()
+    _evaluate(eval_world, tmp_path, EvaluateConfig(**{**SMALL.__dict__, "beam_rule": "t2t"}))
+    assert seen and {rule for _, rule in seen} == {"t2t"}
 
 
 def test_sources_are_truncated_to_max_positions() -> None:

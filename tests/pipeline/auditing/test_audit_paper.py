@@ -189,3 +189,18 @@ def test_sources_cut_at_max_positions_deviate() -> None:
     cut = items["Sources cut at max_positions"]
     assert cut["verdict"] == "deviates" and cut["run"] == "valid 0, test 2"
     assert cut["deviation"] == "sources truncated at model.max_positions = 1024: valid 0, test 2"
+
+
+@pytest.mark.parametrize(("rule", "verdict"), [("t2t", "matches"), ("fairseq", "deviates")])
+def test_the_beam_rule_is_named_and_fairseqs_deviates_from_the_papers_code(rule: str, verdict: str) -> None:
+    params = merged_profile("paper", REPO)
+    params["evaluate"]["beam_rule"] = rule
+    report = build_audit(synthetic_inputs(params, metrics={"train": _train()}))
+    line = next(i for i in report["configuration"] if i["item"] == "Beam search rule")
+    assert (line["verdict"], line["run"], line["kind"]) == (verdict, f"beam_rule {rule}", "reference")
+    assert line["source"] == "paper silent; §7 names tensor2tensor as its code: tensor2tensor utils/beam_search.py"
+    assert line["deviation"] == ("" if rule == "t2t" else "evaluate.beam_rule = fairseq (tensor2tensor "
+                                 "utils/beam_search.py: tensor2tensor's: EOS candidates from all 2k finish; stop "
+                                 "once no live hypothesis can beat the k-th finished)")
+    assert any(d.startswith("Decoding: ") and "evaluate.beam_rule = fairseq" in d
+               for d in report["deviations"]) == (rule == "fairseq")

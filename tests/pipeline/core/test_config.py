@@ -58,6 +58,7 @@ def test_every_bad_key_is_named_in_one_error(repo_root: Path) -> None:
         ("train", "max_tokens", 8192, "train.max_tokens: moved to the environment variable NMT_MAX_TOKENS"),
         ("model", "n_heads", 7, "model: invalid TransformerConfig: d_model (512) must be divisible by n_heads (7)"),
         ("download", "dataset", "wmt15", "download.dataset: 'wmt15' is not one of ['wmt14', 'multi30k']"),
+        ("evaluate", "beam_rule", "T2T", "evaluate.beam_rule: 'T2T' is not one of ['fairseq', 't2t']"),
         ("clean", "max_ratio", 0.5, "clean.max_ratio: 0.5 is out of range (expected >= 1)"),
         ("clean", "min_words", 300, "clean: clean.min_words (300) must be <= clean.max_words (250)"),
     ],

@@ -313,6 +313,25 @@ def test_a_model_path_that_is_missing_or_a_folder_is_one_line_saying_what_to_pas
     assert "corrupt" not in lines[0]
 
 
+@pytest.mark.parametrize(("option", "rule"), [([], "fairseq"), (["--beam-rule", "t2t"], "t2t")])
+def test_the_beam_rule_reaches_the_search(model_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          option: list[str], rule: str) -> None:
+    from pipeline.inference import decoding
+
+    seen, search = [], decoding.beam_search
+
+    def spy(*args, **kwargs):  # the real search, its rule noted
+        seen.append(kwargs["rule"])
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(decoding, "beam_search", spy)
+    src = tmp_path / "in.en"
+    src.write_text("The price is new.\n", encoding="utf-8")
+    args = ["translate", "--model", str(model_file), "--input", str(src), "--output", str(tmp_path / "out.de")]
+    assert main([*args, "--beam", "2", *option]) == 0
+    assert seen == [rule]
+
+
 @pytest.mark.slow
 def test_a_beam_wider_than_the_models_vocabulary_is_refused_before_decoding(tmp_path: Path) -> None:
     """``--beam 301`` on a 300-piece model failed inside the search ("stack expects each tensor to be equal size")."""
