@@ -25,7 +25,7 @@ from flows.dvc_task import dvc_stages, stage_status
 from flows.lifeline import run_in_group
 from flows.pipeline import ARTIFACT_KEY, StageFailed, wmt14_pipeline
 from flows.report import HEADLINE_METRICS
-from pipeline.core.errors import PipelineError
+from pipeline.core.errors import EXIT_PERMANENT, PipelineError
 from pipeline.project.profiles import merged_profile
 from tests.helpers.paths import REPO
 from tests.helpers.repoutil import git as _git
@@ -133,6 +133,19 @@ def test_permanent_failure_names_stage_exit_code_and_stderr_tail(make_repo: Make
     assert not (repo / "after.txt").exists()  # later stages never ran
     md = _artifact(state.state_details.flow_run_id)
     assert "| prep | ran |" in md and "| broken | failed (exit " in md and "after" not in md.split("## BLEU")[0]
+
+
+def test_a_permanent_stage_failure_is_not_retried(make_repo: MakeRepo) -> None:
+    """A stage exiting with EXIT_PERMANENT (a DNS failure, a 404) runs once whatever its retries; its one line is
+    the flow's error (a DNS failure offline took 4 attempts, 3 minutes of retry delays and 115 lines)."""
+    line = "error: stage fetch: http://nonexistent.invalid/x: host not found; set NMT_DATA_MIRROR"
+    stages = {"fetch": {"cmd": f"echo run >> runs.txt && echo '{line}' >&2 && exit {EXIT_PERMANENT}",
+                        "deps": ["toy.py"], "outs": ["fetched.txt"]}}
+    repo = make_repo(stages)
+    with pytest.raises(StageFailed) as info:
+        wmt14_pipeline(repo=str(repo), retries={"fetch": 2}, retry_delay_s={"fetch": 0})
+    assert str(info.value) == f"stage 'fetch' failed (exit {EXIT_PERMANENT}, not retried): {line[7:]}"
+    assert (repo / "runs.txt").read_text() == "run\n"
 
 
 def test_timeout_kills_the_whole_process_group(make_repo: MakeRepo) -> None:
