@@ -247,6 +247,16 @@ def _pipeline(root: Path, selected: list[str], *, force: bool, profile: str | No
             "git_commit": git.get("git_commit", ""), "markdown": markdown}
 
 
+class _NoTracebackForPipelineErrors(logging.Filter):
+    """Prefect logs a failed task's and flow's exception with its traceback; a PipelineError (a stage's one-line
+    error, a refusal) is its message alone, which ``main`` prints last."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], PipelineError):
+            record.exc_info = record.exc_text = None
+        return True
+
+
 def _per_stage(flag: str, items: list[str]) -> dict[str, float]:
     """``STAGE=SECONDS`` items of option ``flag`` as a mapping (PipelineError for an item of another form)."""
     out: dict[str, float] = {}
@@ -275,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("prefect.task_runs", "prefect.flow_runs"):  # the loggers of Prefect's run engines
+        logging.getLogger(name).addFilter(_NoTracebackForPipelineErrors())
     env.prefer_this_interpreter()  # DVC's `python -m pipeline.<stage>` runs in this environment
     try:
         timeouts, delays = _per_stage("--timeout", args.timeout), _per_stage("--retry-delay", args.retry_delay)
