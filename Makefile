@@ -12,8 +12,6 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 export DVC_NO_ANALYTICS := 1
 export SACREBLEU ?= $(abspath .sacrebleu)
-# Offline machines: use the shared data folder beside the checkout as the download mirror when present.
-export NMT_DATA_MIRROR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 
 .PHONY: install test test-quick demo run bench bench-decode bench-scale clean-venv
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.core.errors import PipelineError
+from pipeline.core.errors import EXIT_PERMANENT, PipelineError
 
 PUBLISH_HINT = ("dvc.lock changed: to publish this run, commit it with its params and numbers: "
                 "git add params.yaml dvc.lock metrics/ plots/ && git commit")
@@ -77,9 +77,22 @@ def repro_command(stage: str, *, force: bool = False) -> list[str]:
     return [sys.executable, "-m", "flows.dvc_task", "repro", stage, *(["--force"] if force else [])]
 
 
+def _stage_exit_code(exc: BaseException) -> int | None:
+    """The exit code of the stage command whose failure ``exc`` reports, from the ``StageCmdFailedError`` in its
+    causes (dvc/stage/exceptions.py keeps the code only in its message: ``failed to run: CMD, exited with N``)."""
+    from dvc.stage.exceptions import StageCmdFailedError
+
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, StageCmdFailedError):
+        seen = seen.__cause__
+    match = re.search(r", exited with (-?\d+)$", str(seen)) if seen is not None else None
+    return int(match.group(1)) if match else None
+
+
 def repro(stage: str, *, force: bool = False, root: str | Path = ".") -> int:
     """Reproduce ``stage`` alone through DVC's API (what ``dvc repro --single-item`` calls); 0, or 255 (``dvc``'s
-    status) after DVC's one-line ``ERROR:``. ``SCMContext.quiet`` (dvc/repo/scm_context.py) silences the "git add
+    status) after DVC's one-line ``ERROR:``, or :data:`EXIT_PERMANENT` when the stage exited with it (a failure no
+    retry fixes: the flow does not retry it). ``SCMContext.quiet`` (dvc/repo/scm_context.py) silences the "git add
     dvc.lock" reminder, as DVC's experiment executor does; the flow says once what to commit (:func:`publish_hint`).
     """
     from dvc.exceptions import DvcException
@@ -91,9 +104,9 @@ def repro(stage: str, *, force: bool = False, root: str | Path = ".") -> int:
         with Repo(str(root)) as dvc:
             dvc.scm_context.quiet = True
             dvc.reproduce(stage, single_item=True, force=force)
-    except DvcException:
+    except DvcException as exc:
         logging.getLogger("dvc").exception("")  # DVC's handler: one "ERROR: ..." line, as `dvc` prints
-        return 255
+        return EXIT_PERMANENT if _stage_exit_code(exc) == EXIT_PERMANENT else 255
     return 0
 
 

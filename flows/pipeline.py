@@ -21,6 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import deployment as deployment_ctx
 from prefect.runtime import flow_run as flow_run_ctx
 from prefect.runtime import task_run as task_run_ctx
+from prefect.states import State
 
 from flows import parent_run
 from flows.dvc_task import publish_hint, repro_command, select_stages, stage_env, stage_status
@@ -31,7 +32,7 @@ from pipeline.core import env
 from pipeline.core import tracking
 from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
 from pipeline.core.details import EvaluateDetails, RegisterDetails, StageDetails
-from pipeline.core.errors import PipelineError
+from pipeline.core.errors import EXIT_PERMANENT, PipelineError
 from pipeline.project import run_options
 from pipeline.project.profiles import profile_run, restore_params
 from pipeline.project.workspace import exclusive_run
@@ -40,10 +41,11 @@ D = TypeVar("D", bound=StageDetails)
 
 FLOW_NAME = "wmt14-pipeline"
 ARTIFACT_KEY = "wmt14-pipeline-report"
-# Retrying helps where failures are transient: the network (download) and lost nodes or NCCL
-# timeouts (train resumes from its last complete checkpoint). Other stages are deterministic.
-DEFAULT_RETRIES: dict[str, int] = {"download": 3, "train": 2}
-DEFAULT_RETRY_DELAY_S: dict[str, float] = {"download": 60.0, "train": 300.0}
+# Retrying helps where failures are transient: lost nodes or NCCL timeouts (train resumes from its last complete
+# checkpoint). Download retries the network itself (pipeline/data/fetch.py): a task retry would multiply its
+# attempts. Other stages are deterministic. A stage that exits with EXIT_PERMANENT is never retried.
+DEFAULT_RETRIES: dict[str, int] = {"train": 2}
+DEFAULT_RETRY_DELAY_S: dict[str, float] = {"train": 300.0}
 
 
 class RunReport(TypedDict):
@@ -73,7 +75,30 @@ class RunSettings:
     grace_s: float
 
 
-@task(name="dvc-repro", cache_policy=NO_CACHE, task_run_name="dvc repro {stage}")
+def _retry_wanted(task: object, task_run: object, state: State) -> bool:
+    """Prefect's ``retry_condition_fn``: retry unless the stage exited with :data:`EXIT_PERMANENT` (a host name that
+    does not resolve, a 404, a checksum mismatch: waiting fixes none of them)."""
+    try:
+        state.result()
+    except StageFailed as exc:
+        return exc.returncode != EXIT_PERMANENT
+    except Exception:  # noqa: BLE001 - any other failure keeps the task's retry policy
+        return True
+    return True
+
+
+def _failure(stage: str, returncode: int, seconds: float, args: list[str], stderr_tail: list[str]) -> StageFailed:
+    """The StageFailed for a stage command that exited non-zero: with a permanent failure, one line (the stage's
+    own ``error: stage ...`` line); else the command and the tail of its stderr."""
+    verdicts = [line.removeprefix("error: ") for line in stderr_tail if line.startswith(f"error: stage {stage}: ")]
+    if returncode == EXIT_PERMANENT and verdicts:
+        return StageFailed(stage, f"failed (exit {returncode}, not retried): {verdicts[-1]}", returncode)
+    tail = "\n".join(stderr_tail) or "(no stderr)"
+    return StageFailed(stage, f"failed with exit code {returncode} after {seconds:.1f} s: `{' '.join(args)}`\n"
+                              f"last {len(stderr_tail)} lines of stderr:\n{tail}", returncode)
+
+
+@task(name="dvc-repro", cache_policy=NO_CACHE, task_run_name="dvc repro {stage}", retry_condition_fn=_retry_wanted)
 def repro_stage(stage: str, settings: RunSettings) -> StageOutcome:
     """Run ``dvc repro --single-item <stage>`` (:func:`flows.dvc_task.repro_command`); a StageFailed when it fails."""
     logger = get_run_logger()
@@ -82,10 +107,7 @@ def repro_stage(stage: str, settings: RunSettings) -> StageOutcome:
     result = run_in_group(args, cwd=settings.repo, env=stage_env(settings.extra_env), grace_s=settings.grace_s,
                           logger=logger)
     if result.returncode != 0:
-        tail = "\n".join(result.stderr_tail) or "(no stderr)"
-        raise StageFailed(stage, f"failed with exit code {result.returncode} after {result.duration_s:.1f} s: "
-                                 f"`{' '.join(args)}`\nlast {len(result.stderr_tail)} lines of stderr:\n{tail}",
-                          result.returncode)
+        raise _failure(stage, result.returncode, result.duration_s, args, list(result.stderr_tail))
     status = stage_status(stage, result.stdout_lines)
     logger.info("stage '%s' %s in %.1f s", stage, status, result.duration_s)
     return StageOutcome(stage=stage, status=status, duration_s=round(result.duration_s, 2),
@@ -145,8 +167,9 @@ def _run_stages(selected: list[str], settings: RunSettings, *, retries: dict[str
             failed = timed_out or isinstance(exc, StageFailed)
             status = "timed out" if timed_out else f"failed (exit {exc.returncode})" \
                 if isinstance(exc, StageFailed) else "interrupted"
+            retried = failed and getattr(exc, "returncode", None) != EXIT_PERMANENT
             outcomes.append(StageOutcome(stage=stage, status=status, duration_s=round(time.monotonic() - started, 2),
-                                         attempts=retries.get(stage, 0) + 1 if failed else 1))
+                                         attempts=retries.get(stage, 0) + 1 if retried else 1))
             if timed_out:
                 raise StageFailed(stage, f"timed out after {timeout:.0f} s (process group killed)") from exc
             raise
@@ -167,8 +190,9 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
         profile: run with this profile's params.yaml; the previous one is restored however the run ends.
         repo: the project checkout (where dvc.yaml lives).
         timeouts_s: wall-clock limit per stage in seconds (missing: none); the group is killed.
-        retries: attempts after a failure per stage (default download 3, train 2, others 0).
-        retry_delay_s: seconds before a retry per stage (default download 60, train 300).
+        retries: attempts after a failure per stage (default train 2, others 0); a stage exiting with
+            :data:`~pipeline.core.errors.EXIT_PERMANENT` is not retried.
+        retry_delay_s: seconds before a retry per stage (default train 300).
         kill_grace_s: seconds between SIGTERM and SIGKILL when a stage's group is ended.
 
     Raises:
@@ -224,6 +248,16 @@ def _pipeline(root: Path, selected: list[str], *, force: bool, profile: str | No
             "git_commit": git.get("git_commit", ""), "markdown": markdown}
 
 
+class _NoTracebackForPipelineErrors(logging.Filter):
+    """Prefect logs a failed task's and flow's exception with its traceback; a PipelineError (a stage's one-line
+    error, a refusal) is its message alone, which ``main`` prints last."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], PipelineError):
+            record.exc_info = record.exc_text = None
+        return True
+
+
 def build_parser() -> argparse.ArgumentParser:
     """``python -m flows.pipeline``'s parser: ``--stages`` and the options ``nmt run`` shares (run_options.py)."""
     parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=run_options.DESCRIPTION)
@@ -236,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m flows.pipeline``: run the flow once (a temporary Prefect server when no API URL is set)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("prefect.task_runs", "prefect.flow_runs"):  # the loggers of Prefect's run engines
+        logging.getLogger(name).addFilter(_NoTracebackForPipelineErrors())
     env.prefer_this_interpreter()  # DVC's `python -m pipeline.<stage>` runs in this environment
     try:
         select_stages(args.repo, args.stages)  # refused before any server, lock or MLflow run

@@ -157,8 +157,8 @@ class Settings:
         "only once (pipeline/training/faults.py)"))
     # Data (pipeline/download.py, pipeline/clean.py, pipeline/encode.py).
     data_mirror: str | None = field(default=None, metadata=meta(
-        "NMT_DATA_MIRROR", MIRROR, "replaces the upstream URLs (a file it lacks is an error); `user:password@` in "
-        "a URL is sent as basic auth, never logged"))
+        "NMT_DATA_MIRROR", MIRROR, "replaces the upstream URLs (a file it lacks is an error; `user:password@` is "
+        "sent as basic auth); unset: `../shared/data` if present"))
     download_cache: Path = field(default=DEFAULT_DOWNLOAD_CACHE, metadata=meta(
         "NMT_DOWNLOAD_CACHE", PATH, "cache of upstream downloads (default `<repo>/.cache/downloads`)"))
     download_backoff_s: float = field(default=1.0, metadata=meta(
@@ -241,6 +241,37 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
 
 
 settings.cache_clear = _parse.cache_clear  # type: ignore[attr-defined]
+
+
+#: Where an offline machine keeps its copy of the data, relative to the checkout (used when NMT_DATA_MIRROR is unset).
+SHARED_DATA = Path("..", "shared", "data")
+
+
+@dataclass(frozen=True)
+class MirrorChoice:
+    """The download stage's mirror and why it was chosen (the stage logs both once)."""
+
+    location: str | None  # a folder or an http(s) URL (userinfo included); None: the upstream URLs
+    reason: str
+
+
+def data_mirror(root: Path, environ: Mapping[str, str] | None = None) -> MirrorChoice:
+    """The mirror for the checkout ``root``: ``NMT_DATA_MIRROR`` when set (set but blank: none), else the folder
+    :data:`SHARED_DATA` beside the checkout when it exists, else none. The one place this rule lives: ``make``,
+    ``nmt run``, the flow and ``dvc repro`` all run the download stage in the checkout, so all find the same mirror.
+
+    Raises:
+        ConfigError: an ``NMT_*`` variable of ``environ`` (default ``os.environ``) is malformed.
+    """
+    environ = os.environ if environ is None else environ
+    if chosen := settings(environ).data_mirror:
+        return MirrorChoice(chosen, "set by NMT_DATA_MIRROR")
+    if "NMT_DATA_MIRROR" in environ:
+        return MirrorChoice(None, "NMT_DATA_MIRROR is set but empty")
+    beside = (Path(root).resolve() / SHARED_DATA).resolve()
+    if beside.is_dir():
+        return MirrorChoice(str(beside), "found beside the checkout, as NMT_DATA_MIRROR is unset")
+    return MirrorChoice(None, f"NMT_DATA_MIRROR is unset and there is no {beside}")
 
 
 def prefer_this_interpreter() -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.core import env, stages, tracking
 from pipeline.core.config import Params, flatten, load_params, section_dict
-from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.core.errors import EXIT_PERMANENT, ConfigError, PermanentError, PipelineError
 from pipeline.core.textio import public_path, write_error, write_text
 
 if TYPE_CHECKING:  # a stage that builds no record does not depend on pipeline/core/details.py
@@ -83,7 +83,8 @@ def os_error_message(exc: OSError) -> str:
 def run_cli(name: str, body: Callable[[Params, argparse.Namespace], None], argv: list[str] | None,
             parser: argparse.ArgumentParser | None = None) -> int:
     """Check the ``NMT_*`` environment, load params, run ``body``; return the exit code (a PipelineError or OSError
-    becomes ``error: stage <name>: <message>`` and 1, a bug also prints its traceback), credentials redacted."""
+    becomes ``error: stage <name>: <message>`` and 1, a PermanentError :data:`EXIT_PERMANENT`, a bug also prints its
+    traceback), credentials redacted."""
     setup_logging()
     parser = parser or stage_parser(f"pipeline stage {name}")
     args = parser.parse_args(argv)
@@ -92,6 +93,8 @@ def run_cli(name: str, body: Callable[[Params, argparse.Namespace], None], argv:
         env.settings()
         params = load_params(args.params)
         body(params, args)
+    except PermanentError as exc:
+        return _fail(name, str(exc), EXIT_PERMANENT)
     except PipelineError as exc:
         return _fail(name, str(exc))
     except OSError as exc:
@@ -106,9 +109,9 @@ def run_cli(name: str, body: Callable[[Params, argparse.Namespace], None], argv:
     return 0
 
 
-def _fail(name: str, message: str) -> int:
+def _fail(name: str, message: str, code: int = 1) -> int:
     print(redact(f"error: stage {name}: {message}"), file=sys.stderr)
-    return 1
+    return code
 
 
 def write_metrics(path: str | Path, metrics: dict[str, object]) -> None:

@@ -1,5 +1,6 @@
-"""Getting bytes onto the disk reliably: HTTP with resume (``Range``) and retries with exponential backoff; a
-failure that waiting cannot fix (404/410, a host that does not resolve, an invalid URL) ends it at once."""
+"""Getting bytes onto the disk reliably: HTTP with resume (``Range``) and retries with exponential backoff for
+transient failures (a reset or cut connection, a timeout, HTTP 5xx/408/429); a failure that waiting cannot fix
+(HTTP 4xx, a host that does not resolve, an invalid URL) ends it at once with a :class:`PermanentDownloadError`."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from urllib.parse import urlsplit
 import requests
 import urllib3
 
-from pipeline.core.errors import DownloadError
+from pipeline.core.errors import DownloadError, PermanentDownloadError
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class RetryPolicy:
         return min(60.0, self.backoff_s * 2 ** (failures - 1))
 
 
-class NotFound(DownloadError):
+class NotFound(PermanentDownloadError):
     """The server answered 404/410."""
 
 
@@ -46,7 +47,7 @@ class Unreachable(DownloadError):
     """Every attempt failed with a transient error."""
 
 
-class HostNotFound(DownloadError):
+class HostNotFound(PermanentDownloadError):
     """The host has no address (DNS lookup failed)."""
 
 
@@ -134,7 +135,8 @@ def _open(session: requests.Session, url: str, part: Path, timeout: float) -> tu
             log.info("%s: server ignored the Range request; restarting the transfer", url)
         length = resp.headers.get("Content-Length")
         return resp, 0, int(length) if length and length.isdigit() else None
-    raise DownloadError(f"{url}: HTTP {status} {resp.reason}; check the URL (or NMT_DATA_MIRROR)")
+    error = PermanentDownloadError if 400 <= status < 500 else DownloadError
+    raise error(f"{url}: HTTP {status} {resp.reason}; check the URL (or NMT_DATA_MIRROR)")
 
 
 def _name_not_resolved(exc: BaseException | None, depth: int = 0) -> bool:
@@ -152,7 +154,7 @@ def _attempt(session: requests.Session, url: str, part: Path, timeout: float, la
     try:
         resp, offset, total = _open(session, url, part, timeout)
     except _PERMANENT_REQUEST_ERRORS as exc:
-        raise DownloadError(f"{url}: not a valid URL ({exc})") from None
+        raise PermanentDownloadError(f"{url}: not a valid URL ({exc})") from None
     except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
         if _name_not_resolved(exc):
             raise HostNotFound(f"{url}: host {urlsplit(url).hostname!r} not found (DNS lookup failed); check the "
@@ -182,7 +184,8 @@ def fetch_url(url: str, dest: Path, *, policy: RetryPolicy, session: requests.Se
     failures in a row that added no bytes.
 
     Raises:
-        NotFound, HostNotFound, Unreachable: see each; DownloadError: another HTTP error (naming the status).
+        NotFound, HostNotFound, Unreachable: see each; PermanentDownloadError: another HTTP 4xx or an invalid URL;
+        DownloadError: another HTTP status.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")

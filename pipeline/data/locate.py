@@ -1,5 +1,6 @@
-"""Where each source file's bytes come from: ``NMT_DATA_MIRROR`` (extracted, or its archive; a file it lacks is
-an error, never silently downloaded), else the upstream URL through the download cache."""
+"""Where each source file's bytes come from: the mirror (``NMT_DATA_MIRROR``, else ``../shared/data`` beside the
+checkout: :func:`pipeline.core.env.data_mirror`; extracted, or its archive; a file it lacks is an error, never
+silently downloaded), else the upstream URL through the download cache."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import requests
 
 from pipeline.core.config import DownloadConfig
+from pipeline.core.env import data_mirror
 from pipeline.core.env import settings as env_settings
-from pipeline.core.errors import DownloadError
+from pipeline.core.errors import DownloadError, PermanentDownloadError
 from pipeline.core.textio import newest_file, pid_alive, sha256_file, write_error
 from pipeline.data.archives import CorruptArchive, extract_members
 from pipeline.data.fetch import HostNotFound, NotFound, RetryPolicy, Unreachable, cache_path, fetch_url
@@ -36,22 +38,27 @@ class FetchEnv:
     auth: tuple[str, str] | None = None  # from user:password@ in an http(s) mirror URL; never logged
 
     @classmethod
-    def from_env(cls, cfg: DownloadConfig) -> FetchEnv:
-        """Read the ``NMT_*`` download settings; ``user:pass@`` in an http(s) mirror becomes basic auth, so URLs in
-        logs, errors and cache paths never carry it.
+    def from_env(cls, cfg: DownloadConfig, root: Path = Path(".")) -> FetchEnv:
+        """Read the ``NMT_*`` download settings and log which mirror the checkout ``root`` uses and why;
+        ``user:pass@`` in an http(s) mirror becomes basic auth, so URLs in logs, errors and cache paths never carry
+        it.
 
         Raises:
-            DownloadError: the mirror is neither an existing folder nor a valid http(s) URL.
+            PermanentDownloadError: the mirror is neither an existing folder nor a valid http(s) URL.
         """
-        env = env_settings()
-        mirror = env.data_mirror  # a file:// prefix is already stripped
+        env, choice = env_settings(), data_mirror(root)
+        mirror = choice.location  # a file:// prefix is already stripped
         auth = None
         if mirror and re.match(r"^https?://", mirror):
             _check_mirror_url(mirror)
             mirror, auth = split_userinfo(mirror)
         elif mirror and not Path(mirror).is_dir():
-            raise DownloadError(f"NMT_DATA_MIRROR={split_userinfo(mirror)[0]!r} is neither a directory nor an "
-                                "http(s) URL; fix or unset it")
+            raise PermanentDownloadError(f"NMT_DATA_MIRROR={split_userinfo(mirror)[0]!r} is neither a directory "
+                                         "nor an http(s) URL; fix or unset it")
+        if mirror:
+            log.info("data mirror %s (%s)", mirror, choice.reason)
+        else:
+            log.info("no data mirror (%s): downloading from the upstream URLs", choice.reason)
         return cls(mirror=mirror, cache_dir=env.download_cache, auth=auth,
                    policy=RetryPolicy(retries=cfg.retries, timeout_s=cfg.timeout_s, backoff_s=env.download_backoff_s))
 
@@ -75,8 +82,8 @@ def _check_mirror_url(url: str) -> None:
         problem = str(exc)
     if problem:
         shown = re.sub(r"^(https?://)[^/]*@", r"\1***@", url)
-        raise DownloadError(f"NMT_DATA_MIRROR={shown!r} is not a valid URL ({problem}); set it to a folder or an "
-                            "http(s) base URL such as https://host/data, or unset it")
+        raise PermanentDownloadError(f"NMT_DATA_MIRROR={shown!r} is not a valid URL ({problem}); set it to a folder "
+                                     "or an http(s) base URL such as https://host/data, or unset it")
 
 
 def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
@@ -112,8 +119,8 @@ def check(path: Path, label: str, expected: list[Expectation], copy: Path) -> tu
     digest, size = sha256_file(path), path.stat().st_size
     for exp in expected:
         if exp.sha256 != digest:
-            raise DownloadError(f"{label}: sha256 mismatch: got {digest}, {exp.where} expects {exp.sha256}. "
-                                f"{exp.remedy}; otherwise the copy {copy} is corrupt: delete it and run again")
+            raise PermanentDownloadError(f"{label}: sha256 mismatch: got {digest}, {exp.where} expects {exp.sha256}. "
+                                         f"{exp.remedy}; otherwise the copy {copy} is corrupt: delete it and run again")
     return digest, size
 
 
@@ -160,7 +167,7 @@ def _from_mirror(env: FetchEnv, rel: str) -> Located | None:
         except NotFound:
             return None
         except (HostNotFound, Unreachable) as exc:
-            raise DownloadError(f"{exc}; check NMT_DATA_MIRROR, or unset it to download from upstream") from None
+            raise type(exc)(f"{exc}; check NMT_DATA_MIRROR, or set it empty to download from upstream") from None
     return Located(dest, "mirror", dest, cached=True)
 
 
@@ -170,8 +177,8 @@ def _download_unit(env: FetchEnv, spec: DatasetSpec, sf: SourceFile) -> Located:
     if env.mirror is not None:
         if (found := _from_mirror(env, rel)) is None:
             looked = " nor ".join(dict.fromkeys((tried, rel)))
-            raise DownloadError(f"NMT_DATA_MIRROR={env.mirror}: holds neither {looked}; add one of them to the "
-                                f"mirror, or unset NMT_DATA_MIRROR to download {sf.url}")
+            raise PermanentDownloadError(f"NMT_DATA_MIRROR={env.mirror}: holds neither {looked}; add one of them to "
+                                         f"the mirror, or set NMT_DATA_MIRROR empty to download {sf.url}")
         return found
     dest = cache_path(env.cache_dir, sf.url)
     if dest.is_file():
@@ -180,7 +187,7 @@ def _download_unit(env: FetchEnv, spec: DatasetSpec, sf: SourceFile) -> Located:
     try:
         return Located(env.fetch(sf.url, dest), "network", dest, cached=True)
     except (Unreachable, HostNotFound) as exc:
-        raise DownloadError(f"{exc}; if this machine has no internet access, set NMT_DATA_MIRROR to a directory "
+        raise type(exc)(f"{exc}; if this machine has no internet access, set NMT_DATA_MIRROR to a directory "
                             f"or http(s) URL holding {tried} or {rel}") from None
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.config import DownloadConfig
-from pipeline.core.errors import ConfigError, DataError, DownloadError
+from pipeline.core.errors import EXIT_PERMANENT, ConfigError, DataError, DownloadError
 from pipeline.core.stage import run_stage
 from pipeline.core.textio import read_lines
 from pipeline.data.sources import MULTI30K_SPEC, STATMT, WMT14, Corpus, DatasetSpec, SourceFile, sgml_segments
@@ -33,7 +33,7 @@ ODD = ["carriage\rreturn inside", "next\x85line (NEL)", "line\u2028separator", "
 def _env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NMT_DOWNLOAD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("NMT_DOWNLOAD_BACKOFF_S", "0.01")
-    monkeypatch.delenv("NMT_DATA_MIRROR", raising=False)
+    monkeypatch.setenv("NMT_DATA_MIRROR", "")  # upstream, even where a shared/data folder lies beside the checkout
 
 
 def _corpus_lines(name: str, lang: str, n: int) -> list[str]:
@@ -392,7 +392,7 @@ def test_a_file_missing_from_an_http_mirror_is_an_error_not_a_download(statmt, t
             _run(tmp_path, _spec(base))
     assert str(info.value) == (f"NMT_DATA_MIRROR={mirror_url}: holds neither "
                                "wmt14/training/news-commentary-v9.de-en.en nor wmt14/training-parallel-nc-v9.tgz; "
-                               "add one of them to the mirror, or unset NMT_DATA_MIRROR to download "
+                               "add one of them to the mirror, or set NMT_DATA_MIRROR empty to download "
                                f"{base}/wmt14/training-parallel-nc-v9.tgz")
     assert ("/wmt14/training-parallel-nc-v9.tgz", None, 404) in mirror_faults.log
     assert len(faults.log) == n_requests  # upstream never asked
@@ -423,7 +423,7 @@ def test_a_host_name_that_does_not_resolve_fails_at_once(tmp_path: Path, monkeyp
         _run(tmp_path, _spec("http://nohost.invalid"), retries=5)
     monkeypatch.setenv("NMT_DATA_MIRROR", "http://nohost.invalid/data")
     with pytest.raises(DownloadError, match=r"http://nohost.invalid/data/wmt14/training/europarl-v7.de-en.en: host "
-                                            r"'nohost.invalid' not found .*; check NMT_DATA_MIRROR, or unset it"):
+                                            r"'nohost.invalid' not found .*; check NMT_DATA_MIRROR, or set it empty"):
         _run(tmp_path, _spec("http://127.0.0.1:9"), retries=5)
     assert "retrying" not in caplog.text
 
@@ -487,5 +487,5 @@ def test_cli_multi30k_from_the_shared_mirror(tmp_path: Path, monkeypatch, capsys
         "train": 29000, "valid": 1014, "test": 1000}
     assert not (tmp_path / "metrics/x/download.json").exists()  # not a stage whose numbers DVC compares
     monkeypatch.setenv("NMT_DATA_MIRROR", str(tmp_path / "absent"))
-    assert main(["--params", "params.yaml"]) == 1
+    assert main(["--params", "params.yaml"]) == EXIT_PERMANENT
     assert "error: stage download: NMT_DATA_MIRROR=" in capsys.readouterr().err

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.core.errors import EXIT_PERMANENT
 from pipeline.core.stage import redact
 from tests.helpers.data_faults import multi30k_mirror, write_params, write_raw
 from tests.helpers.paths import REPO
@@ -184,7 +185,7 @@ def test_mirror_credentials_are_sent_but_never_printed_or_stored(tmp_path: Path,
         assert set(seen) == {"Basic " + base64.b64encode(f"alice:{SECRET}".encode()).decode()}
         bad = _stage("download", tmp_path / "work", env | {"NMT_DATA_MIRROR": f"http://alice:wrong-{SECRET}@{host}",
                                                            "NMT_DOWNLOAD_CACHE": str(tmp_path / "work" / "cache2")})
-    assert bad.returncode == 1
+    assert bad.returncode == EXIT_PERMANENT  # a 4xx: no retry helps
     assert bad.stderr.strip().splitlines()[-1] == (
         f"error: stage download: {url}/multi30k/data/task1/raw/train.en.gz: HTTP 401 Unauthorized; check the URL "
         "(or NMT_DATA_MIRROR)")
