@@ -36,6 +36,7 @@ CONFIGS = {  # dims, vocabulary, and the batch: sentences x max length (lengths 
     "base": {**BASE, "batch": 256, "max_len": 32},
     "base-25k": {**BASE, "batch": 768, "max_len": 44},  # the paper's ~25k target tokens a step, one padded batch
     "news-25k": {**BASE, "tokens_per_step": 25000, "steps": 10},  # the train stage's steps: make_news_steps
+    "toy": {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300, "batch": 8, "max_len": 12},
 }
 NEWS_LENGTHS = REPO / "tests" / "data" / "news_lengths.json"
 EPS = 0.1

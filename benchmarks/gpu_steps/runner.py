@@ -154,10 +154,11 @@ def step_env() -> dict[str, str | float | bool]:
 
 
 def step_throughput(r: Runner, dry: bool) -> dict[str, Any]:
-    """``benchmarks/train.py`` on the base model's 25k-token compiled step (dry run: small config, CPU)."""
+    """``benchmarks/train.py`` on the base model's 25k-token compiled step (dry run: the toy config on the CPU,
+    which checks the wiring; tests/benchmarks/test_train_benchmark.py checks the script itself)."""
     json_path = r.work / "train-base-25k.json"
     argv = [sys.executable, str(REPO / "benchmarks" / "train.py"), "--out", str(json_path)]
-    argv += (["--device", "cpu", "--config", "small", "--threads", "1", "--repeats", "1", "--iters", "1"] if dry else
+    argv += (["--device", "cpu", "--config", "toy", "--threads", "1", "--repeats", "1", "--iters", "1"] if dry else
              ["--device", "cuda", "--config", "base-25k", "--repeats", "3", "--iters", "10", "--compile", "step"])
     done = r.cmd("throughput", argv, timeout=max(r.left() - 10, 30))
     return {**done, **({"result": json.loads(json_path.read_text(encoding="utf-8"))} if json_path.is_file() else {})}
