@@ -1,4 +1,5 @@
-"""benchmarks/gpu.py, the script a lent GPU machine runs, dry-run on the CPU so it cannot rot.
+"""benchmarks/gpu.py, the script a lent GPU machine runs, dry-run on the CPU so it cannot rot (all but ``speed``, whose
+compiled stage alone takes minutes on a CPU; ``speed --dry-run`` is run by hand before a device call).
 
 The dry runs share one test and one data build: ``prepare`` makes the tiny profile's data from a synthetic
 Multi30k mirror; ``check`` runs every step on it but ``demo`` (the determinism step runs that launcher too), on
