@@ -75,8 +75,8 @@ def test_a_list_of_variants_keeps_its_order_and_labels(tmp_path: Path) -> None:
     ({"name": "x", "profile": "tiny", "variants": [{"train.warmup_steps": 1}, {"train": {"warmup_steps": 2}}]},
      "variants[2]: train is a section of params.yaml, not a param; name one key inside it, e.g. train.tokens_per_step"),
     ({"name": "x", "profile": "tiny", "set": {"evaluate.beem": 1}, "grid": {"train.warmup_steps": [1]}},
-     "set: evaluate.beem is not a param of params.yaml (known in evaluate: beam_sizes, alphas, max_len_a, "
-     "max_len_b, max_tokens)"),
+     "set: evaluate.beem is not a param of params.yaml (known in evaluate: beam_sizes, alphas, beam_rule, "
+     "max_len_a, max_len_b, max_tokens)"),
     ({"name": "x", "profile": "tiny", "set": {"train.warmup_steps": 5, "train.max_steps": 20},
       "grid": {"train.lr_scale": [1.0], "train.warmup_steps": [1, 2]}},
      "set / grid: train.warmup_steps is in both, and the variant's value would replace the shared one; keep the key "
