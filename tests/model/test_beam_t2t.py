@@ -4,15 +4,14 @@ one sentence, plain lists, a full decoder recomputation per step, float64."""
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from model import Hypothesis, Transformer, TransformerConfig, beam_search, best_hypothesis
 
-PAD, A, BOS, EOS, B = 0, 1, 2, 3, 4
+from tests.helpers.beam_toy import A, B, BOS, EOS, PAD, FixedProbs
 INF = 1.0 * 1e7  # tensor2tensor's "INF"
 
 
@@ -130,29 +129,6 @@ def test_batched_equals_one_sentence_at_a_time(k: int, alpha: float) -> None:
         assert 1 <= len(hyps) <= k  # the finished set, or the best live hypothesis
     assert len({h.step for hyps in batched for h in hyps}) > 2, "sentences should finish at different steps"
     assert beam_search(m, src, k, alpha, 1.0, 4, rule="t2t") == [best_hypothesis(h, alpha) for h in batched]
-
-
-class FixedProbs(nn.Module):
-    """Next-token probabilities looked up by the generated prefix (without BOS); a default otherwise."""
-
-    def __init__(self, table: dict[tuple[int, ...], list[float]], default: list[float]) -> None:
-        super().__init__()
-        self.cfg = SimpleNamespace(pad_id=PAD, bos_id=BOS, eos_id=EOS)
-        self.table, self.default = table, default
-
-    def encode(self, src: Tensor) -> Tensor:
-        return src
-
-    def init_state(self, enc: Tensor, beam: int, capacity: int) -> Tensor:
-        return enc.new_zeros(enc.shape[0], 0)
-
-    def decode_step(self, tokens: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
-        cache = torch.cat([cache, tokens.view(-1, 1)], dim=1)
-        rows = [self.table.get(tuple(r[1:]), self.default) for r in cache.tolist()]
-        return torch.tensor(rows, dtype=torch.float64).log(), cache
-
-    def reorder_state(self, cache: Tensor, rows: Tensor, sentences: Tensor | None) -> Tensor:
-        return cache.index_select(0, rows)
 
 
 def test_an_eos_outside_the_first_k_finishes_and_the_search_stops_by_the_bound() -> None:
