@@ -1,12 +1,14 @@
-"""The ``nmt`` command: profiles, the whole pipeline and sweeps (through Prefect flows), translate and export."""
+"""The ``nmt`` command: profiles, the whole pipeline and sweeps (through Prefect flows), translate and export, the
+MLflow UI and model server."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
-from pipeline.core import env, stages
+from pipeline.core import env, stages, tracking
 from pipeline.core.errors import PipelineError
 from pipeline.project.options import OneLineParser
 from pipeline.core.stage import setup_logging
@@ -41,8 +43,6 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 def _exec_flow(cmd: list[str]) -> int:
     """Become the flow ``python -m <cmd>`` (``exec``), so Ctrl-C, SIGTERM and SIGKILL reach it, which stops its
     stage (flows/lifeline.py); a parent process would have to forward each signal."""
-    import os
-
     log.info("-m %s", " ".join(cmd))
     sys.stdout.flush()
     sys.stderr.flush()
@@ -65,6 +65,60 @@ def flow_command(args: argparse.Namespace) -> list[str]:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     """The Prefect flow ``wmt14-sweep`` (flows/sweep.py), which refuses a bad spec before it starts anything."""
     return _exec_flow(["flows.sweep", args.spec])
+
+
+def _port(text: str) -> int:
+    """An argparse ``type``: a TCP port from 1 to 65535."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text:.20}: must be a port from 1 to 65535")
+    return int(text)
+
+
+def _mlflow_parsers(sub: argparse._SubParsersAction) -> None:
+    """``nmt ui`` and ``nmt serve``: MLflow's UI and model server on this checkout's store, by default on
+    127.0.0.1. Run as MLflow's own commands they need the store named (else MLflow creates a stray ./mlflow.db and
+    answers ``Registered Model ... not found``) and this environment's bin/ on PATH (the server starts uvicorn);
+    these verbs set both, check the model first, then become MLflow (exec), so Ctrl-C stops the server itself."""
+    p = sub.add_parser("ui", help="the MLflow UI on this checkout's store (http://127.0.0.1:5000)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=_port, default=5000, help="port (default 5000)")
+    p.set_defaults(func=_ui)
+    p = sub.add_parser("serve", help="serve a registered model over HTTP (POST /invocations; docs/evaluation.md)")
+    p.add_argument("--profile", help="whose registered model (default: the profile params.yaml holds)")
+    p.add_argument("--alias", default="candidate", help="the version to serve, by alias (default candidate)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=_port, default=5001, help="port (default 5001)")
+    p.set_defaults(func=_serve)
+
+
+def _exec_mlflow(argv: list[str]) -> int:
+    log.info("%s", " ".join(argv))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(argv[0], argv, os.environ)  # PATH starts with this environment's bin/ (nmt's main)
+    return 0  # pragma: no cover - exec does not return
+
+
+def _ui(args: argparse.Namespace) -> int:
+    return _exec_mlflow(["mlflow", "ui", "--backend-store-uri", tracking.tracking_uri("."), "--host", args.host,
+                         "--port", str(args.port)])
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from pipeline.inference import registry
+    from pipeline.project.profiles import active_profile
+
+    profile = args.profile or active_profile(".")
+    if profile is None:
+        raise PipelineError("nmt serve: params.yaml names no profile here; pass --profile NAME (the profile whose "
+                            "registered model to serve) or run it in the checkout's root")
+    name, uri = env.model_name(profile), tracking.tracking_uri(".")
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    if registry.alias_holder(name, args.alias) is None:
+        raise PipelineError(f"nmt serve: no version of registered model {name!r} holds alias {args.alias!r} in "
+                            f"{uri}; the register stage registers profile {profile}'s model (make demo: demo)")
+    return _exec_mlflow(["mlflow", "models", "serve", "-m", f"models:/{name}@{args.alias}", "--env-manager",
+                         "local", "-h", args.host, "-p", str(args.port)])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     translate.add_parser(sub)
     ct2.add_parser(sub)
+    _mlflow_parsers(sub)
     return parser
 
 

@@ -1,8 +1,15 @@
-"""The ``nmt`` command itself: its version, plain help text, and ``nmt run`` passing every option of the flow on."""
+"""The ``nmt`` command itself: its version, plain help text, ``nmt run`` passing every option of the flow on, and
+``nmt ui`` / ``nmt serve`` on this checkout's MLflow store."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 import tomllib
+import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +32,7 @@ def test_version_is_the_installed_package_version(capsys: pytest.CaptureFixture[
 
 def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
     """No reST markup (``x``, :func:`x`) nor Markdown backticks in what any --help of nmt prints."""
-    for argv in [], ["run"], ["sweep"], ["translate"], ["export"], ["profile"]:
+    for argv in [], ["run"], ["sweep"], ["translate"], ["export"], ["profile"], ["ui"], ["serve"]:
         with pytest.raises(SystemExit):
             main([*argv, "--help"])
         out = capsys.readouterr().out
@@ -65,3 +72,40 @@ def test_a_bad_run_option_is_one_usage_line(argv: list[str], message: str,
         main(["run", *argv])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.splitlines() == [f"nmt run: error: {message}; see nmt run --help"]
+
+
+def _nmt(*args: str, cwd: Path, **kw) -> subprocess.Popen:  # noqa: ANN003
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}  # the checkout's own store
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, env=env, text=True, **kw)
+
+
+def test_serve_without_a_registered_model_is_one_line_naming_it(tmp_path: Path) -> None:
+    proc = _nmt("serve", "--profile", "tiny", cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert err.splitlines()[-1].startswith("error: nmt serve: no version of registered model 'tiny-transformer' "
+                                           "holds alias 'candidate' in sqlite:///"), err
+    assert not (tmp_path / "mlflow.db").exists() and (tmp_path / ".mlflow" / "mlflow.db").is_file()  # no stray
+
+
+@pytest.mark.slow
+def test_ui_serves_this_checkouts_store_on_loopback(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _nmt("ui", "--port", str(port), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True)
+    try:
+        deadline, status = time.monotonic() + 120, None
+        while status is None and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                status = urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status  # noqa: S310
+            except OSError:
+                time.sleep(1)
+        assert status == 200, f"nmt ui did not answer (exit {proc.poll()})"
+        assert (tmp_path / ".mlflow" / "mlflow.db").is_file() and not (tmp_path / "mlruns").exists()
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)

@@ -264,8 +264,7 @@ def test_served_candidate_answers_invocations(model_dir: Path, tmp_path: Path, m
     _register(model_dir, tmp_path, valid_bleu=5.0, test_hyps=GOOD)
     port = _free_port()
     log_file = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - closed in finally
-    proc = subprocess.Popen(["mlflow", "models", "serve", "--env-manager", "local", "-m",
-                             f"models:/{DEFAULT_MODEL_NAME}@candidate", "-h", "127.0.0.1", "-p", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--profile", "paper", "--port", str(port)],
                             cwd=tmp_path, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_ready(f"http://127.0.0.1:{port}/ping", proc, 90)
