@@ -52,7 +52,7 @@ class TrainLog:
                  peak_flops: float, start_step: int, sums: dict[str, float]) -> None:
         self.tracker, self.max_steps, self.max_minutes = tracker, max_steps, max_minutes
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
-        self.t0, self.start_step = time.monotonic(), start_step
+        self.t0 = time.monotonic()
         self.sums = sums
         for key in self.KEYS:
             self.sums.setdefault(key, 0.0)
