@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -171,13 +170,12 @@ def reference_beam(m: nn.Module, row: Tensor, k: int, a: float, b: float, lprobs
     return [(toks, s, n) for n, _, toks, s in sorted(finished, key=lambda f: (f[0], f[1]))]
 
 
-class TiedProbs(nn.Module):
+class TiedProbs(FixedProbs):
     """Toy (V = 7 by default) whose next-token weights are small integers drawn from a hash of the prefix:
     many exact ties."""
 
     def __init__(self, seed: int, vocab: int = 7, weights: tuple[int, ...] = (1, 2, 2, 4)) -> None:
-        super().__init__()
-        self.cfg = SimpleNamespace(pad_id=PAD, bos_id=BOS, eos_id=EOS)
+        super().__init__({}, [])
         self.seed, self.vocab, self.weights = seed, vocab, weights
 
     def probs(self, prefix: list[int]) -> list[float]:
@@ -186,18 +184,9 @@ class TiedProbs(nn.Module):
         w[EOS] = rng.choice([0, 1, 4])
         return [x / sum(w) for x in w]
 
-    def encode(self, src: Tensor) -> Tensor:
-        return src
-
-    def init_state(self, enc: Tensor, beam: int, capacity: int) -> Tensor:
-        return enc.new_zeros(enc.shape[0], 0)  # one row per sentence until reorder_state
-
     def decode_step(self, tokens: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
         cache = torch.cat([cache, tokens.view(-1, 1)], dim=1)
         return torch.tensor([self.probs(r) for r in cache.tolist()]).log(), cache
-
-    def reorder_state(self, cache: Tensor, rows: Tensor, sentences: Tensor | None) -> Tensor:
-        return cache.index_select(0, rows)
 
 
 def tied_lprobs(m: TiedProbs, row: Tensor, prefixes: list[list[int]]) -> Tensor:
