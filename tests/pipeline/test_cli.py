@@ -79,6 +79,15 @@ def _nmt(*args: str, cwd: Path, **kw) -> subprocess.Popen:  # noqa: ANN003
     return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, env=env, text=True, **kw)
 
 
+@pytest.mark.parametrize("verb", ["ui", "serve"])
+def test_a_port_out_of_range_is_one_usage_line_naming_it(verb: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([verb, "--port", "70000"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (f"nmt {verb}: error: argument --port: 70000: must be a port from 1 to 65535; "
+                                       f"see nmt {verb} --help\n")
+
+
 def test_serve_without_a_registered_model_is_one_line_naming_it(tmp_path: Path) -> None:
     proc = _nmt("serve", "--profile", "tiny", cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = proc.communicate(timeout=120)
