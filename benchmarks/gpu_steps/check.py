@@ -16,7 +16,7 @@ from pipeline.training.curves import read_history
 
 GPU_TESTS = ("tests/model/test_cuda.py", "tests/pipeline/training/test_deterministic_kernels.py",
              "tests/pipeline/training/test_train.py", "tests/pipeline/training/test_faults_train.py",
-             "tests/pipeline/inference/test_translate.py")
+             "tests/pipeline/inference/test_translate.py", "tests/pipeline/training/test_loop_on_device.py")
 
 
 def steps(r: Runner, data: Path, profiles: list[str], modes: list[str], dry: bool) -> dict[str, tuple[Any, float]]:

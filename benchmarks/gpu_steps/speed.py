@@ -18,6 +18,8 @@ from benchmarks.gpu_steps.runner import Runner, params_for
 #: tokens per optimizer step in one forward pass (``NMT_MAX_TOKENS``), a progress line every 20 steps.
 STAGE_TRAIN = {"tokens_per_step": 25000, "max_steps": 300, "warmup_steps": 100, "log_every_steps": 20,
                "save_every_steps": 300, "valid_every_steps": 300, "max_minutes": 3.0}
+#: The compiled run is profiled for 5 optimizer steps after this many (benchmarks/gpu_steps/profiled_train.py).
+PROFILE_SKIP = 200
 DRY_STAGE = {"model": {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1},
              "train": {"tokens_per_step": 512, "max_steps": 6, "warmup_steps": 2, "log_every_steps": 2,
                        "save_every_steps": 6, "valid_every_steps": 6, "max_minutes": 0}}
@@ -27,7 +29,7 @@ PROGRESS = re.compile(r"step (\d+)/\d+ .*?\| ([\d.]+) tgt tok/s(?: \| MFU ([\d.]
 
 def steps(r: Runner, data: Path, dry: bool) -> dict[str, tuple[Any, float]]:
     """The ``speed`` steps in order, each with the seconds it needs on the device."""
-    return {"stage": (lambda: step_stage(r, data, dry, compiled=True), 150),
+    return {"stage": (lambda: step_stage(r, data, dry, compiled=True), 280),
             "loss": (lambda: step_loss(r, dry), 60),
             "stage-eager": (lambda: step_stage(r, data, dry, compiled=False), 60),
             "bench": (lambda: step_bench(r, dry), 120)}
@@ -50,11 +52,19 @@ def step_stage(r: Runner, data: Path, dry: bool, compiled: bool) -> dict[str, An
         params["train"].update(max_steps=40, warmup_steps=20, save_every_steps=40, valid_every_steps=40,
                                max_minutes=1.0)
     extra = {"NMT_COMPILE": "on" if compiled else "off", "NMT_MAX_TOKENS": "2048" if dry else "65536"}
-    done = r.stage(name, "train", write_params(params, work), timeout=max(min(r.left() - 30, 240), 30), **extra)
+    timeout = max(min(r.left() - 30, 320), 30)
+    if compiled:  # under the profiler from the step after PROFILE_SKIP: the rows before it are the clean figures
+        argv = [sys.executable, "-m", "benchmarks.gpu_steps.profiled_train", "--params",
+                str(write_params(params, work)), "--out", str(r.work / "logs"), "--skip", str(3 if dry else PROFILE_SKIP)]
+        done = r.cmd(name, argv, timeout, **extra)
+    else:
+        done = r.stage(name, "train", write_params(params, work), timeout=timeout, **extra)
     rows = progress((r.work / "logs" / f"{name}.log").read_text(encoding="utf-8", errors="replace"))
-    steady = [row["tgt_tokens_per_s"] for row in rows[1:]]
+    steady = [row["tgt_tokens_per_s"] for row in rows[1:] if not compiled or row["step"] <= PROFILE_SKIP]
+    profiled = r.work / "logs" / "profile.json"
     return {**done, "env": extra, "train": params["train"], "rows": rows,
-            "steady_tgt_tokens_per_s": sorted(steady)[len(steady) // 2] if steady else None}
+            "steady_tgt_tokens_per_s": sorted(steady)[len(steady) // 2] if steady else None,
+            **({"profile": json.loads(profiled.read_text(encoding="utf-8"))} if compiled and profiled.is_file() else {})}
 
 
 def step_loss(r: Runner, dry: bool) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """One process with a fused Adam (CUDA's) steps without reading the device: figures are read at log, validation
 and save steps. Here the CPU gets a fused Adam too (``setup.FUSED_ADAM``), so the path runs without a GPU, and
-each run is compared with the same run read after every step (``loop.on_device`` off)."""
+each run is compared with the same run read after every step (``loop.on_device`` off). The ``gpu`` cases run
+the same comparisons on CUDA."""
 
 from __future__ import annotations
 
@@ -18,9 +19,14 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return make_workspace(tmp_path_factory.mktemp("ws"))
 
 
-@pytest.fixture
-def fused_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(setup, "FUSED_ADAM", ("cuda", "cpu"))
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def fused_adam(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU with a fused Adam patched in, or CUDA's own (deterministic kernels, so two runs can be compared)."""
+    monkeypatch.setenv("NMT_DEVICE", request.param)
+    if request.param == "cpu":
+        monkeypatch.setattr(setup, "FUSED_ADAM", ("cuda", "cpu"))
+    else:
+        monkeypatch.setenv("NMT_DETERMINISTIC", "1")
 
 
 REAL_SETTLE, REAL_ON_DEVICE = loop.settle, loop.on_device
@@ -35,7 +41,7 @@ def _run(data: dict, tmp, monkeypatch: pytest.MonkeyPatch, *, read_every_step: b
 
 
 def test_steps_read_at_log_points_train_bitwise_as_steps_read_every_step(workspace, tmp_path, monkeypatch,
-                                                                          fused_on_cpu):
+                                                                          fused_adam):
     params = dict(max_steps=7, log_every_steps=3, valid_every_steps=5, save_every_steps=7)
     lazy, lazy_reads = _run(tiny_params(tmp_path / "a", workspace, **params), tmp_path / "a", monkeypatch,
                             read_every_step=False)
@@ -49,7 +55,7 @@ def test_steps_read_at_log_points_train_bitwise_as_steps_read_every_step(workspa
 
 
 def test_a_non_finite_step_read_late_names_the_same_step_and_saves_nothing_after_it(workspace, tmp_path,
-                                                                                     monkeypatch, fused_on_cpu):
+                                                                                     monkeypatch, fused_adam):
     params = dict(max_steps=9, lr_scale=1e36, log_every_steps=3, valid_every_steps=9, save_every_steps=3)
     found = []
     for name, every in (("lazy", False), ("eager", True)):
