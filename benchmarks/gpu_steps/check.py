@@ -24,7 +24,7 @@ def steps(r: Runner, data: Path, profiles: list[str], modes: list[str], dry: boo
     one, big = profiles
     return {"tiny": (lambda: step_profile(r, data, "tiny", one, "train", dry), 60),
             "demo": (lambda: step_profile(r, data, "demo", big, "launch", dry), 120),
-            "pytest": (lambda: step_pytest(r, dry), 90),
+            "pytest": (lambda: step_pytest(r, dry), 150),
             "precision": (lambda: step_precision(r, data, big, dry), 90),
             "determinism": (lambda: step_determinism(r, data, big, dry, tuple(modes)), 120),
             "attention": (lambda: step_attention(dry), 30),

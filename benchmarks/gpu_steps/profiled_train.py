@@ -19,9 +19,11 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, schedule
 
 #: Kernel kinds by name (the first match wins); what matches none is "other".
-KINDS = (("attention", r"fmha|flash|attention|efficient"), ("matmul", r"gemm|nvjet|xmma|cutlass|matmul|sm90"),
-         ("optimizer", r"adam|multi_tensor"), ("copy/fill", r"memcpy|memset|copy|fill|cat"),
-         ("inductor fused", r"^triton_"), ("other elementwise/reduce", r"elementwise|reduce|vectorized"))
+KINDS = (("attention", r"fmha|flash|attention|efficient"), ("inductor (triton)", r"^triton_"),
+         ("matmul", r"gemm|nvjet|xmma|cutlass|matmul|sm90"), ("optimizer", r"adam|multi_tensor"),
+         ("copy/fill", r"memcpy|memset|copy|fill|cat"), ("other elementwise/reduce", r"elementwise|reduce|vectorized"))
+#: GPU-side ranges of CPU annotations (the profiler's steps, ``Optimizer.step#...``): not kernels.
+ANNOTATION = re.compile(r"^ProfilerStep|#")
 
 
 def kind(name: str) -> str:
@@ -36,7 +38,7 @@ def summarize(prof: Any, out: Path) -> None:
     spans: list[tuple[float, float]] = []
     steps = sum(event.name.startswith("ProfilerStep") for event in prof.events())
     for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
+        if event.device_type == torch.autograd.DeviceType.CUDA and not ANNOTATION.search(event.name):
             kernels[event.name] = kernels.get(event.name, 0.0) + event.device_time / 1e3  # ms
             spans.append((event.time_range.start, event.time_range.end))
     busy = sum(kernels.values())
