@@ -17,6 +17,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.paths import layout_problems
 from pipeline.core.textio import atomic_path, write_text
 from pipeline.core.yamlfile import load_yaml
+from pipeline.project.locks import use_locks
 from pipeline.project.workspace import exclusive_run
 
 BASE = "paper"
@@ -105,7 +106,8 @@ def _keep_edits(target: Path, root: Path) -> None:
 
 def write_profile(name: str, root: str | Path = ".", target: str | Path | None = None) -> Path:
     """Write profile ``name`` as ``params.yaml`` under the workspace lock (a hand-edited file is first kept as
-    ``params.yaml.<time>.bak``, a killed profile run undone).
+    ``params.yaml.<time>.bak``, a killed profile run undone), and bring back its ``dvc.lock``
+    (:mod:`pipeline.project.locks`).
 
     Raises:
         ConfigError: no such profile, or it does not validate (nothing is written then).
@@ -117,8 +119,11 @@ def write_profile(name: str, root: str | Path = ".", target: str | Path | None =
     with exclusive_run(root, f"nmt profile {name}",
                        remedy=f"wait for it to end or stop it, then run `nmt profile {name}` again"):
         restore_params(root)
+        before = active_profile(root)
         _keep_edits(target, root)
         write_text(target, text)
+        if target == root / "params.yaml":
+            use_locks(root, name, before)
     return target
 
 
@@ -137,6 +142,7 @@ def restore_params(root: str | Path = ".", logger: logging.Logger | logging.Logg
     else:
         return False
     (logger or log).info("restored %s as it was before the profile run", target)
+    use_locks(root, active_profile(root), None)
     return True
 
 
@@ -144,7 +150,7 @@ def restore_params(root: str | Path = ".", logger: logging.Logger | logging.Logg
 def profile_run(name: str, root: str | Path = ".",
                 logger: logging.Logger | logging.LoggerAdapter | None = None) -> Iterator[Path]:
     """``params.yaml`` holds profile ``name`` for the ``with`` block (under the workspace lock); its previous bytes
-    come back after it, or after a SIGKILL at the next :func:`restore_params`.
+    come back after it, or after a SIGKILL at the next :func:`restore_params`; so do the profiles' ``dvc.lock``.
 
     Raises:
         ConfigError: no such profile, or it does not validate (nothing is written then).
@@ -153,6 +159,7 @@ def profile_run(name: str, root: str | Path = ".",
     target = root / "params.yaml"
     text = render(name, root)  # validates before anything is touched
     restore_params(root, logger)  # a killed profile run's leftovers first
+    before = active_profile(root)
     if target.is_file():
         with atomic_path(root / SAVED) as tmp:
             tmp.write_bytes(target.read_bytes())
@@ -160,6 +167,7 @@ def profile_run(name: str, root: str | Path = ".",
         write_text(root / ABSENT, "")
     try:
         write_text(target, text)
+        use_locks(root, name, before)
         yield target
     finally:
         restore_params(root, logger)

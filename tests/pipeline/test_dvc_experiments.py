@@ -96,3 +96,20 @@ def test_two_runs_appear_in_metrics_diff_params_diff_and_exp_show(tiny_built: Pa
         metrics = {Path(path).stem: body["data"] for path, body in rows[row]["metrics"].items()}
         assert metrics == expected, row
         assert rows[row]["params"]["params.yaml"]["data"]["evaluate"]["max_len_b"] == max_len_b
+
+
+def test_a_run_of_another_profile_leaves_this_ones_stages_built(tiny_built: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """tiny -> demo -> tiny: every output is `cache: false`, so DVC keeps no run-cache for these stages; each
+    profile's own dvc.lock (pipeline/project/locks.py) is what lets the second tiny `dvc repro` skip them all."""
+    from pipeline.project.profiles import profile_run
+
+    repo = copy_built(tiny_built, tmp_path / "project")
+    for name, value in built_env(tiny_built).items():
+        monkeypatch.setenv(name, value)
+    with profile_run("demo", repo):
+        assert "changed" in _dvc(repo, "status", "download")  # demo never ran here
+        _dvc(repo, "repro", "download")  # dvc.lock now holds demo's download
+    assert "Data and pipelines are up to date" in _dvc(repo, "status")
+    skipped = _dvc(repo, "repro")
+    assert "Data and pipelines are up to date" in skipped and "Running stage" not in skipped, skipped
