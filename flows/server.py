@@ -82,6 +82,9 @@ def ensure_api(module: str, argv: list[str] | None) -> None:
     if PREFECT_API_URL.value():
         return
     os.environ["PREFECT_API_URL"] = start_temporary_server()
+    # No UI, and gone when the run ends: an empty UI URL keeps Prefect from logging a dead "View at" link
+    # (prefect/utilities/urls.py url_for returns None without a base URL).
+    os.environ.setdefault("PREFECT_UI_URL", "")
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", module, *(sys.argv[1:] if argv is None else argv)])

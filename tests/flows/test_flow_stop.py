@@ -99,6 +99,7 @@ def test_stopping_the_flows_group_ends_the_stage_tree_and_the_next_run_resumes(
         assert proc.returncode == -sig
     assert "Traceback" not in output and "ConnectError" not in output, output
     assert "Starting temporary server" not in output, output  # Prefect's own, in the flow's group: never started
+    assert "View at" not in output, output  # no link to a server without a UI that ends with the run
     kept = _progress(repo)
     assert 3 <= kept < STEPS and not (repo / "out.txt").exists()
     lock = repo / "dvc.lock"
