@@ -82,9 +82,3 @@ def test_a_compiled_training_run_with_dropout_resumes_bitwise(workspace, tmp_pat
         assert whole[part].keys() == resumed[part].keys()
         assert all(torch.equal(whole[part][k], resumed[part][k]) for k in whole[part])
     assert whole_log == resumed_log and [h["step"] for h in whole_log if "valid_loss" in h] == [5]
-
-
-@pytest.mark.slow
-def test_without_the_switch_training_runs_the_eager_function(workspace, tmp_path):
-    proc = run_torchrun(tiny_params(tmp_path, workspace, max_steps=3), tmp_path, nproc=1)
-    assert proc.returncode == 0 and LINE not in proc.stderr, proc.stderr[-3000:]

@@ -103,6 +103,7 @@ def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(workspa
     ref, crash = tmp_path / "ref", tmp_path / "crash"
     proc = run_torchrun(tiny_params(ref, workspace, max_steps=10), ref, nproc=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torch.compile (NMT_COMPILE)" not in proc.stderr  # off unless asked for (test_compile.py: on)
     data = tiny_params(crash, workspace, max_steps=10)
     proc = run_torchrun(data, crash, nproc=2, env={"NMT_FAULT_POINT": "after_step:5"})
     assert proc.returncode != 0
