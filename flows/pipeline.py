@@ -210,7 +210,7 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
             profiled.enter_context(profile_run(profile, root, logger))
         report = _pipeline(root, selected, force=force, profile=profile, timeouts_s=timeouts_s, retries=retries,
                            retry_delay_s=retry_delay_s, kill_grace_s=kill_grace_s)
-    # A --profile run's dvc.lock belongs to params.yaml as it was during the run, not as restored: no hint then.
+    # A --profile run's dvc.lock is kept as that profile's (pipeline/project/locks.py), not live: no hint then.
     if not profile and (hint := publish_hint(root)):
         get_run_logger().info("%s", hint)
     return report

@@ -27,6 +27,7 @@ from flows.lifeline import run_in_group
 from flows.pipeline import ARTIFACT_KEY, StageFailed, wmt14_pipeline
 from flows.report import HEADLINE_METRICS
 from pipeline.core.errors import EXIT_PERMANENT, PipelineError
+from pipeline.project.locks import KEPT
 from pipeline.project.profiles import merged_profile
 from tests.helpers.paths import REPO
 from tests.helpers.repoutil import git as _git
@@ -98,16 +99,20 @@ def test_runs_then_skips_then_restores_with_report(make_repo: MakeRepo) -> None:
     assert first["git_commit"] == commit and f"`{commit}`" in md
     assert "tracking off" in md
 
-    second = wmt14_pipeline(repo=str(repo), stages=["score", "prep"])  # any order in, pipeline order out
+    kept = repo / KEPT / "tiny" / "dvc.lock"  # the profile's own lock: the paper profile has none yet
+    assert kept.is_file() and not (repo / "dvc.lock").exists()
+
+    # any order in, pipeline order out
+    second = wmt14_pipeline(repo=str(repo), stages=["score", "prep"], profile="tiny")
     assert [(s["stage"], s["status"]) for s in second["stages"]] == [("prep", "skipped"), ("score", "skipped")]
 
     (repo / "build.txt").unlink()
-    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    lock = yaml.safe_load(kept.read_text())
     del lock["stages"]["build"]
-    (repo / "dvc.lock").write_text(yaml.safe_dump(lock))
-    third = wmt14_pipeline(repo=str(repo), stages=["build"])
+    kept.write_text(yaml.safe_dump(lock))
+    third = wmt14_pipeline(repo=str(repo), stages=["build"], profile="tiny")
     assert third["stages"][0]["status"] == "restored"  # DVC's run cache, not Prefect's
-    forced = wmt14_pipeline(repo=str(repo), stages=["build"], force=True)
+    forced = wmt14_pipeline(repo=str(repo), stages=["build"], force=True, profile="tiny")
     assert forced["stages"][0]["status"] == "ran"
 
 
