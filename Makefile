@@ -50,7 +50,6 @@ run: install
 	$(BIN)/nmt run
 
 bench: install
-	$(BIN)/python benchmarks/encode.py
 	$(BIN)/python benchmarks/train.py
 
 # Decoding speed (this project's beam search vs CTranslate2 on the same weights): needs a trained model,
