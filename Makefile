@@ -13,7 +13,7 @@ export DO_NOT_TRACK := true
 export DVC_NO_ANALYTICS := 1
 export SACREBLEU ?= $(abspath .sacrebleu)
 
-.PHONY: install test test-quick demo run bench bench-decode bench-scale clean-venv
+.PHONY: install test test-quick demo run bench bench-decode clean-venv
 
 install: $(VENV)/.installed
 
@@ -57,11 +57,6 @@ bench: install
 bench-decode: install
 	$(BIN)/nmt export --format ctranslate2 --model runs/demo/model/averaged.pt --output runs/demo/ct2-float32
 	$(BIN)/python benchmarks/decode.py process --export runs/demo/ct2-float32
-
-# The data stages at WMT14 size on a synthetic corpus (1M, 2M and 4.5M pairs): about 25 minutes on 2 cores,
-# ~5 GB of disk at a time under SCALE_WORK (default: the temp folder); see benchmarks/scale.py.
-bench-scale: install
-	$(BIN)/python benchmarks/scale.py $(if $(SCALE_WORK),--work $(SCALE_WORK))
 
 clean-venv:
 	rm -rf $(VENV)
