@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("news", parents=[data], help="the news chain's data from the shared data folder, here")
     a.add_argument("--mirror", type=Path, default=REPO.parent / "shared" / "data", help="the shared data folder")
     a.add_argument("--dry-run", action="store_true", help="a 200-piece BPE, for the tests' small mirror")
-    for name, steps in (("check", ["tiny", "demo", "pytest", "precision", "determinism", "attention"]),
+    for name, steps in (("check", ["tiny", "demo", "pytest", "precision", "determinism"]),
                         ("multi30k", ["sweep", "newstest"]), ("speed", ["stage", "stage-eager", "bench"])):
         a = sub.add_parser(name, parents=[data], help=f"the {name} steps on the GPU")
         a.add_argument("--out", type=Path, required=True)
