@@ -13,7 +13,7 @@ export DO_NOT_TRACK := true
 export DVC_NO_ANALYTICS := 1
 export SACREBLEU ?= $(abspath .sacrebleu)
 
-.PHONY: install test test-quick demo run bench bench-decode bench-scale clean-venv
+.PHONY: install test test-quick demo run bench bench-decode clean-venv
 
 install: $(VENV)/.installed
 
@@ -50,18 +50,13 @@ run: install
 	$(BIN)/nmt run
 
 bench: install
-	$(BIN)/python benchmarks/encode.py
 	$(BIN)/python benchmarks/train.py
 
-# Decoding speed (this project's beam search vs CTranslate2 on the same weights): needs a trained model,
-# e.g. after `make demo`; more models with --model NAME=PATH (benchmarks/decode.py).
+# The whole `nmt translate --engine ctranslate2` process vs a plain CTranslate2 script, on a float32 export of
+# the demo model (after `make demo`) and the Multi30k test set of the data mirror (benchmarks/decode.py --data).
 bench-decode: install
-	$(BIN)/python benchmarks/decode.py --model demo=runs/demo/model/averaged.pt
-
-# The data stages at WMT14 size on a synthetic corpus (1M, 2M and 4.5M pairs): about 25 minutes on 2 cores,
-# ~5 GB of disk at a time under SCALE_WORK (default: the temp folder); see benchmarks/scale.py.
-bench-scale: install
-	$(BIN)/python benchmarks/scale.py $(if $(SCALE_WORK),--work $(SCALE_WORK))
+	$(BIN)/nmt export --format ctranslate2 --model runs/demo/model/averaged.pt --output runs/demo/ct2-float32
+	$(BIN)/python benchmarks/decode.py process --export runs/demo/ct2-float32
 
 clean-venv:
 	rm -rf $(VENV)

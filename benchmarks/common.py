@@ -1,17 +1,14 @@
 """What the benchmark scripts share: logging, the header of a result (date, command, machine), its JSON file, a
-params.yaml, a markdown table, and a process tree seen through /proc (Linux only) for stages run as subprocesses."""
+params.yaml and a markdown table."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import platform
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import date
 from pathlib import Path
 
@@ -56,50 +53,3 @@ def md_table(head: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     """A markdown table: the header row, the rule, one line per row."""
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return "\n".join(lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows])
-
-
-def tree_pids(pid: int) -> list[int]:
-    """``pid`` and its descendants (from /proc/<pid>/task/<tid>/children)."""
-    pids, stack = [], [pid]
-    while stack:
-        pids.append(p := stack.pop())
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{p}/task"):
-                stack += map(int, Path(f"/proc/{p}/task/{task}/children").read_text().split())
-    return pids
-
-
-def rss_kib(pids: list[int]) -> tuple[int, int]:
-    """(largest single-process RSS, sum of RSS) in KiB over ``pids``."""
-    sizes = []
-    for p in pids:
-        with contextlib.suppress(OSError):
-            sizes += [int(line.split()[1]) for line in Path(f"/proc/{p}/status").read_text().splitlines()
-                      if line.startswith("VmRSS:")]
-    return max(sizes, default=0), sum(sizes)
-
-
-def cpu_ticks(pids: list[int], seen: dict[tuple[int, int], int]) -> None:
-    """Update ``seen[(pid, tid)]`` with each thread's user + system CPU time in clock ticks."""
-    for p in pids:
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with contextlib.suppress(OSError):
-                    fields = Path(f"/proc/{p}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-                    seen[(p, int(tid))] = int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14, 15)
-
-
-def watch(proc: subprocess.Popen, every: float, also: Callable[[int, list[int]], None] | None = None
-          ) -> tuple[int, int]:
-    """Sample ``proc``'s process tree every ``every`` seconds until it exits (``also(i, pids)`` at sample ``i``):
-    the peak RSS in KiB of its largest process and of the whole tree."""
-    peak_one = peak_tree = sample = 0
-    while proc.poll() is None:
-        pids = tree_pids(proc.pid)
-        one, tree = rss_kib(pids)
-        peak_one, peak_tree = max(peak_one, one), max(peak_tree, tree)
-        if also is not None:
-            also(sample, pids)
-        sample += 1
-        time.sleep(every)
-    return peak_one, peak_tree

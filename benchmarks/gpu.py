@@ -3,7 +3,7 @@
     python benchmarks/gpu.py prepare --data data/gpu [--profiles tiny demo multi30k]   # here, on CPU: data stages
     python benchmarks/gpu.py news --data data/gpu            # here: the news chain's data from the shared folder
     python benchmarks/gpu.py check|multi30k --data data/gpu --out OUT   # on the GPU machine (carry data/gpu)
-    python benchmarks/gpu.py speed --data data/gpu --out OUT    # on the GPU machine: the stage's step, the losses
+    python benchmarks/gpu.py speed --data data/gpu --out OUT    # on the GPU machine: the stage's step
 
 ``check``, ``multi30k`` and ``speed`` rewrite ``OUT/gpu_<command>.json`` and ``OUT/logs.tar.gz`` after every step, so
 what finished comes back even if a later step hangs; a step with less left of ``--budget-s`` than it needs is skipped.
@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("news", parents=[data], help="the news chain's data from the shared data folder, here")
     a.add_argument("--mirror", type=Path, default=REPO.parent / "shared" / "data", help="the shared data folder")
     a.add_argument("--dry-run", action="store_true", help="a 200-piece BPE, for the tests' small mirror")
-    for name, steps in (("check", ["tiny", "demo", "pytest", "precision", "determinism", "attention"]),
-                        ("multi30k", ["sweep", "newstest"]), ("speed", ["stage", "loss", "stage-eager", "bench"])):
+    for name, steps in (("check", ["tiny", "demo", "pytest", "precision", "determinism"]),
+                        ("multi30k", ["sweep", "newstest"]), ("speed", ["stage", "stage-eager", "bench"])):
         a = sub.add_parser(name, parents=[data], help=f"the {name} steps on the GPU")
         a.add_argument("--out", type=Path, required=True)
         a.add_argument("--work", type=Path, default=Path(f"/tmp/gpu_{name}"), help="runs and logs (%(default)s)")

@@ -131,18 +131,10 @@ def _torch_loss(model, src, tgt_in, tgt_out):
                            label_smoothing=EPS)
 
 
-def compiled_loss(mode: str, dynamic: bool, model: nn.Module, lean: bool = False):
-    """Our loss function for ``model``, ``torch.compile`` applied to the model, the loss, both, or nothing."""
+def compiled_loss(mode: str, dynamic: bool, lean: bool = False):
+    """Our model's forward and loss as one function, under ``torch.compile`` when ``mode`` is ``step``."""
     ours = functools.partial(_ours_loss, loss=label_smoothed_nll_loss_lean) if lean else _ours_loss
-    if mode == "none":
-        return ours
-    if mode == "step":
-        return torch.compile(ours, dynamic=dynamic)
-    if mode == "loss":
-        loss = torch.compile(label_smoothed_nll_loss, dynamic=dynamic)
-        return lambda net, src, tgt_in, tgt_out: loss(net(src, tgt_in), tgt_out, epsilon=EPS, ignore_index=PAD)[0]
-    compiled = torch.compile(model, dynamic=dynamic)
-    return lambda _net, src, tgt_in, tgt_out: _ours_loss(compiled, src, tgt_in, tgt_out)
+    return torch.compile(ours, dynamic=dynamic) if mode == "step" else ours
 
 
 def make_step(model: nn.Module, loss_fn, steps: list[Step], device: torch.device):
@@ -184,20 +176,6 @@ def measure(steps: dict, iters: int, repeats: int, warmup: int = 2) -> dict[str,
     return times
 
 
-def write_profile(step, device: torch.device, path: Path, steps: int = 3) -> None:
-    """Run ``step`` ``steps`` times under ``torch.profiler``; write the operators' table to ``path``."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            step()
-    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    table = prof.key_averages().table(sort_by=key, row_limit=45, max_name_column_width=60)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{steps} steps of our model, sorted by {key}\n{table}\n", encoding="utf-8")
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -206,11 +184,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--iters", type=int, default=3, help="steps per timed repeat")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "train.json")
-    p.add_argument("--profile", type=Path, default=None, help="also write a torch.profiler table of our step here")
-    p.add_argument("--compile", default="none", choices=["none", "model", "loss", "step"],
-                   help="torch.compile our model, our loss, or both as one function (default: %(default)s)")
+    p.add_argument("--compile", default="none", choices=["none", "step"],
+                   help="torch.compile our model and loss as one function (default: %(default)s)")
     p.add_argument("--loss", default="plain", choices=["plain", "lean"], help="our loss: the log-softmax one, or "
-                   "the lean one (no [N, V] fp32 tensor kept; --compile none or step only)")
+                   "the lean one (no [N, V] fp32 tensor kept)")
     p.add_argument("--causal-flash", action="store_true", help="flash for the decoder's causal self-attention")
     p.add_argument("--dynamic", action="store_true", help="compile for any shape (torch.compile dynamic=True)")
     p.add_argument("--max-tokens", type=int, help="news-25k: padded tokens per forward pass (default: the train "
@@ -235,9 +212,6 @@ def _planned(name: str, device: torch.device, args: argparse.Namespace) -> tuple
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.loss == "lean" and args.compile in ("model", "loss"):
-        raise SystemExit(f"--loss lean with --compile {args.compile}: the lean loss is timed eager or inside the "
-                         "compiled step; use --compile none or step")
     if args.causal_flash:  # the choice before model.layers.CAUSAL_ATTENTION, for an A/B in the same session
         model.layers.CAUSAL_ATTENTION = model.layers.CUDA_ATTENTION
     setup_logging()
@@ -252,12 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     planned, shape = _planned(name, device, args)
     torch.manual_seed(0)
     ours, base = Transformer(cfg).to(device).train(), TorchBaseline(cfg).to(device).train()
-    loss_fn = compiled_loss(args.compile, args.dynamic, ours, args.loss == "lean")
+    loss_fn = compiled_loss(args.compile, args.dynamic, args.loss == "lean")
     steps = {"ours": make_step(ours, loss_fn, planned, device),
              "nn.Transformer": make_step(base, _torch_loss, planned, device)}
     times = measure(steps, args.iters, args.repeats, warmup=max(2, len(planned)))
-    if args.profile:
-        write_profile(steps["ours"], device, args.profile)
     n_tok = sum(n for _, n in planned) / len(planned)  # per step, mean over the planned steps
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio = med["nn.Transformer"] / med["ours"]

@@ -32,13 +32,14 @@ from flows.report import OBJECTIVE, best_variant, headline_from, render_sweep
 from flows.server import ensure_api
 from flows.sweep_spec import SweepSpec, Variant, load_spec, shared_params, variant_params
 from flows.sweep_work import (REPORTS_DIR, SweepState, VariantFailed, cache_dir, check_applied, exp_push_command,
-                              exp_ref, exp_run_command, head_commit, held, prepare_clone, shared_stages, sweep_dir,
+                              exp_ref, exp_run_command, head_commit, prepare_clone, shared_stages, sweep_dir,
                               write_params)
 from pipeline.core import env, tracking
 from pipeline.core.config import flatten
 from pipeline.core.errors import PipelineError
 from pipeline.project.options import plain
 from pipeline.project.profiles import merged_profile
+from pipeline.project.workspace import exclusive_run
 
 FLOW_NAME = "wmt14-sweep"
 _PUSH_LOCK = threading.Lock()  # one `dvc exp push` into the checkout's refs at a time (the sweep lock: one sweep)
@@ -188,7 +189,8 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
     head = head_commit(root)
     if tracking.enabled():
         os.environ.setdefault("MLFLOW_TRACKING_URI", tracking.tracking_uri(root))  # clones log to this store
-    with held(sweep_dir(root, spec.name) / "sweep.lock", f"sweep {spec.name}"):
+    with exclusive_run(root, f"sweep {spec.name}", "wait for it to end or stop it",
+                       lock=sweep_dir(root, spec.name) / "sweep.lock"):
         parent_run.end_orphans(root, logger)
         state = SweepState.load(root, spec, head)
         if state.data["commit"] != head:

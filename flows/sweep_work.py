@@ -9,13 +9,10 @@ parent (``run_env`` in dvc/repo/experiments/queue/base.py). So each variant runs
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import shutil
 import subprocess
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -193,21 +190,3 @@ class SweepState:
         """Write the state file (atomically: a killed run leaves the previous one)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_text(self.path, json.dumps(self.data, indent=2) + "\n")  # keys in spec order
-
-
-@contextmanager
-def held(path: Path, what: str) -> Iterator[None]:
-    """An exclusive ``flock(2)`` on ``path`` for the block; a PipelineError naming the holder's pid when it is taken."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise PipelineError(f"{path}: {what} is already running (pid {os.pread(fd, 32, 0).decode() or '?'}); "
-                                "wait for it to end or stop it") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
-    finally:
-        os.close(fd)

@@ -1,12 +1,11 @@
-"""``benchmarks/gpu.py check``: the GPU code paths end to end, the CUDA tests, bf16 against fp32, determinism and
-attention backends, one ``step_*`` function each (described in benchmarks/gpu.py)."""
+"""``benchmarks/gpu.py check``: the GPU code paths end to end, the CUDA tests, bf16 against fp32 and determinism,
+one ``step_*`` function each (described in benchmarks/gpu.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ def steps(r: Runner, data: Path, profiles: list[str], modes: list[str], dry: boo
             "pytest": (lambda: step_pytest(r, dry), 150),
             "precision": (lambda: step_precision(r, data, big, dry), 90),
             "determinism": (lambda: step_determinism(r, data, big, dry, tuple(modes)), 120),
-            "attention": (lambda: step_attention(dry), 30),
             "throughput": (lambda: step_throughput(r, dry), 60)}
 
 
@@ -130,40 +128,6 @@ def compare_checkpoints(a: Path, b: Path) -> dict[str, Any]:
                         "max_abs_diff": max(float((x[k].double() - y[k].double()).abs().max()) for k in floats)}
     history_a, history_b = (json.loads((d / "state.json").read_text(encoding="utf-8"))["history"] for d in (a, b))
     return {**result, "history_equal": history_a == history_b}
-
-
-def step_attention(dry: bool) -> dict[str, dict[str, float]]:
-    """Seconds for 12 beam searches of new shapes, then again, with the shipped backends and with cuDNN first."""
-    import torch
-    from torch.nn.attention import SDPBackend
-
-    import model.layers
-    from model import Transformer, TransformerConfig, autocast, beam_search
-
-    dev = torch.device("cpu" if dry else "cuda")
-    torch.manual_seed(0)
-    net = Transformer(TransformerConfig(vocab_size=8000, d_model=128, n_heads=4, d_ff=512, n_layers=3)).to(dev).eval()
-    shipped = model.layers.CUDA_ATTENTION
-
-    def searches(first: int) -> float:
-        started = time.perf_counter()
-        with torch.inference_mode(), autocast(dev):
-            for b in range(first, first + (2 if dry else 12)):
-                src = torch.randint(4, 8000, (b, 5 + b % 23), device=dev)
-                beam_search(net, src, beam_size=4, max_len_a=0.0, max_len_b=12)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        return round(time.perf_counter() - started, 3)
-
-    out: dict[str, dict[str, float]] = {}
-    for name, backends, first in (("shipped", shipped, 1),
-                                  ("cudnn_allowed", [SDPBackend.CUDNN_ATTENTION, *shipped], 100)):
-        model.layers.CUDA_ATTENTION = backends
-        try:
-            out[name] = {"new_shapes_s": searches(first), "same_shapes_again_s": searches(first)}
-        finally:
-            model.layers.CUDA_ATTENTION = shipped
-    return out
 
 
 def fp32_train(params: Path) -> int:

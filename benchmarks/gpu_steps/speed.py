@@ -1,7 +1,5 @@
 """``benchmarks/gpu.py speed``: the train stage's own step at base dimensions on news lengths, compiled and eager,
-its tokens/s read from the stage's own progress lines; the output layer + loss variants on one batch (ours,
-Liger-Kernel's fused linear cross-entropy, Apple's cut-cross-entropy), each checked against an fp32 reference;
-``benchmarks/train.py``'s step beside ``nn.Transformer``."""
+its tokens/s read from the stage's own progress lines; ``benchmarks/train.py``'s step beside ``nn.Transformer``."""
 
 from __future__ import annotations
 
@@ -30,7 +28,6 @@ PROGRESS = re.compile(r"step (\d+)/\d+ .*?\| ([\d.]+) tgt tok/s(?: \| MFU ([\d.]
 def steps(r: Runner, data: Path, dry: bool) -> dict[str, tuple[Any, float]]:
     """The ``speed`` steps in order, each with the seconds it needs on the device."""
     return {"stage": (lambda: step_stage(r, data, dry, compiled=True), 280),
-            "loss": (lambda: step_loss(r, dry), 60),
             "stage-eager": (lambda: step_stage(r, data, dry, compiled=False), 60),
             "bench": (lambda: step_bench(r, dry), 120)}
 
@@ -65,14 +62,6 @@ def step_stage(r: Runner, data: Path, dry: bool, compiled: bool) -> dict[str, An
     return {**done, "env": extra, "train": params["train"], "rows": rows,
             "steady_tgt_tokens_per_s": sorted(steady)[len(steady) // 2] if steady else None,
             **({"profile": json.loads(profiled.read_text(encoding="utf-8"))} if compiled and profiled.is_file() else {})}
-
-
-def step_loss(r: Runner, dry: bool) -> dict[str, Any]:
-    """The output layer + loss variants in a subprocess (``benchmarks/gpu_steps/losses.py``)."""
-    path = r.work / "losses.json"
-    argv = [sys.executable, "-m", "benchmarks.gpu_steps.losses", "--out", str(path)] + (["--dry-run"] if dry else [])
-    done = r.cmd("losses", argv, timeout=max(min(r.left() - 30, 150), 30))
-    return {**done, **(json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {})}
 
 
 def step_bench(r: Runner, dry: bool) -> dict[str, Any]:

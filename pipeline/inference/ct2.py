@@ -1,7 +1,7 @@
 """CTranslate2 (https://opennmt.net/CTranslate2/): export an ``averaged.pt`` and translate with the export.
 
 The export carries a digest (:mod:`pipeline.inference.digest`) checked before CTranslate2 reads anything. Its length
-penalty is length^α, not GNMT's, so outputs match the torch engine's only at α = 0 (``benchmarks/decode.py``).
+penalty is length^α, not GNMT's, so outputs match the torch engine's only at α = 0 (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from tests.helpers.mirror import write_multi30k_mirror
 from tests.helpers.paths import REPO
@@ -80,7 +79,7 @@ def _check_expectations(done: subprocess.CompletedProcess, out: Path) -> dict[st
     return {
         "check: exit 0": done.returncode == 0,
         "check: every step, no error": "error" not in json.dumps(result) and set(result) >= {
-            "env", "tiny", "pytest", "precision", "determinism", "attention", "throughput"},
+            "env", "tiny", "pytest", "precision", "determinism", "throughput"},
         "check env": bool(result.get("env", {}).get("torch")),
         "check tiny": _rcs(tiny) == [0, 0, 0] and tiny.get("metrics", {}).get("train", {}).get("step") == 6,
         "check pytest (CUDA tests skipped)": pytest_step.get("rc") == 0 and "skipped" in pytest_step.get("summary", ""),
@@ -88,7 +87,6 @@ def _check_expectations(done: subprocess.CompletedProcess, out: Path) -> dict[st
             "points": 3, "max_abs": 0.0, "max_rel": 0.0},
         "check determinism": result.get("determinism", {}).get("default", {}).get("a_vs_resumed") == {
             "model.pt": zero_diff, "optim.pt": zero_diff, "history_equal": True},
-        "check attention": set(result.get("attention", {})) == {"shipped", "cudnn_allowed"},
         "check throughput": throughput.get("rc") == 0
         and throughput.get("result", {}).get("tgt_tokens_per_s", {}).get("ours", 0) > 0,
         "check logs": {"logs/tiny-evaluate.log", "precision-fp32/plots/train.csv"} <= _tar_names(out),
@@ -130,7 +128,7 @@ def test_the_device_script_dry_runs_every_command_on_the_cpu(tmp_path: Path) -> 
 
     check = _script("check", "--dry-run", "--data", str(data), "--out", str(tmp_path / "check"), "--work",
                     str(work / "check"), "--profiles", "tiny", "tiny", "--steps", "tiny", "pytest", "precision",
-                    "determinism", "attention", "throughput", env=env)
+                    "determinism", "throughput", env=env)
     expected = _check_expectations(check, tmp_path / "check")
 
     (data / "tiny").rename(data / "multi30k")  # the same dataset with a vocabulary the small mirror can fill
@@ -155,12 +153,3 @@ def test_news_data_without_the_shared_folder_is_one_line_and_writes_nothing(tmp_
     assert done.returncode == 2
     assert "nowhere: no wmt14/dev and wmt14/test-full-txt folders here; pass --mirror" in done.stderr
     assert not data.exists()
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
-def test_the_loss_benchmark_refuses_without_cuda_and_writes_nothing(tmp_path: Path) -> None:
-    from benchmarks.gpu_steps import losses
-
-    with pytest.raises(SystemExit, match="times CUDA kernels and this machine has no CUDA device"):
-        losses.main(["--out", str(tmp_path / "losses.json")])
-    assert not (tmp_path / "losses.json").exists()

@@ -1,5 +1,5 @@
-"""benchmarks/train.py times the real model and loss against ``nn.Transformer``: on a tiny configuration,
-every output it promises (the table's JSON and the ``--profile`` operator table) is written."""
+"""benchmarks/train.py times the real model and loss against ``nn.Transformer``: on a tiny configuration, the
+JSON it promises is written."""
 
 from __future__ import annotations
 
@@ -23,18 +23,15 @@ def _main(bench, *args: str) -> int:
         torch.set_num_threads(threads)
 
 
-def test_the_training_benchmark_writes_its_json_and_the_profilers_table(tmp_path: Path) -> None:
+def test_the_training_benchmark_writes_its_json(tmp_path: Path) -> None:
     bench = load_benchmark("train")
     bench.CONFIGS["test"] = {**TINY, "batch": 6, "max_len": 10}
     assert _main(bench, "--config", "test", "--threads", "1", "--repeats", "2", "--iters", "1",
-                 "--out", str(tmp_path / "train.json"), "--profile", str(tmp_path / "profile.txt")) == 0
+                 "--out", str(tmp_path / "train.json")) == 0
     result = json.loads((tmp_path / "train.json").read_text(encoding="utf-8"))
     assert result["config"] == "test" and result["compiled"] == "none"
     assert {k: len(v) for k, v in result["seconds_per_step"].items()} == {"ours": 2, "nn.Transformer": 2}
     assert result["target_tokens"] > 0 and all(v > 0 for v in result["tgt_tokens_per_s"].values())
-    table = (tmp_path / "profile.txt").read_text(encoding="utf-8")
-    assert table.startswith("3 steps of our model, sorted by self_cpu_time_total")
-    assert "aten::mm" in table or "aten::addmm" in table
 
 
 def test_news_steps_are_the_train_stages_plan_on_news_lengths() -> None:
@@ -64,13 +61,10 @@ def test_the_news_config_times_whole_cycles_of_its_steps(tmp_path: Path) -> None
     assert not (tmp_path / "x").exists()
 
 
-def test_the_lean_loss_is_timed_eager_or_in_the_compiled_step_only(tmp_path: Path) -> None:
+def test_the_lean_loss_is_timed(tmp_path: Path) -> None:
     bench = load_benchmark("train")
     bench.CONFIGS["test"] = {**TINY, "batch": 6, "max_len": 10}
-    with pytest.raises(SystemExit, match="--loss lean with --compile loss: .* use --compile none or step"):
-        _main(bench, "--config", "test", "--loss", "lean", "--compile", "loss", "--out", str(tmp_path / "x"))
     assert _main(bench, "--config", "test", "--threads", "1", "--repeats", "1", "--iters", "1", "--loss", "lean",
                  "--out", str(tmp_path / "train.json")) == 0
     result = json.loads((tmp_path / "train.json").read_text(encoding="utf-8"))
     assert result["loss"] == "lean" and result["causal_flash"] is False and result["tgt_tokens_per_s"]["ours"] > 0
-    assert not (tmp_path / "x").exists()
