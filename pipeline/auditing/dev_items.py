@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pipeline.auditing.items import Item, fmt, item
-from pipeline.auditing.paper import BLEU_TOLERANCE, comparable
+from pipeline.auditing.paper import BLEU_TOLERANCE, comparable, paper_row
 from pipeline.auditing.run_items import AVERAGE_SPAN_MAX, PPL_REL, final_step
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def _span(steps: list[int], final: int, row: dict[str, Any]) -> tuple[str, list[
 
 def averaging_span_item(inp: Inputs) -> Item:
     """A check: which part of training the averaged checkpoints cover (a warning past 20%)."""
-    steps, row = inp.details.average.steps, inp.paper
+    steps, row = inp.details.average.steps, paper_row(inp.params)
     final = final_step(inp) or (steps[-1] if steps else None)
     end, first = row["wall_clock_hours"] * 60, (row["averaged_checkpoints"] - 1) * row["checkpoint_minutes"]
     note = (f"span = (final step - first averaged step) / final step; the paper's first averaged checkpoint is "
@@ -57,7 +57,7 @@ def averaging_gain_item(inp: Inputs) -> Item:
     """A check: a warning when the newest checkpoint alone scores better valid BLEU than the averaged model."""
     averaged, newest = inp.details.evaluate.valid, inp.details.evaluate.valid_newest
     alone, mean = newest.bleu, averaged.bleu
-    paper = f"the reported models average the last {inp.paper['averaged_checkpoints']} checkpoints (§6.1)"
+    paper = f"the reported models average the last {paper_row(inp.params)['averaged_checkpoints']} checkpoints (§6.1)"
     if alone is None or mean is None:
         return item(GAIN_BLEU, paper=paper, run=None, ok=None, source="§6.1", kind="check")
     where = f"{NEWEST} (step {newest.step:,})" if newest.step is not None else NEWEST
@@ -84,7 +84,7 @@ def averaging_ppl_item(inp: Inputs) -> Item:
     """A check: a warning when the last checkpoint's valid perplexity is below the averaged model's."""
     averaged = inp.details.evaluate.valid.ppl
     last, where = _newest_ppl(inp)
-    paper = f"the reported models average the last {inp.paper['averaged_checkpoints']} checkpoints (§6.1)"
+    paper = f"the reported models average the last {paper_row(inp.params)['averaged_checkpoints']} checkpoints (§6.1)"
     if last is None or averaged is None:
         return item(GAIN_PPL, paper=paper, run=None, ok=None, source="§6.1", kind="check")
     run = f"averaged {averaged:.2f}, {NEWEST} {last:.2f} (per BPE token, teacher-forced, no label smoothing)"
@@ -98,7 +98,7 @@ def averaging_ppl_item(inp: Inputs) -> Item:
 
 def newest_dev_items(inp: Inputs) -> list[Item]:
     """The newest checkpoint's newstest2013 BLEU (the paper's metric) and perplexity beside Table 3's row."""
-    newest, row = inp.details.evaluate.valid_newest, inp.paper
+    newest, row = inp.details.evaluate.valid_newest, paper_row(inp.params)
     bleu_p, ppl_p, size = row["dev_bleu"], row["dev_ppl"], row["size"]
     same_set, why = comparable(inp, newest, "valid")
     at = f"step {newest.step:,}; " if newest.step is not None else ""

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from pipeline.artifacts import checkpoint, model_file
-from pipeline.auditing.paper import paper_row
 from pipeline.auditing.replay import Replay, replay
 from pipeline.core import env, gitstate
 from pipeline.core.config import Params, flatten, section_dict
@@ -58,11 +57,6 @@ class Inputs:
     def flat(self) -> dict[str, Any]:
         """The params as dotted keys (``model.d_model``)."""
         return flatten(section_dict(self.params))
-
-    @property
-    def paper(self) -> dict[str, Any]:
-        """The paper's row this run is compared with (:func:`pipeline.auditing.paper.paper_row`)."""
-        return paper_row(self.params)
 
 
 def read_optional(path: Path) -> dict[str, Any] | None:

@@ -91,7 +91,7 @@ def millions(n: float) -> str:
 def model_items(inp: Inputs) -> list[Item]:
     """Parameter count, tied embeddings and positions, from ``averaged.pt`` (else the average stage)."""
     model, avg = inp.model, inp.details.average
-    paper_n = inp.paper["parameters"]
+    paper_n = paper_row(inp.params)["parameters"]
     if model is not None:
         n, where = model["total"], "averaged.pt state_dict (tied embedding counted once)"
     elif avg.parameters is not None:
@@ -144,7 +144,7 @@ def comparable(inp: Inputs, figures: SetFigures, split: str) -> tuple[bool, str]
 
 def bleu_items(inp: Inputs) -> list[Item]:
     """Test BLEU on the paper's metric and sacreBLEU 13a (informational on another test set), and the decoding."""
-    test, row = inp.details.evaluate.test, inp.paper
+    test, row = inp.details.evaluate.test, paper_row(inp.params)
     same_set, why = comparable(inp, test, "test")
     (low, high), out = row["sacrebleu_equivalent"], []
     for key, score, paper, floor, label, source in (

@@ -8,7 +8,8 @@ from typing import Any, TypedDict
 from pipeline.auditing.dev_items import dev_items
 from pipeline.auditing.inputs import FORMAT, Inputs
 from pipeline.auditing.items import Item, fmt, neutral
-from pipeline.auditing.paper import BLEU_GAP, bleu_figures, bleu_items, data_items, lineage_items, model_items
+from pipeline.auditing.paper import (BLEU_GAP, bleu_figures, bleu_items, data_items, lineage_items, model_items,
+                                     paper_row)
 from pipeline.auditing.ranking import TopicLine, deviation_topics
 from pipeline.auditing.replay import Replay
 from pipeline.auditing.run_items import training_items
@@ -94,7 +95,7 @@ def lineage(inp: Inputs) -> dict[str, Any]:
 
 def build_audit(inp: Inputs) -> Audit:
     """The whole audit as one JSON-able mapping (the markdown is rendered from it)."""
-    row = inp.paper
+    row = paper_row(inp.params)
     settings = paper_settings(row["size"])
     config = [setting.check(inp.flat) for setting in settings]
     measured = (model_items(inp) + training_items(inp) + dev_items(inp) + data_items(inp) + bleu_items(inp)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.auditing.items import Item, fmt, item
+from pipeline.auditing.paper import paper_row
 from pipeline.auditing.settings import approx
 from pipeline.core.details import TrainDetails
 
@@ -57,14 +58,14 @@ def _tokens_per_step(inp: Inputs, steps: int | None, tokens: int | None) -> Item
     notes.append(f"params train.tokens_per_step = {fmt(configured)}")
     return item("Target tokens per step", paper="~25,000", source="§5.1", note="; ".join(notes),
                 run=None if mean is None else f"{mean:,.0f}",
-                ok=None if mean is None else approx(mean, inp.paper["tokens_per_step"], TOKENS_REL),
+                ok=None if mean is None else approx(mean, paper_row(inp.params)["tokens_per_step"], TOKENS_REL),
                 deviation=f"{mean or 0:,.0f} target tokens per step (paper: ~25,000; within 10% matches)")
 
 
 def _volume_items(inp: Inputs) -> list[Item]:
     """Steps, target tokens and target tokens per step."""
     steps = final_step(inp)
-    tokens, row = _count(inp, "tokens_seen"), inp.paper
+    tokens, row = _count(inp, "tokens_seen"), paper_row(inp.params)
     total = f"~{row['target_tokens'] / 1e9:.1f}B"
     return [item("Steps trained", paper=f"{row['steps']:,}", run=None if steps is None else f"{steps:,}",
                  ok=None if steps is None else steps == row["steps"], source="§5.2",
@@ -94,7 +95,7 @@ def _batch_shape_items(inp: Inputs) -> list[Item]:
 
 def _machine_items(inp: Inputs) -> list[Item]:
     """Training time, hardware and GPU-hours."""
-    train, row = inp.details.train, inp.paper
+    train, row = inp.details.train, paper_row(inp.params)
     hours, how = _hours(train)
     paper_h = f"{row['wall_clock_hours']:g} h"
     gpus = f"{row['gpu_hours']:g} P100-hours (8 x {paper_h})"
