@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pipeline.auditing.items import Item, fmt
-from pipeline.auditing.paper import PAPER
 from pipeline.auditing.summary import counts_line
 
 if TYPE_CHECKING:
@@ -65,7 +64,7 @@ def _bleu(audit: Audit) -> list[str]:
     else:
         lines += ["Not measured: evaluate.details.json does not exist yet (run `dvc repro evaluate`).", ""]
     gap = audit["bleu_gap"]
-    lines += [f"Paper: {PAPER['bleu_en_de']} ({PAPER['bleu_method']}).", ""]
+    lines += [f"Paper: {audit['paper']['bleu_en_de']} ({audit['paper']['bleu_method']}).", ""]
     if audit["dataset"] != "wmt14":
         lines += [f"The paper's figure and the gap below concern WMT14 newstest2014; this run was tested on "
                   f"{audit['headline']['test_set']} (see the headline).", ""]
@@ -136,8 +135,9 @@ def listed_above(i: Item) -> bool:
 
 def _summary(audit: Audit) -> list[str]:
     """Headline, counts, warnings and the ranked deviations: the first screen of the report."""
-    lines = [f"# Replication audit: profile {audit['profile']} (dataset {audit['dataset']})", "",
-             audit["headline"]["text"], "", counts_line(audit["summary"]), "", "## Warnings", ""]
+    lines = [f"# Replication audit: profile {audit['profile']} (dataset {audit['dataset']}), compared with "
+             f"{audit['paper']['row']}", "", audit["headline"]["text"], "", counts_line(audit["summary"]), "",
+             "## Warnings", ""]
     lines += [f"{n}. {w}" for n, w in enumerate(audit["warnings"], start=1)] or ["None."]
     lines += ["", "## Deviations", ""]
     if not audit["deviation_topics"]:

@@ -8,11 +8,12 @@ from typing import Any, TypedDict
 from pipeline.auditing.dev_items import dev_items
 from pipeline.auditing.inputs import FORMAT, Inputs
 from pipeline.auditing.items import Item, fmt, neutral
-from pipeline.auditing.paper import BLEU_GAP, PAPER, bleu_figures, bleu_items, data_items, lineage_items, model_items
+from pipeline.auditing.paper import (BLEU_GAP, bleu_figures, bleu_items, data_items, lineage_items, model_items,
+                                     paper_row)
 from pipeline.auditing.ranking import TopicLine, deviation_topics
 from pipeline.auditing.replay import Replay
 from pipeline.auditing.run_items import training_items
-from pipeline.auditing.settings import OPEN_KEYS, PAPER_SETTINGS
+from pipeline.auditing.settings import OPEN_KEYS, Setting, paper_settings
 from pipeline.auditing.summary import Headline, Summary, counts, headline, warnings
 from pipeline.core.config import flatten
 
@@ -40,7 +41,8 @@ class Audit(TypedDict):
     environment: dict[str, str | int | None]
 
 
-def profile_differences(flat: dict[str, Any], paper_profile: dict[str, Any] | None) -> list[dict[str, Any]]:
+def profile_differences(flat: dict[str, Any], paper_profile: dict[str, Any] | None,
+                        settings: tuple[Setting, ...]) -> list[dict[str, Any]]:
     """Every params key whose value differs from ``profiles/paper.yaml``: informational, never a verdict.
 
     ``kind`` is ``paper`` (a paper setting judges it), ``operational`` (results do not change) or ``unspecified``.
@@ -48,7 +50,7 @@ def profile_differences(flat: dict[str, Any], paper_profile: dict[str, Any] | No
     if paper_profile is None:
         return []
     ref = flatten(paper_profile)
-    verdicts = {key: setting.check(flat)["verdict"] for setting in PAPER_SETTINGS for key in setting.keys}
+    verdicts = {key: setting.check(flat)["verdict"] for setting in settings for key in setting.keys}
     out = []
     for key in sorted(set(flat) | set(ref)):
         if key in flat and key in ref and flat[key] == ref[key]:
@@ -93,7 +95,9 @@ def lineage(inp: Inputs) -> dict[str, Any]:
 
 def build_audit(inp: Inputs) -> Audit:
     """The whole audit as one JSON-able mapping (the markdown is rendered from it)."""
-    config = [setting.check(inp.flat) for setting in PAPER_SETTINGS]
+    row = paper_row(inp.params)
+    settings = paper_settings(row["size"])
+    config = [setting.check(inp.flat) for setting in settings]
     measured = (model_items(inp) + training_items(inp) + dev_items(inp) + data_items(inp) + bleu_items(inp)
                 + lineage_items(inp))  # each "not measured" while its input is missing
     items, topics = config + measured + inp.replay.get("items", []), deviation_topics(config, measured)
@@ -102,12 +106,12 @@ def build_audit(inp: Inputs) -> Audit:
                       warnings=len(warned), deviation_topics=len(topics))
     dataset = inp.params.download.dataset
     return {"format": FORMAT, "profile": inp.params.profile, "dataset": dataset, "summary": summary,
-            "headline": headline(dataset, inp.details.evaluate.test),
+            "headline": headline(dataset, inp.details.evaluate.test, row),
             "configuration": config, "measured": measured,
             "open_settings": [{"key": k, "run": inp.flat.get(k), "reference": v} for k, v in OPEN_KEYS.items()],
-            "profile_differences": profile_differences(inp.flat, inp.paper_profile),
+            "profile_differences": profile_differences(inp.flat, inp.paper_profile, settings),
             "deviations": [f"{t['topic']}: {t['text']}" for t in topics], "deviation_topics": topics,
-            "warnings": warned, "bleu_gap": BLEU_GAP, "paper": PAPER,
+            "warnings": warned, "bleu_gap": BLEU_GAP, "paper": row,
             "bleu_figures": bleu_figures(inp.details.evaluate), "replay": inp.replay,
             "lineage": lineage(inp), "environment": inp.environment}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.auditing.items import Item, fmt, item
-from pipeline.auditing.paper import PAPER
+from pipeline.auditing.paper import paper_row
 from pipeline.auditing.settings import approx
 from pipeline.core.details import TrainDetails
 
@@ -22,7 +22,6 @@ TOKENS_REL = 0.1
 AVERAGE_SPAN_MAX = 0.20
 #: A dev perplexity at most this much (relative) above Table 3's 4.92 matches.
 PPL_REL = 0.05
-AVERAGE_PAPER = "last 5 checkpoints, written 10 minutes apart at the end of a 12-hour run (about the last 6-7%)"
 
 
 def _count(inp: Inputs, key: str) -> int | None:
@@ -59,21 +58,22 @@ def _tokens_per_step(inp: Inputs, steps: int | None, tokens: int | None) -> Item
     notes.append(f"params train.tokens_per_step = {fmt(configured)}")
     return item("Target tokens per step", paper="~25,000", source="§5.1", note="; ".join(notes),
                 run=None if mean is None else f"{mean:,.0f}",
-                ok=None if mean is None else approx(mean, PAPER["tokens_per_step"], TOKENS_REL),
+                ok=None if mean is None else approx(mean, paper_row(inp.params)["tokens_per_step"], TOKENS_REL),
                 deviation=f"{mean or 0:,.0f} target tokens per step (paper: ~25,000; within 10% matches)")
 
 
 def _volume_items(inp: Inputs) -> list[Item]:
     """Steps, target tokens and target tokens per step."""
     steps = final_step(inp)
-    tokens = _count(inp, "tokens_seen")
-    return [item("Steps trained", paper="100,000", run=None if steps is None else f"{steps:,}",
-                 ok=None if steps is None else steps == PAPER["steps"], source="§5.2",
-                 deviation=f"{steps or 0:,} steps trained (paper: 100,000)"),
-            item("Target tokens trained", paper="~2.5B (100k steps x ~25k)", source="§5.1-5.2",
+    tokens, row = _count(inp, "tokens_seen"), paper_row(inp.params)
+    total = f"~{row['target_tokens'] / 1e9:.1f}B"
+    return [item("Steps trained", paper=f"{row['steps']:,}", run=None if steps is None else f"{steps:,}",
+                 ok=None if steps is None else steps == row["steps"], source="§5.2",
+                 deviation=f"{steps or 0:,} steps trained (paper: {row['steps']:,})"),
+            item("Target tokens trained", paper=f"{total} ({row['steps'] // 1000}k steps x ~25k)", source="§5.1-5.2",
                  run=None if tokens is None else f"{tokens:,}",
-                 deviation=f"{tokens or 0:,} target tokens trained (paper: ~2.5B)",
-                 ok=None if tokens is None else approx(tokens, PAPER["target_tokens"], 0.1)),
+                 deviation=f"{tokens or 0:,} target tokens trained (paper: {total})",
+                 ok=None if tokens is None else approx(tokens, row["target_tokens"], 0.1)),
             _tokens_per_step(inp, steps, tokens)]
 
 
@@ -95,12 +95,14 @@ def _batch_shape_items(inp: Inputs) -> list[Item]:
 
 def _machine_items(inp: Inputs) -> list[Item]:
     """Training time, hardware and GPU-hours."""
-    train = inp.details.train
+    train, row = inp.details.train, paper_row(inp.params)
     hours, how = _hours(train)
-    out = [item("Training time", paper="12 h", source="§5.2", note=how, run=None if hours is None else
+    paper_h = f"{row['wall_clock_hours']:g} h"
+    gpus = f"{row['gpu_hours']:g} P100-hours (8 x {paper_h})"
+    out = [item("Training time", paper=paper_h, source="§5.2", note=how, run=None if hours is None else
                 f"{hours:.3f} h" if hours >= 0.1 else f"{hours:.3f} h ({hours * 3600:.1f} s)",
-                ok=None if hours is None else approx(hours, PAPER["wall_clock_hours"], 0.1),
-                deviation=f"trained {hours or 0:.3f} h (paper: 12 h)")]
+                ok=None if hours is None else approx(hours, row["wall_clock_hours"], 0.1),
+                deviation=f"trained {hours or 0:.3f} h (paper: {paper_h})")]
     device, world = train.device, _count(inp, "world_size")
     name = train.device_name or device
     hw = None if device is None else f"{world} x {name}"
@@ -110,10 +112,10 @@ def _machine_items(inp: Inputs) -> list[Item]:
                     note="" if device else "train.json records no device"))
     gpu_h = hours * world if hours is not None and world and str(device).startswith("cuda") else None
     why = None if gpu_h is not None else ("no GPU: trained on " + str(device)) if device else None
-    out.append(item("GPU-hours", paper="96 P100-hours (8 x 12 h)", source="§5.2",
+    out.append(item("GPU-hours", paper=gpus, source="§5.2",
                     run=f"{gpu_h:.2f}" if gpu_h is not None else why and f"not measured ({why})",
-                    ok=None if gpu_h is None else approx(gpu_h, PAPER["gpu_hours"], 0.1),
-                    deviation=f"{gpu_h or 0:.2f} GPU-hours on {name} (paper: 96 P100-hours)",
+                    ok=None if gpu_h is None else approx(gpu_h, row["gpu_hours"], 0.1),
+                    deviation=f"{gpu_h or 0:.2f} GPU-hours on {name} (paper: {row['gpu_hours']:g} P100-hours)",
                     note="wall-clock x world size; different GPUs: hours, not work"))
     return out
 

@@ -4,11 +4,11 @@ the counts per kind of item, and the warnings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TypedDict
+from dataclasses import dataclass, replace
+from typing import Any, TypedDict
 
 from pipeline.auditing.items import KINDS, VERDICTS, Item
-from pipeline.auditing.paper import PAPER, SACREBLEU_EQUIVALENT
+from pipeline.auditing.paper import PAPER
 from pipeline.core.details import SetFigures
 
 
@@ -43,9 +43,12 @@ class Headline(TypedDict):
     bleu_tok_split: float | None
 
 
-def headline(dataset: str | None, test: SetFigures) -> Headline:
-    """The test BLEU beside the reference that fits the test set (``test`` empty when not evaluated yet)."""
+def headline(dataset: str | None, test: SetFigures, row: dict[str, Any]) -> Headline:
+    """The test BLEU beside the reference that fits the test set (``test`` empty when not evaluated yet); on WMT14,
+    the paper's ``row`` (:func:`pipeline.auditing.paper.paper_row`)."""
     spec = TEST_SETS.get(str(dataset))
+    if dataset == "wmt14":
+        spec = replace(spec, reference=row["bleu_en_de"], source=f"Vaswani et al. 2017, Table 2 ({row['size']})")
     name = spec.name if spec else f"the {dataset} test set"
     out = Headline(text="Test BLEU: not measured (no evaluate.details.json yet: run `dvc repro evaluate`).",
                    test_set=name, reference=None, comparable=False, bleu=None, bleu_tok_split=None)
@@ -57,17 +60,17 @@ def headline(dataset: str | None, test: SetFigures) -> Headline:
     tok_text = f"{tok:.2f}" if tok is not None else "not measured"
     if spec is None:
         text = (f"Test BLEU {sacre:.2f} (sacreBLEU 13a) on {name} ({size}): no published reference applies; the "
-                f"paper's {PAPER['bleu_en_de']} is on WMT14 newstest2014.")
+                f"paper's {row['bleu_en_de']} is on WMT14 newstest2014.")
     elif spec.reference is None:
         text = (f"Test BLEU {sacre:.2f} (sacreBLEU 13a, cased; {tok_text} on the paper's tok+split metric) on "
-                f"{name} ({size}): {spec.why}. The paper's {PAPER['bleu_en_de']} is on WMT14 newstest2014 "
+                f"{name} ({size}): {spec.why}. The paper's {row['bleu_en_de']} is on WMT14 newstest2014 "
                 "and does not apply.")
     elif n != spec.sentences or tok is None:
         text = (f"Test BLEU {tok_text} on the paper's metric (tok+split), {sacre:.2f} sacreBLEU 13a, on {name} "
                 f"({size}, the full set has {spec.sentences:,}): not comparable with the paper's "
                 f"{spec.reference}.")
     else:
-        low, high = SACREBLEU_EQUIVALENT
+        low, high = row["sacrebleu_equivalent"]
         out.update(reference=spec.reference, comparable=True)
         text = (f"Test BLEU {tok:.2f} on the paper's metric (tok+split) on {name} ({size}) vs the paper's "
                 f"{spec.reference} ({spec.source}): {tok - spec.reference:+.2f}; sacreBLEU 13a "

@@ -107,7 +107,7 @@ def test_a_list_of_variants_keeps_its_order_and_labels(tmp_path: Path) -> None:
     ({"name": "x", "profile": "tiny", "grid": {"train.warmup_steps": [1]}, "variants": []},
      "grid / variants: give exactly one of them"),
     ({"name": "x", "profile": "small", "grid": {"train.warmup_steps": [1]}},
-     "profile: no profile 'small'; known: demo, multi30k, paper, tiny"),
+     "profile: no profile 'small'; known: demo, multi30k, paper, paper-big, tiny"),
     ({"profile": "tiny", "grid": {"train.warmup_steps": [1]}}, "name: missing"),
     ({"name": "a b", "profile": "tiny", "grid": {"train.warmup_steps": [1]}},
      "name: 'a b' is not a sweep name (letters, digits, - and _, at most 40, starting with a letter or digit)"),

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.config import params_from_dict
+from pipeline.core.config import load_params, params_from_dict
+from pipeline.core.env import model_name
 from pipeline.core.errors import ConfigError
+from pipeline.core.paths import SHARED_DATA
 from pipeline.project.profiles import (SAVED, active_profile, listing, merged_profile, render, restore_params,
                                        write_profile)
 from tests.helpers.paths import REPO
@@ -46,7 +48,7 @@ def test_a_hand_edited_params_yaml_is_kept_as_a_backup(root: Path, caplog: pytes
 
 
 def test_the_profiles_folder_holds_the_documented_profiles() -> None:
-    assert PROFILES == ["demo", "multi30k", "paper", "tiny"]
+    assert PROFILES == ["demo", "multi30k", "paper", "paper-big", "tiny"]
 
 
 @pytest.mark.parametrize("name", PROFILES)
@@ -70,11 +72,14 @@ def test_listing_shows_each_profile_with_its_description_and_marks_the_active_on
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         "  bare",
-        "* demo      Multi30k on a laptop CPU in minutes (~2.4M parameters, 8k vocabulary).",
-        "  multi30k  Multi30k on one GPU in minutes (7.6M parameters, 8k vocabulary): 38 epochs in under 3 minutes "
+        "* demo       Multi30k on a laptop CPU in minutes (~2.4M parameters, 8k vocabulary).",
+        "  multi30k   Multi30k on one GPU in minutes (7.6M parameters, 8k vocabulary): 38 epochs in under 3 minutes "
         "on an H100.",
-        "  paper     THE configuration (profile `paper`: the base Transformer of Vaswani et al. 2017 on WMT14 EN->DE).",
-        "  tiny      A few hundred pairs and a toy model, for tests and smoke runs (seconds on CPU).",
+        "  paper      THE configuration (profile `paper`: the base Transformer of Vaswani et al. 2017 on WMT14 "
+        "EN->DE).",
+        "  paper-big  Transformer (big) of Vaswani et al. 2017 on WMT14 EN->DE: the paper's 28.4 BLEU model (Table 2, "
+        "Table 3 \"big\").",
+        "  tiny       A few hundred pairs and a toy model, for tests and smoke runs (seconds on CPU).",
     ]
 
 
@@ -141,3 +146,22 @@ def test_a_profile_with_yaml_anchors_is_refused_naming_its_line(root: Path) -> N
     assert str(info.value) == (f"{root / 'profiles' / 'anchored.yaml'}: line 3, column 17: YAML anchors and aliases "
                                "are not accepted (found &w); write the value out in full")
     assert not list(root.glob("params.yaml.*"))
+
+
+def test_paper_big_is_the_papers_big_model_on_the_paper_profiles_data(root: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Table 3 "big" for EN-DE (P_drop 0.3, 300k steps) averaging the last 20 checkpoints written 10 minutes (600 steps
+    at 1.0 s/step) apart (§6.1); its own runs beside paper's, the same WMT14 data folders."""
+    write_profile("paper-big", root)
+    params = load_params(root / "params.yaml")  # validates, layout included
+    paper = params_from_dict(merged_profile("paper", root))
+    model, train = params.model, params.train
+    assert params.profile == "paper-big"
+    assert (model.d_model, model.n_heads, model.d_ff, model.n_layers) == (1024, 16, 4096, 6)
+    assert (model.dropout, train.label_smoothing, train.max_steps, train.warmup_steps) == (0.3, 0.1, 300_000, 4000)
+    assert (train.tokens_per_step, train.save_every_steps, train.keep_last) == (25000, 600, 20)
+    assert params.average.last_n == 20
+    assert [getattr(params.paths, k) for k in SHARED_DATA] == [getattr(paper.paths, k) for k in SHARED_DATA]
+    assert params.paths.train == "runs/paper-big/train" and params.paths.reports == "reports/paper-big"
+    monkeypatch.delenv("NMT_MODEL_NAME", raising=False)
+    assert model_name(params.profile) == "paper-big-transformer"  # the registered model
