@@ -29,7 +29,8 @@ def live_owner(root: Path) -> str | None:
 def use_locks(root: str | Path, profile: str | None, before: str | None) -> None:
     """Make the live lock files ``profile``'s: the live ones are kept as their owner's (recorded at the last switch,
     else ``before``: the profile params.yaml held until now, else ``unnamed``), then ``profile``'s kept ones come
-    back; a profile with none kept starts without a lock. Nothing is deleted that is not kept first. Call it under
+    back. A profile with none kept goes on from the live lock: DVC checks each entry's params, deps and outs, so
+    it reruns what differs and skips what two profiles share (paper-big's data stages after paper's). Call it under
     the workspace lock, with params.yaml already ``profile``'s (None: a params.yaml of no profile, left alone)."""
     root = Path(root)
     if not (root / ".dvc" / "config").is_file():
@@ -47,7 +48,5 @@ def use_locks(root: str | Path, profile: str | None, before: str | None) -> None
         if mine.is_file():
             with atomic_path(live) as tmp:
                 shutil.copyfile(mine, tmp)
-        elif live.is_file():
-            live.unlink()  # kept above as the owner's
     write_text(root / KEPT / "LIVE", profile)
     log.info("dvc.lock: profile %s's; profile %s's kept in %s", profile, owner, KEPT / owner)
