@@ -117,6 +117,11 @@ def _machine_items(inp: Inputs) -> list[Item]:
                     ok=None if gpu_h is None else approx(gpu_h, row["gpu_hours"], 0.1),
                     deviation=f"{gpu_h or 0:.2f} GPU-hours on {name} (paper: {row['gpu_hours']:g} P100-hours)",
                     note="wall-clock x world size; different GPUs: hours, not work"))
+    bf16 = None if device is None else str(device).startswith("cuda")
+    out.append(item("Training precision", paper="fp32 (P100s have no bf16; tensor2tensor's default)", source="§5.2",
+                    run=None if bf16 is None else "bf16 autocast, fp32 weights and loss" if bf16 else "fp32",
+                    ok=None if bf16 is None else not bf16, deviation="bf16 autocast on the GPU (paper: fp32)",
+                    note="model/precision.py: bf16 autocast on CUDA, fp32 elsewhere"))
     return out
 
 

@@ -269,7 +269,8 @@ def test_missing_optional_inputs_are_not_measured_items(audit_world: Path, tmp_p
     (root / "data" / "metrics" / "train.details.json").unlink()
     items = _by_item(_audit(root, params))
     for name in ("Parameters", "Steps trained", "Target tokens trained", "Target tokens per step", "World size",
-                 "Forward passes per step", "Averaging span", "Training time", "Hardware", "GPU-hours"):
+                 "Forward passes per step", "Averaging span", "Training time", "Hardware", "GPU-hours",
+                 "Training precision"):
         assert items[name]["verdict"] == "not measured" and items[name]["run"].startswith("not measured"), name
 
 
@@ -366,10 +367,12 @@ def test_hardware_and_gpu_hours_from_the_recorded_device(audit_world: Path, tmp_
     items = _by_item(_audit(root, params))
     assert items["Hardware"]["run"] == "1 x cpu" and items["Hardware"]["verdict"] == "deviates"
     assert items["GPU-hours"]["run"] == "not measured (no GPU: trained on cpu)"
+    assert (items["Training precision"]["run"], items["Training precision"]["verdict"]) == ("fp32", "matches")
     path.write_text(json.dumps({**train, "device": "cuda", "device_name": "NVIDIA H100", "world_size": 4,
                                 "wall_seconds": 5400.0, "resumed_from_step": None}))
     items = _by_item(_audit(root, params))
     assert items["Hardware"]["deviation"] == "trained on 4 x NVIDIA H100 (paper: 8 x P100)"
+    assert items["Training precision"]["deviation"] == "bf16 autocast on the GPU (paper: fp32)"
     assert items["Training time"]["run"] == "1.500 h" and items["GPU-hours"]["run"] == "6.00"
     path.write_text(json.dumps({**train, "device": "cuda", "device_name": "Tesla P100-SXM2-16GB", "world_size": 8,
                                 "wall_seconds": 999.0, "train_seconds": 12 * 3600, "resumed_from_step": 500}))
