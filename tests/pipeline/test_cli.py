@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -118,3 +119,33 @@ def test_ui_serves_this_checkouts_store_on_loopback(tmp_path: Path) -> None:
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
+
+
+def _documented_nmt_commands() -> list[tuple[str, str]]:
+    """(file, command) for every `nmt ...` the README and docs/ show: inline code spans and code-block lines."""
+    found = []
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = path.read_text(encoding="utf-8")
+        spans = re.findall(r"`(nmt [^`]+)`", text)
+        lines = [m.group(1) for m in re.finditer(r"^\s*(?:[|] )?(?:echo .*\| )?(nmt .+?)(?:\s+#.*)?$", text, re.M)]
+        found += [(path.name, command) for command in spans + lines]
+    return found
+
+
+def test_every_documented_nmt_command_names_a_verb_and_options_that_exist() -> None:
+    """What the README and docs/ show as `nmt VERB --option` parses: the verb exists and takes each option."""
+    verbs = next(a for a in build_parser()._actions if a.dest == "command").choices
+    commands = _documented_nmt_commands()
+    assert len(commands) > 20
+    for where, command in commands:
+        words = command.replace("\\|", "|").split()
+        verb = words[1]
+        if verb.startswith("--") or verb == "COMMAND":  # nmt --version, nmt --help, nmt COMMAND --help
+            assert verb in {"--version", "--help", "COMMAND"}, (where, command)
+            continue
+        assert verb in verbs, (where, command)
+        known = {option for action in verbs[verb]._actions for option in action.option_strings}
+        for word in words[2:]:
+            option = word.strip("[]…").split("=")[0]
+            if option.startswith("--"):
+                assert option in known, f"{where}: `{command}`: nmt {verb} has no {option}"
