@@ -7,7 +7,9 @@ recorded, not a run's stage statuses, failed variants, best variant, audit or ML
 from __future__ import annotations
 
 import json
+import math
 import re
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,6 +164,35 @@ def _overrides(record: Mapping[str, Any], keys: Sequence[str]) -> str:
     return ", ".join(f"{k}={_cell(record['overrides'][k])}" for k in keys if k in record["overrides"])
 
 
+def seed_lines(keys: Sequence[str], records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """With ``seed`` among the swept keys: per setting of the other keys, test and valid BLEU over its finished
+    seeds as mean ± sample standard deviation and the 95% confidence interval of the mean (Student's t)."""
+    if "seed" not in keys:
+        return []
+    from scipy.stats import t  # only for a sweep over seeds
+
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for r in records:
+        if r.get("status") == "done":
+            groups.setdefault(_overrides(r, [k for k in keys if k != "seed"]) or "(base)", []).append(r)
+    lines = ["", "## Over seeds", "",
+             "| setting | seeds | test BLEU mean ± sd | 95% CI | valid BLEU mean ± sd | 95% CI |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for setting, runs in groups.items():
+        cells = [setting, str(len(runs))]
+        for metric in ("test_bleu", "valid_bleu"):
+            values = [float(r["metrics"][metric]) for r in runs
+                      if isinstance((r.get("metrics") or {}).get(metric), (int, float))]
+            if len(values) < 2:
+                cells += [f"{values[0]:.2f}" if values else "-", "- (one seed)"]
+                continue
+            mean, sd = statistics.fmean(values), statistics.stdev(values)
+            half = t.ppf(0.975, len(values) - 1) * sd / math.sqrt(len(values))
+            cells += [f"{mean:.2f} ± {sd:.2f}", f"{mean - half:.2f} – {mean + half:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commit: str, ran: int,
                  mlflow_run_id: str | None, tracking_uri: str | None) -> str:
     """A sweep's markdown from ``records`` (one per variant in spec order); ``ran``: how many this run executed."""
@@ -187,6 +218,7 @@ def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commi
                      f"{best['metrics'][OBJECTIVE]:.2f}, test BLEU {test:.2f}.")
     else:
         lines.append("Best: none (no variant finished with a valid BLEU).")
+    lines += seed_lines(keys, records)
     lines += ["", "## Where to look", "",
               f"- DVC: `dvc exp show --only-changed` in this checkout lists the experiments "
               f"{', '.join(r['name'] for r in records)}; `dvc exp apply {best['name'] if best else '<name>'}` "

@@ -1,0 +1,38 @@
+"""A sweep over seeds: the report's mean, standard deviation and 95% confidence interval per setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from flows.report import seed_lines
+from flows.sweep_spec import load_spec
+from tests.helpers.paths import REPO
+
+
+def _record(name: str, seed: int, test: float, valid: float, **overrides: object) -> dict:
+    return {"name": name, "status": "done", "overrides": {**overrides, "seed": seed},
+            "metrics": {"test_bleu": test, "valid_bleu": valid}}
+
+
+def test_three_seeds_give_the_mean_sd_and_students_t_interval_per_setting() -> None:
+    records = [_record("s-1", 1, 27.0, 26.0, **{"model.dropout": 0.1}),
+               _record("s-2", 2, 27.4, 26.2, **{"model.dropout": 0.1}),
+               _record("s-3", 3, 27.8, 26.4, **{"model.dropout": 0.1}),
+               _record("s-4", 1, 25.0, 24.0, **{"model.dropout": 0.3}),
+               {**_record("s-5", 2, 99.0, 99.0, **{"model.dropout": 0.3}), "status": "failed"}]
+    lines = seed_lines(("model.dropout", "seed"), records)
+    # t(0.975, 2) = 4.3027: half-widths 4.3027 x 0.4 / sqrt(3) = 0.99 (test) and 0.50 (valid)
+    assert "| model.dropout=0.1 | 3 | 27.40 ± 0.40 | 26.41 – 28.39 | 26.20 ± 0.20 | 25.70 – 26.70 |" in lines
+    assert "| model.dropout=0.3 | 1 | 25.00 | - (one seed) | 24.00 | - (one seed) |" in lines  # the failed seed left out
+    assert seed_lines(("model.dropout",), records) == []  # no seeds swept: no section
+
+
+def test_seeds_are_a_grid_key_crossed_with_the_others(tmp_path: Path) -> None:
+    path = tmp_path / "seeds.yaml"
+    path.write_text(yaml.safe_dump({"name": "seeds", "profile": "tiny",
+                                    "grid": {"model.dropout": [0.1, 0.3], "seed": [1, 2, 3]}}))
+    spec = load_spec(path, REPO)
+    assert spec.keys == ("model.dropout", "seed") and len(spec.variants) == 6
+    assert [v.overrides["seed"] for v in spec.variants] == [1, 2, 3, 1, 2, 3]
