@@ -1,10 +1,11 @@
-"""Acceptance: a two-variant sweep of the tiny profile through the real ``wmt14-sweep`` flow, then its restart.
+"""Acceptance: a three-variant sweep of the tiny profile through the real ``wmt14-sweep`` flow, then its restart.
 
 A temporary git + DVC project holds this checkout's pipeline (``tests/helpers/tinyproject.py``); data comes
 from the synthetic Multi30k mirror, MLflow writes to a temporary SQLite store and Prefect is the test
-harness's API. The two variants (warmup and learning-rate scale both differ; decoding kept cheap: beam 1, at
-most a few pieces per sentence) run at the same time, each as a DVC experiment in its own clone: two are what
-comparing under one MLflow parent needs. The sweep then runs again: everything is finished, so it runs nothing.
+harness's API. The first two variants (warmup and learning-rate scale both differ; decoding kept cheap: beam 1,
+at most a few pieces per sentence) run at the same time, each as a DVC experiment in its own clone: two are
+what comparing under one MLflow parent needs; the third repeats the first with another seed, for the report's
+interval over seeds. The sweep then runs again: everything is finished, so it runs nothing.
 The assertions share those two runs.
 """
 
@@ -27,7 +28,10 @@ from tests.helpers.tinyproject import make_tiny_project
 
 pytestmark = pytest.mark.slow
 
-VARIANTS = [{"train.warmup_steps": 2, "train.lr_scale": 0.5}, {"train.warmup_steps": 8, "train.lr_scale": 2.0}]
+# The third is the first with another seed: the report's "Over seeds" gives that setting an interval.
+VARIANTS = [{"train.warmup_steps": 2, "train.lr_scale": 0.5}, {"train.warmup_steps": 8, "train.lr_scale": 2.0},
+            {"train.warmup_steps": 2, "train.lr_scale": 0.5, "seed": 7}]
+NAMES = [f"tiny2-{i}" for i in range(1, len(VARIANTS) + 1)]
 SHARED = {"evaluate.beam_sizes": [1], "evaluate.max_len_a": 0.0, "evaluate.max_len_b": 4, "train.max_steps": 12}
 DATA_STAGES = ("download", "clean", "bpe", "encode")
 
@@ -83,7 +87,7 @@ def test_each_variant_an_mlflow_run_under_one_parent_tagged_with_its_overrides(s
     parent = parents[0]
     assert parent.info.run_id == sweep.first["mlflow_run_id"]
     variants = _variants(sweep)
-    assert sorted(variants) == ["tiny2-1", "tiny2-2"]
+    assert sorted(variants) == NAMES
     for i, own in enumerate(VARIANTS, 1):
         warmup, scale = own["train.warmup_steps"], own["train.lr_scale"]
         run = variants[f"tiny2-{i}"]
@@ -103,7 +107,7 @@ def test_each_variant_an_mlflow_run_under_one_parent_tagged_with_its_overrides(s
 def test_shared_data_stages_ran_once_and_every_variant_skipped_them(sweep: Sweep) -> None:
     counts = {stage: sum(r.data.tags.get("stage") == stage for r in sweep.runs_after_first) for stage in DATA_STAGES}
     assert counts == dict.fromkeys(DATA_STAGES, 1), counts  # one MLflow run each, under the sweep's parent
-    assert sum(r.data.tags.get("stage") == "train" for r in sweep.runs_after_first) == 2
+    assert sum(r.data.tags.get("stage") == "train" for r in sweep.runs_after_first) == len(VARIANTS)
     for record in sweep.first["records"]:
         assert {s: record["stages"][s] for s in DATA_STAGES} == dict.fromkeys(DATA_STAGES, "skipped"), record
         assert record["stages"]["train"] == "ran"
@@ -117,7 +121,7 @@ def test_dvc_exp_show_in_the_checkout_lists_the_variants(sweep: Sweep) -> None:
         for group in entry.get("experiments") or []:
             for rev in group["revs"]:
                 rows[rev["name"]] = rev["data"]
-    assert sorted(rows) == ["tiny2-1", "tiny2-2"]
+    assert sorted(rows) == NAMES
     variants = _variants(sweep)
     for name, data in rows.items():
         params = data["params"]["params.yaml"]["data"]
@@ -136,6 +140,9 @@ def test_the_table_names_the_variant_with_the_best_valid_bleu(sweep: Sweep) -> N
     best = max(sorted(variants), key=lambda name: variants[name].data.metrics["valid_bleu"])  # first of equals
     markdown = sweep.first["markdown"]
     assert sweep.first["best"] == best and f"Best: **{best}** (" in markdown
+    tests = [variants[n].data.metrics["test_bleu"] for n in ("tiny2-1", "tiny2-3")]  # one setting, two seeds
+    over_seeds = next(line for line in markdown.splitlines() if line.startswith("| train.warmup_steps=2, "))
+    assert f"| 2 | {sum(tests) / 2:.2f} ± " in over_seeds, markdown
     assert f"| **{best}** (best) |" in markdown
     for name, run in variants.items():
         row = next(line for line in markdown.splitlines() if line.startswith(f"| {name} |")
@@ -143,7 +150,7 @@ def test_the_table_names_the_variant_with_the_best_valid_bleu(sweep: Sweep) -> N
         assert f"| {run.data.metrics['valid_bleu']:.2f} | {run.data.metrics['test_bleu']:.2f} |" in row
         assert row.endswith("| done |")
     report = sweep.repo / "reports" / "sweeps" / "tiny2.md"
-    restarted = markdown.replace("; 2 run now.", "; 0 run now.")
+    restarted = markdown.replace(f"; {len(VARIANTS)} run now.", "; 0 run now.")
     assert report.read_text(encoding="utf-8") == sweep.second["markdown"] == restarted
     client = MlflowClient(tracking_uri=sweep.uri)
     parent = client.get_run(sweep.first["mlflow_run_id"])
@@ -156,7 +163,7 @@ def test_the_table_names_the_variant_with_the_best_valid_bleu(sweep: Sweep) -> N
 
 
 def test_a_restart_of_the_finished_sweep_runs_nothing(sweep: Sweep) -> None:
-    assert len(sweep.first["ran"]) == 2 and sweep.second["ran"] == []
+    assert len(sweep.first["ran"]) == len(VARIANTS) and sweep.second["ran"] == []
     assert sweep.second["records"] == sweep.first["records"]
     assert sweep.second["mlflow_run_id"] == sweep.first["mlflow_run_id"]  # the same parent, reopened
     assert sorted(r.info.run_id for r in sweep.runs_after_second) == \
@@ -172,7 +179,7 @@ def test_the_variants_were_prefect_task_runs_two_at_a_time(sweep: Sweep) -> None
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(
             any_=[sweep.first["flow_run_id"]])))
     variants = sorted((r for r in runs if r.name.startswith("variant ")), key=lambda r: r.start_time)
-    assert [r.name for r in sorted(variants, key=lambda r: r.name)] == [f"variant tiny2-{i}" for i in range(1, 3)]
+    assert [r.name for r in sorted(variants, key=lambda r: r.name)] == [f"variant {n}" for n in NAMES]
     assert all(r.state.is_completed() for r in variants)
     edges = sorted([(r.start_time, 1) for r in variants] + [(r.end_time, -1) for r in variants])
     running, most = 0, 0
