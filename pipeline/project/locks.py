@@ -40,13 +40,18 @@ def use_locks(root: str | Path, profile: str | None, before: str | None) -> None
         if profile is not None:
             write_text(root / KEPT / "LIVE", profile)
         return
+    kept, back = [], []
     for rel in LOCK_FILES:
         live, mine = root / rel, root / KEPT / profile / rel
         if live.is_file():
             with atomic_path(root / KEPT / owner / rel) as tmp:
                 shutil.copyfile(live, tmp)
+            kept.append(str(rel))
         if mine.is_file():
             with atomic_path(live) as tmp:
                 shutil.copyfile(mine, tmp)
+            back.append(str(rel))
     write_text(root / KEPT / "LIVE", profile)
-    log.info("dvc.lock: profile %s's; profile %s's kept in %s", profile, owner, KEPT / owner)
+    if kept or back:
+        log.info("profile %s: %s kept in %s; %s", owner, ", ".join(kept) or "no lock", KEPT / owner,
+                 f"profile {profile}'s {', '.join(back)} back" if back else f"profile {profile} has no lock yet")
