@@ -79,7 +79,8 @@ def test_listing_shows_each_profile_with_its_description_and_marks_the_active_on
         "EN->DE).",
         "  paper-big  Transformer (big) of Vaswani et al. 2017 on WMT14 EN->DE: the paper's 28.4 BLEU model (Table 2, "
         "Table 3 \"big\").",
-        "  tiny       A few hundred pairs and a toy model, for tests and smoke runs (seconds on CPU).",
+        "  tiny       A few hundred pairs and a toy model, for tests and smoke runs (minutes on CPU: it decodes to the "
+        "length cap).",
     ]
 
 
