@@ -1,5 +1,6 @@
 """``benchmarks/gpu.py speed``: the train stage's own step at base dimensions on news lengths, compiled and eager,
-its tokens/s read from the stage's own progress lines; ``benchmarks/train.py``'s step beside ``nn.Transformer``."""
+its tokens/s read from the stage's own progress lines, the compiled run profiled (``profiled_train.py``);
+``benchmarks/train.py``'s step beside ``nn.Transformer``."""
 
 from __future__ import annotations
 
@@ -52,16 +53,18 @@ def step_stage(r: Runner, data: Path, dry: bool, compiled: bool) -> dict[str, An
     timeout = max(min(r.left() - 30, 320), 30)
     if compiled:  # under the profiler from the step after PROFILE_SKIP: the rows before it are the clean figures
         argv = [sys.executable, "-m", "benchmarks.gpu_steps.profiled_train", "--params",
-                str(write_params(params, work)), "--out", str(r.work / "logs"), "--skip", str(3 if dry else PROFILE_SKIP)]
+                str(write_params(params, work)), "--out", str(r.work / "logs"),
+                "--skip", str(3 if dry else PROFILE_SKIP)]
         done = r.cmd(name, argv, timeout, **extra)
     else:
         done = r.stage(name, "train", write_params(params, work), timeout=timeout, **extra)
     rows = progress((r.work / "logs" / f"{name}.log").read_text(encoding="utf-8", errors="replace"))
     steady = [row["tgt_tokens_per_s"] for row in rows[1:] if not compiled or row["step"] <= PROFILE_SKIP]
     profiled = r.work / "logs" / "profile.json"
+    profile = json.loads(profiled.read_text(encoding="utf-8")) if compiled and profiled.is_file() else None
     return {**done, "env": extra, "train": params["train"], "rows": rows,
             "steady_tgt_tokens_per_s": sorted(steady)[len(steady) // 2] if steady else None,
-            **({"profile": json.loads(profiled.read_text(encoding="utf-8"))} if compiled and profiled.is_file() else {})}
+            **({"profile": profile} if profile else {})}
 
 
 def step_bench(r: Runner, dry: bool) -> dict[str, Any]:

@@ -25,7 +25,8 @@ def test_three_seeds_give_the_mean_sd_and_students_t_interval_per_setting() -> N
     lines = seed_lines(("model.dropout", "seed"), records)
     # t(0.975, 2) = 4.3027: half-widths 4.3027 x 0.4 / sqrt(3) = 0.99 (test) and 0.50 (valid)
     assert "| model.dropout=0.1 | 3 | 27.40 ± 0.40 | 26.41 – 28.39 | 26.20 ± 0.20 | 25.70 – 26.70 |" in lines
-    assert "| model.dropout=0.3 | 1 | 25.00 | - (one seed) | 24.00 | - (one seed) |" in lines  # the failed seed left out
+    # the failed seed is left out
+    assert "| model.dropout=0.3 | 1 | 25.00 | - (one seed) | 24.00 | - (one seed) |" in lines
     assert seed_lines(("model.dropout",), records) == []  # no seeds swept: no section
 
 
