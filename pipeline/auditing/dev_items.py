@@ -53,11 +53,16 @@ def averaging_span_item(inp: Inputs) -> Item:
                 note="; ".join(bad) if bad else note, verdict="warning" if bad else None)
 
 
+def _averaged_paper(inp: Inputs) -> str:
+    """The paper column of the two averaged-vs-newest checks."""
+    return f"the reported models average the last {paper_row(inp.params)['averaged_checkpoints']} checkpoints (§6.1)"
+
+
 def averaging_gain_item(inp: Inputs) -> Item:
     """A check: a warning when the newest checkpoint alone scores better valid BLEU than the averaged model."""
     averaged, newest = inp.details.evaluate.valid, inp.details.evaluate.valid_newest
     alone, mean = newest.bleu, averaged.bleu
-    paper = f"the reported models average the last {paper_row(inp.params)['averaged_checkpoints']} checkpoints (§6.1)"
+    paper = _averaged_paper(inp)
     if alone is None or mean is None:
         return item(GAIN_BLEU, paper=paper, run=None, ok=None, source="§6.1", kind="check")
     where = f"{NEWEST} (step {newest.step:,})" if newest.step is not None else NEWEST
@@ -84,7 +89,7 @@ def averaging_ppl_item(inp: Inputs) -> Item:
     """A check: a warning when the last checkpoint's valid perplexity is below the averaged model's."""
     averaged = inp.details.evaluate.valid.ppl
     last, where = _newest_ppl(inp)
-    paper = f"the reported models average the last {paper_row(inp.params)['averaged_checkpoints']} checkpoints (§6.1)"
+    paper = _averaged_paper(inp)
     if last is None or averaged is None:
         return item(GAIN_PPL, paper=paper, run=None, ok=None, source="§6.1", kind="check")
     run = f"averaged {averaged:.2f}, {NEWEST} {last:.2f} (per BPE token, teacher-forced, no label smoothing)"
