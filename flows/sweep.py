@@ -216,10 +216,11 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
                                     mlflow_run_id=parent.run_id,
                                     tracking_uri=tracking.tracking_uri(root) if parent.run_id else None)
             report = _publish(root, spec, markdown, parent, records)
-            failed = [r["name"] for r in records if r.get("status") != "done"]
+            failed = [f"{r['name']}: " + (r.get("error") or r["status"]).removeprefix(f"variant {r['name']}: ")
+                      for r in records if r.get("status") != "done"]  # each with its one-line cause
             if failed:
                 raise PipelineError(f"sweep {spec.name}: {len(failed)} of {len(records)} variants did not finish "
-                                    f"({', '.join(failed)}); see {report}; run the same command again to retry "
+                                    f"({'; '.join(failed)}); see {report}; run the same command again to retry "
                                     "them (finished variants are not rerun)")
     best = best_variant(records)
     return {"records": records, "ran": [v.name for v in todo], "best": best["name"] if best else None,
