@@ -120,22 +120,8 @@ def reached_files(root_module: str, repo: Path = REPO) -> set[Path]:
             and not (f.name == "__init__.py" and not f.read_text(encoding="utf-8").strip())}
 
 
-#: dvc.yaml files of optional stages (outside the default `dvc repro`), checked like ./dvc.yaml.
-OPTIONAL_DVC_FILES = ("export/dvc.yaml",)
-
-
 def _stages(repo: Path = REPO) -> dict:
     return yaml.safe_load((repo / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
-
-
-def _all_stages(repo: Path = REPO) -> dict:
-    """./dvc.yaml's stages and the optional ones (their commands run at the repository root: wdir ..)."""
-    stages = dict(_stages(repo))
-    for name in OPTIONAL_DVC_FILES:
-        for stage_name, stage in yaml.safe_load((repo / name).read_text(encoding="utf-8"))["stages"].items():
-            assert stage.get("wdir") == "..", f"{name} stage {stage_name}: set wdir: .. (deps are repository paths)"
-            stages[f"{name}:{stage_name}"] = stage
-    return stages
 
 
 def _cmd_module(cmd: str) -> str:
@@ -164,9 +150,9 @@ def lineage_problems(stage: dict, repo: Path = REPO) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("name", list(_all_stages()))
+@pytest.mark.parametrize("name", list(_stages()))
 def test_code_deps_are_exactly_what_the_stage_runs(name: str) -> None:
-    problems = lineage_problems(_all_stages()[name])
+    problems = lineage_problems(_stages()[name])
     assert not problems, f"dvc.yaml stage {name}:\n  " + "\n  ".join(problems)
 
 

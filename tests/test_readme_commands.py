@@ -26,7 +26,7 @@ ELSEWHERE = {"nmt ui": "tests/pipeline/test_cli.py::test_ui_serves_this_checkout
              "nmt serve": "tests/pipeline/test_register.py::test_served_candidate_answers_invocations",
              "nmt run": "tests/flows/test_flows.py::test_nmt_run_is_the_flow"}
 #: What a command's output must hold here (after ``demo`` -> ``tiny``).
-EXPECT = {"dvc status dvc.yaml": "Data and pipelines are up to date",
+EXPECT = {"dvc status": "Data and pipelines are up to date",
           "nmt profile": "* tiny", "dvc metrics show": "test.bleu"}
 
 

@@ -34,8 +34,8 @@ AVERAGED = "averaged.pt"
 
 
 def default_output(model_path: str | Path) -> Path:
-    """The folder to export ``model_path`` into: ``<its folder>-ct2``, which for ``<paths.model>/averaged.pt`` is the
-    export stage's ``<paths.model>-ct2`` (pipeline/export.py); ``<name>-ct2`` beside a file in ``.`` or ``/``."""
+    """The folder the errors suggest exporting ``model_path`` into: ``<its folder>-ct2`` (beside the model folder,
+    not in it); ``<name>-ct2`` beside a file in ``.`` or ``/``."""
     model_path = Path(model_path)
     folder = model_path.parent
     return Path(f"{folder}-ct2") if folder.name else model_path.with_name(f"{model_path.stem}-ct2")

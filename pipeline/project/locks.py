@@ -14,21 +14,21 @@ from pathlib import Path
 
 from pipeline.core.textio import atomic_path, write_text
 
-#: The kept locks, ``<profile>/dvc.lock`` (and ``<profile>/export/dvc.lock``), and ``LIVE``: whose lock is live.
+#: The kept locks, ``<profile>/dvc.lock``, and ``LIVE``: whose lock is live.
 KEPT = Path(".dvc") / "tmp" / "nmt-locks"
-LOCK_FILES = (Path("dvc.lock"), Path("export") / "dvc.lock")
+LOCK = Path("dvc.lock")
 log = logging.getLogger(__name__)
 
 
 def live_owner(root: Path) -> str | None:
-    """The profile whose lock files are live, as recorded at the last switch (None before the first)."""
+    """The profile whose lock is live, as recorded at the last switch (None before the first)."""
     marker = root / KEPT / "LIVE"
     return marker.read_text(encoding="utf-8").strip() or None if marker.is_file() else None
 
 
 def use_locks(root: str | Path, profile: str | None, before: str | None) -> None:
-    """Make the live lock files ``profile``'s: the live ones are kept as their owner's (recorded at the last switch,
-    else ``before``: the profile params.yaml held until now, else ``unnamed``), then ``profile``'s kept ones come
+    """Make the live ``dvc.lock`` ``profile``'s: the live one is kept as its owner's (recorded at the last switch,
+    else ``before``: the profile params.yaml held until now, else ``unnamed``), then ``profile``'s kept one comes
     back. A profile with none kept goes on from the live lock: DVC checks each entry's params, deps and outs, so
     it reruns what differs and skips what two profiles share (paper-big's data stages after paper's). Call it under
     the workspace lock, with params.yaml already ``profile``'s (None: a params.yaml of no profile, left alone)."""
@@ -40,18 +40,16 @@ def use_locks(root: str | Path, profile: str | None, before: str | None) -> None
         if profile is not None:
             write_text(root / KEPT / "LIVE", profile)
         return
-    kept, back = [], []
-    for rel in LOCK_FILES:
-        live, mine = root / rel, root / KEPT / profile / rel
-        if live.is_file():
-            with atomic_path(root / KEPT / owner / rel) as tmp:
-                shutil.copyfile(live, tmp)
-            kept.append(str(rel))
-        if mine.is_file():
-            with atomic_path(live) as tmp:
-                shutil.copyfile(mine, tmp)
-            back.append(str(rel))
+    live, mine = root / LOCK, root / KEPT / profile / LOCK
+    kept = live.is_file()
+    if kept:
+        with atomic_path(root / KEPT / owner / LOCK) as tmp:
+            shutil.copyfile(live, tmp)
+    back = mine.is_file()
+    if back:
+        with atomic_path(live) as tmp:
+            shutil.copyfile(mine, tmp)
     write_text(root / KEPT / "LIVE", profile)
     if kept or back:
-        log.info("profile %s: %s kept in %s; %s", owner, ", ".join(kept) or "no lock", KEPT / owner,
-                 f"profile {profile}'s {', '.join(back)} back" if back else f"profile {profile} has no lock yet")
+        log.info("profile %s: %s kept in %s; %s", owner, LOCK if kept else "no lock", KEPT / owner,
+                 f"profile {profile}'s {LOCK} back" if back else f"profile {profile} has no lock yet")

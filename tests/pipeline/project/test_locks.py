@@ -53,16 +53,6 @@ def test_a_killed_profile_run_is_undone_with_its_lock(root: Path) -> None:
     assert (root / KEPT / "demo" / "dvc.lock").read_text() == "demo's lock\n"
 
 
-def test_the_export_pipelines_lock_travels_too(root: Path) -> None:
-    (root / "export").mkdir()
-    (root / "export" / "dvc.lock").write_text("tiny's export lock\n")
-    write_profile("demo", root)
-    (root / "export" / "dvc.lock").write_text("demo's export lock\n")
-    write_profile("tiny", root)
-    assert (root / "export" / "dvc.lock").read_text() == "tiny's export lock\n"
-    assert (root / KEPT / "demo" / "export" / "dvc.lock").read_text() == "demo's export lock\n"
-
-
 def test_outside_a_dvc_project_nothing_is_kept(tmp_path: Path) -> None:
     shutil.copytree(REPO / "profiles", tmp_path / "profiles")
     (tmp_path / "dvc.lock").write_text("someone's\n")
