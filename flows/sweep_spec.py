@@ -24,7 +24,7 @@ from pipeline.project.profiles import merged_profile, profile_names
 MAX_VARIANTS = 64
 MAX_CONCURRENCY = 16
 DEFAULT_CONCURRENCY = 2
-SPEC_KEYS = ("name", "profile", "concurrency", "set", "grid", "variants")
+SPEC_KEYS = ("name", "profile", "concurrency", "set", "grid", "variants", "seeds")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,39}")
 
 
@@ -125,6 +125,20 @@ def _listed(source: str, variants: Any, known: dict[str, Any]) -> list[dict[str,
     return out
 
 
+def _with_seeds(source: str, seeds: Any, own: list[dict[str, Any]], shared: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each of ``own`` once per seed (``seed`` set last): the report's spread over seeds (flows/report.py)."""
+    if not isinstance(seeds, list) or not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
+        raise SpecError(source, f"seeds: expected a non-empty list of integer seeds, e.g. [1, 2, 3]; got {seeds!r}")
+    if len(set(seeds)) < len(seeds):
+        raise SpecError(source, f"seeds: {seeds!r} lists a seed twice; each seed runs once per variant")
+    if "seed" in shared or any("seed" in overrides for overrides in own):
+        raise SpecError(source, "seeds / seed: the seed is set in two places; keep it under seeds: only")
+    if len(own) * len(seeds) > MAX_VARIANTS:
+        raise SpecError(source, f"seeds: {len(own)} x {len(seeds)} = {len(own) * len(seeds)} variants, more than "
+                                f"the limit of {MAX_VARIANTS}; split the sweep")
+    return [{**overrides, "seed": seed} for overrides in own for seed in seeds]
+
+
 def _check_not_shared(source: str, shared: dict[str, Any], own: list[dict[str, Any]], where: str) -> None:
     """A key the variants set must not be under ``set`` too: the variant's value would silently win."""
     for i, overrides in enumerate(own, 1):
@@ -154,7 +168,7 @@ def variant_params(base: dict[str, Any], applied: dict[str, Any]) -> dict[str, A
 
 def _header(source: str, data: Any, root: Path) -> tuple[str, str, int]:
     if not isinstance(data, dict):
-        raise SpecError(source, "expected a mapping with name, profile and grid or variants")
+        raise SpecError(source, "expected a mapping with name, profile and grid, variants or seeds")
     unknown = [str(k) for k in data if k not in SPEC_KEYS]
     if unknown:
         raise SpecError(source, f"{unknown[0]}: unknown key (known: {', '.join(SPEC_KEYS)})")
@@ -171,8 +185,8 @@ def _header(source: str, data: Any, root: Path) -> tuple[str, str, int]:
     concurrency = data.get("concurrency", DEFAULT_CONCURRENCY)
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
         raise SpecError(source, f"concurrency: {concurrency!r} is not an integer from 1 to {MAX_CONCURRENCY}")
-    if ("grid" in data) == ("variants" in data):
-        raise SpecError(source, "grid / variants: give exactly one of them")
+    if "grid" in data and "variants" in data or not {"grid", "variants", "seeds"} & set(data):
+        raise SpecError(source, "grid / variants: give one of them (or seeds: alone: the base profile per seed)")
     return name, profile, concurrency
 
 
@@ -193,8 +207,10 @@ def load_spec(path: str | Path, root: str | Path = ".") -> SweepSpec:
     shared = _mapping(source, "set", data.get("set") or {})
     _check_keys(source, "set", shared, known)
     own = _grid(source, _mapping(source, "grid", data["grid"]), known) if "grid" in data \
-        else _listed(source, data["variants"], known)
+        else _listed(source, data["variants"], known) if "variants" in data else [{}]
     _check_not_shared(source, shared, own, "grid" if "grid" in data else "variants")
+    if "seeds" in data:
+        own = _with_seeds(source, data["seeds"], own, shared)
     variants, seen = [], {}
     for i, overrides in enumerate(own, 1):
         variant = Variant(i, f"{name}-{i}", overrides, {**shared, **overrides})

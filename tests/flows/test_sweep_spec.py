@@ -53,6 +53,16 @@ def test_a_grid_is_the_cross_product_in_spec_order_with_the_shared_overrides(tmp
         "--set-param", "train.warmup_steps=2", "--set-param", "train.lr_scale=1.0"]
 
 
+def test_seeds_cross_every_variant_or_alone_the_base_profile(tmp_path: Path) -> None:
+    crossed = load_spec(_write(tmp_path, {"name": "s", "profile": "tiny", "grid": {"train.warmup_steps": [2, 8]},
+                                          "seeds": [1, 7]}), REPO)
+    assert [v.label() for v in crossed.variants] == ["train.warmup_steps=2, seed=1", "train.warmup_steps=2, seed=7",
+                                                     "train.warmup_steps=8, seed=1", "train.warmup_steps=8, seed=7"]
+    assert crossed.keys == ("train.warmup_steps", "seed")
+    alone = load_spec(_write(tmp_path, {"name": "s", "profile": "tiny", "seeds": [1, 2, 3]}), REPO)
+    assert [v.applied for v in alone.variants] == [{"seed": 1}, {"seed": 2}, {"seed": 3}] and alone.keys == ("seed",)
+
+
 def test_a_list_of_variants_keeps_its_order_and_labels(tmp_path: Path) -> None:
     spec = load_spec(_write(tmp_path, {"name": "ab", "profile": "demo", "concurrency": 1, "variants": [
         {"train.warmup_steps": 100}, {"train.warmup_steps": 200, "model.dropout": 0.2}]}), REPO)
@@ -64,7 +74,7 @@ def test_a_list_of_variants_keeps_its_order_and_labels(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("spec", "message"), [
     ({"name": "x", "profile": "tiny", "grid": {"train.warmup_steps": [1]}, "grdi": {}},
-     "grdi: unknown key (known: name, profile, concurrency, set, grid, variants)"),
+     "grdi: unknown key (known: name, profile, concurrency, set, grid, variants, seeds)"),
     ({"name": "x", "profile": "tiny", "grid": {"train.warmpu_steps": [1, 2]}},
      "grid: train.warmpu_steps is not a param of params.yaml (known in train: tokens_per_step, lr_scale, "
      "warmup_steps, adam_beta1, adam_beta2, adam_eps, weight_decay, label_smoothing, clip_norm, max_steps, "
@@ -105,7 +115,19 @@ def test_a_list_of_variants_keeps_its_order_and_labels(tmp_path: Path) -> None:
     ({"name": "x", "profile": "tiny", "variants": [{"train.warmup_steps": 3}, {"train.warmup_steps": 3}]},
      "variants 1 and 2 are the same (train.warmup_steps=3)"),
     ({"name": "x", "profile": "tiny", "grid": {"train.warmup_steps": [1]}, "variants": []},
-     "grid / variants: give exactly one of them"),
+     "grid / variants: give one of them (or seeds: alone: the base profile per seed)"),
+    ({"name": "x", "profile": "tiny"},
+     "grid / variants: give one of them (or seeds: alone: the base profile per seed)"),
+    ({"name": "x", "profile": "tiny", "seeds": [1, True]},
+     "seeds: expected a non-empty list of integer seeds, e.g. [1, 2, 3]; got [1, True]"),
+    ({"name": "x", "profile": "tiny", "seeds": [3, 3]},
+     "seeds: [3, 3] lists a seed twice; each seed runs once per variant"),
+    ({"name": "x", "profile": "tiny", "set": {"seed": 4}, "seeds": [1, 2]},
+     "seeds / seed: the seed is set in two places; keep it under seeds: only"),
+    ({"name": "x", "profile": "tiny", "grid": {"train.warmup_steps": [1, 2, 3]}, "seeds": list(range(22))},
+     f"seeds: 3 x 22 = 66 variants, more than the limit of {MAX_VARIANTS}; split the sweep"),
+    ({"name": "x", "profile": "tiny", "seeds": [1, -1]},
+     "variant 2: seed: -1 is out of range (expected in [0, 4294967295]) (profile tiny with seed=-1)"),
     ({"name": "x", "profile": "small", "grid": {"train.warmup_steps": [1]}},
      "profile: no profile 'small'; known: demo, multi30k, paper, paper-big, tiny"),
     ({"profile": "tiny", "grid": {"train.warmup_steps": [1]}}, "name: missing"),
@@ -113,7 +135,7 @@ def test_a_list_of_variants_keeps_its_order_and_labels(tmp_path: Path) -> None:
      "name: 'a b' is not a sweep name (letters, digits, - and _, at most 40, starting with a letter or digit)"),
     ({"name": "x", "profile": "tiny", "concurrency": 0, "grid": {"train.warmup_steps": [1]}},
      "concurrency: 0 is not an integer from 1 to 16"),
-    ("- just\n- a list\n", "expected a mapping with name, profile and grid or variants"),
+    ("- just\n- a list\n", "expected a mapping with name, profile and grid, variants or seeds"),
 ])
 def test_a_bad_spec_is_refused_with_the_key_named(tmp_path: Path, spec: dict | str, message: str) -> None:
     assert _refused(tmp_path, spec) == message
@@ -153,10 +175,12 @@ def test_the_shared_stages_run_with_valid_params_when_set_alone_is_not(tmp_path:
     assert params["train"]["max_steps"] == 4 and params["train"]["warmup_steps"] == 1
 
 
-def test_the_example_spec_is_a_four_variant_demo_sweep() -> None:
+def test_the_example_specs_are_demo_sweeps_of_four_settings_and_three_seeds() -> None:
     spec = load_spec(REPO / "sweeps" / "demo-warmup.yaml", REPO)
     assert spec.profile == "demo" and len(spec.variants) == 4 and spec.concurrency == 2
     params_from_dict(shared_params(merged_profile("demo", REPO), spec), "shared stages")  # its 200 steps < warmup
+    seeds = load_spec(REPO / "sweeps" / "demo-seeds.yaml", REPO)
+    assert seeds.profile == "demo" and [v.applied for v in seeds.variants] == [{"seed": s} for s in (1, 2, 3)]
 
 
 @pytest.mark.slow
