@@ -193,9 +193,23 @@ def seed_lines(keys: Sequence[str], records: Sequence[Mapping[str, Any]]) -> lis
     return lines
 
 
+def paired_lines(names: Sequence[str], hyps: Sequence[Sequence[str]], refs: Sequence[str]) -> list[str]:
+    """The best two variants' test BLEU by sacreBLEU's paired bootstrap resampling (its 1,000 resamples and fixed
+    seed; Koehn 2004): the p-value of a difference at least this large arising by chance."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    _, scores = PairedTest(list(zip(names, hyps)), {"BLEU": BLEU()}, [list(refs)], test_type="bs", n_samples=1000)()
+    best, second = scores["BLEU"]
+    verdict = "significant at 0.05" if second.p_value < 0.05 else "within chance at 0.05"
+    return ["", "## Best two, paired", "", f"Test BLEU {names[0]} {best.score:.2f} vs {names[1]} {second.score:.2f}: "
+            f"paired bootstrap (sacreBLEU, 1,000 resamples) p = {second.p_value:.4f}, {verdict}."]
+
+
 def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commit: str, ran: int,
-                 mlflow_run_id: str | None, tracking_uri: str | None) -> str:
-    """A sweep's markdown from ``records`` (one per variant in spec order); ``ran``: how many this run executed."""
+                 mlflow_run_id: str | None, tracking_uri: str | None, paired: Sequence[str] = ()) -> str:
+    """A sweep's markdown from ``records`` (one per variant in spec order); ``ran``: how many this run executed;
+    ``paired``: :func:`paired_lines` of the best two, if any."""
     keys = spec.keys
     shared = ", ".join(f"{k}={_cell(v)}" for k, v in spec.shared.items())
     intro = (f"Base profile `{spec.profile}`{f' with {shared}' if shared else ''}; {len(records)} variants at commit "
@@ -218,7 +232,7 @@ def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commi
                      f"{best['metrics'][OBJECTIVE]:.2f}, test BLEU {test:.2f}.")
     else:
         lines.append("Best: none (no variant finished with a valid BLEU).")
-    lines += seed_lines(keys, records)
+    lines += [*seed_lines(keys, records), *paired]
     lines += ["", "## Where to look", "",
               f"- DVC: `dvc exp show --only-changed` in this checkout lists the experiments "
               f"{', '.join(r['name'] for r in records)}; `dvc exp apply {best['name'] if best else '<name>'}` "

@@ -28,7 +28,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows import parent_run
 from flows.dvc_task import dvc_stages, repro_command, stage_env, stage_status
 from flows.lifeline import kill_all_groups, run_in_group
-from flows.report import OBJECTIVE, best_variant, headline_from, render_sweep
+from flows.report import OBJECTIVE, best_variant, headline_from, paired_lines, render_sweep
 from flows.server import ensure_api
 from flows.sweep_spec import SweepSpec, Variant, load_spec, shared_params, variant_params
 from flows.sweep_work import (REPORTS_DIR, SweepState, VariantFailed, cache_dir, check_applied, exp_push_command,
@@ -64,6 +64,8 @@ class SweepContext:
         out = stage_env({"NMT_PROFILE_RUN": self.profile, "NMT_PREFECT_FLOW_RUN_ID": self.flow_run_id,
                          "MLFLOW_PARENT_RUN_ID": parent_id or ""})
         out.setdefault("NMT_DOWNLOAD_CACHE", str(Path(self.root) / ".cache" / "downloads"))  # one, not one a clone
+        if "NMT_DATA_MIRROR" not in out and (mirror := env.data_mirror(Path(self.root)).location):
+            out["NMT_DATA_MIRROR"] = mirror  # the checkout's ../shared/data: a clone has none beside it
         return out
 
     def header(self, what: str) -> str:
@@ -160,6 +162,22 @@ def _run_variants(todo: list[Variant], ctx: SweepContext, base: dict[str, Any], 
             raise
 
 
+def _paired(root: Path, spec: SweepSpec, base: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
+    """The best two finished variants (by valid BLEU) compared on their test outputs in their clones, if both are
+    there (``<paths.eval>/test.hyp.de`` against ``<paths.raw>/test.de``, as the evaluate stage scores them)."""
+    done = sorted((r for r in records if r.get("status") == "done" and OBJECTIVE in (r.get("metrics") or {})),
+                  key=lambda r: -r["metrics"][OBJECTIVE])[:2]  # sorted is stable: the first of equals stays first
+    texts = []
+    for record in done:
+        variant = next(v for v in spec.variants if v.name == record["name"])
+        paths, clone = variant_params(base, variant.applied)["paths"], sweep_dir(root, spec.name) / variant.name
+        files = (clone / paths["eval"] / "test.hyp.de", clone / paths["raw"] / "test.de")
+        if not all(f.is_file() for f in files):
+            return []  # a clone removed by hand: no paired test, the table stands
+        texts.append([f.read_text(encoding="utf-8").splitlines() for f in files])
+    return paired_lines([r["name"] for r in done], [t[0] for t in texts], texts[0][1]) if len(texts) == 2 else []
+
+
 def _publish(root: Path, spec: SweepSpec, markdown: str, parent: tracking.StageRun,
              records: list[dict[str, Any]]) -> Path:
     """The table as ``reports/sweeps/<name>.md``, a Prefect artifact and an artifact of the MLflow parent."""
@@ -213,7 +231,7 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
             records = [state.data["variants"].get(v.key) or {"name": v.name, "overrides": v.overrides,
                                                                "status": "not run"} for v in spec.variants]
             markdown = render_sweep(spec, records, commit=state.data["commit"], ran=len(todo),
-                                    mlflow_run_id=parent.run_id,
+                                    mlflow_run_id=parent.run_id, paired=_paired(root, spec, base, records),
                                     tracking_uri=tracking.tracking_uri(root) if parent.run_id else None)
             report = _publish(root, spec, markdown, parent, records)
             failed = [f"{r['name']}: " + (r.get("error") or r["status"]).removeprefix(f"variant {r['name']}: ")

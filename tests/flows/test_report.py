@@ -1,4 +1,5 @@
-"""A sweep over seeds: the report's mean, standard deviation and 95% confidence interval per setting."""
+"""A sweep over seeds: the report's mean, standard deviation and 95% confidence interval per setting; the best two
+variants compared by paired bootstrap."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from flows.report import seed_lines
+from flows.report import paired_lines, seed_lines
 from flows.sweep_spec import load_spec
 from tests.helpers.paths import REPO
 
@@ -37,3 +38,13 @@ def test_seeds_are_a_grid_key_crossed_with_the_others(tmp_path: Path) -> None:
     spec = load_spec(path, REPO)
     assert spec.keys == ("model.dropout", "seed") and len(spec.variants) == 6
     assert [v.overrides["seed"] for v in spec.variants] == [1, 2, 3, 1, 2, 3]
+
+
+def test_the_best_two_are_compared_by_paired_bootstrap_on_the_test_outputs() -> None:
+    refs = [f"sentence {i} has a few more words in it" for i in range(60)]
+    near = [*refs[:-1], "something else"]  # one sentence of sixty differs
+    close = paired_lines(["a", "b"], [refs, near], refs)
+    assert close[1] == "## Best two, paired" and close[-1].startswith("Test BLEU a 100.00 vs b 9")
+    assert close[-1].endswith(", within chance at 0.05."), close[-1]
+    far = paired_lines(["a", "c"], [refs, ["unrelated words"] * 60], refs)
+    assert far[-1].endswith("paired bootstrap (sacreBLEU, 1,000 resamples) p = 0.0010, significant at 0.05."), far

@@ -143,6 +143,10 @@ def test_the_table_names_the_variant_with_the_best_valid_bleu(sweep: Sweep) -> N
     over_seeds = next(line for line in markdown.splitlines() if line.startswith("| (base) |"))
     assert f"| 3 | {sum(tests) / 3:.2f} ± " in over_seeds, markdown
     assert f"| **{best}** (best) |" in markdown
+    second = sorted(NAMES, key=lambda name: -variants[name].data.metrics["valid_bleu"])[1]
+    paired = markdown.split("## Best two, paired\n\n", 1)[1].splitlines()[0]  # the test outputs in the clones
+    assert paired.startswith(f"Test BLEU {best} {variants[best].data.metrics['test_bleu']:.2f} vs {second} "), paired
+    assert " paired bootstrap (sacreBLEU, 1,000 resamples) p = " in paired, paired
     for name, run in variants.items():
         row = next(line for line in markdown.splitlines() if line.startswith(f"| {name} |")
                    or line.startswith(f"| **{name}**"))

@@ -41,3 +41,20 @@ def test_a_killed_experiment_leaves_its_built_stages_to_the_rerun(make_repo: Mak
     assert again.returncode == 0, again.stdout + again.stderr
     lines = again.stdout.splitlines()
     assert (stage_status("prep", lines), stage_status("fit", lines)) == ("skipped", "ran"), again.stdout
+
+
+def test_a_clone_reads_the_checkouts_mirror_beside_it_unless_nmt_data_mirror_says_otherwise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clone under .dvc/tmp/sweeps has no ../shared/data beside it: an offline `nmt sweep` tried the network."""
+    from flows.sweep import SweepContext
+
+    checkout, shared = tmp_path / "work" / "checkout", tmp_path / "work" / "shared" / "data"
+    checkout.mkdir(parents=True)
+    ctx = SweepContext(root=str(checkout), sweep="s", profile="tiny", commit="c", cache="", base_clone=None,
+                       parent_run_id=None, flow_run_id="f", grace_s=1.0)
+    monkeypatch.delenv("NMT_DATA_MIRROR", raising=False)
+    assert "NMT_DATA_MIRROR" not in ctx.env(None)  # no mirror anywhere: upstream, as in the checkout
+    shared.mkdir(parents=True)
+    assert ctx.env(None)["NMT_DATA_MIRROR"] == str(shared)
+    monkeypatch.setenv("NMT_DATA_MIRROR", "")  # set but empty: none, in the clone too
+    assert ctx.env(None)["NMT_DATA_MIRROR"] == ""
