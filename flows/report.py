@@ -201,9 +201,9 @@ def paired_lines(names: Sequence[str], hyps: Sequence[Sequence[str]], refs: Sequ
 
     _, scores = PairedTest(list(zip(names, hyps)), {"BLEU": BLEU()}, [list(refs)], test_type="bs", n_samples=1000)()
     best, second = scores["BLEU"]
-    verdict = "significant at 0.05" if second.p_value < 0.05 else "within chance at 0.05"
     return ["", "## Best two, paired", "", f"Test BLEU {names[0]} {best.score:.2f} vs {names[1]} {second.score:.2f}: "
-            f"paired bootstrap (sacreBLEU, 1,000 resamples) p = {second.p_value:.4f}, {verdict}."]
+            f"paired bootstrap (sacreBLEU, 1,000 resamples) p = {second.p_value:.4f}, "
+            f"{'significant' if second.p_value < 0.05 else 'within chance'} at 0.05."]
 
 
 def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commit: str, ran: int,

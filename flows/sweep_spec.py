@@ -129,8 +129,6 @@ def _with_seeds(source: str, seeds: Any, own: list[dict[str, Any]], shared: dict
     """Each of ``own`` once per seed (``seed`` set last): the report's spread over seeds (flows/report.py)."""
     if not isinstance(seeds, list) or not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
         raise SpecError(source, f"seeds: expected a non-empty list of integer seeds, e.g. [1, 2, 3]; got {seeds!r}")
-    if len(set(seeds)) < len(seeds):
-        raise SpecError(source, f"seeds: {seeds!r} lists a seed twice; each seed runs once per variant")
     if "seed" in shared or any("seed" in overrides for overrides in own):
         raise SpecError(source, "seeds / seed: the seed is set in two places; keep it under seeds: only")
     if len(own) * len(seeds) > MAX_VARIANTS:
