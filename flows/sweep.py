@@ -165,7 +165,7 @@ def _run_variants(todo: list[Variant], ctx: SweepContext, base: dict[str, Any], 
 def _paired(root: Path, spec: SweepSpec, base: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
     """The best two finished variants (by valid BLEU) compared on their test outputs in their clones, if both are
     there (``<paths.eval>/test.hyp.de`` against ``<paths.raw>/test.de``, as the evaluate stage scores them)."""
-    done = sorted((r for r in records if r.get("status") == "done" and OBJECTIVE in (r.get("metrics") or {})),
+    done = sorted((r for r in records if isinstance((r.get("metrics") or {}).get(OBJECTIVE), (int, float))),
                   key=lambda r: -r["metrics"][OBJECTIVE])[:2]  # sorted is stable: the first of equals stays first
     texts = []
     for record in done:
