@@ -34,6 +34,10 @@ def _span(steps: list[int], final: int, row: dict[str, Any]) -> tuple[str, list[
                    f"rule allows {AVERAGE_SPAN_MAX:.0%}): early, weaker weights are in the average")
     if n != row["averaged_checkpoints"]:
         bad.append(f"{n} checkpoint(s) averaged (paper: {row['averaged_checkpoints']})")
+    gaps = sorted({b - a for a, b in zip(steps, steps[1:])})
+    if len(gaps) > 1:  # e.g. max_steps not a multiple of train.save_every_steps, or a max_minutes pause
+        bad.append(f"the averaged checkpoints are unevenly spaced (gaps of {', '.join(f'{g:,}' for g in gaps)} "
+                   "steps; the paper's are 10 minutes apart): one is off the save grid and weighs like the others")
     return run, bad
 
 

@@ -93,8 +93,11 @@ def test_world_size_and_forward_passes_are_informational() -> None:
      "the averaged checkpoints span 78.0% of training"),
     ([97_000, 98_500, 100_000], "3 checkpoint(s), steps 97,000-100,000: the last 3.0% of training",
      "3 checkpoint(s) averaged (paper: 5)"),
+    ([94_500, 96_000, 97_500, 99_000, 100_000], "5 checkpoint(s), steps 94,500-100,000: the last 5.5% of training",
+     "the averaged checkpoints are unevenly spaced (gaps of 1,000, 1,500 steps; the paper's are 10 minutes apart): "
+     "one is off the save grid and weighs like the others"),  # save_every_steps 1500 with max_steps 100,000
 ])
-def test_averaging_span_is_a_sanity_check_that_warns_past_twenty_percent(steps: list[int], run: str,
+def test_averaging_span_is_a_sanity_check_that_warns_past_twenty_percent_or_off_the_grid(steps: list[int], run: str,
                                                                          warning: str) -> None:
     report, items = _audit({"train": _train(), "average": {"steps": steps}})
     span = items["Averaging span"]

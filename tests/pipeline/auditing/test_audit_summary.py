@@ -35,16 +35,16 @@ def _items(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_summary_fits_the_first_30_lines_of_a_demo_like_run() -> None:
-    report, md, _ = _demo({**demo_like_metrics(), "average": {"steps": [154, 300, 450, 600, 700]}})
+    report, md, _ = _demo({**demo_like_metrics(), "average": {"steps": [140, 280, 420, 560, 700]}})
     summary = md.split("## Deviations in full")[0].splitlines()
     shown = sum(max(1, -(-len(line) // 120)) for line in summary)  # as a 120-column terminal wraps them
     assert shown <= SUMMARY_LINES, shown
     head = md.splitlines()[:SUMMARY_LINES]
     assert head[2] == report["headline"]["text"] and head[2].startswith("Test BLEU 27.94 (sacreBLEU 13a")
     assert head[4].startswith("Against the paper: ")
-    for n, warning in enumerate(report["warnings"], start=1):  # the span warning fires: 78% of training averaged
+    for n, warning in enumerate(report["warnings"], start=1):  # the span warning fires: 80% of training averaged
         assert f"{n}. {warning}" in head
-    assert any("the averaged checkpoints span 78.0% of training" in w for w in report["warnings"])
+    assert any("the averaged checkpoints span 80.0% of training" in w for w in report["warnings"])
     top = [t["topic"] for t in report["deviation_topics"][:3]]
     assert top == ["Training data", "Model size", "Training length"]
     for n, topic in enumerate(report["deviation_topics"][:3], start=1):
