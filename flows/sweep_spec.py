@@ -114,9 +114,6 @@ def _grid(source: str, grid: dict[str, Any], known: dict[str, Any]) -> list[dict
 def _listed(source: str, variants: Any, known: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(variants, list) or not variants:
         raise SpecError(source, "variants: expected a non-empty list of override mappings")
-    if len(variants) > MAX_VARIANTS:
-        raise SpecError(source, f"variants: {len(variants)} variants, more than the limit of {MAX_VARIANTS}; "
-                                "split the sweep")
     out = []
     for i, item in enumerate(variants, 1):
         overrides = _mapping(source, f"variants[{i}]", item)
@@ -131,9 +128,6 @@ def _with_seeds(source: str, seeds: Any, own: list[dict[str, Any]], shared: dict
         raise SpecError(source, f"seeds: expected a non-empty list of integer seeds, e.g. [1, 2, 3]; got {seeds!r}")
     if "seed" in shared or any("seed" in overrides for overrides in own):
         raise SpecError(source, "seeds / seed: the seed is set in two places; keep it under seeds: only")
-    if len(own) * len(seeds) > MAX_VARIANTS:
-        raise SpecError(source, f"seeds: {len(own)} x {len(seeds)} = {len(own) * len(seeds)} variants, more than "
-                                f"the limit of {MAX_VARIANTS}; split the sweep")
     return [{**overrides, "seed": seed} for overrides in own for seed in seeds]
 
 
@@ -209,6 +203,9 @@ def load_spec(path: str | Path, root: str | Path = ".") -> SweepSpec:
     _check_not_shared(source, shared, own, "grid" if "grid" in data else "variants")
     if "seeds" in data:
         own = _with_seeds(source, data["seeds"], own, shared)
+    if len(own) > MAX_VARIANTS:  # a grid's size was checked before it was expanded
+        raise SpecError(source, f"{'seeds' if 'seeds' in data else 'variants'}: {len(own)} variants, more than the "
+                                f"limit of {MAX_VARIANTS}; split the sweep")
     variants, seen = [], {}
     for i, overrides in enumerate(own, 1):
         variant = Variant(i, f"{name}-{i}", overrides, {**shared, **overrides})

@@ -41,12 +41,10 @@ def use_locks(root: str | Path, profile: str | None, before: str | None) -> None
             write_text(root / KEPT / "LIVE", profile)
         return
     live, mine = root / LOCK, root / KEPT / profile / LOCK
-    kept = live.is_file()
-    if kept:
+    if kept := live.is_file():
         with atomic_path(root / KEPT / owner / LOCK) as tmp:
             shutil.copyfile(live, tmp)
-    back = mine.is_file()
-    if back:
+    if back := mine.is_file():
         with atomic_path(live) as tmp:
             shutil.copyfile(mine, tmp)
     write_text(root / KEPT / "LIVE", profile)
