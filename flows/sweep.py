@@ -163,8 +163,7 @@ def _run_variants(todo: list[Variant], ctx: SweepContext, base: dict[str, Any], 
 
 
 def _paired(root: Path, spec: SweepSpec, base: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
-    """The best two finished variants (by valid BLEU) compared on their test outputs in their clones, if both are
-    there (``<paths.eval>/test.hyp.de`` against ``<paths.raw>/test.de``, as the evaluate stage scores them)."""
+    """The best two variants by valid BLEU, paired on their clones' test outputs (as the evaluate stage scores)."""
     done = sorted((r for r in records if isinstance((r.get("metrics") or {}).get(OBJECTIVE), (int, float))),
                   key=lambda r: -r["metrics"][OBJECTIVE])[:2]  # sorted is stable: the first of equals stays first
     texts = []
@@ -175,7 +174,9 @@ def _paired(root: Path, spec: SweepSpec, base: dict[str, Any], records: list[dic
         if not all(f.is_file() for f in files):
             return []  # a clone removed by hand: no paired test, the table stands
         texts.append([f.read_text(encoding="utf-8").splitlines() for f in files])
-    return paired_lines([r["name"] for r in done], [t[0] for t in texts], texts[0][1]) if len(texts) == 2 else []
+    if len(texts) < 2 or len({len(t) for pair in texts for t in pair}) > 1:
+        return []  # one finished variant, or outputs that do not line up with the references: nothing to pair
+    return paired_lines([r["name"] for r in done], [t[0] for t in texts], texts[0][1])
 
 
 def _publish(root: Path, spec: SweepSpec, markdown: str, parent: tracking.StageRun,
