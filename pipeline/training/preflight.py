@@ -1,7 +1,6 @@
 """Memory: a pre-flight forward+backward on the plan's largest batch shapes, and out-of-memory reports.
 
-A later out-of-memory error skips that optimizer step on every rank, as fairseq does, and is counted.
-"""
+A later out-of-memory error skips that optimizer step on every rank, as fairseq does, and is counted."""
 
 from __future__ import annotations
 
@@ -47,9 +46,10 @@ def check(model: Transformer, shapes: Sequence[tuple[int, int]], *, device: torc
     for n, length in shapes:
         try:
             (hooks or Hooks()).at("preflight", 0, rank)
-            tokens = torch.randint(4, cfg.vocab_size, (3, n, length), generator=gen).to(device)
+            src, tgt_in, tgt_out = (torch.randint(4, cfg.vocab_size, (n, length), generator=gen).to(device)
+                                    for _ in range(3))  # not views of one tensor: a compiled loss would recompile
             with autocast(device):
-                loss_sum, _ = loss(model, tokens[0], tokens[1], tokens[2], label_smoothing)
+                loss_sum, _ = loss(model, src, tgt_in, tgt_out, label_smoothing)
             loss_sum.backward()
         except torch.OutOfMemoryError as exc:
             failed = (n, length, str(exc).splitlines()[0][:200] if str(exc) else "")

@@ -15,6 +15,7 @@ import torch
 
 from model import Transformer, TransformerConfig
 from pipeline.training.forward import batch_loss, loss_function
+from pipeline.training.preflight import check
 from tests.helpers.faultutil import tensors
 from tests.helpers.train import make_workspace, run_torchrun, tiny_params
 
@@ -29,18 +30,20 @@ def _batch(gen: torch.Generator, n: int, length: int) -> tuple[torch.Tensor, ...
 
 
 @pytest.mark.slow
-def test_the_compiled_loss_equals_the_eager_one_for_new_shapes_and_without_gradients() -> None:
+def test_the_compiled_loss_equals_the_eager_one_after_the_preflight_for_new_shapes_and_without_gradients() -> None:
     torch.manual_seed(0)
     model = Transformer(TransformerConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=1,
                                           max_positions=64, **NO_DROPOUT))
     compiled, gen = loss_function(True), torch.Generator().manual_seed(1)
     assert loss_function(False) is batch_loss
+    check(model, [(4, 9)], device=torch.device("cpu"), max_tokens=36, label_smoothing=0.1, loss=compiled)
     for n, length in ((3, 7), (5, 11), (2, 4)):  # dynamic shapes: no recompile per shape, same numbers
         batch = _batch(gen, n, length)
         results = []
         for fn in (batch_loss, compiled):
             model.zero_grad(set_to_none=True)
-            loss_sum, nll_sum = fn(model, *batch, 0.1)
+            with torch._dynamo.config.patch(error_on_recompile=True):  # the pre-flight's graph serves every batch
+                loss_sum, nll_sum = fn(model, *batch, 0.1)
             loss_sum.backward()
             results.append((loss_sum.detach(), nll_sum.detach(), [p.grad.clone() for p in model.parameters()]))
         (la, na, ga), (lb, nb, gb) = results
