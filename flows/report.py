@@ -6,6 +6,7 @@ recorded, not a run's stage statuses, failed variants, best variant, audit or ML
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -164,32 +165,57 @@ def _overrides(record: Mapping[str, Any], keys: Sequence[str]) -> str:
     return ", ".join(f"{k}={_cell(record['overrides'][k])}" for k in keys if k in record["overrides"])
 
 
-def seed_lines(keys: Sequence[str], records: Sequence[Mapping[str, Any]]) -> list[str]:
-    """With ``seed`` among the swept keys: per setting of the other keys, test and valid BLEU over its finished
-    seeds as mean ± sample standard deviation and the 95% confidence interval of the mean (Student's t)."""
-    if "seed" not in keys:
-        return []
+@dataclass(frozen=True)
+class SeedStat:
+    """One metric over a setting's finished seeds: mean, sample sd and 95% CI (Student's t); None for one seed."""
+
+    n: int
+    mean: float
+    sd: float | None = None
+    low: float | None = None
+    high: float | None = None
+
+
+def seed_stats(keys: Sequence[str], records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, SeedStat]]:
+    """With ``seed`` among the swept keys: {setting of the other keys ("(base)": none): {test_bleu, valid_bleu}}."""
     from scipy.stats import t  # only for a sweep over seeds
 
     groups: dict[str, list[Mapping[str, Any]]] = {}
-    for r in records:
+    for r in records if "seed" in keys else ():
         if r.get("status") == "done":
             groups.setdefault(_overrides(r, [k for k in keys if k != "seed"]) or "(base)", []).append(r)
-    lines = ["", "## Over seeds", "",
-             "| setting | seeds | test BLEU mean ± sd | 95% CI | valid BLEU mean ± sd | 95% CI |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for setting, runs in groups.items():
-        cells = [setting, str(len(runs))]
-        for metric in ("test_bleu", "valid_bleu"):
-            values = [float(r["metrics"][metric]) for r in runs
-                      if isinstance((r.get("metrics") or {}).get(metric), (int, float))]
-            if len(values) < 2:
-                cells += [f"{values[0]:.2f}" if values else "-", "- (one seed)"]
-                continue
+    out: dict[str, dict[str, SeedStat]] = {setting: {} for setting in groups}
+    for (setting, runs), metric in itertools.product(groups.items(), ("test_bleu", "valid_bleu")):
+        values = [float(r["metrics"][metric]) for r in runs
+                  if isinstance((r.get("metrics") or {}).get(metric), (int, float))]
+        if len(values) > 1:
             mean, sd = statistics.fmean(values), statistics.stdev(values)
             half = t.ppf(0.975, len(values) - 1) * sd / math.sqrt(len(values))
-            cells += [f"{mean:.2f} ± {sd:.2f}", f"{mean - half:.2f} – {mean + half:.2f}"]
+            out[setting][metric] = SeedStat(len(values), mean, sd, mean - half, mean + half)
+        elif values:
+            out[setting][metric] = SeedStat(1, values[0])
+    return out
+
+
+def seed_lines(keys: Sequence[str], records: Sequence[Mapping[str, Any]],
+               paper: Mapping[str, Any] | None = None) -> list[str]:
+    """The "Over seeds" table of :func:`seed_stats`; with ``paper`` (the paper's row, for a WMT14 newstest2014 test
+    set), whether each setting's test interval holds the paper's figure in sacreBLEU 13a terms."""
+    stats = seed_stats(keys, records)
+    lines = ["", "## Over seeds", "", "| setting | seeds | test BLEU mean ± sd | 95% CI | valid BLEU mean ± sd | "
+             "95% CI |", "|---|---:|---:|---:|---:|---:|"] if stats else []
+    for setting, by_metric in stats.items():
+        cells = [setting, str(max(s.n for s in by_metric.values()))]
+        for s in (by_metric.get("test_bleu"), by_metric.get("valid_bleu")):
+            cells += ([f"{s.mean:.2f}" if s else "-", "- (one seed)"] if s is None or s.sd is None
+                      else [f"{s.mean:.2f} ± {s.sd:.2f}", f"{s.low:.2f} – {s.high:.2f}"])
         lines.append("| " + " | ".join(cells) + " |")
+    tests = {k: v["test_bleu"] for k, v in stats.items() if paper and v.get("test_bleu", SeedStat(0, 0)).sd is not None}
+    for setting, s in tests.items():
+        lo, hi = paper["sacrebleu_equivalent"]
+        where = "inside" if s.low <= lo and hi <= s.high else "outside" if s.high < lo or s.low > hi else "partly in"
+        lines += ["", f"The paper's {paper['bleu_en_de']} ({paper['row']}) is about {lo}–{hi} in sacreBLEU 13a: "
+                  f"{where} {setting}'s 95% CI of test BLEU over seeds."]
     return lines
 
 
@@ -207,9 +233,10 @@ def paired_lines(names: Sequence[str], hyps: Sequence[Sequence[str]], refs: Sequ
 
 
 def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commit: str, ran: int,
-                 mlflow_run_id: str | None, tracking_uri: str | None, paired: Sequence[str] = ()) -> str:
+                 mlflow_run_id: str | None, tracking_uri: str | None, paired: Sequence[str] = (),
+                 paper: Mapping[str, Any] | None = None) -> str:
     """A sweep's markdown from ``records`` (one per variant in spec order); ``ran``: how many this run executed;
-    ``paired``: :func:`paired_lines` of the best two, if any."""
+    ``paired``: :func:`paired_lines` of the best two, if any; ``paper``: as :func:`seed_lines` takes it."""
     keys = spec.keys
     shared = ", ".join(f"{k}={_cell(v)}" for k, v in spec.shared.items())
     intro = (f"Base profile `{spec.profile}`{f' with {shared}' if shared else ''}; {len(records)} variants at commit "
@@ -232,7 +259,7 @@ def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commi
                      f"{best['metrics'][OBJECTIVE]:.2f}, test BLEU {test:.2f}.")
     else:
         lines.append("Best: none (no variant finished with a valid BLEU).")
-    lines += [*seed_lines(keys, records), *paired]
+    lines += [*seed_lines(keys, records, paper), *paired]
     lines += ["", "## Where to look", "",
               f"- DVC: `dvc exp show --only-changed` in this checkout lists the experiments "
               f"{', '.join(r['name'] for r in records)}; `dvc exp apply {best['name'] if best else '<name>'}` "

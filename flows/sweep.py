@@ -28,14 +28,15 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows import parent_run
 from flows.dvc_task import dvc_stages, repro_command, stage_env, stage_status
 from flows.lifeline import kill_all_groups, run_in_group
-from flows.report import OBJECTIVE, best_variant, headline_from, paired_lines, render_sweep
+from flows.report import OBJECTIVE, best_variant, headline_from, paired_lines, render_sweep, seed_stats
 from flows.server import ensure_api
 from flows.sweep_spec import SweepSpec, Variant, load_spec, shared_params, variant_params
 from flows.sweep_work import (REPORTS_DIR, SweepState, VariantFailed, cache_dir, check_applied, exp_push_command,
                               exp_ref, exp_run_command, head_commit, prepare_clone, shared_stages, sweep_dir,
                               write_params)
+from pipeline.auditing.paper import paper_row
 from pipeline.core import env, tracking
-from pipeline.core.config import flatten
+from pipeline.core.config import flatten, params_from_dict
 from pipeline.core.errors import PipelineError
 from pipeline.project.options import plain
 from pipeline.project.profiles import merged_profile
@@ -191,6 +192,10 @@ def _publish(root: Path, spec: SweepSpec, markdown: str, parent: tracking.StageR
     if best is not None:
         parent.set_tags({"sweep.best": best["name"]})
         parent.log_metrics({f"best_{k}": v for k, v in best["metrics"].items() if k in ("valid_bleu", "test_bleu")})
+    for setting, by_metric in seed_stats(spec.keys, records).items():  # the intervals, for MLflow's Compare view
+        name = "base" if setting == "(base)" else re.sub(r"[^\w./ -]", "_", setting)  # MLflow's allowed characters
+        parent.log_metrics({f"seeds/{name}/{metric}_{part}": getattr(stat, attr) for metric, stat in by_metric.items()
+                            for part, attr in (("mean", "mean"), ("sd", "sd"), ("ci_low", "low"), ("ci_high", "high"))})
     return path
 
 
@@ -233,7 +238,9 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
                                                                "status": "not run"} for v in spec.variants]
             markdown = render_sweep(spec, records, commit=state.data["commit"], ran=len(todo),
                                     mlflow_run_id=parent.run_id, paired=_paired(root, spec, base, records),
-                                    tracking_uri=tracking.tracking_uri(root) if parent.run_id else None)
+                                    tracking_uri=tracking.tracking_uri(root) if parent.run_id else None,
+                                    paper=paper_row(params_from_dict(base)) if base["download"]["dataset"] == "wmt14"
+                                    else None)
             report = _publish(root, spec, markdown, parent, records)
             failed = [f"{r['name']}: " + (r.get("error") or r["status"]).removeprefix(f"variant {r['name']}: ")
                       for r in records if r.get("status") != "done"]  # each with its one-line cause

@@ -273,6 +273,4 @@ def beam_search(
         finished = beam_search_finished(model, src, beam_size, max_len_a, max_len_b, rule=rule, alpha=alpha)
     finally:
         model.train(was_training)
-    if return_finished:
-        return finished
-    return [best_hypothesis(f, alpha) for f in finished]
+    return finished if return_finished else [best_hypothesis(f, alpha) for f in finished]

@@ -59,8 +59,7 @@ def average_state_dicts(folders: list[Path]) -> dict[str, torch.Tensor]:
         for key, value in state.items():
             sums[key] = sums[key].add_(value.to(torch.float32)) if value.is_floating_point() else value
     n = float(len(folders))
-    return {k: (v.div_(n).to(first[k].dtype) if first[k].is_floating_point() else v.clone())
-            for k, v in sums.items()}
+    return {k: (v.div_(n).to(first[k].dtype) if first[k].is_floating_point() else v.clone()) for k, v in sums.items()}
 
 
 def check_fits(config: TransformerConfig, weights: dict[str, torch.Tensor], where: Path) -> None:

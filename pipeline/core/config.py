@@ -255,9 +255,7 @@ def section_dict(obj: Any) -> dict[str, Any]:
                 if DERIVED not in f.metadata}
     if isinstance(obj, list):
         return [section_dict(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: section_dict(v) for k, v in obj.items()}
-    return obj
+    return {k: section_dict(v) for k, v in obj.items()} if isinstance(obj, dict) else obj
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -114,9 +114,7 @@ def _rule(cfg: CleanConfig, src: str, tgt: str) -> str | None:
         return "too_long"
     if max(ns, nt) > cfg.max_ratio * min(ns, nt):
         return "ratio"
-    if cfg.drop_copies and src == tgt:
-        return "copy"
-    return None
+    return "copy" if cfg.drop_copies and src == tgt else None
 
 
 @dataclass(frozen=True)

@@ -170,8 +170,7 @@ def build_manifest(tasks: list[ShardTask], results: list[dict], lines: dict[str,
     """The manifest: every shard (path relative to it, rows, token counts, sha256) per split."""
     splits: dict[str, dict] = {}
     for split in SPLITS:
-        shards = [{k: v for k, v in r.items() if k != "dropped"}
-                  for t, r in zip(tasks, results) if t.split == split]
+        shards = [{k: v for k, v in r.items() if k != "dropped"} for t, r in zip(tasks, results) if t.split == split]
         splits[split] = {"lines": lines[split], "rows": sum(s["rows"] for s in shards),
                          "dropped_max_len": sum(r["dropped"] for t, r in zip(tasks, results) if t.split == split),
                          "src_tokens": sum(s["src_tokens"] for s in shards),

@@ -51,9 +51,7 @@ class SourceFile:
 
     def names(self) -> tuple[str, ...]:
         """File names a ``download.sha256`` key may use for this file's own bytes."""
-        if self.archive:
-            return (self.path, PurePosixPath(self.path).name)
-        return (self.url_name, self.path)
+        return (self.path, PurePosixPath(self.path).name) if self.archive else (self.url_name, self.path)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,7 @@ import yaml
 
 from flows.report import paired_lines, seed_lines
 from flows.sweep_spec import load_spec
+from pipeline.auditing.paper import PAPER
 from tests.helpers.paths import REPO
 
 
@@ -29,6 +30,18 @@ def test_three_seeds_give_the_mean_sd_and_students_t_interval_per_setting() -> N
     # the failed seed is left out
     assert "| model.dropout=0.3 | 1 | 25.00 | - (one seed) | 24.00 | - (one seed) |" in lines
     assert seed_lines(("model.dropout",), records) == []  # no seeds swept: no section
+
+
+def test_a_wmt14_sweep_says_whether_each_interval_holds_the_papers_figure_in_sacrebleu_terms() -> None:
+    records = [_record(f"s-{i}", i, test, 20.0, **{"model.dropout": drop})
+               for i, (test, drop) in enumerate([(25.5, 0.1), (26.5, 0.1), (27.0, 0.1), (20.0, 0.3), (20.2, 0.3), (20.4, 0.3)])]
+    lines = seed_lines(("model.dropout", "seed"), records, PAPER)  # 25.9-26.6 in sacreBLEU 13a
+    said = [line for line in lines if line.startswith("The paper's 27.3 (Transformer (base), Tables 2 and 3)")]
+    assert said == ["The paper's 27.3 (Transformer (base), Tables 2 and 3) is about 25.9–26.6 in sacreBLEU 13a: "
+                    "inside model.dropout=0.1's 95% CI of test BLEU over seeds.",
+                    "The paper's 27.3 (Transformer (base), Tables 2 and 3) is about 25.9–26.6 in sacreBLEU 13a: "
+                    "outside model.dropout=0.3's 95% CI of test BLEU over seeds."], lines
+    assert not [line for line in seed_lines(("model.dropout", "seed"), records) if "paper" in line]  # not WMT14
 
 
 def test_seeds_are_a_grid_key_crossed_with_the_others(tmp_path: Path) -> None:

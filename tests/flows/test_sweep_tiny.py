@@ -142,6 +142,7 @@ def test_the_table_names_the_variant_with_the_best_valid_bleu(sweep: Sweep) -> N
     tests = [variants[n].data.metrics["test_bleu"] for n in NAMES]  # one setting, three seeds
     over_seeds = next(line for line in markdown.splitlines() if line.startswith("| (base) |"))
     assert f"| 3 | {sum(tests) / 3:.2f} ± " in over_seeds, markdown
+    assert "The paper's" not in markdown  # Multi30k: the paper's figure does not apply
     assert f"| **{best}** (best) |" in markdown
     second = sorted(NAMES, key=lambda name: -variants[name].data.metrics["valid_bleu"])[1]
     paired = markdown.split("## Best two, paired\n\n", 1)[1].splitlines()[0]  # the test outputs in the clones
@@ -158,6 +159,9 @@ def test_the_table_names_the_variant_with_the_best_valid_bleu(sweep: Sweep) -> N
     client = MlflowClient(tracking_uri=sweep.uri)
     parent = client.get_run(sweep.first["mlflow_run_id"])
     assert parent.data.tags["sweep.best"] == best
+    low, high = (parent.data.metrics[f"seeds/base/test_bleu_{part}"] for part in ("ci_low", "ci_high"))
+    assert parent.data.metrics["seeds/base/test_bleu_mean"] == pytest.approx(sum(tests) / 3)
+    assert f"| {low:.2f} – {high:.2f} |" in over_seeds  # the interval over seeds, as MLflow metrics of the parent
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"tiny2.md", "spec"}
     key = artifact_key("tiny2")
     with get_client(sync_client=True) as prefect:
