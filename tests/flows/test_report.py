@@ -33,8 +33,8 @@ def test_three_seeds_give_the_mean_sd_and_students_t_interval_per_setting() -> N
 
 
 def test_a_wmt14_sweep_says_whether_each_interval_holds_the_papers_figure_in_sacrebleu_terms() -> None:
-    records = [_record(f"s-{i}", i, test, 20.0, **{"model.dropout": drop})
-               for i, (test, drop) in enumerate([(25.5, 0.1), (26.5, 0.1), (27.0, 0.1), (20.0, 0.3), (20.2, 0.3), (20.4, 0.3)])]
+    runs = [(25.5, 0.1), (26.5, 0.1), (27.0, 0.1), (20.0, 0.3), (20.2, 0.3), (20.4, 0.3)]  # (test BLEU, dropout)
+    records = [_record(f"s-{i}", i, test, 20.0, **{"model.dropout": drop}) for i, (test, drop) in enumerate(runs)]
     lines = seed_lines(("model.dropout", "seed"), records, PAPER)  # 25.9-26.6 in sacreBLEU 13a
     said = [line for line in lines if line.startswith("The paper's 27.3 (Transformer (base), Tables 2 and 3)")]
     assert said == ["The paper's 27.3 (Transformer (base), Tables 2 and 3) is about 25.9–26.6 in sacreBLEU 13a: "
