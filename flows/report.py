@@ -172,8 +172,8 @@ class SeedStat:
     n: int
     mean: float
     sd: float | None = None
-    low: float | None = None
-    high: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
 
 
 def seed_stats(keys: Sequence[str], records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, SeedStat]]:
@@ -208,12 +208,12 @@ def seed_lines(keys: Sequence[str], records: Sequence[Mapping[str, Any]],
         cells = [setting, str(max(s.n for s in by_metric.values()))]
         for s in (by_metric.get("test_bleu"), by_metric.get("valid_bleu")):
             cells += ([f"{s.mean:.2f}" if s else "-", "- (one seed)"] if s is None or s.sd is None
-                      else [f"{s.mean:.2f} ± {s.sd:.2f}", f"{s.low:.2f} – {s.high:.2f}"])
+                      else [f"{s.mean:.2f} ± {s.sd:.2f}", f"{s.ci_low:.2f} – {s.ci_high:.2f}"])
         lines.append("| " + " | ".join(cells) + " |")
-    tests = {k: v["test_bleu"] for k, v in stats.items() if paper and v.get("test_bleu", SeedStat(0, 0)).sd is not None}
-    for setting, s in tests.items():
-        lo, hi = paper["sacrebleu_equivalent"]
-        where = "inside" if s.low <= lo and hi <= s.high else "outside" if s.high < lo or s.low > hi else "partly in"
+    tests = {k: t for k, v in stats.items() if paper and (t := v.get("test_bleu")) and t.sd is not None}
+    for setting, s in tests.items():  # each with an interval (two seeds or more)
+        (lo, hi), (a, b) = paper["sacrebleu_equivalent"], (s.ci_low, s.ci_high)
+        where = "inside" if a <= lo and hi <= b else "outside" if b < lo or a > hi else "partly in"
         lines += ["", f"The paper's {paper['bleu_en_de']} ({paper['row']}) is about {lo}–{hi} in sacreBLEU 13a: "
                   f"{where} {setting}'s 95% CI of test BLEU over seeds."]
     return lines

@@ -14,7 +14,7 @@ import re
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -194,8 +194,8 @@ def _publish(root: Path, spec: SweepSpec, markdown: str, parent: tracking.StageR
         parent.log_metrics({f"best_{k}": v for k, v in best["metrics"].items() if k in ("valid_bleu", "test_bleu")})
     for setting, by_metric in seed_stats(spec.keys, records).items():  # the intervals, for MLflow's Compare view
         name = "base" if setting == "(base)" else re.sub(r"[^\w./ -]", "_", setting)  # MLflow's allowed characters
-        parent.log_metrics({f"seeds/{name}/{metric}_{part}": getattr(stat, attr) for metric, stat in by_metric.items()
-                            for part, attr in (("mean", "mean"), ("sd", "sd"), ("ci_low", "low"), ("ci_high", "high"))})
+        parent.log_metrics({f"seeds/{name}/{metric}_{part}": value for metric, stat in by_metric.items()
+                            for part, value in asdict(stat).items() if part != "n"})
     return path
 
 
