@@ -122,6 +122,9 @@ def rendezvous_error_message(exc: Exception) -> str:
                 f"{same}, or raise NMT_RDZV_TIMEOUT_S")
     inner = exc.__cause__ or exc
     cause = (str(inner).strip().splitlines() or [type(inner).__name__])[0][-200:]
+    if "invalid value returned from server" in cause:  # TCPStore's ping got bytes that are no echo of it
+        return (f"rendezvous {s.rdzv_id!r} at {where}: what answered there is not a rendezvous store (another "
+                f"program on that port?); check {same} on every node [{cause}]")
     if isinstance(exc, RendezvousConnectionError):
         return (f"lost the rendezvous store at {where}: the node hosting it stopped or cannot be reached; start "
                 f"every node again (training resumes from the newest checkpoint) [{cause}]")
