@@ -30,7 +30,7 @@ TOPICS: tuple[Topic, ...] = (
           ("Layers N (encoder, decoder)", "d_model", "d_ff", "Attention heads h", "d_k = d_v", "Parameters")),
     Topic("Training length", f"Table 3: big at 300k steps 26.4; {POPEL}",
           ("Training steps", "Steps trained", "Target tokens trained", "Epoch limit")),
-    Topic("Batch size", POPEL, ("Tokens per step", "Target tokens per step")),
+    Topic("Batch size", POPEL, ("Tokens per step", "Target tokens per step", "Source tokens per step")),
     Topic("Learning-rate schedule", POPEL, ("Learning-rate formula", "Warmup steps")),
     Topic("Regularisation", "Table 3 (D): no dropout 24.6, no label smoothing 25.3 dev BLEU",
           ("Residual dropout P_drop", "Attention-weight dropout", "FFN hidden dropout", "Label smoothing ε_ls")),

@@ -16,7 +16,7 @@ from pipeline.core.details import TrainDetails
 if TYPE_CHECKING:
     from pipeline.auditing.inputs import Inputs
 
-#: Measured target tokens per step within this (relative) of the paper's ~25,000 match.
+#: Measured target (and source) tokens per step within this (relative) of the paper's ~25,000 match.
 TOKENS_REL = 0.1
 #: The averaged checkpoints may span at most this share of training (params.yaml's averaging rule).
 AVERAGE_SPAN_MAX = 0.20
@@ -62,8 +62,17 @@ def _tokens_per_step(inp: Inputs, steps: int | None, tokens: int | None) -> Item
                 deviation=f"{mean or 0:,.0f} target tokens per step (paper: ~25,000; within 10% matches)")
 
 
+def _src_tokens_per_step(inp: Inputs) -> Item:
+    mean = inp.details.train.src_tokens_per_step_mean
+    return item("Source tokens per step", paper="~25,000", source="§5.1", run=None if mean is None else f"{mean:,.0f}",
+                ok=None if mean is None else approx(mean, paper_row(inp.params)["tokens_per_step"], TOKENS_REL),
+                deviation=f"{mean or 0:,.0f} source tokens per step (paper: ~25,000; within 10% matches)",
+                note="non-pad source tokens (with EOS) per optimizer step, mean; steps are filled by target tokens "
+                     "(train.tokens_per_step), so the source side follows the data's length ratio")
+
+
 def _volume_items(inp: Inputs) -> list[Item]:
-    """Steps, target tokens and target tokens per step."""
+    """Steps, target tokens, target and source tokens per step."""
     steps = final_step(inp)
     tokens, row = _count(inp, "tokens_seen"), paper_row(inp.params)
     total = f"~{row['target_tokens'] / 1e9:.1f}B"
@@ -74,7 +83,7 @@ def _volume_items(inp: Inputs) -> list[Item]:
                  run=None if tokens is None else f"{tokens:,}",
                  deviation=f"{tokens or 0:,} target tokens trained (paper: {total})",
                  ok=None if tokens is None else approx(tokens, row["target_tokens"], 0.1)),
-            _tokens_per_step(inp, steps, tokens)]
+            _tokens_per_step(inp, steps, tokens), _src_tokens_per_step(inp)]
 
 
 def _batch_shape_items(inp: Inputs) -> list[Item]:
@@ -126,5 +135,5 @@ def _machine_items(inp: Inputs) -> list[Item]:
 
 
 def training_items(inp: Inputs) -> list[Item]:
-    """Steps, tokens, tokens per step (measured), world size, forward passes, time, hardware, GPU-hours."""
+    """Steps, tokens, tokens per step (measured, both sides), world size, forward passes, time, hardware, GPU-hours."""
     return _volume_items(inp) + _batch_shape_items(inp) + _machine_items(inp)

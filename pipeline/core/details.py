@@ -147,9 +147,9 @@ class Machine(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class TrainDetails(StageDetails):
-    """Where training ended and what it measured (pipeline/training/loop.py): target tokens and forward passes
-    per optimizer step (forwards: the busiest rank), ``wall_seconds`` of this invocation, ``train_seconds`` of
-    step time over all (``resumed_from_step`` None: trained from scratch), the last validation's perplexity."""
+    """Where training ended and what it measured (pipeline/training/loop.py): target (and source) tokens and forward
+    passes per optimizer step (forwards: the busiest rank), ``wall_seconds`` of this invocation, ``train_seconds``
+    of step time over all (``resumed_from_step`` None: trained from scratch), the last validation's perplexity."""
 
     STAGE: ClassVar[str] = "train"
     step: int | None = None
@@ -159,6 +159,7 @@ class TrainDetails(StageDetails):
     tokens_per_step_std: float | None = None
     tokens_per_step_min: float | None = None
     tokens_per_step_max: float | None = None
+    src_tokens_per_step_mean: float | None = None
     forwards_per_step_mean: float | None = None
     forwards_per_step_max: int | None = None
     device: str | None = None

@@ -157,12 +157,13 @@ class Batch:
     n_tokens: int  # non-pad target tokens
     index: int = -1  # position of its global batch in the epoch (-1: validation)
     forward: int = 0  # which of this rank's forward passes of that step it is
+    n_src: int = 0  # non-pad source tokens (ids + EOS)
 
     def to(self, device: torch.device) -> Batch:
         """The same batch on ``device`` (non-blocking from pinned memory)."""
         nb = device.type == "cuda"
         return Batch(self.src.to(device, non_blocking=nb), self.tgt_in.to(device, non_blocking=nb),
-                     self.tgt_out.to(device, non_blocking=nb), self.n_tokens, self.index, self.forward)
+                     self.tgt_out.to(device, non_blocking=nb), self.n_tokens, self.index, self.forward, self.n_src)
 
 
 def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, pad_id: int, bos_id: int, eos_id: int,
@@ -181,7 +182,7 @@ def collate(pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, pad_id: int, bos_
     tensors = [torch.from_numpy(a) for a in (src, tgt_in, tgt_out)]
     if pin:
         tensors = [t.pin_memory() for t in tensors]
-    return Batch(*tensors, n_tokens=n_tokens, index=index, forward=forward)
+    return Batch(*tensors, n_tokens=n_tokens, index=index, forward=forward, n_src=sum(len(s) + 1 for s, _ in pairs))
 
 
 def prefetch(fetch, jobs: Iterable[tuple[tuple[int, int], np.ndarray]], *, depth: int = 2,

@@ -50,7 +50,7 @@ def train_step(tr: Trainer, passes: list[batching.Batch], state: TrainState) -> 
         PipelineError: a non-finite loss or gradient norm (the step is not taken), read at once where not on device.
     """
     model, dev, rank, step = tr.model, tr.ctx.device, tr.ctx.rank, state.step + 1
-    sums, tokens, oom = torch.zeros(2, dtype=torch.float64, device=dev), 0, None  # loss_sum, nll_sum
+    sums, tokens, src, oom = torch.zeros(2, dtype=torch.float64, device=dev), 0, 0, None  # loss_sum, nll_sum
     for i, batch in enumerate(passes):  # 1. forward + backward of this rank's share (sums)
         torch.manual_seed(forward_seed(tr.seed, state.epoch, batch.index, rank, batch.forward))
         b = batch.to(dev)
@@ -63,22 +63,23 @@ def train_step(tr: Trainer, passes: list[batching.Batch], state: TrainState) -> 
             oom = f"forward pass {batch.forward}: src {list(b.src.shape)}, tgt {list(b.tgt_in.shape)}"
             break
         sums += torch.stack([loss_sum.detach(), nll_sum.detach()]).double()
-        tokens += b.n_tokens
+        tokens, src = tokens + b.n_tokens, src + b.n_src
         if i + 1 < len(passes):
             tr.hooks.at("mid_accum", step, rank)
     if on_device(tr) and oom is None:  # one process: its sums are the global ones, nothing to agree on
-        return _update(tr, step, sums[0], sums[1], float(tokens), float(len(passes)))
-    stats = torch.cat([sums, torch.tensor([float(tokens), float(oom is not None)], dtype=torch.float64, device=dev)])
+        return _update(tr, step, sums[0], sums[1], float(tokens), float(len(passes)), src)
+    stats = torch.cat([sums, torch.tensor([float(tokens), float(oom is not None), float(src)], dtype=torch.float64,
+                                          device=dev)])
     tr.hooks.at("collective", step, rank)
-    distributed.all_reduce_sum(stats)  # 2. the global loss sums, non-pad target tokens and OOM ranks
-    loss_sum, nll_sum, tokens, oom_ranks = stats.tolist()
+    distributed.all_reduce_sum(stats)  # 2. the global loss sums, non-pad target tokens, OOM ranks, source tokens
+    loss_sum, nll_sum, tokens, oom_ranks, src = stats.tolist()
     forwards = float(distributed.all_reduce_max(torch.tensor([float(len(passes))], dtype=torch.float64,
                                                                 device=dev)))
     if oom_ranks:
         model.zero_grad(set_to_none=True)
         preflight.skip_step(state, oom, rank=rank, device=dev)
         return None
-    stats = _update(tr, step, loss_sum, nll_sum, tokens, forwards)
+    stats = _update(tr, step, loss_sum, nll_sum, tokens, forwards, src)
     settle([(step, stats)])  # 5. finite check, before the next step
     return stats
 
@@ -88,7 +89,8 @@ def on_device(tr: Trainer) -> bool:
     return tr.ctx.world_size == 1 and bool(tr.optim.defaults.get("fused"))
 
 
-def _update(tr: Trainer, step: int, loss_sum: Any, nll_sum: Any, tokens: float, forwards: float) -> dict[str, Any]:
+def _update(tr: Trainer, step: int, loss_sum: Any, nll_sum: Any, tokens: float, forwards: float,
+            src: float) -> dict[str, Any]:
     """Steps 3-7 of :func:`train_step`: gradient sums over ranks / ``tokens``, clipping, the lr, Adam."""
     params = [p for p in tr.model.parameters() if p.requires_grad]
     distributed.all_reduce_grads(params)  # 3. gradient sums over ranks ...
@@ -97,7 +99,8 @@ def _update(tr: Trainer, step: int, loss_sum: Any, nll_sum: Any, tokens: float, 
     norm = torch.nn.utils.get_total_norm(grads)
     if tr.cfg.clip_norm > 0:  # 4. clip (the paper does not)
         torch.nn.utils.clip_grads_with_norm_(params, tr.cfg.clip_norm, norm)
-    stats = {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": tokens, "forwards": forwards, "grad_norm": norm}
+    stats = {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": tokens, "forwards": forwards, "grad_norm": norm,
+             "src_tokens": src}
     if on_device(tr):
         stats["nonfinite"] = ~(torch.isfinite(loss_sum) & torch.isfinite(norm))
         tr.optim.found_inf = stats["nonfinite"].float()  # fused Adam leaves params, moments and step count alone
@@ -193,7 +196,7 @@ def fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> bool:
                 state.advance(len(tr.plan))
                 if stats is not None:  # None: skipped for lack of memory
                     state.oom_streak = 0
-                    state.count(int(stats["tokens"]), int(stats["forwards"]))
+                    state.count(int(stats["tokens"]), int(stats["forwards"]), int(stats["src_tokens"]))
                     unread.append((state.step, stats))
                     if not on_device(tr) or logs.quiet() or any(state.step % n == 0 for n in every):
                         _read(unread, logs)  # waits for the device: counted in this step's time

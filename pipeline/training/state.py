@@ -18,6 +18,7 @@ class TrainState:
     tokens_sq: float = 0.0  # sum of squared tokens per step (for the spread of the batch size)
     tokens_min: int = 0  # smallest and largest step, in non-pad target tokens
     tokens_max: int = 0
+    src_tokens_seen: int | None = 0  # non-pad source tokens (None: resumed from a checkpoint that did not count them)
     forwards: int = 0  # forward passes so far on the busiest rank of each step (summed over steps)
     forwards_max: int = 0
     train_seconds: float = 0.0
@@ -35,24 +36,27 @@ class TrainState:
         if self.position >= epoch_len:  # the epoch's last step (its generator is exhausted)
             self.epoch, self.position = self.epoch + 1, 0
 
-    def count(self, tokens: int, forwards: int) -> None:
-        """Add a taken step of ``tokens`` non-pad target tokens and ``forwards`` passes (busiest rank)."""
+    def count(self, tokens: int, forwards: int, src_tokens: int) -> None:
+        """Add a taken step of ``tokens`` non-pad target (``src_tokens`` source) tokens and ``forwards`` passes."""
         first = self.step == 0
         self.step += 1
         self.tokens_seen += tokens
+        self.src_tokens_seen = None if self.src_tokens_seen is None else self.src_tokens_seen + src_tokens
         self.tokens_sq += float(tokens) ** 2
         self.tokens_min = tokens if first else min(self.tokens_min, tokens)
         self.tokens_max = max(self.tokens_max, tokens)
         self.forwards += forwards
         self.forwards_max = max(self.forwards_max, forwards)
 
-    def batch_stats(self) -> dict[str, float]:
-        """Measured size of the optimizer steps so far: target tokens (mean, std, min, max), forward passes."""
+    def batch_stats(self) -> dict[str, float | None]:
+        """Measured size of the optimizer steps so far: target tokens (mean, std, min, max), source tokens (mean),
+        forward passes."""
         n = max(self.step, 1)
         mean = self.tokens_seen / n
         return {"tokens_per_step_mean": mean, "tokens_per_step_std": max(self.tokens_sq / n - mean * mean, 0.0) ** 0.5,
                 "tokens_per_step_min": self.tokens_min, "tokens_per_step_max": self.tokens_max,
-                "forwards_per_step_mean": self.forwards / n, "forwards_per_step_max": self.forwards_max}
+                "forwards_per_step_mean": self.forwards / n, "forwards_per_step_max": self.forwards_max,
+                "src_tokens_per_step_mean": None if self.src_tokens_seen is None else self.src_tokens_seen / n}
 
     def to_json(self, *, world_size: int, config: dict[str, Any], shards_sha256: str,
                 mlflow_run_id: str | None) -> dict[str, Any]:
@@ -64,4 +68,5 @@ class TrainState:
     @classmethod
     def from_json(cls, state: dict[str, Any]) -> TrainState:
         """Inverse of :meth:`to_json` (the position part)."""
-        return cls(**{f.name: state[f.name] for f in fields(cls) if f.name in state and f.name != "oom_streak"})
+        saved = {f.name: state[f.name] for f in fields(cls) if f.name in state and f.name != "oom_streak"}
+        return cls(**({"src_tokens_seen": None} if state.get("step") else {}) | saved)  # None: not counted before

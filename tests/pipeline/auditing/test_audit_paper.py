@@ -69,6 +69,19 @@ def test_measured_tokens_per_step_deviate_even_when_the_params_say_25000() -> No
         items["Target tokens per step"]["note"]
 
 
+def test_measured_source_tokens_per_step_are_judged_beside_the_target_ones() -> None:
+    """§5.1: ~25,000 source and ~25,000 target tokens a step; the steps are filled by target tokens only."""
+    _, items = _audit({"train": _train(tokens_per_step_mean=24_900.0, src_tokens_per_step_mean=21_000.0)})
+    measured = items["Source tokens per step"]
+    assert (measured["verdict"], measured["run"], measured["paper"]) == ("deviates", "21,000", "~25,000")
+    assert measured["deviation"] == "21,000 source tokens per step (paper: ~25,000; within 10% matches)"
+    assert items["Target tokens per step"]["verdict"] == "matches" and "length ratio" in measured["note"]
+    _, items = _audit({"train": _train(src_tokens_per_step_mean=23_700.0)})
+    assert items["Source tokens per step"]["verdict"] == "matches"
+    _, items = _audit({"train": _train()})  # not recorded (a run before the count, or resumed from one)
+    assert items["Source tokens per step"]["verdict"] == "not measured"
+
+
 def test_world_size_and_forward_passes_are_informational() -> None:
     _, items = _audit({"train": _train(world_size=1, tokens_per_step_mean=25_100.0, forwards_per_step_mean=3.5,
                                        forwards_per_step_max=4, device="cuda", device_name="NVIDIA H100")})

@@ -129,6 +129,7 @@ def test_collate_follows_the_sequence_conventions():
     assert b.tgt_in.tolist() == [[2, 9, 0, 0], [2, 6, 6, 6]]
     assert b.tgt_out.tolist() == [[9, 3, 0, 0], [6, 6, 6, 3]]
     assert b.n_tokens == 6 == int((b.tgt_out != 0).sum()) and b.index == 4 and b.src.dtype == torch.int64
+    assert b.n_src == 5 == int((b.src != 0).sum()) and b.to(torch.device("cpu")).n_src == 5
 
 
 def test_prefetch_yields_in_order_and_reraises_errors():

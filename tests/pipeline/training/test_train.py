@@ -19,6 +19,7 @@ import torch
 from pipeline.artifacts import checkpoint
 from pipeline.core import stages
 from pipeline.core.errors import CheckpointError, ConfigError, PipelineError
+from pipeline.data.shards import ShardSet
 from tests.helpers.faultutil import tensors
 from tests.helpers.paths import REPO
 from tests.helpers.train import make_workspace, run_inprocess, run_torchrun, tiny_params
@@ -238,6 +239,10 @@ def test_an_epoch_limit_ends_the_run(workspace, tmp_path, caplog):
     assert _stop_lines(caplog) == [f"training stopped: reached train.max_epochs=1 at step {steps}"]
     assert metrics["step"] == steps and metrics["epoch"] == 1 and 4 <= steps <= 8
     assert checkpoint.latest(tmp_path / "runs").name == f"step-{steps:08d}"
+    state = json.loads((checkpoint.latest(tmp_path / "runs") / "state.json").read_text(encoding="utf-8"))
+    _, src_len, tgt_len = ShardSet(workspace["shards"], "train").lengths()  # one epoch: every pair once
+    assert (state["src_tokens_seen"], state["tokens_seen"]) == (int((src_len + 1).sum()), int((tgt_len + 1).sum()))
+    assert metrics["src_tokens_per_step_mean"] == state["src_tokens_seen"] / steps
 
 
 def test_max_minutes_pauses_keeps_checkpoints_and_the_rerun_resumes(workspace, tmp_path, caplog):
