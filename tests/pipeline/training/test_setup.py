@@ -31,3 +31,19 @@ def test_same_config_with_other_stopping_rules_is_resumable(tmp_path):
     other = copy.deepcopy(CONFIG)
     other["train"]["max_steps"] = 50
     check_resumable(tmp_path / "step-00000001", STATE, config=other, shards_sha256="abc")
+
+
+def test_a_state_saved_before_source_tokens_were_counted_reports_no_source_mean_rather_than_a_partial_one():
+    from dataclasses import asdict
+
+    from pipeline.training.state import TrainState
+
+    fresh = TrainState()
+    for tgt, src in ((100, 90), (50, 64)):
+        fresh.count(tgt, 1, src)
+    assert fresh.batch_stats()["src_tokens_per_step_mean"] == 77.0 and fresh.batch_stats()["tokens_per_step_mean"] == 75
+    assert TrainState.from_json(asdict(fresh)).src_tokens_seen == 154  # resumed: the count goes on
+    old = TrainState.from_json({k: v for k, v in asdict(fresh).items() if k != "src_tokens_seen"})
+    old.count(100, 1, 90)
+    assert old.src_tokens_seen is None and old.batch_stats()["src_tokens_per_step_mean"] is None
+    assert TrainState.from_json({}).src_tokens_seen == 0  # a run from scratch counts from 0
