@@ -113,6 +113,28 @@ def model_items(inp: Inputs) -> list[Item]:
     return [params, tied, pos]
 
 
+def minor_items() -> list[Item]:
+    """What model/ fixes that the paper does not state and tensor2tensor sets otherwise, read from a one-layer model
+    and the loss of this code (informational, listed last: each moves BLEU far less than the settings above)."""
+    import torch
+
+    from model import Transformer, TransformerConfig, label_smoothed_nll_loss
+
+    net = Transformer(TransformerConfig(vocab_size=8, d_model=8, n_heads=1, d_ff=8, n_layers=1, max_positions=8))
+    eps = next(m.eps for m in net.modules() if isinstance(m, torch.nn.LayerNorm))
+    biases = any(m.bias is not None for n, m in net.named_modules() if n.endswith("_proj"))
+    logp = torch.log_softmax(torch.arange(8.0).view(1, 8), -1)  # where ε/V and ε/(V-1) give other losses
+    loss, _ = label_smoothed_nll_loss(logp, torch.tensor([7]), epsilon=0.1, ignore_index=-1)
+    per_class = bool(torch.isclose(loss, 0.9 * -logp[0, 7] + 0.1 * -logp.mean()))
+    t2t, info = "tensor2tensor (paper silent)", {"ok": None, "kind": "reference", "verdict": "informational"}
+    return [item("Label smoothing spread", paper="ε/(V-1) to each non-target class", source=t2t, **info,
+                 run="ε/V to every class, the target included" if per_class else "not ε/V to every class",
+                 note="model/loss.py; fairseq spreads ε/(V-1) as tensor2tensor does"),
+            item("LayerNorm ε", paper="1e-6", source=t2t, run=f"{eps:g}", note="torch.nn.LayerNorm's default", **info),
+            item("Attention projection biases", paper="none (q, k, v and output)", source=t2t, **info,
+                 run="q, k, v and output" if biases else "none", note="model/layers.py; fairseq keeps them")]
+
+
 def data_items(inp: Inputs) -> list[Item]:
     """Training pairs downloaded and the BPE vocabulary built."""
     download, clean = inp.details.download, inp.details.clean

@@ -8,8 +8,8 @@ from typing import Any, TypedDict
 from pipeline.auditing.dev_items import dev_items
 from pipeline.auditing.inputs import FORMAT, Inputs
 from pipeline.auditing.items import Item, fmt, neutral
-from pipeline.auditing.paper import (BLEU_GAP, bleu_figures, bleu_items, data_items, lineage_items, model_items,
-                                     paper_row)
+from pipeline.auditing.paper import (BLEU_GAP, bleu_figures, bleu_items, data_items, lineage_items, minor_items,
+                                     model_items, paper_row)
 from pipeline.auditing.ranking import TopicLine, deviation_topics
 from pipeline.auditing.replay import Replay
 from pipeline.auditing.run_items import training_items
@@ -97,7 +97,7 @@ def build_audit(inp: Inputs) -> Audit:
     """The whole audit as one JSON-able mapping (the markdown is rendered from it)."""
     row = paper_row(inp.params)
     settings = paper_settings(row["size"])
-    config = [setting.check(inp.flat) for setting in settings]
+    config = [setting.check(inp.flat) for setting in settings] + minor_items()  # code, not params: last
     measured = (model_items(inp) + training_items(inp) + dev_items(inp) + data_items(inp) + bleu_items(inp)
                 + lineage_items(inp))  # each "not measured" while its input is missing
     items, topics = config + measured + inp.replay.get("items", []), deviation_topics(config, measured)

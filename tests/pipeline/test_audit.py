@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from pipeline import audit
+from pipeline.auditing.paper import minor_items
 from pipeline.auditing.settings import PAPER_SETTINGS
 from pipeline.core import stages
 from pipeline.core.config import Params, flatten, params_from_dict
@@ -221,10 +222,11 @@ def test_every_key_a_profile_changes_is_named_even_before_anything_ran(tmp_path:
 def test_paper_profile_has_no_configuration_deviation(tmp_path: Path) -> None:
     _, params, _ = profile_params("paper", tmp_path)
     report = _audit(tmp_path, params)
-    assert [i["item"] for i in report["configuration"] if i["verdict"] != "matches"] == []
+    assert [i["item"] for i in report["configuration"] if i["verdict"] not in ("matches", "informational")] == []
     assert report["deviations"] == [] and [d for d in report["profile_differences"]] == \
         [d for d in report["profile_differences"] if d["key"].startswith("paths.")]
-    assert {s.name for s in PAPER_SETTINGS} == {i["item"] for i in report["configuration"]}
+    assert {s.name for s in PAPER_SETTINGS} | {i["item"] for i in minor_items()} == \
+        {i["item"] for i in report["configuration"]}
     assert report["warnings"] == [] and report["summary"]["warnings"] == 0
     md = (tmp_path / "data" / "reports" / "audit.md").read_text()
     assert "## Deviations\n\nNone." in md and "## Warnings\n\nNone." in md

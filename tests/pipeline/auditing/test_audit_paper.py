@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 from pipeline.auditing.items import neutral
@@ -80,6 +81,27 @@ def test_measured_source_tokens_per_step_are_judged_beside_the_target_ones() -> 
     assert items["Source tokens per step"]["verdict"] == "matches"
     _, items = _audit({"train": _train()})  # not recorded (a run before the count, or resumed from one)
     assert items["Source tokens per step"]["verdict"] == "not measured"
+
+
+def test_the_minor_settings_tensor2tensor_sets_otherwise_come_last_read_from_the_code(monkeypatch) -> None:
+    report, items = _audit({})
+    assert [i["item"] for i in report["configuration"][-3:]] == [
+        "Label smoothing spread", "LayerNorm ε", "Attention projection biases"]
+    assert all(items[name]["verdict"] == "informational" and items[name]["kind"] == "reference"
+               for name in ("Label smoothing spread", "LayerNorm ε", "Attention projection biases"))
+    assert items["Label smoothing spread"]["run"] == "ε/V to every class, the target included"
+    assert items["LayerNorm ε"]["run"] == "1e-05" and items["LayerNorm ε"]["paper"] == "1e-6"
+    assert items["Attention projection biases"]["run"] == "q, k, v and output"
+
+    def spread_to_the_others(logits, target, epsilon, ignore_index):  # fairseq's and tensor2tensor's spread
+        logp = torch.log_softmax(logits, -1)
+        nll = -logp.gather(-1, target[:, None]).sum()
+        others = (-logp.sum(-1)).sum() - nll
+        return (1 - epsilon) * nll + epsilon / (logits.shape[-1] - 1) * others, nll
+
+    monkeypatch.setattr("model.label_smoothed_nll_loss", spread_to_the_others, raising=False)
+    _, items = _audit({})
+    assert items["Label smoothing spread"]["run"] == "not ε/V to every class"
 
 
 def test_world_size_and_forward_passes_are_informational() -> None:
