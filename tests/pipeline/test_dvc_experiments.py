@@ -11,6 +11,7 @@ changes the scores.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,11 @@ def test_two_runs_appear_in_metrics_diff_params_diff_and_exp_show(tiny_built: Pa
                                                              params_diff["evaluate.max_len_b"]["new"]) == (2, 6)
 
     rows = _exp_rows(json.loads(_dvc(repo, "exp", "show", "--json")))
+    wide = {**os.environ, "COLUMNS": "400"}  # the table's own width, not the terminal's
+    table = subprocess.run(["dvc", "exp", "show", "--only-changed", "--drop", ".*/.*"], cwd=repo, env=wide, timeout=300,
+                           capture_output=True, text=True, check=True).stdout.rstrip().splitlines()  # the README's
+    assert "evaluate.max_len_b" in table[1] and "longer" in "".join(table), "\n".join(table)
+    assert max(len(line.rstrip()) for line in table) <= 120, "\n".join(table)
     branch = git(repo, "branch", "--show-current")
     assert {"workspace", branch, "longer"} <= set(rows)
     for row, expected, max_len_b in ((branch, first, 2), ("longer", second, 6)):
