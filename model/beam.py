@@ -112,8 +112,7 @@ def _rebuild(h: _History, n_sent: int) -> list[list[Hypothesis]]:
     result: list[list[Hypothesis]] = [[] for _ in range(n_sent)]
     prev, order = (-1, -1), 0
     rows = tokens[perm].tolist()
-    for r, i, s, n, sc in zip(rows, b[perm].tolist(), step[perm].tolist(), length[perm].tolist(),
-                              score[perm].tolist()):
+    for r, i, s, n, sc in zip(rows, b[perm].tolist(), step[perm].tolist(), length[perm].tolist(), score[perm].tolist()):
         order = order + 1 if (i, s) == prev else 0
         prev = (i, s)
         result[i].append(Hypothesis(r[:n], float(sc), s + 1, order))

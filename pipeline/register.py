@@ -93,8 +93,7 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
                    "paired_bootstrap_skipped": not_compared,
                    "datasets": [{k: d[k] for k in ("name", "digest", "context")} for d in datasets]})
         registration.log_decision(run, record, chosen, bootstrap, holder)
-    log.info("registered %s version %s (%s); alias %s %s", name, version, decision, ALIAS,
-             "moved" if moved else "kept")
+    log.info("registered %s version %s (%s); alias %s %s", name, version, decision, ALIAS, "moved" if moved else "kept")
     return record
 
 

@@ -10,8 +10,7 @@ RUN_RECORDS = ("dvc.lock", "metrics", "plots")
 
 def _git(root: str | Path, *args: str) -> str | None:
     try:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True,
-                              timeout=30).stdout
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return None
 

@@ -177,7 +177,6 @@ def stage_main(name: str, body: Callable[[Params, argparse.Namespace], dict[str,
     """``python -m pipeline.<name>``: :func:`run_cli` around :func:`run_stage` of ``body(params, args)``."""
     def run(params: Params, args: argparse.Namespace) -> None:
         root = Path(getattr(args, "root", "."))
-        run_stage(name, lambda: body(params, args), params=params, metrics_dir=root / params.paths.metrics,
-                  root=root)
+        run_stage(name, lambda: body(params, args), params=params, metrics_dir=root / params.paths.metrics, root=root)
 
     return run_cli(name, run, argv, parser or stage_parser(stages.get(name).summary))

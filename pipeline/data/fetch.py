@@ -104,8 +104,7 @@ def _content_range(value: str | None) -> tuple[int | None, int | None]:
     return int(first) if first else None, int(total) if total and total != "*" else None
 
 
-def _open(session: requests.Session, url: str, part: Path, timeout: float) -> tuple[requests.Response, int,
-                                                                                       int | None]:
+def _open(session: requests.Session, url: str, part: Path, timeout: float) -> tuple[requests.Response, int, int | None]:
     """Send the (range) request; return the response, the offset to write at (-1: complete) and the total size."""
     have = part.stat().st_size if part.exists() else 0
     headers = {"Accept-Encoding": "identity", **({"Range": f"bytes={have}-"} if have else {})}

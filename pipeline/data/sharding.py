@@ -39,8 +39,7 @@ def token_type(vocab_size: int) -> pa.DataType:
 def shard_schema(vocab_size: int) -> pa.Schema:
     """``id`` (the line in the clean file), ``src``/``tgt`` token lists without BOS/EOS, and their lengths."""
     tok = pa.list_(token_type(vocab_size))
-    return pa.schema([("id", pa.int64()), ("src", tok), ("tgt", tok), ("src_len", pa.int32()),
-                      ("tgt_len", pa.int32())])
+    return pa.schema([("id", pa.int64()), ("src", tok), ("tgt", tok), ("src_len", pa.int32()), ("tgt_len", pa.int32())])
 
 
 @dataclass(frozen=True)

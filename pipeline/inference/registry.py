@@ -138,8 +138,7 @@ def tag_model_version(model_name: str, version: str, tags: dict[str, str | float
         client.set_model_version_tag(model_name, str(version), key, str(value))
 
 
-def download_run_artifact(run_id: str, artifact_path: str, dst_dir: str | Path,
-                          root: str | Path = ".") -> Path | None:
+def download_run_artifact(run_id: str, artifact_path: str, dst_dir: str | Path, root: str | Path = ".") -> Path | None:
     """Fetch one artifact of a run into ``dst_dir``; None when it is absent."""
     import mlflow
     from mlflow.exceptions import MlflowException

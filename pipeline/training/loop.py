@@ -68,13 +68,11 @@ def train_step(tr: Trainer, passes: list[batching.Batch], state: TrainState) -> 
             tr.hooks.at("mid_accum", step, rank)
     if on_device(tr) and oom is None:  # one process: its sums are the global ones, nothing to agree on
         return _update(tr, step, sums[0], sums[1], float(tokens), float(len(passes)), src)
-    stats = torch.cat([sums, torch.tensor([float(tokens), float(oom is not None), float(src)], dtype=torch.float64,
-                                          device=dev)])
+    stats = torch.cat([sums, torch.tensor([tokens, oom is not None, src], dtype=torch.float64, device=dev)])
     tr.hooks.at("collective", step, rank)
     distributed.all_reduce_sum(stats)  # 2. the global loss sums, non-pad target tokens, OOM ranks, source tokens
     loss_sum, nll_sum, tokens, oom_ranks, src = stats.tolist()
-    forwards = float(distributed.all_reduce_max(torch.tensor([float(len(passes))], dtype=torch.float64,
-                                                                device=dev)))
+    forwards = float(distributed.all_reduce_max(torch.tensor([float(len(passes))], dtype=torch.float64, device=dev)))
     if oom_ranks:
         model.zero_grad(set_to_none=True)
         preflight.skip_step(state, oom, rank=rank, device=dev)
@@ -150,8 +148,7 @@ def validate(tr: Trainer) -> dict[str, float]:
         b = batching.collate(tr.valid.fetch(ids), pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id).to(dev)
         with autocast(dev):
             loss_sum, nll_sum = tr.loss(model, b.src, b.tgt_in, b.tgt_out, tr.cfg.label_smoothing)
-        stats += torch.tensor([float(loss_sum), float(nll_sum), float(b.n_tokens)], dtype=torch.float64,
-                              device=dev)
+        stats += torch.tensor([float(loss_sum), float(nll_sum), float(b.n_tokens)], dtype=torch.float64, device=dev)
     model.train()
     loss_sum, nll_sum, tokens = distributed.all_reduce_sum(stats).tolist()
     tokens = max(tokens, 1.0)
