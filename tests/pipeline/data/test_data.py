@@ -169,3 +169,13 @@ def test_columns_of_another_type_are_named_with_the_shard(shards_copy: Path) -> 
         with pytest.raises(DataError, match=rf"^{part}: column 'id' is string, not what the encode stage writes; "
                                             r"rerun `dvc repro encode`$"):
             read()
+
+
+def test_a_shard_without_a_column_is_named_with_the_shard(shards_copy: Path) -> None:
+    data = ShardSet(shards_copy, "valid")
+    part = shards_copy / data.manifest["splits"]["valid"]["shards"][0]["path"]
+    pq.write_table(pq.read_table(part).drop_columns(["tgt_len"]), part)
+    for read in (data.lengths, lambda: data.fetch([0])):
+        with pytest.raises(DataError, match=rf"^{part}: no column 'tgt_len', which the encode stage writes; "
+                                            r"rerun `dvc repro encode`$"):
+            read()
