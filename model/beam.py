@@ -19,8 +19,6 @@ The model needs ``cfg`` and the decoding methods of :class:`~model.transformer.T
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor, nn
 
@@ -43,36 +41,16 @@ def _first_k(mask: Tensor, values: list[Tensor], k: int, fill: list[float | int]
     return ok, out
 
 
-@dataclass
-class _History:
-    """Per-step device tensors of the sentences still searching (``sent``), moved to the host once at the end."""
+#: Per step, the device tensors of the sentences still searching: (``sent``, the :class:`Step`, ``fin_live``),
+#: moved to the host once at the end.
+History = list[tuple[Tensor, Step, Tensor]]
 
-    sent: list[Tensor]
-    live_org: list[Tensor]
-    live_tok: list[Tensor]
-    live_pos: list[Tensor]
-    fin_live: list[Tensor]
-    live_score: list[Tensor]
-    fin_eos: list[Tensor]
-    eos_org: list[Tensor]
-    eos_score: list[Tensor]
 
-    def append(self, sent: Tensor, st: Step, fin_live: Tensor) -> None:
-        """Record one step (device tensors; no host sync)."""
-        self.sent.append(sent)
-        self.live_org.append(st.live_org)
-        self.live_tok.append(st.live_tok)
-        self.live_pos.append(st.live_pos)
-        self.fin_live.append(fin_live)
-        self.live_score.append(st.live_score)
-        self.fin_eos.append(st.eos_fin)
-        self.eos_org.append(st.eos_org)
-        self.eos_score.append(st.eos_score)
-
-    def stacked(self, name: str, n_sent: int) -> Tensor:
-        """Field ``name`` as one [steps, n_sent, k] tensor over all sentences (zeros where a sentence had left)."""
-        return torch.stack([x.new_zeros((n_sent,) + x.shape[1:]).index_copy_(0, sent, x)
-                            for sent, x in zip(self.sent, getattr(self, name))])
+def _stacked(hist: History, name: str, n_sent: int) -> Tensor:
+    """Field ``name`` of the steps (``fin_live`` or one of :class:`Step`) as one [steps, n_sent, k] tensor over all
+    sentences (zeros where a sentence had left)."""
+    rows = [(sent, fin_live if name == "fin_live" else getattr(st, name)) for sent, st, fin_live in hist]
+    return torch.stack([x.new_zeros((n_sent,) + x.shape[1:]).index_copy_(0, sent, x) for sent, x in rows])
 
 
 def _backtrack(org: Tensor, tok: Tensor, sent: Tensor, slot: Tensor, length: Tensor) -> Tensor:
@@ -87,17 +65,17 @@ def _backtrack(org: Tensor, tok: Tensor, sent: Tensor, slot: Tensor, length: Ten
     return out
 
 
-def _rebuild(h: _History, n_sent: int) -> list[list[Hypothesis]]:
+def _rebuild(hist: History, n_sent: int) -> list[list[Hypothesis]]:
     """Every finished hypothesis from the history, backtracked for all sentences at once on the host."""
-    if not h.sent:
+    if not hist:
         return [[] for _ in range(n_sent)]
 
     def host(name: str) -> Tensor:
-        return h.stacked(name, n_sent).cpu()
+        return _stacked(hist, name, n_sent).cpu()
 
     org, tok = host("live_org"), host("live_tok")
     parts = []
-    for flags, start, pos, score, extra in (("fin_eos", "eos_org", None, "eos_score", 0),
+    for flags, start, pos, score, extra in (("eos_fin", "eos_org", None, "eos_score", 0),
                                             ("fin_live", None, "live_pos", "live_score", 1)):
         step, b, j = host(flags).nonzero(as_tuple=True)
         slot = j if start is None else host(start)[step, b, j]
@@ -227,14 +205,14 @@ def beam_search_finished(
     live_ok = torch.ones(len(sent), 1, dtype=torch.bool, device=dev)
     banned = torch.tensor(sorted({cfg.pad_id, cfg.bos_id}), device=dev)
     scores = None
-    hist = _History([], [], [], [], [], [], [], [], [])
+    hist: History = []
     for n in range(1, max(max_lens) + 1):
         logits, state = model.decode_step(last, state)
         lprobs = _log_softmax_(wide(logits)).view(len(sent), live_ok.shape[1], -1)  # fp32 stays fp32
         scores = lprobs.new_zeros(len(sent), 1) if scores is None else scores
         st = _extend(scores, lprobs, live_ok, banned, k, cfg.eos_id, cfg.pad_id, stop.eos_width)
         fin_live, done = stop.step(st, n, max_len_t.eq(n))
-        hist.append(sent, st, fin_live)
+        hist.append((sent, st, fin_live))
         keep = (~done).nonzero().view(-1)  # the one host sync per step: who goes on
         if keep.numel() == 0:
             break
