@@ -15,6 +15,8 @@ DERIVED = "derived"
 #: The widest beam any search here runs. The paper decodes with 4; a search keeps sentences x beam x vocabulary
 #: scores per step, so an unbounded beam lets one request take all of a machine's memory.
 MAX_BEAM_SIZE = 64
+#: The beams a search accepts, as its errors word them.
+BEAM_RANGE = f"an integer from 1 to {MAX_BEAM_SIZE} (the widest beam this project searches)"
 
 #: The beam search rules (``model/beam_rules.py``): fairseq's and tensor2tensor's.
 BEAM_RULES = ("fairseq", "t2t")
@@ -27,7 +29,7 @@ MAX_WEIGHTS = 2**32
 def beam_size_problem(beam_size: object, vocab_size: int = 0) -> str | None:
     """Why a search cannot keep ``beam_size`` hypotheses over ``vocab_size`` pieces (0 = not known), or None."""
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or not 1 <= beam_size <= MAX_BEAM_SIZE:
-        return f"must be an integer from 1 to {MAX_BEAM_SIZE} (the widest beam this project searches)"
+        return f"must be {BEAM_RANGE}"
     if vocab_size > 0 and beam_size > vocab_size:
         return (f"must be at most the vocabulary size ({vocab_size} pieces): a beam holds one hypothesis "
                 "per distinct token")

@@ -11,7 +11,7 @@ import sys
 from pipeline.core import env, stages, tracking
 from pipeline.core.errors import PipelineError
 from pipeline.project.options import OneLineParser
-from pipeline.core.stage import setup_logging
+from pipeline.core.stage import arg_type, setup_logging
 from pipeline.project import run_options
 
 log = logging.getLogger("nmt")
@@ -43,11 +43,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 def _exec_flow(cmd: list[str]) -> int:
     """Become the flow ``python -m <cmd>`` (``exec``), so Ctrl-C, SIGTERM and SIGKILL reach it, which stops its
     stage (flows/lifeline.py); a parent process would have to forward each signal."""
-    log.info("-m %s", " ".join(cmd))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", *cmd])
-    return 0  # pragma: no cover - execv does not return
+    return _exec([sys.executable, "-m", *cmd], shown=f"-m {' '.join(cmd)}")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -67,11 +63,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return _exec_flow(["flows.sweep", args.spec])
 
 
-def _port(text: str) -> int:
-    """An argparse ``type``: a TCP port from 1 to 65535."""
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text:.20}: must be a port from 1 to 65535")
-    return int(text)
+_port = arg_type(lambda text: int(text) if text.isdigit() else 0, lambda port: 1 <= port <= 65535,
+                 "a port from 1 to 65535", width=20)
 
 
 def _mlflow_parsers(sub: argparse._SubParsersAction) -> None:
@@ -91,8 +84,8 @@ def _mlflow_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_serve)
 
 
-def _exec_mlflow(argv: list[str]) -> int:
-    log.info("%s", " ".join(argv))
+def _exec(argv: list[str], shown: str | None = None) -> int:
+    log.info("%s", shown or " ".join(argv))
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(argv[0], argv, os.environ)  # PATH starts with this environment's bin/ (nmt's main)
@@ -100,8 +93,8 @@ def _exec_mlflow(argv: list[str]) -> int:
 
 
 def _ui(args: argparse.Namespace) -> int:
-    return _exec_mlflow(["mlflow", "ui", "--backend-store-uri", tracking.tracking_uri("."), "--host", args.host,
-                         "--port", str(args.port)])
+    return _exec(["mlflow", "ui", "--backend-store-uri", tracking.tracking_uri("."), "--host", args.host,
+                  "--port", str(args.port)])
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -117,8 +110,8 @@ def _serve(args: argparse.Namespace) -> int:
     if registry.alias_holder(name, args.alias) is None:
         raise PipelineError(f"nmt serve: no version of registered model {name!r} holds alias {args.alias!r} in "
                             f"{uri}; the register stage registers profile {profile}'s model (make demo: demo)")
-    return _exec_mlflow(["mlflow", "models", "serve", "-m", f"models:/{name}@{args.alias}", "--env-manager",
-                         "local", "-h", args.host, "-p", str(args.port)])
+    return _exec(["mlflow", "models", "serve", "-m", f"models:/{name}@{args.alias}", "--env-manager",
+                  "local", "-h", args.host, "-p", str(args.port)])
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,9 +14,8 @@ from pipeline.artifacts import checkpoint, model_file
 from pipeline.auditing.replay import Replay, replay
 from pipeline.core import env, gitstate
 from pipeline.core.config import Params, flatten, section_dict
-from pipeline.core.details import RunDetails
+from pipeline.core.details import RunDetails, read_json
 from pipeline.core.errors import ConfigError, DataError, PipelineError
-from pipeline.core.stage import read_json
 from pipeline.core.textio import sha256_file
 from pipeline.core.yamlfile import load_yaml
 
@@ -133,5 +132,3 @@ def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Pat
         git=git_state(root), environment=environment(details),
         replay=replay(params=params, bleu=details.evaluate if "evaluate" in details.written else None,
                       lock=lock, root=root, previous=previous_replay(previous_audit)))
-
-

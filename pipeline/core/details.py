@@ -9,7 +9,7 @@ import types
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 from pipeline.core import stages
 from pipeline.core.errors import DataError, PipelineError
@@ -59,13 +59,7 @@ class StageDetails(Record):
             PipelineError: not valid JSON; DataError: not an object or a field of the wrong type (names the file).
         """
         path = stages.details_file(metrics_dir, stage or cls.STAGE)
-        if not path.is_file():
-            return None
-        try:
-            return cls.from_json(json.loads(path.read_text(encoding="utf-8")), str(path))
-        except json.JSONDecodeError as exc:
-            raise PipelineError(f"{path}: not valid JSON ({exc}); delete it and rerun the stage that writes it"
-                                ) from None
+        return cls.from_json(read_json(path), str(path)) if path.is_file() else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -280,6 +274,17 @@ class RunDetails:
 _RUN_STAGES = tuple(f.name for f in fields(RunDetails) if f.name != "written")
 
 
+def read_json(path: str | Path) -> Any:
+    """Read a JSON file, naming it in the error if it is missing or malformed."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: not found; run the upstream stage first (dvc repro)") from None
+    except json.JSONDecodeError as exc:
+        raise PipelineError(f"{path}: not valid JSON ({exc}); delete it and rerun the stage that writes it") from None
+
+
 @functools.cache
 def _hints(cls: type[Record]) -> dict[str, object]:
     """The record's field types (``extra`` and class variables left out)."""
@@ -313,4 +318,3 @@ def _check(value: object, hint: object, where: str, key: str) -> object:
 def _fail(where: str, key: str, expected: str, got: str) -> typing.NoReturn:
     raise DataError(f"{where}: {key + ': ' if key else ''}expected {expected}, got {got}; "
                     "rerun the stage that writes it")
-

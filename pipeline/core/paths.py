@@ -95,11 +95,9 @@ def _paths_of(data: Any) -> dict[str, str]:  # noqa: ANN401 - a parsed YAML file
     return {str(k): v for k, v in paths.items() if isinstance(v, str)} if isinstance(paths, dict) else {}
 
 
-def output_problem(output: str | Path, *, inputs: Iterable[str | Path] = (),
-                   root: str | Path | None = None) -> str | None:
+def output_problem(output: str | Path, *, inputs: Iterable[str | Path] = ()) -> str | None:
     """Why a command may not replace ``output`` (the checkout, the current folder, ``.git``, or holding ``inputs``)."""
-    target = Path(os.path.abspath(output))
-    root = Path(os.path.abspath(root)) if root is not None else CHECKOUT
+    target, root = Path(os.path.abspath(output)), CHECKOUT
     if target == Path(os.path.abspath(os.curdir)):
         return f"{output} is the current folder"
     if target == root or root.is_relative_to(target):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import logging
@@ -46,13 +47,12 @@ class RedactingFormatter(logging.Formatter):
         return redact(super().format(record))
 
 
-def setup_logging(level: str | None = None) -> None:
+def setup_logging() -> None:
     """Log to stderr with timestamps, credentials redacted, at ``NMT_LOG_LEVEL`` (INFO if malformed)."""
-    if not level:
-        try:
-            level = env.settings().log_level
-        except ConfigError:
-            level = "INFO"
+    try:
+        level = env.settings().log_level
+    except ConfigError:
+        level = "INFO"
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"))
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
@@ -63,6 +63,17 @@ def stage_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     return parser
+
+
+def arg_type(convert: Callable[[str], Any], ok: Callable[[Any], bool], must: str,
+             width: int = 40) -> Callable[[str], Any]:
+    """An argparse ``type``: ``convert(text)`` if ``ok`` takes it, else ``<text>: must be <must>``."""
+    def parse(text: str) -> Any:
+        with contextlib.suppress(ValueError):
+            if ok(value := convert(text)):
+                return value
+        raise argparse.ArgumentTypeError(f"{text:.{width}}: must be {must}")
+    return parse
 
 
 def os_error_message(exc: OSError) -> str:
@@ -117,17 +128,6 @@ def _fail(name: str, message: str, code: int = 1) -> int:
 def write_metrics(path: str | Path, metrics: dict[str, object]) -> None:
     """Write a stage's metrics JSON atomically (sorted keys)."""
     write_text(path, json.dumps(metrics, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-
-
-def read_json(path: str | Path) -> Any:
-    """Read a JSON file, naming it in the error if it is missing or malformed."""
-    path = Path(path)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PipelineError(f"{path}: not found; run the upstream stage first (dvc repro)") from None
-    except json.JSONDecodeError as exc:
-        raise PipelineError(f"{path}: not valid JSON ({exc}); delete it and rerun the stage that writes it") from None
 
 
 def run_stage(name: str, body: Callable[[], dict[str, object] | StageDetails], *, metrics_dir: str | Path,

@@ -195,8 +195,8 @@ def experiment_id(client: Any, root: str | Path) -> str:
 
 
 @contextlib.contextmanager
-def stage_run(stage: str, *, root: str | Path = ".", resume_run_id: str | None = None,
-              active: bool = True, system_metrics: bool = False) -> Iterator[StageRun]:
+def stage_run(stage: str, *, root: str | Path = ".", active: bool = True,
+              system_metrics: bool = False) -> Iterator[StageRun]:
     """One stage's :class:`StageRun`, opened on first use but dated from the block's start (no-op if not ``active``)."""
     if not (active and enabled()):
         handle = StageRun()
@@ -204,7 +204,6 @@ def stage_run(stage: str, *, root: str | Path = ".", resume_run_id: str | None =
         require_configured_server()  # before the stage's work, not when its run first opens
         started_ms = int(time.time() * 1000)
         handle = StageRun(opener=lambda resume: _open_stage_run(stage, Path(root), resume, started_ms))
-        handle.resume(resume_run_id)
         handle.system_metrics = system_metrics
     token = _CURRENT.set(handle)
     status = "FAILED"

@@ -69,19 +69,18 @@ def plan_global_batches(ids: np.ndarray, lengths: np.ndarray, tgt_tokens: np.nda
     return batches
 
 
-def plan_batches(ids: np.ndarray, lengths: np.ndarray, *, max_tokens: int, seed: int | None,
-                 budget: str = "NMT_MAX_TOKENS") -> list[np.ndarray]:
+def plan_batches(ids: np.ndarray, lengths: np.ndarray, *, max_tokens: int, seed: int | None) -> list[np.ndarray]:
     """Pack ids [N] by ``lengths`` [N] greedily into as few forward passes of at most ``max_tokens`` padded tokens
     (sentences × longest) as it can, shortest first; ``seed`` breaks ties (None: id order).
 
     Raises:
-        DataError: a single pair is longer than ``max_tokens`` (the setting ``budget``, named).
+        DataError: a single pair is longer than ``max_tokens`` (``NMT_MAX_TOKENS``, named).
     """
     ids, lengths = np.asarray(ids, np.int64), np.asarray(lengths, np.int64)
     if len(ids) and lengths.max() > max_tokens:
         worst = int(np.argmax(lengths))
-        raise DataError(f"example id {ids[worst]} needs {lengths[worst]} tokens > {budget} ({max_tokens}); "
-                        f"raise {budget} or lower encode.max_len and rerun encode")
+        raise DataError(f"example id {ids[worst]} needs {lengths[worst]} tokens > NMT_MAX_TOKENS ({max_tokens}); "
+                        "raise NMT_MAX_TOKENS or lower encode.max_len and rerun encode")
     perm = (np.random.default_rng([seed, _PLAN_STREAM]).permutation(len(ids)) if seed is not None
             else np.arange(len(ids)))
     order = perm[np.argsort(lengths[perm], kind="stable")]

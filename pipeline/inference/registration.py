@@ -17,9 +17,8 @@ import yaml
 from pipeline.artifacts import model_file
 from pipeline.core import env, tracking
 from pipeline.core.config import EvaluateConfig
-from pipeline.core.details import EvaluateDetails, RegisterDetails
+from pipeline.core.details import EvaluateDetails, RegisterDetails, read_json
 from pipeline.core.errors import CheckpointError, DataError
-from pipeline.core.stage import read_json
 from pipeline.core.textio import read_lines, sha256_file
 from pipeline.inference import ct2, registry
 from pipeline.inference.registry import LoggedModel, ModelVersion
@@ -152,8 +151,7 @@ def dvc_datasets(lock_path: str | Path, wanted: dict[str, tuple[str, str]]) -> l
     return datasets
 
 
-def paired_bootstrap(new_hyps: list[str], candidate_hyps: list[str], refs: list[str],
-                     n_samples: int = BOOTSTRAP_SAMPLES) -> Bootstrap:
+def paired_bootstrap(new_hyps: list[str], candidate_hyps: list[str], refs: list[str]) -> Bootstrap:
     """sacreBLEU's paired bootstrap (BLEU 13a cased, the candidate as baseline): both BLEUs, their bootstrap means
     and confidence intervals, and ``p_value``, the chance of a BLEU difference at least this large.
 
@@ -167,12 +165,12 @@ def paired_bootstrap(new_hyps: list[str], candidate_hyps: list[str], refs: list[
         raise DataError(f"paired bootstrap needs equal lengths: new {len(new_hyps)}, candidate "
                         f"{len(candidate_hyps)}, references {len(refs)} lines")
     test = PairedTest([("candidate", candidate_hyps), ("new", new_hyps)], {"BLEU": BLEU(tokenize="13a")},
-                      references=[refs], test_type="bs", n_samples=n_samples)
+                      references=[refs], test_type="bs", n_samples=BOOTSTRAP_SAMPLES)
     signatures, scores = test()
     (metric,) = (k for k in scores if k != "System")
     baseline, system = scores[metric]
     # Note: sacreBLEU gives p = 1/(n+1) for two identical systems (a zero difference is never "by chance").
-    return Bootstrap(p_value=float(system.p_value), n_samples=n_samples, signature=signatures[metric].format(),
+    return Bootstrap(p_value=float(system.p_value), n_samples=BOOTSTRAP_SAMPLES, signature=signatures[metric].format(),
                      identical_hypotheses=list(new_hyps) == list(candidate_hyps),
                      new_bleu=float(system.score), new_mean=float(system.mean), new_ci=float(system.ci),
                      candidate_bleu=float(baseline.score), candidate_mean=float(baseline.mean),
@@ -226,8 +224,9 @@ def log_model(run: tracking.StageRun, cfg: EvaluateConfig, inputs: Inputs, name:
     spm_path.write_bytes(model_file.load(inputs.averaged, mmap=True).spm)
     chosen = inputs.evaluation
     artifacts = {"averaged": str(inputs.averaged), "spm": str(spm_path)}
-    model_config: dict[str, int | float | str] = {"beam_size": chosen.beam, "alpha": chosen.alpha, "max_len_a": cfg.max_len_a,
-                    "max_len_b": cfg.max_len_b, "max_tokens": cfg.max_tokens, "engine": "torch"}
+    model_config: dict[str, int | float | str] = {
+        "beam_size": chosen.beam, "alpha": chosen.alpha, "max_len_a": cfg.max_len_a, "max_len_b": cfg.max_len_b,
+        "max_tokens": cfg.max_tokens, "engine": "torch"}
     quantization = env.settings().register_ctranslate2
     if quantization != "off":
         artifacts["ctranslate2"] = str(ct2.export(inputs.averaged, work / "ctranslate2", quantization))

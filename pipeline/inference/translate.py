@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from model.config import BEAM_RULES, MAX_BEAM_SIZE, beam_size_problem
+from model.config import BEAM_RANGE, BEAM_RULES, MAX_BEAM_SIZE, beam_size_problem
 from pipeline.core.errors import PipelineError
+from pipeline.core.stage import arg_type
 from pipeline.inference.common import check_cuda, detokenize, parse_device, prepare_source
 from pipeline.inference.attention import (AttentionPick, check_attention_layer, check_attention_line,
                                           check_attention_options, plot_cross_attention)
@@ -118,39 +119,12 @@ def check_beam(beam: int, vocab_size: int = 0, option: str = "--beam") -> None:
 
 def _at_least(least: int) -> Callable[[str], int]:
     """An argparse ``type``: an integer >= ``least``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = least - 1
-        if value < least:
-            raise argparse.ArgumentTypeError(f"{text:.40}: must be an integer >= {least}")
-        return value
-
-    return parse
+    return arg_type(int, lambda value: value >= least, f"an integer >= {least}")
 
 
-def _finite_float(text: str) -> float:
-    """An argparse ``type``: a finite number."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text:.40}: must be a finite number")
-    return value
-
-
-def _beam(text: str) -> int:
-    """An argparse ``type``: a beam size within the project's bounds (the model's vocabulary is checked on load)."""
-    try:
-        beam = int(text)
-    except ValueError:
-        beam = 0
-    if problem := beam_size_problem(beam):
-        raise argparse.ArgumentTypeError(f"{text:.40}: {problem}")
-    return beam
+_finite_float = arg_type(float, math.isfinite, "a finite number")
+#: A beam size within the project's bounds (the model's vocabulary is checked on load).
+_beam = arg_type(int, lambda beam: beam_size_problem(beam) is None, BEAM_RANGE)
 
 
 def _check_args(args: argparse.Namespace) -> None:

@@ -6,20 +6,14 @@ from __future__ import annotations
 import argparse
 import math
 
+from pipeline.core.stage import arg_type
+
 DESCRIPTION = ("The Prefect flow wmt14-pipeline: each DVC stage as one task (dvc repro --single-item STAGE, in its "
                "own process group) under one MLflow parent run, then a report.")
 DEFAULT_KILL_GRACE_S = 30.0
 
 
-def _seconds(text: str) -> float:
-    """An argparse ``type``: seconds, a finite number >= 0."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise argparse.ArgumentTypeError(f"{text:.40}: must be seconds, a finite number >= 0")
-    return seconds
+_seconds = arg_type(float, lambda seconds: math.isfinite(seconds) and seconds >= 0, "seconds, a finite number >= 0")
 
 
 def stage_seconds(text: str) -> tuple[str, float]:
