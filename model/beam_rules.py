@@ -31,6 +31,7 @@ from torch import Tensor
 
 from model.config import BEAM_RULES
 
+
 @dataclass(frozen=True)
 class Hypothesis:
     """One finished hypothesis: ids without BOS and EOS, raw score, ``step`` n (with EOS) and ``order`` in its step."""

@@ -80,4 +80,3 @@ def label_smoothed_nll_loss(
     Returns (loss_sum, nll_sum), scalar sums over the tokens whose target is not ``ignore_index``.
     """
     return _sums(*_flat(logits, target, epsilon), epsilon, ignore_index)
-

@@ -5,14 +5,13 @@ self-contained ``averaged.pt`` with the newest checkpoint's config and the ``spm
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import sys
 from pathlib import Path
 
 from pipeline.artifacts import averaging, model_file
-from pipeline.core.config import AverageConfig, Params
+from pipeline.core.config import AverageConfig
 from pipeline.core.errors import CheckpointError
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, refuse_foreign
@@ -59,14 +58,10 @@ def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, mod
     return metrics
 
 
-def _run(params: Params, args: argparse.Namespace) -> dict:
-    paths = params.paths
-    return stage(params.average, train_dir=paths.train, bpe_dir=paths.bpe, model_dir=paths.model)
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipeline.average``."""
-    return stage_main("average", _run, argv)
+    return stage_main("average", lambda params, _: stage(params.average, train_dir=params.paths.train,
+                                                         bpe_dir=params.paths.bpe, model_dir=params.paths.model), argv)
 
 
 if __name__ == "__main__":

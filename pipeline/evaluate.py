@@ -3,7 +3,6 @@ the newest checkpoint (the paper's Table 3 reports single models), and score aga
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import model_file
-from pipeline.core.config import EvaluateConfig, Params
+from pipeline.core.config import EvaluateConfig
 from pipeline.core.stage import stage_main
 from pipeline.core.textio import atomic_path, refuse_foreign
 from pipeline.data.shards import ShardSet
@@ -83,15 +82,12 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, shards_dir: str | Path,
     return report
 
 
-def _run(params: Params, args: argparse.Namespace) -> dict:
-    paths = params.paths
-    return stage(params.evaluate, model_dir=paths.model, shards_dir=paths.shards, raw_dir=paths.raw,
-                 eval_dir=paths.eval, train_dir=paths.train, spm_model=Path(paths.bpe) / "spm.model")
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipeline.evaluate``."""
-    return stage_main("evaluate", _run, argv)
+    return stage_main("evaluate", lambda params, _: stage(
+        params.evaluate, model_dir=params.paths.model, shards_dir=params.paths.shards, raw_dir=params.paths.raw,
+        eval_dir=params.paths.eval, train_dir=params.paths.train, spm_model=Path(params.paths.bpe) / "spm.model"),
+        argv)
 
 
 if __name__ == "__main__":

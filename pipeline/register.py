@@ -1,10 +1,11 @@
 """Stage ``register``: log the averaged model once as an MLflow pyfunc translator and maybe move ``candidate``.
 
 The model is logged into this stage's run with the decoding defaults evaluate chose on valid and registered
-as a new version of the profile's registered model (``NMT_MODEL_NAME`` to name another); :mod:`pipeline.inference.registration` does the work. A rerun with
-the same ``averaged.pt`` and the same beam and α logs nothing and points its record at that version. The
-alias ``candidate`` moves only to a model with a higher VALID BLEU on the same references (the test set
-never chooses); a paired bootstrap of both models' test hypotheses is recorded beside the decision.
+as a new version of the profile's registered model (``NMT_MODEL_NAME`` to name another);
+:mod:`pipeline.inference.registration` does the work. A rerun with the same ``averaged.pt`` and the same beam and α
+logs nothing and points its record at that version. The alias ``candidate`` moves only to a model with a higher
+VALID BLEU on the same references (the test set never chooses); a paired bootstrap of both models' test hypotheses
+is recorded beside the decision.
 """
 
 from __future__ import annotations

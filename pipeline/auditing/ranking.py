@@ -52,6 +52,8 @@ TOPICS: tuple[Topic, ...] = (
     Topic("Dev-set results", "outcomes, not causes",
           (f"BLEU, paper's method (tok+split), valid, {NEWEST}", f"Perplexity per BPE token, valid, {NEWEST}")),
 )
+
+
 class TopicLine(TypedDict):
     """A line of the deviation list: the topic's ``rank`` in :data:`TOPICS`, its deviating items, one ``text``."""
 

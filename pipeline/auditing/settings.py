@@ -2,8 +2,8 @@
 
 Vaswani et al. 2017, arXiv:1706.03762 (sections cited as §). Where the paper is silent, the value is that of a
 reference implementation, named as the source: tensor2tensor's ``transformer_base_v1`` or its beam search,
-fairseq's ``transformer_wmt_en_de`` or fairseq's examples/translation/prepare-wmt14en2de.sh. Every params key is compared
-here, neutral (:data:`pipeline.auditing.items.NEUTRAL_KEYS`) or left open (:data:`OPEN_KEYS`);
+fairseq's ``transformer_wmt_en_de`` or fairseq's examples/translation/prepare-wmt14en2de.sh. Every params key is
+compared here, neutral (:data:`pipeline.auditing.items.NEUTRAL_KEYS`) or left open (:data:`OPEN_KEYS`);
 tests/pipeline/auditing/test_audit_paper.py walks params.yaml to keep it so.
 """
 
@@ -156,6 +156,7 @@ _BIG = {s.name: s for s in (
 def paper_settings(size: str) -> tuple[Setting, ...]:
     """The settings of the paper's ``base`` or ``big`` model (:func:`pipeline.auditing.paper.paper_row`)."""
     return tuple(_BIG.get(s.name, s) for s in PAPER_SETTINGS) if size == "big" else PAPER_SETTINGS
+
 
 #: Keys that change results but neither the paper nor the references fix: reported without a verdict.
 OPEN_KEYS: dict[str, str] = {

@@ -16,8 +16,8 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 log = logging.getLogger(__name__)
 
 #: decoding settings used when neither the model config nor the request gives one.
-DEFAULTS: dict[str, int | float | str] = {"beam_size": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50, "max_tokens": 8192,
-                            "engine": "torch"}
+DEFAULTS: dict[str, int | float | str] = {"beam_size": 4, "alpha": 0.6, "max_len_a": 1.0, "max_len_b": 50,
+                                          "max_tokens": 8192, "engine": "torch"}
 #: settings a request may override through ``params``.
 REQUEST_PARAMS = ("beam_size", "alpha", "engine")
 #: The most source lines one request may hold: a request is decoded whole, and the scoring server gives up on

@@ -136,8 +136,6 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
                    flops_per_token=flops, hooks=hooks, loss=loss)
 
 
-
-
 def check_resumable(folder: Path, state: dict[str, Any], *, config: dict[str, Any], shards_sha256: str) -> None:
     """Refuse (CheckpointError naming every differing key) to resume ``folder`` under another config or shards."""
     a, b = flatten(state.get("config", {})), flatten(config)
