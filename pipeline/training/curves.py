@@ -94,7 +94,7 @@ def draw(rows: Sequence[Row], path: str | Path) -> None:
         ax.grid(alpha=0.3)
         if len(columns) > 1 and any(ax.get_lines()):
             ax.legend(fontsize=8)
-    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.12, top=0.92, wspace=0.2)  # fixed: tight_layout draws twice
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.12, top=0.92, wspace=0.25)  # fixed: tight_layout draws twice
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", metadata={"Software": None})
 
