@@ -85,10 +85,11 @@ def _mlflow_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _exec(argv: list[str], shown: str | None = None) -> int:
+    """Become ``argv`` (a bare name is found on PATH, which starts with this environment's bin/: nmt's main)."""
     log.info("%s", shown or " ".join(argv))
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvpe(argv[0], argv, os.environ)  # PATH starts with this environment's bin/ (nmt's main)
+    os.execvpe(argv[0], argv, os.environ)
     return 0  # pragma: no cover - exec does not return
 
 
