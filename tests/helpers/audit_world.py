@@ -37,10 +37,13 @@ PATHS = {name: f"data/{name}" for name in ("raw", "clean", "bpe", "shards", "tra
                                           "plots", "reports")}
 
 
-def profile_params(name: str, root: Path) -> tuple[dict, Params, Path]:
-    """Profile ``name`` with every path relative to ``root``, written as ``root/params.yaml``."""
+def profile_params(name: str, root: Path, sizes: dict[str, dict] | None = None) -> tuple[dict, Params, Path]:
+    """Profile ``name`` with every path relative to ``root`` and its sections updated by ``sizes``, written as
+    ``root/params.yaml``."""
     data = merged_profile(name, REPO)
     data["paths"] = dict(PATHS)
+    for section, values in (sizes or {}).items():
+        data[section].update(values)
     path = root / "params.yaml"
     write_text(path, yaml.safe_dump(data, sort_keys=False))
     return data, params_from_dict(data), path
@@ -86,9 +89,10 @@ def _dvc_lock(root: Path, data: dict) -> None:
     (root / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
 
 
-def build_audit_world(root: Path) -> Path:
-    """A complete tiny-profile workspace under ``root``, produced by the real stages (~10 s)."""
-    data, p, _ = profile_params("tiny", root)
+def build_audit_world(root: Path, profile: str = "tiny", sizes: dict[str, dict] | None = None) -> Path:
+    """A complete workspace of ``profile`` (its sections updated by ``sizes``) under ``root``, produced by the real
+    stages (~10 s on the tiny profile)."""
+    data, p, _ = profile_params(profile, root, sizes)
     mp = pytest.MonkeyPatch()
     mp.setenv("NMT_DATA_WORKERS", "1")
     mp.setenv("NMT_DEVICE", "cpu")

@@ -3,19 +3,27 @@ Transformer (big) (Table 2: 28.4; Table 3 row big; §5.2; §6.1), every other ru
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pipeline import audit
 from pipeline.auditing.paper import PAPER, PAPER_BIG, paper_row
 from pipeline.auditing.render import render_markdown
 from pipeline.auditing.report import build_audit
 from pipeline.core.config import params_from_dict
 from pipeline.project.profiles import merged_profile
-from tests.helpers.audit_world import synthetic_inputs
+from tests.helpers.audit_world import build_audit_world, profile_params, synthetic_inputs
 from tests.helpers.paths import REPO
 
 TINY = {"d_model": 64, "n_heads": 4, "d_ff": 128}
+#: paper-big's settings but its sizes: dimensions, lengths, steps (100, a checkpoint each, the last 20 averaged).
+SIZES = {"model": {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "max_positions": 128},
+         "encode": {"max_len": 64}, "evaluate": {"max_len_b": 10, "max_tokens": 512},
+         "train": {"tokens_per_step": 1024, "warmup_steps": 5, "max_steps": 100, "save_every_steps": 1,
+                   "valid_every_steps": 50, "log_every_steps": 10}}
 
 
 def _metrics(steps: list[int]) -> dict[str, Any]:
@@ -87,3 +95,31 @@ def test_the_row_follows_the_profile_or_the_model_width(profile: str, model: dic
     data = merged_profile(profile, REPO)
     data["model"].update(model)
     assert paper_row(params_from_dict(data)) is row
+
+
+@pytest.mark.slow
+def test_a_tiny_dimension_paper_big_run_through_the_real_stages_deviates_only_in_its_sizes(tmp_path: Path) -> None:
+    """The stages (clean → ... → train → average → evaluate under tensor2tensor's beam rule) and the audit stage with
+    every setting of paper-big but the sizes: set beside the big rows, only the sizes deviate (~10 s)."""
+    root = build_audit_world(tmp_path, "paper-big", SIZES)
+    _, params, params_file = profile_params("paper-big", root, SIZES)
+    reports = root / "data" / "reports"
+    audit.stage(params, params_file=params_file, lock_file=root / "dvc.lock", root=root,
+                md_path=reports / "audit.md", json_path=reports / "audit.json")
+    report = json.loads((reports / "audit.json").read_text(encoding="utf-8"))
+    assert "not comparable with the paper's 28.4" in report["headline"]["text"]  # 4 test sentences
+    assert (reports / "audit.md").read_text(encoding="utf-8").startswith(
+        "# Replication audit: profile paper-big (dataset wmt14), compared with Transformer (big), Tables 2 and 3")
+    averaged = json.loads((root / "data" / "metrics" / "average.details.json").read_text(encoding="utf-8"))
+    assert averaged["steps"] == list(range(81, 101))
+    items = {i["item"]: i for i in report["configuration"] + report["measured"]}
+    assert {name: (items[name]["run"], items[name]["verdict"]) for name in (
+        "Residual dropout P_drop", "Checkpoints averaged", "Beam search rule", "Beam size", "Length penalty α")} == {
+        "Residual dropout P_drop": ("dropout 0.3", "matches"), "Checkpoints averaged": ("last_n 20", "matches"),
+        "Beam search rule": ("beam_rule t2t", "matches"), "Beam size": ("beam_sizes [4]", "matches"),
+        "Length penalty α": ("alphas [0.6]", "matches")}
+    assert items["Averaging span"]["verdict"] == "matches" and items["Parameters"]["paper"] == "213M (Table 3)"
+    assert (items["Steps trained"]["paper"], items["Steps trained"]["run"]) == ("300,000", "100")
+    assert {i["item"] for i in report["configuration"] if i["verdict"] == "deviates"} == {
+        "Maximum training length", "Layers N (encoder, decoder)", "d_model", "d_ff", "Attention heads h", "d_k = d_v",
+        "Warmup steps", "Tokens per step", "Training steps", "Checkpoint interval", "Maximum output length"}
