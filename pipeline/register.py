@@ -24,8 +24,11 @@ from pipeline.core.stage import stage_main
 from pipeline.inference import registration, registry
 from pipeline.inference.registration import ALIAS, SPLITS
 from pipeline.inference.registry import ModelVersion
+from pipeline.project.workspace import exclusive_run
 
 log = logging.getLogger(__name__)
+#: How long a registration waits for another one into the same MLflow store (each takes seconds).
+REGISTER_WAIT_S = 600
 
 
 def _record_only(name: str, new: dict[str, float], decision: str, *, existing: ModelVersion | None = None,
@@ -59,6 +62,19 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
     if not tracking.enabled():
         return _record_only(name, new, "tracking is off (NMT_TRACKING=off): nothing logged or "
                             "registered; `dvc repro -f register` with tracking on to register this model")
+    # One registration into a store at a time (a sweep's variants finish together): each reads the alias holder
+    # and may move the alias, which MLflow cannot compare-and-set; two at once failed on the alias's row.
+    with exclusive_run(root, f"register {name}", "wait for it to end or stop it", lock=tracking.store_lock(root),
+                       wait_s=REGISTER_WAIT_S):
+        return _register(cfg, inputs, name, new, lock_path=lock_path, dataset_paths=dataset_paths or {}, root=root,
+                         profile=profile, dataset=dataset)
+
+
+def _register(cfg: EvaluateConfig, inputs: registration.Inputs, name: str, new: dict[str, float], *,
+              lock_path: str | Path, dataset_paths: dict[str, tuple[str, str]], root: str | Path, profile: str,
+              dataset: str) -> RegisterDetails:
+    """:func:`stage`'s registration, under the store's lock."""
+    chosen = inputs.evaluation
     holder = registry.alias_holder(name, ALIAS, root)
     if same := registry.find_model_versions(name, {"averaged_sha256": inputs.averaged_sha256, "beam": chosen.beam,
                                                   "alpha": chosen.alpha}, root):
@@ -68,7 +84,7 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
     run = tracking.current()
     with tempfile.TemporaryDirectory(prefix="nmt-register-") as tmp:
         work = Path(tmp)
-        datasets = registration.log_lineage(run, inputs, name, lock_path, dataset_paths or {})
+        datasets = registration.log_lineage(run, inputs, name, lock_path, dataset_paths)
         info = registration.log_model(run, cfg, inputs, name, work, root)
         version = info.version
         registry.describe_model(name, f"The Transformer of Vaswani et al. (2017) trained by this pipeline: profile "

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import hashlib
 import logging
 import os
 import re
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,6 +39,15 @@ def tracking_uri(root: str | Path = ".") -> str:
     store = Path(root).resolve() / ".mlflow"
     store.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{store / 'mlflow.db'}"
+
+
+def store_lock(root: str | Path = ".") -> Path:
+    """A lock file for writes that must not interleave in the store: beside a SQLite store's file, else one per
+    machine and store URI in the temp folder (processes on other machines are not serialised by it)."""
+    uri = tracking_uri(root)
+    if uri.startswith("sqlite:///"):  # sqlite:///relative or sqlite:////absolute
+        return Path(uri.removeprefix("sqlite:///") + ".lock").absolute()
+    return Path(tempfile.gettempdir()) / f"nmt-mlflow-{hashlib.sha256(uri.encode()).hexdigest()[:16]}.lock"
 
 
 @functools.lru_cache(maxsize=8)  # an answer is kept for the process; a failure is not (it raises)

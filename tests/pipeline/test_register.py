@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -29,6 +30,7 @@ from pipeline.inference.registration import decide, dvc_datasets, paired_bootstr
 from pipeline.inference.registry import ModelVersion
 from pipeline.register import main, stage
 from tests.helpers.models import make_averaged
+from tests.helpers.paths import REPO
 
 DEFAULT_MODEL_NAME = "wmt14-transformer"  # the paper profile's, without NMT_MODEL_NAME (docs/configuration.md)
 WORDS = "der Hund sieht die Katze auf dem grünen Rasen vor dem alten Haus am Fluss".split()
@@ -338,6 +340,33 @@ def test_a_model_file_changed_since_save_is_not_registered(model_dir: Path, tmp_
                                             r"`dvc repro average`"):
         _register(corrupt, tmp_path / "a", valid_bleu=20.0, test_hyps=GOOD)
     assert not _client().search_model_versions(f"name = '{DEFAULT_MODEL_NAME}'")
+
+
+def test_a_registration_waits_its_turn_in_the_store_and_a_bounded_wait_writes_nothing(
+        model_dir: Path, tmp_path: Path, mlflow_sqlite: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep's variants register together into one store; two at once raced on the alias's row (SQLite
+    IntegrityError) and could leave it on the worse model, so registrations take turns on a lock beside the store."""
+    import pipeline.register as register_stage
+    from pipeline.core.tracking import store_lock
+
+    lock = store_lock(tmp_path)
+    assert lock == Path(mlflow_sqlite.removeprefix("sqlite:///") + ".lock")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from pipeline.project.workspace import "
+                               "exclusive_run\nwith exclusive_run('/', 'register other', lock=Path(sys.argv[1])):\n"
+                               "    print('held', flush=True); sys.stdin.read()\n", str(lock)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    monkeypatch.setattr(register_stage, "REGISTER_WAIT_S", 0.5)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(PipelineError, match=rf"^{re.escape(str(lock))}: another run holds it after waiting 0\.5 s "
+                                                rf"\(pid {holder.pid}, since .*, register other\); wait for it to end"):
+            _register(model_dir, tmp_path / "a", valid_bleu=20.0, test_hyps=GOOD)
+        assert not _details(tmp_path / "a").exists()
+        assert not _client().search_registered_models()
+    finally:
+        holder.communicate("", timeout=30)
+    assert _register(model_dir, tmp_path / "a", valid_bleu=20.0, test_hyps=GOOD)["model_version"] == "1"
 
 
 def test_dvc_datasets_come_from_lock_outs(tmp_path: Path) -> None:
