@@ -29,8 +29,8 @@ from pipeline.core.stage import run_stage
 from pipeline.inference.registration import decide, dvc_datasets, paired_bootstrap
 from pipeline.inference.registry import ModelVersion
 from pipeline.register import main, stage
+from tests.helpers.lockholder import hold_lock
 from tests.helpers.models import make_averaged
-from tests.helpers.paths import REPO
 
 DEFAULT_MODEL_NAME = "wmt14-transformer"  # the paper profile's, without NMT_MODEL_NAME (docs/configuration.md)
 WORDS = "der Hund sieht die Katze auf dem grünen Rasen vor dem alten Haus am Fluss".split()
@@ -351,14 +351,9 @@ def test_a_registration_waits_its_turn_in_the_store_and_a_bounded_wait_writes_no
 
     lock = store_lock(tmp_path)
     assert lock == Path(mlflow_sqlite.removeprefix("sqlite:///") + ".lock")
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from pipeline.project.workspace import "
-                               "exclusive_run\nwith exclusive_run('/', 'register other', lock=Path(sys.argv[1])):\n"
-                               "    print('held', flush=True); sys.stdin.read()\n", str(lock)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    holder = hold_lock(tmp_path, "register other", lock)
     monkeypatch.setattr(register_stage, "REGISTER_WAIT_S", 0.5)
     try:
-        assert holder.stdout.readline() == "held\n"
         with pytest.raises(PipelineError, match=rf"^{re.escape(str(lock))}: another run holds it after waiting 0\.5 s "
                                                 rf"\(pid {holder.pid}, since .*, register other\); wait for it to end"):
             _register(model_dir, tmp_path / "a", valid_bleu=20.0, test_hyps=GOOD)

@@ -16,6 +16,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.paths import SHARED_DATA
 from pipeline.project.profiles import (SAVED, active_profile, listing, merged_profile, render, restore_params,
                                        write_profile)
+from tests.helpers.lockholder import hold_lock
 from tests.helpers.paths import REPO
 
 
@@ -103,13 +104,8 @@ def _nmt(root: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_the_switch_is_refused_while_a_run_holds_the_workspace(root: Path) -> None:
     """The profile switch takes the run's lock: params.yaml stays what the running pipeline reads."""
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pipeline.project.workspace import exclusive_run\n"
-                               "with exclusive_run(sys.argv[1], 'flow run f00'):\n"
-                               "    print('held', flush=True); sys.stdin.read()\n", str(root)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    holder = hold_lock(root, "flow run f00")
     try:
-        assert holder.stdout.readline() == "held\n"
         params = (root / "params.yaml").read_bytes()
         proc = _nmt(root, "profile", "demo")
         assert proc.returncode == 1

@@ -3,9 +3,6 @@ one line naming the holder when the wait runs out."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -13,23 +10,12 @@ import pytest
 
 from pipeline.core.errors import PipelineError
 from pipeline.project.workspace import exclusive_run
-from tests.helpers.paths import REPO
-
-
-def _hold(lock: Path) -> subprocess.Popen:
-    """Another process holding ``lock`` (as ``register x``) until its stdin closes."""
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from pipeline.project.workspace import "
-                               "exclusive_run\nwith exclusive_run('/', 'register x', lock=Path(sys.argv[1])):\n"
-                               "    print('held', flush=True); sys.stdin.read()\n", str(lock)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert holder.stdout.readline() == "held\n"
-    return holder
+from tests.helpers.lockholder import hold_lock
 
 
 def test_a_waiting_run_takes_the_lock_when_the_holder_ends_and_a_short_wait_is_refused(tmp_path: Path) -> None:
     lock = tmp_path / "store.db.lock"
-    holder = _hold(lock)
+    holder = hold_lock(tmp_path, "register x", lock)
     acquired = threading.Event()
 
     def wait_for_it() -> None:
