@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -50,27 +49,28 @@ def start_temporary_server() -> str:
     url = f"http://{HOST}:{port}/api"
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port), "--no-ui",
            "--no-services", "--analytics-off"]
-    log_path = Path(tempfile.mkdtemp(prefix="nmt-prefect-")) / "server.log"
-    limit = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90"))  # Prefect checked it
-    with log_path.open("wb") as out:
-        proc = subprocess.Popen(lifeline.command(cmd, parent=os.getpid(), grace_s=_STOP_GRACE_S),
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + limit
-        while not healthy(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                how = f"exited with code {proc.returncode}" if proc.returncode is not None else \
-                    f"not healthy in {limit:.0f} s"
-                raise PipelineError(f"temporary Prefect server on {url} {how} (raise "
-                                    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS on a slow machine, or set "
-                                    "PREFECT_API_URL to a running server); its log ends:\n"
-                                    f"{log_path.read_text(encoding='utf-8', errors='replace')[-2000:]}")
-            time.sleep(0.2)
-    except BaseException:
-        lifeline.kill_group(proc.pid, proc, grace_s=_STOP_GRACE_S)
-        raise
-    finally:
-        shutil.rmtree(log_path.parent, ignore_errors=True)  # the server keeps its open log; nothing is left
+    # The server keeps its log open; the folder goes when the server is healthy or has failed.
+    with tempfile.TemporaryDirectory(prefix="nmt-prefect-", ignore_cleanup_errors=True) as folder:
+        log_path = Path(folder) / "server.log"
+        limit = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90"))  # Prefect checked it
+        with log_path.open("wb") as out:
+            proc = subprocess.Popen(lifeline.command(cmd, parent=os.getpid(), grace_s=_STOP_GRACE_S),
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        try:
+            deadline = time.monotonic() + limit
+            while not healthy(url):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    how = f"exited with code {proc.returncode}" if proc.returncode is not None else \
+                        f"not healthy in {limit:.0f} s"
+                    raise PipelineError(f"temporary Prefect server on {url} {how} (raise "
+                                        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS on a slow machine, or set "
+                                        "PREFECT_API_URL to a running server); its log ends:\n"
+                                        f"{log_path.read_text(encoding='utf-8', errors='replace')[-2000:]}")
+                time.sleep(0.2)
+        except BaseException:
+            lifeline.kill_group(proc.pid, proc, grace_s=_STOP_GRACE_S)
+            raise
     log.info("temporary Prefect server on %s (it stops when this run ends)", url)
     return url
 

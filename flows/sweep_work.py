@@ -22,7 +22,7 @@ from flows.lifeline import ProcessResult
 from flows.sweep_spec import SpecError, SweepSpec
 from pipeline.core.config import flatten
 from pipeline.core.errors import PipelineError
-from pipeline.core.textio import write_text
+from pipeline.core.owned import atomic_path, write_text
 
 SWEEPS_DIR = Path(".dvc") / "tmp" / "sweeps"
 REPORTS_DIR = Path("reports") / "sweeps"
@@ -75,11 +75,9 @@ def prepare_clone(root: Path, clone: Path, commit: str, cache: str, template: Pa
     an existing one (an interrupted run's) keeps its untracked files (the rerun resumes), loses tracked changes."""
     clone.parent.mkdir(parents=True, exist_ok=True)
     if not (clone / ".git").is_dir() and template is not None and (template / ".git").is_dir():
-        tmp = clone.with_name(f".{clone.name}.copying")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(template, tmp, symlinks=True,
-                        ignore=lambda folder, names: ["tmp"] if Path(folder) == template / ".dvc" else [])
-        tmp.rename(clone)  # a copy interrupted half-way is never taken for a clone
+        with atomic_path(clone) as tmp:  # a copy interrupted half-way is never taken for a clone
+            shutil.copytree(template, tmp, symlinks=True,
+                            ignore=lambda folder, names: ["tmp"] if Path(folder) == template / ".dvc" else [])
     if not (clone / ".git").is_dir():
         _run(root, "git", "clone", "-q", "--no-checkout", str(root), str(clone))
         _run(clone, "git", "checkout", "-q", "--detach", commit)

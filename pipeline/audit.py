@@ -13,8 +13,9 @@ from pipeline.auditing.inputs import load_inputs
 from pipeline.auditing.report import build_audit, tracking_metrics
 from pipeline.core.config import Params
 from pipeline.core.details import AuditDetails
+from pipeline.core.owned import atomic_path
 from pipeline.core.stage import stage_main, stage_parser
-from pipeline.core.textio import atomic_path, sha256_file
+from pipeline.core.textio import sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from pipeline.artifacts import averaging, model_file
 from pipeline.core.config import AverageConfig
 from pipeline.core.errors import CheckpointError
+from pipeline.core.owned import atomic_path, refuse_foreign
 from pipeline.core.stage import stage_main
-from pipeline.core.textio import atomic_path, refuse_foreign
 
 log = logging.getLogger(__name__)
 

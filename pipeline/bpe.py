@@ -14,8 +14,9 @@ from model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from pipeline.core import tracking
 from pipeline.core.config import BpeConfig
 from pipeline.core.errors import DataError
+from pipeline.core.owned import atomic_path
 from pipeline.core.stage import stage_main
-from pipeline.core.textio import atomic_path, sha256_file
+from pipeline.core.textio import sha256_file
 from pipeline.data.sample import Sample
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,9 @@ from pathlib import Path
 from pipeline.core import tracking
 from pipeline.core.config import CleanConfig
 from pipeline.core.errors import DataError
+from pipeline.core.owned import atomic_path
 from pipeline.core.stage import stage_main
-from pipeline.core.textio import atomic_path, count_lines
+from pipeline.core.textio import count_lines
 from pipeline.data.filters import LANGS, SPLITS, clean_split
 from pipeline.data.workers import data_workers
 

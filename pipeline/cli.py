@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # Ctrl-C; output files are written whole (pipeline/core/textio.py, atomic_path)
+    except KeyboardInterrupt:  # Ctrl-C; output files are written whole (pipeline/core/owned.py)
         print(f"error: nmt {args.command}: interrupted by Ctrl-C; no output file was left half-written",
               file=sys.stderr)
         return 130

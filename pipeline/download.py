@@ -4,16 +4,14 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from pipeline.core import tracking
 from pipeline.core.config import DownloadConfig
+from pipeline.core.owned import atomic_path, scratch_folder
 from pipeline.core.stage import stage_main
-from pipeline.core.textio import atomic_path
-from pipeline.data.locate import FetchEnv, locate, remove_stale_staging
+from pipeline.data.locate import FetchEnv, locate
 from pipeline.data.raw import expectations, write_raw
 from pipeline.data.sources import DatasetSpec, dataset_spec
 
@@ -33,12 +31,11 @@ def stage(cfg: DownloadConfig, *, raw_dir: Path, sources: DatasetSpec | None = N
     env = FetchEnv.from_env(cfg)
     expected = expectations(cfg, spec, raw_dir)
     env.cache_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(env.cache_dir)
-    with tempfile.TemporaryDirectory(dir=env.cache_dir, prefix=f"extract-{os.getpid()}-") as tmp:
-        located, archives = locate(env, spec, Path(tmp), expected)
+    with scratch_folder(env.cache_dir, "extract") as tmp:  # extracted corpora: gigabytes, deleted after
+        located, archives = locate(env, spec, tmp, expected)
         with atomic_path(raw_dir, role="raw") as out_dir:
             out_dir.mkdir()
-            pairs = write_raw(spec, located, out_dir, Path(tmp), expected)
+            pairs = write_raw(spec, located, out_dir, tmp, expected)
     tracking.current().log_metrics({f"{split}_pairs": n for split, n in pairs.items()})
     log.info("download: %s", ", ".join(f"{s} {n} pairs" for s, n in pairs.items()))
     return {"dataset": spec.name, "pairs": pairs,

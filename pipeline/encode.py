@@ -13,8 +13,9 @@ from pathlib import Path
 from pipeline.core import tracking
 from pipeline.core.config import EncodeConfig
 from pipeline.core.errors import DataError
+from pipeline.core.owned import atomic_path, write_text
 from pipeline.core.stage import stage_main
-from pipeline.core.textio import atomic_path, sha256_file, write_text
+from pipeline.core.textio import sha256_file
 from pipeline.data.sharding import SPLITS, build_manifest, plan_tasks, processor, run_tasks
 from pipeline.data.workers import data_workers
 

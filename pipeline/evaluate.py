@@ -11,8 +11,8 @@ from typing import Any
 
 from pipeline.artifacts import model_file
 from pipeline.core.config import EvaluateConfig
+from pipeline.core.owned import atomic_path, refuse_foreign
 from pipeline.core.stage import stage_main
-from pipeline.core.textio import atomic_path, refuse_foreign
 from pipeline.data.shards import ShardSet
 from pipeline.inference import evaluation
 from pipeline.inference.decoding import load_translator

@@ -17,11 +17,13 @@ import sys
 from pipeline.core import env
 from pipeline.core.config import load_params
 from pipeline.core.errors import PipelineError
+from pipeline.core.owned import claim_folder
 from pipeline.core.stage import setup_logging, stage_parser
 from pipeline.training.torchrun import AGENT_FLAG, torchrun_command, wait_until_resolvable
 
 log = logging.getLogger(__name__)
 
+TRAIN_ROLE = "train"  # == pipeline.artifacts.checkpoint.ROLE (not imported: it loads torch)
 #: The agent's pid, handed to its ranks (see :func:`pipeline.train.die_with_agent`).
 AGENT_PID_ENV = "PIPELINE_AGENT_PID"
 
@@ -45,9 +47,10 @@ def run_agent(torchrun_args: list[str]) -> int:
 
 
 def check_params(train_args: list[str]) -> None:
-    """Load the params file ``pipeline.train`` will read, so a bad one is one line before torchrun starts."""
+    """Load the params file ``pipeline.train`` will read and claim its ``paths.train``, so a bad one or a folder of
+    the user's is one line before torchrun starts."""
     known, _ = stage_parser("train").parse_known_args(train_args)  # the options pipeline.train parses
-    load_params(known.params)
+    claim_folder(load_params(known.params).paths.train, TRAIN_ROLE, make=False)  # rank 0 makes it
 
 
 def main(argv: list[str] | None = None) -> int:

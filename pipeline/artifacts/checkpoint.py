@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,14 @@ import torch
 
 from pipeline.artifacts import torchfile
 from pipeline.core.errors import CheckpointError, OutputError
-from pipeline.core.textio import atomic_path, sha256_file
+from pipeline.core.owned import atomic_path, claim_folder, remove_stale, retire
+from pipeline.core.textio import sha256_file
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^step-(\d{8})$")
+#: The role of a training folder's marker (pipeline/core/owned.py, claim_folder).
+ROLE = "train"
 MODEL, OPTIM, STATE, DONE = "model.pt", "optim.pt", "state.json", "DONE"
 
 
@@ -55,14 +57,18 @@ def latest(run_dir: str | Path) -> Path | None:
 
 
 def clean_incomplete(run_dir: str | Path) -> list[Path]:
-    """Delete ``step-*`` folders without ``DONE`` and leftover temporary folders; return what was removed."""
-    run_dir = Path(run_dir)
-    removed = [p for _, p in incomplete_checkpoints(run_dir)]
-    if run_dir.is_dir():
-        removed += [p for p in run_dir.iterdir() if p.name.startswith(".step-") and p.name.endswith(".tmp")]
-    for path in removed:
-        log.warning("removing incomplete checkpoint %s (no %s marker: a run died while writing it)", path, DONE)
-        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    """Claim ``run_dir`` as a training folder, delete what killed saves left there (their staging folders), and
+    refuse a ``step-*`` folder without ``DONE``: a save renames only complete folders into place, so this project
+    did not leave it. Returns what was removed.
+
+    Raises:
+        OutputError: ``run_dir`` holds files this project did not write (pipeline/core/owned.py), or such a folder.
+    """
+    run_dir = claim_folder(run_dir, ROLE)
+    removed = remove_stale(run_dir)
+    if found := incomplete_checkpoints(run_dir):
+        raise OutputError(f"{found[0][1]}: a step folder without {DONE}, which this project never leaves (it writes "
+                          f"a checkpoint whole); move it out of {run_dir}, then rerun the train stage")
     return removed
 
 
@@ -78,7 +84,7 @@ def _fsync(path: Path) -> None:
 def save(run_dir: str | Path, step: int, *, model_state: dict[str, torch.Tensor], optim_state: dict[str, Any],
          state: dict[str, Any], keep_last: int, at: Callable[[str, int], None] = lambda point, step: None) -> Path:
     """Write checkpoint ``step`` atomically (rank 0), prune to ``keep_last``, return its folder; ``at``: fault hook."""
-    final = step_dir(run_dir, step)
+    final = step_dir(claim_folder(run_dir, ROLE), step)
     if (final / DONE).is_file():
         return final
     at("before_save", step)
@@ -143,9 +149,7 @@ def prune(run_dir: str | Path, keep_last: int) -> list[Path]:
     done = complete_checkpoints(run_dir)
     old = [p for _, p in done[:max(0, len(done) - keep_last)]]
     for path in old:
-        # Remove DONE first: a crash in the middle leaves a folder the loader ignores.
-        (path / DONE).unlink(missing_ok=True)
-        shutil.rmtree(path, ignore_errors=True)
+        retire(path, ROLE)
     return old
 
 

@@ -14,7 +14,7 @@ import torch
 from model import TransformerConfig
 from pipeline.artifacts import checkpoint, torchfile
 from pipeline.core.errors import CheckpointError
-from pipeline.core.textio import atomic_path
+from pipeline.core.owned import atomic_path
 
 NAME = "averaged.pt"
 KEYS = ("model", "config", "spm")

@@ -16,7 +16,8 @@ from pipeline.auditing.items import NEUTRAL_KEYS, Item, item
 from pipeline.core.config import Params, flatten, section_dict
 from pipeline.core.details import METRICS, EvaluateDetails, SetFigures
 from pipeline.core.errors import PipelineError
-from pipeline.core.textio import MARKER, sha256_file
+from pipeline.core.owned import MARKER
+from pipeline.core.textio import sha256_file
 from pipeline.inference.scoring import score_files
 
 SETS = ("valid", "test")

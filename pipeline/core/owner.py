@@ -1,19 +1,32 @@
-"""Which process holds an MLflow run open, so the next run ends a run a SIGKILLed process left RUNNING."""
+"""Which process holds something open (an MLflow run, a staging folder), so that a later run can tell whether that
+process has ended: a run a SIGKILLed process left RUNNING is ended, its staging folder deleted."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.textio import pid_alive
-
 #: The run's owner: ``<host>/<pid>/<start>``.
 OWNER_TAG = "nmt.owner"
 #: The checkout (or sweep clone) the run belongs to, resolved.
 CHECKOUT_TAG = "nmt.checkout"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (a zombie, killed but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    with contextlib.suppress(OSError, IndexError):  # no /proc (not Linux): os.kill's answer stands
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    return True
 
 
 def _start_ticks(pid: int) -> str:

@@ -104,8 +104,9 @@ def output_problem(output: str | Path, *, inputs: Iterable[str | Path] = ()) -> 
         return f"{output} is the checkout {root} or a folder around it"
     if target.is_relative_to(root / ".git"):
         return f"{output} lies inside .git"
-    for item in inputs:
-        source = Path(os.path.abspath(item))
-        if source == target or source.is_relative_to(target):
+    real = Path(os.path.realpath(output))
+    for item in inputs:  # also through symbolic links: the folder replaced is the one they lead to
+        source, real_source = Path(os.path.abspath(item)), Path(os.path.realpath(item))
+        if source == target or source.is_relative_to(target) or real_source.is_relative_to(real):
             return f"{output} is or holds the input {item}"
     return None

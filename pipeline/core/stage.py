@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from pipeline.core import env, stages, tracking
 from pipeline.core.config import Params, flatten, load_params, section_dict
 from pipeline.core.errors import EXIT_PERMANENT, ConfigError, PermanentError, PipelineError
-from pipeline.core.textio import public_path, write_error, write_text
+from pipeline.core.owned import write_text
+from pipeline.core.write_errors import public_path, write_error
 
 if TYPE_CHECKING:  # a stage that builds no record does not depend on pipeline/core/details.py
     from pipeline.core.details import StageDetails

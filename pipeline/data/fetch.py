@@ -17,6 +17,7 @@ import requests
 import urllib3
 
 from pipeline.core.errors import DownloadError, PermanentDownloadError
+from pipeline.core.owned import discard, move_file
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def _open(session: requests.Session, url: str, part: Path, timeout: float) -> tu
         _, total = _content_range(resp.headers.get("Content-Range"))
         if total is not None and total == have:
             return resp, -1, total
-        part.unlink(missing_ok=True)
+        discard(part)
         raise _Transient(f"HTTP 416 for a resume at byte {have}; restarting from scratch")
     if status >= 500 or status in (408, 429):
         raise _Transient(f"HTTP {status}")
@@ -126,7 +127,7 @@ def _open(session: requests.Session, url: str, part: Path, timeout: float) -> tu
         first, total = _content_range(resp.headers.get("Content-Range"))
         if first != have:
             resp.close()
-            part.unlink(missing_ok=True)
+            discard(part)
             raise _Transient(f"server resumed at byte {first}, not {have}; restarting from scratch")
         return resp, have, total
     if status == 200:
@@ -204,6 +205,6 @@ def fetch_url(url: str, dest: Path, *, policy: RetryPolicy, session: requests.Se
             log.warning("%s: %s; retrying in %.2g s (%d/%d failures in a row, %d bytes kept)", url, exc, delay,
                         failures, policy.retries, now)
             time.sleep(delay)
-    os.replace(part, dest)
+    move_file(part, dest)
     log.info("downloaded %s (%d bytes)", url, dest.stat().st_size)
     return dest

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,9 @@ from pipeline.core.config import DownloadConfig
 from pipeline.core.env import data_mirror
 from pipeline.core.env import settings as env_settings
 from pipeline.core.errors import DownloadError, PermanentDownloadError
-from pipeline.core.textio import newest_file, pid_alive, sha256_file, write_error
+from pipeline.core.owned import discard
+from pipeline.core.textio import sha256_file
+from pipeline.core.write_errors import newest_file, write_error
 from pipeline.data.archives import CorruptArchive, extract_members
 from pipeline.data.fetch import HostNotFound, NotFound, RetryPolicy, Unreachable, cache_path, fetch_url
 from pipeline.data.sources import DatasetSpec, SourceFile
@@ -96,15 +97,6 @@ def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
     return urlunsplit(parts._replace(netloc=host)), (unquote(user), unquote(password))
 
 
-def remove_stale_staging(cache_dir: Path) -> None:
-    """Delete ``extract-<pid>-*`` staging folders of killed runs (extracted corpora: gigabytes)."""
-    for entry in cache_dir.iterdir():
-        match = re.fullmatch(r"extract-(\d+)-\w+", entry.name)
-        if match and entry.is_dir() and not pid_alive(int(match.group(1))):
-            shutil.rmtree(entry, ignore_errors=True)
-            log.info("removed %s, left behind by an interrupted run", entry)
-
-
 @dataclass(frozen=True)
 class Expectation:
     """An expected sha256 and who asked for it (for the error message)."""
@@ -145,7 +137,7 @@ class Located:
             return fn(*args, remedy=self.remedy())
         except CorruptArchive:
             if self.cached:
-                self.copy.unlink(missing_ok=True)
+                discard(self.copy)
             raise
         except OSError as exc:  # the staging copy (last argument) could not be written: disk full...
             dest = Path(args[-1])

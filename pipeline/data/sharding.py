@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 
 from pipeline.core.config import EncodeConfig
 from pipeline.core.errors import DataError
-from pipeline.core.textio import atomic_path, line_offsets, read_line_block, sha256_file
+from pipeline.core.owned import atomic_path
+from pipeline.core.textio import line_offsets, read_line_block, sha256_file
 from pipeline.data.workers import process_pool
 
 log = logging.getLogger(__name__)

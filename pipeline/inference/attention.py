@@ -77,12 +77,12 @@ def attention_figure(translator: Translator, source: Sequence[int], hyp: Sequenc
 
 def plot_cross_attention(translator: Translator, source: Sequence[int], hyp: Sequence[int], layer: int | None,
                          path: str | Path) -> None:
-    """:func:`attention_figure` written atomically as a PNG."""
-    from pipeline.core.textio import atomic_path
+    """:func:`attention_figure` written atomically as a PNG (into a FIFO or ``/dev/stdout``)."""
+    from pipeline.core.owned import atomic_path
 
     fig = attention_figure(translator, source, hyp, layer)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", metadata={"Software": None})
+    with atomic_path(path, option="--attention-png", into_streams=True) as tmp, open(tmp, "wb") as fh:
+        fig.savefig(fh, format="png", metadata={"Software": None})
 
 
 @dataclass

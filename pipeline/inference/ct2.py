@@ -16,8 +16,8 @@ from typing import Any
 from model.config import TransformerConfig, max_length
 from pipeline.core.config import load_params
 from pipeline.core.errors import PipelineError
+from pipeline.core.owned import atomic_path
 from pipeline.core.paths import output_problem
-from pipeline.core.textio import atomic_path
 from pipeline.inference import digest
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 SPM_NAME = "spm.model"
 CONFIG_NAME = "nmt_model.json"
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16")
-#: The role an export folder's marker names (pipeline/core/textio.py, atomic_path): only such a folder is replaced.
+#: The role an export folder's marker names (pipeline/core/owned.py): only such a folder is replaced.
 EXPORT_ROLE = "ctranslate2 export"
 #: The layer-norm epsilon of torch.nn.LayerNorm (CTranslate2's default differs).
 LAYER_NORM_EPS = 1e-5
@@ -174,7 +174,7 @@ def export(model_path: str | Path, output: str | Path, quantization: str = "floa
         def _load(self) -> Any:
             return spec
 
-    with atomic_path(output, role=EXPORT_ROLE) as tmp:  # replaces only an export this function wrote
+    with atomic_path(output, role=EXPORT_ROLE, option="--output") as tmp:  # replaces only an export it wrote
         _FromSpec().convert(str(tmp), quantization=None if quantization == "float32" else quantization)
         (tmp / SPM_NAME).write_bytes(mf.spm)
         (tmp / CONFIG_NAME).write_text(json.dumps(mf.config.to_dict(), indent=1) + "\n")

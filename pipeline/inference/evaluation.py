@@ -18,7 +18,8 @@ from pipeline.artifacts import checkpoint, model_file
 from pipeline.core.config import EvaluateConfig
 from pipeline.core.details import Machine
 from pipeline.core.errors import CheckpointError, DataError
-from pipeline.core.textio import read_lines, write_lines
+from pipeline.core.owned import write_lines
+from pipeline.core.textio import read_lines
 from pipeline.data import batching
 from pipeline.data.shards import ShardSet
 from pipeline.inference.common import detokenize, prepare_source

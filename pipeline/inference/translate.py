@@ -214,11 +214,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _translate(args: argparse.Namespace, translator: Translator | Ct2Translator, raw: list[bytes] | None) -> None:
     """Translate the input ``raw`` (or stdin when None) to the output, then draw the attention figure if asked."""
-    from pipeline.core.textio import refuse_foreign, write_lines
+    from pipeline.core.owned import refuse_foreign, write_lines, writes_into
 
     to_file = args.output not in (None, "-")
-    if to_file:
-        refuse_foreign(Path(args.output), None)  # a folder is refused before the work, not after it
+    for path in (args.output if to_file else None, args.attention_png):
+        if path is not None and not writes_into(path):  # a FIFO, a terminal or /dev/stdout is written into
+            refuse_foreign(Path(path), None)  # a folder or a link is refused before the work, not after it
     pick = None
     if args.attention_png:
         check_attention_layer(args.attention_layer, translator.config.n_layers)
@@ -231,7 +232,7 @@ def _translate(args: argparse.Namespace, translator: Translator | Ct2Translator,
         beam_rule=args.beam_rule or "fairseq")
     picked = pick.result(total) if pick is not None else None  # refused before --output is written
     if to_file:
-        write_lines(args.output, outputs)
+        write_lines(args.output, outputs, option="--output")
     if picked is not None:
         number, source, hyp = picked
         plot_cross_attention(translator, source, hyp, args.attention_layer, args.attention_png)
@@ -247,8 +248,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", choices=("torch", "ctranslate2"), default="torch",
                    help="this project's beam search (default) or CTranslate2's on an export")
     p.add_argument("--input", help="input file, one sentence per line (default: stdin, translated as lines arrive)")
-    p.add_argument("--output", help="output file, written atomically at the end (default: stdout, written as "
-                                    "lines are translated)")
+    p.add_argument("--output", help="output file, written atomically at the end (a FIFO, terminal or /dev/stdout: "
+                                    "written into; default: stdout, written as lines are translated)")
     p.add_argument("--beam", type=_beam, default=4,
                    help=f"beam size, 1 to {MAX_BEAM_SIZE} and at most the vocabulary size (default 4)")
     p.add_argument("--alpha", type=_finite_float, default=0.6, help="length penalty alpha (default 0.6)")

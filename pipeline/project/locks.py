@@ -12,7 +12,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from pipeline.core.textio import atomic_path, write_text
+from pipeline.core.owned import atomic_path, write_text
 
 #: The kept locks, ``<profile>/dvc.lock``, and ``LIVE``: whose lock is live.
 KEPT = Path(".dvc") / "tmp" / "nmt-locks"

@@ -14,8 +14,8 @@ import yaml
 
 from pipeline.core.config import params_from_dict, section_dict
 from pipeline.core.errors import ConfigError
+from pipeline.core.owned import atomic_path, discard, write_text
 from pipeline.core.paths import layout_problems
-from pipeline.core.textio import atomic_path, write_text
 from pipeline.core.yamlfile import load_yaml
 from pipeline.project.locks import use_locks
 from pipeline.project.workspace import exclusive_run
@@ -135,10 +135,10 @@ def restore_params(root: str | Path = ".", logger: logging.Logger | logging.Logg
     if saved.is_file():
         with atomic_path(target) as tmp:
             tmp.write_bytes(saved.read_bytes())
-        saved.unlink()
+        discard(saved)
     elif absent.is_file():
-        target.unlink(missing_ok=True)
-        absent.unlink()
+        discard(target)
+        discard(absent)
     else:
         return False
     (logger or log).info("restored %s as it was before the profile run", target)

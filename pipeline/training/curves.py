@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.textio import atomic_path, write_text
+from pipeline.core.owned import atomic_path, write_text
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from pipeline.core import tracking
 from pipeline.core.config import TrainConfig
 from pipeline.core.details import Machine, TrainDetails
 from pipeline.core.errors import PipelineError
-from pipeline.core.textio import write_text
+from pipeline.core.owned import write_text
 from pipeline.data import batching
 from pipeline.training import distributed, faults, pause, preflight, setup
 from pipeline.training.logs import PEAK_FLOPS, TrainLog, history_csv, log_valid, perplexity

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.textio import write_text
+from pipeline.core.owned import discard, write_text
 
 MARKER = "PAUSED"
 
@@ -33,7 +33,7 @@ def check_restart(run_dir: str | Path, *, is_main: bool) -> None:
     if _job() and job == _job():
         raise Paused(message.strip())
     if is_main:
-        marker.unlink(missing_ok=True)
+        discard(marker)
 
 
 def pause(run_dir: str | Path, *, max_minutes: float, step: int, max_steps: int, is_main: bool) -> Paused:

@@ -23,8 +23,8 @@ from pipeline.clean import stage as clean_stage
 from pipeline.core import stages
 from pipeline.core.config import BpeConfig, Params, params_from_dict
 from pipeline.core.details import RECORDS, RunDetails
+from pipeline.core.owned import write_lines, write_text
 from pipeline.core.stage import run_stage, write_metrics
-from pipeline.core.textio import write_lines, write_text
 from pipeline.encode import stage as encode_stage
 from pipeline.evaluate import stage as evaluate_stage
 from pipeline.project.profiles import merged_profile

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.config import EncodeConfig
+from pipeline.core.owned import write_lines
 from pipeline.core.stage import run_stage
-from pipeline.core.textio import write_lines
 from pipeline.encode import stage as encode_stage
 from tests.helpers.models import CORPUS, make_averaged, spm_vocab_size, tiny_model, write_checkpoint
 

@@ -22,7 +22,7 @@ from pipeline.core import stages
 from pipeline.core.config import Params, flatten, params_from_dict
 from pipeline.core.details import METRICS, RunDetails
 from pipeline.core.errors import CheckpointError, DataError, PipelineError
-from pipeline.core.textio import write_text
+from pipeline.core.owned import write_text
 from pipeline.project.profiles import merged_profile
 from tests.helpers.audit_world import missing_repository_files, profile_params
 from tests.helpers.paths import REPO

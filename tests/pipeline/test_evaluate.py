@@ -15,8 +15,9 @@ import torch
 
 from pipeline.core.config import EvaluateConfig
 from pipeline.core.errors import CheckpointError, DataError
+from pipeline.core.owned import write_lines
 from pipeline.core.stage import run_stage
-from pipeline.core.textio import count_lines, read_lines, write_lines
+from pipeline.core.textio import count_lines, read_lines
 from pipeline.evaluate import stage
 from pipeline.inference.common import prepare_source
 from pipeline.inference.decoding import decode_sources, load_translator, plan_batches, plan_searches

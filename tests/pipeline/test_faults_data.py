@@ -10,13 +10,14 @@ may not write is one line naming the file, exit code 1, and the previous output 
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
+import json
 import os
 import re
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,7 +27,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.core.textio import atomic_path, remove_stale_temps, write_text
+from pipeline.core.owned import atomic_path, remove_stale, write_text
+from tests.helpers.privileges import without_dac_override
 from tests.helpers.data_faults import multi30k_mirror, write_params, write_raw
 from tests.helpers.paths import REPO
 from tests.helpers.repoutil import git as _git
@@ -81,10 +83,10 @@ def kill_group_when(proc: subprocess.Popen, ready: Callable[[], bool], log: Path
 
 
 def building(parent: Path, name: str, inner: str, at_least: int) -> Callable[[], bool]:
-    """True once a temporary sibling ``.<name>.*.tmp`` holds ``at_least`` bytes (or files) under ``inner``."""
+    """True once a staging folder ``.<name>.*.tmp/<name>`` holds ``at_least`` bytes (or files) under ``inner``."""
     def ready() -> bool:
         for tmp in parent.glob(f".{name}.*.tmp"):
-            target = tmp / inner
+            target = tmp / name / inner
             try:
                 if target.is_file() and target.stat().st_size >= at_least:
                     return True
@@ -163,7 +165,18 @@ def test_sigkill_mid_clean_and_mid_encode_then_dvc_repro_is_byte_identical(dvc_t
     assert "up to date" in status.stdout, status.stdout
 
 
-def test_stale_siblings_of_dead_writers_are_removed_live_ones_kept(tmp_path: Path) -> None:
+def _staging(folder: Path, name: str, pid: int, marked: bool = True) -> Path:
+    """A staging folder for ``name`` as process ``pid`` would have left it (``marked``: with its marker)."""
+    staging = folder / f".{name}.{pid}.abcd1234.tmp"
+    (staging / name).mkdir(parents=True)
+    (staging / name / "part").write_text("partial")
+    if marked:
+        (staging / ".nmt-temporary").write_text(json.dumps({"owner": f"{socket.gethostname()}/{pid}/",
+                                                            "for": name}))
+    return staging
+
+
+def test_only_marked_staging_folders_of_dead_writers_are_removed(tmp_path: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     zombie = subprocess.Popen(["sleep", "30"])
@@ -171,27 +184,27 @@ def test_stale_siblings_of_dead_writers_are_removed_live_ones_kept(tmp_path: Pat
     time.sleep(0.2)
     live = subprocess.Popen(["sleep", "30"])
     try:
-        names = {f".out.{dead.pid}.abcd1234.tmp": "dir", f".out.{zombie.pid}.efgh5678.tmp": "file",
-                 ".out.k2j4h5g6.tmp": "dir",  # without a pid (older naming): stale
-                 f".out.{live.pid}.wxyz0987.tmp": "dir", f".other.{dead.pid}.abcd1234.tmp": "dir"}
-        for name, kind in names.items():
-            if kind == "dir":
-                (tmp_path / name).mkdir()
-                (tmp_path / name / "part").write_text("partial")
-            else:
-                (tmp_path / name).write_text("partial")
+        stale = [_staging(tmp_path, "out", dead.pid), _staging(tmp_path, "out", zombie.pid)]
+        kept = [_staging(tmp_path, "out", live.pid), _staging(tmp_path, "other", dead.pid),
+                _staging(tmp_path, "out", dead.pid + 100_000, marked=False)]  # no marker: not ours
+        for name in (".out.tmp", ".out.backup.tmp"):  # look-alikes of the user's
+            (tmp_path / name).write_text("mine\n")
+        (tmp_path / ".out.notes.tmp").mkdir()
+        (tmp_path / ".out.notes.tmp" / "n.txt").write_text("mine\n")
         write_text(tmp_path / "out", "complete\n")
+        assert not any(p.exists() for p in stale)
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-            ["out", f".out.{live.pid}.wxyz0987.tmp", f".other.{dead.pid}.abcd1234.tmp"])
-        assert remove_stale_temps(tmp_path / "other") == [tmp_path / f".other.{dead.pid}.abcd1234.tmp"]
+            ["out", ".out.tmp", ".out.backup.tmp", ".out.notes.tmp", *(p.name for p in kept)])
+        assert (tmp_path / ".out.notes.tmp" / "n.txt").read_text() == "mine\n"
+        assert remove_stale(tmp_path, "other") == [kept[1]]
     finally:
         live.kill()
         live.wait()
         zombie.wait()
     with atomic_path(tmp_path / "out") as tmp:  # the live writer has gone now
-        assert tmp.name.startswith(f".out.{os.getpid()}.")
+        assert tmp.parent.name.startswith(f".out.{os.getpid()}.") and tmp.name == "out"
         tmp.write_text("again\n")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert not kept[0].exists() and kept[2].exists()
 
 
 # --- the disk fills up ------------------------------------------------------------------------------
@@ -249,7 +262,7 @@ def test_download_through_a_mirror_hitting_the_file_size_limit(tmp_path: Path, r
     proc = stage_cli("download", tmp_path, fsize_limit(256 << 10), env=env)
     assert proc.returncode == 1, proc.stderr
     assert re.fullmatch(
-        rf"error: stage download: cannot write {re.escape(str(cache))}/extract-\d+-\w+/gunzip/data/task1/raw/"
+        rf"error: stage download: cannot write {re.escape(str(cache))}/extract/gunzip/data/task1/raw/"
         r"train\.en: file size limit reached \(EFBIG\); raise the file size limit \(ulimit -f\) or the file "
         r"system's maximum, then rerun the stage", last_line(proc)), last_line(proc)
     assert not (tmp_path / "data/tiny/raw").exists() and temps(tmp_path) == []
@@ -261,19 +274,11 @@ def test_download_through_a_mirror_hitting_the_file_size_limit(tmp_path: Path, r
 
 # --- a folder the stage may not write ---------------------------------------------------------------
 
-def _without_dac_override() -> None:
-    """As root: drop CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH from the bounding set, so modes apply after exec."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    for cap in (1, 2):
-        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
-            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
-
-
 def test_permission_denied_names_the_folder(tmp_path: Path, repo_root: Path) -> None:
     write_params(tmp_path, repo_root, paths={"clean": "data/locked/clean"})
     write_raw(tmp_path / "data/tiny/raw", 100)
     (tmp_path / "data/locked").mkdir(mode=0o555)
-    preexec = _without_dac_override if os.geteuid() == 0 else None
+    preexec = without_dac_override if os.geteuid() == 0 else None
     try:
         proc = stage_cli("clean", tmp_path, preexec)
     finally:
@@ -313,11 +318,11 @@ def test_sigkill_mid_download_then_the_rerun_resumes_and_is_byte_identical(tmp_p
                                     stdout=out, stderr=out, env=env, start_new_session=True)
             kill_group_when(proc, lambda: any(cache.rglob("*.part")), log)  # a transfer under way
         assert not (work / "data/tiny/raw").exists() and not (work / "metrics/tiny/download.details.json").exists()
-        assert [p.name for p in cache.iterdir() if p.name.startswith("extract-")]  # the dead run's staging
+        assert [p.name for p in cache.iterdir() if p.name.startswith(".extract.")]  # the dead run's staging
         again = stage_cli("download", work, env={"NMT_DATA_MIRROR": url, "NMT_DOWNLOAD_CACHE": str(cache)})
     assert again.returncode == 0, again.stderr
     assert sha_tree(work / "data/tiny/raw") == expected
-    assert [p.name for p in cache.iterdir() if p.name.startswith("extract-")] == []
+    assert [p.name for p in cache.iterdir() if p.name.startswith(".extract.")] == []
     assert list(cache.rglob("*.part")) == [] and temps(work) == []
 
 

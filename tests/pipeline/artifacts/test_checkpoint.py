@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.core.errors import CheckpointError
 from pipeline.artifacts import checkpoint
+from pipeline.core.errors import CheckpointError, OutputError
 
 CONFIG = {"model": {"d_model": 16, "n_layers": 1, "vocab_size": 60}, "train": {"lr_scale": 1.0, "max_steps": 10},
           "seed": 1}
@@ -29,7 +29,7 @@ def test_save_writes_the_four_files_and_no_temporary(tmp_path):
     folder = _save(tmp_path, 12)
     assert folder == tmp_path / "step-00000012"
     assert sorted(p.name for p in folder.iterdir()) == ["DONE", "model.pt", "optim.pt", "state.json"]
-    assert list(tmp_path.iterdir()) == [folder]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".nmt-output", folder.name]  # the training folder's marker
     assert checkpoint.load_tensors(folder, checkpoint.MODEL).keys() == {"w"}
     assert checkpoint.read_state(folder)["step"] == 12
 
@@ -39,22 +39,32 @@ def test_a_failed_save_leaves_nothing_behind(tmp_path):
     with pytest.raises(Exception):
         checkpoint.save(tmp_path, 2, model_state={"w": torch.zeros(1)}, optim_state={"bad": threading.Lock()},
                         state={"step": 2}, keep_last=5)
-    assert [p.name for p in tmp_path.iterdir()] == ["step-00000001"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".nmt-output", "step-00000001"]
 
 
-def test_folder_without_done_is_ignored_then_cleaned(tmp_path):
+def test_a_dead_saves_staging_is_cleaned_a_look_alike_and_a_folder_without_done_are_not(tmp_path):
     _save(tmp_path, 2)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    staging = tmp_path / f".step-00000006.{dead.stdout.strip()}.abcd1234.tmp"
+    (staging / "step-00000006").mkdir(parents=True)
+    (staging / ".nmt-temporary").write_text(json.dumps({"owner": f"{os.uname().nodename}/{dead.stdout.strip()}/",
+                                                        "for": "step-00000006"}))
+    look_alike = tmp_path / ".step-00000008.notes.tmp"
+    look_alike.mkdir()
+    assert checkpoint.clean_incomplete(tmp_path) == [staging]
     partial = tmp_path / "step-00000004"
     partial.mkdir()
     (partial / "model.pt").write_bytes(b"garbage")
-    leftover = tmp_path / ".step-00000006.abc.tmp"
-    leftover.mkdir()
     assert checkpoint.latest(tmp_path) == tmp_path / "step-00000002"
     with pytest.raises(CheckpointError, match="no DONE marker"):
         checkpoint.load_tensors(partial, checkpoint.MODEL)
-    removed = checkpoint.clean_incomplete(tmp_path)
-    assert sorted(p.name for p in removed) == [".step-00000006.abc.tmp", "step-00000004"]
-    assert [p.name for p in tmp_path.iterdir()] == ["step-00000002"]
+    with pytest.raises(OutputError, match=r"step-00000004: a step folder without DONE, which this project never "
+                                          r"leaves .*; move it out of .*, then rerun the train stage"):
+        checkpoint.clean_incomplete(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".nmt-output", ".step-00000008.notes.tmp",
+                                                          "step-00000002", "step-00000004"]
+    assert (partial / "model.pt").read_bytes() == b"garbage"
 
 
 def test_keep_last_prunes_the_oldest(tmp_path):
@@ -198,7 +208,7 @@ def test_disk_full_during_save_is_one_line_and_leaves_no_checkpoint(tmp_path, mo
     assert message.startswith(str(tmp_path / "step-00000002" / checkpoint.OPTIM)), message
     assert (f"could not write the checkpoint: disk full (or file size limit, ulimit -f); free space under "
             f"{tmp_path} or lower train.keep_last, then rerun: training resumes from step-00000001") in message
-    assert [p.name for p in tmp_path.iterdir()] == ["step-00000001"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".nmt-output", "step-00000001"]
     assert checkpoint.latest(tmp_path) == tmp_path / "step-00000001"
 
 
@@ -231,7 +241,7 @@ def test_a_real_file_size_limit_during_save_is_one_line(tmp_path):
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "step-00000002/model.pt: could not write the checkpoint: disk full" in lines[0], lines[0]
     assert "training resumes from step-00000001" in lines[0]
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["step-00000001"]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [".nmt-output", "step-00000001"]
 
 
 def test_a_file_that_is_not_a_checkpoint_is_named_without_torch_advice(tmp_path):

@@ -1,8 +1,9 @@
 """Where outputs may go: the params layout (inside the project, no overlaps, no other profile's folders), the
-output options of commands, and the marker rule of :func:`pipeline.core.textio.atomic_path`."""
+output options of commands, and the marker rule of :func:`pipeline.core.owned.atomic_path`."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -11,8 +12,8 @@ import yaml
 
 from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError, OutputError
+from pipeline.core.owned import MARKER, atomic_path
 from pipeline.core.paths import layout_problems, output_problem
-from pipeline.core.textio import MARKER, atomic_path
 from pipeline.project.profiles import merged_profile, write_profile
 from tests.helpers.paths import REPO
 
@@ -91,7 +92,7 @@ def test_a_folder_output_replaces_only_a_folder_it_wrote_for_the_same_role(tmp_p
     with atomic_path(out, role="clean") as tmp:
         tmp.mkdir()
         (tmp / "train.en").write_text("first\n")
-    assert (out / MARKER).read_text() == "clean\n"
+    assert json.loads((out / MARKER).read_text()) == {"role": "clean", "entries": {"train.en": 6}}
     with atomic_path(out, role="clean") as tmp:  # its own folder: replaced
         tmp.mkdir()
         (tmp / "train.en").write_text("second\n")
@@ -122,3 +123,35 @@ def test_a_folder_a_user_made_is_never_replaced(tmp_path: Path) -> None:
         with atomic_path(link, role="clean") as tmp:
             tmp.mkdir()
     assert (mine / "keep.txt").read_text() == "mine\n"
+
+
+def _built(out: Path, files: dict[str, str], role: str = "clean") -> None:
+    with atomic_path(out, role=role) as tmp:
+        for rel, text in files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_text(text)
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    (lambda out: (out / "notes.txt").write_text("mine\n"), r"it holds notes\.txt, which its \.nmt-output does not list"),
+    (lambda out: (out / "sub" / "a.en").write_text("longer text\n"), r"it holds sub/a\.en, which its \.nmt-output"),
+    (lambda out: (out / "sub" / "x").mkdir(), r"it holds sub/x, which"),
+    (lambda out: (out / MARKER).write_text("clean\n"), r"its \.nmt-output is an older version's, which lists no files"),
+])
+def test_a_folder_is_replaced_only_while_its_marker_lists_everything_in_it(tmp_path: Path, change, why: str) -> None:
+    out = tmp_path / "clean"
+    _built(out, {"train.en": "a\n", "sub/a.en": "b\n"})
+    change(out)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    with pytest.raises(OutputError, match=rf"clean: refusing to replace this folder: .*\({why}"):
+        _built(out, {"train.en": "new\n"})
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clean"]  # the staging folder went too
+
+
+def test_a_folder_whose_files_were_deleted_is_still_ours(tmp_path: Path) -> None:
+    out = tmp_path / "clean"
+    _built(out, {"train.en": "a\n", "sub/a.en": "b\n"})
+    (out / "sub" / "a.en").unlink()
+    _built(out, {"train.en": "new\n"})
+    assert (out / "train.en").read_text() == "new\n" and not (out / "sub").exists()

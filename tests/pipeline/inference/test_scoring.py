@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.errors import DataError
-from pipeline.core.textio import write_lines
+from pipeline.core.owned import write_lines
 from pipeline.inference.scoring import (
     METRIC_KEYS,
     TOKENIZED_METRIC,
