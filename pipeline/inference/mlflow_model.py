@@ -25,9 +25,6 @@ REQUEST_PARAMS = ("beam_size", "alpha", "engine")
 MAX_REQUEST_LINES = 256
 #: The most characters of one source line: the model reads at most ``max_positions`` tokens of it anyway.
 MAX_LINE_CHARS = 10_000
-#: The largest length-penalty exponent a request may ask for: the paper uses 0.6, and ((5 + n) / 6)^alpha
-#: overflows a float at alpha ~ 138 for n = 1024 tokens.
-MAX_ALPHA = 10.0
 #: what to do about a shipped CTranslate2 export that fails its digest check.
 REGISTER_AGAIN = "register the model again (`dvc repro register` with NMT_REGISTER_CTRANSLATE2 set)"
 
@@ -89,7 +86,7 @@ class Translator(mlflow.pyfunc.PythonModel):
         Raises:
             MlflowException: (``INVALID_PARAMETER_VALUE``) a param or input out of bounds, before any decoding.
         """
-        from model.config import beam_size_problem
+        from model.config import MAX_ALPHA, beam_size_problem
         from pipeline.inference.translate import translate_lines
 
         settings = dict(self._settings)

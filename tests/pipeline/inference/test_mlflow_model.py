@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from mlflow.exceptions import MlflowException
 
+from model.config import MAX_ALPHA
 from pipeline.inference import mlflow_model
 from tests.helpers.models import make_small_vocab_averaged
 
@@ -28,7 +29,7 @@ def test_strings_within_the_bounds_are_translated(translator: mlflow_model.Trans
     out = translator.predict(None, ["a b c", "", "x" * mlflow_model.MAX_LINE_CHARS], params={"beam_size": 16})
     assert len(out) == 3 and out[1] == ""
     frame = pd.DataFrame({"src": ["ab ba"] * mlflow_model.MAX_REQUEST_LINES})
-    assert len(translator.predict(None, frame, params={"beam_size": 1, "alpha": mlflow_model.MAX_ALPHA})) == 256
+    assert len(translator.predict(None, frame, params={"beam_size": 1, "alpha": MAX_ALPHA})) == 256
 
 
 @pytest.mark.parametrize(("model_input", "params", "message"), [
