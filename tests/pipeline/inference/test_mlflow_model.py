@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 from mlflow.exceptions import MlflowException
@@ -45,7 +46,10 @@ def test_strings_within_the_bounds_are_translated(translator: mlflow_model.Trans
     ([{"a": 1}], {}, "inputs[0]: a value of type dict is not a string"),
     (["a"] * 257, {}, "inputs: 257 lines, more than the 256 one request may hold"),
     (["x" * 10001], {}, "inputs[0]: 10001 characters, more than the 10000 of one line"),
-    (pd.DataFrame({"x": ["a"], "y": ["b"]}), {}, "inputs: a table with columns ['x', 'y']"),
+    (pd.DataFrame({"x": ["a"], "y": ["b"]}), {}, "inputs: a table of 2 columns ('x', 'y'); send one column 'src'"),
+    (pd.DataFrame({"src": ["a"], "y": ["b"]}), {}, "inputs: a table of 2 columns ('src', 'y'); send one column"),
+    (np.array([["a", "b"], ["c", "d"]]), {}, "inputs: a table of 2 columns ('0', '1'); send one column 'src'"),
+    ({"src": ["a"], "de": ["b"]}, {}, "inputs: a table of 2 columns ('src', 'de'); send one column 'src'"),
     (pd.DataFrame({"src": [3.5]}), {}, "inputs[0]: a value of type float is not a string"),
 ])
 def test_out_of_bounds_requests_are_refused_naming_the_field(translator: mlflow_model.Translator,
