@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
+import os
 import sys
 import weakref
 from collections.abc import Sequence
@@ -29,10 +31,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import REPO, header, md_table, setup_logging, write_json  # noqa: E402
+from benchmarks.common import REPO, header, md_table, setup_logging  # noqa: E402
 from model import Transformer, TransformerConfig, label_smoothed_nll_loss  # noqa: E402
 from pipeline.core.config import params_from_dict  # noqa: E402
 from pipeline.core.env import DEFAULT_MAX_TOKENS  # noqa: E402
+from pipeline.core.errors import OutputError, PipelineError  # noqa: E402
+from pipeline.core.owned import write_text  # noqa: E402
 from pipeline.project.profiles import merged_profile  # noqa: E402
 from pipeline.training.forward import batch_loss  # noqa: E402
 
@@ -109,9 +113,38 @@ def loss_bytes(tokens: int = 25_000, d_model: int = 512, vocab: int = 37_000) ->
     return count.peak
 
 
+def check_out(out: Path) -> None:
+    """Refuse, before minutes of counting, an ``--out`` that cannot take the JSON file: a folder, a device or FIFO
+    (``/dev/full``), or a folder that is not writable (a read-only file system, permissions).
+
+    Raises:
+        OutputError: naming ``--out`` and what to do.
+    """
+    if out.exists() and not out.is_file():
+        what = "a folder" if out.is_dir() else "not a regular file (a device or a FIFO)"
+        raise OutputError(f"--out {out}: is {what}; name the .json file to write")
+    folder = next(p for p in [out.parent.absolute(), *out.parent.absolute().parents] if p.exists())
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):  # os.access sees EROFS too
+        raise OutputError(f"--out {out}: {folder} is not a writable folder (read-only file system or "
+                          "permissions); name a .json file in a folder you can write")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Count each budget of ``--max-tokens`` for ``--profile``; the table on stdout, the JSON at ``--out``."""
+    """Count each budget of ``--max-tokens`` for ``--profile``; the table on stdout, the JSON at ``--out``; a bad
+    profile or ``--out`` is one line (exit 1)."""
     setup_logging()
+    try:
+        return _main(argv)
+    except PipelineError as exc:
+        log.error("error: %s", exc)
+        return 1
+    except OSError as exc:  # what check_out cannot foresee (a folder that takes no new file, as /proc)
+        log.error("error: --out: %s could not be written (%s); name a .json file in a folder you can write",
+                  exc.filename, exc.strerror)
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--profile", default="paper-big", help="a profile of profiles/ (its model, vocabulary, max_len)")
     p.add_argument("--max-tokens", type=int, nargs="+", default=[DEFAULT_MAX_TOKENS["cuda"], 32768, 65536],
@@ -119,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "memory.json")
     p.add_argument("--calibrate", action="store_true", help="also count the eager loss alone (25,000 x 37,000)")
     args = p.parse_args(argv)
+    check_out(args.out)
     params = params_from_dict(merged_profile(args.profile, REPO), f"profiles/{args.profile}.yaml")
     cfg, longest = params.model.with_vocab(params.bpe.vocab_size), params.encode.max_len + 1
     if min(args.max_tokens) < longest:
@@ -133,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                               "torch": torch.__version__, "parameters": cfg.weight_count(), "rows": rows}
     if args.calibrate:
         result["loss_only_peak_bytes"] = loss_bytes()
-    write_json(args.out, result)
+    write_text(args.out, json.dumps(result, indent=2) + "\n")  # atomic: disk full keeps the previous file
     print(md_table(["NMT_MAX_TOKENS", "passes (sentences x tokens)", "peak GiB", "weights + Adam GiB"],
                    [(r["max_tokens"], ", ".join(f"{n} x {t}" for n, t in r["shapes"]), f"{r['peak_bytes'] / GIB:.2f}",
                      f"{r['resident_bytes'] / GIB:.2f}") for r in rows]))

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.core.errors import EXIT_PERMANENT, PipelineError
+from pipeline.core.errors import EXIT_PERMANENT, ConfigError, PipelineError
+from pipeline.core.yamlfile import load_yaml
 
 PUBLISH_HINT = ("dvc.lock changed: to publish this run, commit it with its params and numbers: "
                 "git add params.yaml dvc.lock metrics/ plots/ && git commit")
@@ -89,10 +91,22 @@ def _stage_exit_code(exc: BaseException) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def check_params(root: str | Path = ".") -> None:
+    """Read ``root``'s params.yaml with the project's bounded reader before DVC parses it: DVC (ruamel.yaml)
+    expands nested YAML aliases without bound (docs/reliability.md: a few hundred bytes took all the memory a
+    `dvc status` was given), where :func:`pipeline.core.yamlfile.load_yaml` refuses the first anchor in one line.
+
+    Raises:
+        ConfigError: params.yaml holds an anchor or alias, is too large or is not valid YAML (file and line named).
+    """
+    with contextlib.suppress(FileNotFoundError):  # no params.yaml: DVC says what that means for the stage
+        load_yaml(Path(root) / "params.yaml")
+
+
 def repro(stage: str, *, force: bool = False, root: str | Path = ".") -> int:
     """Reproduce ``stage`` alone through DVC's API (what ``dvc repro --single-item`` calls); 0, or 255 (``dvc``'s
-    status) after DVC's one-line ``ERROR:``, or :data:`EXIT_PERMANENT` when the stage exited with it (a failure no
-    retry fixes: the flow does not retry it). ``SCMContext.quiet`` (dvc/repo/scm_context.py) silences the "git add
+    status) after DVC's one-line ``ERROR:``, or :data:`EXIT_PERMANENT` when the stage exited with it or params.yaml
+    is refused by :func:`check_params` (failures no retry fixes: the flow does not retry them). ``SCMContext.quiet`` (dvc/repo/scm_context.py) silences the "git add
     dvc.lock" reminder, as DVC's experiment executor does; the flow says once what to commit (:func:`publish_hint`).
     """
     from dvc.exceptions import DvcException
@@ -100,6 +114,11 @@ def repro(stage: str, *, force: bool = False, root: str | Path = ".") -> int:
     from dvc.ui import ui
 
     ui.enable()
+    try:
+        check_params(root)
+    except ConfigError as exc:
+        logging.getLogger("dvc").error("%s", exc)  # as DVC's own errors: "ERROR: ..."
+        return EXIT_PERMANENT
     try:
         with Repo(str(root)) as dvc:
             dvc.scm_context.quiet = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -76,10 +77,20 @@ def start_temporary_server() -> str:
 
 
 def ensure_api(module: str, argv: list[str] | None) -> None:
-    """With no ``PREFECT_API_URL``, start the temporary server and ``exec`` ``python -m MODULE ARGV`` with it set."""
+    """With no ``PREFECT_API_URL``, start the temporary server and ``exec`` ``python -m MODULE ARGV`` with it set.
+
+    Raises:
+        PipelineError: ``PREFECT_API_URL`` is set but no Prefect server answers its health check there (Prefect's
+            client would retry, then end the flow in a traceback of its connection error).
+    """
     from prefect.settings import PREFECT_API_URL
 
-    if PREFECT_API_URL.value():
+    if url := PREFECT_API_URL.value():
+        if not healthy(url.rstrip("/")):
+            shown = re.sub(r"^(https?://)[^/]*@", r"\1***@", url)
+            raise PipelineError(f"PREFECT_API_URL={shown}: no Prefect server answers there ({shown.rstrip('/')}"
+                                "/health); start it (prefect server start) or unset PREFECT_API_URL, and the run "
+                                "starts a temporary server of its own")
         return
     os.environ["PREFECT_API_URL"] = start_temporary_server()
     # No UI, and gone when the run ends: an empty UI URL keeps Prefect from logging a dead "View at" link

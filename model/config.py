@@ -18,6 +18,10 @@ MAX_BEAM_SIZE = 64
 #: The beams a search accepts, as its errors word them.
 BEAM_RANGE = f"an integer from 1 to {MAX_BEAM_SIZE} (the widest beam this project searches)"
 
+#: The largest length-penalty exponent a search accepts (params' evaluate.alphas, a served request's alpha): the
+#: paper uses 0.6, and ((5 + n) / 6)^alpha overflows a float at alpha ~ 138 for n = 1024 tokens.
+MAX_ALPHA = 10.0
+
 #: The beam search rules (``model/beam_rules.py``): fairseq's and tensor2tensor's.
 BEAM_RULES = ("fairseq", "t2t")
 

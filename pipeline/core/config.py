@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from model.config import DERIVED, MAX_BEAM_SIZE, MAX_WEIGHTS, TransformerConfig, beam_size_problem
+from model.config import DERIVED, MAX_ALPHA, MAX_BEAM_SIZE, MAX_WEIGHTS, TransformerConfig, beam_size_problem
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import layout_problems, path_problem
 from pipeline.core.strict import Range, build, shown
@@ -129,6 +129,10 @@ class EvaluateConfig:
             raise ValueError("evaluate.beam_sizes must be a non-empty list of integers >= 1")
         if not self.alphas:
             raise ValueError("evaluate.alphas must be a non-empty list")
+        for key, values in (("beam_sizes", self.beam_sizes), ("alphas", self.alphas)):
+            if repeated := next((v for i, v in enumerate(values) if v in values[:i]), None):
+                raise ValueError(f"evaluate.{key}: {shown(repeated)} appears {values.count(repeated)} times, and "
+                                 "each decodes the whole valid set again; list each value once")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,7 +216,7 @@ RANGES: dict[type, dict[str, Range]] = {
                   "log_every_steps": _POSITIVE},
     AverageConfig: {"last_n": _POSITIVE},
     EvaluateConfig: {"beam_sizes": Range(ge=1, le=MAX_BEAM_SIZE),  # and <= bpe.vocab_size (Params)
-                     "alphas": _NON_NEGATIVE, "max_len_a": _NON_NEGATIVE, "max_len_b": _NON_NEGATIVE,
+                     "alphas": Range(ge=0, le=MAX_ALPHA), "max_len_a": _NON_NEGATIVE, "max_len_b": _NON_NEGATIVE,
                      "max_tokens": _POSITIVE},
 }
 
@@ -220,7 +224,8 @@ RANGES: dict[type, dict[str, Range]] = {
 def _key_problems(cls: type, name: str, value: Any) -> list[tuple[str, str]]:
     """``(item suffix, problem)`` for each rule that the (type-correct) value of ``cls.name`` breaks."""
     if cls is PathsConfig:
-        problem = path_problem(value)
+        problem = (f"{shown(value)} holds a NUL byte, which no file name may hold; remove it" if "\0" in value
+                   else path_problem(value))
         return [("", problem)] if problem else []
     if (rng := RANGES.get(cls, {}).get(name)) is None:
         return []

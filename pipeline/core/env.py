@@ -21,6 +21,12 @@ SOURCE = "environment"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DOWNLOAD_CACHE = REPO_ROOT / ".cache" / "downloads"
 TRACKING_OFF = ("off", "0", "false", "no")
+SWITCH_ON = ("on", "1", "true", "yes")
+#: The longest wait any ``*_TIMEOUT_S`` variable may ask for (a week): ``threading.Timer`` and torch's C++
+#: timeouts overflow on values such as 1e20, which no run needs.
+MAX_WAIT_S = 7 * 24 * 3600
+#: The longest ``NMT_MODEL_NAME``: MLflow stores a registered model's name in a VARCHAR(256) column.
+MAX_MODEL_NAME_CHARS = 256
 FAULT_POINTS = ("preflight", "forward", "mid_accum", "collective", "before_save", "mid_save", "after_save",
                 "after_step")
 FAULT_ACTIONS = ("kill", "exit", "stall", "oom")
@@ -46,24 +52,47 @@ class Parser:
     fn: Callable[[str], Any]
 
 
-def integer(minimum: int) -> Parser:
+def integer(minimum: int, maximum: int | None = None) -> Parser:
+    kind = f"integer >= {minimum}" if maximum is None else f"integer from {minimum} to {maximum}"
+
     def parse(raw: str) -> int:
-        value = int(raw) if re.fullmatch(r"[+-]?[0-9]+", raw) else minimum - 1
-        if value < minimum:
-            raise ValueError(f"expected an integer >= {minimum}")
+        digits = raw.lstrip("+-")
+        value = int(raw) if re.fullmatch(r"[+-]?[0-9]+", raw) and len(digits) <= 30 else minimum - 1
+        if value < minimum or (maximum is not None and value > maximum):
+            raise ValueError(f"expected an {kind}")
         return value
-    return Parser(f"integer >= {minimum}", parse)
+    return Parser(kind, parse)
 
 
-def seconds(*, positive: bool) -> Parser:
-    bound = "> 0" if positive else ">= 0"
+def seconds(*, positive: bool, maximum: float | None = None) -> Parser:
+    bound = ("> 0" if positive else ">= 0") + ("" if maximum is None else f" and <= {maximum:g}")
 
     def parse(raw: str) -> float:
         with contextlib.suppress(ValueError):
-            if math.isfinite(value := float(raw)) and (value > 0 if positive else value >= 0):
+            if (math.isfinite(value := float(raw)) and (value > 0 if positive else value >= 0)
+                    and (maximum is None or value <= maximum)):
                 return value
         raise ValueError(f"expected a number of seconds {bound}")
     return Parser(f"seconds {bound}", parse)
+
+
+def _switch(raw: str) -> bool:
+    if (word := raw.lower()) in SWITCH_ON or word in TRACKING_OFF:
+        return word in SWITCH_ON
+    raise ValueError(f"expected on/off: one of {', '.join(SWITCH_ON)} or {', '.join(TRACKING_OFF)}")
+
+
+def _model_name(raw: str) -> str:
+    """MLflow's rules for a registered model's name (``_validate_model_name`` in mlflow/utils/validation.py: no
+    '/' or ':', and not a path that normalises to another name), plus printable and at most 256 characters."""
+    if len(raw) > MAX_MODEL_NAME_CHARS:
+        raise ValueError(f"{len(raw)} characters, more than {MAX_MODEL_NAME_CHARS}; choose a shorter name")
+    if not raw.isprintable():
+        raise ValueError("holds a control character (a newline, a tab...); choose a name of printable characters")
+    if "/" in raw or ":" in raw or raw.startswith(".."):
+        raise ValueError("MLflow refuses a registered model name with '/' or ':' or starting with '..'; "
+                         "choose another name")
+    return raw
 
 
 def choice(*choices: str) -> Parser:
@@ -99,7 +128,8 @@ def _fault(raw: str) -> Fault:
 TEXT = Parser("text", str)
 PATH = Parser("path", Path)
 MIRROR = Parser("folder or http(s) URL", lambda raw: raw.removeprefix("file://"))
-SWITCH = Parser("on/off", lambda raw: raw.lower() not in TRACKING_OFF)
+SWITCH = Parser("on/off", _switch)
+MODEL_NAME = Parser(f"name of at most {MAX_MODEL_NAME_CHARS} printable characters, no `/` or `:`", _model_name)
 LEVEL = Parser("logging level", str.upper)
 FAULT_SPEC = Parser(f"`{FAULT_SYNTAX}`", _fault)
 
@@ -128,8 +158,8 @@ class Settings:
     rdzv_id: str = field(default="nmt-train", metadata=meta(
         "NMT_RDZV_ID", TEXT, "job id shared by the nodes of a c10d rendezvous"))
     rdzv_timeout_s: int = field(default=600, metadata=meta(
-        "NMT_RDZV_TIMEOUT_S", integer(1), "seconds a node waits at the rendezvous in every mode (start, restart): for "
-        "its host, the others, a store that answers"))
+        "NMT_RDZV_TIMEOUT_S", integer(1, MAX_WAIT_S), "seconds a node waits at the rendezvous in every mode (start, "
+        "restart): for its host, the others, a store that answers"))
     max_restarts: int | None = field(default=None, metadata=meta(
         "NMT_MAX_RESTARTS", integer(0), "how often torchrun restarts the worker group after a rank fails, "
         "resuming from the newest checkpoint (default 3 on GPU jobs, else 0)"))
@@ -149,8 +179,8 @@ class Settings:
         "NMT_COMPILE", SWITCH, "`torch.compile` the training forward pass and loss (dynamic shapes): faster GPU "
         "steps after minutes of compiling"))
     dist_timeout_s: float = field(default=1800.0, metadata=meta(
-        "NMT_DIST_TIMEOUT_S", seconds(positive=True), "collective timeout: a rank that waits longer for its "
-        "peers fails, naming this variable"))
+        "NMT_DIST_TIMEOUT_S", seconds(positive=True, maximum=MAX_WAIT_S), "collective timeout: a rank that waits "
+        "longer for its peers fails, naming this variable"))
     # Fault injection (pipeline/training/faults.py): test hooks, unset in normal runs.
     fault: Fault | None = field(default=None, metadata=meta(
         "NMT_FAULT_POINT", FAULT_SPEC, "test hook: kill, crash or stall training at a named point; with `@<file>` "
@@ -169,11 +199,11 @@ class Settings:
     # Tracking and logging (pipeline/core/, pipeline/register.py).
     tracking: bool = field(default=True, metadata=meta(
         "NMT_TRACKING", SWITCH, "MLflow tracking; `off`, `0`, `false` or `no` turns every tracking call into "
-        "a no-op"))
+        "a no-op (`on`, `1`, `true`, `yes`: on)"))
     log_level: str = field(default="INFO", metadata=meta(
         "NMT_LOG_LEVEL", LEVEL, "logging level of every stage (an unknown name means INFO)"))
     model_name: str | None = field(default=None, metadata=meta(
-        "NMT_MODEL_NAME", TEXT, "registered MLflow model (stage register); default `wmt14-transformer` for "
+        "NMT_MODEL_NAME", MODEL_NAME, "registered MLflow model (stage register); default `wmt14-transformer` for "
         "profile paper, else `<profile>-transformer`"))
     register_ctranslate2: str = field(default="off", metadata=meta(
         "NMT_REGISTER_CTRANSLATE2", choice("off", "float32", "int8", "int8_float32", "float16"),
@@ -226,13 +256,18 @@ def _parse(snapshot: tuple[tuple[str, str], ...]) -> Settings:
         try:
             values[f.name] = f.metadata["parse"].fn(raw)
         except ValueError as exc:
-            problems.extend(f"{name}={raw!r}: {problem}" for problem in exc.args)
+            problems.extend(f"{name}={_clip(raw)!r}: {problem}" for problem in exc.args)
     for name, replacement in RETIRED.items():
         if raw_values.get(name, "").strip():
             problems.append(f"{name}={raw_values[name].strip()!r}: no longer read; {replacement}")
     if problems:
         raise ConfigError(SOURCE, problems)
     return Settings(**values)
+
+
+def _clip(raw: str, limit: int = 80) -> str:
+    """``raw`` as an error line quotes it: at most ``limit`` characters."""
+    return raw if len(raw) <= limit else raw[:limit - 3] + "..."
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:

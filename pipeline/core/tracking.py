@@ -72,6 +72,30 @@ def require_server(uri: str, timeout_s: float = 5.0) -> None:
                         "MLFLOW_TRACKING_URI to a running server, or set NMT_TRACKING=off to run without tracking")
 
 
+def require_store(uri: str, timeout_s: float = 5.0) -> None:
+    """Raise a one-line PipelineError when ``uri`` is a SQLite store whose file is not a database or stays locked
+    for ``timeout_s`` (MLflow's own failure is a SQLAlchemy traceback of some 85 lines). No file: MLflow makes it."""
+    if not uri.startswith("sqlite:///") or not (db := Path(uri.removeprefix("sqlite:///"))).is_file():
+        return
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True,
+                                                timeout=timeout_s)) as conn:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError as exc:
+        if "locked" not in str(exc):
+            raise PipelineError(f"{db}: the MLflow store cannot be read ({exc}); check the file's permissions, or "
+                                "set NMT_TRACKING=off to run without tracking") from None
+        raise PipelineError(f"{db}: the MLflow store stayed locked for {timeout_s:g} s (another process holds a "
+                            f"write transaction on it: fuser {db}); let it finish or end it, or set NMT_TRACKING=off "
+                            "to run without tracking") from None
+    except sqlite3.DatabaseError as exc:
+        raise PipelineError(f"{db}: the MLflow store is not a SQLite database ({exc}): move it aside (mv {db} "
+                            f"{db}.corrupt) and rerun to start an empty store, or set MLFLOW_TRACKING_URI to another "
+                            "store") from None
+
+
 def require_configured_server() -> None:
     """:func:`require_server` on ``MLFLOW_TRACKING_URI`` when tracking is on and the variable is set."""
     if (uri := os.environ.get("MLFLOW_TRACKING_URI")) and enabled():
@@ -84,6 +108,7 @@ def mlflow_client(root: str | Path = ".") -> Any:
 
     uri = tracking_uri(root)
     require_server(uri)
+    require_store(uri)
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
@@ -213,6 +238,7 @@ def stage_run(stage: str, *, root: str | Path = ".", active: bool = True,
         handle = StageRun()
     else:
         require_configured_server()  # before the stage's work, not when its run first opens
+        require_store(tracking_uri(root))
         started_ms = int(time.time() * 1000)
         handle = StageRun(opener=lambda resume: _open_stage_run(stage, Path(root), resume, started_ms))
         handle.system_metrics = system_metrics

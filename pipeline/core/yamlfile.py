@@ -1,8 +1,13 @@
 """Reading a YAML file that a person writes (params, profiles, sweep specs, prefect.yaml), bounded: a few
-kilobytes of nested aliases expand into billions of items, so anchors, aliases and big files are refused."""
+kilobytes of nested aliases expand into billions of items, so anchors, aliases and big files are refused.
+
+DVC reads params.yaml too (ruamel.yaml, YAML 1.2: ``dvc/utils/serialize/_yaml.py``), so this loader reads what
+DVC reads where the two would differ on a number: a duplicate key is refused, as DVC refuses it, and YAML 1.1's
+base-60 numbers (``1:20`` = 80) are not numbers, as in YAML 1.2."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +24,7 @@ class _Refused(yaml.MarkedYAMLError):
 
 
 class _NoAnchorLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that stops at the first anchor (``&name``) or alias (``*name``)."""
+    """``yaml.SafeLoader`` that stops at the first anchor (``&name``) or alias (``*name``) or duplicate key."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
@@ -30,6 +35,18 @@ class _NoAnchorLoader(yaml.SafeLoader):
                            problem_mark=event.start_mark)
         return super().compose_node(parent, index)
 
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key := self.construct_object(key_node, deep=True), (str, int, float)):
+                continue  # a list or mapping as a key: SafeLoader refuses it itself
+            if key in first:
+                raise _Refused(problem=f"duplicate key {_clip(str(key), 40)!r} (first on line "
+                                       f"{first[key].start_mark.line + 1}); DVC refuses such a file: keep one",
+                               problem_mark=key_node.start_mark)
+            first[key] = key_node
+        return super().construct_mapping(node, deep)
+
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:
             return super().construct_object(node, deep)
@@ -37,6 +54,18 @@ class _NoAnchorLoader(yaml.SafeLoader):
             reason = str(exc).split(";", 1)[0]
             raise yaml.constructor.ConstructorError(problem=f"cannot read this value ({_clip(reason, 100)})",
                                                     problem_mark=node.start_mark) from None
+
+
+_NUMBERS = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
+_NoAnchorLoader.yaml_implicit_resolvers = {  # SafeLoader's, less its int and float rules (added back below)
+    first: [(tag, regex) for tag, regex in rules if tag not in _NUMBERS]
+    for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+# PyYAML's own int and float patterns (yaml/resolver.py) without their base-60 alternatives.
+_NoAnchorLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(
+    r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
+_NoAnchorLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+    r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
 
 
 def _clip(text: str, limit: int) -> str:

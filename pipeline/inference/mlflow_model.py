@@ -25,9 +25,6 @@ REQUEST_PARAMS = ("beam_size", "alpha", "engine")
 MAX_REQUEST_LINES = 256
 #: The most characters of one source line: the model reads at most ``max_positions`` tokens of it anyway.
 MAX_LINE_CHARS = 10_000
-#: The largest length-penalty exponent a request may ask for: the paper uses 0.6, and ((5 + n) / 6)^alpha
-#: overflows a float at alpha ~ 138 for n = 1024 tokens.
-MAX_ALPHA = 10.0
 #: what to do about a shipped CTranslate2 export that fails its digest check.
 REGISTER_AGAIN = "register the model again (`dvc repro register` with NMT_REGISTER_CTRANSLATE2 set)"
 
@@ -37,19 +34,43 @@ def invalid(message: str) -> MlflowException:
     return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
 
 
-def source_lines(model_input: Any) -> list[str]:
-    """The lines of a pyfunc input (DataFrame, Series, list, string), each a string of ≤ :data:`MAX_LINE_CHARS`."""
-    if isinstance(model_input, str):
-        model_input = [model_input]
+def _table_columns(model_input: Any) -> list[str] | None:
+    """The column names of a table with more than one column (a DataFrame, a dict of columns, a 2-D array)."""
+    if isinstance(model_input, pd.DataFrame) and len(model_input.columns) > 1:
+        return [str(c) for c in model_input.columns]
+    if isinstance(model_input, dict) and len(model_input) > 1:
+        return [str(k) for k in model_input]
+    if getattr(model_input, "ndim", 1) == 2 and model_input.shape[1] > 1:  # "inputs": [["a", "b"], ...]
+        return [str(i) for i in range(model_input.shape[1])]
+    return None
+
+
+def _one_column(model_input: Any) -> Any:
+    """The one column of a table (DataFrame, dict, 2-D array); a list, Series or 1-D array as it is.
+
+    Raises:
+        MlflowException: a table of more than one column, naming the column to send.
+    """
+    if (names := _table_columns(model_input)) is not None:
+        listed = ", ".join(repr(n[:40]) for n in names[:5]) + (" ..." if len(names) > 5 else "")
+        raise invalid(f"inputs: a table of {len(names)} columns ({listed}); send one column 'src' holding the "
+                      "source sentences, or a list of strings")
     if isinstance(model_input, pd.DataFrame):
-        if "src" in model_input.columns:
-            model_input = model_input["src"]
-        elif len(model_input.columns) == 1:
-            model_input = model_input.iloc[:, 0]
-        else:
-            names = [str(c)[:40] for c in model_input.columns[:5]]
-            raise invalid(f"inputs: a table with columns {names}{' ...' if len(model_input.columns) > 5 else ''}; "
-                          "send a list of strings or one column 'src' holding the source sentences")
+        return model_input.iloc[:, 0]
+    if isinstance(model_input, dict):  # "inputs": {"src": [...]}
+        model_input = next(iter(model_input.values()), [])
+    if getattr(model_input, "ndim", 1) == 0:  # "inputs": "one sentence" arrives as a 0-d array
+        model_input = model_input.item()
+    if isinstance(model_input, str):
+        return [model_input]
+    return model_input[:, 0] if getattr(model_input, "ndim", 1) == 2 else model_input
+
+
+def source_lines(model_input: Any) -> list[str]:
+    """The lines of a pyfunc input (DataFrame, dict, array, Series, list, string), each a string of
+    ≤ :data:`MAX_LINE_CHARS`. The model is logged without an input schema (pipeline/inference/registry.py), so
+    it sees the request's table whole: MLflow's schema enforcement would keep column 0 of a wider one."""
+    model_input = _one_column(model_input)
     if not isinstance(model_input, (list, tuple)) and not hasattr(model_input, "tolist"):  # Series, numpy arrays
         raise invalid(f"inputs: cannot translate a {type(model_input).__name__}; send a list of strings or one "
                       "column 'src' holding the source sentences")
@@ -89,7 +110,7 @@ class Translator(mlflow.pyfunc.PythonModel):
         Raises:
             MlflowException: (``INVALID_PARAMETER_VALUE``) a param or input out of bounds, before any decoding.
         """
-        from model.config import beam_size_problem
+        from model.config import MAX_ALPHA, beam_size_problem
         from pipeline.inference.translate import translate_lines
 
         settings = dict(self._settings)

@@ -67,15 +67,16 @@ def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict
     import mlflow
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
-    from mlflow.types.schema import AnyType
 
     def kind(v: int | float | str) -> str:
         return "string" if isinstance(v, str) else "long" if type(v) is int else "double"  # True: not a long
 
     specs = [ParamSpec(k, kind(v), v) for k, v in (params or {}).items()]
-    # Inputs typed Any, not string: MLflow casts a string column's values to text before predict ([1, 2] and
-    # [null] would arrive as "1", "2" and "None"), so the model checks that each input is a string itself.
-    signature = ModelSignature(inputs=Schema([ColSpec(AnyType())]), outputs=Schema([ColSpec("string")]),
+    # No input schema: MLflow's enforcement of one keeps only the schema's columns of a wider table (an unnamed
+    # ColSpec: column 0; named: the named ones, "extra inputs ... will be ignored", _enforce_schema in
+    # mlflow/models/utils.py) and casts a string column's values to text ([1, null] would arrive as "1", "None").
+    # The model sees the request as MLflow parsed it and checks it itself (mlflow_model.source_lines).
+    signature = ModelSignature(inputs=None, outputs=Schema([ColSpec("string")]),
                                params=ParamSchema(specs) if specs else None)
     # The fluent API logs into the active run: make the stage's run active against this store for
     # the call only (the registry follows the tracking URI unless MLFLOW_REGISTRY_URI says otherwise).

@@ -6,10 +6,8 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
-import select
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +15,7 @@ from model.config import BEAM_RANGE, BEAM_RULES, MAX_BEAM_SIZE, beam_size_proble
 from pipeline.core.errors import PipelineError
 from pipeline.core.stage import arg_type
 from pipeline.inference.common import check_cuda, detokenize, parse_device, prepare_source
+from pipeline.inference.lines import read_input, split_lines, stream_chunks  # noqa: F401 - split_lines: tests
 from pipeline.inference.attention import (AttentionPick, check_attention_layer, check_attention_line,
                                           check_attention_options, plot_cross_attention)
 
@@ -25,15 +24,6 @@ if TYPE_CHECKING:
     from pipeline.inference.decoding import Translator
 
 log = logging.getLogger(__name__)
-
-
-#: Lines read from standard input are translated at the latest when this many are waiting.
-STREAM_LINES = 4096
-
-
-def split_lines(data: bytes) -> list[bytes]:
-    """``data`` split on ``\\n`` only, without the newlines (a last line without one is kept)."""
-    return data.removesuffix(b"\n").split(b"\n") if data else []
 
 
 def decode_lines(raw: Sequence[bytes], first: int = 1) -> tuple[list[str], list[int]]:
@@ -46,26 +36,6 @@ def decode_lines(raw: Sequence[bytes], first: int = 1) -> tuple[list[str], list[
             lines.append(chunk.decode("utf-8", errors="replace"))
             bad.append(number)
     return lines, bad
-
-
-def stream_chunks(fd: int, max_lines: int = STREAM_LINES) -> Iterator[list[bytes]]:
-    """The lines of ``fd`` in chunks (what has arrived when no more is ready, at most ``max_lines``), read with
-    ``os.read``: a Python buffered reader could hide lines from ``select``."""
-    pending: list[bytes] = []
-    partial = b""
-    while data := os.read(fd, 1 << 16):
-        *complete, partial = (partial + data).split(b"\n")
-        pending.extend(complete)
-        while len(pending) >= max_lines:
-            yield pending[:max_lines]
-            pending = pending[max_lines:]
-        if pending and not select.select([fd], [], [], 0)[0]:  # nothing more ready to read
-            yield pending
-            pending = []
-    if partial:
-        pending.append(partial)
-    if pending:
-        yield pending
 
 
 def _which(numbers: Sequence[int], limit: int = 10) -> str:
@@ -200,10 +170,7 @@ def run(args: argparse.Namespace) -> int:
     _check_args(args)
     raw = None
     if args.input not in (None, "-"):
-        try:
-            raw = split_lines(Path(args.input).read_bytes())
-        except OSError as exc:
-            raise PipelineError(f"{args.input}: cannot be read ({exc.strerror})") from None
+        raw = read_input(args.input)
         if args.attention_png:
             check_attention_line(raw, args.attention_line, args.input)
     translator = _load(args)

@@ -4,7 +4,12 @@ tensors give, what stays between steps is exactly the weights, buffers and Adam'
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +17,7 @@ import torch
 
 from model import Transformer, TransformerConfig
 from pipeline.training.forward import batch_loss
-from tests.helpers.paths import load_benchmark
+from tests.helpers.paths import REPO, load_benchmark
 
 TINY = TransformerConfig(vocab_size=300, d_model=32, n_heads=2, d_ff=64, n_layers=1)
 SHAPES = [(4, 65), (9, 32)]
@@ -53,3 +58,42 @@ def test_the_script_counts_each_budget_of_a_profile_and_refuses_one_below_the_lo
         bench.main(["--profile", "tiny", "--max-tokens", "64", "--out", str(out)])
     assert info.value.code == 2
     assert "--max-tokens 64 < 65: the longest pairs (encode.max_len + 1) need more" in capsys.readouterr().err
+
+
+@contextlib.contextmanager
+def _read_only_folder(tmp_path: Path) -> Iterator[Path]:
+    """A read-only tmpfs mounted at ``tmp_path/ro`` (needs root: skipped elsewhere), unmounted after."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True,
+                             check=False)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a read-only tmpfs here (needs root)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--profile", "nosuch"], "{repo}/profiles/nosuch.yaml: no such profile 'nosuch'; known: demo, multi30k, paper, "
+                              "paper-big, tiny"),
+    (["--out", "{tmp}"], "--out {tmp}: is a folder; name the .json file to write"),
+    (["--out", "/dev/full"], "--out /dev/full: is not a regular file (a device or a FIFO); name the .json file to "
+                             "write"),
+    (["--out", "{ro}/memory.json"], "--out {ro}/memory.json: {ro} is not a writable folder (read-only file system or "
+                                    "permissions); name a .json file in a folder you can write"),
+])
+def test_a_bad_profile_or_out_is_one_line_before_any_counting(tmp_path: Path, args: list[str], message: str) -> None:
+    """Each was a traceback (a ConfigError, IsADirectoryError, OSError ENOSPC or EROFS), the last three after the
+    counting had run."""
+    with contextlib.ExitStack() as stack:
+        ro = stack.enter_context(_read_only_folder(tmp_path)) if "{ro}/memory.json" in args else tmp_path / "ro"
+        fill = {"repo": REPO, "tmp": tmp_path, "ro": ro}
+        argv = [a.format(**fill) for a in args]
+        run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "memory.py"), "--max-tokens", "300",
+                              *(["--profile", "tiny"] if "--profile" not in argv else []), *argv],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert (run.returncode, run.stdout) == (1, "")
+        assert re.fullmatch(r"\d\d:\d\d:\d\d error: (.*)\n", run.stderr).group(1) == message.format(**fill)
+        assert sorted(p.name for p in tmp_path.iterdir()) == (["ro"] if "{ro}/memory.json" in args else [])

@@ -61,3 +61,23 @@ def test_a_failing_or_unknown_stage_fails_with_dvcs_one_line_error(make_repo: Ma
 def test_publish_hint_outside_a_git_repository_is_none(tmp_path: Path) -> None:
     assert subprocess.run(["git", "rev-parse"], cwd=tmp_path, capture_output=True).returncode != 0
     assert publish_hint(tmp_path) is None
+
+
+def test_the_flow_command_refuses_an_alias_bomb_in_params_before_dvc_parses_it(make_repo: MakeRepo) -> None:
+    """A few hundred bytes of nested anchors: bare ``dvc status`` / ``dvc repro`` expand them until the memory
+    runs out (docs/reliability.md); the flow's stage command refuses the file in one line, in the time it takes
+    to start, and writes no dvc.lock."""
+    repo = make_repo({"params": {"cmd": "python toy.py write out.txt", "params": ["evaluate.alphas"],
+                                 "outs": ["out.txt"]}})
+    levels = ["[" + ", ".join(["0.6"] * 9) + "]", *(["[" + ", ".join([f"*a{i}"] * 9) + "]" for i in range(8)])]
+    bomb = "[" + ", ".join(f"&a{i} {level}" for i, level in enumerate(levels)) + "]"  # 9**9 items expanded
+    text = (repo / "params.yaml").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("  alphas:"))
+    lines[row] = f"  alphas: {bomb}"
+    (repo / "params.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = subprocess.run(repro_command("params"), cwd=repo, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (78, "")
+    assert result.stderr == (f"ERROR: params.yaml: line {row + 1}, column 12: YAML anchors and aliases are not "
+                             "accepted (found &a0); write the value out in full\n")
+    assert not (repo / "dvc.lock").exists() and not (repo / "out.txt").exists()

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -283,6 +284,25 @@ def test_an_unknown_stage_is_refused_before_any_mlflow_run(repo_root: Path, make
     db = Path(mlflow_sqlite[len("sqlite:///"):])
     assert not db.exists() and not (repo / ".mlflow").exists()  # no store, so no run in it
     assert _git(repo, "status", "--porcelain") == ""  # nor params.yaml, nor anything else touched
+
+
+def test_a_prefect_api_url_with_nothing_listening_is_one_line_before_anything_runs(
+        repo_root: Path, make_repo: MakeRepo, mlflow_sqlite: str) -> None:
+    """``PREFECT_API_URL`` naming a port where nothing listens ended the flow (what ``nmt run`` runs) in 110 lines
+    of Prefect's connection retries and traceback."""
+    repo = make_repo(PIPELINE)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/api"  # bound, never listening: refused at once
+        env = {**os.environ, "PREFECT_API_URL": url, "PYTHONPATH": str(repo_root)}
+        nmt = subprocess.run([sys.executable, "-m", "flows.pipeline", "--repo", str(repo), "--stages", "prep"],
+                             cwd=repo, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert (nmt.returncode, nmt.stdout) == (1, ""), nmt.stderr
+    assert nmt.stderr == (f"error: PREFECT_API_URL={url}: no Prefect server answers there ({url}/health); start it "
+                          "(prefect server start) or unset PREFECT_API_URL, and the run starts a temporary server of "
+                          "its own\n")
+    assert not Path(mlflow_sqlite[len("sqlite:///"):]).exists() and not (repo / "prep.txt").exists()
+    assert _git(repo, "status", "--porcelain") == ""
 
 
 def test_a_failing_stage_fails_the_parent_run(make_repo: MakeRepo, mlflow_sqlite: str) -> None:

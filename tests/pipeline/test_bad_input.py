@@ -230,3 +230,60 @@ def _invalid(line: bytes) -> bool:
     except UnicodeDecodeError:
         return True
     return False
+
+
+TOO_LONG = ("line {n} is longer than 1048576 bytes (MAX_LINE_BYTES; the model reads at most max_positions tokens of a "
+            "line anyway); put one sentence on each line")
+
+
+@pytest.mark.parametrize("source", ["/dev/zero", "twenty-mb.en"])
+def test_translate_refuses_an_endless_or_huge_input_line_at_the_bound(model_file: Path, tmp_path: Path,
+                                                                      source: str) -> None:
+    """``--input /dev/zero`` read 5.4 GB before a MemoryError, one 20 MB line took 1.17 GB: both are one line
+    naming the file and the line, before the model loads, nothing written."""
+    if source != "/dev/zero":
+        (tmp_path / source).write_bytes(b"A man.\n" + b"a" * (20 << 20) + b"\n")
+    out = tmp_path / "out.de"
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "translate", "--model", str(model_file), "--input",
+                           source, "--output", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    line = 1 if source == "/dev/zero" else 2
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", f"error: {source}: {TOO_LONG.format(n=line)}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if source == "/dev/zero" else [source])
+
+
+def test_translate_refuses_an_endless_stdin_line_having_read_only_the_bound(model_file: Path) -> None:
+    """An endless line on standard input grew without bound (re-joined on every 64 KiB read): now the lines
+    before it are translated and the command stops once the line passes the bound, reading little more."""
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "translate", "--model", str(model_file),
+                             "--beam", "1", "--max-len-b", "3"], cwd=REPO, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    sent = 0
+    try:
+        proc.stdin.write(b"A small dog.\n")
+        sent = 13
+        block = b"a" * (1 << 16)
+        while sent < 64 << 20:  # 64 MiB offered, never a newline
+            proc.stdin.write(block)
+            proc.stdin.flush()
+            sent += len(block)
+    except BrokenPipeError:
+        pass
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and len(stdout.decode().splitlines()) == 1, stderr.decode()
+    assert stderr.decode().splitlines()[-1] == f"error: standard input: {TOO_LONG.format(n=2)}"
+    assert sent < 4 << 20  # the reader stopped at the bound (plus what the pipe holds)
+
+
+def test_translate_refuses_an_input_file_over_the_total_bound(model_file: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.inference import lines
+
+    monkeypatch.setattr(lines, "MAX_INPUT_BYTES", 1000)
+    (tmp_path / "in.en").write_bytes(b"A small dog.\n" * 100)
+    assert nmt_main(["translate", "--model", str(model_file), "--input", str(tmp_path / "in.en"),
+                     "--output", str(tmp_path / "out.de")]) == 1
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'in.en'}: more than 1000 bytes (MAX_INPUT_BYTES: --input "
+                                       "is read whole); translate it in parts, or pipe it to standard input, "
+                                       "translated as lines arrive\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.en"]

@@ -245,6 +245,10 @@ def _tree_rss(pid: int) -> int:
     return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
 
 
+TWO_COLUMNS = ("inputs: a table of 2 columns ({}); send one column 'src' holding the source sentences, or a list "
+               "of strings")
+
+
 def _refuses_out_of_bounds_requests(port: int, server_pid: int) -> None:
     """A 10^6 beam (once 504 after 60 s at 14.8 GB), non-string inputs and a NaN alpha (once translated with 200):
     each refused with 400 naming the field, fast and without the server's memory growing."""
@@ -253,7 +257,13 @@ def _refuses_out_of_bounds_requests(port: int, server_pid: int) -> None:
                            ({"inputs": [1, 2]}, "inputs[0]: a value of type int"),
                            ({"inputs": [None]}, "inputs[0]: null is not a string"),
                            ({"inputs": [{"a": 1}]}, "inputs[0]"),
-                           ({"inputs": ["A man."], "params": {"alpha": float("nan")}}, "params.alpha NaN")]:
+                           ({"inputs": ["A man."], "params": {"alpha": float("nan")}}, "params.alpha NaN"),
+                           # a wider table: MLflow's input schema kept column 0 and answered 200 for it
+                           ({"inputs": [["a b c", "x y z"], ["p", "q"]]}, TWO_COLUMNS.format("'0', '1'")),
+                           ({"dataframe_records": [{"src": "A man.", "note": "x"}]},
+                            TWO_COLUMNS.format("'src', 'note'")),
+                           ({"dataframe_split": {"columns": ["src", "de"], "data": [["A man.", "Ein Mann."]]}},
+                            TWO_COLUMNS.format("'src', 'de'"))]:
         start = time.monotonic()
         status, answer = _invoke(port, payload)
         assert time.monotonic() - start < 1.0 and status == 400, (payload, status, answer)
@@ -274,6 +284,9 @@ def test_served_candidate_answers_invocations(model_dir: Path, tmp_path: Path, m
         assert status == 200 and len(answer["predictions"]) == 2
         assert answer["predictions"][0] and answer["predictions"][1] == ""
         _refuses_out_of_bounds_requests(port, proc.pid)
+        for one_column in ({"dataframe_split": {"columns": ["src"], "data": [["The dog sees the cat."], [""]]}},
+                           {"inputs": {"src": ["The dog sees the cat.", ""]}}):
+            assert _invoke(port, {**one_column, "params": {"beam_size": 1}}) == (status, answer)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

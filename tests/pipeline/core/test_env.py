@@ -128,9 +128,44 @@ def test_tracking_off_spellings(value: str) -> None:
     assert settings({"NMT_TRACKING": value}).tracking is False
 
 
-@pytest.mark.parametrize("value", ["on", "1", "true", "yes", "anything"])
-def test_tracking_stays_on_otherwise(value: str) -> None:
+@pytest.mark.parametrize("value", ["on", "1", "true", "yes", " YES "])
+def test_tracking_on_spellings(value: str) -> None:
     assert settings({"NMT_TRACKING": value}).tracking is True
+
+
+SWITCH_PROBLEM = "expected on/off: one of on, 1, true, yes or off, 0, false, no"
+NAME_RULE = "MLflow refuses a registered model name with '/' or ':' or starting with '..'; choose another name"
+
+
+@pytest.mark.parametrize("name, value, problem", [
+    ("NMT_TRACKING", "abc", SWITCH_PROBLEM),
+    ("NMT_COMPILE", "1.5", SWITCH_PROBLEM),
+    ("NMT_DETERMINISTIC", "enabled", SWITCH_PROBLEM),
+    ("NMT_RDZV_TIMEOUT_S", "100000000000000000000", "expected an integer from 1 to 604800"),
+    ("NMT_RDZV_TIMEOUT_S", "9" * 5000, "expected an integer from 1 to 604800"),
+    ("NMT_DIST_TIMEOUT_S", "1e300", "expected a number of seconds > 0 and <= 604800"),
+    ("NMT_MODEL_NAME", "a/b", NAME_RULE),
+    ("NMT_MODEL_NAME", "..", NAME_RULE),
+    ("NMT_MODEL_NAME", "tiny\nsecond", "holds a control character (a newline, a tab...); choose a name of printable "
+                                       "characters"),
+    ("NMT_MODEL_NAME", "m" * 600, "600 characters, more than 256; choose a shorter name"),
+])
+def test_a_stage_refuses_a_bad_switch_bound_or_model_name_in_one_line(name: str, value: str, problem: str,
+                                                                       tmp_path: Path) -> None:
+    """Through the real command: any text used to mean on, 1e300 s overflowed torch's timeout, 10^20 s a
+    threading.Timer, and MLflow raised its own traceback at register for a/b (or kept a newline in the name)."""
+    run = subprocess.run([sys.executable, "-m", "pipeline.download", "--params", "absent.yaml"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60,
+                         env={**{k: v for k, v in os.environ.items() if not k.startswith("NMT_")}, name: value})
+    quoted = value if len(value) <= 80 else value[:77] + "..."
+    assert (run.returncode, run.stderr) == (1, f"error: stage download: environment: {name}={quoted!r}: {problem}\n")
+    assert not list(tmp_path.iterdir())
+
+
+def test_bounds_and_names_at_their_edges() -> None:
+    assert settings({"NMT_RDZV_TIMEOUT_S": "604800", "NMT_DIST_TIMEOUT_S": "604800.0"}).rdzv_timeout_s == 604800
+    assert settings({"NMT_MODEL_NAME": "n" * 256}).model_name == "n" * 256
+    assert settings({"NMT_MODEL_NAME": "my model.v2-é"}).model_name == "my model.v2-é"
 
 
 def test_bad_values_give_one_error_naming_each_variable() -> None:
@@ -149,7 +184,7 @@ def test_bad_values_give_one_error_naming_each_variable() -> None:
         "NMT_MAX_RESTARTS='-1': expected an integer >= 0",
         "NMT_DEVICE='gpu': expected one of cpu, cuda",
         "NMT_THREADS='1.5': expected an integer >= 1",
-        "NMT_DIST_TIMEOUT_S='0': expected a number of seconds > 0",
+        "NMT_DIST_TIMEOUT_S='0': expected a number of seconds > 0 and <= 604800",
         ("NMT_FAULT_POINT='mid_sav:x': unknown point 'mid_sav'; one of preflight, forward, mid_accum, collective, "
          "before_save, mid_save, after_save, after_step"),
         "NMT_FAULT_POINT='mid_sav:x': step 'x' is not a non-negative integer",

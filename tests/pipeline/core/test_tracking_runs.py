@@ -216,3 +216,45 @@ def test_runs_a_killed_process_left_running_are_ended_at_the_next_start(tmp_path
         "live": "RUNNING", "other host": "RUNNING", "reused pid": "KILLED", "no owner": "RUNNING"}
     assert tracking.end_orphaned_runs(checkout) == []  # nothing left to end
     assert tracking.end_orphaned_runs(other) == [elsewhere]
+
+
+def _download_with_store(tmp_path: Path, store: Path) -> subprocess.CompletedProcess:
+    """``python -m pipeline.download`` with tracking on against the SQLite store ``store`` (and no mirror: the
+    stage would fail at its first download, after its MLflow run opened)."""
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(merged_profile("tiny", REPO)), encoding="utf-8")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("NMT_")}, "NMT_TRACKING": "on",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{store}", "NMT_DATA_MIRROR": str(tmp_path / "no-mirror")}
+    return subprocess.run([sys.executable, "-m", "pipeline.download", "--params", "params.yaml"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_corrupt_sqlite_store_is_one_line_naming_it_and_the_remedy(tmp_path: Path) -> None:
+    """A store that is not a database was an 85-line SQLAlchemy traceback; the file is left as it was."""
+    store = tmp_path / "mlflow.db"
+    store.write_bytes(b"not a database, " * 4096)
+    run = _download_with_store(tmp_path, store)
+    assert (run.returncode, run.stderr) == (1, (
+        f"error: stage download: {store}: the MLflow store is not a SQLite database (file is not a database): move "
+        f"it aside (mv {store} {store}.corrupt) and rerun to start an empty store, or set MLFLOW_TRACKING_URI to "
+        "another store\n"))
+    assert store.read_bytes() == b"not a database, " * 4096
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db", "params.yaml"]
+
+
+def test_a_locked_sqlite_store_is_one_line_naming_it_and_the_remedy(tmp_path: Path) -> None:
+    """Another process holding an exclusive transaction on the store: one line after a bounded wait."""
+    store = tmp_path / "mlflow.db"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        "c.execute('CREATE TABLE t (x)'); c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(120)"),
+        str(store)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        run = _download_with_store(tmp_path, store)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (run.returncode, run.stderr) == (1, (
+        f"error: stage download: {store}: the MLflow store stayed locked for 5 s (another process holds a write "
+        f"transaction on it: fuser {store}); let it finish or end it, or set NMT_TRACKING=off to run without "
+        "tracking\n"))

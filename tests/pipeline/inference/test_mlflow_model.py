@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 from mlflow.exceptions import MlflowException
 
+from model.config import MAX_ALPHA
 from pipeline.inference import mlflow_model
 from tests.helpers.models import make_small_vocab_averaged
 
@@ -28,7 +30,7 @@ def test_strings_within_the_bounds_are_translated(translator: mlflow_model.Trans
     out = translator.predict(None, ["a b c", "", "x" * mlflow_model.MAX_LINE_CHARS], params={"beam_size": 16})
     assert len(out) == 3 and out[1] == ""
     frame = pd.DataFrame({"src": ["ab ba"] * mlflow_model.MAX_REQUEST_LINES})
-    assert len(translator.predict(None, frame, params={"beam_size": 1, "alpha": mlflow_model.MAX_ALPHA})) == 256
+    assert len(translator.predict(None, frame, params={"beam_size": 1, "alpha": MAX_ALPHA})) == 256
 
 
 @pytest.mark.parametrize(("model_input", "params", "message"), [
@@ -44,7 +46,10 @@ def test_strings_within_the_bounds_are_translated(translator: mlflow_model.Trans
     ([{"a": 1}], {}, "inputs[0]: a value of type dict is not a string"),
     (["a"] * 257, {}, "inputs: 257 lines, more than the 256 one request may hold"),
     (["x" * 10001], {}, "inputs[0]: 10001 characters, more than the 10000 of one line"),
-    (pd.DataFrame({"x": ["a"], "y": ["b"]}), {}, "inputs: a table with columns ['x', 'y']"),
+    (pd.DataFrame({"x": ["a"], "y": ["b"]}), {}, "inputs: a table of 2 columns ('x', 'y'); send one column 'src'"),
+    (pd.DataFrame({"src": ["a"], "y": ["b"]}), {}, "inputs: a table of 2 columns ('src', 'y'); send one column"),
+    (np.array([["a", "b"], ["c", "d"]]), {}, "inputs: a table of 2 columns ('0', '1'); send one column 'src'"),
+    ({"src": ["a"], "de": ["b"]}, {}, "inputs: a table of 2 columns ('src', 'de'); send one column 'src'"),
     (pd.DataFrame({"src": [3.5]}), {}, "inputs[0]: a value of type float is not a string"),
 ])
 def test_out_of_bounds_requests_are_refused_naming_the_field(translator: mlflow_model.Translator,

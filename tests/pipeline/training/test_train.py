@@ -306,6 +306,32 @@ def test_a_params_error_is_one_line_before_torchrun_starts(workspace, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_model_this_machine_cannot_hold_is_one_line_naming_the_model_keys_before_torchrun(workspace, tmp_path):
+    """``model.d_ff`` huge but under MAX_WEIGHTS died allocating its weights, naming no key; the weights, gradients
+    and Adam's moments are now checked against the machine's available memory before torchrun starts."""
+    import re
+
+    from pipeline.core.config import params_from_dict
+
+    data = tiny_params(tmp_path, workspace)
+    data["model"].update(d_model=16, d_ff=60_000_000, n_layers=1)
+    p = params_from_dict(data)
+    count = p.model.weight_count(p.bpe.vocab_size)
+    available = int(next(line for line in Path("/proc/meminfo").read_text().splitlines()
+                         if line.startswith("MemAvailable:")).split()[1]) * 1024
+    if count * 16 <= available:
+        pytest.skip("this machine could hold the model")
+    done = run_torchrun(data, tmp_path, nproc=1)
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert re.fullmatch(
+        rf"error: stage train: model.d_model 16, model.d_ff 60000000, model.n_layers 1 and bpe.vocab_size "
+        rf"{p.bpe.vocab_size} make {re.escape(f'{count:.2e}')} weights: {count * 16 / 2**30:.1f} GiB for fp32 "
+        r"weights, gradients and "
+        r"Adam's moments before any activation, more than the \d+\.\d GiB of MemAvailable \(/proc/meminfo\) for each "
+        r"of 1 training process\(es\); lower model.d_ff or model.d_model\n", done.stderr), done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.slow
 def test_a_failed_rank_ends_the_job_with_its_error_and_one_line_instead_of_torchruns_traceback(workspace, tmp_path):
     """The rank's own line, then one line naming the rank; no ChildFailedError traceback or failure table."""
