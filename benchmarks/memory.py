@@ -33,6 +33,7 @@ from benchmarks.common import REPO, header, md_table, setup_logging, write_json 
 from model import Transformer, TransformerConfig, label_smoothed_nll_loss  # noqa: E402
 from pipeline.core.config import params_from_dict  # noqa: E402
 from pipeline.core.env import DEFAULT_MAX_TOKENS  # noqa: E402
+from pipeline.core.errors import ConfigError  # noqa: E402
 from pipeline.project.profiles import merged_profile  # noqa: E402
 from pipeline.training.forward import batch_loss  # noqa: E402
 
@@ -119,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "memory.json")
     p.add_argument("--calibrate", action="store_true", help="also count the eager loss alone (25,000 x 37,000)")
     args = p.parse_args(argv)
-    params = params_from_dict(merged_profile(args.profile, REPO), f"profiles/{args.profile}.yaml")
+    try:
+        params = params_from_dict(merged_profile(args.profile, REPO), f"profiles/{args.profile}.yaml")
+    except ConfigError as exc:
+        p.exit(2, f"error: --profile: {exc}\n")
     cfg, longest = params.model.with_vocab(params.bpe.vocab_size), params.encode.max_len + 1
     if min(args.max_tokens) < longest:
         p.error(f"--max-tokens {min(args.max_tokens)} < {longest}: the longest pairs (encode.max_len + 1) need more")

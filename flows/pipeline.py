@@ -34,7 +34,7 @@ from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
 from pipeline.core.details import EvaluateDetails, RegisterDetails, StageDetails
 from pipeline.core.errors import EXIT_PERMANENT, PipelineError
 from pipeline.project import run_options
-from pipeline.project.profiles import profile_run, restore_params
+from pipeline.project.profiles import check_profile, profile_run, restore_params
 from pipeline.project.workspace import exclusive_run
 
 D = TypeVar("D", bound=StageDetails)
@@ -275,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     env.prefer_this_interpreter()  # DVC's `python -m pipeline.<stage>` runs in this environment
     try:
         select_stages(args.repo, args.stages)  # refused before any server, lock or MLflow run
+        if args.profile is not None:
+            check_profile(args.profile, args.repo, "--profile")
         tracking.require_configured_server()  # an unreachable MLflow server too
         ensure_api("flows.pipeline", argv)
         report = wmt14_pipeline(stages=args.stages, force=args.force, profile=args.profile, repo=args.repo,

@@ -43,6 +43,20 @@ def profile_names(root: str | Path = ".") -> list[str]:
     return sorted(p.stem for p in (Path(root) / "profiles").glob("*.yaml"))
 
 
+def check_profile(name: str, root: str | Path = ".", source: str | None = None) -> str:
+    """``name`` when it is one of :func:`profile_names` (a bare name of ``<root>/profiles``: ``../x`` or ``a/b``
+    never reach a file outside it); the one rule for every command that takes a profile name.
+
+    Raises:
+        ConfigError: naming ``source`` (the option or key that gave the name; default the profiles folder) and
+            the known profiles.
+    """
+    if name not in (known := profile_names(root)):
+        raise ConfigError(source or str(Path(root) / "profiles"), [
+            f"no such profile {name!r} (a file name of profiles/*.yaml without .yaml); known: {', '.join(known)}"])
+    return name
+
+
 def active_profile(root: str | Path = ".") -> str | None:
     """The ``profile:`` value of ``<root>/params.yaml``, if it has one."""
     try:
@@ -68,9 +82,7 @@ def listing(root: str | Path = ".") -> list[str]:
 def merged_profile(name: str, root: str | Path = ".") -> dict[str, Any]:
     """The full params mapping of profile ``name`` (validated)."""
     folder = Path(root) / "profiles"
-    path = folder / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(str(path), [f"no such profile {name!r}; known: {', '.join(profile_names(root))}"])
+    path = folder / f"{check_profile(name, root)}.yaml"
     data = load_yaml(folder / f"{BASE}.yaml")
     if name != BASE:
         data = deep_merge(data, load_yaml(path) or {})

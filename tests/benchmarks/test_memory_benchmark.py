@@ -5,6 +5,8 @@ tensors give, what stays between steps is exactly the weights, buffers and Adam'
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import torch
 
 from model import Transformer, TransformerConfig
 from pipeline.training.forward import batch_loss
-from tests.helpers.paths import load_benchmark
+from tests.helpers.paths import REPO, load_benchmark
 
 TINY = TransformerConfig(vocab_size=300, d_model=32, n_heads=2, d_ff=64, n_layers=1)
 SHAPES = [(4, 65), (9, 32)]
@@ -53,3 +55,15 @@ def test_the_script_counts_each_budget_of_a_profile_and_refuses_one_below_the_lo
         bench.main(["--profile", "tiny", "--max-tokens", "64", "--out", str(out)])
     assert info.value.code == 2
     assert "--max-tokens 64 < 65: the longest pairs (encode.max_len + 1) need more" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["../profiles/tiny", "../sweeps/demo-seeds"])
+def test_a_profile_name_outside_profiles_is_one_line(tmp_path: Path, name: str) -> None:
+    """benchmarks/memory.py reads only a profile profiles/ lists (the rule of `nmt profile`)."""
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "memory.py"), "--profile", name,
+                           "--max-tokens", "128", "--out", str(tmp_path / "out.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [
+        f"error: --profile: {REPO / 'profiles'}: no such profile {name!r} (a file name of profiles/*.yaml "
+        "without .yaml); known: demo, multi30k, paper, paper-big, tiny"])
+    assert not (tmp_path / "out.json").exists()

@@ -128,7 +128,8 @@ def test_a_list_of_variants_keeps_its_order_and_labels(tmp_path: Path) -> None:
     ({"name": "x", "profile": "tiny", "seeds": [1, -1]},
      "variant 2: seed: -1 is out of range (expected in [0, 4294967295]) (profile tiny with seed=-1)"),
     ({"name": "x", "profile": "small", "grid": {"train.warmup_steps": [1]}},
-     "profile: no profile 'small'; known: demo, multi30k, paper, paper-big, tiny"),
+     "profile: no such profile 'small' (a file name of profiles/*.yaml without .yaml); known: demo, multi30k, "
+     "paper, paper-big, tiny"),
     ({"profile": "tiny", "grid": {"train.warmup_steps": [1]}}, "name: missing"),
     ({"name": "a b", "profile": "tiny", "grid": {"train.warmup_steps": [1]}},
      "name: 'a b' is not a sweep name (letters, digits, - and _, at most 40, starting with a letter or digit)"),

@@ -162,3 +162,44 @@ def test_paper_big_is_the_papers_big_model_on_the_paper_profiles_data(root: Path
     assert params.paths.train == "runs/paper-big/train" and params.paths.reports == "reports/paper-big"
     monkeypatch.delenv("NMT_MODEL_NAME", raising=False)
     assert model_name(params.profile) == "paper-big-transformer"  # the registered model
+
+
+KNOWN = "known: demo, multi30k, paper, paper-big, tiny"
+
+
+@pytest.fixture
+def beside_victim(tmp_path: Path) -> tuple[Path, Path]:
+    """A checkout at ``tmp_path/checkout`` and, two levels above its profiles/, a valid ``victim.yaml`` beside a
+    folder ``victim/`` holding another project's dvc.lock."""
+    root = tmp_path / "checkout"
+    shutil.copytree(REPO / "profiles", root / "profiles")
+    write_profile("paper", root)
+    shutil.copy(REPO / "profiles" / "tiny.yaml", tmp_path / "victim.yaml")
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n", encoding="utf-8")
+    return root, tmp_path
+
+
+@pytest.mark.parametrize("name", ["../../victim", "../profiles/tiny", "/etc/passwd", "tiny/../tiny"])
+def test_a_profile_name_that_leaves_profiles_is_refused_with_one_line(beside_victim: tuple[Path, Path],
+                                                                    name: str) -> None:
+    """`nmt profile NAME` reads only profiles/NAME.yaml of a name profiles/ lists: nothing outside is read or
+    written, params.yaml stays as it was."""
+    root, outside = beside_victim
+    params, lock = (root / "params.yaml").read_bytes(), (outside / "victim" / "dvc.lock").read_bytes()
+    proc = _nmt(root, "profile", name)
+    assert (proc.returncode, proc.stderr.splitlines()) == (1, [
+        f"error: profiles: no such profile {name!r} (a file name of profiles/*.yaml without .yaml); {KNOWN}"])
+    assert (root / "params.yaml").read_bytes() == params and not list(root.glob("params.yaml.*"))
+    assert (outside / "victim" / "dvc.lock").read_bytes() == lock
+
+
+def test_nmt_run_refuses_a_profile_name_outside_profiles_before_it_starts(beside_victim: tuple[Path, Path]) -> None:
+    root, _ = beside_victim
+    shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
+    params = (root / "params.yaml").read_bytes()
+    proc = _nmt(root, "run", "--profile", "../../victim")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1] == (
+        f"error: --profile: no such profile '../../victim' (a file name of profiles/*.yaml without .yaml); {KNOWN}")
+    assert (root / "params.yaml").read_bytes() == params and not (root / "mlruns").exists()
