@@ -18,7 +18,7 @@ from pipeline.core.paths import layout_problems
 from pipeline.core.textio import atomic_path, write_text
 from pipeline.core.yamlfile import load_yaml
 from pipeline.project.locks import use_locks
-from pipeline.project.workspace import exclusive_run
+from pipeline.project.workspace import dvc_lock, exclusive_run
 
 BASE = "paper"
 # The params.yaml bytes a profile run replaced (ABSENT: there was none), so the next run undoes a killed one.
@@ -117,19 +117,20 @@ def _keep_edits(target: Path, root: Path) -> None:
 
 
 def write_profile(name: str, root: str | Path = ".", target: str | Path | None = None) -> Path:
-    """Write profile ``name`` as ``params.yaml`` under the workspace lock (a hand-edited file is first kept as
-    ``params.yaml.<time>.bak``, a killed profile run undone), and bring back its ``dvc.lock``
+    """Write profile ``name`` as ``params.yaml`` under the workspace lock and DVC's own (a hand-edited file is
+    first kept as ``params.yaml.<time>.bak``, a killed profile run undone), and bring back its ``dvc.lock``
     (:mod:`pipeline.project.locks`).
 
     Raises:
         ConfigError: no such profile, or it does not validate (nothing is written then).
-        PipelineError: a pipeline run holds the workspace (its pid is named; nothing is written).
+        PipelineError: a pipeline run holds the workspace, or a DVC command (a plain ``dvc repro``) holds DVC's
+            lock (its pid is named; nothing is written).
     """
     root = Path(root)
     target = Path(target) if target else root / "params.yaml"
     text = render(name, root)
-    with exclusive_run(root, f"nmt profile {name}",
-                       remedy=f"wait for it to end or stop it, then run `nmt profile {name}` again"):
+    remedy = f"wait for it to end or stop it, then run `nmt profile {name}` again"
+    with exclusive_run(root, f"nmt profile {name}", remedy=remedy), dvc_lock(root, ["params.yaml"], remedy):
         restore_params(root)
         before = active_profile(root)
         _keep_edits(target, root)
