@@ -258,6 +258,15 @@ class _NoTracebackForPipelineErrors(logging.Filter):
         return True
 
 
+def quiet_prefect_tracebacks() -> None:
+    """Log a PipelineError that fails a task or flow run without its traceback (the loggers of Prefect's run
+    engines, ``prefect.task_runs`` and ``prefect.flow_runs``); any other exception keeps its traceback."""
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoTracebackForPipelineErrors) for f in logger.filters):
+            logger.addFilter(_NoTracebackForPipelineErrors())
+
+
 def build_parser() -> argparse.ArgumentParser:
     """``python -m flows.pipeline``'s parser: ``--stages`` and the options ``nmt run`` shares (run_options.py)."""
     parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=run_options.DESCRIPTION)
@@ -270,8 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m flows.pipeline``: run the flow once (a temporary Prefect server when no API URL is set)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in ("prefect.task_runs", "prefect.flow_runs"):  # the loggers of Prefect's run engines
-        logging.getLogger(name).addFilter(_NoTracebackForPipelineErrors())
+    quiet_prefect_tracebacks()
     env.prefer_this_interpreter()  # DVC's `python -m pipeline.<stage>` runs in this environment
     try:
         select_stages(args.repo, args.stages)  # refused before any server, lock or MLflow run
