@@ -34,7 +34,7 @@ from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
 from pipeline.core.details import EvaluateDetails, RegisterDetails, StageDetails
 from pipeline.core.errors import EXIT_PERMANENT, PipelineError
 from pipeline.project import run_options
-from pipeline.project.profiles import check_profile, profile_run, restore_params
+from pipeline.project.profiles import SAVED, check_profile, merged_profile, profile_run, restore_params
 from pipeline.project.workspace import exclusive_run
 
 D = TypeVar("D", bound=StageDetails)
@@ -258,6 +258,21 @@ class _NoTracebackForPipelineErrors(logging.Filter):
         return True
 
 
+def check_params_first(root: Path, profile: str | None) -> None:
+    """Refuse the params the run would use (profile ``profile``'s, else ``root``'s params.yaml) before any server
+    or DVC command: a ``paths.*`` value DVC cannot handle fails inside DVC with no reason given (``failed to
+    reproduce 'clean': ``), before the stage's own check could run. A params.yaml a killed ``--profile`` run
+    replaced is checked by the flow once it is restored.
+
+    Raises:
+        ConfigError: no such profile, or the params do not validate (one line naming the key).
+    """
+    if profile is not None:
+        merged_profile(check_profile(profile, root, "--profile"), root)
+    elif (root / "params.yaml").is_file() and not (root / SAVED).exists():
+        load_params(root / "params.yaml")
+
+
 def quiet_prefect_tracebacks() -> None:
     """Log a PipelineError that fails a task or flow run without its traceback (the loggers of Prefect's run
     engines, ``prefect.task_runs`` and ``prefect.flow_runs``); any other exception keeps its traceback."""
@@ -283,8 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     env.prefer_this_interpreter()  # DVC's `python -m pipeline.<stage>` runs in this environment
     try:
         select_stages(args.repo, args.stages)  # refused before any server, lock or MLflow run
-        if args.profile is not None:
-            check_profile(args.profile, args.repo, "--profile")
+        check_params_first(Path(args.repo), args.profile)
         tracking.require_configured_server()  # an unreachable MLflow server too
         ensure_api("flows.pipeline", argv)
         report = wmt14_pipeline(stages=args.stages, force=args.force, profile=args.profile, repo=args.repo,
