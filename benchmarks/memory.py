@@ -35,7 +35,7 @@ from benchmarks.common import REPO, header, md_table, setup_logging  # noqa: E40
 from model import Transformer, TransformerConfig, label_smoothed_nll_loss  # noqa: E402
 from pipeline.core.config import params_from_dict  # noqa: E402
 from pipeline.core.env import DEFAULT_MAX_TOKENS  # noqa: E402
-from pipeline.core.errors import OutputError, PipelineError  # noqa: E402
+from pipeline.core.errors import ConfigError, OutputError, PipelineError  # noqa: E402
 from pipeline.core.owned import write_text  # noqa: E402
 from pipeline.project.profiles import merged_profile  # noqa: E402
 from pipeline.training.forward import batch_loss  # noqa: E402
@@ -153,7 +153,10 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--calibrate", action="store_true", help="also count the eager loss alone (25,000 x 37,000)")
     args = p.parse_args(argv)
     check_out(args.out)
-    params = params_from_dict(merged_profile(args.profile, REPO), f"profiles/{args.profile}.yaml")
+    try:
+        params = params_from_dict(merged_profile(args.profile, REPO), f"profiles/{args.profile}.yaml")
+    except ConfigError as exc:
+        p.exit(2, f"error: --profile: {exc}\n")
     cfg, longest = params.model.with_vocab(params.bpe.vocab_size), params.encode.max_len + 1
     if min(args.max_tokens) < longest:
         p.error(f"--max-tokens {min(args.max_tokens)} < {longest}: the longest pairs (encode.max_len + 1) need more")

@@ -34,7 +34,7 @@ from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
 from pipeline.core.details import EvaluateDetails, RegisterDetails, StageDetails
 from pipeline.core.errors import EXIT_PERMANENT, PipelineError
 from pipeline.project import run_options
-from pipeline.project.profiles import profile_run, restore_params
+from pipeline.project.profiles import SAVED, check_profile, merged_profile, profile_run, restore_params
 from pipeline.project.workspace import exclusive_run
 
 D = TypeVar("D", bound=StageDetails)
@@ -258,6 +258,30 @@ class _NoTracebackForPipelineErrors(logging.Filter):
         return True
 
 
+def check_params_first(root: Path, profile: str | None) -> None:
+    """Refuse the params the run would use (profile ``profile``'s, else ``root``'s params.yaml) before any server
+    or DVC command: a ``paths.*`` value DVC cannot handle fails inside DVC with no reason given (``failed to
+    reproduce 'clean': ``), before the stage's own check could run. A params.yaml a killed ``--profile`` run
+    replaced is checked by the flow once it is restored.
+
+    Raises:
+        ConfigError: no such profile, or the params do not validate (one line naming the key).
+    """
+    if profile is not None:
+        merged_profile(check_profile(profile, root, "--profile"), root)
+    elif (root / "params.yaml").is_file() and not (root / SAVED).exists():
+        load_params(root / "params.yaml")
+
+
+def quiet_prefect_tracebacks() -> None:
+    """Log a PipelineError that fails a task or flow run without its traceback (the loggers of Prefect's run
+    engines, ``prefect.task_runs`` and ``prefect.flow_runs``); any other exception keeps its traceback."""
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoTracebackForPipelineErrors) for f in logger.filters):
+            logger.addFilter(_NoTracebackForPipelineErrors())
+
+
 def build_parser() -> argparse.ArgumentParser:
     """``python -m flows.pipeline``'s parser: ``--stages`` and the options ``nmt run`` shares (run_options.py)."""
     parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=run_options.DESCRIPTION)
@@ -270,11 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m flows.pipeline``: run the flow once (a temporary Prefect server when no API URL is set)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in ("prefect.task_runs", "prefect.flow_runs"):  # the loggers of Prefect's run engines
-        logging.getLogger(name).addFilter(_NoTracebackForPipelineErrors())
+    quiet_prefect_tracebacks()
     env.prefer_this_interpreter()  # DVC's `python -m pipeline.<stage>` runs in this environment
     try:
         select_stages(args.repo, args.stages)  # refused before any server, lock or MLflow run
+        check_params_first(Path(args.repo), args.profile)
         tracking.require_configured_server()  # an unreachable MLflow server too
         ensure_api("flows.pipeline", argv)
         report = wmt14_pipeline(stages=args.stages, force=args.force, profile=args.profile, repo=args.repo,

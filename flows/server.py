@@ -62,18 +62,39 @@ def start_temporary_server() -> str:
             deadline = time.monotonic() + limit
             while not healthy(url):
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    how = f"exited with code {proc.returncode}" if proc.returncode is not None else \
-                        f"not healthy in {limit:.0f} s"
-                    raise PipelineError(f"temporary Prefect server on {url} {how} (raise "
-                                        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS on a slow machine, or set "
-                                        "PREFECT_API_URL to a running server); its log ends:\n"
-                                        f"{log_path.read_text(encoding='utf-8', errors='replace')[-2000:]}")
+                    tail = log_path.read_text(encoding="utf-8", errors="replace")[-4000:]
+                    log.debug("temporary Prefect server's log ends:\n%s", tail)
+                    raise PipelineError(startup_failure(url, proc.returncode, limit, tail))
                 time.sleep(0.2)
         except BaseException:
             lifeline.kill_group(proc.pid, proc, grace_s=_STOP_GRACE_S)
             raise
     log.info("temporary Prefect server on %s (it stops when this run ends)", url)
     return url
+
+
+#: The last exception line of a server log: ``module.Error: text`` (Python's traceback format).
+_CAUSE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception): .*$", re.MULTILINE)
+
+
+def startup_failure(url: str, returncode: int | None, limit_s: float, log_tail: str) -> str:
+    """One line for a temporary server that exited (``returncode``) or was not healthy within ``limit_s``: the cause
+    its log ends with, and the remedy for that cause."""
+    from prefect.settings import PREFECT_HOME
+
+    causes = _CAUSE.findall(log_tail)
+    cause = f" [{causes[-1].strip()[:300]}]" if causes else ""
+    if returncode is None:
+        return (f"temporary Prefect server on {url} not healthy in {limit_s:.0f} s{cause}; raise "
+                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS on a slow machine, or set PREFECT_API_URL to a "
+                "running server")
+    if any(text in cause for text in ("unable to open database file", "readonly database", "Read-only file system",
+                                      "Permission denied")):
+        return (f"temporary Prefect server on {url} exited with code {returncode}: it cannot write its database "
+                f"under PREFECT_HOME={PREFECT_HOME.value()}{cause}; set PREFECT_HOME to a writable folder (the "
+                "Makefile uses .prefect in the checkout), or PREFECT_API_URL to a running server")
+    return (f"temporary Prefect server on {url} exited with code {returncode}{cause or ' (its log names no error)'}; "
+            "set PREFECT_API_URL to a running server, or fix what the error names")
 
 
 def ensure_api(module: str, argv: list[str] | None) -> None:

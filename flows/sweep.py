@@ -28,6 +28,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows import parent_run
 from flows.dvc_task import dvc_stages, repro_command, stage_env, stage_status
 from flows.lifeline import kill_all_groups, run_in_group
+from flows.pipeline import quiet_prefect_tracebacks
 from flows.report import OBJECTIVE, best_variant, headline_from, paired_lines, render_sweep, seed_stats
 from flows.server import ensure_api
 from flows.sweep_spec import SweepSpec, Variant, load_spec, shared_params, variant_params
@@ -150,10 +151,11 @@ def _run_variants(todo: list[Variant], ctx: SweepContext, base: dict[str, Any], 
                 try:
                     record = future.result()
                 except Exception as exc:  # noqa: BLE001 - recorded and reported; the others go on
-                    logger.error("variant %s failed: %s", variant.name, exc)
                     lines = str(exc).splitlines() or [type(exc).__name__]
                     error = exc.summary if isinstance(exc, VariantFailed) else \
                         " ".join(dict.fromkeys([lines[0], lines[-1]]))
+                    logger.error("variant %s failed: %s", variant.name,
+                                 error.removeprefix(f"variant {variant.name}: "))
                     record = {"name": variant.name, "index": variant.index, "overrides": variant.overrides,
                               "status": "failed", "error": error}
                 state.data["variants"][variant.key] = record
@@ -263,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_prefect_tracebacks()  # a failed variant is one line (its summary), not Prefect's traceback of it
     env.prefer_this_interpreter()  # dvc and DVC's `python -m pipeline.<stage>` run in this environment
     try:
         load_spec(args.spec, args.repo)  # a bad spec is refused before any server, clone or MLflow run

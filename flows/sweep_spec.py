@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.config import flatten, params_from_dict
+from pipeline.core.config import flatten, params_from_dict, section_dict
+from pipeline.core.paths import layout_problems
 from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.core.yamlfile import load_yaml
-from pipeline.project.profiles import merged_profile, profile_names
+from pipeline.project.profiles import check_profile, merged_profile
 
 MAX_VARIANTS = 64
 MAX_CONCURRENCY = 16
@@ -172,8 +173,10 @@ def _header(source: str, data: Any, root: Path) -> tuple[str, str, int]:
         raise SpecError(source, f"name: {name!r} is not a sweep name (letters, digits, - and _, at most 40, "
                                 "starting with a letter or digit)")
     profile = data["profile"]
-    if profile not in profile_names(root):
-        raise SpecError(source, f"profile: no profile {profile!r}; known: {', '.join(profile_names(root))}")
+    try:
+        check_profile(profile, root)
+    except ConfigError as exc:
+        raise SpecError(source, f"profile: {exc.problems[0]}") from None
     concurrency = data.get("concurrency", DEFAULT_CONCURRENCY)
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
         raise SpecError(source, f"concurrency: {concurrency!r} is not an integer from 1 to {MAX_CONCURRENCY}")
@@ -213,9 +216,11 @@ def load_spec(path: str | Path, root: str | Path = ".") -> SweepSpec:
             raise SpecError(source, f"variants {seen[variant.key]} and {i} are the same ({variant.label()})")
         seen[variant.key] = i
         try:
-            params_from_dict(variant_params(base, variant.applied), f"variant {i}")
+            params = params_from_dict(variant_params(base, variant.applied), f"variant {i}")
         except ConfigError as exc:
             raise SpecError(source, f"{exc} (profile {profile} with {variant.label()})") from None
+        if problems := layout_problems(section_dict(params.paths), root, profile):  # the stage's own check
+            raise SpecError(source, f"variant {i}: {problems[0]} (profile {profile} with {variant.label()})")
         variants.append(variant)
     keys = tuple(dict.fromkeys(k for v in variants for k in v.overrides))
     return SweepSpec(source=source, name=name, profile=profile, concurrency=concurrency, shared=dict(shared),

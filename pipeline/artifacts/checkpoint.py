@@ -171,14 +171,21 @@ def read_state(folder: str | Path) -> dict[str, Any]:
 
 def corrupt_remedy(folder: Path, average_window: int | None = None) -> str:
     """What to do about a corrupt complete checkpoint (``average_window``: ``average.last_n``, for averaging)."""
-    others = [p.name for _, p in complete_checkpoints(folder.parent) if p != folder]
+    done = complete_checkpoints(folder.parent)
+    others = [p.name for _, p in done if p != folder]
     delete = f"delete the folder {folder} (or move it away)"
     if average_window is None:
         return f"{delete} and rerun to resume " + (f"from {others[-1]}" if others else
                                                     "from scratch (it is the only checkpoint)")
     if not others:
         return f"{delete} and retrain (`dvc repro train`): it is the only complete checkpoint"
-    return f"{delete} and rerun `dvc repro average`: it then averages {', '.join(others[-average_window:])}"
+    # The train stage's output (paths.train, dvc.yaml) changed, so DVC reruns train before average.
+    rerun = f"{delete} and rerun `dvc repro average`: DVC first reruns train (its folder changed), which resumes"
+    last = f"average then averages the last {average_window} complete checkpoints"
+    if done[-1][1] == folder:  # the newest: training resumes before it and writes that step again
+        return f"{rerun} from {others[-1]} and trains {folder.name} again; {last}"
+    return (f"{rerun} from {others[-1]} and does not write {folder.name} again; {last} "
+            f"({', '.join(others[-average_window:])}, unless train goes on past {others[-1]})")
 
 
 def load_tensors(folder: str | Path, name: str, *, remedy: str | None = None) -> dict[str, Any]:

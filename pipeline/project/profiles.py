@@ -18,7 +18,7 @@ from pipeline.core.owned import atomic_path, discard, write_text
 from pipeline.core.paths import layout_problems
 from pipeline.core.yamlfile import load_yaml
 from pipeline.project.locks import use_locks
-from pipeline.project.workspace import exclusive_run
+from pipeline.project.workspace import dvc_lock, exclusive_run
 
 BASE = "paper"
 # The params.yaml bytes a profile run replaced (ABSENT: there was none), so the next run undoes a killed one.
@@ -41,6 +41,20 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 def profile_names(root: str | Path = ".") -> list[str]:
     """Names of the profiles tracked in ``<root>/profiles``."""
     return sorted(p.stem for p in (Path(root) / "profiles").glob("*.yaml"))
+
+
+def check_profile(name: str, root: str | Path = ".", source: str | None = None) -> str:
+    """``name`` when it is one of :func:`profile_names` (a bare name of ``<root>/profiles``: ``../x`` or ``a/b``
+    never reach a file outside it); the one rule for every command that takes a profile name.
+
+    Raises:
+        ConfigError: naming ``source`` (the option or key that gave the name; default the profiles folder) and
+            the known profiles.
+    """
+    if name not in (known := profile_names(root)):
+        raise ConfigError(source or str(Path(root) / "profiles"), [
+            f"no such profile {name!r} (a file name of profiles/*.yaml without .yaml); known: {', '.join(known)}"])
+    return name
 
 
 def active_profile(root: str | Path = ".") -> str | None:
@@ -68,9 +82,7 @@ def listing(root: str | Path = ".") -> list[str]:
 def merged_profile(name: str, root: str | Path = ".") -> dict[str, Any]:
     """The full params mapping of profile ``name`` (validated)."""
     folder = Path(root) / "profiles"
-    path = folder / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(str(path), [f"no such profile {name!r}; known: {', '.join(profile_names(root))}"])
+    path = folder / f"{check_profile(name, root)}.yaml"
     data = load_yaml(folder / f"{BASE}.yaml")
     if name != BASE:
         data = deep_merge(data, load_yaml(path) or {})
@@ -105,19 +117,20 @@ def _keep_edits(target: Path, root: Path) -> None:
 
 
 def write_profile(name: str, root: str | Path = ".", target: str | Path | None = None) -> Path:
-    """Write profile ``name`` as ``params.yaml`` under the workspace lock (a hand-edited file is first kept as
-    ``params.yaml.<time>.bak``, a killed profile run undone), and bring back its ``dvc.lock``
+    """Write profile ``name`` as ``params.yaml`` under the workspace lock and DVC's own (a hand-edited file is
+    first kept as ``params.yaml.<time>.bak``, a killed profile run undone), and bring back its ``dvc.lock``
     (:mod:`pipeline.project.locks`).
 
     Raises:
         ConfigError: no such profile, or it does not validate (nothing is written then).
-        PipelineError: a pipeline run holds the workspace (its pid is named; nothing is written).
+        PipelineError: a pipeline run holds the workspace, or a DVC command (a plain ``dvc repro``) holds DVC's
+            lock (its pid is named; nothing is written).
     """
     root = Path(root)
     target = Path(target) if target else root / "params.yaml"
     text = render(name, root)
-    with exclusive_run(root, f"nmt profile {name}",
-                       remedy=f"wait for it to end or stop it, then run `nmt profile {name}` again"):
+    remedy = f"wait for it to end or stop it, then run `nmt profile {name}` again"
+    with exclusive_run(root, f"nmt profile {name}", remedy=remedy), dvc_lock(root, ["params.yaml"], remedy):
         restore_params(root)
         before = active_profile(root)
         _keep_edits(target, root)

@@ -76,17 +76,14 @@ def _read_only_folder(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--profile", "nosuch"], "{repo}/profiles/nosuch.yaml: no such profile 'nosuch'; known: demo, multi30k, paper, "
-                              "paper-big, tiny"),
     (["--out", "{tmp}"], "--out {tmp}: is a folder; name the .json file to write"),
     (["--out", "/dev/full"], "--out /dev/full: is not a regular file (a device or a FIFO); name the .json file to "
                              "write"),
     (["--out", "{ro}/memory.json"], "--out {ro}/memory.json: {ro} is not a writable folder (read-only file system or "
                                     "permissions); name a .json file in a folder you can write"),
 ])
-def test_a_bad_profile_or_out_is_one_line_before_any_counting(tmp_path: Path, args: list[str], message: str) -> None:
-    """Each was a traceback (a ConfigError, IsADirectoryError, OSError ENOSPC or EROFS), the last three after the
-    counting had run."""
+def test_a_bad_out_is_one_line_before_any_counting(tmp_path: Path, args: list[str], message: str) -> None:
+    """Each was a traceback (IsADirectoryError, OSError ENOSPC or EROFS) after the counting had run."""
     with contextlib.ExitStack() as stack:
         ro = stack.enter_context(_read_only_folder(tmp_path)) if "{ro}/memory.json" in args else tmp_path / "ro"
         fill = {"repo": REPO, "tmp": tmp_path, "ro": ro}
@@ -97,3 +94,15 @@ def test_a_bad_profile_or_out_is_one_line_before_any_counting(tmp_path: Path, ar
         assert (run.returncode, run.stdout) == (1, "")
         assert re.fullmatch(r"\d\d:\d\d:\d\d error: (.*)\n", run.stderr).group(1) == message.format(**fill)
         assert sorted(p.name for p in tmp_path.iterdir()) == (["ro"] if "{ro}/memory.json" in args else [])
+
+
+@pytest.mark.parametrize("name", ["nosuch", "../profiles/tiny", "../sweeps/demo-seeds"])
+def test_a_profile_name_outside_profiles_is_one_line(tmp_path: Path, name: str) -> None:
+    """benchmarks/memory.py reads only a profile profiles/ lists (the rule of `nmt profile`)."""
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "memory.py"), "--profile", name,
+                           "--max-tokens", "128", "--out", str(tmp_path / "out.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [
+        f"error: --profile: {REPO / 'profiles'}: no such profile {name!r} (a file name of profiles/*.yaml "
+        "without .yaml); known: demo, multi30k, paper, paper-big, tiny"])
+    assert not (tmp_path / "out.json").exists()

@@ -406,3 +406,21 @@ def test_an_unreachable_tracking_server_is_refused_before_any_prefect_server(tmp
         "connection: [Errno 111] Connection refused); start it or set MLFLOW_TRACKING_URI to a running server, or "
         "set NMT_TRACKING=off to run without tracking"]
     assert "temporary Prefect server" not in proc.stdout + proc.stderr
+
+
+def test_a_prefect_home_no_one_can_write_is_one_line_naming_it_and_the_cause(tmp_path: Path) -> None:
+    """The temporary server exits at once when SQLite cannot create its database under PREFECT_HOME: the line names
+    PREFECT_HOME and SQLite's cause, not a startup timeout to raise. /proc/self/fdinfo is a folder that exists and
+    that no user can create a file in, root included (chmod does not stop root)."""
+    env = {**os.environ, "NMT_TRACKING": "off", "PREFECT_HOME": "/proc/self/fdinfo", "PYTHONPATH": str(REPO)}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.run([sys.executable, "-m", "flows.pipeline", "--repo", str(REPO), "--stages", "download"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert re.fullmatch(
+        r"error: temporary Prefect server on http://127\.0\.0\.1:\d+/api exited with code \d+: it cannot write its "
+        r"database under PREFECT_HOME=/proc/self/fdinfo \[sqlalchemy\.exc\.OperationalError: "
+        r"\(sqlite3\.OperationalError\) unable to open database file\]; set PREFECT_HOME to a writable folder "
+        r"\(the Makefile uses \.prefect in the checkout\), or PREFECT_API_URL to a running server", line), line
+    assert not list(tmp_path.iterdir())

@@ -128,7 +128,8 @@ def test_a_list_of_variants_keeps_its_order_and_labels(tmp_path: Path) -> None:
     ({"name": "x", "profile": "tiny", "seeds": [1, -1]},
      "variant 2: seed: -1 is out of range (expected in [0, 4294967295]) (profile tiny with seed=-1)"),
     ({"name": "x", "profile": "small", "grid": {"train.warmup_steps": [1]}},
-     "profile: no profile 'small'; known: demo, multi30k, paper, paper-big, tiny"),
+     "profile: no such profile 'small' (a file name of profiles/*.yaml without .yaml); known: demo, multi30k, "
+     "paper, paper-big, tiny"),
     ({"profile": "tiny", "grid": {"train.warmup_steps": [1]}}, "name: missing"),
     ({"name": "a b", "profile": "tiny", "grid": {"train.warmup_steps": [1]}},
      "name: 'a b' is not a sweep name (letters, digits, - and _, at most 40, starting with a letter or digit)"),
@@ -192,3 +193,23 @@ def test_nmt_sweep_refuses_a_bad_spec_in_one_line_before_any_server(tmp_path: Pa
     assert done.stderr.splitlines()[-1] == \
         f"error: {path}: grid.train.warmup_steps: empty list; give at least one value"
     assert "prefect" not in done.stderr.lower()  # no temporary server was started
+
+
+def test_a_grid_value_of_paths_outside_the_project_is_refused_before_any_variant_runs(tmp_path: Path) -> None:
+    """The stage's own layout check, for every variant, when the spec is read: `python -m flows.sweep` stops with
+    one line before any server, clone or variant (variant 1 would otherwise run the whole pipeline first)."""
+    import os
+    import subprocess
+    import sys
+
+    outside = tmp_path / "elsewhere"
+    spec = _write(tmp_path, {"name": "px", "profile": "tiny", "grid": {"paths.train": ["runs/tiny-px/train",
+                                                                                        str(outside)]}})
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    proc = subprocess.run([sys.executable, "-m", "flows.sweep", str(spec), "--repo", str(REPO)], cwd=tmp_path,
+                          env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr.splitlines()) == (1, [
+        f"error: {spec}: variant 2: paths.train: {outside} lies outside {REPO}, the folder of the params file; use a "
+        "relative path inside data/, runs/, metrics/, plots/ or reports/ (profile tiny with "
+        f'paths.train="{outside}")'])
+    assert not outside.exists() and not (REPO / ".dvc" / "tmp" / "sweeps" / "px").exists()

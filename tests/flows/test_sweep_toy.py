@@ -91,3 +91,33 @@ def test_a_failed_variant_is_reported_and_only_it_runs_again(make_repo: MakeRepo
     assert str(changed.value) == (f"{tmp_path / 'toy.yaml'}: sweep 'toy' already ran with another profile or other "
                                   f"variants ({state_file}); give this spec another name, or delete "
                                   f"{state_file.parent} to start it over")
+
+
+def test_a_failed_variant_is_the_last_line_of_the_sweep_command_without_prefects_tracebacks(
+        make_repo: MakeRepo, tmp_path: Path) -> None:
+    """`python -m flows.sweep`: Prefect logs a failed task run with its traceback; a variant's failure is a
+    PipelineError with a one-line summary, so the output holds no traceback and ends with the sweep's line."""
+    import os
+    import sys
+
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.helpers.paths import REPO
+
+    marker = tmp_path / "broken"
+    marker.write_text("")
+    repo = make_repo(_stages(marker))
+    spec = _spec(tmp_path / "toy.yaml", [10, 13])
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NMT_TRACKING": "off",
+           "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    proc = subprocess.run([sys.executable, "-m", "flows.sweep", str(spec), "--repo", str(repo)], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=600)
+    out = (proc.stdout + proc.stderr).splitlines()
+    assert proc.returncode == 1, out[-20:]
+    assert "Traceback (most recent call last):" not in proc.stdout + proc.stderr, out
+    last = out[-1]
+    assert last.startswith("error: sweep toy: 1 of 2 variants did not finish (toy-2: error: stage fit: warmup 13 "
+                           "diverged (`dvc exp run --name toy-2 "), last
+    logged = [line.split(" - ", 1)[-1] for line in out if "variant toy-2 failed: " in line]
+    assert len(logged) == 1 and logged[0].startswith(
+        "variant toy-2 failed: error: stage fit: warmup 13 diverged (`dvc exp run --name toy-2 "), logged

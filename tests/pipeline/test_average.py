@@ -155,14 +155,22 @@ def test_flipped_bytes_in_a_checkpoint_are_refused_naming_file_and_remedy(tmp_pa
     flip_in_largest_record(folder / "model.pt")
     with pytest.raises(CheckpointError, match=r"step-00000002/model\.pt: content does not match the sha256 recorded "
                                               r"at save .*delete the folder .*step-00000002 .*rerun `dvc repro "
-                                              r"average`: it then averages step-00000001$"):
+                                              r"average`: DVC first reruns train \(its folder changed\), which resumes from "
+                                              r"step-00000001 and trains step-00000002 again; average then averages "
+                                              r"the last 2 complete checkpoints$"):
         _run(tmp_path, spm_dir, last_n=2)
     assert not (tmp_path / "model" / AVERAGED_NAME).exists()
 
 
-@pytest.mark.parametrize(("corrupt", "then"), [(2, "step-00000001, step-00000003"),
-                                                (3, "step-00000001, step-00000002")])
-def test_the_remedy_for_a_corrupt_checkpoint_names_what_a_rerun_averages(tmp_path: Path, spm_dir: Path, corrupt: int,
+RERUN = "rerun `dvc repro average`: DVC first reruns train (its folder changed), which resumes from"
+LAST_2 = "average then averages the last 2 complete checkpoints"
+
+
+@pytest.mark.parametrize(("corrupt", "then"), [
+    (2, f"{RERUN} step-00000003 and does not write step-00000002 again; {LAST_2} (step-00000001, step-00000003, "
+        "unless train goes on past step-00000003)"),
+    (3, f"{RERUN} step-00000002 and trains step-00000003 again; {LAST_2}")])
+def test_the_remedy_for_a_corrupt_checkpoint_says_what_the_rerun_trains_and_averages(tmp_path: Path, spm_dir: Path, corrupt: int,
                                                                          then: str) -> None:
     from tests.helpers.corruption import flip_in_largest_record
 
@@ -173,8 +181,7 @@ def test_the_remedy_for_a_corrupt_checkpoint_names_what_a_rerun_averages(tmp_pat
         _run(tmp_path, spm_dir, last_n=2)
     assert str(info.value) == (
         f"{folders[corrupt] / 'model.pt'}: content does not match the sha256 recorded at save (bit rot, a bad copy "
-        f"or an edit?); delete the folder {folders[corrupt]} (or move it away) and rerun `dvc repro average`: it "
-        f"then averages {then}")
+        f"or an edit?); delete the folder {folders[corrupt]} (or move it away) and {then}")
 
 
 def test_a_renamed_sha256_key_in_state_json_is_refused_not_skipped(tmp_path: Path, spm_dir: Path) -> None:
@@ -194,6 +201,24 @@ def test_a_renamed_sha256_key_in_state_json_is_refused_not_skipped(tmp_path: Pat
         f"{folder / 'state.json'}: no files.model.pt.sha256 recorded, so model.pt cannot be checked (written by an "
         f"older version, or edited); delete the folder {folder} (or move it away) and retrain (`dvc repro train`): "
         "it is the only complete checkpoint")
+    assert not (tmp_path / "model" / AVERAGED_NAME).exists()
+
+
+def test_the_remedy_for_the_newest_checkpoint_without_its_sha256_says_the_rerun_trains_it_again(
+        tmp_path: Path, spm_dir: Path) -> None:
+    import json
+
+    vocab = spm_vocab_size(spm_dir / "spm.model")
+    folders = [_saved_checkpoint(tmp_path / "train", step, tiny_model(vocab, step)) for step in (1, 2)]
+    state = json.loads((folders[1] / "state.json").read_text())
+    del state["files"]["model.pt"]["sha256"]
+    (folders[1] / "state.json").write_text(json.dumps(state))
+    with pytest.raises(CheckpointError) as info:
+        _run(tmp_path, spm_dir, last_n=2)
+    assert str(info.value) == (
+        f"{folders[1] / 'state.json'}: no files.model.pt.sha256 recorded, so model.pt cannot be checked (written by "
+        f"an older version, or edited); delete the folder {folders[1]} (or move it away) and {RERUN} step-00000001 "
+        f"and trains step-00000002 again; {LAST_2}")
     assert not (tmp_path / "model" / AVERAGED_NAME).exists()
 
 

@@ -149,3 +149,35 @@ def test_every_documented_nmt_command_names_a_verb_and_options_that_exist() -> N
             option = word.strip("[]…").split("=")[0]
             if option.startswith("--"):
                 assert option in known, f"{where}: `{command}`: nmt {verb} has no {option}"
+
+
+@pytest.mark.parametrize("where", ["outside", "root"])
+def test_nmt_run_refuses_an_absolute_paths_value_before_dvc_or_any_server(tmp_path: Path, where: str) -> None:
+    """A `paths.clean` that is an existing folder outside the checkout makes DVC fail the clean stage before its
+    command runs, with no reason (`ERROR: failed to reproduce 'clean': `, an AssertionError in dvc/output.py); the
+    flow checks the params first, so `nmt run` is the stage's own one line, before any Prefect server or DVC."""
+    import shutil
+
+    import yaml
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copy(REPO / "dvc.yaml", repo / "dvc.yaml")
+    shutil.copytree(REPO / "profiles", repo / "profiles")
+    outside = tmp_path / "elsewhere" if where == "outside" else Path("/")
+    outside.mkdir(exist_ok=True)
+    from pipeline.project.profiles import merged_profile
+
+    merged = merged_profile("tiny", REPO)
+    merged["paths"]["clean"] = str(outside)
+    (repo / "params.yaml").write_text(yaml.safe_dump(merged, sort_keys=False), encoding="utf-8")
+    before = (repo / "params.yaml").read_bytes()
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    proc = subprocess.run([sys.executable, "-m", "flows.pipeline", "--stages", "clean", "--repo", str(repo)],
+                          cwd=repo, env={**env, "NMT_TRACKING": "off", "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr.splitlines()) == (1, [
+        f"error: {repo / 'params.yaml'}: paths.clean: {outside} lies outside {repo}, the folder of the params file; "
+        "use a relative path inside data/, runs/, metrics/, plots/ or reports/"])
+    assert (repo / "params.yaml").read_bytes() == before and not (repo / ".dvc").exists()
+    assert sorted(p.name for p in repo.iterdir()) == ["dvc.yaml", "params.yaml", "profiles"]

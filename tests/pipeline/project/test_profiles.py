@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,8 +18,10 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.paths import SHARED_DATA
 from pipeline.project.profiles import (SAVED, active_profile, listing, merged_profile, render, restore_params,
                                        write_profile)
+from pipeline.project.locks import KEPT
 from tests.helpers.lockholder import hold_lock
 from tests.helpers.paths import REPO
+from tests.helpers.repoutil import init_git_dvc
 
 
 PROFILES = sorted(path.stem for path in (REPO / "profiles").glob("*.yaml"))
@@ -162,3 +166,101 @@ def test_paper_big_is_the_papers_big_model_on_the_paper_profiles_data(root: Path
     assert params.paths.train == "runs/paper-big/train" and params.paths.reports == "reports/paper-big"
     monkeypatch.delenv("NMT_MODEL_NAME", raising=False)
     assert model_name(params.profile) == "paper-big-transformer"  # the registered model
+
+
+KNOWN = "known: demo, multi30k, paper, paper-big, tiny"
+
+
+@pytest.fixture
+def beside_victim(tmp_path: Path) -> tuple[Path, Path]:
+    """A checkout at ``tmp_path/checkout`` and, two levels above its profiles/, a valid ``victim.yaml`` beside a
+    folder ``victim/`` holding another project's dvc.lock."""
+    root = tmp_path / "checkout"
+    shutil.copytree(REPO / "profiles", root / "profiles")
+    write_profile("paper", root)
+    shutil.copy(REPO / "profiles" / "tiny.yaml", tmp_path / "victim.yaml")
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n", encoding="utf-8")
+    return root, tmp_path
+
+
+@pytest.mark.parametrize("name", ["../../victim", "../profiles/tiny", "/etc/passwd", "tiny/../tiny"])
+def test_a_profile_name_that_leaves_profiles_is_refused_with_one_line(beside_victim: tuple[Path, Path],
+                                                                    name: str) -> None:
+    """`nmt profile NAME` reads only profiles/NAME.yaml of a name profiles/ lists: nothing outside is read or
+    written, params.yaml stays as it was."""
+    root, outside = beside_victim
+    params, lock = (root / "params.yaml").read_bytes(), (outside / "victim" / "dvc.lock").read_bytes()
+    proc = _nmt(root, "profile", name)
+    assert (proc.returncode, proc.stderr.splitlines()) == (1, [
+        f"error: profiles: no such profile {name!r} (a file name of profiles/*.yaml without .yaml); {KNOWN}"])
+    assert (root / "params.yaml").read_bytes() == params and not list(root.glob("params.yaml.*"))
+    assert (outside / "victim" / "dvc.lock").read_bytes() == lock
+
+
+def test_nmt_run_refuses_a_profile_name_outside_profiles_before_it_starts(beside_victim: tuple[Path, Path]) -> None:
+    root, _ = beside_victim
+    shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
+    params = (root / "params.yaml").read_bytes()
+    proc = _nmt(root, "run", "--profile", "../../victim")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1] == (
+        f"error: --profile: no such profile '../../victim' (a file name of profiles/*.yaml without .yaml); {KNOWN}")
+    assert (root / "params.yaml").read_bytes() == params and not (root / "mlruns").exists()
+
+
+def test_the_switch_is_refused_while_a_plain_dvc_repro_runs(tmp_path: Path) -> None:
+    """A `dvc repro` started outside `nmt run` holds DVC's lock (.dvc/tmp/lock); the switch takes the same lock, so
+    params.yaml and dvc.lock stay what that repro read and writes."""
+    root = init_git_dvc(tmp_path / "repo")
+    shutil.copytree(REPO / "profiles", root / "profiles")
+    write_profile("paper", root)
+    (root / "wait.py").write_text("import pathlib, time\npathlib.Path('started').touch()\ntime.sleep(120)\n",
+                                  encoding="utf-8")
+    (root / "dvc.yaml").write_text("stages:\n  slow:\n    cmd: python wait.py\n    deps: [wait.py]\n"
+                                   "    params: [profile]\n", encoding="utf-8")
+    (root / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n", encoding="utf-8")
+    names = ["params.yaml", "dvc.lock", str(KEPT / "LIVE")]
+    before = {name: (root / name).read_bytes() for name in names}
+    repro = subprocess.Popen(["dvc", "repro"], cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (root / "started").exists():
+            assert repro.poll() is None and time.monotonic() < deadline, "dvc repro did not start its stage"
+            time.sleep(0.1)
+        proc = _nmt(root, "profile", "demo")
+        assert proc.returncode == 1
+        assert proc.stderr.splitlines() == [
+            f"error: .dvc/tmp/rwlock: a running DVC stage reads params.yaml (pid {repro.pid}: "
+            f"{shutil.which('dvc')} repro); wait for it to "
+            "end or stop it, then run `nmt profile demo` again"]
+        assert {name: (root / name).read_bytes() for name in before} == before
+        assert not list(root.glob("params.yaml.*")) and [p.name for p in (root / KEPT).iterdir()] == ["LIVE"]
+    finally:
+        os.killpg(repro.pid, signal.SIGKILL)
+        repro.wait()
+    assert _nmt(root, "profile", "demo").returncode == 0  # DVC's lock is free again
+    assert active_profile(root) == "demo"
+
+
+def test_the_switch_is_refused_while_a_dvc_command_holds_dvcs_repository_lock(tmp_path: Path) -> None:
+    """Between stages (and for `dvc status`, `dvc commit`...) DVC holds .dvc/tmp/lock itself, through its Repo.lock."""
+    root = init_git_dvc(tmp_path / "repo")
+    shutil.copytree(REPO / "profiles", root / "profiles")
+    write_profile("paper", root)
+    params = (root / "params.yaml").read_bytes()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from dvc.repo import Repo; r = Repo(sys.argv[1]); "
+                               "r.lock.lock(); print('held', flush=True); sys.stdin.read()", str(root)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        proc = _nmt(root, "profile", "demo")
+        (line,) = proc.stderr.splitlines()  # the holder's command line, cut at 120 characters
+        assert proc.returncode == 1 and line.startswith(
+            f"error: .dvc/tmp/lock: a DVC command holds this checkout (pid {holder.pid}: "
+            f"{Path(sys.executable).name} -c import sys; from dvc.repo import Repo;")
+        assert line.endswith("); wait for it to end or stop it, then run `nmt profile demo` again")
+        assert (root / "params.yaml").read_bytes() == params
+    finally:
+        holder.communicate("", timeout=30)
