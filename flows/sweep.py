@@ -39,6 +39,7 @@ from pipeline.auditing.paper import paper_row
 from pipeline.core import env, tracking
 from pipeline.core.config import flatten, params_from_dict
 from pipeline.core.errors import PipelineError
+from pipeline.core.owned import write_text
 from pipeline.project.options import plain
 from pipeline.project.profiles import merged_profile
 from pipeline.project.workspace import exclusive_run
@@ -186,8 +187,7 @@ def _publish(root: Path, spec: SweepSpec, markdown: str, parent: tracking.StageR
              records: list[dict[str, Any]]) -> Path:
     """The table as ``reports/sweeps/<name>.md``, a Prefect artifact and an artifact of the MLflow parent."""
     path = root / REPORTS_DIR / f"{spec.name}.md"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(markdown, encoding="utf-8")
+    write_text(path, markdown)  # whole or not at all, and never over a folder or link (pipeline/core/owned.py)
     create_markdown_artifact(markdown, key=artifact_key(spec.name), description=f"{FLOW_NAME}: {spec.name}")
     best = best_variant(records)
     parent.log_artifact(path)
