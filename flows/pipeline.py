@@ -27,6 +27,7 @@ from flows import parent_run
 from flows.dvc_task import publish_hint, repro_command, select_stages, stage_env, stage_status
 from flows.lifeline import kill_all_groups, run_in_group
 from flows.report import AUDIT_ARTIFACT_KEY, StageOutcome, render_report
+from flows.preflight import check_params_first, quiet_prefect_tracebacks
 from flows.server import ensure_api
 from pipeline.core import env
 from pipeline.core import tracking
@@ -34,7 +35,7 @@ from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
 from pipeline.core.details import EvaluateDetails, RegisterDetails, StageDetails
 from pipeline.core.errors import EXIT_PERMANENT, PipelineError
 from pipeline.project import run_options
-from pipeline.project.profiles import SAVED, check_profile, merged_profile, profile_run, restore_params
+from pipeline.project.profiles import profile_run, restore_params
 from pipeline.project.workspace import exclusive_run
 
 D = TypeVar("D", bound=StageDetails)
@@ -246,40 +247,6 @@ def _pipeline(root: Path, selected: list[str], *, force: bool, profile: str | No
             markdown = _finish(root, paths, outcomes, parent, git, failure)
     return {"stages": [asdict(o) for o in outcomes], "mlflow_run_id": parent.run_id,
             "git_commit": git.get("git_commit", ""), "markdown": markdown}
-
-
-class _NoTracebackForPipelineErrors(logging.Filter):
-    """Prefect logs a failed task's and flow's exception with its traceback; a PipelineError (a stage's one-line
-    error, a refusal) is its message alone, which ``main`` prints last."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], PipelineError):
-            record.exc_info = record.exc_text = None
-        return True
-
-
-def check_params_first(root: Path, profile: str | None) -> None:
-    """Refuse the params the run would use (profile ``profile``'s, else ``root``'s params.yaml) before any server
-    or DVC command: a ``paths.*`` value DVC cannot handle fails inside DVC with no reason given (``failed to
-    reproduce 'clean': ``), before the stage's own check could run. A params.yaml a killed ``--profile`` run
-    replaced is checked by the flow once it is restored.
-
-    Raises:
-        ConfigError: no such profile, or the params do not validate (one line naming the key).
-    """
-    if profile is not None:
-        merged_profile(check_profile(profile, root, "--profile"), root)
-    elif (root / "params.yaml").is_file() and not (root / SAVED).exists():
-        load_params(root / "params.yaml")
-
-
-def quiet_prefect_tracebacks() -> None:
-    """Log a PipelineError that fails a task or flow run without its traceback (the loggers of Prefect's run
-    engines, ``prefect.task_runs`` and ``prefect.flow_runs``); any other exception keeps its traceback."""
-    for name in ("prefect.task_runs", "prefect.flow_runs"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _NoTracebackForPipelineErrors) for f in logger.filters):
-            logger.addFilter(_NoTracebackForPipelineErrors())
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,7 +28,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows import parent_run
 from flows.dvc_task import dvc_stages, repro_command, stage_env, stage_status
 from flows.lifeline import kill_all_groups, run_in_group
-from flows.pipeline import quiet_prefect_tracebacks
+from flows.preflight import quiet_prefect_tracebacks
 from flows.report import OBJECTIVE, best_variant, headline_from, paired_lines, render_sweep, seed_stats
 from flows.server import ensure_api
 from flows.sweep_spec import SweepSpec, Variant, load_spec, shared_params, variant_params

@@ -3,6 +3,9 @@ rendezvous from the ``NMT_*`` environment (:mod:`pipeline.training.torchrun` bui
 
 torchrun runs inside ``python -m pipeline.launch --torchrun`` (:mod:`pipeline.training.agent`), which records
 its pid for the ranks (``PIPELINE_AGENT_PID``) so that a killed job leaves no rank behind (:mod:`pipeline.train`).
+Under ``dvc repro`` the agent also ends (SIGTERM: torchrun stops its ranks) when the dvc process dies, and on one
+node it holds a lock beside ``paths.train`` for the whole run, so two trainers never write one folder
+(:func:`hold_train_folder`; :mod:`pipeline.training.tether`).
 Every node must see the same repository, params.yaml, shards and ``paths.train`` (docs/cluster.md).
 ``python -m pipeline.launch --dry-run`` prints the command instead of running it.
 """
@@ -13,6 +16,8 @@ import logging
 import os
 import shlex
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.core import env
@@ -20,15 +25,36 @@ from pipeline.core.config import Params, load_params
 from pipeline.core.errors import PipelineError
 from pipeline.core.owned import claim_folder
 from pipeline.core.stage import setup_logging, stage_parser
+from pipeline.project.workspace import exclusive_run
+from pipeline.training.capacity import check_memory
+from pipeline.training.tether import tie_to_dvc
 from pipeline.training.torchrun import AGENT_FLAG, torchrun_command, wait_until_resolvable
 
 log = logging.getLogger(__name__)
 
-TRAIN_ROLE = "train"  # == pipeline.artifacts.checkpoint.ROLE (not imported: it loads torch)
-#: Bytes per weight that training keeps whatever the batch: fp32 weights, gradients and Adam's two moments.
-TRAIN_BYTES_PER_WEIGHT = 16
 #: The agent's pid, handed to its ranks (see :func:`pipeline.train.die_with_agent`).
 AGENT_PID_ENV = "PIPELINE_AGENT_PID"
+#: The role of a training folder's marker (== pipeline.artifacts.checkpoint.ROLE, not imported: it loads torch).
+TRAIN_ROLE = "train"
+
+
+@contextmanager
+def hold_train_folder(folder: str | Path) -> Iterator[Path]:
+    """Claim the training folder (pipeline/core/owned.py) and hold the lock ``.<name>.nmt-train.lock`` beside it for
+    the block, on one node (every node of a multi-node job shares ``paths.train``, docs/cluster.md, and node 0 alone
+    writes it). The lock lies beside the folder, not in it: DVC hashes the folder, and the lock records a pid.
+
+    Raises:
+        PipelineError: another training job holds it (its pid named), or the folder is a user's.
+    """
+    folder = Path(folder)
+    if env.settings().nnodes > 1:
+        yield claim_folder(folder, TRAIN_ROLE)
+        return
+    with exclusive_run(folder.parent, f"training into {folder}", lock=Path(f".{folder.name}.nmt-train.lock"),
+                       remedy=f"two trainers must not write one folder ({folder}): wait for it to end or stop it, "
+                              "then run the stage again"):
+        yield claim_folder(folder, TRAIN_ROLE)
 
 
 def run_agent(torchrun_args: list[str]) -> int:
@@ -38,6 +64,7 @@ def run_agent(torchrun_args: list[str]) -> int:
     are silenced unless ``TORCH_CPP_LOG_LEVEL`` is set; the ranks keep theirs.
     """
     os.environ[AGENT_PID_ENV] = str(os.getpid())
+    tie_to_dvc()
     wait_until_resolvable()
     quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ
     if quiet:
@@ -46,52 +73,24 @@ def run_agent(torchrun_args: list[str]) -> int:
 
     if quiet:
         del os.environ["TORCH_CPP_LOG_LEVEL"]  # the ranks inherit this environment
-    return agent.run_torchrun(torchrun_args)
+    if "pipeline.train" not in torchrun_args:  # torchrun running some other script: no training folder
+        return agent.run_torchrun(torchrun_args)
+    with hold_train_folder(train_params(torchrun_args[torchrun_args.index("pipeline.train") + 1:]).paths.train):
+        return agent.run_torchrun(torchrun_args)
+
+
+def train_params(train_args: list[str]) -> Params:
+    """The params file ``pipeline.train`` will read, loaded (a bad one is one line before torchrun starts)."""
+    known, _ = stage_parser("train").parse_known_args(train_args)  # the options pipeline.train parses
+    return load_params(known.params)
 
 
 def check_params(train_args: list[str]) -> None:
     """Load the params file ``pipeline.train`` will read, so a bad one is one line before torchrun starts; refuse a
-    ``paths.train`` folder of the user's (pipeline/core/owned.py) and :func:`check_memory` for its model."""
-    known, _ = stage_parser("train").parse_known_args(train_args)  # the options pipeline.train parses
-    params = load_params(known.params)
-    claim_folder(params.paths.train, TRAIN_ROLE, make=False)  # rank 0 makes it
+    ``paths.train`` folder of the user's (pipeline/core/owned.py) and a model this machine cannot hold."""
+    params = train_params(train_args)
+    claim_folder(params.paths.train, TRAIN_ROLE, make=False)  # the agent makes it (hold_train_folder)
     check_memory(params)
-
-
-def _available() -> tuple[int, str] | None:
-    """(bytes one training process may use, where they are counted) or None when it cannot be told."""
-    s = env.settings()
-    if s.device != "cpu":
-        import torch  # only here: the CPU path and --dry-run stay light
-
-        if torch.cuda.is_available():
-            free = min(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
-            return free, "free on the fullest GPU (torch.cuda.mem_get_info), per training process"
-    try:
-        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
-        available = int(meminfo["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None  # not Linux: the pre-flight and the allocator say it
-    procs = s.nproc or 1
-    return available // procs, f"of MemAvailable (/proc/meminfo) for each of {procs} training process(es)"
-
-
-def check_memory(params: Params) -> None:
-    """Refuse, naming the model.* keys, a model whose fp32 weights, gradients and Adam's two moments alone
-    (:data:`TRAIN_BYTES_PER_WEIGHT` each) exceed what a training process here has; the activations come on top
-    (checked by the pre-flight, pipeline/training/preflight.py). Without it a model under ``MAX_WEIGHTS`` that
-    this machine cannot hold died allocating, naming no key."""
-    if (found := _available()) is None:
-        return
-    per_process, where = found
-    m = params.model
-    count = m.weight_count(params.bpe.vocab_size)
-    if (need := count * TRAIN_BYTES_PER_WEIGHT) <= per_process:
-        return
-    raise PipelineError(f"model.d_model {m.d_model}, model.d_ff {m.d_ff}, model.n_layers {m.n_layers} and "
-                        f"bpe.vocab_size {params.bpe.vocab_size} make {count:.2e} weights: {need / 2**30:.1f} GiB "
-                        f"for fp32 weights, gradients and Adam's moments before any activation, more than the "
-                        f"{per_process / 2**30:.1f} GiB {where}; lower model.d_ff or model.d_model")
 
 
 def main(argv: list[str] | None = None) -> int:

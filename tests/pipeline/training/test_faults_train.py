@@ -226,3 +226,72 @@ def test_a_real_cuda_out_of_memory_at_preflight_is_named_and_freed():
     assert torch.cuda.memory_allocated(dev) <= base + (64 << 20)  # nothing of the failed attempt is kept
     preflight.check(model, [(8, 64)], device=dev, max_tokens=512, label_smoothing=0.1)  # the next shape fits
     assert all(p.grad is None for p in model.parameters())
+
+
+def _dvc_train_repo(tmp: Path, ws: dict[str, Path], then: str = "", **train) -> Path:
+    """A git + DVC repo at ``tmp`` whose stage ``train`` runs the launcher on ``tmp/params.yaml`` (1 CPU rank), and
+    ``then`` after it in the same shell command."""
+    import subprocess
+
+    import yaml
+
+    from tests.helpers.repoutil import init_git_dvc
+
+    init_git_dvc(tmp)
+    fu.write_params(tiny_params(tmp, ws, **train), tmp)
+    (tmp / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"train": {
+        "cmd": f"python -m pipeline.launch --params {tmp / 'params.yaml'}{then}", "params": ["train"]}}}),
+        encoding="utf-8")
+    subprocess.run(["git", "add", "-A"], cwd=tmp, check=True, capture_output=True)
+    return tmp
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("then", ["", " && echo trained"], ids=["shell-execs", "shell-waits"])
+def test_sigkill_of_dvc_repro_alone_ends_the_training_it_started(workspace, tmp_path, then):
+    """`kill -9` of the dvc process only (not its group): the agent sees dvc gone (pidfd) and stops itself and its
+    rank as SIGTERM does, within seconds; nothing trains on in the folder (parent pid 1). DVC runs the command
+    through ``$SHELL -c``, which either becomes the launcher (one command) or waits for it (``&& ...``)."""
+    import subprocess
+
+    from tests.helpers.paths import REPO
+
+    repo = _dvc_train_repo(tmp_path / "repo", workspace, then, max_steps=100000, save_every_steps=1000)
+    params = repo / "params.yaml"
+    env = {**fu.job_env(1), "PYTHONPATH": str(REPO)}
+    log = tmp_path / "dvc.log"
+    with log.open("w") as out:
+        dvc = subprocess.Popen(["dvc", "repro", "train"], cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        assert fu.wait_for(lambda: len(fu.workers_of(params)) >= 2, 90), log.read_text()  # the agent and its rank
+        time.sleep(3)  # the rank is training
+        assert dvc.poll() is None, log.read_text()
+        os.kill(dvc.pid, signal.SIGKILL)
+        dvc.wait()
+        assert fu.wait_for(lambda: not fu.workers_of(params), 15), \
+            f"training outlived dvc: {fu.workers_of(params)}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(dvc.pid, signal.SIGKILL)
+
+
+def test_a_second_trainer_on_a_held_training_folder_is_one_line(workspace, tmp_path):
+    """The launcher holds .<name>.nmt-train.lock beside paths.train for the whole run; a second one on the folder is
+    refused before torchrun starts, naming the lock and the pid holding it; the folder is left as it was."""
+    from tests.helpers.lockholder import hold_lock
+
+    data = job_params(tmp_path, workspace)
+    runs = Path(data["paths"]["train"])
+    lock = runs.parent / f".{runs.name}.nmt-train.lock"
+    holder = hold_lock(runs.parent, "training into runs", lock=Path(lock.name))
+    try:
+        rc, out = fu.run(data, tmp_path, nproc=1)
+        lines = [line for line in out.splitlines() if "error" in line.lower()]
+        assert rc == 1 and lines == [
+            f"error: stage train: {lock}: another run holds it (pid {holder.pid}, since "
+            f"{out.split('since ')[1].split(',')[0]}, training into runs); two trainers must not write one folder "
+            f"({runs}): wait for it to end or stop it, then run the stage again"], out
+        assert not runs.exists() and not fu.workers_of(tmp_path / "params.yaml")
+    finally:
+        holder.communicate("", timeout=30)

@@ -10,6 +10,9 @@ import json
 import logging
 import os
 import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -110,13 +113,18 @@ def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(workspa
     assert proc.returncode != 0
     assert [s for s, _ in checkpoint.complete_checkpoints(crash / "runs")] == [2, 4]
     one = _check_world_size_change(data, crash, tmp_path / "one")
-    # A folder without DONE (a writer that died) holding garbage: never loaded, deleted on relaunch.
-    bogus = crash / "runs" / "step-00000006"
-    bogus.mkdir()
-    (bogus / "model.pt").write_bytes(b"not a checkpoint")
+    # The staging folder of a save whose writer died, holding garbage: never loaded, deleted on relaunch.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    bogus = crash / "runs" / f".step-00000006.{dead}.abcd1234.tmp"
+    (bogus / "step-00000006").mkdir(parents=True)
+    (bogus / "step-00000006" / "model.pt").write_bytes(b"not a checkpoint")
+    (bogus / ".nmt-temporary").write_text(json.dumps({"owner": f"{socket.gethostname()}/{dead}/",
+                                                      "for": "step-00000006"}))
     proc = run_torchrun(data, crash, nproc=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming from" in proc.stderr and "step-00000004" in proc.stderr
+    assert not bogus.exists() and f"{bogus.name}, left behind by an interrupted run" in proc.stderr
     assert not (crash / "runs" / "step-00000006" / "model.pt").read_bytes().startswith(b"not")
     final_ref, final_crash = ref / "runs" / "step-00000010", crash / "runs" / "step-00000010"
     for name in ("model.pt", "optim.pt"):
