@@ -106,8 +106,9 @@ def check_params(root: str | Path = ".") -> None:
 def repro(stage: str, *, force: bool = False, root: str | Path = ".") -> int:
     """Reproduce ``stage`` alone through DVC's API (what ``dvc repro --single-item`` calls); 0, or 255 (``dvc``'s
     status) after DVC's one-line ``ERROR:``, or :data:`EXIT_PERMANENT` when the stage exited with it or params.yaml
-    is refused by :func:`check_params` (failures no retry fixes: the flow does not retry them). ``SCMContext.quiet`` (dvc/repo/scm_context.py) silences the "git add
-    dvc.lock" reminder, as DVC's experiment executor does; the flow says once what to commit (:func:`publish_hint`).
+    is refused by :func:`check_params` (failures no retry fixes: the flow does not retry them).
+    ``SCMContext.quiet`` (dvc/repo/scm_context.py) silences the "git add dvc.lock" reminder, as DVC's experiment
+    executor does; the flow says once what to commit (:func:`publish_hint`).
     """
     from dvc.exceptions import DvcException
     from dvc.repo import Repo

@@ -71,7 +71,8 @@ def _mlflow_parsers(sub: argparse._SubParsersAction) -> None:
     """``nmt ui`` and ``nmt serve``: MLflow's UI and model server on this checkout's store, by default on
     127.0.0.1. Run as MLflow's own commands they need the store named (else MLflow creates a stray ./mlflow.db and
     answers ``Registered Model ... not found``) and this environment's bin/ on PATH (the server starts uvicorn);
-    these verbs set both, check the model first, then become MLflow (exec), so Ctrl-C stops the server itself."""
+    these verbs set both, check the model first, then become MLflow (exec), so Ctrl-C stops the server itself;
+    ``nmt serve`` runs MLflow's scoring server behind :mod:`pipeline.inference.serving`'s guard."""
     p = sub.add_parser("ui", help="the MLflow UI on this checkout's store (http://127.0.0.1:5000)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=_port, default=5000, help="port (default 5000)")
@@ -111,8 +112,16 @@ def _serve(args: argparse.Namespace) -> int:
     if registry.alias_holder(name, args.alias) is None:
         raise PipelineError(f"nmt serve: no version of registered model {name!r} holds alias {args.alias!r} in "
                             f"{uri}; the register stage registers profile {profile}'s model (make demo: demo)")
-    return _exec(["mlflow", "models", "serve", "-m", f"models:/{name}@{args.alias}", "--env-manager",
-                  "local", "-h", args.host, "-p", str(args.port)])
+    return _serve_guarded(f"models:/{name}@{args.alias}", args.host, args.port)
+
+
+def _serve_guarded(model_uri: str, host: str, port: int) -> int:
+    """Become the guarded scoring server (:func:`pipeline.inference.registry.serve_command`)."""
+    from pipeline.inference import registry
+
+    argv, command_env = registry.serve_command(model_uri, host, port)
+    os.environ.update(command_env)
+    return _exec(argv, f"serving {model_uri} on http://{host}:{port} (mlflow's scoring server, guarded)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -39,8 +39,10 @@ def test_model_knows_nothing_of_files_ranks_or_tracking(path: Path) -> None:
 
 #: The modules that may import torch.distributed: the ranks' process group and torchrun's agent.
 DISTRIBUTED = {"pipeline/training/distributed.py", "pipeline/training/agent.py"}
-#: The modules that may import mlflow: runs, logged and registered models, and the pyfunc MLflow loads.
-MLFLOW = {"pipeline/core/tracking.py", "pipeline/inference/registry.py", "pipeline/inference/mlflow_model.py"}
+#: The modules that may import mlflow: runs, logged and registered models, the pyfunc MLflow loads and the
+#: guarded scoring app that serves it.
+MLFLOW = {"pipeline/core/tracking.py", "pipeline/inference/registry.py", "pipeline/inference/mlflow_model.py",
+          "pipeline/inference/serving.py"}
 
 
 @pytest.mark.parametrize("path", _modules("pipeline"), ids=lambda p: p.name)

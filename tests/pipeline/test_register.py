@@ -237,6 +237,35 @@ def _invoke(port: int, payload: dict) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
+def _invoke_raw(port: int, body: bytes) -> tuple[int, bytes]:
+    """POST the bytes ``body`` to /invocations: (HTTP status, the answer's bytes)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _guard_answers_400_in_bounded_words(port: int) -> None:
+    """What MLflow's own server answered with 500 (a traceback in its log), ignored, or echoed whole."""
+    for body, message in [
+            (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+             "Error: the JSON is nested too deeply; send a list of strings"),
+            (b'{"inputs": ["A man."], "params": {"beam_size": ' + b"9" * 5000 + b"}}",
+             "Error: an integer of 5000 digits, more than the 30 any field takes (MAX_INT_DIGITS)"),
+            (json.dumps({"inputs": ["A man."], "params": {"beam": 2}}).encode(),
+             "Error: params: unknown 'beam'; this model reads beam_size, alpha, engine"),
+            (json.dumps({"inputs": ["x" * 3_000_000]}).encode(),
+             "Error: inputs[0]: 3000000 characters, more than the 10000 of one line (MAX_LINE_CHARS); split it into "
+             "sentences")]:
+        status, answer = _invoke_raw(port, body)
+        assert status == 400 and len(answer) < 1200, (status, answer[:300])
+        error = json.loads(answer)
+        assert (error["error_code"], error["message"]) == ("INVALID_PARAMETER_VALUE", message)
+
+
 def _tree_rss(pid: int) -> int:
     """Resident bytes of process ``pid`` and its descendants (the server and its workers)."""
     import psutil
@@ -284,6 +313,7 @@ def test_served_candidate_answers_invocations(model_dir: Path, tmp_path: Path, m
         assert status == 200 and len(answer["predictions"]) == 2
         assert answer["predictions"][0] and answer["predictions"][1] == ""
         _refuses_out_of_bounds_requests(port, proc.pid)
+        _guard_answers_400_in_bounded_words(port)
         for one_column in ({"dataframe_split": {"columns": ["src"], "data": [["The dog sees the cat."], [""]]}},
                            {"inputs": {"src": ["The dog sees the cat.", ""]}}):
             assert _invoke(port, {**one_column, "params": {"beam_size": 1}}) == (status, answer)
