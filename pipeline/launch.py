@@ -48,8 +48,8 @@ def hold_train_folder(folder: str | Path) -> Iterator[Path]:
         PipelineError: another training job holds it (its pid named), or the folder is a user's.
     """
     folder = Path(folder)
-    if env.settings().nnodes > 1:
-        yield claim_folder(folder, TRAIN_ROLE)
+    if env.settings().nnodes > 1:  # rank 0 claims it once the nodes have met (pipeline/training/setup.py)
+        yield folder
         return
     with exclusive_run(folder.parent, f"training into {folder}", lock=Path(f".{folder.name}.nmt-train.lock"),
                        remedy=f"two trainers must not write one folder ({folder}): wait for it to end or stop it, "

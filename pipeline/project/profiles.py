@@ -119,7 +119,7 @@ def _keep_edits(target: Path, root: Path) -> None:
 def write_profile(name: str, root: str | Path = ".", target: str | Path | None = None) -> Path:
     """Write profile ``name`` as ``params.yaml`` under the workspace lock and DVC's own (a hand-edited file is
     first kept as ``params.yaml.<time>.bak``, a killed profile run undone), and bring back its ``dvc.lock``
-    (:mod:`pipeline.project.locks`).
+    (:mod:`pipeline.project.locks`); as another ``target`` file, only that file is written (no lock).
 
     Raises:
         ConfigError: no such profile, or it does not validate (nothing is written then).
@@ -129,14 +129,17 @@ def write_profile(name: str, root: str | Path = ".", target: str | Path | None =
     root = Path(root)
     target = Path(target) if target else root / "params.yaml"
     text = render(name, root)
+    if target != root / "params.yaml":  # another file: nothing of the checkout is written, so no lock is taken
+        _keep_edits(target, root)
+        write_text(target, text)
+        return target
     remedy = f"wait for it to end or stop it, then run `nmt profile {name}` again"
     with exclusive_run(root, f"nmt profile {name}", remedy=remedy), dvc_lock(root, ["params.yaml"], remedy):
         restore_params(root)
         before = active_profile(root)
         _keep_edits(target, root)
         write_text(target, text)
-        if target == root / "params.yaml":
-            use_locks(root, name, before)
+        use_locks(root, name, before)
     return target
 
 

@@ -75,6 +75,7 @@ def test_a_compiled_training_run_with_dropout_resumes_bitwise(workspace, tmp_pat
         assert data["model"]["dropout"] > 0
         if name == "resumed":
             shutil.copytree(tmp_path / "whole" / "runs" / "step-00000004", tmp_path / name / "runs" / "step-00000004")
+            shutil.copy(tmp_path / "whole" / "runs" / ".nmt-output", tmp_path / name / "runs")  # a training folder's
         proc = run_torchrun(data, tmp_path / name, nproc=1, env={"NMT_COMPILE": "on"})
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert LINE in proc.stderr, proc.stderr[-3000:]
