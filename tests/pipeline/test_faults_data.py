@@ -331,7 +331,7 @@ import pathlib, sys, time
 write_bytes = pathlib.Path.write_bytes
 def held(self, data):  # a slow disk: the bytes are written, the rename into place has not happened yet
     written = write_bytes(self, data)
-    if self.name.startswith(".averaged.pt."):
+    if self.parent.name.startswith(".averaged.pt."):  # the payload in its staging folder
         time.sleep(120)
     return written
 pathlib.Path.write_bytes = held
@@ -354,7 +354,8 @@ def test_sigkill_mid_average_leaves_no_model_and_the_rerun_is_byte_identical(aud
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", HOLD_BEFORE_RENAME], cwd=world, stdout=out, stderr=out,
                                 env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
-        kill_group_when(proc, lambda: any(p.stat().st_size > 0 for p in world.rglob(".averaged.pt.*.tmp")), log)
+        kill_group_when(proc, lambda: any(p.stat().st_size > 0 for p in world.rglob(".averaged.pt.*.tmp/averaged.pt")),
+                        log)
     assert not model_dir.exists() and not (world / "data/metrics/average.details.json").exists()
     assert stale_outputs(model_dir.parent) == ["model"]  # only the dead writer's sibling, never a partial model
     again = stage_cli("average", world)
