@@ -232,8 +232,7 @@ def atomic_path(path: str | Path, role: str | None = None, *, option: str | None
     except BaseException as exc:
         failure = staged_write_error(exc, payload, path, option) if isinstance(exc, OSError) else None
         if failure is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise failure from None
+            raise failure from None  # the staging folder goes in the finally below
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
