@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+import psutil
+
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 20
@@ -77,16 +79,12 @@ def kill_group(pgid: int, proc: subprocess.Popen[bytes] | None = None, grace_s: 
 def _others_alive(pgid: int) -> bool:
     """Whether a process of group ``pgid`` other than this one is alive (not a zombie)."""
     me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
+    for proc in psutil.process_iter(["status"]):
+        if proc.pid == me or proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if os.getpgid(proc.pid) == pgid:
+                return True
     return False
 
 

@@ -3,12 +3,13 @@ process has ended: a run a SIGKILLed process left RUNNING is ended, its staging 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 #: The run's owner: ``<host>/<pid>/<start>``.
 OWNER_TAG = "nmt.owner"
@@ -19,30 +20,26 @@ CHECKOUT_TAG = "nmt.checkout"
 def pid_alive(pid: int) -> bool:
     """Whether a process ``pid`` runs on this machine (a zombie, killed but not yet reaped, does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:  # another user's live process
+    except psutil.AccessDenied:  # another user's live process
         return True
-    with contextlib.suppress(OSError, IndexError):  # no /proc (not Linux): os.kill's answer stands
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    return True
 
 
-def _start_ticks(pid: int) -> str:
-    """The start time of process ``pid`` (``/proc/<pid>/stat`` field 22); empty when it cannot be read."""
+def _start_time(pid: int) -> str:
+    """The start time of process ``pid`` in hundredths of a second since the epoch (psutil's ``create_time``);
+    empty when it cannot be read."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
-    except OSError:
+        return str(round(psutil.Process(pid).create_time() * 100))
+    except psutil.Error:
         return ""
-    fields = stat[stat.rfind(")") + 2:].split()  # the command name in (...) may hold spaces
-    return fields[19] if len(fields) > 19 else ""
 
 
 def owner() -> str:
     """This process as a run's owner: ``<host>/<pid>/<start>``."""
     pid = os.getpid()
-    return f"{socket.gethostname()}/{pid}/{_start_ticks(pid)}"
+    return f"{socket.gethostname()}/{pid}/{_start_time(pid)}"
 
 
 def owner_tags(root: str | Path) -> dict[str, str]:
@@ -57,7 +54,7 @@ def owner_gone(value: str) -> bool:
     if host != socket.gethostname() or not pid_text.isdigit():
         return False
     pid = int(pid_text)
-    return not pid_alive(pid) or bool(start) and _start_ticks(pid) not in ("", start)
+    return not pid_alive(pid) or bool(start) and _start_time(pid) not in ("", start)
 
 
 def in_checkout(value: str, root: str | Path) -> bool:

@@ -8,7 +8,6 @@ per MLflow store (pipeline/register.py)."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -18,6 +17,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import filelock
+import psutil
 
 from pipeline.core.errors import PipelineError
 
@@ -31,43 +33,36 @@ RUN_REMEDY = "wait for it to end or stop it, or run in another clone"
 def exclusive_run(repo: str | Path, what: str, remedy: str = RUN_REMEDY, lock: Path = LOCK_NAME,
                   wait_s: float = 0.0) -> Iterator[None]:
     """Hold the pipeline lock of checkout ``repo`` (or the file ``lock``, relative to ``repo`` or absolute) for the
-    ``with`` block, recording ``what`` holds it; another run holding it is waited for up to ``wait_s`` seconds, then
-    a PipelineError naming the holder and ``remedy``."""
+    ``with`` block, recording ``what`` holds it in ``<lock>.holder`` beside it (filelock's own lock file is not ours to
+    write); another run holding it is waited for
+    up to ``wait_s`` seconds, then a PipelineError naming the holder and ``remedy``."""
     path = Path(repo) / lock
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    holder = path.with_name(path.name + ".holder")
+    held = filelock.FileLock(path, preserve_lock_file=True)
     try:
-        if not _acquire(fd, path, wait_s):
+        held.acquire(timeout=0)
+    except filelock.Timeout:
+        if wait_s > 0:
+            log.info("%s: held by %s; waiting up to %.0f s for it", path, _holder(holder), wait_s)
+        try:
+            held.acquire(timeout=wait_s, poll_interval=0.2)
+        except filelock.Timeout:
             busy = "another pipeline run holds this workspace" if lock == LOCK_NAME else "another run holds it"
             waited = f" after waiting {wait_s:g} s" if wait_s else ""
-            raise PipelineError(f"{path}: {busy}{waited} ({_holder(fd)}); {remedy}")
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                 "what": what}).encode())
+            raise PipelineError(f"{path}: {busy}{waited} ({_holder(holder)}); {remedy}") from None
+    try:
+        holder.write_text(json.dumps({"pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                      "what": what}), encoding="utf-8")
         yield
     finally:
-        os.close(fd)  # releases the lock
+        holder.unlink(missing_ok=True)
+        held.release()
 
 
-def _acquire(fd: int, path: Path, wait_s: float) -> bool:
-    """Lock ``fd``, trying every 0.2 s for up to ``wait_s`` seconds; False while another process holds it."""
-    deadline, waiting = time.monotonic() + wait_s, False
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            if not waiting:
-                log.info("%s: held by %s; waiting up to %.0f s for it", path, _holder(fd), wait_s)
-                waiting = True
-            time.sleep(0.2)
-
-
-def _holder(fd: int) -> str:
+def _holder(path: Path) -> str:
     try:
-        data = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        data = json.loads(path.read_text(encoding="utf-8") or "{}")
     except (OSError, ValueError):
         data = {}
     if not isinstance(data, dict) or "pid" not in data:
@@ -126,15 +121,15 @@ def dvc_lock(repo: str | Path, writes: list[str], remedy: str) -> Iterator[None]
 
 
 def _dvc_holder(path: Path) -> str:
-    """``pid N: its command line``, from the pid zc.lockfile writes into DVC's lock and /proc."""
+    """``pid N: its command line``, from the pid zc.lockfile writes into DVC's lock."""
     try:
         pid = int(path.read_text(encoding="utf-8").strip())
     except (OSError, ValueError):
         return "holder unknown"
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
+        cmdline = psutil.Process(pid).cmdline()
+    except psutil.Error:
         return f"pid {pid}"
     shown = " ".join(Path(part).name if i == 0 else part for i, part in
-                     enumerate(arg.decode("utf-8", "replace") for arg in cmdline if arg))
+                     enumerate(arg for arg in cmdline if arg))
     return f"pid {pid}: {shown[:120]}"
