@@ -1,19 +1,24 @@
-"""Every ``NMT_*`` environment variable the project reads, in one typed table (:class:`Settings`): machine settings
-live here, never in params.yaml, so moving machines never invalidates a DVC stage. Unset or blank: the default."""
+"""Every ``NMT_*`` environment variable the project reads, in one pydantic model (:class:`Settings`): machine
+settings live here, never in params.yaml, so moving machines never invalidates a DVC stage. Unset or blank: the
+default. Each field's alias is its variable, its type and bounds the check, its description the one line that
+docs/configuration.md shows (tests/pipeline/core/test_env.py holds the two together).
+
+A plain pydantic model validated from a snapshot of the environment rather than pydantic-settings' ``BaseSettings``:
+the stages and tests validate a given mapping (a child's environment), which ``BaseSettings`` reads only from
+``os.environ``."""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
-import math
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from pipeline.core.errors import ConfigError
 
@@ -44,42 +49,17 @@ class Fault:
     once: Path | None = None
 
 
-@dataclass(frozen=True)
-class Parser:
-    """How a variable's text becomes its value (``fn``: a ``ValueError`` argument per problem); ``kind`` in words."""
-
-    kind: str
-    fn: Callable[[str], Any]
-
-
-def integer(minimum: int, maximum: int | None = None) -> Parser:
-    kind = f"integer >= {minimum}" if maximum is None else f"integer from {minimum} to {maximum}"
-
-    def parse(raw: str) -> int:
-        digits = raw.lstrip("+-")
-        value = int(raw) if re.fullmatch(r"[+-]?[0-9]+", raw) and len(digits) <= 30 else minimum - 1
-        if value < minimum or (maximum is not None and value > maximum):
-            raise ValueError(f"expected an {kind}")
-        return value
-    return Parser(kind, parse)
-
-
-def seconds(*, positive: bool, maximum: float | None = None) -> Parser:
-    bound = ("> 0" if positive else ">= 0") + ("" if maximum is None else f" and <= {maximum:g}")
-
-    def parse(raw: str) -> float:
-        with contextlib.suppress(ValueError):
-            if (math.isfinite(value := float(raw)) and (value > 0 if positive else value >= 0)
-                    and (maximum is None or value <= maximum)):
-                return value
-        raise ValueError(f"expected a number of seconds {bound}")
-    return Parser(f"seconds {bound}", parse)
-
-
-def _switch(raw: str) -> bool:
-    if (word := raw.lower()) in SWITCH_ON or word in TRACKING_OFF:
+def _switch(raw: Any) -> Any:
+    if isinstance(raw, str) and ((word := raw.lower()) in SWITCH_ON or word in TRACKING_OFF):
         return word in SWITCH_ON
     raise ValueError(f"expected on/off: one of {', '.join(SWITCH_ON)} or {', '.join(TRACKING_OFF)}")
+
+
+def _digits(raw: Any) -> Any:
+    """Only plain decimal digits make an integer (pydantic would also take ``2_0`` and ``1.0``), at most 30."""
+    if isinstance(raw, str) and not re.fullmatch(r"[+-]?[0-9]{1,30}", raw):
+        raise ValueError("expected a whole number of at most 30 digits")
+    return raw
 
 
 def _model_name(raw: str) -> str:
@@ -95,17 +75,9 @@ def _model_name(raw: str) -> str:
     return raw
 
 
-def choice(*choices: str) -> Parser:
-    def parse(raw: str) -> str:
-        if raw not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}")
-        return raw
-    return Parser(" or ".join(f"`{c}`" for c in choices), parse)
-
-
-def _fault(raw: str) -> Fault:
+def _fault(raw: Any) -> Fault:
     """Parse :data:`FAULT_SYNTAX`, reporting every problem of the spec."""
-    spec, at, once = raw.partition("@")  # the file may hold ':' and '@'; the spec before it holds neither '@'
+    spec, at, once = str(raw).partition("@")  # the file may hold ':' and '@'; the spec before it holds neither '@'
     parts = spec.split(":")
     if not 2 <= len(parts) <= 4:
         raise ValueError(f"expected {FAULT_SYNTAX}")
@@ -120,100 +92,97 @@ def _fault(raw: str) -> Fault:
         if not re.fullmatch(r"[0-9]+", value):
             problems.append(f"{label} {value!r} is not a non-negative integer")
     if problems:
-        raise ValueError(*problems)
+        raise ValueError("; ".join(problems))
     return Fault(point=parts[0], step=int(parts[1]), action=parts[2] if len(parts) > 2 else "kill",
                  rank=int(parts[3]) if len(parts) > 3 else None, once=Path(once.strip()) if at else None)
 
 
-TEXT = Parser("text", str)
-PATH = Parser("path", Path)
-MIRROR = Parser("folder or http(s) URL", lambda raw: raw.removeprefix("file://"))
-SWITCH = Parser("on/off", _switch)
-MODEL_NAME = Parser(f"name of at most {MAX_MODEL_NAME_CHARS} printable characters, no `/` or `:`", _model_name)
-LEVEL = Parser("logging level", str.upper)
-FAULT_SPEC = Parser(f"`{FAULT_SYNTAX}`", _fault)
+Count = Annotated[int, BeforeValidator(_digits), Field(ge=1)]
+Switch = Annotated[bool, BeforeValidator(_switch)]
+Wait = Annotated[float, Field(gt=0, le=MAX_WAIT_S, allow_inf_nan=False)]
+Level = Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                  BeforeValidator(lambda raw: str(raw).upper())]
 
 
-def meta(name: str, parse: Parser, doc: str) -> dict[str, str | Parser]:
-    """A :class:`Settings` field's metadata: its variable, its parser, one line of documentation."""
-    return {"env": name, "parse": parse, "doc": doc}
+def _var(name: str, doc: str, **bounds: Any) -> Any:
+    """A :class:`Settings` field read from variable ``name``, documented by ``doc`` (one line)."""
+    return Field(validation_alias=name, description=doc, **bounds)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Settings:
+class Settings(BaseModel):
     """Every ``NMT_*`` variable, parsed. A field's default is the value when its variable is unset or blank."""
 
+    model_config = ConfigDict(frozen=True, extra="ignore", arbitrary_types_allowed=True, populate_by_name=True)
+
     # Launch (pipeline/launch.py): torchrun's command line.
-    nproc: int | None = field(default=None, metadata=meta(
-        "NMT_NPROC", integer(1), "training processes on this node (torchrun `--nproc_per_node`; default: the CUDA "
-        "GPUs, else 1)"))
-    nnodes: int = field(default=1, metadata=meta(
-        "NMT_NNODES", integer(1), "number of nodes; > 1 switches to a multi-node torchrun job"))
-    rdzv_endpoint: str | None = field(default=None, metadata=meta(
-        "NMT_RDZV_ENDPOINT", TEXT, "`host:port` where the nodes meet: a c10d rendezvous, or with NMT_NODE_RANK "
-        "node 0 (static; port 29500 if none)"))
-    node_rank: int | None = field(default=None, metadata=meta(
-        "NMT_NODE_RANK", integer(0), "this node's rank, 0 .. NMT_NNODES-1, for a static rendezvous; unset: the c10d "
-        "one assigns them"))
-    rdzv_id: str = field(default="nmt-train", metadata=meta(
-        "NMT_RDZV_ID", TEXT, "job id shared by the nodes of a c10d rendezvous"))
-    rdzv_timeout_s: int = field(default=600, metadata=meta(
-        "NMT_RDZV_TIMEOUT_S", integer(1, MAX_WAIT_S), "seconds a node waits at the rendezvous in every mode (start, "
-        "restart): for its host, the others, a store that answers"))
-    max_restarts: int | None = field(default=None, metadata=meta(
-        "NMT_MAX_RESTARTS", integer(0), "how often torchrun restarts the worker group after a rank fails, "
-        "resuming from the newest checkpoint (default 3 on GPU jobs, else 0)"))
+    nproc: Count | None = _var(
+        "NMT_NPROC", "training processes on this node (torchrun `--nproc_per_node`; default: the CUDA GPUs, else 1)",
+        default=None)
+    nnodes: Count = _var("NMT_NNODES", "number of nodes; > 1 switches to a multi-node torchrun job", default=1)
+    rdzv_endpoint: str | None = _var(
+        "NMT_RDZV_ENDPOINT", "`host:port` where the nodes meet: a c10d rendezvous, or with NMT_NODE_RANK node 0 "
+        "(static; port 29500 if none)", default=None)
+    node_rank: Annotated[int, BeforeValidator(_digits), Field(ge=0)] | None = _var(
+        "NMT_NODE_RANK", "this node's rank, 0 .. NMT_NNODES-1, for a static rendezvous; unset: the c10d one assigns "
+        "them", default=None)
+    rdzv_id: str = _var("NMT_RDZV_ID", "job id shared by the nodes of a c10d rendezvous", default="nmt-train")
+    rdzv_timeout_s: Annotated[int, BeforeValidator(_digits), Field(ge=1, le=MAX_WAIT_S)] = _var(
+        "NMT_RDZV_TIMEOUT_S", "seconds a node waits at the rendezvous in every mode (start, restart): for its host, "
+        "the others, a store that answers", default=600)
+    max_restarts: Annotated[int, BeforeValidator(_digits), Field(ge=0)] | None = _var(
+        "NMT_MAX_RESTARTS", "how often torchrun restarts the worker group after a rank fails, resuming from the "
+        "newest checkpoint (default 3 on GPU jobs, else 0)", default=None)
     # Training (pipeline/train.py, pipeline/training/).
-    device: str | None = field(default=None, metadata=meta(
-        "NMT_DEVICE", choice("cpu", "cuda"), "training device (default CUDA when available); `cpu` forces CPU (and "
-        "no restarts by default)"))
-    threads: int | None = field(default=None, metadata=meta(
-        "NMT_THREADS", integer(1), "torch CPU threads per training process (default: torch's)"))
-    max_tokens: int | None = field(default=None, metadata=meta(
-        "NMT_MAX_TOKENS", integer(1), "padded tokens per forward pass of a training process (memory, not results; "
-        "default 8192 on CUDA, 4096 on CPU)"))
-    deterministic: bool = field(default=False, metadata=meta(
-        "NMT_DETERMINISTIC", SWITCH, "deterministic CUDA kernels (`torch.use_deterministic_algorithms`): GPU runs "
-        "and resumes bitwise equal"))
-    compile: bool = field(default=False, metadata=meta(
-        "NMT_COMPILE", SWITCH, "`torch.compile` the training forward pass and loss (dynamic shapes): faster GPU "
-        "steps after minutes of compiling"))
-    dist_timeout_s: float = field(default=1800.0, metadata=meta(
-        "NMT_DIST_TIMEOUT_S", seconds(positive=True, maximum=MAX_WAIT_S), "collective timeout: a rank that waits "
-        "longer for its peers fails, naming this variable"))
+    device: Literal["cpu", "cuda"] | None = _var(
+        "NMT_DEVICE", "training device (default CUDA when available); `cpu` forces CPU (and no restarts by default)",
+        default=None)
+    threads: Count | None = _var("NMT_THREADS", "torch CPU threads per training process (default: torch's)",
+                                 default=None)
+    max_tokens: Count | None = _var(
+        "NMT_MAX_TOKENS", "padded tokens per forward pass of a training process (memory, not results; default 8192 "
+        "on CUDA, 4096 on CPU)", default=None)
+    deterministic: Switch = _var(
+        "NMT_DETERMINISTIC", "deterministic CUDA kernels (`torch.use_deterministic_algorithms`): GPU runs and "
+        "resumes bitwise equal", default=False)
+    compile: Switch = _var(
+        "NMT_COMPILE", "`torch.compile` the training forward pass and loss (dynamic shapes): faster GPU steps after "
+        "minutes of compiling", default=False)
+    dist_timeout_s: Wait = _var(
+        "NMT_DIST_TIMEOUT_S", "collective timeout: a rank that waits longer for its peers fails, naming this "
+        "variable", default=1800.0)
     # Fault injection (pipeline/training/faults.py): test hooks, unset in normal runs.
-    fault: Fault | None = field(default=None, metadata=meta(
-        "NMT_FAULT_POINT", FAULT_SPEC, "test hook: kill, crash or stall training at a named point; with `@<file>` "
-        "only once (pipeline/training/faults.py)"))
+    fault: Annotated[Fault, BeforeValidator(_fault)] | None = _var(
+        "NMT_FAULT_POINT", "test hook: kill, crash or stall training at a named point; with `@<file>` only once "
+        "(pipeline/training/faults.py)", default=None)
     # Data (pipeline/download.py, pipeline/clean.py, pipeline/encode.py).
-    data_mirror: str | None = field(default=None, metadata=meta(
-        "NMT_DATA_MIRROR", MIRROR, "replaces the upstream URLs (a file it lacks is an error; `user:password@` is "
-        "sent as basic auth); unset: `../shared/data` if present"))
-    download_cache: Path = field(default=DEFAULT_DOWNLOAD_CACHE, metadata=meta(
-        "NMT_DOWNLOAD_CACHE", PATH, "cache of upstream downloads (default `<repo>/.cache/downloads`)"))
-    download_backoff_s: float = field(default=1.0, metadata=meta(
-        "NMT_DOWNLOAD_BACKOFF_S", seconds(positive=False), "first retry delay of a failed download (doubling)"))
-    data_workers: int | None = field(default=None, metadata=meta(
-        "NMT_DATA_WORKERS", integer(1), "worker processes of the clean and encode stages (1: none, the stage's own "
-        "process does the work; default `os.cpu_count()`)"))
+    data_mirror: Annotated[str, AfterValidator(lambda raw: raw.removeprefix("file://"))] | None = _var(
+        "NMT_DATA_MIRROR", "replaces the upstream URLs (a file it lacks is an error; `user:password@` is sent as "
+        "basic auth); unset: `../shared/data` if present", default=None)
+    download_cache: Path = _var("NMT_DOWNLOAD_CACHE", "cache of upstream downloads (default `<repo>/.cache/downloads`)",
+                                default=DEFAULT_DOWNLOAD_CACHE)
+    download_backoff_s: Annotated[float, Field(ge=0, le=MAX_WAIT_S, allow_inf_nan=False)] = _var(
+        "NMT_DOWNLOAD_BACKOFF_S", "first retry delay of a failed download (doubling)", default=1.0)
+    data_workers: Count | None = _var(
+        "NMT_DATA_WORKERS", "worker processes of the clean and encode stages (1: none, the stage's own process does "
+        "the work; default `os.cpu_count()`)", default=None)
     # Tracking and logging (pipeline/core/, pipeline/register.py).
-    tracking: bool = field(default=True, metadata=meta(
-        "NMT_TRACKING", SWITCH, "MLflow tracking; `off`, `0`, `false` or `no` turns every tracking call into "
-        "a no-op (`on`, `1`, `true`, `yes`: on)"))
-    log_level: str = field(default="INFO", metadata=meta(
-        "NMT_LOG_LEVEL", LEVEL, "logging level of every stage (an unknown name means INFO)"))
-    model_name: str | None = field(default=None, metadata=meta(
-        "NMT_MODEL_NAME", MODEL_NAME, "registered MLflow model (stage register); default `wmt14-transformer` for "
-        "profile paper, else `<profile>-transformer`"))
-    register_ctranslate2: str = field(default="off", metadata=meta(
-        "NMT_REGISTER_CTRANSLATE2", choice("off", "float32", "int8", "int8_float32", "float16"),
-        "stage register ships a CTranslate2 export of this weight type in the MLflow translator (its default engine)"))
-    prefect_flow_run_id: str | None = field(default=None, metadata=meta(
-        "NMT_PREFECT_FLOW_RUN_ID", TEXT, "set by the Prefect flow for its stages: tags each stage's MLflow run "
-        "with the flow run"))
-    profile_run: str | None = field(default=None, metadata=meta(
-        "NMT_PROFILE_RUN", TEXT, "set by the Prefect flow during a `--profile` run: stage runs tag the profile, "
-        "params.yaml is left out of `git_dirty`"))
+    tracking: Switch = _var(
+        "NMT_TRACKING", "MLflow tracking; `off`, `0`, `false` or `no` turns every tracking call into a no-op (`on`, "
+        "`1`, `true`, `yes`: on)", default=True)
+    log_level: Level = _var("NMT_LOG_LEVEL", "logging level of every stage: DEBUG, INFO, WARNING, ERROR or CRITICAL",
+                            default="INFO")
+    model_name: Annotated[str, AfterValidator(_model_name)] | None = _var(
+        "NMT_MODEL_NAME", "registered MLflow model (stage register); default `wmt14-transformer` for profile paper, "
+        "else `<profile>-transformer`", default=None)
+    register_ctranslate2: Literal["off", "float32", "int8", "int8_float32", "float16"] = _var(
+        "NMT_REGISTER_CTRANSLATE2", "stage register ships a CTranslate2 export of this weight type in the MLflow "
+        "translator (its default engine)", default="off")
+    prefect_flow_run_id: str | None = _var(
+        "NMT_PREFECT_FLOW_RUN_ID", "set by the Prefect flow for its stages: tags each stage's MLflow run with the "
+        "flow run", default=None)
+    profile_run: str | None = _var(
+        "NMT_PROFILE_RUN", "set by the Prefect flow during a `--profile` run: stage runs tag the profile, params.yaml "
+        "is left out of `git_dirty`", default=None)
 
 
 #: ``NMT_MAX_TOKENS`` when unset: fixed per device type, never derived from free memory.
@@ -225,8 +194,8 @@ def max_tokens(device_type: str) -> int:
     return settings().max_tokens or DEFAULT_MAX_TOKENS.get(device_type, DEFAULT_MAX_TOKENS["cpu"])
 
 
-FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(Settings)
-NAMES: tuple[str, ...] = tuple(f.metadata["env"] for f in FIELDS)
+#: Each field's variable, in the table's order.
+NAMES: tuple[str, ...] = tuple(str(f.validation_alias) for f in Settings.model_fields.values())
 
 #: Variables no longer read: setting one is an error naming its replacement, never silently ignored.
 RETIRED: dict[str, str] = {
@@ -246,23 +215,20 @@ def _snapshot(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 @functools.lru_cache(maxsize=32)
 def _parse(snapshot: tuple[tuple[str, str], ...]) -> Settings:
-    raw_values = dict(snapshot)
-    values: dict[str, Any] = {}
+    raw_values = {name: raw.strip() for name, raw in snapshot if raw.strip()}
     problems: list[str] = []
-    for f in FIELDS:
-        name = f.metadata["env"]
-        if not (raw := raw_values.get(name, "").strip()):
-            continue
-        try:
-            values[f.name] = f.metadata["parse"].fn(raw)
-        except ValueError as exc:
-            problems.extend(f"{name}={_clip(raw)!r}: {problem}" for problem in exc.args)
-    for name, replacement in RETIRED.items():
-        if raw_values.get(name, "").strip():
-            problems.append(f"{name}={raw_values[name].strip()!r}: no longer read; {replacement}")
+    try:
+        parsed = Settings.model_validate({name: raw for name, raw in raw_values.items() if name in NAMES})
+    except ValidationError as exc:
+        for error in exc.errors(include_url=False):
+            name = str(error["loc"][0])
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"{name}={_clip(raw_values[name])!r}: {message}")
+    problems += [f"{name}={raw_values[name]!r}: no longer read; {replacement}" for name, replacement in RETIRED.items()
+                 if name in raw_values]
     if problems:
         raise ConfigError(SOURCE, problems)
-    return Settings(**values)
+    return parsed
 
 
 def _clip(raw: str, limit: int = 80) -> str:

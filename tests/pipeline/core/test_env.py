@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import dataclasses
 import os
 import re
 import subprocess
@@ -62,19 +61,17 @@ def test_a_retired_variable_is_one_line_naming_its_replacement(name: str) -> Non
 
 def test_every_variable_in_the_table_is_used_somewhere_else() -> None:
     used = _source_names(exclude=REPO / "pipeline" / "core" / "env.py")
-    stale = [f.metadata["env"] for f in env.FIELDS if f.metadata["env"] not in used and "." + f.name not in used]
+    stale = [f.validation_alias for name, f in Settings.model_fields.items()
+             if f.validation_alias not in used and "." + name not in used]
     assert not stale, f"in pipeline/core/env.py but neither named nor read anywhere else: {stale}"
 
 
 def test_every_variable_is_typed_and_documented_once() -> None:
     assert len(env.NAMES) == len(set(env.NAMES)) >= 23
-    hints = {f.name: f.type for f in dataclasses.fields(Settings)}
-    for f in env.FIELDS:
-        meta = f.metadata
-        assert NAME.fullmatch(meta["env"]), f.name
-        assert isinstance(meta["parse"], env.Parser) and meta["parse"].kind, f.name
-        assert meta["doc"] and "\n" not in meta["doc"] and len(meta["doc"]) < 140, f.name
-        assert hints[f.name], f.name
+    for name, f in Settings.model_fields.items():
+        assert NAME.fullmatch(str(f.validation_alias)), name
+        assert f.description and "\n" not in f.description and len(f.description) < 140, name
+        assert f.annotation is not None, name
 
 
 def test_every_variable_has_a_row_in_the_configuration_guide() -> None:
@@ -82,6 +79,13 @@ def test_every_variable_has_a_row_in_the_configuration_guide() -> None:
     rows = re.findall(r"^\| `(NMT_[A-Z0-9_]+)` \|", (REPO / "docs" / "configuration.md").read_text(encoding="utf-8"),
                       re.MULTILINE)
     assert sorted(rows) == sorted(env.NAMES)
+
+
+def test_the_configuration_guide_says_what_each_field_describes() -> None:
+    """Each row's meaning is its field's description, word for word: one home for a variable's one line."""
+    rows = dict(re.findall(r"^\| `(NMT_[A-Z0-9_]+)` \|.*\| ([^|]+) \|$",
+                           (REPO / "docs" / "configuration.md").read_text(encoding="utf-8"), re.MULTILINE))
+    assert rows == {str(f.validation_alias): f.description for f in Settings.model_fields.values()}
 
 
 def test_defaults_when_unset_or_blank() -> None:
@@ -141,9 +145,9 @@ NAME_RULE = "MLflow refuses a registered model name with '/' or ':' or starting 
     ("NMT_TRACKING", "abc", SWITCH_PROBLEM),
     ("NMT_COMPILE", "1.5", SWITCH_PROBLEM),
     ("NMT_DETERMINISTIC", "enabled", SWITCH_PROBLEM),
-    ("NMT_RDZV_TIMEOUT_S", "100000000000000000000", "expected an integer from 1 to 604800"),
-    ("NMT_RDZV_TIMEOUT_S", "9" * 5000, "expected an integer from 1 to 604800"),
-    ("NMT_DIST_TIMEOUT_S", "1e300", "expected a number of seconds > 0 and <= 604800"),
+    ("NMT_RDZV_TIMEOUT_S", "100000000000000000000", "Input should be less than or equal to 604800"),
+    ("NMT_RDZV_TIMEOUT_S", "9" * 5000, "expected a whole number of at most 30 digits"),
+    ("NMT_DIST_TIMEOUT_S", "1e300", "Input should be less than or equal to 604800"),
     ("NMT_MODEL_NAME", "a/b", NAME_RULE),
     ("NMT_MODEL_NAME", "..", NAME_RULE),
     ("NMT_MODEL_NAME", "tiny\nsecond", "holds a control character (a newline, a tab...); choose a name of printable "
@@ -178,20 +182,19 @@ def test_bad_values_give_one_error_naming_each_variable() -> None:
     problems = err.value.problems
     assert err.value.source == "environment"
     assert problems == [
-        "NMT_NPROC='zero': expected an integer >= 1",
-        "NMT_NNODES='0': expected an integer >= 1",
-        "NMT_NODE_RANK='-1': expected an integer >= 0",
-        "NMT_MAX_RESTARTS='-1': expected an integer >= 0",
-        "NMT_DEVICE='gpu': expected one of cpu, cuda",
-        "NMT_THREADS='1.5': expected an integer >= 1",
-        "NMT_DIST_TIMEOUT_S='0': expected a number of seconds > 0 and <= 604800",
+        "NMT_NPROC='zero': expected a whole number of at most 30 digits",
+        "NMT_NNODES='0': Input should be greater than or equal to 1",
+        "NMT_NODE_RANK='-1': Input should be greater than or equal to 0",
+        "NMT_MAX_RESTARTS='-1': Input should be greater than or equal to 0",
+        "NMT_DEVICE='gpu': Input should be 'cpu' or 'cuda'",
+        "NMT_THREADS='1.5': expected a whole number of at most 30 digits",
+        "NMT_DIST_TIMEOUT_S='0': Input should be greater than 0",
         ("NMT_FAULT_POINT='mid_sav:x': unknown point 'mid_sav'; one of preflight, forward, mid_accum, collective, "
-         "before_save, mid_save, after_save, after_step"),
-        "NMT_FAULT_POINT='mid_sav:x': step 'x' is not a non-negative integer",
-        "NMT_DOWNLOAD_BACKOFF_S='-1': expected a number of seconds >= 0",
-        "NMT_DATA_WORKERS='many': expected an integer >= 1",
+         "before_save, mid_save, after_save, after_step; step 'x' is not a non-negative integer"),
+        "NMT_DOWNLOAD_BACKOFF_S='-1': Input should be greater than or equal to 0",
+        "NMT_DATA_WORKERS='many': expected a whole number of at most 30 digits",
     ]
-    assert str(err.value).startswith("environment: 11 problem(s) in the configuration:\n  - NMT_NPROC='zero'")
+    assert str(err.value).startswith("environment: 10 problem(s) in the configuration:\n  - NMT_NPROC='zero'")
 
 
 @pytest.mark.parametrize("name, value", [("NMT_DIST_TIMEOUT_S", "nan"), ("NMT_DIST_TIMEOUT_S", "inf"),
@@ -285,7 +288,7 @@ def test_stage_modules_read_the_table(monkeypatch: pytest.MonkeyPatch, tmp_path:
     faults.hit("after_step", 5)
     assert faults.active() == Fault("after_step", 5, "exit", once=tmp_path / "once")
     monkeypatch.setenv("NMT_DATA_WORKERS", "0")
-    with pytest.raises(ConfigError, match=r"NMT_DATA_WORKERS='0': expected an integer >= 1"):
+    with pytest.raises(ConfigError, match=r"NMT_DATA_WORKERS='0': Input should be greater than or equal to 1"):
         workers.data_workers()
     with pytest.raises(ConfigError, match=r"NMT_DATA_WORKERS='0'"):  # every read checks the whole table
         tracking.enabled()
@@ -303,7 +306,7 @@ def test_download_reads_the_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     assert (fetch_env.mirror, fetch_env.cache_dir, fetch_env.policy.backoff_s) == (str(tmp_path), tmp_path / "cache",
                                                                                     0.5)
     monkeypatch.setenv("NMT_DOWNLOAD_BACKOFF_S", "fast")
-    with pytest.raises(ConfigError, match=r"NMT_DOWNLOAD_BACKOFF_S='fast': expected a number of seconds >= 0"):
+    with pytest.raises(ConfigError, match=r"NMT_DOWNLOAD_BACKOFF_S='fast': Input should be a valid number"):
         FetchEnv.from_env(cfg)
 
 
@@ -313,7 +316,7 @@ def test_distributed_timeout_reads_the_table(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("NMT_DIST_TIMEOUT_S", "8")
     assert distributed.timeout_s() == 8.0
     monkeypatch.setenv("NMT_DIST_TIMEOUT_S", "-3")
-    with pytest.raises(ConfigError, match=r"NMT_DIST_TIMEOUT_S='-3': expected a number of seconds > 0"):
+    with pytest.raises(ConfigError, match=r"NMT_DIST_TIMEOUT_S='-3': Input should be greater than 0"):
         distributed.timeout_s()
 
 
@@ -329,8 +332,8 @@ def test_a_stage_reports_a_bad_environment_as_one_error(monkeypatch: pytest.Monk
     assert not called
     assert capsys.readouterr().err == (
         "error: stage demo: environment: 2 problem(s) in the configuration:\n"
-        "  - NMT_NPROC='zero': expected an integer >= 1\n"
-        "  - NMT_THREADS='-2': expected an integer >= 1\n")
+        "  - NMT_NPROC='zero': expected a whole number of at most 30 digits\n"
+        "  - NMT_THREADS='-2': Input should be greater than or equal to 1\n")
 
 
 def test_child_commands_run_in_this_interpreters_environment() -> None:

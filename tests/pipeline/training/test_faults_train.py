@@ -207,7 +207,7 @@ def test_fault_specs_and_restart_counts_are_checked(monkeypatch):
     monkeypatch.setenv("NMT_MAX_RESTARTS", "0")
     assert not any(a.startswith("--max-restarts") for a in torchrun.torchrun_command([]))
     monkeypatch.setenv("NMT_MAX_RESTARTS", "-1")
-    with pytest.raises(ConfigError, match=r"NMT_MAX_RESTARTS='-1': expected an integer >= 0"):
+    with pytest.raises(ConfigError, match=r"NMT_MAX_RESTARTS='-1': Input should be greater than or equal to 0"):
         torchrun.torchrun_command([])
 
 

@@ -208,7 +208,7 @@ def test_a_loopback_rendezvous_keeps_every_node_on_loopback_and_passes_the_join_
      "name a fixed free port in 1..65535, e.g. 29400"),
     ("NMT_RDZV_ENDPOINT", "node0:29400:1", "environment: NMT_RDZV_ENDPOINT='node0:29400:1': expected host:port of "
      "the rendezvous, e.g. node0.internal:29400"),
-    ("NMT_RDZV_TIMEOUT_S", "0", "environment: NMT_RDZV_TIMEOUT_S='0': expected an integer from 1 to 604800"),
+    ("NMT_RDZV_TIMEOUT_S", "0", "environment: NMT_RDZV_TIMEOUT_S='0': Input should be greater than or equal to 1"),
 ])
 def test_a_bad_rendezvous_setting_is_one_line_naming_the_variable(monkeypatch, name, value, message):
     monkeypatch.setenv("NMT_NNODES", "2")

@@ -218,7 +218,7 @@ def test_launch_builds_torchrun_commands_from_the_environment(monkeypatch):
     monkeypatch.setenv("NMT_NODE_RANK", "1")
     assert "--node_rank=1" in torchrun.torchrun_command([]) and "--master_addr=10.0.0.1" in torchrun.torchrun_command([])
     monkeypatch.setenv("NMT_NPROC", "zero")
-    with pytest.raises(PipelineError, match=r"NMT_NPROC='zero': expected an integer >= 1"):
+    with pytest.raises(PipelineError, match=r"NMT_NPROC='zero': expected a whole number"):
         torchrun.torchrun_command([])
 
 
