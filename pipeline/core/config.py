@@ -1,130 +1,155 @@
-"""params.yaml → one tree of frozen, keyword-only dataclasses, built strictly by :mod:`pipeline.core.strict`;
-each numeric key's range is in :data:`RANGES`, cross-field rules in the ``__post_init__`` of their section."""
+"""params.yaml → one tree of frozen pydantic models: each key's type, default, range and cross-field rule beside
+it; :func:`params_from_dict` reports every problem at once, one line each, naming the dotted key
+(:mod:`pipeline.core.problems` words pydantic's errors). The model section is the network's own
+``model.TransformerConfig`` (a stdlib dataclass: ``model/`` knows nothing of pydantic), validated through
+:class:`ModelSection`, which takes its fields from it and adds their ranges."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from model.config import DERIVED, MAX_ALPHA, MAX_BEAM_SIZE, MAX_WEIGHTS, TransformerConfig, beam_size_problem
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import layout_problems, path_problem
-from pipeline.core.strict import Range, build, shown
+from pipeline.core.problems import missing_keys, problems_of, shown
 from pipeline.core.yamlfile import load_yaml
 
 #: Keys that left params.yaml for an ``NMT_*`` variable: a params file that still has one fails naming it.
 MOVED_TO_ENV = {"train.max_tokens": "NMT_MAX_TOKENS"}
 
 
-@dataclass(frozen=True, kw_only=True)
-class PathsConfig:
+class Section(BaseModel):
+    """A params.yaml section: unknown keys refused, no coercion (``1`` is no bool, ``"2"`` no int), finite floats."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    #: Keys of the section that are not settings, with what each one is (an error says so when a file has one).
+    derived: ClassVar[dict[str, str]] = {}
+
+
+def _path(value: str) -> str:
+    if "\0" in value:
+        raise ValueError(f"{shown(value)} holds a NUL byte, which no file name may hold; remove it")
+    if problem := path_problem(value):
+        raise ValueError(problem)
+    return value
+
+
+OutputPath = Annotated[str, AfterValidator(_path)]
+Positive = Annotated[int, Field(ge=1)]
+Count = Annotated[int, Field(ge=0)]
+Probability = Annotated[float, Field(ge=0, lt=1)]
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
+
+
+class PathsConfig(Section):
     """Where each stage reads and writes; dvc.yaml templates its paths from here."""
 
-    raw: str
-    clean: str
-    bpe: str
-    shards: str
-    train: str
-    model: str
-    eval: str
-    metrics: str
-    plots: str
-    reports: str
+    raw: OutputPath
+    clean: OutputPath
+    bpe: OutputPath
+    shards: OutputPath
+    train: OutputPath
+    model: OutputPath
+    eval: OutputPath
+    metrics: OutputPath
+    plots: OutputPath
+    reports: OutputPath
 
 
-@dataclass(frozen=True, kw_only=True)
-class DownloadConfig:
+class DownloadConfig(Section):
     """Stage ``download``: which dataset, how hard to try, which checksums to enforce."""
 
     dataset: Literal["wmt14", "multi30k"]
-    retries: int = 5
-    timeout_s: float = 60.0
-    # Expected sha256 per upstream file name (archive or member); empty = record on first download.
-    sha256: dict[str, str] = field(default_factory=dict)
+    retries: Count = 5
+    timeout_s: float = Field(60.0, gt=0)
+    #: Expected sha256 per upstream file name (archive or member); empty = record on first download.
+    sha256: dict[str, str] = Field(default_factory=dict)
 
 
-@dataclass(frozen=True, kw_only=True)
-class CleanConfig:
+class CleanConfig(Section):
     """Stage ``clean``: training-pair filters (valid/test pass through complete)."""
 
-    max_words: int = 250
-    max_ratio: float = 1.5
-    min_words: int = 1
+    max_words: Positive = 250
+    max_ratio: float = Field(1.5, ge=1)  # longer side / shorter side
+    min_words: Positive = 1
     dedup: bool = True
     drop_copies: bool = True
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _words(self) -> CleanConfig:
         if self.max_words < self.min_words:
             raise ValueError(f"clean.min_words ({self.min_words}) must be <= clean.max_words ({self.max_words})")
+        return self
 
 
-@dataclass(frozen=True, kw_only=True)
-class BpeConfig:
+class BpeConfig(Section):
     """Stage ``bpe``: joint SentencePiece BPE over both languages."""
 
-    vocab_size: int = 37000
-    input_sentence_size: int = 10_000_000
-    character_coverage: float = 1.0
-    seed: int = 1
+    vocab_size: int = Field(37000, ge=8)  # 4 special ids + pieces
+    input_sentence_size: Count = 10_000_000  # 0 = every sentence
+    character_coverage: float = Field(1.0, gt=0, le=1)
+    seed: Seed = 1
 
 
-@dataclass(frozen=True, kw_only=True)
-class EncodeConfig:
+class EncodeConfig(Section):
     """Stage ``encode``: BPE ids into Parquet shards."""
 
-    max_len: int = 256
-    shard_rows: int = 250_000
+    max_len: Positive = 256
+    shard_rows: Positive = 250_000
 
 
-@dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    """Stage ``train``: batching, optimiser, schedule, stopping, checkpoints."""
+class TrainConfig(Section):
+    """Stage ``train``: batching, optimiser, schedule, stopping, checkpoints (0 = off for the ``max_*`` limits)."""
 
-    tokens_per_step: int = 25000
-    lr_scale: float = 1.0
-    warmup_steps: int = 4000
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.1
-    clip_norm: float = 0.0
-    max_steps: int = 100_000
-    max_epochs: int = 0
-    max_minutes: float = 0.0
-    save_every_steps: int = 1000
-    keep_last: int = 5
-    valid_every_steps: int = 1000
-    log_every_steps: int = 100
+    tokens_per_step: Positive = 25000
+    lr_scale: float = Field(1.0, gt=0)
+    warmup_steps: Positive = 4000
+    adam_beta1: Probability = 0.9
+    adam_beta2: Probability = 0.98
+    adam_eps: float = Field(1e-9, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    label_smoothing: Probability = 0.1
+    clip_norm: float = Field(0.0, ge=0)
+    max_steps: Positive = 100_000
+    max_epochs: Count = 0
+    max_minutes: float = Field(0.0, ge=0)
+    save_every_steps: Positive = 1000
+    keep_last: Positive = 5
+    valid_every_steps: Positive = 1000
+    log_every_steps: Positive = 100
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _warmup(self) -> TrainConfig:
         if self.warmup_steps >= self.max_steps:
             raise ValueError(f"train.warmup_steps ({self.warmup_steps}) must be >= 1 and < train.max_steps "
                              f"({self.max_steps})")
+        return self
 
 
-@dataclass(frozen=True, kw_only=True)
-class AverageConfig:
+class AverageConfig(Section):
     """Stage ``average``: checkpoint averaging."""
 
-    last_n: int = 5
+    last_n: Positive = 5
 
 
-@dataclass(frozen=True, kw_only=True)
-class EvaluateConfig:
+class EvaluateConfig(Section):
     """Stage ``evaluate``: beam search grid (chosen on valid), its rule (:mod:`model.beam_rules`), decoding budget."""
 
-    beam_sizes: list[int] = field(default_factory=lambda: [4])
-    alphas: list[float] = field(default_factory=lambda: [0.6])
+    beam_sizes: list[Annotated[int, Field(ge=1, le=MAX_BEAM_SIZE)]] = Field(default_factory=lambda: [4])
+    alphas: list[Annotated[float, Field(ge=0, le=MAX_ALPHA)]] = Field(default_factory=lambda: [0.6])
     beam_rule: Literal["fairseq", "t2t"] = "fairseq"
-    max_len_a: float = 1.0
-    max_len_b: int = 50
-    max_tokens: int = 8192
+    max_len_a: float = Field(1.0, ge=0)
+    max_len_b: Count = 50
+    max_tokens: Positive = 8192
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _grid(self) -> EvaluateConfig:
         if not self.beam_sizes:
             raise ValueError("evaluate.beam_sizes must be a non-empty list of integers >= 1")
         if not self.alphas:
@@ -133,25 +158,44 @@ class EvaluateConfig:
             if repeated := next((v for i, v in enumerate(values) if v in values[:i]), None):
                 raise ValueError(f"evaluate.{key}: {shown(repeated)} appears {values.count(repeated)} times, and "
                                  "each decodes the whole valid set again; list each value once")
+        return self
 
 
-@dataclass(frozen=True, kw_only=True)
-class Params:
+#: The range of each numeric field of ``model.TransformerConfig`` (its fields, types and defaults are its own).
+MODEL_RANGES: dict[str, dict[str, float]] = {
+    "d_model": {"ge": 1}, "n_heads": {"ge": 1}, "d_ff": {"ge": 1}, "n_layers": {"ge": 1}, "max_positions": {"ge": 1},
+    "dropout": {"ge": 0, "lt": 1}, "attn_dropout": {"ge": 0, "lt": 1}, "ffn_dropout": {"ge": 0, "lt": 1}}
+_MODEL_HINTS = typing.get_type_hints(TransformerConfig)
+ModelSection: type[Section] = create_model(  # type: ignore[call-overload]
+    "ModelSection", __base__=Section, __doc__="params.yaml's ``model``: the settings of ``TransformerConfig``.",
+    **{f.name: (_MODEL_HINTS[f.name], Field(f.default, **MODEL_RANGES.get(f.name, {})))
+       for f in dataclasses.fields(TransformerConfig) if DERIVED not in f.metadata})
+ModelSection.derived = {f.name: f.metadata[DERIVED] for f in dataclasses.fields(TransformerConfig)
+                        if DERIVED in f.metadata}
+
+
+def _network(section: BaseModel) -> TransformerConfig:
+    return TransformerConfig(**section.model_dump())
+
+
+class Params(Section):
     """The whole of params.yaml."""
 
     profile: str
-    seed: int
+    seed: Seed
     paths: PathsConfig
     download: DownloadConfig
     clean: CleanConfig
     bpe: BpeConfig
     encode: EncodeConfig
-    model: TransformerConfig  # the network's own config (model/config.py); vocab_size comes from the BPE model
+    #: The network's own config (model/config.py); vocab_size comes from the BPE model.
+    model: Annotated[ModelSection, AfterValidator(_network)]  # type: ignore[valid-type]
     train: TrainConfig
     average: AverageConfig
     evaluate: EvaluateConfig
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _across(self) -> Params:
         longest = self.encode.max_len + 1  # + EOS / BOS
         if self.train.tokens_per_step < longest:
             raise ValueError(f"train.tokens_per_step ({self.train.tokens_per_step}) must be >= encode.max_len + 1 "
@@ -165,6 +209,7 @@ class Params:
                         _beam_vocabulary_problem(self.evaluate.beam_sizes, self.bpe.vocab_size)):
             if problem:
                 raise ValueError(problem)
+        return self
 
 
 def _model_size_problem(model: TransformerConfig, vocab_size: int) -> str | None:
@@ -192,50 +237,16 @@ def _beam_vocabulary_problem(beam_sizes: list[int], vocab_size: int) -> str | No
     return None
 
 
-_POSITIVE, _NON_NEGATIVE, _PROBABILITY = Range(ge=1), Range(ge=0), Range(ge=0, lt=1)
-_SEED = Range(ge=0, le=2**32 - 1)
-
-#: The valid range of every numeric key, by section class and field name (a list's range is each item's).
-RANGES: dict[type, dict[str, Range]] = {
-    Params: {"seed": _SEED},
-    DownloadConfig: {"retries": _NON_NEGATIVE, "timeout_s": Range(gt=0)},
-    CleanConfig: {"max_words": _POSITIVE, "max_ratio": Range(ge=1),  # longer side / shorter side
-                  "min_words": _POSITIVE},
-    BpeConfig: {"vocab_size": Range(ge=8),  # 4 special ids + pieces
-                "input_sentence_size": _NON_NEGATIVE,  # 0 = every sentence
-                "character_coverage": Range(gt=0, le=1), "seed": _SEED},
-    EncodeConfig: {"max_len": _POSITIVE, "shard_rows": _POSITIVE},
-    TransformerConfig: {"d_model": _POSITIVE, "n_heads": _POSITIVE, "d_ff": _POSITIVE, "n_layers": _POSITIVE,
-                        "dropout": _PROBABILITY, "attn_dropout": _PROBABILITY, "ffn_dropout": _PROBABILITY,
-                        "max_positions": _POSITIVE},
-    TrainConfig: {"tokens_per_step": _POSITIVE, "lr_scale": Range(gt=0), "warmup_steps": _POSITIVE,
-                  "adam_beta1": _PROBABILITY, "adam_beta2": _PROBABILITY, "adam_eps": Range(gt=0),
-                  "weight_decay": _NON_NEGATIVE, "label_smoothing": _PROBABILITY, "max_steps": _POSITIVE,
-                  "clip_norm": _NON_NEGATIVE, "max_epochs": _NON_NEGATIVE, "max_minutes": _NON_NEGATIVE,  # 0 = off
-                  "save_every_steps": _POSITIVE, "keep_last": _POSITIVE, "valid_every_steps": _POSITIVE,
-                  "log_every_steps": _POSITIVE},
-    AverageConfig: {"last_n": _POSITIVE},
-    EvaluateConfig: {"beam_sizes": Range(ge=1, le=MAX_BEAM_SIZE),  # and <= bpe.vocab_size (Params)
-                     "alphas": Range(ge=0, le=MAX_ALPHA), "max_len_a": _NON_NEGATIVE, "max_len_b": _NON_NEGATIVE,
-                     "max_tokens": _POSITIVE},
-}
-
-
-def _key_problems(cls: type, name: str, value: Any) -> list[tuple[str, str]]:
-    """``(item suffix, problem)`` for each rule that the (type-correct) value of ``cls.name`` breaks."""
-    if cls is PathsConfig:
-        problem = (f"{shown(value)} holds a NUL byte, which no file name may hold; remove it" if "\0" in value
-                   else path_problem(value))
-        return [("", problem)] if problem else []
-    if (rng := RANGES.get(cls, {}).get(name)) is None:
-        return []
-    items = enumerate(value) if isinstance(value, list) else [(None, value)]
-    return [("" if i is None else f"[{i}]", problem) for i, v in items if (problem := rng.problem(v))]
-
-
 def params_from_dict(data: dict[str, Any], source: str = "params.yaml") -> Params:
-    """Build :class:`Params` from a parsed mapping; raise one ConfigError listing every bad key."""
-    return build(Params, data, source, rules=_key_problems, moved=MOVED_TO_ENV)
+    """Build :class:`Params` from a parsed mapping (every key present); raise one ConfigError listing every bad key."""
+    missing = missing_keys(Params, data)
+    try:
+        params = Params.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, problems_of(exc, Params, MOVED_TO_ENV, missing)) from None
+    if missing:
+        raise ConfigError(source, missing)
+    return params
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
@@ -253,8 +264,10 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     return params
 
 
-def section_dict(obj: Any) -> dict[str, Any]:
+def section_dict(obj: Any) -> Any:
     """A section (or all of :class:`Params`) as the plain dict params.yaml spells (derived values left out)."""
+    if isinstance(obj, BaseModel):
+        return {name: section_dict(getattr(obj, name)) for name in type(obj).model_fields}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: section_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)
                 if DERIVED not in f.metadata}

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from pipeline.core.strict import shown
+from pipeline.core.problems import shown
 from pipeline.core.yamlfile import load_yaml
 
 CHECKOUT = Path(__file__).resolve().parents[2]

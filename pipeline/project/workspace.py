@@ -22,6 +22,7 @@ import filelock
 import psutil
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.owned import discard
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def exclusive_run(repo: str | Path, what: str, remedy: str = RUN_REMEDY, lock: P
                                       "what": what}), encoding="utf-8")
         yield
     finally:
-        holder.unlink(missing_ok=True)
+        discard(holder)
         held.release()
 
 

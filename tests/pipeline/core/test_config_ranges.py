@@ -3,14 +3,15 @@ refused at load: one ConfigError line per problem, each naming the dotted key.""
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 from pathlib import Path
 
+import annotated_types
 import pytest
 import yaml
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
-from model.config import DERIVED
 from pipeline.core import config
 from pipeline.core.config import Params, params_from_dict
 from pipeline.core.errors import ConfigError
@@ -140,33 +141,37 @@ def test_range_edges_that_mean_something_are_accepted(repo_root: Path, dotted: s
     params_from_dict(_set(_paper(repo_root), dotted, value))
 
 
-def _sections(cls: type = Params, prefix: str = "") -> typing.Iterator[tuple[type, str, str, typing.Any]]:
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if DERIVED in f.metadata:
-            continue
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            yield from _sections(tp, f"{prefix}{f.name}.")
-        else:
-            yield cls, f.name, f"{prefix}{f.name}", tp
+def _numeric_fields(cls: type[BaseModel] = Params, prefix: str = "") -> typing.Iterator[tuple[str, FieldInfo]]:
+    for name, info in cls.model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            yield from _numeric_fields(info.annotation, f"{prefix}{name}.")
+        elif _is_numeric(info.annotation):
+            yield f"{prefix}{name}", info
 
 
 def _is_numeric(tp: typing.Any) -> bool:
-    if typing.get_origin(tp) in (list, dict):
+    if typing.get_origin(tp) in (list, dict, typing.Annotated):
         return any(_is_numeric(a) for a in typing.get_args(tp))
     return tp in (int, float)
 
 
+def _bounded(info: FieldInfo) -> bool:
+    """A bound on the field itself, or on each item of a list."""
+    found = [m for m in info.metadata if isinstance(m, (annotated_types.Ge, annotated_types.Gt, annotated_types.Le,
+                                                          annotated_types.Lt))]
+    items = typing.get_args(info.annotation)
+    return bool(found) or any(typing.get_origin(a) is typing.Annotated and len(typing.get_args(a)) > 1
+                              for a in items)
+
+
 def test_every_numeric_key_has_a_range() -> None:
-    """A new numeric key in any section cannot slip past: it needs an entry in RANGES."""
-    numeric = [(cls, name, dotted) for cls, name, dotted, tp in _sections() if _is_numeric(tp)]
+    """A new numeric key in any section cannot slip past: its field needs a bound."""
+    numeric = list(_numeric_fields())
     assert len(numeric) > 40  # the walk reaches every section, model included
-    missing = [dotted for cls, name, dotted in numeric if name not in config.RANGES.get(cls, {})]
-    assert not missing, f"numeric keys without a range in pipeline.core.config.RANGES: {missing}"
-    known = {(cls, name) for cls, name, _ in numeric}
-    stale = [f"{cls.__name__}.{name}" for cls, names in config.RANGES.items() for name in names if (cls, name) not in known]
-    assert not stale, f"RANGES names keys that are not numeric settings: {stale}"
+    missing = [dotted for dotted, info in numeric if not _bounded(info)]
+    assert not missing, f"numeric keys without a range in pipeline/core/config.py: {missing}"
+    stale = sorted(set(config.MODEL_RANGES) - set(config.ModelSection.model_fields))
+    assert not stale, f"MODEL_RANGES names keys that are not model settings: {stale}"
 
 
 def test_every_profile_still_loads(repo_root: Path) -> None:

@@ -74,7 +74,7 @@ def test_an_alpha_past_the_servers_bound_is_one_line(repo_root: Path, tmp_path: 
     params = yaml.safe_load(_tiny_text(repo_root))
     params["evaluate"]["alphas"] = [0.6, 1000.0]
     assert _stage_error(tmp_path, yaml.safe_dump(params, sort_keys=False)) == (
-        "error: stage download: params.yaml: evaluate.alphas[1]: 1000.0 is out of range (expected in [0, 10.0])\n")
+        "error: stage download: params.yaml: evaluate.alphas[1]: 1000.0 is out of range (expected <= 10)\n")
 
 
 def test_a_nul_byte_in_a_path_is_one_line_naming_the_key(repo_root: Path, tmp_path: Path) -> None:
