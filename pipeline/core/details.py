@@ -1,15 +1,15 @@
 """What the stages report, as typed records (``<paths.metrics>/<stage>.details.json``) for the audit and the flows:
-``from_json`` checks each field's type (a one-line error names file and key) and keeps other keys in ``extra``."""
+pydantic models whose ``from_json`` checks each field's type (a one-line error names file and key) and keeps
+other keys in ``extra``."""
 
 from __future__ import annotations
 
-import functools
 import json
-import types
-import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.core import stages
 from pipeline.core.errors import DataError, PipelineError
@@ -18,33 +18,57 @@ from pipeline.core.errors import DataError, PipelineError
 METRICS = ("bleu", "bleu_lc", "bleu_intl", "bleu_intl_lc", "chrf2", "bleu_tok_split")
 
 
-@dataclass(frozen=True, kw_only=True)
-class Record:
-    """A JSON object with typed fields; ``extra`` holds the keys the record does not name, as read."""
+class Record(BaseModel):
+    """A JSON object with typed fields (strict: ``"2"`` is no number, ``true`` no integer); the keys the record does
+    not name are kept as read, in :attr:`extra` (a writer may pass them as ``extra={...}``)."""
 
-    extra: dict[str, object] = field(default_factory=dict)
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absent(cls, data: Any) -> Any:
+        """A known key holding null reads as absent; ``extra={...}`` from a writer joins the other keys."""
+        if not isinstance(data, dict):
+            return data
+        data = {**data.get("extra", {}), **{k: v for k, v in data.items() if k != "extra"}} if isinstance(
+            data.get("extra"), dict) else data
+        return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+
+    @property
+    def extra(self) -> dict[str, object]:
+        """The keys the record does not name, as read."""
+        return dict(self.model_extra or {})
 
     @classmethod
-    def from_json(cls, data: object, where: str, prefix: str = "") -> Self:
-        """The record of JSON object ``data`` read from ``where`` (``prefix``: the keys above it, for errors).
+    def from_json(cls, data: object, where: str) -> Self:
+        """The record of JSON object ``data`` read from ``where``.
 
         Raises:
             DataError: ``data`` is not an object, or a field has the wrong type (names ``where`` and the key).
         """
-        if not isinstance(data, dict):
-            _fail(where, prefix.rstrip("."), "a JSON object", type(data).__name__)
-        hints = _hints(cls)
-        known = {key: _check(data[key], hint, where, prefix + key) for key, hint in hints.items()
-                 if data.get(key) is not None}
-        return cls(**known, extra={k: v for k, v in data.items() if k not in hints})
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            key = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in error["loc"]).replace(".[", "[")
+            expected = _EXPECTED.get(error["type"], error["msg"])
+            got = error["input"]
+            shown = type(got).__name__ if isinstance(got, (dict, list)) else json.dumps(got, default=str)
+            raise DataError(f"{where}: {key + ': ' if key else ''}expected {expected}, got "
+                            f"{shown if len(shown) <= 40 else shown[:37] + '...'}; rerun the stage that writes it"
+                            ) from None
 
     def to_json(self) -> dict[str, object]:
         """The JSON object: every field (None as null, nested records as objects), then ``extra``."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
-        return {k: v.to_json() if isinstance(v, Record) else v for k, v in out.items()} | self.extra
+        return self.model_dump(mode="json")
 
 
-@dataclass(frozen=True, kw_only=True)
+#: How a wrong type's error says what was expected.
+_EXPECTED = {"float_type": "a number", "int_type": "an integer", "int_from_float": "an integer",
+             "string_type": "a string", "bool_type": "true or false", "list_type": "a JSON array",
+             "dict_type": "a JSON object", "model_type": "a JSON object"}
+
+
 class StageDetails(Record):
     """What every stage's details file has: its MLflow run id (None while tracking is off)."""
 
@@ -62,16 +86,14 @@ class StageDetails(Record):
         return cls.from_json(read_json(path), str(path)) if path.is_file() else None
 
 
-@dataclass(frozen=True, kw_only=True)
 class DownloadDetails(StageDetails):
     """``dataset`` and the sentence ``pairs`` per split (train, valid, test)."""
 
     STAGE: ClassVar[str] = "download"
     dataset: str | None = None
-    pairs: dict[str, int] = field(default_factory=dict)
+    pairs: dict[str, int] = Field(default_factory=dict)
 
 
-@dataclass(frozen=True, kw_only=True)
 class PairCounts(Record):
     """One split through the clean stage: pairs read and kept (``extra``: the drops per rule, blanks)."""
 
@@ -79,17 +101,15 @@ class PairCounts(Record):
     pairs_out: int | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
 class CleanDetails(StageDetails):
     """The pair counts per split."""
 
     STAGE: ClassVar[str] = "clean"
-    train: PairCounts = field(default_factory=PairCounts)
-    valid: PairCounts = field(default_factory=PairCounts)
-    test: PairCounts = field(default_factory=PairCounts)
+    train: PairCounts = Field(default_factory=PairCounts)
+    valid: PairCounts = Field(default_factory=PairCounts)
+    test: PairCounts = Field(default_factory=PairCounts)
 
 
-@dataclass(frozen=True, kw_only=True)
 class BpeDetails(StageDetails):
     """The vocabulary built and the sha256 of ``spm.model``."""
 
@@ -98,14 +118,12 @@ class BpeDetails(StageDetails):
     spm_sha256: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
 class EncodeDetails(StageDetails):
     """Nothing a reader needs beyond the run id (the shards manifest describes the shards)."""
 
     STAGE: ClassVar[str] = "encode"
 
 
-@dataclass(frozen=True, kw_only=True)
 class Machine(Record):
     """The CPU a stage's numbers came from: its model, the vector instructions torch's CPU kernels use
     (``torch.backends.cpu.get_cpu_capability()``: DEFAULT, AVX2, AVX512...), torch's threads, torch's version.
@@ -139,7 +157,6 @@ class Machine(Record):
         return f"{self.cpu}, {self.cpu_capability}, {self.threads} threads, torch {self.torch}"
 
 
-@dataclass(frozen=True, kw_only=True)
 class TrainDetails(StageDetails):
     """Where training ended and what it measured (pipeline/training/loop.py): target (and source) tokens and forward
     passes per optimizer step (forwards: the busiest rank), ``wall_seconds`` of this invocation, ``train_seconds``
@@ -162,20 +179,18 @@ class TrainDetails(StageDetails):
     train_seconds: float | None = None
     resumed_from_step: int | None = None
     valid_ppl: float | None = None
-    machine: Machine = field(default_factory=Machine)
+    machine: Machine = Field(default_factory=Machine)
 
 
-@dataclass(frozen=True, kw_only=True)
 class AverageDetails(StageDetails):
     """The averaged checkpoints' ``steps`` (ascending), the ``parameters`` counted and the BPE model's sha256."""
 
     STAGE: ClassVar[str] = "average"
-    steps: list[int] = field(default_factory=list)
+    steps: list[int] = Field(default_factory=list)
     parameters: int | None = None
     spm_sha256: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
 class SetFigures(Record):
     """One decoded and scored set: :data:`METRICS`, their ``signatures``, its size; ``ppl`` on valid sets,
     ``truncated_sources`` on the averaged model's, ``step`` on the newest checkpoint's."""
@@ -186,7 +201,7 @@ class SetFigures(Record):
     bleu_intl_lc: float | None = None
     chrf2: float | None = None
     bleu_tok_split: float | None = None
-    signatures: dict[str, str] = field(default_factory=dict)
+    signatures: dict[str, str] = Field(default_factory=dict)
     sentences: int | None = None
     ppl: float | None = None
     truncated_sources: int | None = None
@@ -197,7 +212,6 @@ class SetFigures(Record):
         return {key: getattr(self, key) for key in METRICS}
 
 
-@dataclass(frozen=True, kw_only=True)
 class Chosen(Record):
     """The beam and α chosen on ``chosen_on`` (the valid set) and used for test."""
 
@@ -206,20 +220,18 @@ class Chosen(Record):
     chosen_on: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
 class EvaluateDetails(StageDetails):
     """The averaged model on ``valid`` and ``test``, the newest checkpoint on ``valid_newest``, the decoding chosen."""
 
     STAGE: ClassVar[str] = "evaluate"
-    valid: SetFigures = field(default_factory=SetFigures)
-    test: SetFigures = field(default_factory=SetFigures)
-    valid_newest: SetFigures = field(default_factory=SetFigures)
-    chosen: Chosen = field(default_factory=Chosen)
+    valid: SetFigures = Field(default_factory=SetFigures)
+    test: SetFigures = Field(default_factory=SetFigures)
+    valid_newest: SetFigures = Field(default_factory=SetFigures)
+    chosen: Chosen = Field(default_factory=Chosen)
     device: str | None = None
-    machine: Machine = field(default_factory=Machine)
+    machine: Machine = Field(default_factory=Machine)
 
 
-@dataclass(frozen=True, kw_only=True)
 class RegisterDetails(StageDetails):
     """The registry decision (pipeline/register.py): the version registered and who holds the alias."""
 
@@ -233,7 +245,6 @@ class RegisterDetails(StageDetails):
     decision: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
 class AuditDetails(StageDetails):
     """The audit's counts (their meaning: pipeline/auditing/report.py ``tracking_metrics``) are in ``extra``."""
 
@@ -283,38 +294,3 @@ def read_json(path: str | Path) -> Any:
         raise PipelineError(f"{path}: not found; run the upstream stage first (dvc repro)") from None
     except json.JSONDecodeError as exc:
         raise PipelineError(f"{path}: not valid JSON ({exc}); delete it and rerun the stage that writes it") from None
-
-
-@functools.cache
-def _hints(cls: type[Record]) -> dict[str, object]:
-    """The record's field types (``extra`` and class variables left out)."""
-    names = {f.name for f in fields(cls)} - {"extra"}
-    return {name: hint for name, hint in typing.get_type_hints(cls).items() if name in names}
-
-
-def _check(value: object, hint: object, where: str, key: str) -> object:
-    """``value`` when it has type ``hint`` (nested records read); else a one-line DataError naming the key."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is types.UnionType:  # ``X | None``
-        if value is None:
-            return None
-        hint = next(a for a in args if a is not type(None))
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if isinstance(hint, type) and issubclass(hint, Record):
-        return hint.from_json(value, where, key + ".")
-    if origin is list and isinstance(value, list):
-        return [_check(v, args[0], where, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict and isinstance(value, dict):
-        return {k: _check(v, args[1], where, f"{key}.{k}") for k, v in value.items()}
-    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return value
-    if isinstance(hint, type) and type(value) is hint:  # a bool is no int here
-        return value
-    shown = json.dumps(value)
-    _fail(where, key, {float: "a number", int: "an integer", str: "a string", bool: "true or false"}.get(
-        hint, "a JSON array" if origin is list else "a JSON object"), shown if len(shown) <= 40 else shown[:37] + "...")
-
-
-def _fail(where: str, key: str, expected: str, got: str) -> typing.NoReturn:
-    raise DataError(f"{where}: {key + ': ' if key else ''}expected {expected}, got {got}; "
-                    "rerun the stage that writes it")
