@@ -113,11 +113,30 @@ def mlflow_client(root: str | Path = ".") -> Any:
 
 
 def git_tags(root: str | Path = ".", *, temporary_params: bool = False) -> dict[str, str]:
-    """Git commit and dirty flag of ``root`` (empty outside a git checkout) by :mod:`pipeline.core.gitstate`'s rule."""
+    """Git commit and dirty flag of ``root`` (empty outside a git checkout) by :mod:`pipeline.core.gitstate`'s rule,
+    with MLflow's standard source tags (:func:`source_tags`)."""
     if (commit := gitstate.commit(root)) is None:
-        return {"git_commit": "", "git_dirty": ""}
+        return {"git_commit": "", "git_dirty": "", **source_tags(root, None)}
     dirty = gitstate.dirty_paths(root, temporary_params=temporary_params)
-    return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower()}
+    return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower(), **source_tags(root, commit)}
+
+
+def source_tags(root: str | Path, commit: str | None) -> dict[str, str]:
+    """The tags MLflow's fluent ``start_run`` sets and its UI shows as a run's Source (``mlflow.source.name``,
+    ``.type``, ``mlflow.user``; ``mlflow.source.git.commit``, ``.branch``, ``.repoURL`` of ``root`` where known):
+    the client's ``create_run`` sets none. MLflow's own context providers and git helpers (credentials stripped
+    from the remote's URL), the checkout being ``root`` rather than the main file's."""
+    from mlflow.tracking.context.default_context import DefaultRunContext
+    from mlflow.utils import mlflow_tags
+    from mlflow.utils.git_utils import get_git_branch, get_git_repo_url
+
+    tags = dict(DefaultRunContext().tags())
+    if commit:
+        where = str(Path(root).resolve())
+        found = {mlflow_tags.MLFLOW_GIT_COMMIT: commit, mlflow_tags.MLFLOW_GIT_BRANCH: get_git_branch(where),
+                 mlflow_tags.MLFLOW_GIT_REPO_URL: get_git_repo_url(where)}
+        tags.update({k: v for k, v in found.items() if v})
+    return tags
 
 
 class StageRun:
