@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -46,6 +47,26 @@ def test_the_flows_help_is_plain_text(flow_main, capsys: pytest.CaptureFixture[s
         flow_main(["--help"])
     out = capsys.readouterr().out
     assert "usage: python -m flows." in out and "`" not in out, out
+
+
+def _profile_helps(parser: argparse.ArgumentParser) -> list[str]:
+    """The help of every ``--profile`` option of ``parser`` and its sub-commands."""
+    found = []
+    for action in parser._actions:  # noqa: SLF001 - argparse lists a parser's options nowhere public
+        if "--profile" in action.option_strings:
+            found.append(action.help)
+        for sub in (action.choices or {}).values() if isinstance(action, argparse._SubParsersAction) else ():
+            found += _profile_helps(sub)
+    return found
+
+
+def test_every_profile_help_names_every_profile_of_the_folder() -> None:
+    names = sorted(p.stem for p in (REPO / "profiles").glob("*.yaml"))
+    assert "paper-big" in names
+    helps = [*_profile_helps(build_parser()), *_profile_helps(flow.build_parser())]
+    assert len(helps) == 3, helps  # nmt run, nmt serve, python -m flows.pipeline
+    for text in helps:
+        assert ", ".join(names) in text, text
 
 
 def test_nmt_run_takes_every_option_of_the_flow_and_passes_it_on() -> None:
