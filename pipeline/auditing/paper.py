@@ -114,8 +114,11 @@ def model_items(inp: Inputs) -> list[Item]:
 
 
 def minor_items() -> list[Item]:
-    """What model/ fixes that the paper does not state and tensor2tensor sets otherwise, read from a one-layer model
-    and the loss of this code (informational, listed last: each moves BLEU far less than the settings above)."""
+    """What model/ fixes that the paper does not state, beside tensor2tensor, read from a one-layer model and the loss
+    of this code (listed last: each moves BLEU far less than the settings above); where tensor2tensor sets it
+    otherwise, informational. The attention projections are judged against the tensor2tensor the paper ran (2017,
+    up to v1.2.9): ``common_attention.compute_qkv`` and the output transform are ``common_layers.conv1d``, i.e.
+    ``tf.layers.conv2d`` with its default ``use_bias=True``; ``use_bias=False`` arrived in v1.3.2 (December 2017)."""
     import torch
 
     from model import Transformer, TransformerConfig, label_smoothed_nll_loss
@@ -131,8 +134,12 @@ def minor_items() -> list[Item]:
                  run="ε/V to every class, the target included" if per_class else "not ε/V to every class",
                  note="model/loss.py; fairseq spreads ε/(V-1) as tensor2tensor does"),
             item("LayerNorm ε", paper="1e-6", source=t2t, run=f"{eps:g}", note="torch.nn.LayerNorm's default", **info),
-            item("Attention projection biases", paper="none (q, k, v and output)", source=t2t, **info,
-                 run="q, k, v and output" if biases else "none", note="model/layers.py; fairseq keeps them")]
+            item("Attention projection biases", paper="q, k, v and output", kind="reference", ok=biases,
+                 source="tensor2tensor up to v1.2.9 (paper silent): conv1d = tf.layers.conv2d, use_bias=True; "
+                        "use_bias=False from v1.3.2, December 2017",
+                 run="q, k, v and output" if biases else "none",
+                 deviation="no biases on the attention projections (tensor2tensor up to v1.2.9 and fairseq have them)",
+                 note="model/layers.py; fairseq keeps them too")]
 
 
 def data_items(inp: Inputs) -> list[Item]:

@@ -83,15 +83,32 @@ def test_measured_source_tokens_per_step_are_judged_beside_the_target_ones() -> 
     assert items["Source tokens per step"]["verdict"] == "not measured"
 
 
-def test_the_minor_settings_tensor2tensor_sets_otherwise_come_last_read_from_the_code(monkeypatch) -> None:
+def test_the_minor_settings_come_last_read_from_the_code_biases_as_the_papers_tensor2tensor(monkeypatch) -> None:
     report, items = _audit({})
     assert [i["item"] for i in report["configuration"][-3:]] == [
         "Label smoothing spread", "LayerNorm ε", "Attention projection biases"]
     assert all(items[name]["verdict"] == "informational" and items[name]["kind"] == "reference"
-               for name in ("Label smoothing spread", "LayerNorm ε", "Attention projection biases"))
+               for name in ("Label smoothing spread", "LayerNorm ε"))
     assert items["Label smoothing spread"]["run"] == "ε/V to every class, the target included"
     assert items["LayerNorm ε"]["run"] == "1e-05" and items["LayerNorm ε"]["paper"] == "1e-6"
-    assert items["Attention projection biases"]["run"] == "q, k, v and output"
+    # The tensor2tensor the paper ran (up to v1.2.9) had biases on q, k, v and output (conv1d's default), as ours
+    biases = items["Attention projection biases"]
+    assert (biases["verdict"], biases["kind"], biases["run"]) == ("matches", "reference", "q, k, v and output")
+    assert "v1.2.9" in biases["source"] and "Attention projection biases" not in " ".join(report["deviations"])
+    from model import Transformer
+
+    class Unbiased(Transformer):  # what tensor2tensor v1.3.2 and later build
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            for name, module in self.named_modules():
+                if name.endswith("_proj"):
+                    module.register_parameter("bias", None)
+
+    with monkeypatch.context() as patched:
+        patched.setattr("model.Transformer", Unbiased)
+        _, unbiased = _audit({})
+    assert (unbiased["Attention projection biases"]["verdict"], unbiased["Attention projection biases"]["run"]) == (
+        "deviates", "none")
 
     def spread_to_the_others(logits, target, epsilon, ignore_index):  # fairseq's and tensor2tensor's spread
         logp = torch.log_softmax(logits, -1)
