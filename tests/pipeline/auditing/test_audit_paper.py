@@ -121,6 +121,19 @@ def test_the_minor_settings_come_last_read_from_the_code_biases_as_the_papers_te
     assert items["Label smoothing spread"]["run"] == "not ε/V to every class"
 
 
+def test_the_length_filter_and_ratio_deviate_at_fairseqs_numbers_counted_in_words_not_bpe_tokens() -> None:
+    """fairseq's prepare-wmt14en2de.sh runs clean-corpus-n.perl 1 250 -ratio 1.5 on BPE text; clean counts
+    whitespace words of the raw text (pipeline/data/filters.py): the same numbers on another unit."""
+    report, items = _audit({})
+    for name, run in (("Training-pair length filter", "min_words 1, max_words 250"),
+                      ("Training-pair length ratio", "max_ratio 1.5")):
+        assert (items[name]["verdict"], items[name]["run"]) == ("deviates", run), items[name]
+        assert items[name]["deviation"].startswith(f"{run} in whitespace words of the raw text, not BPE tokens")
+        assert "BPE tokens" in items[name]["paper"]
+    line = next(d for d in report["deviations"] if d.startswith("Data filtering and lengths: "))
+    assert "max_words 250 in whitespace words" in line and "max_ratio 1.5 in whitespace words" in line
+
+
 def test_world_size_and_forward_passes_are_informational() -> None:
     _, items = _audit({"train": _train(world_size=1, tokens_per_step_mean=25_100.0, forwards_per_step_mean=3.5,
                                        forwards_per_step_max=4, device="cuda", device_name="NVIDIA H100")})
@@ -256,6 +269,7 @@ def test_the_beam_rule_is_named_and_fairseqs_deviates_from_the_papers_code(rule:
     assert line["source"] == "paper silent; §7 names tensor2tensor as its code: tensor2tensor utils/beam_search.py"
     assert line["deviation"] == ("" if rule == "t2t" else "evaluate.beam_rule = fairseq (tensor2tensor "
                                  "utils/beam_search.py: tensor2tensor's: EOS candidates from all 2k finish; stop "
-                                 "once no live hypothesis can beat the k-th finished)")
+                                 "once no live hypothesis can beat the lowest finished score, even while fewer "
+                                 "than k have finished)")
     assert any(d.startswith("Decoding: ") and "evaluate.beam_rule = fairseq" in d
                for d in report["deviations"]) == (rule == "fairseq")
