@@ -75,6 +75,10 @@ def test_a_tiny_paper_big_run_is_compared_with_the_big_rows_and_its_dimensions_d
     assert deviating == {"d_model", "d_ff", "Attention heads h", "d_k = d_v", *WORDS_NOT_BPE}
     assert any("model.d_model = 64 (paper: 1024)" in line for line in report["deviations"])
     assert report["warnings"] == []
+    gap = report["bleu_gap"]["explanation"]  # the gap's text quotes the big row, not the base's 27.3
+    assert "The paper's 28.4 was computed" in gap and "28.4 corresponds to about 27.0-27.7 sacreBLEU 13a" in gap
+    assert "27.3" not in gap and "25.9" not in gap and gap in md
+    assert "s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g" in gap
 
 
 def test_a_base_run_is_still_compared_with_the_base_rows() -> None:
@@ -87,6 +91,8 @@ def test_a_base_run_is_still_compared_with_the_base_rows() -> None:
     judged = {i["item"]: (i["paper"], i["verdict"]) for i in report["configuration"]}
     assert judged["Residual dropout P_drop"] == ("0.1", "matches") and judged["d_model"] == ("512", "matches")
     assert {name for name, (_, verdict) in judged.items() if verdict == "deviates"} == WORDS_NOT_BPE
+    gap = report["bleu_gap"]["explanation"]
+    assert "The paper's 27.3 was computed" in gap and "27.3 corresponds to about 25.9-26.6 sacreBLEU 13a" in gap
 
 
 @pytest.mark.parametrize(("profile", "model", "row"), [
