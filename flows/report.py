@@ -71,8 +71,9 @@ def stage_rows(outcomes: Sequence[StageOutcome]) -> list[str]:
     return rows + [f"| {_cell(o.stage)} | {_cell(o.status)} | {o.duration_s:.1f} s | {o.attempts} |" for o in outcomes]
 
 
-def bleu_table(bleu: EvaluateDetails) -> list[str]:
-    """Markdown rows from ``evaluate.details.json``: every scored figure per set with its sacreBLEU signature."""
+def bleu_table(bleu: EvaluateDetails, train: TrainDetails | None = None) -> list[str]:
+    """Markdown rows from ``evaluate.details.json``: every scored figure per set with its sacreBLEU signature, then
+    the machines training and decoding ran on (a CPU of another model or capability may give other BLEU)."""
     rows = ["| set | metric | score | signature |", "|---|---|---:|---|"]
     for name, figures in (("valid", bleu.valid), ("test", bleu.test)):
         scores = {**figures.extra, **figures.scores()}  # a signed score the record does not name is kept too
@@ -85,7 +86,20 @@ def bleu_table(bleu: EvaluateDetails) -> list[str]:
     chosen = bleu.chosen
     if chosen != Chosen():
         rows += ["", f"Beam {chosen.beam}, alpha {chosen.alpha} (chosen on {chosen.chosen_on})."]
-    return rows
+    return rows + machine_lines(bleu, train)
+
+
+def machine_lines(bleu: EvaluateDetails, train: TrainDetails | None) -> list[str]:
+    """Where the figures come from: the training and decoding devices and CPUs the details files record."""
+    found = []
+    for what, details in (("trained", train), ("decoded", bleu)):
+        cpu = details.machine.describe() if details is not None else None
+        device = details.device if details is not None else None
+        name = getattr(details, "device_name", None) if device == "cuda" else None
+        if cpu or device:
+            found.append(f"{what} on {', '.join(x for x in (device, name) if x) or 'an unrecorded device'}"
+                         f"{f' (CPU {cpu})' if cpu else ''}")
+    return ["", "Machine: " + "; ".join(found) + "."] if found else []
 
 
 def mlflow_link(tracking_uri: str | None, run_id: str) -> str:
@@ -127,19 +141,24 @@ def registry_lines(register: RegisterDetails) -> list[str]:
         reason = register.decision or register.tracking
         return [f"- registered model: none ({_cell(reason)})"] if reason else []
     alias, holder = register.alias or "candidate", register.candidate_version
-    moved = "moved to this version" if register.alias_moved else "not moved"
-    lines = [f"- registered model: `models:/{name}/{version}`",
-             f"- alias `{alias}`: {moved} (held by version {holder}: `models:/{name}@{alias}`)"
-             if holder else f"- alias `{alias}`: {moved}"]
+    if register.alias_moved:
+        where = f"moved to this version ({version}; `models:/{name}@{alias}`)"
+    elif holder:
+        where = f"stays with version {holder} (`models:/{name}@{alias}`)"
+    else:
+        where = "not moved (no version holds it)"
+    lines = [f"- registered model: `models:/{name}/{version}`", f"- alias `{alias}`: {where}"]
     return lines + ([f"- decision: {_cell(register.decision)}"] if register.decision else [])
 
 
 def render_report(outcomes: Sequence[StageOutcome], *, bleu: EvaluateDetails | None, mlflow_run_id: str | None,
                   tracking_uri: str | None, git: Mapping[str, str], failure: str | None = None,
                   audit_path: str | None = None, audit_md: str | None = None,
-                  register: RegisterDetails | None = None, ui_page: str | None = None) -> str:
-    """The whole report: stages, BLEU, the audit (None: no section), lineage and the failure (if any)."""
-    table = bleu_table(bleu or EvaluateDetails()) or ["No `evaluate.details.json` yet."]
+                  register: RegisterDetails | None = None, ui_page: str | None = None,
+                  train: TrainDetails | None = None) -> str:
+    """The whole report: stages, BLEU (with the machines of ``train`` and ``bleu``), the audit (None: no section),
+    lineage and the failure (if any)."""
+    table = bleu_table(bleu or EvaluateDetails(), train) or ["No `evaluate.details.json` yet."]
     lines = ["# wmt14-pipeline", "", "## Stages", "", *stage_rows(outcomes), "", "## BLEU", "", *table, ""]
     if audit_path:
         lines += audit_section(audit_path, audit_md)

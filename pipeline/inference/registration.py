@@ -182,7 +182,7 @@ def paired_bootstrap(new_hyps: list[str], candidate_hyps: list[str], refs: list[
 def decide(new_valid: float, new_refs: dict[str, str], holder: ModelVersion | None) -> tuple[bool, str]:
     """Whether ``candidate`` moves to the new version, and why (valid BLEU only; the test set never chooses)."""
     if holder is None:
-        return True, "no version held the alias"
+        return True, "no version held the alias before this one"
     tags = holder.tags
     if tags.get("valid_ref_sha256") != new_refs["valid"]:
         return False, (f"version {holder.version} was scored against other valid references (another dataset or "

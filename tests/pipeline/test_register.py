@@ -448,7 +448,7 @@ def test_dvc_datasets_come_from_lock_outs(tmp_path: Path) -> None:
 def test_decide_uses_valid_bleu_only_and_refuses_other_references() -> None:
     refs = {"valid": "v", "test": "t"}
     holder = ModelVersion(version="3", run_id="r", tags={"valid_bleu": "20.0", "valid_ref_sha256": "v"})
-    assert decide(20.5, refs, None) == (True, "no version held the alias")
+    assert decide(20.5, refs, None) == (True, "no version held the alias before this one")
     assert decide(20.5, refs, holder)[0] and not decide(20.0, refs, holder)[0]
     moved, why = decide(30.0, {"valid": "other", "test": "t"}, holder)
     assert not moved and "not comparable" in why and "NMT_MODEL_NAME" in why
