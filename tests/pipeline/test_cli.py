@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -202,3 +203,20 @@ def test_nmt_run_refuses_an_absolute_paths_value_before_dvc_or_any_server(tmp_pa
         "use a relative path inside data/, runs/, metrics/, plots/ or reports/"])
     assert (repo / "params.yaml").read_bytes() == before and not (repo / ".dvc").exists()
     assert sorted(p.name for p in repo.iterdir()) == ["dvc.yaml", "params.yaml", "profiles"]
+
+
+def test_mlflows_own_commands_find_the_projects_store_with_the_tracked_env_file(tmp_path: Path) -> None:
+    """MLflow reads its store from MLFLOW_TRACKING_URI only; `mlflow --env-file mlflow.env` sets it from the
+    checkout, and the stray ./mlflow.db a bare command would write is git-ignored."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"NMT_TRACKING": "on"}
+    made = subprocess.run([sys.executable, "-c", "from pipeline.core import tracking\n"
+                           f"with tracking.stage_run('audit', root={str(tmp_path)!r}) as run:\n    run.open()"],
+                          env=env | {"PYTHONPATH": str(REPO)}, capture_output=True, text=True, check=False)
+    assert made.returncode == 0, made.stderr
+    shutil.copy(REPO / "mlflow.env", tmp_path / "mlflow.env")
+    found = subprocess.run([str(Path(sys.executable).with_name("mlflow")), "--env-file", "mlflow.env", "experiments",
+                            "search"], cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    assert found.returncode == 0 and "wmt14-transformer" in found.stdout, found.stdout + found.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".mlflow", "mlflow.env"]  # no ./mlflow.db, no mlruns/
+    ignored = subprocess.run(["git", "check-ignore", "-q", "mlflow.db"], cwd=REPO, check=False)
+    assert ignored.returncode == 0
