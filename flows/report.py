@@ -102,10 +102,11 @@ def machine_lines(bleu: EvaluateDetails, train: TrainDetails | None) -> list[str
     return ["", "Machine: " + "; ".join(found) + "."] if found else []
 
 
-def mlflow_link(tracking_uri: str | None, run_id: str) -> str:
-    """A link to the run in the MLflow UI when the store is a server, else the id and the store."""
+def mlflow_link(tracking_uri: str | None, run_id: str, page: str | None = None) -> str:
+    """A link to the run's ``page`` (:func:`flows.parent_run.ui_page`: the training view) when the store is a
+    server, else the id and the store."""
     if tracking_uri and tracking_uri.startswith(("http://", "https://")):
-        return f"[{run_id}]({tracking_uri.rstrip('/')}/#/runs/{run_id})"
+        return f"[{run_id}]({page})" if page else f"`{run_id}` on {tracking_uri}"
     return f"`{run_id}`" + (f" in `{tracking_uri}`" if tracking_uri else "")
 
 
@@ -163,7 +164,7 @@ def render_report(outcomes: Sequence[StageOutcome], *, bleu: EvaluateDetails | N
     if audit_path:
         lines += audit_section(audit_path, audit_md)
     dirty = " (uncommitted changes)" if git.get("git_dirty") == "true" else ""
-    run = mlflow_link(tracking_uri, mlflow_run_id) if mlflow_run_id else "tracking off (`NMT_TRACKING=off`)"
+    run = mlflow_link(tracking_uri, mlflow_run_id, ui_page) if mlflow_run_id else "tracking off (`NMT_TRACKING=off`)"
     lines += ["## Lineage", "", f"- git commit: `{git.get('git_commit') or 'unknown (not a git checkout)'}`{dirty}",
               f"- MLflow parent run: {run}"]
     hint = mlflow_ui_hint(tracking_uri, ui_page) if mlflow_run_id else None
@@ -253,9 +254,10 @@ def paired_lines(names: Sequence[str], hyps: Sequence[Sequence[str]], refs: Sequ
 
 def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commit: str, ran: int,
                  mlflow_run_id: str | None, tracking_uri: str | None, paired: Sequence[str] = (),
-                 paper: Mapping[str, Any] | None = None) -> str:
+                 paper: Mapping[str, Any] | None = None, ui_page: str | None = None) -> str:
     """A sweep's markdown from ``records`` (one per variant in spec order); ``ran``: how many this run executed;
-    ``paired``: :func:`paired_lines` of the best two, if any; ``paper``: as :func:`seed_lines` takes it."""
+    ``paired``: :func:`paired_lines` of the best two, if any; ``paper``: as :func:`seed_lines` takes it;
+    ``ui_page``: as :func:`render_report` takes it."""
     keys = spec.keys
     shared = ", ".join(f"{k}={_cell(v)}" for k, v in spec.shared.items())
     intro = (f"Base profile `{spec.profile}`{f' with {shared}' if shared else ''}; {len(records)} variants at commit "
@@ -284,9 +286,9 @@ def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commi
               f"{', '.join(r['name'] for r in records)}; `dvc exp apply {best['name'] if best else '<name>'}` "
               "brings one's params and metrics into the workspace."]
     if mlflow_run_id:
-        lines.append(f"- MLflow: parent run `{spec.run_name}` {mlflow_link(tracking_uri, mlflow_run_id)}; "
+        lines.append(f"- MLflow: parent run `{spec.run_name}` {mlflow_link(tracking_uri, mlflow_run_id, ui_page)}; "
                      "expand it in the runs table, select its variant runs and press Compare.")
-        hint = mlflow_ui_hint(tracking_uri)
+        hint = mlflow_ui_hint(tracking_uri, ui_page)
         lines += [f"- MLflow UI: {hint}"] if hint else []
     failed = [r for r in records if r.get("status") != "done"]
     if failed:
