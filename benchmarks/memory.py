@@ -37,7 +37,7 @@ from pipeline.core.config import params_from_dict  # noqa: E402
 from pipeline.core.env import DEFAULT_MAX_TOKENS  # noqa: E402
 from pipeline.core.errors import ConfigError, OutputError, PipelineError  # noqa: E402
 from pipeline.core.owned import write_text  # noqa: E402
-from pipeline.project.profiles import merged_profile  # noqa: E402
+from pipeline.project.profiles import known_profiles, merged_profile  # noqa: E402
 from pipeline.training.forward import batch_loss  # noqa: E402
 
 log = logging.getLogger("memory")
@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--profile", default="paper-big", help="a profile of profiles/ (its model, vocabulary, max_len)")
+    p.add_argument("--profile", default="paper-big",
+                   help=f"a profile of profiles/: {known_profiles()} (its model, vocabulary, max_len)")
     p.add_argument("--max-tokens", type=int, nargs="+", default=[DEFAULT_MAX_TOKENS["cuda"], 32768, 65536],
                    help="NMT_MAX_TOKENS values (default: the CUDA default, 32768, 65536)")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "memory.json")

@@ -50,7 +50,7 @@ def mlflow_run(name: str, *, root: str | Path, tags: dict[str, str],
         yield tracking.StageRun(client, run_id)
         status = "FINISHED"
     finally:
-        client.set_terminated(run_id, status=status)
+        tracking.end_run(client, run_id, status)
 
 
 @contextlib.contextmanager
@@ -149,8 +149,13 @@ def record_end(parent: tracking.StageRun, root: Path, metrics_dir: Path | None, 
 
 
 def ui_page(run_id: str, root: str | Path = ".", port: int = 5000) -> str | None:
-    """The ``mlflow ui`` page of ``run_id``'s experiment on its training runs (not MLflow 3's GenAI view), or None."""
+    """On MLflow's training view (not MLflow 3's GenAI view): a server's page of ``run_id``, else the local
+    ``mlflow ui``'s page of its experiment; None when the run cannot be read."""
     experiment = None
     with _never_fails(f"read the experiment of run {run_id}"):
         experiment = tracking.mlflow_client(root).get_run(run_id).info.experiment_id
-    return f"http://127.0.0.1:{port}/#/experiments/{experiment}?workflowType=machine_learning" if experiment else None
+    if experiment is None:
+        return None
+    if tracking.is_server(uri := tracking.tracking_uri(root)):
+        return tracking.ui_url(uri, experiment, run_id)
+    return tracking.ui_url(f"http://127.0.0.1:{port}", experiment)

@@ -32,7 +32,7 @@ from flows.server import ensure_api
 from pipeline.core import env
 from pipeline.core import tracking
 from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
-from pipeline.core.details import EvaluateDetails, RegisterDetails, StageDetails
+from pipeline.core.details import EvaluateDetails, RegisterDetails, StageDetails, TrainDetails
 from pipeline.core.errors import EXIT_PERMANENT, PipelineError
 from pipeline.project import run_options
 from pipeline.project.profiles import profile_run, restore_params
@@ -134,12 +134,13 @@ def _finish(root: Path, paths: PathsConfig | None, outcomes: list[StageOutcome],
     except (OSError, UnicodeDecodeError):
         audit_md = None
     metrics = root / paths.metrics if paths else None
-    evaluate, register = (_details(record, metrics) for record in (EvaluateDetails, RegisterDetails))
+    evaluate, register, train = (_details(record, metrics) for record in (EvaluateDetails, RegisterDetails,
+                                                                           TrainDetails))
     markdown = render_report(
         outcomes, bleu=evaluate, mlflow_run_id=parent.run_id,
         tracking_uri=tracking.tracking_uri(root) if parent.run_id else None, git=git,
         failure=(str(failure) or type(failure).__name__) if failure else None, audit_path=audit_path,
-        audit_md=audit_md, register=register,
+        audit_md=audit_md, register=register, train=train,
         ui_page=parent_run.ui_page(parent.run_id, root) if parent.run_id else None)
     artifacts = [(markdown, ARTIFACT_KEY, f"{FLOW_NAME}: stages, BLEU, audit, lineage")]
     if audit_md is not None:

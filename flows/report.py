@@ -71,8 +71,9 @@ def stage_rows(outcomes: Sequence[StageOutcome]) -> list[str]:
     return rows + [f"| {_cell(o.stage)} | {_cell(o.status)} | {o.duration_s:.1f} s | {o.attempts} |" for o in outcomes]
 
 
-def bleu_table(bleu: EvaluateDetails) -> list[str]:
-    """Markdown rows from ``evaluate.details.json``: every scored figure per set with its sacreBLEU signature."""
+def bleu_table(bleu: EvaluateDetails, train: TrainDetails | None = None) -> list[str]:
+    """Markdown rows from ``evaluate.details.json``: every scored figure per set with its sacreBLEU signature, then
+    the machines training and decoding ran on (a CPU of another model or capability may give other BLEU)."""
     rows = ["| set | metric | score | signature |", "|---|---|---:|---|"]
     for name, figures in (("valid", bleu.valid), ("test", bleu.test)):
         scores = {**figures.extra, **figures.scores()}  # a signed score the record does not name is kept too
@@ -85,13 +86,27 @@ def bleu_table(bleu: EvaluateDetails) -> list[str]:
     chosen = bleu.chosen
     if chosen != Chosen():
         rows += ["", f"Beam {chosen.beam}, alpha {chosen.alpha} (chosen on {chosen.chosen_on})."]
-    return rows
+    return rows + machine_lines(bleu, train)
 
 
-def mlflow_link(tracking_uri: str | None, run_id: str) -> str:
-    """A link to the run in the MLflow UI when the store is a server, else the id and the store."""
+def machine_lines(bleu: EvaluateDetails, train: TrainDetails | None) -> list[str]:
+    """Where the figures come from: the training and decoding devices and CPUs the details files record."""
+    found = []
+    for what, details in (("trained", train), ("decoded", bleu)):
+        cpu = details.machine.describe() if details is not None else None
+        device = details.device if details is not None else None
+        name = getattr(details, "device_name", None) if device == "cuda" else None
+        if cpu or device:
+            found.append(f"{what} on {', '.join(x for x in (device, name) if x) or 'an unrecorded device'}"
+                         f"{f' (CPU {cpu})' if cpu else ''}")
+    return ["", "Machine: " + "; ".join(found) + "."] if found else []
+
+
+def mlflow_link(tracking_uri: str | None, run_id: str, page: str | None = None) -> str:
+    """A link to the run's ``page`` (:func:`flows.parent_run.ui_page`: the training view) when the store is a
+    server, else the id and the store."""
     if tracking_uri and tracking_uri.startswith(("http://", "https://")):
-        return f"[{run_id}]({tracking_uri.rstrip('/')}/#/runs/{run_id})"
+        return f"[{run_id}]({page})" if page else f"`{run_id}` on {tracking_uri}"
     return f"`{run_id}`" + (f" in `{tracking_uri}`" if tracking_uri else "")
 
 
@@ -127,24 +142,29 @@ def registry_lines(register: RegisterDetails) -> list[str]:
         reason = register.decision or register.tracking
         return [f"- registered model: none ({_cell(reason)})"] if reason else []
     alias, holder = register.alias or "candidate", register.candidate_version
-    moved = "moved to this version" if register.alias_moved else "not moved"
-    lines = [f"- registered model: `models:/{name}/{version}`",
-             f"- alias `{alias}`: {moved} (held by version {holder}: `models:/{name}@{alias}`)"
-             if holder else f"- alias `{alias}`: {moved}"]
+    if register.alias_moved:
+        where = f"moved to this version ({version}; `models:/{name}@{alias}`)"
+    elif holder:
+        where = f"stays with version {holder} (`models:/{name}@{alias}`)"
+    else:
+        where = "not moved (no version holds it)"
+    lines = [f"- registered model: `models:/{name}/{version}`", f"- alias `{alias}`: {where}"]
     return lines + ([f"- decision: {_cell(register.decision)}"] if register.decision else [])
 
 
 def render_report(outcomes: Sequence[StageOutcome], *, bleu: EvaluateDetails | None, mlflow_run_id: str | None,
                   tracking_uri: str | None, git: Mapping[str, str], failure: str | None = None,
                   audit_path: str | None = None, audit_md: str | None = None,
-                  register: RegisterDetails | None = None, ui_page: str | None = None) -> str:
-    """The whole report: stages, BLEU, the audit (None: no section), lineage and the failure (if any)."""
-    table = bleu_table(bleu or EvaluateDetails()) or ["No `evaluate.details.json` yet."]
+                  register: RegisterDetails | None = None, ui_page: str | None = None,
+                  train: TrainDetails | None = None) -> str:
+    """The whole report: stages, BLEU (with the machines of ``train`` and ``bleu``), the audit (None: no section),
+    lineage and the failure (if any)."""
+    table = bleu_table(bleu or EvaluateDetails(), train) or ["No `evaluate.details.json` yet."]
     lines = ["# wmt14-pipeline", "", "## Stages", "", *stage_rows(outcomes), "", "## BLEU", "", *table, ""]
     if audit_path:
         lines += audit_section(audit_path, audit_md)
     dirty = " (uncommitted changes)" if git.get("git_dirty") == "true" else ""
-    run = mlflow_link(tracking_uri, mlflow_run_id) if mlflow_run_id else "tracking off (`NMT_TRACKING=off`)"
+    run = mlflow_link(tracking_uri, mlflow_run_id, ui_page) if mlflow_run_id else "tracking off (`NMT_TRACKING=off`)"
     lines += ["## Lineage", "", f"- git commit: `{git.get('git_commit') or 'unknown (not a git checkout)'}`{dirty}",
               f"- MLflow parent run: {run}"]
     hint = mlflow_ui_hint(tracking_uri, ui_page) if mlflow_run_id else None
@@ -234,9 +254,10 @@ def paired_lines(names: Sequence[str], hyps: Sequence[Sequence[str]], refs: Sequ
 
 def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commit: str, ran: int,
                  mlflow_run_id: str | None, tracking_uri: str | None, paired: Sequence[str] = (),
-                 paper: Mapping[str, Any] | None = None) -> str:
+                 paper: Mapping[str, Any] | None = None, ui_page: str | None = None) -> str:
     """A sweep's markdown from ``records`` (one per variant in spec order); ``ran``: how many this run executed;
-    ``paired``: :func:`paired_lines` of the best two, if any; ``paper``: as :func:`seed_lines` takes it."""
+    ``paired``: :func:`paired_lines` of the best two, if any; ``paper``: as :func:`seed_lines` takes it;
+    ``ui_page``: as :func:`render_report` takes it."""
     keys = spec.keys
     shared = ", ".join(f"{k}={_cell(v)}" for k, v in spec.shared.items())
     intro = (f"Base profile `{spec.profile}`{f' with {shared}' if shared else ''}; {len(records)} variants at commit "
@@ -265,9 +286,9 @@ def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commi
               f"{', '.join(r['name'] for r in records)}; `dvc exp apply {best['name'] if best else '<name>'}` "
               "brings one's params and metrics into the workspace."]
     if mlflow_run_id:
-        lines.append(f"- MLflow: parent run `{spec.run_name}` {mlflow_link(tracking_uri, mlflow_run_id)}; "
+        lines.append(f"- MLflow: parent run `{spec.run_name}` {mlflow_link(tracking_uri, mlflow_run_id, ui_page)}; "
                      "expand it in the runs table, select its variant runs and press Compare.")
-        hint = mlflow_ui_hint(tracking_uri)
+        hint = mlflow_ui_hint(tracking_uri, ui_page)
         lines += [f"- MLflow UI: {hint}"] if hint else []
     failed = [r for r in records if r.get("status") != "done"]
     if failed:

@@ -240,6 +240,7 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
                                                                "status": "not run"} for v in spec.variants]
             markdown = render_sweep(spec, records, commit=state.data["commit"], ran=len(todo),
                                     mlflow_run_id=parent.run_id, paired=_paired(root, spec, base, records),
+                                    ui_page=parent_run.ui_page(parent.run_id, root) if parent.run_id else None,
                                     tracking_uri=tracking.tracking_uri(root) if parent.run_id else None,
                                     paper=paper_row(params_from_dict(base)) if base["download"]["dataset"] == "wmt14"
                                     else None)

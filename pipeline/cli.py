@@ -13,6 +13,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.project.options import OneLineParser
 from pipeline.core.stage import arg_type, setup_logging
 from pipeline.project import run_options
+from pipeline.project.profiles import known_profiles
 
 log = logging.getLogger("nmt")
 
@@ -78,7 +79,8 @@ def _mlflow_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=_port, default=5000, help="port (default 5000)")
     p.set_defaults(func=_ui)
     p = sub.add_parser("serve", help="serve a registered model over HTTP (POST /invocations; docs/evaluation.md)")
-    p.add_argument("--profile", help="whose registered model (default: the profile params.yaml holds)")
+    p.add_argument("--profile", help=f"whose registered model: {known_profiles()} (default: the profile params.yaml "
+                                     "holds)")
     p.add_argument("--alias", default="candidate", help="the version to serve, by alias (default candidate)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=_port, default=5001, help="port (default 5001)")

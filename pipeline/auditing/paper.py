@@ -42,7 +42,7 @@ PAPER: dict[str, Any] = {
     "checkpoint_minutes": 10,
     "averaging": "last 5 checkpoints, written 10 minutes apart at the end of a 12-hour run (about the last 6-7%)",
     "averaging_span": "6-7%",
-    # 27.3 on the paper's metric ≈ this range in sacreBLEU 13a cased (the 0.7-1.4 gap of BLEU_GAP's evidence).
+    # 27.3 on the paper's metric ≈ this range in sacreBLEU 13a cased (the 0.7-1.4 gap of _BLEU_GAP's evidence).
     "sacrebleu_equivalent": (25.9, 26.6),
 }
 #: Transformer (big): Table 2 (28.4), Table 3 row big (26.4, 4.33, 213M, 300k steps, P_drop 0.3), §5.2 (3.5 days,
@@ -56,15 +56,16 @@ PAPER_BIG: dict[str, Any] = {
     "averaging_span": "4%",
 }
 BLEU_TOLERANCE = 0.5
-BLEU_GAP = {
+#: The gap between the paper's metric and sacreBLEU 13a; ``{bleu}`` and ``{low}``-``{high}``: the row's figures.
+_BLEU_GAP = {
     "explanation": (
-        "The paper's 27.3 was computed on Moses-tokenised, compound-split text (Perl's s{(\\S)-(\\S)}{$1 "
+        "The paper's {bleu} was computed on Moses-tokenised, compound-split text (Perl's s{(\\S)-(\\S)}{$1 "
         "##AT##-##AT## $2}g) with multi-bleu.perl (L. Kaiser, https://github.com/tensorflow/tensor2tensor/issues/61;"
         " tensor2tensor utils/get_ende_bleu.sh). sacreBLEU 13a scores detokenised text with its own tokeniser and "
         "gives 0.7-1.4 points less on the same outputs. bleu_tok_split reproduces that script (Moses "
         "replace-unicode-punctuation, tokenizer.perl -l de with XML escaping via sacremoses, the same compound "
-        "split, sacreBLEU tokenize=none, no smoothing) and is the figure to set beside 27.3; 27.3 corresponds to "
-        "about 25.9-26.6 sacreBLEU 13a cased on wmt14/full."),
+        "split, sacreBLEU tokenize=none, no smoothing) and is the figure to set beside {bleu}; {bleu} corresponds to "
+        "about {low}-{high} sacreBLEU 13a cased on wmt14/full."),
     "evidence": [
         {"figures": "fairseq big, same outputs: 29.29 tokenised+split vs 28.6 sacreBLEU 13a (gap 0.7)",
          "source": "facebookresearch/fairseq examples/scaling_nmt/README.md"},
@@ -76,6 +77,15 @@ BLEU_GAP = {
          "source": "Post 2018, A Call for Clarity in Reporting BLEU Scores, https://aclanthology.org/W18-6319"},
     ],
 }
+
+
+def bleu_gap(row: dict[str, Any]) -> dict[str, Any]:
+    """Why the paper's BLEU and sacreBLEU 13a differ, quoting ``row``'s figures (:data:`PAPER` or :data:`PAPER_BIG`)."""
+    low, high = row["sacrebleu_equivalent"]
+    text = str(_BLEU_GAP["explanation"])  # not str.format: the Perl substitution holds braces
+    for field, value in (("{bleu}", row["bleu_en_de"]), ("{low}", low), ("{high}", high)):
+        text = text.replace(field, str(value))
+    return {**_BLEU_GAP, "explanation": text}
 
 
 def paper_row(params: Params) -> dict[str, Any]:
@@ -114,8 +124,11 @@ def model_items(inp: Inputs) -> list[Item]:
 
 
 def minor_items() -> list[Item]:
-    """What model/ fixes that the paper does not state and tensor2tensor sets otherwise, read from a one-layer model
-    and the loss of this code (informational, listed last: each moves BLEU far less than the settings above)."""
+    """What model/ fixes that the paper does not state, beside tensor2tensor, read from a one-layer model and the loss
+    of this code (listed last: each moves BLEU far less than the settings above); where tensor2tensor sets it
+    otherwise, informational. The attention projections are judged against the tensor2tensor the paper ran (2017,
+    up to v1.2.9): ``common_attention.compute_qkv`` and the output transform are ``common_layers.conv1d``, i.e.
+    ``tf.layers.conv2d`` with its default ``use_bias=True``; ``use_bias=False`` arrived in v1.3.2 (December 2017)."""
     import torch
 
     from model import Transformer, TransformerConfig, label_smoothed_nll_loss
@@ -131,8 +144,12 @@ def minor_items() -> list[Item]:
                  run="ε/V to every class, the target included" if per_class else "not ε/V to every class",
                  note="model/loss.py; fairseq spreads ε/(V-1) as tensor2tensor does"),
             item("LayerNorm ε", paper="1e-6", source=t2t, run=f"{eps:g}", note="torch.nn.LayerNorm's default", **info),
-            item("Attention projection biases", paper="none (q, k, v and output)", source=t2t, **info,
-                 run="q, k, v and output" if biases else "none", note="model/layers.py; fairseq keeps them")]
+            item("Attention projection biases", paper="q, k, v and output", kind="reference", ok=biases,
+                 source="tensor2tensor up to v1.2.9 (paper silent): conv1d = tf.layers.conv2d, use_bias=True; "
+                        "use_bias=False from v1.3.2, December 2017",
+                 run="q, k, v and output" if biases else "none",
+                 deviation="no biases on the attention projections (tensor2tensor up to v1.2.9 and fairseq have them)",
+                 note="model/layers.py; fairseq keeps them too")]
 
 
 def data_items(inp: Inputs) -> list[Item]:

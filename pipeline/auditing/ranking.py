@@ -37,7 +37,7 @@ TOPICS: tuple[Topic, ...] = (
     Topic("Vocabulary", "not varied in the paper", ("Shared BPE vocabulary", "BPE vocabulary (built)",
                                                     "BPE training text", "BPE character coverage")),
     Topic("Architecture details", "Table 3 (E): learned positions 25.7 dev BLEU",
-          ("Normalisation", "Tied embeddings", "Positions")),
+          ("Normalisation", "Tied embeddings", "Positions", "Attention projection biases")),
     Topic("Optimiser", "not varied in the paper", ("Adam β1, β2, ε", "Weight decay", "Gradient clipping")),
     Topic("Data filtering and lengths", "changes the training pairs and tokens at the margin",
           ("Training-pair length filter", "Training-pair length ratio", "Maximum training length",

@@ -8,7 +8,7 @@ from typing import Any, TypedDict
 from pipeline.auditing.dev_items import dev_items
 from pipeline.auditing.inputs import FORMAT, Inputs
 from pipeline.auditing.items import Item, fmt, neutral
-from pipeline.auditing.paper import (BLEU_GAP, bleu_figures, bleu_items, data_items, lineage_items, minor_items,
+from pipeline.auditing.paper import (bleu_figures, bleu_gap, bleu_items, data_items, lineage_items, minor_items,
                                      model_items, paper_row)
 from pipeline.auditing.ranking import TopicLine, deviation_topics
 from pipeline.auditing.replay import Replay
@@ -111,7 +111,7 @@ def build_audit(inp: Inputs) -> Audit:
             "open_settings": [{"key": k, "run": inp.flat.get(k), "reference": v} for k, v in OPEN_KEYS.items()],
             "profile_differences": profile_differences(inp.flat, inp.paper_profile, settings),
             "deviations": [f"{t['topic']}: {t['text']}" for t in topics], "deviation_topics": topics,
-            "warnings": warned, "bleu_gap": BLEU_GAP, "paper": row,
+            "warnings": warned, "bleu_gap": bleu_gap(row), "paper": row,
             "bleu_figures": bleu_figures(inp.details.evaluate), "replay": inp.replay,
             "lineage": lineage(inp), "environment": inp.environment}
 

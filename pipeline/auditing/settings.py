@@ -38,8 +38,9 @@ class Setting:
     """A paper setting: the params key(s) it maps to and how a value is judged.
 
     ``paper`` holds the expected value per key (one value, compared with ``derive(flat)``, when ``derive`` is set);
-    ``rel`` is a relative tolerance for numbers, ``judge(value, expected)`` replaces equality, and ``basis`` names
-    who fixes the value (``paper`` or a reference implementation).
+    ``rel`` is a relative tolerance for numbers, ``judge(value, expected)`` replaces equality, ``basis`` names
+    who fixes the value (``paper`` or a reference implementation) and ``unit`` how the run's count differs from
+    the source's (the same numbers then select other data: a deviation).
     """
 
     name: str
@@ -51,6 +52,7 @@ class Setting:
     derive: Callable[[dict[str, Any]], Any] | None = None
     judge: Callable[[Any, Any], bool] | None = None
     basis: str = "paper"
+    unit: str = ""  # set: the run counts another unit than the source, a deviation even at the same numbers
 
     @property
     def kind(self) -> str:
@@ -75,18 +77,23 @@ class Setting:
         bad = [f"{key} = {fmt(flat.get(key))}" for key, expected in zip(self.keys, self.paper)
                if not self.same(flat.get(key), expected)]
         run = ", ".join(f"{k.split('.')[-1]} {fmt(flat.get(k))}" for k in self.keys)
+        if self.unit:
+            bad.append(f"{run} in {self.unit}")
         return item(self.name, paper=self.text, run=run, ok=not bad, source=self.source, kind=self.kind,
                     deviation=f"{'; '.join(bad)} ({self.basis}: {self.text})")
 
 
 S = Setting
+#: pipeline/data/filters.py counts whitespace words of the raw text, before BPE; fairseq's script counts BPE tokens.
+_WORDS_NOT_BPE = "whitespace words of the raw text, not BPE tokens: the same numbers drop other pairs"
 _DATA: tuple[Setting, ...] = (
     S("Dataset", ("download.dataset",), ("wmt14",), "WMT14 EN-DE (~4.5M pairs)", "§5.1"),
     S("Training-pair length filter", ("clean.min_words", "clean.max_words"), (1, 250),
-      "1-250 tokens per side (fairseq counts BPE tokens)",
-      f"paper silent; {FAIRSEQ_PREP} (clean-corpus-n.perl 1 250)", basis=FAIRSEQ_PREP),
-    S("Training-pair length ratio", ("clean.max_ratio",), (1.5,), "at most 1.5",
-      f"paper silent; {FAIRSEQ_PREP} (clean-corpus-n.perl -ratio 1.5)", basis=FAIRSEQ_PREP),
+      "1-250 BPE tokens per side", f"paper silent; {FAIRSEQ_PREP} (clean-corpus-n.perl 1 250, after BPE)",
+      basis=FAIRSEQ_PREP, unit=_WORDS_NOT_BPE),
+    S("Training-pair length ratio", ("clean.max_ratio",), (1.5,), "at most 1.5 in BPE tokens",
+      f"paper silent; {FAIRSEQ_PREP} (clean-corpus-n.perl -ratio 1.5, after BPE)", basis=FAIRSEQ_PREP,
+      unit=_WORDS_NOT_BPE),
     S("Shared BPE vocabulary", ("bpe.vocab_size",), (37000,), "~37,000 shared source-target BPE", "§5.1", rel=0.05),
     S("BPE training text", ("bpe.input_sentence_size",), (ALL_TRAIN_SENTENCES,),
       "all training text (~9M sentences, both sides)", f"§5.1 (BPE); paper silent on sampling; {FAIRSEQ_PREP} "
@@ -133,7 +140,8 @@ _AVERAGE_EVALUATE: tuple[Setting, ...] = (
     S("Beam size", ("evaluate.beam_sizes",), ([4],), "4", "§6.1"),
     S("Length penalty α", ("evaluate.alphas",), ([0.6],), "0.6", "§6.1"),
     S("Beam search rule", ("evaluate.beam_rule",), ("t2t",),
-      "tensor2tensor's: EOS candidates from all 2k finish; stop once no live hypothesis can beat the k-th finished",
+      "tensor2tensor's: EOS candidates from all 2k finish; stop once no live hypothesis can beat the lowest finished "
+      "score, even while fewer than k have finished",
       f"paper silent; §7 names tensor2tensor as its code: {T2T_BEAM}", basis=T2T_BEAM),
     S("Maximum output length", ("evaluate.max_len_a", "evaluate.max_len_b"), (1.0, 50), "input length + 50",
       "§6.1"),

@@ -25,6 +25,29 @@ DEFAULT_EXPERIMENT = "wmt14-transformer"
 # values are the UI's (mlflow/server/js, ExperimentKind: "custom_model_development" = training runs).
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 _CURRENT: contextvars.ContextVar[StageRun | None] = contextvars.ContextVar("nmt_stage_run", default=None)
+#: The query that opens a page of MLflow 3's UI on its model-training view: the UI takes the view from the URL's
+#: ``workflowType`` (WorkflowType "genai" | "machine_learning" in mlflow/server/js) or the browser's last choice,
+#: so MLflow's own "View run at" links (``#/experiments/<id>/runs/<run_id>``) open on the GenAI view.
+TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def ui_url(base: str, experiment_id: str, run_id: str | None = None) -> str:
+    """The MLflow UI page at ``base`` of an experiment (or of one of its runs), on its model-training view."""
+    page = f"{base.rstrip('/')}/#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{page}?{TRAINING_VIEW}"
+
+
+def is_server(uri: str) -> bool:
+    """Whether ``uri`` is a tracking server (which has a UI of its own), not a local store."""
+    return uri.startswith(("http://", "https://"))
+
+
+def _quiet_links(uri: str) -> None:
+    """Keep MLflow's client from printing its run links, which open the GenAI view, for a server; :meth:`StageRun
+    .close` logs the run's page on the training view instead (``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT`` set by
+    hand is kept)."""
+    if is_server(uri):
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 
 def enabled() -> bool:
@@ -109,15 +132,35 @@ def mlflow_client(root: str | Path = ".") -> Any:
     uri = tracking_uri(root)
     require_server(uri)
     require_store(uri)
+    _quiet_links(uri)
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 def git_tags(root: str | Path = ".", *, temporary_params: bool = False) -> dict[str, str]:
-    """Git commit and dirty flag of ``root`` (empty outside a git checkout) by :mod:`pipeline.core.gitstate`'s rule."""
+    """Git commit and dirty flag of ``root`` (empty outside a git checkout) by :mod:`pipeline.core.gitstate`'s rule,
+    with MLflow's standard source tags (:func:`source_tags`)."""
     if (commit := gitstate.commit(root)) is None:
-        return {"git_commit": "", "git_dirty": ""}
+        return {"git_commit": "", "git_dirty": "", **source_tags(root, None)}
     dirty = gitstate.dirty_paths(root, temporary_params=temporary_params)
-    return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower()}
+    return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower(), **source_tags(root, commit)}
+
+
+def source_tags(root: str | Path, commit: str | None) -> dict[str, str]:
+    """The tags MLflow's fluent ``start_run`` sets and its UI shows as a run's Source (``mlflow.source.name``,
+    ``.type``, ``mlflow.user``; ``mlflow.source.git.commit``, ``.branch``, ``.repoURL`` of ``root`` where known):
+    the client's ``create_run`` sets none. MLflow's own context providers and git helpers (credentials stripped
+    from the remote's URL), the checkout being ``root`` rather than the main file's."""
+    from mlflow.tracking.context.default_context import DefaultRunContext
+    from mlflow.utils import mlflow_tags
+    from mlflow.utils.git_utils import get_git_branch, get_git_repo_url
+
+    tags = dict(DefaultRunContext().tags())
+    if commit:
+        where = str(Path(root).resolve())
+        found = {mlflow_tags.MLFLOW_GIT_COMMIT: commit, mlflow_tags.MLFLOW_GIT_BRANCH: get_git_branch(where),
+                 mlflow_tags.MLFLOW_GIT_REPO_URL: get_git_repo_url(where)}
+        tags.update({k: v for k, v in found.items() if v})
+    return tags
 
 
 class StageRun:
@@ -181,7 +224,7 @@ class StageRun:
             self._monitor.finish()
             self._monitor = None
         if self._client is not None:
-            self._client.set_terminated(self._run_id, status=status)
+            end_run(self._client, self._run_id, status)
 
     def log_params(self, params: dict[str, Any]) -> None:
         """Log params (values stringified, 500-char limit respected) in batches."""
@@ -215,6 +258,14 @@ class StageRun:
         """Upload a file or directory as an artifact."""
         if self._live():
             self._client.log_artifact(self._run_id, str(path), artifact_path)
+
+
+def end_run(client: Any, run_id: str, status: str) -> None:
+    """End ``run_id`` with ``status``; on a server, log its page on the UI's training view (:func:`ui_url`)."""
+    client.set_terminated(run_id, status=status)
+    if is_server(uri := str(client.tracking_uri)):
+        log.info("MLflow run %s (%s): %s", run_id, status, ui_url(uri, client.get_run(run_id).info.experiment_id,
+                                                                  run_id))
 
 
 def experiment_id(client: Any, root: str | Path) -> str:
@@ -264,7 +315,8 @@ def system_metrics_wanted(stage: str, device: str | None, cuda_available: bool) 
 def _open_stage_run(stage: str, root: Path, resume_run_id: str | None, started_ms: int) -> tuple[Any, str]:
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri(root))
+    client = MlflowClient(tracking_uri=(uri := tracking_uri(root)))
+    _quiet_links(uri)
     if resume_run_id:
         client.update_run(resume_run_id, status="RUNNING")
         for key, value in owner.owner_tags(root).items():  # this process holds it open now

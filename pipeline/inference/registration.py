@@ -32,6 +32,8 @@ MODEL_FILE = Path(__file__).resolve().with_name("mlflow_model.py")
 #: what the served model imports (versions pinned from this environment).
 REQUIREMENTS = ("mlflow", "torch", "sentencepiece", "numpy", "pandas", "pyyaml", "ctranslate2")
 SPLITS = ("valid", "test")
+#: The source lines logged as the model's input example (what ``mlflow models predict`` and the UI show).
+INPUT_EXAMPLE = ["A man is riding a bicycle."]
 #: Packages copied whole into the logged model (so it loads anywhere): their files are register's code deps.
 CODE_PACKAGES = ("pipeline", "model")
 
@@ -180,7 +182,7 @@ def paired_bootstrap(new_hyps: list[str], candidate_hyps: list[str], refs: list[
 def decide(new_valid: float, new_refs: dict[str, str], holder: ModelVersion | None) -> tuple[bool, str]:
     """Whether ``candidate`` moves to the new version, and why (valid BLEU only; the test set never chooses)."""
     if holder is None:
-        return True, "no version held the alias"
+        return True, "no version held the alias before this one"
     tags = holder.tags
     if tags.get("valid_ref_sha256") != new_refs["valid"]:
         return False, (f"version {holder.version} was scored against other valid references (another dataset or "
@@ -234,7 +236,7 @@ def log_model(run: tracking.StageRun, cfg: EvaluateConfig, inputs: Inputs, name:
     info = registry.log_pyfunc_model(
         run, python_model=MODEL_FILE, artifacts=artifacts, code_paths=_code_copies(work), model_config=model_config,
         params={"beam_size": chosen.beam, "alpha": chosen.alpha, "engine": model_config["engine"]},
-        registered_model_name=name, pip_requirements=_requirements(), root=root)
+        registered_model_name=name, pip_requirements=_requirements(), input_example=INPUT_EXAMPLE, root=root)
     assert info is not None and info.version is not None  # tracking is on here
     return info
 

@@ -56,11 +56,13 @@ def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict
                      code_paths: list[str] | None = None, model_config: dict[str, int | float | str] | None = None,
                      params: dict[str, int | float | str] | None = None, registered_model_name: str | None = None,
                      pip_requirements: list[str] | None = None, name: str = "translator",
-                     root: str | Path = ".") -> LoggedModel | None:
+                     input_example: list[str] | None = None, root: str | Path = ".") -> LoggedModel | None:
     """Log a models-from-code pyfunc (one column in, one string per row out) into ``run``; maybe register it.
 
-    ``params``: the inference params with their defaults (part of the signature); the rest are
-    ``mlflow.pyfunc.log_model``'s. Returns the logged (and maybe registered) model, or None when off.
+    ``params``: the inference params with their defaults (part of the signature); ``input_example``: source lines
+    MLflow stores beside the model (the UI's and ``mlflow models predict``'s example) and, before the model is
+    logged, serves once through the model as its check; the rest are ``mlflow.pyfunc.log_model``'s. Returns the
+    logged (and maybe registered) model, or None when off.
     """
     if run.run_id is None:
         return None
@@ -84,7 +86,7 @@ def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict
         info = mlflow.pyfunc.log_model(
             name=name, python_model=str(python_model), artifacts=artifacts, code_paths=code_paths,
             model_config=model_config, signature=signature, registered_model_name=registered_model_name,
-            pip_requirements=pip_requirements)
+            pip_requirements=pip_requirements, input_example=input_example)
     version = getattr(info, "registered_model_version", None)
     return LoggedModel(model_uri=info.model_uri, model_id=getattr(info, "model_id", None),
                        version=str(version) if version is not None else None)

@@ -15,7 +15,7 @@ import yaml
 from pipeline.core.config import params_from_dict, section_dict
 from pipeline.core.errors import ConfigError
 from pipeline.core.owned import atomic_path, discard, write_text
-from pipeline.core.paths import layout_problems
+from pipeline.core.paths import CHECKOUT, layout_problems
 from pipeline.core.yamlfile import load_yaml
 from pipeline.project.locks import use_locks
 from pipeline.project.workspace import dvc_lock, exclusive_run
@@ -41,6 +41,12 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 def profile_names(root: str | Path = ".") -> list[str]:
     """Names of the profiles tracked in ``<root>/profiles``."""
     return sorted(p.stem for p in (Path(root) / "profiles").glob("*.yaml"))
+
+
+def known_profiles() -> str:
+    """The profiles of this checkout's ``profiles/`` (``demo, multi30k, ...``), the one list every ``--profile``
+    help names."""
+    return ", ".join(profile_names(CHECKOUT))
 
 
 def check_profile(name: str, root: str | Path = ".", source: str | None = None) -> str:

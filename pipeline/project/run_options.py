@@ -7,6 +7,7 @@ import argparse
 import math
 
 from pipeline.core.stage import arg_type
+from pipeline.project.profiles import known_profiles
 
 DESCRIPTION = ("The Prefect flow wmt14-pipeline: each DVC stage as one task (dvc repro --single-item STAGE, in its "
                "own process group) under one MLflow parent run, then a report.")
@@ -27,7 +28,7 @@ def stage_seconds(text: str) -> tuple[str, float]:
 def add_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """Add the flow's options but the stage selection to ``parser``; returns them for :func:`flow_argv`."""
     return [
-        parser.add_argument("--profile", help="run with this profile's params.yaml (demo, multi30k, tiny, paper); the "
+        parser.add_argument("--profile", help=f"run with this profile's params.yaml ({known_profiles()}); the "
                                               "previous params.yaml is restored afterwards (nmt profile NAME "
                                               "switches for good)"),
         parser.add_argument("--force", action="store_true", help="rerun stages even if DVC finds them up to date"),

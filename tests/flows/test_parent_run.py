@@ -95,3 +95,58 @@ def test_a_killed_flows_parent_run_is_ended_when_the_next_run_starts(tmp_path: P
     assert client.get_run(run_id).info.status == "RUNNING"
     end_orphans(tmp_path)
     assert client.get_run(run_id).info.status == "KILLED"
+
+
+@pytest.mark.slow
+def test_run_links_on_a_server_open_the_training_view_and_mlflows_own_are_not_printed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """MLflow's client prints `#/experiments/<id>/runs/<run_id>` when a run on a server ends, a page its UI opens
+    on the GenAI view; ours carry workflowType=machine_learning and MLflow's are not printed."""
+    import socket
+    import urllib.request
+
+    from mlflow.tracking import MlflowClient
+
+    from flows.parent_run import ui_page
+    from flows.report import render_report
+    from pipeline.core import tracking
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1",
+                               "--port", str(port), "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+                               "--default-artifact-root", str(tmp_path / "artifacts")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{uri}/health", timeout=2).close()  # noqa: S310
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "mlflow server did not start"
+                time.sleep(1)
+        monkeypatch.setenv("NMT_TRACKING", "on")
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        monkeypatch.setenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "")  # restored (unset) after the test
+        monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT")
+        bare = MlflowClient(tracking_uri=uri)  # what MLflow does by itself
+        exp = bare.create_experiment("bare")
+        bare.set_terminated(bare.create_run(exp).info.run_id)
+        assert f"{uri}/#/experiments/{exp}/runs/" in capsys.readouterr().out  # MLflow's own link, no view in it
+        caplog.set_level("INFO", logger="pipeline.core.tracking")
+        with tracking.stage_run("audit", root=tmp_path) as run:
+            run.open()
+        experiment = MlflowClient(tracking_uri=uri).get_run(run.run_id).info.experiment_id
+        page = f"{uri}/#/experiments/{experiment}/runs/{run.run_id}?workflowType=machine_learning"
+        assert "View run" not in capsys.readouterr().out
+        assert f"MLflow run {run.run_id} (FINISHED): {page}" in caplog.text
+        assert ui_page(run.run_id, tmp_path) == page
+        report = render_report([], bleu=None, mlflow_run_id=run.run_id, tracking_uri=uri, git={}, ui_page=page)
+        assert f"- MLflow parent run: [{run.run_id}]({page})" in report
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

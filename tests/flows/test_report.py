@@ -7,9 +7,11 @@ from pathlib import Path
 
 import yaml
 
-from flows.report import paired_lines, seed_lines
+from flows.report import paired_lines, registry_lines, render_report, seed_lines
 from flows.sweep_spec import load_spec
 from pipeline.auditing.paper import PAPER
+from pipeline.core.details import EvaluateDetails, Machine, RegisterDetails, TrainDetails
+from pipeline.inference.registration import decide
 from tests.helpers.paths import REPO
 
 
@@ -61,3 +63,33 @@ def test_the_best_two_are_compared_by_paired_bootstrap_on_the_test_outputs() -> 
     assert close[-1].endswith(", within chance at 0.05."), close[-1]
     far = paired_lines(["a", "c"], [refs, ["unrelated words"] * 60], refs)
     assert far[-1].endswith("paired bootstrap (sacreBLEU, 1,000 resamples) p = 0.0010, significant at 0.05."), far
+
+
+def _register(moved: bool, holder: str | None, decision: str) -> RegisterDetails:
+    return RegisterDetails(tracking="on", model_name="demo-transformer", model_version="2", alias="candidate",
+                           alias_moved=moved, candidate_version=holder, decision=decision)
+
+
+def test_the_alias_lines_say_one_thing() -> None:
+    """A first registration: moved to this version, beside the decision that no version held it before."""
+    first = registry_lines(RegisterDetails(tracking="on", model_name="m", model_version="1", alias="candidate",
+                                           alias_moved=True, candidate_version="1",
+                                           decision=decide(20.0, {"valid": "x"}, None)[1]))
+    assert first == ["- registered model: `models:/m/1`", "- alias `candidate`: moved to this version (1; "
+                     "`models:/m@candidate`)", "- decision: no version held the alias before this one"]
+    assert "held by" not in "\n".join(first)
+    kept = registry_lines(_register(False, "1", "valid BLEU 19.00 <= 20.00 of version 1"))
+    assert kept[1] == "- alias `candidate`: stays with version 1 (`models:/demo-transformer@candidate`)"
+    moved = registry_lines(_register(True, "2", "valid BLEU 21.00 > 20.00 of version 1"))
+    assert moved[1] == "- alias `candidate`: moved to this version (2; `models:/demo-transformer@candidate`)"
+
+
+def test_the_bleu_section_names_the_machines_the_details_files_record() -> None:
+    cpu = Machine(cpu="AMD EPYC 7763 64-Core Processor", cpu_capability="AVX2", threads=2, torch="2.5.1")
+    evaluate = EvaluateDetails.from_json({"test": {"bleu": 30.1, "signatures": {"bleu": "nrefs:1|case:mixed"}},
+                                          "device": "cpu", "machine": cpu.to_json()}, "evaluate.details.json")
+    train = TrainDetails.from_json({"device": "cpu", "machine": cpu.to_json()}, "train.details.json")
+    md = render_report([], bleu=evaluate, mlflow_run_id=None, tracking_uri=None, git={}, train=train)
+    described = "AMD EPYC 7763 64-Core Processor, AVX2, 2 threads, torch 2.5.1"
+    assert f"Machine: trained on cpu (CPU {described}); decoded on cpu (CPU {described})." in md
+    assert "Machine:" not in render_report([], bleu=EvaluateDetails(), mlflow_run_id=None, tracking_uri=None, git={})

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -46,6 +48,26 @@ def test_the_flows_help_is_plain_text(flow_main, capsys: pytest.CaptureFixture[s
         flow_main(["--help"])
     out = capsys.readouterr().out
     assert "usage: python -m flows." in out and "`" not in out, out
+
+
+def _profile_helps(parser: argparse.ArgumentParser) -> list[str]:
+    """The help of every ``--profile`` option of ``parser`` and its sub-commands."""
+    found = []
+    for action in parser._actions:  # noqa: SLF001 - argparse lists a parser's options nowhere public
+        if "--profile" in action.option_strings:
+            found.append(action.help)
+        for sub in (action.choices or {}).values() if isinstance(action, argparse._SubParsersAction) else ():
+            found += _profile_helps(sub)
+    return found
+
+
+def test_every_profile_help_names_every_profile_of_the_folder() -> None:
+    names = sorted(p.stem for p in (REPO / "profiles").glob("*.yaml"))
+    assert "paper-big" in names
+    helps = [*_profile_helps(build_parser()), *_profile_helps(flow.build_parser())]
+    assert len(helps) == 3, helps  # nmt run, nmt serve, python -m flows.pipeline
+    for text in helps:
+        assert ", ".join(names) in text, text
 
 
 def test_nmt_run_takes_every_option_of_the_flow_and_passes_it_on() -> None:
@@ -181,3 +203,20 @@ def test_nmt_run_refuses_an_absolute_paths_value_before_dvc_or_any_server(tmp_pa
         "use a relative path inside data/, runs/, metrics/, plots/ or reports/"])
     assert (repo / "params.yaml").read_bytes() == before and not (repo / ".dvc").exists()
     assert sorted(p.name for p in repo.iterdir()) == ["dvc.yaml", "params.yaml", "profiles"]
+
+
+def test_mlflows_own_commands_find_the_projects_store_with_the_tracked_env_file(tmp_path: Path) -> None:
+    """MLflow reads its store from MLFLOW_TRACKING_URI only; `mlflow --env-file mlflow.env` sets it from the
+    checkout, and the stray ./mlflow.db a bare command would write is git-ignored."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"NMT_TRACKING": "on"}
+    made = subprocess.run([sys.executable, "-c", "from pipeline.core import tracking\n"
+                           f"with tracking.stage_run('audit', root={str(tmp_path)!r}) as run:\n    run.open()"],
+                          env=env | {"PYTHONPATH": str(REPO)}, capture_output=True, text=True, check=False)
+    assert made.returncode == 0, made.stderr
+    shutil.copy(REPO / "mlflow.env", tmp_path / "mlflow.env")
+    found = subprocess.run([str(Path(sys.executable).with_name("mlflow")), "--env-file", "mlflow.env", "experiments",
+                            "search"], cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    assert found.returncode == 0 and "wmt14-transformer" in found.stdout, found.stdout + found.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".mlflow", "mlflow.env"]  # no ./mlflow.db, no mlruns/
+    ignored = subprocess.run(["git", "check-ignore", "-q", "mlflow.db"], cwd=REPO, check=False)
+    assert ignored.returncode == 0

@@ -88,6 +88,29 @@ def _client():
 
 
 @pytest.mark.slow
+def test_a_registration_logs_an_input_example_and_no_warning_for_its_lack(model_dir: Path, tmp_path: Path,
+                                                                          mlflow_sqlite: str,
+                                                                          capfd: pytest.CaptureFixture[str],
+                                                                          recwarn: pytest.WarningsRecorder) -> None:
+    """MLflow warns (UserWarning) on every registration without an example; its own log handler says the rest."""
+    import mlflow
+
+    from pipeline.inference.registration import INPUT_EXAMPLE
+
+    record = _register(model_dir, tmp_path, valid_bleu=20.0, test_hyps=GOOD)
+    said = [str(w.message) for w in recwarn] + capfd.readouterr().err.splitlines()
+    assert not [m for m in said if "input example was not provided" in m], said
+    assert not [m for m in said if "Failed to validate serving input example" in m], said
+    assert any("Validating input example against model signature" in m for m in said)  # MLflow served it once
+    uri = f"models:/{DEFAULT_MODEL_NAME}/{record['model_version']}"
+    info = mlflow.models.get_model_info(uri)
+    assert info.saved_input_example_info is not None
+    example = mlflow.models.Model.load(mlflow.artifacts.download_artifacts(uri)).load_input_example(
+        mlflow.artifacts.download_artifacts(uri))
+    assert list(example) == INPUT_EXAMPLE
+
+
+@pytest.mark.slow
 def test_first_model_takes_the_alias_worse_keeps_it_better_moves_it(model_dir: Path, tmp_path: Path,
                                                                      mlflow_sqlite: str) -> None:
     first = _register(model_dir, tmp_path / "a", valid_bleu=20.0, test_hyps=GOOD)
@@ -425,7 +448,7 @@ def test_dvc_datasets_come_from_lock_outs(tmp_path: Path) -> None:
 def test_decide_uses_valid_bleu_only_and_refuses_other_references() -> None:
     refs = {"valid": "v", "test": "t"}
     holder = ModelVersion(version="3", run_id="r", tags={"valid_bleu": "20.0", "valid_ref_sha256": "v"})
-    assert decide(20.5, refs, None) == (True, "no version held the alias")
+    assert decide(20.5, refs, None) == (True, "no version held the alias before this one")
     assert decide(20.5, refs, holder)[0] and not decide(20.0, refs, holder)[0]
     moved, why = decide(30.0, {"valid": "other", "test": "t"}, holder)
     assert not moved and "not comparable" in why and "NMT_MODEL_NAME" in why

@@ -18,6 +18,8 @@ from pipeline.project.profiles import merged_profile
 from tests.helpers.audit_world import build_audit_world, profile_params, synthetic_inputs
 from tests.helpers.paths import REPO
 
+#: fairseq's length filter and ratio, at its numbers but counted in words, not BPE tokens: deviations of every profile.
+WORDS_NOT_BPE = {"Training-pair length filter", "Training-pair length ratio"}
 TINY = {"d_model": 64, "n_heads": 4, "d_ff": 128}
 #: paper-big's settings but its sizes: dimensions, lengths, steps (100, a checkpoint each, the last 20 averaged).
 SIZES = {"model": {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "max_positions": 128},
@@ -70,9 +72,13 @@ def test_a_tiny_paper_big_run_is_compared_with_the_big_rows_and_its_dimensions_d
     assert judged["Checkpoints averaged"] == ("last 20", "matches")
     assert judged["Checkpoint interval"][1] == judged["Training steps"][1] == "matches"
     deviating = {name for name, (_, verdict) in judged.items() if verdict == "deviates"}
-    assert deviating == {"d_model", "d_ff", "Attention heads h", "d_k = d_v"}
+    assert deviating == {"d_model", "d_ff", "Attention heads h", "d_k = d_v", *WORDS_NOT_BPE}
     assert any("model.d_model = 64 (paper: 1024)" in line for line in report["deviations"])
     assert report["warnings"] == []
+    gap = report["bleu_gap"]["explanation"]  # the gap's text quotes the big row, not the base's 27.3
+    assert "The paper's 28.4 was computed" in gap and "28.4 corresponds to about 27.0-27.7 sacreBLEU 13a" in gap
+    assert "27.3" not in gap and "25.9" not in gap and gap in md
+    assert "s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g" in gap
 
 
 def test_a_base_run_is_still_compared_with_the_base_rows() -> None:
@@ -84,7 +90,9 @@ def test_a_base_run_is_still_compared_with_the_base_rows() -> None:
     assert (items["Parameters"]["paper"], items["Steps trained"]["paper"]) == ("65M (Table 3)", "100,000")
     judged = {i["item"]: (i["paper"], i["verdict"]) for i in report["configuration"]}
     assert judged["Residual dropout P_drop"] == ("0.1", "matches") and judged["d_model"] == ("512", "matches")
-    assert not [name for name, (_, verdict) in judged.items() if verdict == "deviates"]
+    assert {name for name, (_, verdict) in judged.items() if verdict == "deviates"} == WORDS_NOT_BPE
+    gap = report["bleu_gap"]["explanation"]
+    assert "The paper's 27.3 was computed" in gap and "27.3 corresponds to about 25.9-26.6 sacreBLEU 13a" in gap
 
 
 @pytest.mark.parametrize(("profile", "model", "row"), [
@@ -122,4 +130,5 @@ def test_a_tiny_dimension_paper_big_run_through_the_real_stages_deviates_only_in
     assert (items["Steps trained"]["paper"], items["Steps trained"]["run"]) == ("300,000", "100")
     assert {i["item"] for i in report["configuration"] if i["verdict"] == "deviates"} == {
         "Maximum training length", "Layers N (encoder, decoder)", "d_model", "d_ff", "Attention heads h", "d_k = d_v",
-        "Warmup steps", "Tokens per step", "Training steps", "Checkpoint interval", "Maximum output length"}
+        "Warmup steps", "Tokens per step", "Training steps", "Checkpoint interval", "Maximum output length",
+        *WORDS_NOT_BPE}

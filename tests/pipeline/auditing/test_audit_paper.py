@@ -83,15 +83,32 @@ def test_measured_source_tokens_per_step_are_judged_beside_the_target_ones() -> 
     assert items["Source tokens per step"]["verdict"] == "not measured"
 
 
-def test_the_minor_settings_tensor2tensor_sets_otherwise_come_last_read_from_the_code(monkeypatch) -> None:
+def test_the_minor_settings_come_last_read_from_the_code_biases_as_the_papers_tensor2tensor(monkeypatch) -> None:
     report, items = _audit({})
     assert [i["item"] for i in report["configuration"][-3:]] == [
         "Label smoothing spread", "LayerNorm ε", "Attention projection biases"]
     assert all(items[name]["verdict"] == "informational" and items[name]["kind"] == "reference"
-               for name in ("Label smoothing spread", "LayerNorm ε", "Attention projection biases"))
+               for name in ("Label smoothing spread", "LayerNorm ε"))
     assert items["Label smoothing spread"]["run"] == "ε/V to every class, the target included"
     assert items["LayerNorm ε"]["run"] == "1e-05" and items["LayerNorm ε"]["paper"] == "1e-6"
-    assert items["Attention projection biases"]["run"] == "q, k, v and output"
+    # The tensor2tensor the paper ran (up to v1.2.9) had biases on q, k, v and output (conv1d's default), as ours
+    biases = items["Attention projection biases"]
+    assert (biases["verdict"], biases["kind"], biases["run"]) == ("matches", "reference", "q, k, v and output")
+    assert "v1.2.9" in biases["source"] and "Attention projection biases" not in " ".join(report["deviations"])
+    from model import Transformer
+
+    class Unbiased(Transformer):  # what tensor2tensor v1.3.2 and later build
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            for name, module in self.named_modules():
+                if name.endswith("_proj"):
+                    module.register_parameter("bias", None)
+
+    with monkeypatch.context() as patched:
+        patched.setattr("model.Transformer", Unbiased)
+        _, unbiased = _audit({})
+    assert (unbiased["Attention projection biases"]["verdict"], unbiased["Attention projection biases"]["run"]) == (
+        "deviates", "none")
 
     def spread_to_the_others(logits, target, epsilon, ignore_index):  # fairseq's and tensor2tensor's spread
         logp = torch.log_softmax(logits, -1)
@@ -102,6 +119,19 @@ def test_the_minor_settings_tensor2tensor_sets_otherwise_come_last_read_from_the
     monkeypatch.setattr("model.label_smoothed_nll_loss", spread_to_the_others, raising=False)
     _, items = _audit({})
     assert items["Label smoothing spread"]["run"] == "not ε/V to every class"
+
+
+def test_the_length_filter_and_ratio_deviate_at_fairseqs_numbers_counted_in_words_not_bpe_tokens() -> None:
+    """fairseq's prepare-wmt14en2de.sh runs clean-corpus-n.perl 1 250 -ratio 1.5 on BPE text; clean counts
+    whitespace words of the raw text (pipeline/data/filters.py): the same numbers on another unit."""
+    report, items = _audit({})
+    for name, run in (("Training-pair length filter", "min_words 1, max_words 250"),
+                      ("Training-pair length ratio", "max_ratio 1.5")):
+        assert (items[name]["verdict"], items[name]["run"]) == ("deviates", run), items[name]
+        assert items[name]["deviation"].startswith(f"{run} in whitespace words of the raw text, not BPE tokens")
+        assert "BPE tokens" in items[name]["paper"]
+    line = next(d for d in report["deviations"] if d.startswith("Data filtering and lengths: "))
+    assert "max_words 250 in whitespace words" in line and "max_ratio 1.5 in whitespace words" in line
 
 
 def test_world_size_and_forward_passes_are_informational() -> None:
@@ -239,6 +269,7 @@ def test_the_beam_rule_is_named_and_fairseqs_deviates_from_the_papers_code(rule:
     assert line["source"] == "paper silent; §7 names tensor2tensor as its code: tensor2tensor utils/beam_search.py"
     assert line["deviation"] == ("" if rule == "t2t" else "evaluate.beam_rule = fairseq (tensor2tensor "
                                  "utils/beam_search.py: tensor2tensor's: EOS candidates from all 2k finish; stop "
-                                 "once no live hypothesis can beat the k-th finished)")
+                                 "once no live hypothesis can beat the lowest finished score, even while fewer "
+                                 "than k have finished)")
     assert any(d.startswith("Decoding: ") and "evaluate.beam_rule = fairseq" in d
                for d in report["deviations"]) == (rule == "fairseq")

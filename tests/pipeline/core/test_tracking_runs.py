@@ -100,6 +100,28 @@ def test_a_new_experiment_opens_on_its_training_runs(tmp_path: Path, mlflow_sqli
     assert client.get_experiment(other).tags["mlflow.experimentKind"] == "custom_model_development"
 
 
+def test_a_stage_run_carries_mlflows_source_tags_of_its_checkout(tmp_path: Path, mlflow_sqlite: str) -> None:
+    """What the UI's Source column reads: commit, branch, the remote's URL without its credentials, name, type."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "feature")
+    git(repo, "config", "user.email", "t@example.com")
+    git(repo, "config", "user.name", "test")
+    git(repo, "remote", "add", "origin", "https://someone:secret@example.com/team/wmt14.git")
+    (repo / "code.py").write_text("x = 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "x")
+    details = run_stage("audit", lambda: {"ok": 1}, metrics_dir=tmp_path / "metrics", root=repo)
+    tags = _client(mlflow_sqlite).get_run(details["mlflow_run_id"]).data.tags
+    assert tags["mlflow.source.git.commit"] == tags["git_commit"] == git(repo, "rev-parse", "HEAD")
+    assert tags["mlflow.source.git.branch"] == "feature"
+    assert tags["mlflow.source.git.repoURL"] == "https://example.com/team/wmt14.git"
+    assert tags["mlflow.source.type"] == "LOCAL" and tags["mlflow.source.name"] == sys.argv[0]
+    outside = run_stage("audit", lambda: {"ok": 1}, metrics_dir=tmp_path / "m2", root=tmp_path / "m2")
+    bare = _client(mlflow_sqlite).get_run(outside["mlflow_run_id"]).data.tags  # not a checkout: no git tags
+    assert "mlflow.source.git.commit" not in bare and bare["mlflow.source.type"] == "LOCAL"
+
+
 def test_dirty_ignores_the_runs_own_records_and_the_profile_runs_params_yaml(tmp_path: Path) -> None:
     git(tmp_path, "init", "-q")
     git(tmp_path, "config", "user.email", "t@example.com")
