@@ -88,7 +88,7 @@ def test_two_gloo_ranks_equal_one_process_with_a_smaller_budget(workspace, tmp_p
     data2["model"].update(no_dropout)
     proc = run_torchrun(data2, two, nproc=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "training on 2 process(es)" in proc.stderr
+    assert "training on 2 process(es)" in proc.stderr and "DistributedDataParallel over 2 ranks" in proc.stderr
     assert json.loads((two / "metrics" / "train.details.json").read_text())["forwards_per_step_max"] == 1
     for step in (1, 2):
         a, b = (d / "runs" / f"step-{step:08d}" for d in (one, two))
