@@ -156,15 +156,13 @@ def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def data_parallel(module: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
-    """``module`` under ``DistributedDataParallel`` that sums gradients over ranks (``module`` itself when alone).
+    """``module`` under ``DistributedDataParallel`` that sums its gradients over the ranks (more than one).
 
     DDP buckets the gradients and all-reduces each bucket as its backward completes, overlapping communication
     with computation. The step's loss is a sum over the global batch, divided by its global token count after the
     all-reduce, so the hook sums: DDP's default (``default_hooks.allreduce_hook``) divides by the world size
     (https://pytorch.org/docs/stable/ddp_comm_hooks.html). The buffers (sinusoids) are equal on every rank.
     """
-    if ctx.world_size == 1:
-        return module
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     ddp = DistributedDataParallel(module, device_ids=ids, forward_sync_buffers=False)
     ddp.register_comm_hook(None, _sum_hook)
