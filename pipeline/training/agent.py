@@ -1,6 +1,8 @@
 """torchrun's agent, run in ``python -m pipeline.launch`` (the ranks' side is :mod:`pipeline.training.distributed`).
-Three changes to torch's agent, each for a failure seen in the multi-node tests: store servers listen on their
-host only, a replaced node can join a later round, and a rendezvous ends within ``NMT_RDZV_TIMEOUT_S``.
+torchrun's own flags (:mod:`pipeline.training.torchrun`) give the loopback address (``--local_addr``) and the bounded
+waits (``--rdzv_conf=join_timeout=..,read_timeout=..``; ``timeout`` when static). Three changes to torch's agent
+remain, each for what no flag gives and each shown failing without it by a test: store servers listen on their host
+only, a replaced node can join a later round, and a rendezvous that hangs in C++ ends within ``NMT_RDZV_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ class RendezvousFailed(PipelineError):
 
 
 def bind_stores_to_their_host() -> None:
-    """Make every ``TCPStore`` server this process starts listen on its ``host_name`` only (not every interface)."""
+    """Make every ``TCPStore`` server this process starts listen on its ``host_name`` only (not every interface).
+
+    torch's TCPStore server listens on every interface whatever its ``host_name`` (pytorch/pytorch#173909) and
+    ``--local_addr`` only names the address torchrun advertises; ``master_listen_fd`` is TCPStore's one way to choose.
+    Shown by tests/pipeline/training/test_launch_security.py::test_torchruns_store_servers_listen_on_their_host_only.
+    """
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, static_tcp_rendezvous
 
     base = dist.TCPStore
@@ -81,8 +88,10 @@ def _listen_on(host: str, port: int) -> tuple[int, int] | None:
 def fresh_store_every_round() -> None:
     """Make torchrun's c10d rendezvous give the ranks a new store each round, and tell them the round.
 
-    ``DynamicRendezvousHandler.next_rendezvous`` publishes its store in its first round only, so a node replacing
-    a dead one waits forever; pytorch/pytorch#135712 chose the same fix for retries.
+    ``DynamicRendezvousHandler.next_rendezvous`` publishes its store in its first round only (torch 2.13 rebuilds it
+    only for a new rank 0), so a node replacing a dead one waits forever; pytorch/pytorch#135712 chose the same fix
+    for retries. torch's opt-out, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, would have rank 0's worker host a store
+    on every interface. Shown by test_multinode.py's test of a killed node agent started again.
     """
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
@@ -111,12 +120,15 @@ def _rendezvous_where(s: env.Settings) -> tuple[str, str]:
 
 
 def rendezvous_error_message(exc: Exception) -> str:
-    """One line for torchrun's ``RendezvousError``, naming the endpoint and what to do."""
-    from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
+    """One line for torchrun's ``RendezvousError`` or a store error its agent left raw, naming the endpoint and what
+    to do."""
+    from torch.distributed.elastic.rendezvous import (RendezvousConnectionError, RendezvousError,
+                                                      RendezvousTimeoutError)
 
     s = env.settings()
     where, same = _rendezvous_where(s)
-    if isinstance(exc, RendezvousTimeoutError):
+    raw = not isinstance(exc, RendezvousError)  # a DistError or TimeoutError of a store operation
+    if isinstance(exc, RendezvousTimeoutError) or raw and "timed out" in str(exc).lower():
         return (f"rendezvous {s.rdzv_id!r} at {where} timed out after {s.rdzv_timeout_s} s (NMT_RDZV_TIMEOUT_S): "
                 f"fewer than NMT_NNODES={s.nnodes} nodes joined; start the missing node(s) with the same "
                 f"{same}, or raise NMT_RDZV_TIMEOUT_S")
@@ -125,7 +137,7 @@ def rendezvous_error_message(exc: Exception) -> str:
     if "invalid value returned from server" in cause:  # TCPStore's ping got bytes that are no echo of it
         return (f"rendezvous {s.rdzv_id!r} at {where}: what answered there is not a rendezvous store (another "
                 f"program on that port?); check {same} on every node [{cause}]")
-    if isinstance(exc, RendezvousConnectionError):
+    if raw or isinstance(exc, RendezvousConnectionError):
         return (f"lost the rendezvous store at {where}: the node hosting it stopped or cannot be reached; start "
                 f"every node again (training resumes from the newest checkpoint) [{cause}]")
     return f"rendezvous {s.rdzv_id!r} at {where} failed: {type(exc).__name__}: {cause}"
@@ -147,12 +159,12 @@ def _end_hung_agent() -> None:
 def bound_rendezvous(limit_s: float, on_hang: Callable[[], None]) -> Iterator[None]:
     """Make every rendezvous of torchrun's agent in the block end within ``limit_s`` seconds, in every mode.
 
-    A store client that reached something other than a store waits inside C++ forever, where no Python signal
-    handler runs, so a timer calls ``on_hang`` (which must end the process) unless the rendezvous has returned.
+    ``join_timeout`` and ``read_timeout`` bound the waits torch's Python code sees, but a TCPStore client that
+    reached something other than a store waits inside C++ for its ping's echo, which no timeout ends and where no
+    Python signal handler runs; so a timer calls ``on_hang`` (which must end the process) unless the rendezvous has
+    returned. Shown by test_multinode.py::test_every_rendezvous_wait_ends_within_the_timeout_[http-server].
     """
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
-    from torch.distributed.elastic.rendezvous import (RendezvousConnectionError, RendezvousError,
-                                                      RendezvousTimeoutError)
 
     def arm() -> threading.Timer:
         timer = threading.Timer(limit_s, on_hang)
@@ -167,11 +179,6 @@ def bound_rendezvous(limit_s: float, on_hang: Callable[[], None]) -> Iterator[No
         timer = armed.pop() if armed else arm()
         try:
             return original(self, worker_group)
-        except RendezvousError:
-            raise
-        except (dist.DistError, TimeoutError) as exc:
-            kind = RendezvousTimeoutError if "timed out" in str(exc).lower() else RendezvousConnectionError
-            raise kind(str(exc)) from exc
         finally:
             timer.cancel()
 
@@ -199,7 +206,7 @@ def run_torchrun(torchrun_args: list[str]) -> int:
     try:
         with bound_rendezvous(env.settings().rdzv_timeout_s + RDZV_GRACE_S, _end_hung_agent):
             torchrun(torchrun_args)
-    except RendezvousError as exc:
+    except (RendezvousError, dist.DistError, TimeoutError) as exc:  # the last two: a store operation's, left raw
         raise RendezvousFailed(rendezvous_error_message(exc)) from None
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()

@@ -4,16 +4,18 @@ Without ``torchrun`` every collective here is the identity, so the training code
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from pipeline.core import env
 from pipeline.core.errors import ConfigError, PipelineError
@@ -21,7 +23,6 @@ from pipeline.training.torchrun import is_loopback
 
 log = logging.getLogger(__name__)
 
-_BUCKET_BYTES = 32 << 20
 #: The rendezvous round the ranks were started in, set by the agent (:mod:`pipeline.training.agent`).
 ROUND_ENV = "PIPELINE_RDZV_ROUND"
 
@@ -154,34 +155,44 @@ def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def data_parallel(module: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
+    """``module`` under ``DistributedDataParallel`` that sums its gradients over the ranks (more than one).
+
+    DDP buckets the gradients and all-reduces each bucket as its backward completes, overlapping communication
+    with computation. The step's loss is a sum over the global batch, divided by its global token count after the
+    all-reduce, so the hook sums: DDP's default (``default_hooks.allreduce_hook``) divides by the world size
+    (https://pytorch.org/docs/stable/ddp_comm_hooks.html). The buffers (sinusoids) are equal on every rank.
+    """
+    ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    ddp = DistributedDataParallel(module, device_ids=ids, forward_sync_buffers=False)
+    ddp.register_comm_hook(None, _sum_hook)
+    log.info("gradients: DistributedDataParallel over %d ranks, summed in buckets of <= %.0f MB during backward",
+             ctx.world_size, ddp.bucket_bytes_cap / 2**20)
+    return ddp
+
+
+def _sum_hook(group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: one bucket of gradients summed over ranks (``allreduce_hook`` without the mean)."""
+    work = dist.all_reduce(bucket.buffer(), group=group or dist.group.WORLD, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+# register_comm_hook compares the annotations with the classes, not with this module's postponed strings
+_sum_hook.__annotations__.update(bucket=dist.GradBucket, group=dist.ProcessGroup | None,
+                                 **{"return": torch.futures.Future[torch.Tensor]})
+
+
+def grad_sync(module: Callable, sync: bool) -> contextlib.AbstractContextManager:
+    """DDP's ``no_sync()`` unless ``sync`` (the last pass of a step): gradients accumulate locally until then."""
+    if sync or not isinstance(module, DistributedDataParallel):
+        return contextlib.nullcontext()
+    return module.no_sync()
+
+
 @_collective
-def all_reduce_grads(params: Iterable[torch.nn.Parameter]) -> None:
-    """Sum the gradients of ``params`` over ranks in ~32 MB buckets (a missing gradient counts as zeros)."""
-    params = [p for p in params if p.requires_grad]
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    if not _active():
-        return
-    bucket: list[torch.Tensor] = []
-    size = 0
-    for p in params:
-        bucket.append(p.grad)
-        size += p.grad.numel() * p.grad.element_size()
-        if size >= _BUCKET_BYTES:
-            _reduce_bucket(bucket)
-            bucket, size = [], 0
-    if bucket:
-        _reduce_bucket(bucket)
-
-
-def _reduce_bucket(grads: list[torch.Tensor]) -> None:
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
+def synced_backward(loss: torch.Tensor) -> None:
+    """``loss.backward()`` of a step's last pass: under DDP it all-reduces the gradients (timeouts named)."""
+    loss.backward()
 
 
 @_collective

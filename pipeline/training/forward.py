@@ -1,7 +1,8 @@
 """One forward pass and its loss sums, eager or compiled: what training steps, validation and the pre-flight call.
 
 With ``NMT_COMPILE`` on, :func:`loss_function` compiles :func:`lean_batch_loss`; with dropout inductor draws its
-own masks, so a run resumed under the other setting is not bitwise equal.
+own masks, so a run resumed under the other setting is not bitwise equal. :class:`PassLoss` is the same loss as a
+module, what ``DistributedDataParallel`` wraps on several ranks.
 """
 
 from __future__ import annotations
@@ -40,6 +41,17 @@ def lean_batch_loss(model: Transformer, src: Tensor, tgt_in: Tensor, tgt_out: Te
     """:func:`batch_loss` through the lean loss (the same sums up to float rounding): what ``NMT_COMPILE`` runs."""
     logits = model(src, tgt_in)
     return label_smoothed_nll_loss_lean(logits, tgt_out, epsilon=epsilon, ignore_index=model.cfg.pad_id)
+
+
+class PassLoss(torch.nn.Module):
+    """``loss(model, src, tgt_in, tgt_out, epsilon)`` as a module of ``model``: one forward pass's loss sums."""
+
+    def __init__(self, model: Transformer, loss: BatchLoss) -> None:
+        super().__init__()
+        self.model, self.loss = model, loss
+
+    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+        return self.loss(self.model, src, tgt_in, tgt_out, epsilon)
 
 
 def loss_function(compiled: bool) -> BatchLoss:

@@ -1,8 +1,8 @@
 """The training loop: the Transformer on global batches, on one or many processes (torchrun).
 
 Each optimizer step (:func:`train_step`) trains one global batch, the same pairs whatever the number of processes;
-gradients are summed and divided by the step's global non-pad target tokens, so the update does not depend on
-how pairs fell into passes or ranks.
+gradients are summed (over ranks by ``DistributedDataParallel`` in the step's last pass) and divided by the step's
+global non-pad target tokens, so the update does not depend on how pairs fell into passes or ranks.
 """
 
 from __future__ import annotations
@@ -51,21 +51,27 @@ def train_step(tr: Trainer, passes: list[batching.Batch], state: TrainState) -> 
     """
     model, dev, rank, step = tr.model, tr.ctx.device, tr.ctx.rank, state.step + 1
     sums, tokens, src, oom = torch.zeros(2, dtype=torch.float64, device=dev), 0, 0, None  # loss_sum, nll_sum
-    for i, batch in enumerate(passes):  # 1. forward + backward of this rank's share (sums)
+    for i, batch in enumerate(passes):  # 1. forward + backward of this rank's share (sums) ...
         torch.manual_seed(forward_seed(tr.seed, state.epoch, batch.index, rank, batch.forward))
-        b = batch.to(dev)
+        b, last = batch.to(dev), i + 1 == len(passes)
         try:
             tr.hooks.at("forward", step, rank)
-            with autocast(dev):
-                loss_sum, nll_sum = tr.loss(model, b.src, b.tgt_in, b.tgt_out, tr.cfg.label_smoothing)
-            loss_sum.backward()
+            with distributed.grad_sync(tr.pass_loss, last):  # ... the last one sums the gradients over ranks
+                with autocast(dev):
+                    loss_sum, nll_sum = tr.pass_loss(b.src, b.tgt_in, b.tgt_out, tr.cfg.label_smoothing)
+                if last:
+                    distributed.synced_backward(loss_sum)
+                else:
+                    loss_sum.backward()
         except torch.OutOfMemoryError:
             oom = f"forward pass {batch.forward}: src {list(b.src.shape)}, tgt {list(b.tgt_in.shape)}"
             break
         sums += torch.stack([loss_sum.detach(), nll_sum.detach()]).double()
         tokens, src = tokens + b.n_tokens, src + b.n_src
-        if i + 1 < len(passes):
+        if not last:
             tr.hooks.at("mid_accum", step, rank)
+    if tr.ctx.world_size > 1 and (oom or not passes):
+        _idle_pass(tr)
     if on_device(tr) and oom is None:  # one process: its sums are the global ones, nothing to agree on
         return _update(tr, step, sums[0], sums[1], float(tokens), float(len(passes)), src)
     stats = torch.cat([sums, torch.tensor([tokens, oom is not None, src], dtype=torch.float64, device=dev)])
@@ -82,6 +88,18 @@ def train_step(tr: Trainer, passes: list[batching.Batch], state: TrainState) -> 
     return stats
 
 
+def _idle_pass(tr: Trainer) -> None:
+    """A zero-loss pass of one token, so a rank with nothing (more) to train joins its peers' gradient all-reduce.
+    An out-of-memory error inside the last pass's own backward leaves DDP mid-reduction: that step is not recovered.
+    """
+    cfg, dev = tr.model.cfg, tr.ctx.device
+    src, tgt_in, tgt_out = (torch.full((1, 1), i, dtype=torch.long, device=dev)
+                            for i in (cfg.eos_id, cfg.bos_id, cfg.eos_id))
+    with autocast(dev):
+        loss_sum, _ = tr.pass_loss(src, tgt_in, tgt_out, tr.cfg.label_smoothing)
+    distributed.synced_backward(loss_sum * 0.0)
+
+
 def on_device(tr: Trainer) -> bool:
     """Whether steps stay on the device: one process whose Adam is fused (CUDA), so it can skip a step itself."""
     return tr.ctx.world_size == 1 and bool(tr.optim.defaults.get("fused"))
@@ -91,7 +109,9 @@ def _update(tr: Trainer, step: int, loss_sum: Any, nll_sum: Any, tokens: float, 
             src: float) -> dict[str, Any]:
     """Steps 3-7 of :func:`train_step`: gradient sums over ranks / ``tokens``, clipping, the lr, Adam."""
     params = [p for p in tr.model.parameters() if p.requires_grad]
-    distributed.all_reduce_grads(params)  # 3. gradient sums over ranks ...
+    for p in params:  # 3. gradient sums over ranks (DDP's all-reduce, in the last pass) ...
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
     grads = [p.grad for p in params]
     torch._foreach_div_(grads, tokens)  # ... divided by the step's global non-pad target tokens
     norm = torch.nn.utils.get_total_norm(grads)

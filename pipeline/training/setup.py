@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,7 @@ class Trainer:
     flops_per_token: float
     hooks: Hooks
     loss: forward.BatchLoss  # one forward pass's loss sums (compiled with NMT_COMPILE)
+    pass_loss: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # a training pass: (src, tgt_in, tgt_out, epsilon)
 
 
 def vocab_size(spm_model: Path) -> int:
@@ -124,6 +127,7 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
     loss = forward.loss_function(env.settings().compile)
     preflight.check(model, preflight.largest_shapes(shapes), device=ctx.device, max_tokens=max_tokens,
                     label_smoothing=cfg.label_smoothing, rank=ctx.rank, hooks=hooks, loss=loss)
+    pass_loss = training_pass(model, loss, ctx, compiled=env.settings().compile)
     fused = {"fused": True} if ctx.device.type in FUSED_ADAM else {}
     optim = torch.optim.Adam(model.parameters(), lr=0.0, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                              weight_decay=cfg.weight_decay, **fused)
@@ -133,7 +137,24 @@ def build(cfg: TrainConfig, model_cfg: TransformerConfig, seed: int, shards_dir:
     return Trainer(cfg=cfg, seed=seed, ctx=ctx, model=model, optim=optim, train=train, valid=valid, plan=batches,
                    valid_batches=valid_batches, max_tokens=max_tokens,
                    config={"model": tcfg.to_dict(), "train": section_dict(cfg), "seed": seed}, shards_sha256=sha,
-                   flops_per_token=flops, hooks=hooks, loss=loss)
+                   flops_per_token=flops, hooks=hooks, loss=loss, pass_loss=pass_loss)
+
+
+def training_pass(model: Transformer, loss: forward.BatchLoss, ctx: distributed.DistContext, *,
+                  compiled: bool) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """What a training pass calls: ``loss`` on ``model`` alone, else ``DistributedDataParallel`` of the loss module.
+
+    Compiled, the module is compiled and then wrapped, PyTorch's documented order for DDP
+    (https://docs.pytorch.org/docs/stable/compile/programming_model.where_to_apply_compile.html): its frames are
+    compiled inside DDP's forward, where dynamo's DDPOptimizer splits the graph at DDP's buckets
+    (``torch._dynamo.config.optimize_ddp``), so each bucket's all-reduce starts during the backward pass.
+    """
+    if ctx.world_size == 1:
+        return functools.partial(loss, model)
+    module = forward.PassLoss(model, forward.lean_batch_loss if compiled else forward.batch_loss)
+    if compiled:
+        module.compile(dynamic=True)
+    return distributed.data_parallel(module, ctx)
 
 
 def check_resumable(folder: Path, state: dict[str, Any], *, config: dict[str, Any], shards_sha256: str) -> None:

@@ -86,3 +86,25 @@ def test_a_compiled_training_run_with_dropout_resumes_bitwise(workspace, tmp_pat
         assert whole[part].keys() == resumed[part].keys()
         assert all(torch.equal(whole[part][k], resumed[part][k]) for k in whole[part])
     assert whole_log == resumed_log and [h["step"] for h in whole_log if "valid_loss" in h] == [5]
+
+
+@pytest.mark.slow
+def test_a_compiled_two_rank_run_compiles_inside_ddp_and_matches_the_eager_one(workspace, tmp_path):
+    """2 gloo ranks, dropout 0: the compiled pass is compiled inside DistributedDataParallel's forward (dynamo's
+    DDPOptimizer logs its buckets) and its first step's gradients (Adam's moments) equal the eager run's to 1e-5."""
+    moments = {}
+    for name, extra in (("eager", {}), ("compiled", {"NMT_COMPILE": "on",
+                                                       "TORCH_LOGS": "torch._dynamo.backends.distributed"})):
+        data = tiny_params(tmp_path / name, workspace, max_steps=2, warmup_steps=1, save_every_steps=1)
+        data["model"].update(NO_DROPOUT)
+        proc = run_torchrun(data, tmp_path / name, nproc=2, env=extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "DistributedDataParallel over 2 ranks" in proc.stderr
+        moments[name] = torch.load(tmp_path / name / "runs" / "step-00000001" / "optim.pt")["state"]
+    assert LINE in proc.stderr and "DDPOptimizer used bucket cap 26214400" in proc.stderr, proc.stderr[-3000:]
+    eager, compiled = moments["eager"], moments["compiled"]
+    assert eager.keys() == compiled.keys() and len(eager) > 5
+    for k in eager:
+        for m in ("exp_avg", "exp_avg_sq"):
+            a, b = eager[k][m], compiled[k][m]
+            assert (a - b).abs().max() <= 1e-5 * max(a.abs().max().item(), 1e-30), (k, m)

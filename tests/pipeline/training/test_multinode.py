@@ -180,6 +180,13 @@ def test_rendezvous_errors_are_one_line_naming_the_endpoint(monkeypatch):
         "rendezvous 'job-7' at node0.internal:29400 (NMT_RDZV_ENDPOINT): what answered there is not a rendezvous "
         "store (another program on that port?); check NMT_RDZV_ENDPOINT and NMT_RDZV_ID on every node [Ping failed, "
         "invalid value returned from server. Expected: 2645, Got: 1329865020]")
+    import torch.distributed as dist  # a store operation's error, which torchrun's agent leaves raw
+
+    assert rendezvous_error_message(dist.DistStoreError("wait timed out after 600000ms")).startswith(
+        "rendezvous 'job-7' at node0.internal:29400 (NMT_RDZV_ENDPOINT) timed out after 600 s (NMT_RDZV_TIMEOUT_S)")
+    assert rendezvous_error_message(dist.DistNetworkError("Connection reset by peer\nframe #0")) == (
+        "lost the rendezvous store at node0.internal:29400 (NMT_RDZV_ENDPOINT): the node hosting it stopped or cannot "
+        "be reached; start every node again (training resumes from the newest checkpoint) [Connection reset by peer]")
 
 
 def test_a_loopback_rendezvous_keeps_every_node_on_loopback_and_passes_the_join_timeout(monkeypatch):

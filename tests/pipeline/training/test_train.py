@@ -88,7 +88,7 @@ def test_two_gloo_ranks_equal_one_process_with_a_smaller_budget(workspace, tmp_p
     data2["model"].update(no_dropout)
     proc = run_torchrun(data2, two, nproc=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "training on 2 process(es)" in proc.stderr
+    assert "training on 2 process(es)" in proc.stderr and "DistributedDataParallel over 2 ranks" in proc.stderr
     assert json.loads((two / "metrics" / "train.details.json").read_text())["forwards_per_step_max"] == 1
     for step in (1, 2):
         a, b = (d / "runs" / f"step-{step:08d}" for d in (one, two))
@@ -99,6 +99,27 @@ def test_two_gloo_ranks_equal_one_process_with_a_smaller_budget(workspace, tmp_p
             assert _rel_close(grads_a[k]["exp_avg_sq"], grads_b[k]["exp_avg_sq"]), (step, k)
         sa, sb = (json.loads((d / "state.json").read_text()) for d in (a, b))
         assert sa["tokens_seen"] == sb["tokens_seen"] and sa["position"] == sb["position"]
+
+
+@pytest.mark.slow
+def test_two_ranks_with_several_passes_each_equal_one_process(workspace, tmp_path):
+    """NMT_MAX_TOKENS=40 on both: each of the 2 ranks accumulates several passes under DDP's no_sync() and sums
+    over ranks in its last one; the first step's gradients (Adam's moments) equal one process's to 1e-6."""
+    no_dropout = {"dropout": 0.0, "attn_dropout": 0.0, "ffn_dropout": 0.0}
+    runs = {}
+    for nproc in (1, 2):
+        data = tiny_params(tmp_path / str(nproc), workspace, max_steps=2, warmup_steps=1, save_every_steps=1)
+        data["model"].update(no_dropout)
+        proc = run_torchrun(data, tmp_path / str(nproc), nproc=nproc, env={"NMT_MAX_TOKENS": "40"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        details = json.loads((tmp_path / str(nproc) / "metrics" / "train.details.json").read_text())
+        assert details["forwards_per_step_max"] > 1, details
+        runs[nproc] = load(tmp_path / str(nproc) / "runs" / "step-00000001", "optim.pt")["state"]
+    assert "DistributedDataParallel over 2 ranks" in proc.stderr
+    assert runs[1].keys() == runs[2].keys() and len(runs[1]) > 5
+    for k in runs[1]:
+        assert _rel_close(runs[1][k]["exp_avg"], runs[2][k]["exp_avg"]), k
+        assert _rel_close(runs[1][k]["exp_avg_sq"], runs[2][k]["exp_avg_sq"]), k
 
 
 @pytest.mark.slow
