@@ -175,3 +175,15 @@ def test_the_output_rules_are_the_ctranslate2_exports(exported: tuple[Path, Path
     with pytest.raises(Exception, match="ct2"):  # another format's export is not this one's to replace
         hf_export.export(model, ct2_out)
     assert (ct2_out / "model.bin").is_file()
+
+
+def test_ctranslate2s_own_converter_refuses_the_export_so_ct2_builds_its_spec(exported: tuple[Path, Path],
+                                                                              tmp_path: Path) -> None:
+    """CTranslate2's Marian loader (ctranslate2/converters/transformers.py) drops the last vocabulary row, where
+    Marian keeps ``<pad>`` (ours is id 0), and starts the decoder from a zero vector (ours: BOS's embedding). When
+    this fails, the converter takes the folder: compare its outputs with ct2.export's before replacing the latter."""
+    import ctranslate2
+
+    _, out = exported
+    with pytest.raises(ValueError, match="vocabulary of size"):
+        ctranslate2.converters.TransformersConverter(str(out)).convert(str(tmp_path / "converted"))
