@@ -98,13 +98,14 @@ def marian_weights(state: dict[str, torch.Tensor], cfg: TransformerConfig) -> di
 
     def attention(prefix: str, ours: str, fused: str, names: tuple[str, ...]) -> None:
         weight, bias = cols(state[f"{ours}.{fused}.weight"]), state[f"{ours}.{fused}.bias"]
-        for i, name in enumerate(names):
-            out[f"{prefix}.{name}.weight"], out[f"{prefix}.{name}.bias"] = weight[i * d:(i + 1) * d], bias[i * d:(i + 1) * d]
+        for i, name in enumerate(names):  # the fused projection's blocks, in this order
+            part = slice(i * d, (i + 1) * d)
+            out[f"{prefix}.{name}.weight"], out[f"{prefix}.{name}.bias"] = weight[part], bias[part]
 
-    def linear(target: str, source: str, *, read: bool, write: bool) -> None:
+    def linear(target: str, source: str, *, reads: bool) -> None:  # reads the residual stream, else writes it
         weight, bias = state[f"{source}.weight"], state[f"{source}.bias"]
-        out[f"{target}.weight"] = rows(cols(weight)) if read and write else cols(weight) if read else rows(weight)
-        out[f"{target}.bias"] = bias.index_select(0, p) if write else bias
+        out[f"{target}.weight"] = cols(weight) if reads else rows(weight)
+        out[f"{target}.bias"] = bias if reads else bias.index_select(0, p)
 
     def norm(target: str, source: str) -> None:
         out[f"{target}.weight"], out[f"{target}.bias"] = (state[f"{source}.{k}"].index_select(0, p)
@@ -114,15 +115,15 @@ def marian_weights(state: dict[str, torch.Tensor], cfg: TransformerConfig) -> di
         for i in range(cfg.n_layers):
             ours, theirs = f"{stack}.{i}", f"model.{stack}.layers.{i}"
             attention(f"{theirs}.self_attn", ours, "self_attn.qkv_proj", ("q_proj", "k_proj", "v_proj"))
-            linear(f"{theirs}.self_attn.out_proj", f"{ours}.self_attn.out_proj", read=False, write=True)
+            linear(f"{theirs}.self_attn.out_proj", f"{ours}.self_attn.out_proj", reads=False)
             norm(f"{theirs}.self_attn_layer_norm", f"{ours}.{'res_attn' if stack == 'encoder' else 'res_self'}.norm")
             if stack == "decoder":
-                linear(f"{theirs}.encoder_attn.q_proj", f"{ours}.cross_attn.q_proj", read=True, write=False)
+                linear(f"{theirs}.encoder_attn.q_proj", f"{ours}.cross_attn.q_proj", reads=True)
                 attention(f"{theirs}.encoder_attn", ours, "cross_attn.kv_proj", ("k_proj", "v_proj"))
-                linear(f"{theirs}.encoder_attn.out_proj", f"{ours}.cross_attn.out_proj", read=False, write=True)
+                linear(f"{theirs}.encoder_attn.out_proj", f"{ours}.cross_attn.out_proj", reads=False)
                 norm(f"{theirs}.encoder_attn_layer_norm", f"{ours}.res_cross.norm")
-            linear(f"{theirs}.fc1", f"{ours}.ffn.fc1", read=True, write=False)
-            linear(f"{theirs}.fc2", f"{ours}.ffn.fc2", read=False, write=True)
+            linear(f"{theirs}.fc1", f"{ours}.ffn.fc1", reads=True)
+            linear(f"{theirs}.fc2", f"{ours}.ffn.fc2", reads=False)
             norm(f"{theirs}.final_layer_norm", f"{ours}.res_ffn.norm")
     return {k: v.detach().float().contiguous() for k, v in out.items()}
 
