@@ -187,3 +187,15 @@ def test_ctranslate2s_own_converter_refuses_the_export_so_ct2_builds_its_spec(ex
     _, out = exported
     with pytest.raises(ValueError, match="vocabulary of size"):
         ctranslate2.converters.TransformersConverter(str(out)).convert(str(tmp_path / "converted"))
+
+
+def test_nmt_export_format_hf_writes_the_folder_and_refuses_a_quantization(exported: tuple[Path, Path],
+                                                                           tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    model, _ = exported
+    assert main(["export", "--format", "hf", "--model", str(model), "--output", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    assert main(["export", "--format", "hf", "--quantization", "int8", "--model", str(model), "--output",
+                 str(tmp_path / "other")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--quantization int8" in err[0] and not (tmp_path / "other").exists()
