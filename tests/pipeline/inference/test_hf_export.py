@@ -91,6 +91,7 @@ def test_the_folder_is_complete_and_its_card_written(exported: tuple[Path, Path]
             "tokenizer_config.json", "README.md", "nmt_sha256.json"} <= names
     generation = json.loads((out / "generation_config.json").read_text())
     assert generation["num_beams"] == 4 and generation["decoder_start_token_id"] == 2
+    assert generation["max_length"] == 64 and generation["suppress_tokens"] == [0, 2]  # max_positions; pad, BOS
     assert "forced_eos_token_id" not in generation or generation["forced_eos_token_id"] is None
     assert "No run records found" in (out / "README.md").read_text()
 
