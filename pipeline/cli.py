@@ -145,10 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "under one MLflow parent run, compared by valid BLEU (python -m flows.sweep)")
     p.add_argument("spec", help="the sweep's YAML spec: name, profile, grid or variants (docs/orchestration.md)")
     p.set_defaults(func=_cmd_sweep)
-    from pipeline.inference import ct2, translate
+    from pipeline.inference import export, translate
 
     translate.add_parser(sub)
-    ct2.add_parser(sub)
+    export.add_parser(sub)
     _mlflow_parsers(sub)
     return parser
 

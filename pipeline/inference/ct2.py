@@ -265,29 +265,11 @@ def decode_sources(ct2: Ct2Translator, sources: Sequence[Sequence[int]], *, beam
     for limit, members in sorted(groups.items()):
         tokens = [[sp.id_to_piece(int(t)) for t in sources[i][:-1]] for i in members]  # CTranslate2 adds EOS
         pending.append((members, ct2.translator.translate_batch(
-            tokens, beam_size=beam_size, length_penalty=alpha, max_decoding_length=limit, max_input_length=0,
-            max_batch_size=max_tokens, batch_type="tokens", asynchronous=True)))
+            tokens, beam_size=beam_size, length_penalty=alpha, max_decoding_length=limit,
+            min_decoding_length=0, max_input_length=0, max_batch_size=max_tokens, batch_type="tokens",
+            asynchronous=True)))  # min_decoding_length 0: EOS may end step 1, as in model/beam.py (default 1)
     out: list[list[int]] = [[] for _ in sources]
     for members, results in pending:
         for i, result in zip(members, results):
             out[i] = [sp.piece_to_id(p) for p in result.result().hypotheses[0]]
     return out
-
-
-def _cmd_export(args: Any) -> int:
-    export(check_averaged(args.model), args.output, args.quantization)  # --format: ctranslate2 is the only choice
-    return 0
-
-
-def add_parser(sub: Any) -> None:
-    """Register ``export`` on the ``nmt`` sub-command parser."""
-    p = sub.add_parser("export", help="export an averaged.pt for another inference engine (CTranslate2)")
-    p.add_argument("--format", choices=("ctranslate2",), default="ctranslate2", help="engine format")
-    p.add_argument("--model", required=True, help="an averaged.pt written by the average stage")
-    p.add_argument("--output", required=True,
-                   help="folder to write (a folder an earlier export wrote is replaced atomically; any other is "
-                        "refused)")
-    p.add_argument("--quantization", choices=QUANTIZATIONS, default="float32",
-                   help="weight type in the export (int8: a quarter of the size, 1.0-2.3x float32's speed on the "
-                        "2-core CPUs of benchmarks/RESULTS.md)")
-    p.set_defaults(func=_cmd_export)
