@@ -107,7 +107,7 @@ def test_a_stage_run_carries_mlflows_source_tags_of_its_checkout(tmp_path: Path,
     git(repo, "init", "-q", "-b", "feature")
     git(repo, "config", "user.email", "t@example.com")
     git(repo, "config", "user.name", "test")
-    git(repo, "remote", "add", "origin", "https://someone:secret@example.com/team/wmt14.git")
+    git(repo, "remote", "add", "origin", "https://someone:password@example.com/team/wmt14.git")
     (repo / "code.py").write_text("x = 1\n")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "x")
