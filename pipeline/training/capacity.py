@@ -3,7 +3,7 @@ the pre-flight, pipeline/training/preflight.py, checks those with the real shape
 
 from __future__ import annotations
 
-from pathlib import Path
+import psutil
 
 from pipeline.core import env
 from pipeline.core.config import Params
@@ -22,13 +22,9 @@ def _available() -> tuple[int, str] | None:
         if torch.cuda.is_available():
             free = min(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
             return free, "free on the fullest GPU (torch.cuda.mem_get_info), per training process"
-    try:
-        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
-        available = int(meminfo["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None  # not Linux: the pre-flight and the allocator say it
+    available = psutil.virtual_memory().available
     procs = s.nproc or 1
-    return available // procs, f"of MemAvailable (/proc/meminfo) for each of {procs} training process(es)"
+    return available // procs, f"of the available memory (psutil) for each of {procs} training process(es)"
 
 
 def check_memory(params: Params) -> None:

@@ -9,8 +9,8 @@ import select
 import signal
 import threading
 import time
-from pathlib import Path
 
+import psutil
 
 log = logging.getLogger(__name__)
 
@@ -19,12 +19,11 @@ _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "fish", "ksh", "mksh"})
 
 
 def _proc_field(pid: int, name: str) -> str:
-    """``comm`` or the parent pid (``ppid``) of ``pid`` from /proc; "" when it is gone."""
+    """``comm`` (the process name) or the parent pid (``ppid``) of ``pid``; "" when it is gone."""
     try:
-        if name == "comm":
-            return Path(f"/proc/{pid}/comm").read_text(encoding="utf-8").strip()
-        return Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()[1]
-    except (OSError, IndexError):
+        proc = psutil.Process(pid)
+        return proc.name() if name == "comm" else str(proc.ppid())
+    except psutil.Error:
         return ""
 
 
