@@ -1,8 +1,9 @@
 """torchrun's agent, run in ``python -m pipeline.launch`` (the ranks' side is :mod:`pipeline.training.distributed`).
 torchrun's own flags (:mod:`pipeline.training.torchrun`) give the loopback address (``--local_addr``) and the bounded
-waits (``--rdzv_conf=join_timeout=..,read_timeout=..``; ``timeout`` when static). Three changes to torch's agent
-remain, each for what no flag gives and each shown failing without it by a test: store servers listen on their host
-only, a replaced node can join a later round, and a rendezvous that hangs in C++ ends within ``NMT_RDZV_TIMEOUT_S``.
+waits (``--rdzv_conf=join_timeout=..,read_timeout=..``; ``timeout`` when static), and torch's
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` lets a replaced node join a later round. Two changes to torch's agent remain,
+each for what no flag gives and each shown failing without it by a test: store servers listen on their host only,
+and a rendezvous that hangs in C++ ends within ``NMT_RDZV_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import datetime
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -21,10 +21,15 @@ import torch.distributed as dist
 
 from pipeline.core import env
 from pipeline.core.errors import PipelineError
-from pipeline.training.distributed import ROUND_ENV
+from pipeline.training.distributed import listen_on
 
 log = logging.getLogger(__name__)
 
+#: torch's opt-out of the c10d rendezvous sharing its agent's store with the ranks (pytorch/pytorch#125743): each
+#: round then publishes a new address for rank 0 to host the ranks' store at, so a node replacing a dead one can
+#: join (a shared store's address is set up in the first round only, pytorch/pytorch#135712). Without it,
+#: test_multinode.py's killed-node test fails: the new node waits for the round's MASTER_ADDR key.
+SHARED_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 #: Seconds past ``NMT_RDZV_TIMEOUT_S`` before :func:`bound_rendezvous` ends a rendezvous torch did not end.
 RDZV_GRACE_S = 10
 
@@ -53,7 +58,7 @@ def bind_stores_to_their_host() -> None:
                      timeout: datetime.timedelta = datetime.timedelta(seconds=300), wait_for_workers: bool = True,
                      multi_tenant: bool = False, master_listen_fd: int | None = None, use_libuv: bool = True) -> None:
             if is_master and master_listen_fd is None:
-                bound = _listen_on(host_name, port)
+                bound = listen_on(host_name, port)
                 if bound is not None:
                     master_listen_fd, port = bound
             super().__init__(host_name, port, world_size, is_master, timeout, wait_for_workers, multi_tenant,
@@ -63,51 +68,6 @@ def bind_stores_to_their_host() -> None:
     for module in (c10d_rendezvous_backend, static_tcp_rendezvous):
         if getattr(module, "TCPStore", None) is base:
             module.TCPStore = HostBoundTCPStore
-
-
-def _listen_on(host: str, port: int) -> tuple[int, int] | None:
-    """(fd, port) of a socket listening on ``host:port`` (port 0: a free one); None when the port is taken."""
-    try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
-    except OSError as exc:  # torchrun turns a RuntimeError of the store into a rendezvous error
-        raise RuntimeError(f"TCPStore host {host!r} does not resolve: {exc}") from exc
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(socket.SOMAXCONN)
-    except OSError:
-        sock.close()
-        if port:
-            return None
-        raise
-    bound_port = sock.getsockname()[1]
-    return sock.detach(), bound_port  # the store owns the fd from here on
-
-
-def fresh_store_every_round() -> None:
-    """Make torchrun's c10d rendezvous give the ranks a new store each round, and tell them the round.
-
-    ``DynamicRendezvousHandler.next_rendezvous`` publishes its store in its first round only (torch 2.13 rebuilds it
-    only for a new rank 0), so a node replacing a dead one waits forever; pytorch/pytorch#135712 chose the same fix
-    for retries. torch's opt-out, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, would have rank 0's worker host a store
-    on every interface. Shown by test_multinode.py's test of a killed node agent started again.
-    """
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
-
-    original = DynamicRendezvousHandler.next_rendezvous
-    if getattr(original, "_nmt_fresh_store", False):
-        return
-
-    def next_rendezvous(self):  # noqa: ANN001, ANN202 - torch's signature
-        self._bootstrap_store_info = None
-        self._shared_tcp_store_server = None
-        info = original(self)
-        os.environ[ROUND_ENV] = str(self._state_holder.state.round)  # the ranks inherit the agent's environment
-        return info
-
-    next_rendezvous._nmt_fresh_store = True  # type: ignore[attr-defined]
-    DynamicRendezvousHandler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
 
 
 def _rendezvous_where(s: env.Settings) -> tuple[str, str]:
@@ -197,7 +157,7 @@ def run_torchrun(torchrun_args: list[str]) -> int:
     A rank killed by a signal, or this agent stopped by SIGTERM or SIGINT, gives ``128 + signal``, with one line.
     """
     bind_stores_to_their_host()
-    fresh_store_every_round()
+    os.environ[SHARED_STORE_OPT_OUT] = "1"
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError

@@ -23,8 +23,6 @@ from pipeline.training.torchrun import is_loopback
 
 log = logging.getLogger(__name__)
 
-#: The rendezvous round the ranks were started in, set by the agent (:mod:`pipeline.training.agent`).
-ROUND_ENV = "PIPELINE_RDZV_ROUND"
 
 
 class CollectiveError(PipelineError):
@@ -91,14 +89,41 @@ def check_cuda(local_rank: int = 0) -> None:
 
 
 def _attempt_store(timeout: datetime.timedelta) -> dist.Store:
-    """torchrun's store with keys private to this attempt: its rendezvous round, else its restart count.
-    After a restart, a store that outlived the workers still holds the previous attempt's gloo addresses
-    ("Gloo connectFullMesh failed"); the restart count differs on a replaced node, so it serves static only.
+    """The ranks' store for this attempt. Under a c10d rendezvous (``TORCHELASTIC_USE_AGENT_STORE=False``, as
+    :mod:`pipeline.training.agent` asks) rank 0 hosts a new one at ``MASTER_ADDR:MASTER_PORT``, listening on that
+    address only; a static rendezvous shares its agent's store, whose keys this attempt's restart count makes
+    private (after a restart it still holds the previous attempt's gloo addresses: "Gloo connectFullMesh failed").
     """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False":
+        host, port, rank = os.environ["MASTER_ADDR"], _env_int("MASTER_PORT", 0), _env_int("RANK", 0)
+        bound = listen_on(host, port) if rank == 0 else None
+        if rank == 0 and bound is None:
+            raise PipelineError(f"MASTER_PORT={port} on {host} was taken before rank 0 could host the ranks' store "
+                                "(torchrun picked it free); run the stage again")
+        return dist.TCPStore(host, port, _env_int("WORLD_SIZE", 1), rank == 0, timeout,
+                             master_listen_fd=bound[0] if bound else None)
     store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
-    attempt = os.environ.get(ROUND_ENV)
-    key = f"round-{attempt}" if attempt else f"attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    return dist.PrefixStore(f"nmt/{key}", store)
+    return dist.PrefixStore(f"nmt/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+def listen_on(host: str, port: int) -> tuple[int, int] | None:
+    """(fd, port) of a socket listening on ``host:port`` (port 0: a free one); None when the port is taken."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
+    except OSError as exc:  # torchrun turns a RuntimeError of the store into a rendezvous error
+        raise RuntimeError(f"TCPStore host {host!r} does not resolve: {exc}") from exc
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        if port:
+            return None
+        raise
+    bound_port = sock.getsockname()[1]
+    return sock.detach(), bound_port  # the store owns the fd from here on
 
 
 def bind_to_loopback_if_local() -> None:
