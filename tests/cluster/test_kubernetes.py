@@ -44,7 +44,8 @@ def test_the_kubernetes_worker_renders_a_job_requesting_the_gpus() -> None:
         json.loads(TEMPLATE.read_text(encoding="utf-8")), {"image": "wmt14:test", "gpus": 4}))
     container = config.job_manifest["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "wmt14:test"
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == container["resources"]["requests"]["nvidia.com/gpu"] == 4
+    resources = container["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == 4
 
 
 def test_the_indexed_job_meets_at_pod_0_of_its_own_service_with_one_pod_per_node() -> None:
@@ -53,7 +54,8 @@ def test_the_indexed_job_meets_at_pod_0_of_its_own_service_with_one_pod_per_node
     container = pod["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert (service["kind"], job["kind"], spec["completionMode"]) == ("Service", "Job", "Indexed")
-    assert service["spec"]["clusterIP"] == "None" and service["spec"]["selector"] == {"job-name": job["metadata"]["name"]}
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {"job-name": job["metadata"]["name"]}
     assert pod["subdomain"] == service["metadata"]["name"]
     host, port = env["NMT_RDZV_ENDPOINT"].split(":")
     assert host == f"{job['metadata']['name']}-0.{pod['subdomain']}"  # an Indexed Job's pod 0

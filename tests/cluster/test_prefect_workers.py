@@ -77,7 +77,8 @@ def deploy(folder: Path, environ: dict[str, str]) -> None:
             "deployments": [{"name": "limited", **common, "concurrency_limit": the_deployment()["concurrency_limit"]},
                             {"name": "free", **common}]}
     (folder / "prefect.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
-    for cmd in ([PREFECT, "work-pool", "create", POOL, "--type", "process"], [PREFECT, "--no-prompt", "deploy", "--all"]):
+    for cmd in ([PREFECT, "work-pool", "create", POOL, "--type", "process"],
+                [PREFECT, "--no-prompt", "deploy", "--all"]):
         done = subprocess.run(cmd, cwd=folder, env=environ, capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
 
