@@ -7,6 +7,8 @@ Under ``dvc repro`` the agent also ends (SIGTERM: torchrun stops its ranks) when
 node it holds a lock beside ``paths.train`` for the whole run, so two trainers never write one folder
 (:func:`hold_train_folder`; :mod:`pipeline.training.tether`).
 Every node must see the same repository, params.yaml, shards and ``paths.train`` (docs/cluster.md).
+Inside a Slurm allocation but outside its steps (``sbatch --wrap "dvc repro"``, ``salloc``'s shell) the stage runs
+:data:`SLURM_SCRIPT` instead, which starts this launcher once per node through ``srun``.
 ``python -m pipeline.launch --dry-run`` prints the command instead of running it.
 """
 
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 
 #: The agent's pid, handed to its ranks (see :func:`pipeline.train.die_with_agent`).
 AGENT_PID_ENV = "PIPELINE_AGENT_PID"
+#: The job script that runs the train stage on every node of a Slurm allocation (docs/cluster.md).
+SLURM_SCRIPT = Path(__file__).resolve().parents[1] / "cluster" / "slurm" / "train.sbatch"
 #: The role of a training folder's marker (== pipeline.artifacts.checkpoint.ROLE, not imported: it loads torch).
 TRAIN_ROLE = "train"
 
@@ -93,6 +97,17 @@ def check_params(train_args: list[str]) -> None:
     check_memory(params)
 
 
+def slurm_command(train_args: list[str]) -> list[str] | None:
+    """``bash cluster/slurm/train.sbatch ARGS`` when this runs in a Slurm allocation's batch script or ``salloc``
+    shell (``SLURM_JOB_ID`` set, no ``SLURM_STEP_ID``: Slurm sets that in a step only); None elsewhere."""
+    if "SLURM_JOB_ID" not in os.environ or "SLURM_STEP_ID" in os.environ:
+        return None
+    if not SLURM_SCRIPT.is_file():
+        raise PipelineError(f"SLURM_JOB_ID={os.environ['SLURM_JOB_ID']}: training in a Slurm allocation runs "
+                            f"{SLURM_SCRIPT}, which is missing; restore it from git")
+    return ["/bin/bash", str(SLURM_SCRIPT), *train_args]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Replace this process with torchrun (arguments after ``--dry-run`` filtering go to pipeline.train)."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -102,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_agent(args[1:])
         dry = "--dry-run" in args
         args = [a for a in args if a != "--dry-run"]
-        cmd = torchrun_command(args)
+        cmd = slurm_command(args) or torchrun_command(args)
         if not dry:
             check_params(args)
             if env.settings().device == "cuda":  # no GPU torch can see: one line before torchrun starts

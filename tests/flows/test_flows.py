@@ -364,9 +364,9 @@ def test_prefect_deploy_registers_prefect_yaml_at_its_commit_and_its_pull_steps_
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     with get_client(sync_client=True) as client:
-        dep = client.read_deployment_by_name("wmt14-pipeline/nightly")
+        dep = client.read_deployment_by_name("wmt14-pipeline/paper-weekly")
     spec = next(d for d in yaml.safe_load((repo_root / "prefect.yaml").read_text())["deployments"]
-                if d["name"] == "nightly")
+                if d["name"] == "paper-weekly")
     clone = dep.pull_steps[0]["prefect.deployments.steps.git_clone"]
     assert (clone["repository"], clone["commit_sha"]) == (str(repo), commit)
     assert dep.pull_steps[2]["prefect.deployments.steps.run_shell_script"]["script"] == "dvc pull --allow-missing"
