@@ -203,3 +203,12 @@ def test_nmt_export_format_hf_writes_the_folder_and_refuses_a_quantization(expor
                  str(tmp_path / "other")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--quantization int8" in err[0] and not (tmp_path / "other").exists()
+
+
+def test_a_pre_norm_model_is_refused_in_one_line_naming_the_key(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    model = make_averaged(tmp_path / "pre", seed=2, pre_norm=True)
+    assert main(["export", "--format", "hf", "--model", str(model), "--output", str(tmp_path / "hf")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.pre_norm" in err[0] and "--format ctranslate2" in err[0], err
+    assert not (tmp_path / "hf").exists()
