@@ -41,7 +41,7 @@ def default_output(model_path: str | Path) -> Path:
     return Path(f"{folder}-ct2") if folder.name else model_path.with_name(f"{model_path.stem}-ct2")
 
 
-def _file_in(path: Path) -> Path | None:
+def file_in(path: Path) -> Path | None:
     """``path`` or the folder above it that exists and is not a folder (a file), if any."""
     return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
 
@@ -158,7 +158,7 @@ def export(model_path: str | Path, output: str | Path, quantization: str = "floa
     if problem := output_problem(output, inputs=[model_path]):
         raise PipelineError(f"--output {output}: refusing to write there: {problem}; name a new folder, e.g. "
                             f"{default_output(model_path)}")
-    if blocker := _file_in(output):  # refused before the work, and never replaced
+    if blocker := file_in(output):  # refused before the work, and never replaced
         where = "is a file" if blocker == output else f"lies below the file {blocker}"
         raise PipelineError(f"--output {output}: {where}, left as it is; an export is a folder: name a new one, "
                             f"e.g. {default_output(model_path)}")
@@ -209,7 +209,7 @@ def check(model_dir: str | Path, *, remedy: str | None = None) -> Path:
                             f"--engine torch, or export it with `nmt export --format ctranslate2 --model {model_dir} "
                             f"--output {default_output(model_dir)}` and give that folder")
     if not model_dir.is_dir():  # advice to export onto a missing averaged.pt's path, or below a file, would fail
-        blocker = _file_in(model_dir)
+        blocker = file_in(model_dir)
         target = default_output(blocker or model_dir) if blocker or model_dir.suffix == ".pt" else model_dir
         raise PipelineError(f"{model_dir}: does not exist; give the folder `nmt export` wrote, or write one with "
                             f"{_export_command(target)}")

@@ -172,7 +172,7 @@ def export(model_path: str | Path, output: str | Path) -> Path:
     if problem := output_problem(output, inputs=[model_path]):
         raise PipelineError(f"--output {output}: refusing to write there: {problem}; name a new folder, e.g. "
                             f"{default_output(model_path)}")
-    if blocker := ct2._file_in(output):
+    if blocker := ct2.file_in(output):
         where = "is a file" if blocker == output else f"lies below the file {blocker}"
         raise PipelineError(f"--output {output}: {where}, left as it is; an export is a folder: name a new one, "
                             f"e.g. {default_output(model_path)}")
@@ -180,7 +180,8 @@ def export(model_path: str | Path, output: str | Path) -> Path:
     sp = spm.SentencePieceProcessor(model_proto=mf.spm)
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
     if problems := unsupported(mf.config, pieces):
-        raise PipelineError(f"{model_path}: cannot export to MarianMT: " + "; ".join(problems))
+        raise PipelineError(f"{model_path}: cannot export to MarianMT: " + "; ".join(problems)
+                            + "; `nmt export --format ctranslate2` takes it")
     model_file.build_model(mf, model_path)  # the weights fit the config (a named error if not)
     model = build_model(transformers, mf.weights, mf.config)
     card = model_card.render(Path(model_path), mf.config)

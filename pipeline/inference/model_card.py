@@ -108,15 +108,19 @@ def _bleu_lines(details: RunDetails) -> list[str]:
 def _run_lines(run: Run, details: RunDetails, audit: dict[str, Any] | None) -> list[str]:
     train, average = details.train, details.average
     steps = ", ".join(str(s) for s in average.steps) or NOT_RECORDED
+    pairs = ", ".join(f"{split} {n:,}" for split, n in details.download.pairs.items())
     git = ((audit or {}).get("lineage") or {}).get("git") or {}
     commit = git.get("commit")
     where = "the audit's record" if commit else "the checkout at export, not a run record"
     commit = commit or gitstate.commit(run.root) or NOT_RECORDED
+    device = train.machine.describe() if train.device == "cpu" else train.device_name
+    weights = f"{average.parameters:,}" if average.parameters else NOT_RECORDED
     return [f"- profile: `{run.profile or NOT_RECORDED}`",
-            f"- data: {run.dataset or NOT_RECORDED}; pairs per split {details.download.pairs or NOT_RECORDED}",
+            f"- data: {run.dataset or NOT_RECORDED}; pairs: {pairs or NOT_RECORDED}",
             f"- training: {train.step if train.step is not None else NOT_RECORDED} steps"
-            + (f" on {train.device_name or train.device}" if train.device else ""),
-            f"- averaged checkpoints (steps): {steps}; {average.parameters or NOT_RECORDED} parameters",
+            + (f" on {device}" if device else "")
+            + (f"; last valid perplexity {train.valid_ppl:.2f}" if train.valid_ppl is not None else ""),
+            f"- averaged checkpoints (steps): {steps}; {weights} parameters",
             f"- commit: `{commit}` ({where}{', with edits' if git.get('dirty') else ''})"]
 
 

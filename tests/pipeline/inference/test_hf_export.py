@@ -18,6 +18,7 @@ from pipeline.cli import main
 from pipeline.core.config import AverageConfig
 from pipeline.core.stage import run_stage
 from pipeline.inference import ct2, hf_export
+from pipeline.inference.common import prepare_source
 from pipeline.inference.decoding import load_translator
 from pipeline.inference.translate import translate_lines
 from tests.helpers.models import make_averaged, make_spm, spm_vocab_size, tiny_model, write_checkpoint
@@ -52,6 +53,8 @@ def test_the_exported_logits_equal_ours_in_float32(exported: tuple[Path, Path]) 
     src = enc.input_ids.masked_fill(enc.attention_mask.eq(0), ours.config.pad_id)
     for line, row, mask in zip(LINES, enc.input_ids, enc.attention_mask):
         assert row[mask.bool()].tolist() == [*ours.sp.encode(line), ours.config.eos_id]  # same ids, same EOS
+    long = " ".join(LINES * 10)  # beyond max_positions (64): cut as nmt translate cuts it, EOS last
+    assert tok(long, truncation=True).input_ids == prepare_source(ours.sp.encode(long), ours.config)[0]
     tgt_in = torch.randint(4, ours.config.vocab_size, (len(LINES), 9), generator=torch.Generator().manual_seed(0))
     tgt_in[:, 0] = ours.config.bos_id
     with torch.no_grad():
@@ -200,3 +203,12 @@ def test_nmt_export_format_hf_writes_the_folder_and_refuses_a_quantization(expor
                  str(tmp_path / "other")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--quantization int8" in err[0] and not (tmp_path / "other").exists()
+
+
+def test_a_pre_norm_model_is_refused_in_one_line_naming_the_key(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    model = make_averaged(tmp_path / "pre", seed=2, pre_norm=True)
+    assert main(["export", "--format", "hf", "--model", str(model), "--output", str(tmp_path / "hf")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.pre_norm" in err[0] and "--format ctranslate2" in err[0], err
+    assert not (tmp_path / "hf").exists()
