@@ -46,6 +46,21 @@ def file_in(path: Path) -> Path | None:
     return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
 
 
+def check_output(output: Path, model_path: str | Path, suggested: Path) -> None:
+    """Refuse, before any work, an export ``output`` that is no place for it (``suggested``: the folder to name).
+
+    Raises:
+        PipelineError: ``output`` holds an input or a folder the project did not write, or is (or lies below) a file.
+    """
+    if problem := output_problem(output, inputs=[model_path]):
+        raise PipelineError(f"--output {output}: refusing to write there: {problem}; name a new folder, e.g. "
+                            f"{suggested}")
+    if blocker := file_in(output):  # never replaced
+        where = "is a file" if blocker == output else f"lies below the file {blocker}"
+        raise PipelineError(f"--output {output}: {where}, left as it is; an export is a folder: name a new one, "
+                            f"e.g. {suggested}")
+
+
 def _where_averaged() -> str:
     """Where ``dvc repro average`` writes the model for ./params.yaml (or for a params.yaml, if that is unreadable)."""
     try:
@@ -155,13 +170,7 @@ def export(model_path: str | Path, output: str | Path, quantization: str = "floa
     if quantization not in QUANTIZATIONS:
         raise PipelineError(f"--quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
     output = Path(output)
-    if problem := output_problem(output, inputs=[model_path]):
-        raise PipelineError(f"--output {output}: refusing to write there: {problem}; name a new folder, e.g. "
-                            f"{default_output(model_path)}")
-    if blocker := file_in(output):  # refused before the work, and never replaced
-        where = "is a file" if blocker == output else f"lies below the file {blocker}"
-        raise PipelineError(f"--output {output}: {where}, left as it is; an export is a folder: name a new one, "
-                            f"e.g. {default_output(model_path)}")
+    check_output(output, model_path, default_output(model_path))
     mf = model_file.load(model_path)
     sp = spm.SentencePieceProcessor(model_proto=mf.spm)
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]

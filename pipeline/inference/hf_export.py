@@ -24,7 +24,6 @@ import torch
 from model.config import UNK_ID, TransformerConfig
 from pipeline.core.errors import PipelineError
 from pipeline.core.owned import atomic_path
-from pipeline.core.paths import output_problem
 from pipeline.inference import ct2, digest, model_card
 
 log = logging.getLogger(__name__)
@@ -169,13 +168,7 @@ def export(model_path: str | Path, output: str | Path) -> Path:
 
     transformers = transformers_module()
     output = Path(output)
-    if problem := output_problem(output, inputs=[model_path]):
-        raise PipelineError(f"--output {output}: refusing to write there: {problem}; name a new folder, e.g. "
-                            f"{default_output(model_path)}")
-    if blocker := ct2.file_in(output):
-        where = "is a file" if blocker == output else f"lies below the file {blocker}"
-        raise PipelineError(f"--output {output}: {where}, left as it is; an export is a folder: name a new one, "
-                            f"e.g. {default_output(model_path)}")
+    ct2.check_output(output, model_path, default_output(model_path))
     mf = model_file.load(model_path)
     sp = spm.SentencePieceProcessor(model_proto=mf.spm)
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
