@@ -189,7 +189,8 @@ def test_candidate_loads_in_a_fresh_process_and_translates(model_dir: Path, tmp_
     # the string input schema: MLflow refuses a number or a record in its own words before the model is reached
     assert [code for code, _ in out["refused"]] == ["INVALID_PARAMETER_VALUE"] * 5, out["refused"]
     assert [message.split(":")[0] for _, message in out["refused"][1:]] == [
-        "inputs[0]", "Failed to enforce schema of data '[{'a'", "params.beam_size 65", "params.alpha NaN"], out["refused"]
+        "inputs[0]", "Failed to enforce schema of data '[{'a'", "params.beam_size 65", "params.alpha NaN"
+    ], out["refused"]
     assert "Incompatible input types for column 0." in out["refused"][0][1], out["refused"]
     assert "Incompatible input types for column a." in out["refused"][2][1], out["refused"]
     assert len(out["a"]) == 3 and out["a"][1] == "" and all(isinstance(s, str) for s in out["a"])
