@@ -1,7 +1,8 @@
 """The MLflow pyfunc translator, logged "from code" by the ``register`` stage: MLflow executes this file as a fresh
 module when the model is logged or loaded, so it imports mlflow itself and nothing in the pipeline imports it.
 Lines in, one translation per line out, as ``nmt translate`` gives them; a request out of bounds is refused before
-decoding with ``INVALID_PARAMETER_VALUE`` naming the field (HTTP 400 from ``mlflow models serve``)."""
+decoding with ``INVALID_PARAMETER_VALUE`` naming the field (HTTP 400 from ``mlflow models serve``); the bounds and
+their messages are the serving guard's (pipeline/inference/serving.py)."""
 
 import logging
 import math
@@ -20,11 +21,6 @@ DEFAULTS: dict[str, int | float | str] = {"beam_size": 4, "alpha": 0.6, "max_len
                                           "max_tokens": 8192, "engine": "torch"}
 #: settings a request may override through ``params``.
 REQUEST_PARAMS = ("beam_size", "alpha", "engine")
-#: The most source lines one request may hold: a request is decoded whole, and the scoring server gives up on
-#: it after MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT (60 s) while the decode goes on.
-MAX_REQUEST_LINES = 256
-#: The most characters of one source line: the model reads at most ``max_positions`` tokens of it anyway.
-MAX_LINE_CHARS = 10_000
 #: what to do about a shipped CTranslate2 export that fails its digest check.
 REGISTER_AGAIN = "register the model again (`dvc repro register` with NMT_REGISTER_CTRANSLATE2 set)"
 
@@ -49,12 +45,12 @@ def _one_column(model_input: Any) -> Any:
     """The one column of a table (DataFrame, dict, 2-D array); a list, Series or 1-D array as it is.
 
     Raises:
-        MlflowException: a table of more than one column, naming the column to send.
+        Refused: a table of more than one column, naming the column to send.
     """
+    from pipeline.inference.serving import wide_table
+
     if (names := _table_columns(model_input)) is not None:
-        listed = ", ".join(repr(n[:40]) for n in names[:5]) + (" ..." if len(names) > 5 else "")
-        raise invalid(f"inputs: a table of {len(names)} columns ({listed}); send one column 'src' holding the "
-                      "source sentences, or a list of strings")
+        raise wide_table(names)
     if isinstance(model_input, pd.DataFrame):
         return model_input.iloc[:, 0]
     if isinstance(model_input, dict):  # "inputs": {"src": [...]}
@@ -67,26 +63,28 @@ def _one_column(model_input: Any) -> Any:
 
 
 def source_lines(model_input: Any) -> list[str]:
-    """The lines of a pyfunc input (DataFrame, dict, array, Series, list, string), each a string of
-    ≤ :data:`MAX_LINE_CHARS`. The model is logged without an input schema (pipeline/inference/registry.py), so
-    it sees the request's table whole: MLflow's schema enforcement would keep column 0 of a wider one."""
-    model_input = _one_column(model_input)
-    if not isinstance(model_input, (list, tuple)) and not hasattr(model_input, "tolist"):  # Series, numpy arrays
-        raise invalid(f"inputs: cannot translate a {type(model_input).__name__}; send a list of strings or one "
-                      "column 'src' holding the source sentences")
-    if len(model_input) > MAX_REQUEST_LINES:
-        raise invalid(f"inputs: {len(model_input)} lines, more than the {MAX_REQUEST_LINES} one request may hold "
-                      "(MAX_REQUEST_LINES); split the request")
-    lines = model_input if isinstance(model_input, (list, tuple)) else model_input.tolist()
-    for i, line in enumerate(lines):
-        if not isinstance(line, str):
-            what = "null" if line is None else f"a value of type {type(line).__name__}"
-            raise invalid(f"inputs[{i}]: {what} is not a string; send each source sentence as a string "
-                          "(\"\" for an empty line)")
-        if len(line) > MAX_LINE_CHARS:
-            raise invalid(f"inputs[{i}]: {len(line)} characters, more than the {MAX_LINE_CHARS} of one line "
-                          "(MAX_LINE_CHARS); split it into sentences")
-    return [str(line) for line in lines]  # numpy strings as plain str
+    """The lines of a pyfunc input (DataFrame, dict, array, Series, list, string), each a string of at most
+    ``MAX_LINE_CHARS`` (:func:`pipeline.inference.serving.checked_lines`).
+
+    Loaded with MLflow, the model gets its input after MLflow enforced the string input schema
+    (pipeline/inference/registry.py): one column, non-strings refused in MLflow's words; served by ``nmt serve``,
+    after the guard read the request (:func:`pipeline.inference.serving.request_lines`). Called directly, it
+    checks the input whole.
+
+    Raises:
+        MlflowException: (``INVALID_PARAMETER_VALUE``) a wider table, a value that is not a string, too many or
+            too long lines.
+    """
+    from pipeline.inference.serving import Refused, checked_lines
+
+    try:
+        model_input = _one_column(model_input)
+        if not isinstance(model_input, (list, tuple)) and not hasattr(model_input, "tolist"):  # Series, arrays
+            raise Refused(f"inputs: cannot translate a {type(model_input).__name__}; send a list of strings or one "
+                          "column 'src' holding the source sentences")
+        return checked_lines(model_input if isinstance(model_input, (list, tuple)) else model_input.tolist())
+    except Refused as exc:
+        raise invalid(str(exc)) from None
 
 
 class Translator(mlflow.pyfunc.PythonModel):

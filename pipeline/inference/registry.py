@@ -74,11 +74,10 @@ def log_pyfunc_model(run: StageRun, *, python_model: str | Path, artifacts: dict
         return "string" if isinstance(v, str) else "long" if type(v) is int else "double"  # True: not a long
 
     specs = [ParamSpec(k, kind(v), v) for k, v in (params or {}).items()]
-    # No input schema: MLflow's enforcement of one keeps only the schema's columns of a wider table (an unnamed
-    # ColSpec: column 0; named: the named ones, "extra inputs ... will be ignored", _enforce_schema in
-    # mlflow/models/utils.py) and casts a string column's values to text ([1, null] would arrive as "1", "None").
-    # The model sees the request as MLflow parsed it and checks it itself (mlflow_model.source_lines).
-    signature = ModelSignature(inputs=None, outputs=Schema([ColSpec("string")]),
+    # A string input schema: MLflow enforces it before the model is reached (_enforce_schema in
+    # mlflow/models/utils.py), keeping column 0 of a wider table and refusing non-strings in its own words; `nmt
+    # serve`'s guard reads the request's one column itself first (pipeline/inference/serving.py).
+    signature = ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]),
                                params=ParamSchema(specs) if specs else None)
     # The fluent API logs into the active run: make the stage's run active against this store for
     # the call only (the registry follows the tracking URI unless MLFLOW_REGISTRY_URI says otherwise).

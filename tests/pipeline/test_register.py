@@ -94,6 +94,7 @@ def test_a_registration_logs_an_input_example_and_no_warning_for_its_lack(model_
                                                                           recwarn: pytest.WarningsRecorder) -> None:
     """MLflow warns (UserWarning) on every registration without an example; its own log handler says the rest."""
     import mlflow
+    from mlflow.types import ColSpec, Schema
 
     from pipeline.inference.registration import INPUT_EXAMPLE
 
@@ -105,6 +106,7 @@ def test_a_registration_logs_an_input_example_and_no_warning_for_its_lack(model_
     uri = f"models:/{DEFAULT_MODEL_NAME}/{record['model_version']}"
     info = mlflow.models.get_model_info(uri)
     assert info.saved_input_example_info is not None
+    assert info.signature.inputs == Schema([ColSpec("string")]) and info.signature.outputs == info.signature.inputs
     example = mlflow.models.Model.load(mlflow.artifacts.download_artifacts(uri)).load_input_example(
         mlflow.artifacts.download_artifacts(uri))
     assert list(example) == INPUT_EXAMPLE
@@ -184,10 +186,13 @@ def test_candidate_loads_in_a_fresh_process_and_translates(model_dir: Path, tmp_
         "                  'code': pipeline.__file__, 'refused': refused}))\n"
     )
     out = _fresh_process(script, tmp_path)
-    # the signature's Any input type lets non-strings reach the model (a string one cast [1, 2] to "1", "2")
+    # the string input schema: MLflow refuses a number or a record in its own words before the model is reached
     assert [code for code, _ in out["refused"]] == ["INVALID_PARAMETER_VALUE"] * 5, out["refused"]
-    assert [message.split(":")[0] for _, message in out["refused"]] == [
-        "inputs[0]", "inputs[0]", "inputs[0]", "params.beam_size 65", "params.alpha NaN"], out["refused"]
+    assert [message.split(":")[0] for _, message in out["refused"][1:]] == [
+        "inputs[0]", "Failed to enforce schema of data '[{'a'", "params.beam_size 65", "params.alpha NaN"
+    ], out["refused"]
+    assert "Incompatible input types for column 0." in out["refused"][0][1], out["refused"]
+    assert "Incompatible input types for column a." in out["refused"][2][1], out["refused"]
     assert len(out["a"]) == 3 and out["a"][1] == "" and all(isinstance(s, str) for s in out["a"])
     assert out["a"][0] and len(out["b"]) == 1 and out["b"][0]
     assert Path(out["code"]).parts[-3:] == ("code", "pipeline", "__init__.py")  # the copy shipped with the model

@@ -13,7 +13,7 @@ import pytest
 from mlflow.exceptions import MlflowException
 
 from model.config import MAX_ALPHA
-from pipeline.inference import mlflow_model
+from pipeline.inference import mlflow_model, serving
 from tests.helpers.models import make_small_vocab_averaged
 
 
@@ -27,9 +27,9 @@ def translator(tmp_path_factory: pytest.TempPathFactory) -> mlflow_model.Transla
 
 
 def test_strings_within_the_bounds_are_translated(translator: mlflow_model.Translator) -> None:
-    out = translator.predict(None, ["a b c", "", "x" * mlflow_model.MAX_LINE_CHARS], params={"beam_size": 16})
+    out = translator.predict(None, ["a b c", "", "x" * serving.MAX_LINE_CHARS], params={"beam_size": 16})
     assert len(out) == 3 and out[1] == ""
-    frame = pd.DataFrame({"src": ["ab ba"] * mlflow_model.MAX_REQUEST_LINES})
+    frame = pd.DataFrame({"src": ["ab ba"] * serving.MAX_REQUEST_LINES})
     assert len(translator.predict(None, frame, params={"beam_size": 1, "alpha": MAX_ALPHA})) == 256
 
 
