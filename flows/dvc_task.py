@@ -1,7 +1,8 @@
 """DVC's side of a flow: the stages of dvc.yaml, what ``dvc repro`` did with one, and the stage command.
 
-``python -m flows.dvc_task repro STAGE [--force]`` is ``dvc repro --single-item STAGE`` without DVC's reminder to
-``git add dvc.lock`` after every stage. Ours and not DVC's CLI: ``dvc repro`` has no switch for that reminder alone
+``python -m flows.dvc_task repro STAGE [--force]`` is ``dvc repro --single-item --pull STAGE`` without DVC's reminder
+to ``git add dvc.lock`` after every stage, and first refuses to let DVC delete an output this project did not write
+(DVC deletes a declared output before its stage runs; bare ``dvc repro`` follows that rule). Ours and not DVC's CLI: ``dvc repro`` has no switch for that reminder alone
 (``--quiet`` also hides the ``Running stage`` lines :func:`stage_status` reads).
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.core.errors import EXIT_PERMANENT, ConfigError, PipelineError
+from pipeline.core.owned import refuse_unvouched
 from pipeline.core.yamlfile import load_yaml
 
 PUBLISH_HINT = ("dvc.lock changed: to publish this run, commit it with its params and numbers: "
@@ -104,9 +106,11 @@ def check_params(root: str | Path = ".") -> None:
 
 
 def repro(stage: str, *, force: bool = False, root: str | Path = ".") -> int:
-    """Reproduce ``stage`` alone through DVC's API (what ``dvc repro --single-item`` calls); 0, or 255 (``dvc``'s
-    status) after DVC's one-line ``ERROR:``, or :data:`EXIT_PERMANENT` when the stage exited with it or params.yaml
-    is refused by :func:`check_params` (failures no retry fixes: the flow does not retry them).
+    """Reproduce ``stage`` alone through DVC's API (what ``dvc repro --single-item --pull`` calls: outputs and run
+    cache entries the default remote holds, if one is configured, are restored, not rebuilt); 0, or 255 (``dvc``'s status) after DVC's one-line
+    ``ERROR:``, or :data:`EXIT_PERMANENT` when the stage exited with it, params.yaml is refused by
+    :func:`check_params` or an output is not this project's (:func:`pipeline.core.owned.refuse_unvouched`): failures
+    no retry fixes, which the flow does not retry.
     ``SCMContext.quiet`` (dvc/repo/scm_context.py) silences the "git add dvc.lock" reminder, as DVC's experiment
     executor does; the flow says once what to commit (:func:`publish_hint`).
     """
@@ -123,7 +127,12 @@ def repro(stage: str, *, force: bool = False, root: str | Path = ".") -> int:
     try:
         with Repo(str(root)) as dvc:
             dvc.scm_context.quiet = True
-            dvc.reproduce(stage, single_item=True, force=force)
+            for out in (out for found in dvc.stage.collect(stage) for out in found.outs):
+                refuse_unvouched(Path(os.path.relpath(out.fs_path)))
+            dvc.reproduce(stage, single_item=True, force=force, pull=bool(dvc.config["core"].get("remote")))
+    except PipelineError as exc:  # an output folder of the user's: one line, not retried
+        print(f"error: stage {stage}: {exc}", file=sys.stderr)
+        return EXIT_PERMANENT
     except DvcException as exc:
         logging.getLogger("dvc").exception("")  # DVC's handler: one "ERROR: ..." line, as `dvc` prints
         return EXIT_PERMANENT if _stage_exit_code(exc) == EXIT_PERMANENT else 255
