@@ -24,7 +24,7 @@ from pipeline.core.errors import EXIT_PERMANENT, ConfigError, PipelineError
 from pipeline.core.owned import refuse_unvouched
 from pipeline.core.yamlfile import load_yaml
 
-PUBLISH_HINT = ("dvc.lock changed: to publish this run, commit it with its params and numbers: "
+PUBLISH_HINT = ("dvc.lock changed: to publish this run, commit it with its params (dvc.lock records its numbers): "
                 "git add params.yaml dvc.lock metrics/ plots/ && git commit")
 #: The variables through which a flow tells a stage which runs it belongs to (set per command, never globally).
 RUN_ID_VARIABLES = ("MLFLOW_RUN_ID", "MLFLOW_PARENT_RUN_ID", "NMT_PREFECT_FLOW_RUN_ID", "NMT_PROFILE_RUN")
