@@ -34,6 +34,7 @@ _STATUS_PATTERNS: tuple[tuple[str, str], ...] = (
     ("ran", r"Running stage '{stage}'"),
     ("restored", r"Stage '{stage}' is cached - skipping run"),
     ("restored", r"Restored stage '{stage}' from run-cache"),
+    ("restored", r"Pulling data for stage: '{stage}'"),  # dvc.lock matches, outputs pulled (dvc repro --pull)
     ("skipped", r"Stage '{stage}' didn't change, skipping"),
 )
 
@@ -137,6 +138,19 @@ def repro(stage: str, *, force: bool = False, root: str | Path = ".") -> int:
         logging.getLogger("dvc").exception("")  # DVC's handler: one "ERROR: ..." line, as `dvc` prints
         return EXIT_PERMANENT if _stage_exit_code(exc) == EXIT_PERMANENT else 255
     return 0
+
+
+def push(root: str | Path = ".") -> str:
+    """``dvc push --run-cache`` of ``root`` to its default remote (outputs and run cache entries, so another machine's
+    ``dvc repro --pull`` restores every stage); what happened, in one line. No default remote: nothing is pushed."""
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as dvc:
+        remote = dvc.config["core"].get("remote")
+        if not remote:
+            return "no default DVC remote (dvc remote add -d NAME URL): nothing pushed"
+        count = dvc.push(run_cache=True)
+    return f"dvc push --run-cache: {count} file(s) and run-cache entries sent to remote {remote!r}"
 
 
 def publish_hint(repo: str | Path) -> str | None:
