@@ -2,8 +2,9 @@
 
 ``python -m flows.dvc_task repro STAGE [--force]`` is ``dvc repro --single-item --pull STAGE`` without DVC's reminder
 to ``git add dvc.lock`` after every stage, and first refuses to let DVC delete an output this project did not write
-(DVC deletes a declared output before its stage runs; bare ``dvc repro`` follows that rule). Ours and not DVC's CLI: ``dvc repro`` has no switch for that reminder alone
-(``--quiet`` also hides the ``Running stage`` lines :func:`stage_status` reads).
+(DVC deletes a declared output before its stage runs; bare ``dvc repro`` follows that rule). Ours and not DVC's
+CLI: ``dvc repro`` has no switch for that reminder alone (``--quiet`` also hides the ``Running stage`` lines
+:func:`stage_status` reads).
 """
 
 from __future__ import annotations
@@ -108,10 +109,10 @@ def check_params(root: str | Path = ".") -> None:
 
 def repro(stage: str, *, force: bool = False, root: str | Path = ".") -> int:
     """Reproduce ``stage`` alone through DVC's API (what ``dvc repro --single-item --pull`` calls: outputs and run
-    cache entries the default remote holds, if one is configured, are restored, not rebuilt); 0, or 255 (``dvc``'s status) after DVC's one-line
-    ``ERROR:``, or :data:`EXIT_PERMANENT` when the stage exited with it, params.yaml is refused by
-    :func:`check_params` or an output is not this project's (:func:`pipeline.core.owned.refuse_unvouched`): failures
-    no retry fixes, which the flow does not retry.
+    cache entries the default remote holds, if one is configured, are restored, not rebuilt); 0, or 255 (``dvc``'s
+    status) after DVC's one-line ``ERROR:``, or :data:`EXIT_PERMANENT` when the stage exited with it, params.yaml
+    is refused by :func:`check_params` or an output is not this project's
+    (:func:`pipeline.core.owned.refuse_unvouched`): failures no retry fixes, which the flow does not retry.
     ``SCMContext.quiet`` (dvc/repo/scm_context.py) silences the "git add dvc.lock" reminder, as DVC's experiment
     executor does; the flow says once what to commit (:func:`publish_hint`).
     """

@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m pipeline.evaluate``."""
     return stage_main("evaluate", lambda params, _: stage(
         params.evaluate, model_dir=params.paths.model, shards_dir=params.paths.shards, raw_dir=params.paths.raw,
-        eval_dir=params.paths.eval, train_dir=checkpoint_folder(params), spm_model=Path(params.paths.bpe) / "spm.model"),
-        argv)
+        eval_dir=params.paths.eval, train_dir=checkpoint_folder(params),
+        spm_model=Path(params.paths.bpe) / "spm.model"), argv)
 
 
 if __name__ == "__main__":

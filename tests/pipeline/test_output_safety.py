@@ -60,8 +60,8 @@ def built(tiny_built: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 @pytest.mark.parametrize("key", sorted(FOLDER_OUTPUTS))
 def test_a_flow_stage_refuses_to_let_dvc_delete_a_folder_it_did_not_write(built: Path, key: str) -> None:
-    """DVC deletes a declared output before its stage runs (bare ``dvc repro`` follows that rule, docs/orchestration.md);
-    ``nmt run``'s stage command (flows/dvc_task.py) refuses first, so the user's folder survives."""
+    """DVC deletes a declared output before its stage runs (bare ``dvc repro`` follows that rule,
+    docs/orchestration.md); ``nmt run``'s stage command (flows/dvc_task.py) refuses first: the user's folder stays."""
     original = (built / "params.yaml").read_bytes()
     keep = _foreign(built, f"data/mine-{key}" if key in ("raw", "clean", "bpe", "shards") else f"runs/mine-{key}")
     try:

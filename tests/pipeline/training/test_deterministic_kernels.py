@@ -67,5 +67,6 @@ def test_with_deterministic_kernels_a_killed_and_resumed_cuda_run_is_bitwise_equ
     assert LINE in proc.stderr and "nccl" in proc.stderr
     resumed = _killed_and_resumed(workspace, tmp_path / "resumed", env, steps=10)
     assert _bitwise_equal(_final(ref, 10), _final(resumed, 10))
-    history = [json.loads((checkpoints(d) / "step-00000010" / "state.json").read_text())["history"] for d in (ref, resumed)]
+    history = [json.loads((checkpoints(d) / "step-00000010" / "state.json").read_text())["history"]
+               for d in (ref, resumed)]
     assert history[0] == history[1]
