@@ -125,7 +125,7 @@ def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(workspa
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming from" in proc.stderr and "step-00000004" in proc.stderr
     assert not bogus.exists() and f"{bogus.name}, left behind by an interrupted run" in proc.stderr
-    assert not (crash / "runs" / "step-00000006" / "model.pt").read_bytes().startswith(b"not")
+    assert not (checkpoints(crash) / "step-00000006" / "model.pt").read_bytes().startswith(b"not")
     final_ref, final_crash = checkpoints(ref) / "step-00000010", checkpoints(crash) / "step-00000010"
     for name in ("model.pt", "optim.pt"):
         a, b = load(final_ref, name), load(final_crash, name)
@@ -283,7 +283,7 @@ def test_a_restart_of_a_paused_torchrun_job_pauses_again(workspace, tmp_path, mo
     assert checkpoint.latest(checkpoints(tmp_path)).name == "step-00000001"
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-2")  # a new launch resumes
     assert run_inprocess(tiny_params(tmp_path, workspace, max_steps=3), tmp_path)["step"] == 3
-    assert not (tmp_path / "runs" / "PAUSED").exists()
+    assert not (checkpoints(tmp_path) / "PAUSED").exists()
 
 
 def test_nmt_max_tokens_below_the_longest_pair_is_refused(workspace, tmp_path, monkeypatch):
