@@ -91,7 +91,9 @@ def check_params(train_args: list[str]) -> None:
     """Load the params file ``pipeline.train`` will read, so a bad one is one line before torchrun starts; refuse a
     ``paths.train`` folder of the user's (pipeline/core/owned.py) and a model this machine cannot hold."""
     params = train_params(train_args)
-    for folder in (params.paths.train, checkpoint_folder(params)):  # the agent makes them (hold_train_folder)
+    # The agent makes them (hold_train_folder); a multi-node job's rank 0 makes only <paths.train>/<digest>.
+    folders = [params.paths.train] if env.settings().nnodes == 1 else []
+    for folder in [*folders, checkpoint_folder(params)]:
         claim_folder(folder, TRAIN_ROLE, make=False)
     check_memory(params)
 
