@@ -1,8 +1,10 @@
 """DVC's side of a flow: the stages of dvc.yaml, what ``dvc repro`` did with one, and the stage command.
 
-``python -m flows.dvc_task repro STAGE [--force]`` is ``dvc repro --single-item STAGE`` without DVC's reminder to
-``git add dvc.lock`` after every stage. Ours and not DVC's CLI: ``dvc repro`` has no switch for that reminder alone
-(``--quiet`` also hides the ``Running stage`` lines :func:`stage_status` reads).
+``python -m flows.dvc_task repro STAGE [--force]`` is ``dvc repro --single-item --pull STAGE`` without DVC's reminder
+to ``git add dvc.lock`` after every stage, and first refuses to let DVC delete an output this project did not write
+(DVC deletes a declared output before its stage runs; bare ``dvc repro`` follows that rule). Ours and not DVC's
+CLI: ``dvc repro`` has no switch for that reminder alone (``--quiet`` also hides the ``Running stage`` lines
+:func:`stage_status` reads).
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from pathlib import Path
 import yaml
 
 from pipeline.core.errors import EXIT_PERMANENT, ConfigError, PipelineError
+from pipeline.core.owned import refuse_unvouched
 from pipeline.core.yamlfile import load_yaml
 
-PUBLISH_HINT = ("dvc.lock changed: to publish this run, commit it with its params and numbers: "
+PUBLISH_HINT = ("dvc.lock changed: to publish this run, commit it with its params (dvc.lock records its numbers): "
                 "git add params.yaml dvc.lock metrics/ plots/ && git commit")
 #: The variables through which a flow tells a stage which runs it belongs to (set per command, never globally).
 RUN_ID_VARIABLES = ("MLFLOW_RUN_ID", "MLFLOW_PARENT_RUN_ID", "NMT_PREFECT_FLOW_RUN_ID", "NMT_PROFILE_RUN")
@@ -32,6 +35,7 @@ _STATUS_PATTERNS: tuple[tuple[str, str], ...] = (
     ("ran", r"Running stage '{stage}'"),
     ("restored", r"Stage '{stage}' is cached - skipping run"),
     ("restored", r"Restored stage '{stage}' from run-cache"),
+    ("restored", r"Pulling data for stage: '{stage}'"),  # dvc.lock matches, outputs pulled (dvc repro --pull)
     ("skipped", r"Stage '{stage}' didn't change, skipping"),
 )
 
@@ -104,9 +108,11 @@ def check_params(root: str | Path = ".") -> None:
 
 
 def repro(stage: str, *, force: bool = False, root: str | Path = ".") -> int:
-    """Reproduce ``stage`` alone through DVC's API (what ``dvc repro --single-item`` calls); 0, or 255 (``dvc``'s
-    status) after DVC's one-line ``ERROR:``, or :data:`EXIT_PERMANENT` when the stage exited with it or params.yaml
-    is refused by :func:`check_params` (failures no retry fixes: the flow does not retry them).
+    """Reproduce ``stage`` alone through DVC's API (what ``dvc repro --single-item --pull`` calls: outputs and run
+    cache entries the default remote holds, if one is configured, are restored, not rebuilt); 0, or 255 (``dvc``'s
+    status) after DVC's one-line ``ERROR:``, or :data:`EXIT_PERMANENT` when the stage exited with it, params.yaml
+    is refused by :func:`check_params` or an output is not this project's
+    (:func:`pipeline.core.owned.refuse_unvouched`): failures no retry fixes, which the flow does not retry.
     ``SCMContext.quiet`` (dvc/repo/scm_context.py) silences the "git add dvc.lock" reminder, as DVC's experiment
     executor does; the flow says once what to commit (:func:`publish_hint`).
     """
@@ -123,11 +129,29 @@ def repro(stage: str, *, force: bool = False, root: str | Path = ".") -> int:
     try:
         with Repo(str(root)) as dvc:
             dvc.scm_context.quiet = True
-            dvc.reproduce(stage, single_item=True, force=force)
+            for out in (out for found in dvc.stage.collect(stage) for out in found.outs):
+                refuse_unvouched(Path(os.path.relpath(out.fs_path)))
+            dvc.reproduce(stage, single_item=True, force=force, pull=bool(dvc.config["core"].get("remote")))
+    except PipelineError as exc:  # an output folder of the user's: one line, not retried
+        print(f"error: stage {stage}: {exc}", file=sys.stderr)
+        return EXIT_PERMANENT
     except DvcException as exc:
         logging.getLogger("dvc").exception("")  # DVC's handler: one "ERROR: ..." line, as `dvc` prints
         return EXIT_PERMANENT if _stage_exit_code(exc) == EXIT_PERMANENT else 255
     return 0
+
+
+def push(root: str | Path = ".") -> str:
+    """``dvc push --run-cache`` of ``root`` to its default remote (outputs and run cache entries, so another machine's
+    ``dvc repro --pull`` restores every stage); what happened, in one line. No default remote: nothing is pushed."""
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as dvc:
+        remote = dvc.config["core"].get("remote")
+        if not remote:
+            return "no default DVC remote (dvc remote add -d NAME URL): nothing pushed"
+        count = dvc.push(run_cache=True)
+    return f"dvc push --run-cache: {count} file(s) and run-cache entries sent to remote {remote!r}"
 
 
 def publish_hint(repo: str | Path) -> str | None:

@@ -25,6 +25,7 @@ from prefect.states import State
 
 from flows import parent_run
 from flows.dvc_task import publish_hint, repro_command, select_stages, stage_env, stage_status
+from flows.dvc_task import push as push_to_remote
 from flows.lifeline import kill_all_groups, run_in_group
 from flows.report import AUDIT_ARTIFACT_KEY, StageOutcome, render_report
 from flows.preflight import check_params_first, quiet_prefect_tracebacks
@@ -115,6 +116,14 @@ def repro_stage(stage: str, settings: RunSettings) -> StageOutcome:
                         attempts=task_run_ctx.run_count or 1)
 
 
+@task(name="dvc-push", cache_policy=NO_CACHE)
+def push_results(repo: str) -> str:
+    """Push what the run built and its run cache to the default DVC remote (:func:`flows.dvc_task.push`)."""
+    said = push_to_remote(repo)
+    get_run_logger().info("%s", said)
+    return said
+
+
 def _details(record: type[D], metrics_dir: Path | None) -> D | None:
     """``record``'s file in ``metrics_dir``; None (a warning) when absent or unreadable."""
     try:
@@ -183,7 +192,7 @@ def _run_stages(selected: list[str], settings: RunSettings, *, retries: dict[str
 def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile: str | None = None,
                    repo: str = ".", timeouts_s: dict[str, float] | None = None,
                    retries: dict[str, int] | None = None, retry_delay_s: dict[str, float] | None = None,
-                   kill_grace_s: float = 30.0) -> RunReport:
+                   kill_grace_s: float = 30.0, push: bool = True) -> RunReport:
     """Reproduce the DVC stages in order, one task each, under one MLflow parent run.
 
     Args:
@@ -196,6 +205,8 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
             :data:`~pipeline.core.errors.EXIT_PERMANENT` is not retried.
         retry_delay_s: seconds before a retry per stage (default train 300).
         kill_grace_s: seconds between SIGTERM and SIGKILL when a stage's group is ended.
+        push: once every stage succeeded, ``dvc push --run-cache`` to the default DVC remote (each stage task
+            first restores what that remote holds: ``dvc repro --pull``).
 
     Raises:
         PipelineError: another run holds this workspace, or an unknown stage (refused before anything is touched).
@@ -211,7 +222,7 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
             logger.info("params.yaml holds profile %s for this run; the previous one comes back after", profile)
             profiled.enter_context(profile_run(profile, root, logger))
         report = _pipeline(root, selected, force=force, profile=profile, timeouts_s=timeouts_s, retries=retries,
-                           retry_delay_s=retry_delay_s, kill_grace_s=kill_grace_s)
+                           retry_delay_s=retry_delay_s, kill_grace_s=kill_grace_s, push=push)
     # A --profile run's dvc.lock is kept as that profile's (pipeline/project/locks.py), not live: no hint then.
     if not profile and (hint := publish_hint(root)):
         get_run_logger().info("%s", hint)
@@ -220,7 +231,7 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
 
 def _pipeline(root: Path, selected: list[str], *, force: bool, profile: str | None,
               timeouts_s: dict[str, float] | None, retries: dict[str, int] | None,
-              retry_delay_s: dict[str, float] | None, kill_grace_s: float) -> RunReport:
+              retry_delay_s: dict[str, float] | None, kill_grace_s: float, push: bool) -> RunReport:
     """The body of :func:`wmt14_pipeline`, run while it holds the workspace (and params.yaml holds ``profile``)."""
     params = load_params(root / "params.yaml") if (root / "params.yaml").is_file() else None
     flat = flatten(section_dict(params)) if params else {}
@@ -240,6 +251,8 @@ def _pipeline(root: Path, selected: list[str], *, force: bool, profile: str | No
         try:
             _run_stages(selected, settings, retries=retries, delays=delays, timeouts_s=timeouts_s or {},
                         metrics_dir=Path(paths.metrics) if paths else None, parent=parent, outcomes=outcomes)
+            if push:
+                push_results(str(root))
         except BaseException as exc:  # a stage failed, or SIGTERM/cancellation (TerminationSignal)
             failure = exc
             raise
@@ -271,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         ensure_api("flows.pipeline", argv)
         report = wmt14_pipeline(stages=args.stages, force=args.force, profile=args.profile, repo=args.repo,
                                 timeouts_s=dict(args.timeout), retry_delay_s=dict(args.retry_delay),
-                                kill_grace_s=args.kill_grace)
+                                kill_grace_s=args.kill_grace, push=args.push)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -145,7 +145,8 @@ def _touches(param: str | None, key: str) -> bool:
 
 
 def shared_stages(dvc_yaml: Path, keys: Iterable[str]) -> list[str]:
-    """The leading stages of ``dvc_yaml`` no key of ``keys`` touches, up to the first uncached ``persist`` output."""
+    """The leading stages of ``dvc_yaml`` no key of ``keys`` touches, up to train (its checkpoints are no DVC output,
+    so a variant cannot share them) or the first uncached ``persist`` output."""
     stages = (yaml.safe_load(dvc_yaml.read_text(encoding="utf-8")) or {}).get("stages") or {}
     keys = list(keys)
     shared = []
@@ -153,7 +154,7 @@ def shared_stages(dvc_yaml: Path, keys: Iterable[str]) -> list[str]:
         params = list(_params_entries(stage.get("params") or []))
         persists = any(isinstance(o, dict) and o.get("persist") and o.get("cache") is False
                        for out in stage.get("outs") or [] if isinstance(out, dict) for o in out.values())
-        if persists or any(_touches(p, k) for p in params for k in keys):
+        if name == "train" or persists or any(_touches(p, k) for p in params for k in keys):
             break
         shared.append(name)
     return shared

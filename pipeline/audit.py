@@ -13,9 +13,11 @@ from pipeline.auditing.inputs import load_inputs
 from pipeline.auditing.report import build_audit, tracking_metrics
 from pipeline.core.config import Params
 from pipeline.core.details import AuditDetails
+from pipeline.core.errors import ConfigError
 from pipeline.core.owned import atomic_path
 from pipeline.core.stage import stage_main, stage_parser
 from pipeline.core.textio import sha256_file
+from pipeline.core.yamlfile import load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +27,13 @@ def stage(params: Params, *, params_file: str | Path, lock_file: str | Path, roo
     """Write the audit of ``params`` (loaded from ``params_file``; its ``paths`` relative to ``root``) to ``md_path``
     and ``json_path`` atomically and log it to MLflow; return its :func:`pipeline.auditing.report.tracking_metrics`
     and the report's path and sha256. A missing input (``lock_file`` too) is "not measured", a malformed one an
-    error naming it; an existing ``json_path`` is the previous audit the replay compares with."""
+    error naming it; the previous audit the replay compares with is ``json_path`` or, when DVC deleted it before
+    this run (a declared output), its copy in DVC's cache (:func:`previous_audit`)."""
     from pipeline.auditing.render import render_markdown
     from pipeline.core import tracking
 
     inp = load_inputs(params, params_file=Path(params_file), lock_file=Path(lock_file), root=Path(root),
-                      previous_audit=Path(json_path))
+                      previous_audit=previous_audit(Path(json_path), Path(lock_file), Path(root)))
     audit = build_audit(inp)
     text_json = json.dumps(audit, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     numbers = tracking_metrics(audit, inp)
@@ -47,6 +50,20 @@ def stage(params: Params, *, params_file: str | Path, lock_file: str | Path, roo
     log.info("audit: %d paper items match, %d deviate, %d not measured; %d warning(s) -> %s", paper["matches"],
              paper["deviates"], paper["not measured"], audit["summary"]["warnings"], md_path)
     return AuditDetails(extra={**numbers, "report": str(json_path), "report_sha256": sha256_file(json_path)})
+
+
+def previous_audit(json_path: Path, lock_file: Path, root: Path) -> Path | None:
+    """``json_path`` if it is there, else the cached object dvc.lock's audit entry names
+    (``.dvc/cache/files/md5/<2>/<30>``, DVC 3's cache layout), else None."""
+    if json_path.is_file():
+        return json_path
+    try:
+        outs = load_yaml(lock_file)["stages"]["audit"]["outs"]
+        md5 = next(out["md5"] for out in outs if root / out["path"] == json_path)
+    except (OSError, ConfigError, KeyError, TypeError, StopIteration):
+        return None
+    cached = root / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]
+    return cached if cached.is_file() else None
 
 
 def _run(params: Params, args: argparse.Namespace) -> AuditDetails:

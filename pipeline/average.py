@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from pipeline.artifacts import averaging, model_file
-from pipeline.core.config import AverageConfig
+from pipeline.core.config import AverageConfig, checkpoint_folder
 from pipeline.core.errors import CheckpointError
 from pipeline.core.owned import atomic_path, refuse_foreign
 from pipeline.core.stage import stage_main
@@ -60,7 +60,7 @@ def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, mod
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipeline.average``."""
-    return stage_main("average", lambda params, _: stage(params.average, train_dir=params.paths.train,
+    return stage_main("average", lambda params, _: stage(params.average, train_dir=checkpoint_folder(params),
                                                          bpe_dir=params.paths.bpe, model_dir=params.paths.model), argv)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import model_file
-from pipeline.core.config import EvaluateConfig
+from pipeline.core.config import EvaluateConfig, checkpoint_folder
 from pipeline.core.owned import atomic_path, refuse_foreign
 from pipeline.core.stage import stage_main
 from pipeline.data.shards import ShardSet
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m pipeline.evaluate``."""
     return stage_main("evaluate", lambda params, _: stage(
         params.evaluate, model_dir=params.paths.model, shards_dir=params.paths.shards, raw_dir=params.paths.raw,
-        eval_dir=params.paths.eval, train_dir=params.paths.train, spm_model=Path(params.paths.bpe) / "spm.model"),
-        argv)
+        eval_dir=params.paths.eval, train_dir=checkpoint_folder(params),
+        spm_model=Path(params.paths.bpe) / "spm.model"), argv)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.core import env
-from pipeline.core.config import Params, load_params
+from pipeline.core.config import Params, checkpoint_folder, load_params
 from pipeline.core.errors import PipelineError
 from pipeline.core.owned import claim_folder
 from pipeline.core.stage import setup_logging, stage_parser
@@ -44,9 +44,10 @@ TRAIN_ROLE = "train"
 
 @contextmanager
 def hold_train_folder(folder: str | Path) -> Iterator[Path]:
-    """Claim the training folder (pipeline/core/owned.py) and hold the lock ``.<name>.nmt-train.lock`` beside it for
+    """Claim the training folder (``<paths.train>/<digest>``, :func:`pipeline.core.config.checkpoint_folder`) and
+    ``paths.train`` above it (pipeline/core/owned.py), and hold the lock ``.<digest>.nmt-train.lock`` beside it for
     the block, on one node (every node of a multi-node job shares ``paths.train``, docs/cluster.md, and node 0 alone
-    writes it). The lock lies beside the folder, not in it: DVC hashes the folder, and the lock records a pid.
+    writes it). The lock lies beside the folder, not in it: the folder holds only checkpoints.
 
     Raises:
         PipelineError: another training job holds it (its pid named), or the folder is a user's.
@@ -55,6 +56,7 @@ def hold_train_folder(folder: str | Path) -> Iterator[Path]:
     if env.settings().nnodes > 1:  # rank 0 claims it once the nodes have met (pipeline/training/setup.py)
         yield folder
         return
+    claim_folder(folder.parent, TRAIN_ROLE)
     with exclusive_run(folder.parent, f"training into {folder}", lock=Path(f".{folder.name}.nmt-train.lock"),
                        remedy=f"two trainers must not write one folder ({folder}): wait for it to end or stop it, "
                               "then run the stage again"):
@@ -79,7 +81,7 @@ def run_agent(torchrun_args: list[str]) -> int:
         del os.environ["TORCH_CPP_LOG_LEVEL"]  # the ranks inherit this environment
     if "pipeline.train" not in torchrun_args:  # torchrun running some other script: no training folder
         return agent.run_torchrun(torchrun_args)
-    with hold_train_folder(train_params(torchrun_args[torchrun_args.index("pipeline.train") + 1:]).paths.train):
+    with hold_train_folder(checkpoint_folder(train_params(torchrun_args[torchrun_args.index("pipeline.train") + 1:]))):
         return agent.run_torchrun(torchrun_args)
 
 
@@ -93,7 +95,10 @@ def check_params(train_args: list[str]) -> None:
     """Load the params file ``pipeline.train`` will read, so a bad one is one line before torchrun starts; refuse a
     ``paths.train`` folder of the user's (pipeline/core/owned.py) and a model this machine cannot hold."""
     params = train_params(train_args)
-    claim_folder(params.paths.train, TRAIN_ROLE, make=False)  # the agent makes it (hold_train_folder)
+    # The agent makes them (hold_train_folder); a multi-node job's rank 0 makes only <paths.train>/<digest>.
+    folders = [params.paths.train] if env.settings().nnodes == 1 else []
+    for folder in [*folders, checkpoint_folder(params)]:
+        claim_folder(folder, TRAIN_ROLE, make=False)
     check_memory(params)
 
 

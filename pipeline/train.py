@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 from pipeline.core import env
-from pipeline.core.config import Params
+from pipeline.core.config import Params, checkpoint_folder
 from pipeline.core.details import TrainDetails
 from pipeline.core.stage import stage_main
 from pipeline.training.curves import write_curves
@@ -60,7 +60,7 @@ def _run(params: Params, args: argparse.Namespace) -> TrainDetails:
     paths = params.paths
     train_csv = Path(paths.plots) / "train.csv"
     record = stage(params.train, model_cfg=params.model, seed=params.seed, shards_dir=paths.shards,
-                   spm_model=Path(paths.bpe) / "spm.model", run_dir=paths.train, plots_path=train_csv,
+                   spm_model=Path(paths.bpe) / "spm.model", run_dir=checkpoint_folder(params), plots_path=train_csv,
                    device=env.settings().device)
     if os.environ.get("RANK", "0") in ("", "0"):  # rank 0 wrote train.csv
         write_curves(train_csv)

@@ -50,6 +50,12 @@ def incomplete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     return [(s, p) for s, p in _step_folders(Path(run_dir)) if not (p / DONE).is_file()]
 
 
+def digests(run_dir: str | Path) -> dict[str, str]:
+    """Each complete checkpoint of ``run_dir``: step folder name -> its model.pt's sha256 recorded at save."""
+    return {folder.name: _recorded(folder, MODEL, corrupt_remedy(folder))[1]
+            for _, folder in complete_checkpoints(run_dir)}
+
+
 def latest(run_dir: str | Path) -> Path | None:
     """The complete checkpoint with the highest step, or None."""
     done = complete_checkpoints(run_dir)
@@ -179,8 +185,8 @@ def corrupt_remedy(folder: Path, average_window: int | None = None) -> str:
                                                     "from scratch (it is the only checkpoint)")
     if not others:
         return f"{delete} and retrain (`dvc repro train`): it is the only complete checkpoint"
-    # The train stage's output (paths.train, dvc.yaml) changed, so DVC reruns train before average.
-    rerun = f"{delete} and rerun `dvc repro average`: DVC first reruns train (its folder changed), which resumes"
+    # The checkpoints are no DVC output (dvc.yaml): --force reruns train, which resumes, before average.
+    rerun = f"{delete} and rerun `dvc repro --force --single-item train && dvc repro average`: train resumes"
     last = f"average then averages the last {average_window} complete checkpoints"
     if done[-1][1] == folder:  # the newest: training resumes before it and writes that step again
         return f"{rerun} from {others[-1]} and trains {folder.name} again; {last}"

@@ -13,7 +13,7 @@ from typing import Any, TypedDict
 from pipeline.artifacts import checkpoint, model_file
 from pipeline.auditing.replay import Replay, replay
 from pipeline.core import env, gitstate
-from pipeline.core.config import Params, flatten, section_dict
+from pipeline.core.config import Params, checkpoint_folder, flatten, section_dict
 from pipeline.core.details import RunDetails, read_json
 from pipeline.core.errors import ConfigError, DataError, PipelineError
 from pipeline.core.textio import sha256_file
@@ -114,7 +114,8 @@ def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Pat
     paths = params.paths
     details = RunDetails.read(root / paths.metrics)
     shards_manifest_path = root / paths.shards / "manifest.json"
-    newest = checkpoint.latest(root / paths.train)
+    folder = Path(details.train.folder or checkpoint_folder(params))  # where training ran, whatever params say now
+    newest = checkpoint.latest(root / folder)
     state_path = newest / checkpoint.STATE if newest is not None else None
     state = read_optional(state_path) if state_path is not None else None
     profile_file = root / PAPER_PROFILE
@@ -127,7 +128,7 @@ def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Pat
         shards_manifest=read_optional(shards_manifest_path),
         shards_manifest_sha256=sha256_file(shards_manifest_path) if shards_manifest_path.is_file() else None,
         state={k: v for k, v in state.items() if k != "history"} if state else None,
-        state_path=str(Path(paths.train) / newest.name / checkpoint.STATE) if newest is not None else None,
+        state_path=str(folder / newest.name / checkpoint.STATE) if newest is not None else None,
         model=model_file.describe(model_file.path_in(root / paths.model)), lock=lock,
         git=git_state(root), environment=environment(details),
         replay=replay(params=params, bleu=details.evaluate if "evaluate" in details.written else None,

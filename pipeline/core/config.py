@@ -7,6 +7,8 @@ it; :func:`params_from_dict` reports every problem at once, one line each, namin
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import typing
 from pathlib import Path
@@ -20,6 +22,9 @@ from pipeline.core.paths import layout_problems, path_problem
 from pipeline.core.problems import missing_keys, problems_of, shown
 from pipeline.core.yamlfile import load_yaml
 
+#: The ``train`` keys a run may change and still resume its checkpoints (where it stops, how often it saves/logs).
+RESUMABLE_TRAIN_KEYS = frozenset({"max_steps", "max_epochs", "max_minutes", "save_every_steps", "keep_last",
+                                  "valid_every_steps", "log_every_steps"})
 #: Keys that left params.yaml for an ``NMT_*`` variable: a params file that still has one fails naming it.
 MOVED_TO_ENV = {"train.max_tokens": "NMT_MAX_TOKENS"}
 
@@ -286,3 +291,14 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[dotted] = value
     return out
+
+
+def checkpoint_folder(params: Params) -> Path:
+    """The training folder of ``params``: ``<paths.train>/<digest>``, the digest (12 hex) of the config checkpoints
+    resume under (``seed``, ``model``, ``train`` but :data:`RESUMABLE_TRAIN_KEYS`). A run that changes training
+    (``dvc exp run -S train.warmup_steps=8``) starts in a folder of its own and leaves the others' checkpoints alone;
+    the same config (or one changing only where it stops) finds its folder and resumes."""
+    train = {k: v for k, v in section_dict(params.train).items() if k not in RESUMABLE_TRAIN_KEYS}
+    keyed = {"seed": params.seed, "model": section_dict(params.model), "train": train}
+    digest = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
+    return Path(params.paths.train) / digest

@@ -160,7 +160,9 @@ class Machine(Record):
 class TrainDetails(StageDetails):
     """Where training ended and what it measured (pipeline/training/loop.py): target (and source) tokens and forward
     passes per optimizer step (forwards: the busiest rank), ``wall_seconds`` of this invocation, ``train_seconds``
-    of step time over all (``resumed_from_step`` None: trained from scratch), the last validation's perplexity."""
+    of step time over all (``resumed_from_step`` None: trained from scratch), the last validation's perplexity, and
+    ``folder`` it trained in and ``checkpoints``: each complete checkpoint kept (step folder -> its model.pt's sha256),
+    what average and evaluate read: their DVC dependency, where the checkpoint folder is none (dvc.yaml)."""
 
     STAGE: ClassVar[str] = "train"
     step: int | None = None
@@ -179,6 +181,8 @@ class TrainDetails(StageDetails):
     train_seconds: float | None = None
     resumed_from_step: int | None = None
     valid_ppl: float | None = None
+    folder: str | None = None
+    checkpoints: dict[str, str] = Field(default_factory=dict)
     machine: Machine = Field(default_factory=Machine)
 
 

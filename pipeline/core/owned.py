@@ -136,6 +136,12 @@ def refuse_foreign(path: Path, role: str | None, *, replacing_with_folder: bool 
                           "another output path")
 
 
+def refuse_unvouched(path: Path) -> None:
+    """Raise :class:`OutputError` unless ``path`` may be deleted as a declared output before its stage runs (what
+    DVC does): nothing, a regular file, or a folder whose marker, of any role, lists everything in it (rule 2)."""
+    refuse_foreign(path, (_record(path) or {}).get("role") if _kind(path) == "folder" else None)
+
+
 def _new_staging(path: Path, option: str | None = None) -> Path:
     """A marked staging folder for ``path`` beside it (rule 3); a dead run's for the same name is removed first."""
     try:

@@ -37,6 +37,9 @@ def add_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
                             help="a stage's wall-clock limit; its process group is killed (repeatable; 0: none)"),
         parser.add_argument("--retry-delay", action="append", default=[], type=stage_seconds, metavar="STAGE=SECONDS",
                             help="seconds before retrying a failed stage (repeatable)"),
+        parser.add_argument("--no-push", dest="push", action="store_false",
+                            help="leave the results here: no dvc push --run-cache to the default DVC remote at the "
+                                 "end (default: push)"),
         parser.add_argument("--kill-grace", type=_seconds, default=DEFAULT_KILL_GRACE_S, metavar="SECONDS",
                             help=f"seconds from SIGTERM to SIGKILL when a stage is stopped "
                                  f"(default {DEFAULT_KILL_GRACE_S:g})"),

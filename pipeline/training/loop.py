@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from model import TransformerConfig, autocast, inverse_sqrt_lr
+from pipeline.artifacts import checkpoint
 from pipeline.core import tracking
 from pipeline.core.config import TrainConfig
 from pipeline.core.details import Machine, TrainDetails
@@ -268,7 +269,8 @@ def _finish(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any, wall
         step=state.step, tokens_seen=state.tokens_seen, world_size=tr.ctx.world_size, **state.batch_stats(),
         device=dev.type, device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         wall_seconds=round(wall, 3), train_seconds=round(state.train_seconds, 3), resumed_from_step=resumed_from,
-        valid_ppl=last_valid["valid_ppl"], machine=Machine.here(),
+        valid_ppl=last_valid["valid_ppl"], machine=Machine.here(), folder=str(run_dir),
+        checkpoints=checkpoint.digests(run_dir),
         extra={"epoch": state.epoch, "max_tokens": tr.max_tokens, "global_batches": len(tr.plan),
                **{k: v for k, v in last_train.items() if k.startswith("train_")},
                **{k: v for k, v in last_valid.items() if k.startswith("valid_") and k != "valid_ppl"},

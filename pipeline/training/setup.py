@@ -17,7 +17,7 @@ import torch
 from model import Transformer, TransformerConfig
 from pipeline.artifacts import checkpoint
 from pipeline.core import env
-from pipeline.core.config import TrainConfig, flatten, section_dict
+from pipeline.core.config import RESUMABLE_TRAIN_KEYS, TrainConfig, flatten, section_dict
 from pipeline.core.errors import CheckpointError, ConfigError, DataError
 from pipeline.core.textio import sha256_file
 from pipeline.data import batching
@@ -33,8 +33,6 @@ log = logging.getLogger(__name__)
 #: the device inside a step (``pipeline/training/loop.py``). The CPU keeps the foreach Adam its results were built on.
 FUSED_ADAM = ("cuda",)
 # train keys that never change the trajectory: resuming with other values is allowed.
-RESUMABLE_TRAIN_KEYS = frozenset({"max_steps", "max_epochs", "max_minutes", "save_every_steps", "keep_last",
-                                  "valid_every_steps", "log_every_steps"})
 
 
 @dataclass

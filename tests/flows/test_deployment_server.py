@@ -1,6 +1,6 @@
 """The deployment against a real ``prefect server start``: the scheduler fills a cron schedule, a real
-``prefect worker start --run-once`` on the process pool clones the deployed commit, pulls from the
-DVC remote and runs ``wmt14-pipeline`` to completion.
+``prefect worker start --run-once`` on the process pool clones the deployed commit and runs ``wmt14-pipeline`` to
+completion, its stage task restoring from the DVC remote (``dvc repro --pull``) and the run pushing at the end.
 
 The deployed repository is a toy one (this checkout's ``flows/``, ``pipeline/`` and ``profiles/``
 with a one-stage dvc.yaml and a local DVC remote), registered with Prefect's own ``prefect deploy --all`` from
@@ -197,6 +197,6 @@ def test_scheduler_fills_the_cron_schedule_and_a_worker_runs_a_scheduled_run(ser
                                      flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[chosen.id])))
     assert len(arts) == 1
     report = str(arts[0].data)
-    assert "| hello | skipped |" in report  # the pull step fetched hello.txt from the DVC remote
+    assert "| hello | restored |" in report  # the stage task's dvc repro --pull fetched hello.txt from the remote
     assert f"`{commit}`" in report  # the worker ran the deployed commit
     print(f"\ndeployment test: {time.monotonic() - started:.0f} s after the server was healthy")

@@ -117,6 +117,25 @@ def test_runs_then_skips_then_restores_with_report(make_repo: MakeRepo) -> None:
     assert forced["stages"][0]["status"] == "ran"
 
 
+def test_a_run_pushes_what_it_built_and_a_fresh_clone_restores_every_stage(make_repo: MakeRepo,
+                                                                          tmp_path: Path) -> None:
+    """The flow ends by ``dvc push --run-cache`` to the default remote; a clone of the same commit without the
+    dvc.lock (a scheduled run never commits it) restores every stage through the run cache and runs none."""
+    repo = make_repo(PIPELINE)
+    remote = tmp_path / "dvc-remote"
+    subprocess.run(["dvc", "remote", "add", "-d", "store", str(remote)], cwd=repo, check=True)
+    _git(repo, "commit", "-qam", "a remote")
+    assert wmt14_pipeline(repo=str(repo), profile="tiny", push=False)["stages"][0]["status"] == "ran"
+    assert not remote.exists()  # --no-push
+    wmt14_pipeline(repo=str(repo), profile="tiny")
+    assert (remote / "runs").is_dir() and (remote / "files" / "md5").is_dir()
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
+    report = wmt14_pipeline(repo=str(clone), profile="tiny", push=False)
+    assert [s["status"] for s in report["stages"]] == ["restored"] * 3
+    assert (clone / "build.txt").read_text() == "xx"
+
+
 def test_unknown_stage_is_named(make_repo: MakeRepo) -> None:
     repo = make_repo(PIPELINE)
     assert dvc_stages(repo) == ["prep", "build", "score"]
@@ -339,8 +358,8 @@ def test_nmt_run_is_the_flow(make_repo: MakeRepo) -> None:
 def test_prefect_deploy_registers_prefect_yaml_at_its_commit_and_its_pull_steps_work(
         tmp_path: Path, make_repo: MakeRepo, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``prefect deploy --all`` (Prefect's own CLI, no wrapper of ours) registers the deployment as prefect.yaml
-    defines it, pinned to the commit it ran at; what a worker then does (clone at that commit, cd into it, dvc pull)
-    fetches the outputs from the DVC remote."""
+    defines it, pinned to the commit it ran at; what a worker then does (clone at that commit, cd into it) and the
+    flow's stage tasks (``dvc repro --pull``, after the profile is chosen) restore the outputs from the DVC remote."""
     from prefect.client.orchestration import get_client
     from prefect.deployments.steps.core import run_steps
     from prefect.settings import PREFECT_API_URL
@@ -369,7 +388,8 @@ def test_prefect_deploy_registers_prefect_yaml_at_its_commit_and_its_pull_steps_
                 if d["name"] == "paper-weekly")
     clone = dep.pull_steps[0]["prefect.deployments.steps.git_clone"]
     assert (clone["repository"], clone["commit_sha"]) == (str(repo), commit)
-    assert dep.pull_steps[2]["prefect.deployments.steps.run_shell_script"]["script"] == "dvc pull --allow-missing"
+    assert [next(iter(step)) for step in dep.pull_steps] == [  # no `dvc pull` before the flow chooses its profile
+        "prefect.deployments.steps.git_clone", "prefect.deployments.steps.set_working_directory"]
     assert [(s.schedule.cron, s.schedule.timezone) for s in dep.schedules] == [("0 2 * * 6", "UTC")]
     assert dep.global_concurrency_limit.limit == 1 and dep.concurrency_options.collision_strategy.value == "ENQUEUE"
     assert dep.work_pool_name == spec["work_pool"]["name"] == "gpu-pool"
@@ -383,7 +403,10 @@ def test_prefect_deploy_registers_prefect_yaml_at_its_commit_and_its_pull_steps_
     outputs = run_coro_as_sync(run_steps(dep.pull_steps))
     cloned = Path(outputs["directory"])
     assert cloned.parent == work and Path.cwd() == cloned
-    assert _git(cloned, "rev-parse", "HEAD") == commit
+    assert _git(cloned, "rev-parse", "HEAD") == commit and not (cloned / "build.txt").exists()
+    report = wmt14_pipeline(repo=str(cloned), push=False)
+    assert [(s["stage"], s["status"]) for s in report["stages"]] == [
+        ("prep", "restored"), ("build", "restored"), ("score", "restored")]
     assert (cloned / "build.txt").read_text() == "xx"  # fetched from the DVC remote, not rebuilt
 
 

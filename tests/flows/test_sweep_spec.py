@@ -158,7 +158,7 @@ def test_shared_stages_are_the_leading_stages_no_varied_key_touches() -> None:
     dvc_yaml = REPO / "dvc.yaml"
     assert shared_stages(dvc_yaml, ["train.warmup_steps"]) == ["download", "clean", "bpe", "encode"]
     assert shared_stages(dvc_yaml, ["bpe.vocab_size"]) == ["download", "clean"]
-    assert shared_stages(dvc_yaml, ["evaluate.max_len_b"]) == ["download", "clean", "bpe", "encode"]  # train persists
+    assert shared_stages(dvc_yaml, ["evaluate.max_len_b"]) == ["download", "clean", "bpe", "encode"]  # no checkpoint
     assert shared_stages(dvc_yaml, ["download.retries"]) == []
     assert shared_stages(dvc_yaml, []) == ["download", "clean", "bpe", "encode"]
 

@@ -21,7 +21,7 @@ from pipeline.average import stage as average_stage
 from pipeline.bpe import stage as bpe_stage
 from pipeline.clean import stage as clean_stage
 from pipeline.core import stages
-from pipeline.core.config import BpeConfig, Params, params_from_dict
+from pipeline.core.config import BpeConfig, Params, checkpoint_folder, params_from_dict
 from pipeline.core.details import RECORDS, RunDetails
 from pipeline.core.owned import write_lines, write_text
 from pipeline.core.stage import run_stage, write_metrics
@@ -100,7 +100,7 @@ def build_audit_world(root: Path, profile: str = "tiny", sizes: dict[str, dict] 
     try:
         _raw(root)
         d = PATHS
-        spm_model = f"{d['bpe']}/spm.model"
+        spm_model, run_dir = f"{d['bpe']}/spm.model", checkpoint_folder(p)  # <paths.train>/<digest>, as the stages
         for name, body in (
                 ("clean", lambda: clean_stage(p.clean, raw_dir=d["raw"], clean_dir=d["clean"])),
                 ("bpe", lambda: bpe_stage(BpeConfig(vocab_size=120, input_sentence_size=100000), clean_dir=d["clean"],
@@ -108,12 +108,12 @@ def build_audit_world(root: Path, profile: str = "tiny", sizes: dict[str, dict] 
                 ("encode", lambda: encode_stage(p.encode, clean_dir=d["clean"], bpe_dir=d["bpe"],
                                                 shards_dir=d["shards"])),
                 ("train", lambda: train_stage(p.train, model_cfg=p.model, seed=p.seed, shards_dir=d["shards"],
-                                              spm_model=spm_model, run_dir=d["train"],
+                                              spm_model=spm_model, run_dir=run_dir,
                                               plots_path=f"{d['plots']}/train.csv")),
-                ("average", lambda: average_stage(p.average, train_dir=d["train"], bpe_dir=d["bpe"],
+                ("average", lambda: average_stage(p.average, train_dir=run_dir, bpe_dir=d["bpe"],
                                                   model_dir=d["model"])),
                 ("evaluate", lambda: evaluate_stage(p.evaluate, model_dir=d["model"], shards_dir=d["shards"],
-                                                    raw_dir=d["raw"], eval_dir=d["eval"], train_dir=d["train"],
+                                                    raw_dir=d["raw"], eval_dir=d["eval"], train_dir=run_dir,
                                                     spm_model=spm_model))):
             run_stage(name, body, params=p, metrics_dir=d["metrics"], root=root)
     finally:

@@ -109,7 +109,9 @@ def tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
 
 def assert_bitwise_equal(ref: Path, other: Path, step: int) -> None:
     """Checkpoint ``step`` (weights, Adam state, logged history) and the plots file are identical."""
-    a, b = checkpoint.step_dir(ref / "runs", step), checkpoint.step_dir(other / "runs", step)
+    from tests.helpers.train import checkpoints  # that module imports the training stage (torch), this one not yet
+
+    a, b = checkpoint.step_dir(checkpoints(ref), step), checkpoint.step_dir(checkpoints(other), step)
     for name in (checkpoint.MODEL, checkpoint.OPTIM):
         ta = tensors(torch.load(a / name, weights_only=True))
         tb = tensors(torch.load(b / name, weights_only=True))

@@ -28,10 +28,11 @@ def code_folders(dvc_yaml: Path) -> list[str]:
 
 
 def make_tiny_project(dest: Path, *, gitignore: bool = True) -> Path:
-    """dvc.yaml, its code folders, profiles/ and (``gitignore``) .gitignore copied to ``dest``, the tiny
+    """dvc.yaml, .dvcignore, its code folders, profiles/ and (``gitignore``) .gitignore copied to ``dest``, the tiny
     profile written as params.yaml, all committed; returns ``dest``."""
     dest.mkdir(parents=True)
     shutil.copy(REPO / "dvc.yaml", dest / "dvc.yaml")
+    shutil.copy(REPO / ".dvcignore", dest / ".dvcignore")
     if gitignore:
         shutil.copy(REPO / ".gitignore", dest / ".gitignore")
     for folder in {*code_folders(REPO / "dvc.yaml"), "profiles"}:

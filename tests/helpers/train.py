@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from pipeline.core.config import params_from_dict
+from pipeline.core.config import checkpoint_folder, load_params, params_from_dict
 from pipeline.core.stage import run_stage
 from pipeline.project.profiles import merged_profile
 from pipeline.train import stage
@@ -109,11 +109,20 @@ def tiny_params(tmp: Path, ws: dict[str, Path], **train) -> dict:
     return data
 
 
+def checkpoints(root: Path) -> Path:
+    """The training folder of the last run in ``root`` (by its params.yaml): ``<paths.train>/<digest>``
+    (:func:`pipeline.core.config.checkpoint_folder`)."""
+    return checkpoint_folder(load_params(root / "params.yaml"))
+
+
 def run_inprocess(data: dict, tmp: Path) -> dict:
-    """Train in this process as ``python -m pipeline.train`` would (the stage wrapper writes the metrics)."""
+    """Train in this process as ``python -m pipeline.train`` would (the stage wrapper writes the metrics), its
+    params also written to ``tmp/params.yaml`` (for :func:`checkpoints`)."""
     p = params_from_dict(data)
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "params.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
     return run_stage("train", lambda: stage(p.train, model_cfg=p.model, seed=p.seed, shards_dir=p.paths.shards,
-                                            spm_model=Path(p.paths.bpe) / "spm.model", run_dir=p.paths.train,
+                                            spm_model=Path(p.paths.bpe) / "spm.model", run_dir=checkpoint_folder(p),
                                             plots_path=Path(p.paths.plots) / "train.csv"),
                      params=p, metrics_dir=p.paths.metrics)
 

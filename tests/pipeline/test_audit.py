@@ -19,7 +19,7 @@ from pipeline import audit
 from pipeline.auditing.paper import minor_items
 from pipeline.auditing.settings import PAPER_SETTINGS
 from pipeline.core import stages
-from pipeline.core.config import Params, flatten, params_from_dict
+from pipeline.core.config import Params, checkpoint_folder, flatten, params_from_dict
 from pipeline.core.details import METRICS, RunDetails
 from pipeline.core.errors import CheckpointError, DataError, PipelineError
 from pipeline.core.owned import write_text
@@ -146,7 +146,7 @@ def test_lineage_repeats_dvc_lock_manifests_params_and_run_ids(audit_world: Path
     assert lineage["params_sha256"] == hashlib.sha256(params_file.read_bytes()).hexdigest()
     assert set(lineage["mlflow_run_ids"]) >= set(stages.NAMES) - {"register", "audit"}
     assert lineage["git"] == {"commit": None, "dirty": None, "dirty_paths": []}
-    assert lineage["checkpoint_state"] == "data/train/step-00000020/state.json"
+    assert lineage["checkpoint_state"] == f"{checkpoint_folder(params)}/step-00000020/state.json"
 
 
 def _no_nulls(value: object) -> object:
@@ -185,7 +185,8 @@ def test_stale_and_inconsistent_lineage_is_named(audit_world: Path, tmp_path: Pa
     assert f"Lineage consistency: {item['deviation']}" in report["warnings"]  # a failed check warns, once
     assert report["summary"]["checks"]["deviates"] == 1 and item["deviation"] not in "\n".join(report["deviations"])
     assert "dvc.lock stage train ran with other params (train.warmup_steps 5 -> 7)" in item["deviation"]
-    assert "data/train/step-00000020/state.json was trained on shards manifest" in item["deviation"]
+    trained_in = checkpoint_folder(params_from_dict(yaml.safe_load((audit_world / "params.yaml").read_text())))
+    assert f"{trained_in}/step-00000020/state.json was trained on shards manifest" in item["deviation"]
     lock = yaml.safe_load((root / "dvc.lock").read_text())
     lock["stages"]["bpe"]["outs"] = [{"path": "data/other/bpe", "md5": "0" * 32}]  # another profile's entry
     (root / "dvc.lock").write_text(yaml.safe_dump(lock))

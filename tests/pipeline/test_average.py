@@ -155,14 +155,14 @@ def test_flipped_bytes_in_a_checkpoint_are_refused_naming_file_and_remedy(tmp_pa
     flip_in_largest_record(folder / "model.pt")
     with pytest.raises(CheckpointError, match=r"step-00000002/model\.pt: content does not match the sha256 recorded "
                                               r"at save .*delete the folder .*step-00000002 .*rerun `dvc repro "
-                                              r"average`: DVC first reruns train \(its folder changed\), which resumes from "
+                                              r"--force --single-item train && dvc repro average`: train resumes from "
                                               r"step-00000001 and trains step-00000002 again; average then averages "
                                               r"the last 2 complete checkpoints$"):
         _run(tmp_path, spm_dir, last_n=2)
     assert not (tmp_path / "model" / AVERAGED_NAME).exists()
 
 
-RERUN = "rerun `dvc repro average`: DVC first reruns train (its folder changed), which resumes from"
+RERUN = "rerun `dvc repro --force --single-item train && dvc repro average`: train resumes from"
 LAST_2 = "average then averages the last 2 complete checkpoints"
 
 

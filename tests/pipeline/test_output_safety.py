@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.core.errors import EXIT_PERMANENT
 from tests.helpers.privileges import without_dac_override
 from tests.helpers.tinyproject import built_env, copy_built
 
@@ -58,14 +59,19 @@ def built(tiny_built: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 @pytest.mark.parametrize("key", sorted(FOLDER_OUTPUTS))
-def test_a_stage_refuses_to_replace_a_folder_it_did_not_write(built: Path, key: str) -> None:
+def test_a_flow_stage_refuses_to_let_dvc_delete_a_folder_it_did_not_write(built: Path, key: str) -> None:
+    """DVC deletes a declared output before its stage runs (bare ``dvc repro`` follows that rule,
+    docs/orchestration.md); ``nmt run``'s stage command (flows/dvc_task.py) refuses first: the user's folder stays."""
     original = (built / "params.yaml").read_bytes()
     keep = _foreign(built, f"data/mine-{key}" if key in ("raw", "clean", "bpe", "shards") else f"runs/mine-{key}")
     try:
         _set_paths(built, **{key: str(keep.parent.relative_to(built))})
-        done = _run(built, "dvc", "repro", "--single-item", FOLDER_OUTPUTS[key])
-        assert done.returncode != 0, done.stdout[-2000:]
-        assert f"{keep.parent.relative_to(built)}: refusing to replace this folder" in done.stderr, done.stderr[-2000:]
+        done = _run(built, sys.executable, "-m", "flows.dvc_task", "repro", FOLDER_OUTPUTS[key])
+        assert done.returncode == EXIT_PERMANENT, done.stdout[-2000:] + done.stderr[-2000:]
+        assert done.stderr.splitlines()[-1].startswith(
+            f"error: stage {FOLDER_OUTPUTS[key]}: {keep.parent.relative_to(built)}: refusing to replace this folder: "
+            "it is not an output folder this project wrote (it holds no .nmt-output marker)"), done.stderr[-2000:]
+        assert "Running stage" not in done.stdout
         assert keep.read_text(encoding="utf-8") == "mine\n"
         assert sorted(p.name for p in keep.parent.iterdir()) == ["keep.txt"]
     finally:

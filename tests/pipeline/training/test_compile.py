@@ -17,7 +17,8 @@ from model import Transformer, TransformerConfig
 from pipeline.training.forward import batch_loss, loss_function
 from pipeline.training.preflight import check
 from tests.helpers.faultutil import tensors
-from tests.helpers.train import make_workspace, run_torchrun, tiny_params
+from pipeline.core.config import checkpoint_folder, params_from_dict
+from tests.helpers.train import checkpoints, make_workspace, run_torchrun, tiny_params
 
 LINE = "torch.compile (NMT_COMPILE): on; the first forward pass compiles"
 NO_DROPOUT = {"dropout": 0.0, "attn_dropout": 0.0, "ffn_dropout": 0.0}
@@ -60,7 +61,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _state(folder: Path, step: int) -> tuple[dict, list]:
-    last = folder / "runs" / f"step-{step:08d}"
+    last = checkpoints(folder) / f"step-{step:08d}"
     weights = {name: tensors(torch.load(last / name, weights_only=True)) for name in ("model.pt", "optim.pt")}
     return weights, json.loads((last / "state.json").read_text(encoding="utf-8"))["history"]
 
@@ -74,8 +75,10 @@ def test_a_compiled_training_run_with_dropout_resumes_bitwise(workspace, tmp_pat
         data = tiny_params(tmp_path / name, workspace, max_steps=5, valid_every_steps=5)
         assert data["model"]["dropout"] > 0
         if name == "resumed":
-            shutil.copytree(tmp_path / "whole" / "runs" / "step-00000004", tmp_path / name / "runs" / "step-00000004")
-            shutil.copy(tmp_path / "whole" / "runs" / ".nmt-output", tmp_path / name / "runs")  # a training folder's
+            whole, resumed = checkpoints(tmp_path / "whole"), checkpoint_folder(params_from_dict(data))
+            shutil.copytree(whole / "step-00000004", resumed / "step-00000004")
+            for source, folder in ((whole, resumed), (whole.parent, resumed.parent)):  # training folders' markers
+                shutil.copy(source / ".nmt-output", folder)
         proc = run_torchrun(data, tmp_path / name, nproc=1, env={"NMT_COMPILE": "on"})
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert LINE in proc.stderr, proc.stderr[-3000:]

@@ -15,7 +15,7 @@ import torch
 
 from pipeline.artifacts import checkpoint
 from tests.helpers.faultutil import tensors
-from tests.helpers.train import make_workspace, run_torchrun, tiny_params
+from tests.helpers.train import checkpoints, make_workspace, run_torchrun, tiny_params
 
 LINE = "deterministic kernels (NMT_DETERMINISTIC): on"
 
@@ -26,7 +26,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _final(folder: Path, step: int) -> dict[str, torch.Tensor]:
-    last = folder / "runs" / f"step-{step:08d}"
+    last = checkpoints(folder) / f"step-{step:08d}"
     return {name: tensors(torch.load(last / name, weights_only=True)) for name in ("model.pt", "optim.pt")}
 
 
@@ -39,7 +39,7 @@ def _killed_and_resumed(workspace: dict, tmp: Path, env: dict, steps: int) -> Pa
     data = tiny_params(tmp, workspace, max_steps=steps)
     proc = run_torchrun(data, tmp, nproc=1, env={**env, "NMT_FAULT_POINT": "after_step:5"})
     assert proc.returncode != 0
-    assert [s for s, _ in checkpoint.complete_checkpoints(tmp / "runs")][-1] == 4
+    assert [s for s, _ in checkpoint.complete_checkpoints(checkpoints(tmp))][-1] == 4
     proc = run_torchrun(data, tmp, nproc=1, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming from" in proc.stderr
@@ -67,5 +67,6 @@ def test_with_deterministic_kernels_a_killed_and_resumed_cuda_run_is_bitwise_equ
     assert LINE in proc.stderr and "nccl" in proc.stderr
     resumed = _killed_and_resumed(workspace, tmp_path / "resumed", env, steps=10)
     assert _bitwise_equal(_final(ref, 10), _final(resumed, 10))
-    history = [json.loads((d / "runs" / "step-00000010" / "state.json").read_text())["history"] for d in (ref, resumed)]
+    history = [json.loads((checkpoints(d) / "step-00000010" / "state.json").read_text())["history"]
+               for d in (ref, resumed)]
     assert history[0] == history[1]

@@ -20,11 +20,13 @@ import numpy as np
 import pytest
 
 from pipeline.artifacts import checkpoint
+from pipeline.core.config import checkpoint_folder, params_from_dict
 from pipeline.core.errors import CheckpointError, ConfigError, PipelineError
+from pipeline.core.owned import claim_folder
 from pipeline.data import batching
 from pipeline.training import faults, preflight, torchrun
 from tests.helpers import faultutil as fu
-from tests.helpers.train import make_workspace, run_inprocess, tiny_params
+from tests.helpers.train import checkpoints, make_workspace, run_inprocess, tiny_params
 
 MAX_STEPS = 10
 
@@ -47,7 +49,7 @@ def reference(workspace, tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("reference")
     rc, out = fu.run(job_params(tmp, workspace), tmp)
     assert rc == 0, out[-3000:]
-    assert "forward passes of <= 96 padded tokens" in out and fu.steps(tmp / "runs") == [8, 10]
+    assert "forward passes of <= 96 padded tokens" in out and fu.steps(checkpoints(tmp)) == [8, 10]
     return tmp
 
 
@@ -59,7 +61,8 @@ def _crash(data: dict, tmp: Path, point: str) -> str:
 
 @pytest.mark.slow
 def test_kills_at_every_named_point_resume_bitwise_equal(workspace, reference, tmp_path):
-    data, runs = job_params(tmp_path, workspace), tmp_path / "runs"
+    data = job_params(tmp_path, workspace)
+    runs = checkpoint_folder(params_from_dict(data))
     _crash(data, tmp_path, "before_save:2")
     assert fu.steps(runs) == [] and not list(runs.glob(".step-*"))
     out = _crash(data, tmp_path, "mid_save:4")  # from scratch; dies inside checkpoint 4's write
@@ -85,16 +88,16 @@ def test_process_group_killed_at_a_seeded_random_time(workspace, reference, tmp_
     delay = random.Random(seed).uniform(0.0, 1.5)
     data = job_params(tmp_path, workspace, save_every_steps=1)  # a checkpoint write most of the time
     job = fu.start(data, tmp_path)
-    assert fu.wait_for(lambda: fu.steps(tmp_path / "runs") or job.poll() is not None, 90), "no checkpoint"
+    assert fu.wait_for(lambda: fu.steps(checkpoints(tmp_path)) or job.poll() is not None, 90), "no checkpoint"
     time.sleep(delay)
     with contextlib.suppress(ProcessLookupError):  # (the job may have finished already)
         os.killpg(job.pid, signal.SIGKILL)
     fu.finish(job)
     assert fu.wait_for(lambda: not fu.workers_of(tmp_path / "params.yaml"), 10), "orphaned ranks survived"
-    killed_at = fu.steps(tmp_path / "runs")
+    killed_at = fu.steps(checkpoints(tmp_path))
     rc, out = fu.run(data, tmp_path)
     assert rc == 0, out[-3000:]
-    assert f"step-{killed_at[-1]:08d}" in out and not list((tmp_path / "runs").glob(".step-*"))
+    assert f"step-{killed_at[-1]:08d}" in out and not list((checkpoints(tmp_path)).glob(".step-*"))
     fu.assert_bitwise_equal(reference, tmp_path, MAX_STEPS)
 
 
@@ -152,7 +155,7 @@ def test_an_out_of_memory_step_is_skipped_and_counted(workspace, tmp_path, monke
     monkeypatch.setenv("NMT_FAULT_POINT", f"forward:3:oom@{tmp_path / 'oom-once'}")
     metrics = run_inprocess(tiny_params(tmp_path, workspace), tmp_path)
     assert metrics["step"] == 6 and metrics["oom_skipped_steps"] == 1
-    assert checkpoint.read_state(tmp_path / "runs" / "step-00000006")["oom_skipped"] == 1
+    assert checkpoint.read_state(checkpoints(tmp_path) / "step-00000006")["oom_skipped"] == 1
 
 
 def test_repeated_out_of_memory_stops_with_the_shape_and_max_tokens(workspace, tmp_path, monkeypatch):
@@ -161,7 +164,7 @@ def test_repeated_out_of_memory_stops_with_the_shape_and_max_tokens(workspace, t
                                             r"rank 0, forward pass \d+: src \[\d+, \d+\], tgt \[\d+, \d+\]\) .*"
                                             r"set NMT_MAX_TOKENS lower and rerun"):
         run_inprocess(tiny_params(tmp_path, workspace), tmp_path)
-    assert fu.steps(tmp_path / "runs") == [2] and not (tmp_path / "metrics" / "train.json").exists()
+    assert fu.steps(checkpoints(tmp_path)) == [2] and not (tmp_path / "metrics" / "train.json").exists()
 
 
 @pytest.mark.slow
@@ -176,16 +179,16 @@ def test_out_of_memory_on_one_rank_skips_the_step_on_both(workspace, tmp_path):
 
 def test_truncated_checkpoint_file_is_named_with_the_remedy(workspace, tmp_path):
     run_inprocess(tiny_params(tmp_path, workspace, max_steps=4), tmp_path)
-    model = tmp_path / "runs" / "step-00000004" / "model.pt"
+    model = checkpoints(tmp_path) / "step-00000004" / "model.pt"
     size = model.stat().st_size
     model.write_bytes(model.read_bytes()[:size // 2])
-    before = sorted(str(p) for p in (tmp_path / "runs").rglob("*"))
+    before = sorted(str(p) for p in (checkpoints(tmp_path)).rglob("*"))
     with pytest.raises(CheckpointError) as err:
         run_inprocess(tiny_params(tmp_path, workspace, max_steps=6), tmp_path)
     assert str(err.value) == (
         f"{model}: truncated ({size // 2} of the {size} bytes written; a full disk or an interrupted copy?); "
         f"delete the folder {model.parent} (or move it away) and rerun to resume from step-00000002")
-    assert sorted(str(p) for p in (tmp_path / "runs").rglob("*")) == before
+    assert sorted(str(p) for p in (checkpoints(tmp_path)).rglob("*")) == before
     shutil.rmtree(model.parent)
     metrics = run_inprocess(tiny_params(tmp_path, workspace, max_steps=6), tmp_path)
     assert metrics["resumed_from_step"] == 2 and metrics["step"] == 6
@@ -277,13 +280,15 @@ def test_sigkill_of_dvc_repro_alone_ends_the_training_it_started(workspace, tmp_
 
 
 def test_a_second_trainer_on_a_held_training_folder_is_one_line(workspace, tmp_path):
-    """The launcher holds .<name>.nmt-train.lock beside paths.train for the whole run; a second one on the folder is
-    refused before torchrun starts, naming the lock and the pid holding it; the folder is left as it was."""
+    """The launcher holds .<digest>.nmt-train.lock beside its training folder <paths.train>/<digest> for the whole
+    run; a second one on the folder is refused before torchrun starts, naming the lock and the pid holding it; the
+    folder is not made."""
     from tests.helpers.lockholder import hold_lock
 
     data = job_params(tmp_path, workspace)
-    runs = Path(data["paths"]["train"])
+    runs = checkpoint_folder(params_from_dict(data))
     lock = runs.parent / f".{runs.name}.nmt-train.lock"
+    claim_folder(runs.parent, checkpoint.ROLE)  # paths.train, as the first run of any config leaves it
     holder = hold_lock(runs.parent, "training into runs", lock=Path(lock.name))
     try:
         rc, out = fu.run(data, tmp_path, nproc=1)

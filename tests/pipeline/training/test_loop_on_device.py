@@ -11,7 +11,7 @@ import torch
 from pipeline.artifacts import checkpoint
 from pipeline.core.errors import PipelineError
 from pipeline.training import loop, setup
-from tests.helpers.train import make_workspace, run_inprocess, tiny_params
+from tests.helpers.train import checkpoints, make_workspace, run_inprocess, tiny_params
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_steps_read_at_log_points_train_bitwise_as_steps_read_every_step(workspa
                     read_every_step=True)
     assert [r for r in lazy_reads if r] == [[1, 2, 3], [4, 5], [6], [7]]  # log 3, 6; valid 5; save 7 (the end)
     assert (tmp_path / "a" / "plots" / "train.csv").read_text() == (tmp_path / "b" / "plots" / "train.csv").read_text()
-    a, b = (checkpoint.load_tensors(tmp_path / x / "runs" / "step-00000007", "model.pt") for x in "ab")
+    a, b = (checkpoint.load_tensors(checkpoints(tmp_path / x) / "step-00000007", "model.pt") for x in "ab")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert lazy["tokens_per_step_mean"] == eager["tokens_per_step_mean"] and lazy["valid_ppl"] == eager["valid_ppl"]
 
@@ -65,7 +65,7 @@ def test_a_non_finite_step_read_late_names_the_same_step_and_saves_nothing_after
                  read_every_step=every)
         bad = int(str(err.value).split(":")[0].split()[-1])
         found.append(bad)
-        for step, folder in checkpoint.complete_checkpoints(tmp_path / name / "runs"):
+        for step, folder in checkpoint.complete_checkpoints(checkpoints(tmp_path / name)):
             assert step < bad
             model = checkpoint.load_tensors(folder, "model.pt")
             assert all(torch.isfinite(t).all() for t in model.values())

@@ -32,7 +32,7 @@ from tests.helpers import faultutil as fu
 from tests.helpers.httpserver import serve
 from tests.helpers.nodes import LoopbackJob, free_port
 from tests.helpers.paths import REPO
-from tests.helpers.train import make_workspace, tiny_params
+from tests.helpers.train import checkpoints, make_workspace, tiny_params
 
 STEPS = 8
 NO_DROPOUT = {"dropout": 0.0, "attn_dropout": 0.0, "ffn_dropout": 0.0}
@@ -61,7 +61,7 @@ def one_node(workspace: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
 def _assert_same_model(one_node: Path, two_nodes: Path) -> None:
     """The same global batches and the same weights and Adam state, bit for bit (so also to 1e-6): the two
     setups have the same world size and rank order, and gloo sums the two ranks' gradients the same way."""
-    state = json.loads((two_nodes / "runs" / f"step-{STEPS:08d}" / "state.json").read_text())
+    state = json.loads((checkpoints(two_nodes) / f"step-{STEPS:08d}" / "state.json").read_text())
     assert state["world_size"] == 2
     fu.assert_bitwise_equal(one_node, two_nodes, STEPS)
 
@@ -93,7 +93,7 @@ def test_two_nodes_on_loopback_train_the_model_of_one_node_with_two_processes(wo
     assert code0 == 0 and code1 == 0, (out0[-3000:], out1[-3000:])
     assert "training on 2 process(es)" in out0  # rank 0 of a world of 2, on the first node
     assert f"--rdzv_endpoint={job.endpoint}" in out0 and "--local_addr=127.0.0.1" in out0
-    assert fu.steps(tmp_path / "runs")[-1] == STEPS
+    assert fu.steps(checkpoints(tmp_path))[-1] == STEPS
     _assert_same_model(one_node, tmp_path)
 
 
@@ -103,7 +103,7 @@ def test_a_killed_node_agent_started_again_resumes_the_job_from_the_newest_check
     params = fu.write_params(_params(tmp_path, workspace), tmp_path)
     with LoopbackJob(params, tmp_path, env=_stall_fault(tmp_path, 5, rank=1)) as job:
         first, second = _start_two_until_stalled(job, stalling=1)
-        assert second.poll() is None and fu.steps(tmp_path / "runs") == [2, 4], job.log(second)[-3000:]
+        assert second.poll() is None and fu.steps(checkpoints(tmp_path)) == [2, 4], job.log(second)[-3000:]
         listening = job.sockets()
         assert job.port in {port for _, _, port, _ in listening} and len(listening) >= 3, listening
         assert not _exposed(job), f"listening beyond loopback: {_exposed(job)}"
@@ -115,7 +115,7 @@ def test_a_killed_node_agent_started_again_resumes_the_job_from_the_newest_check
     assert "error: stage train: rank 0: collective" in out0 and "failed: a peer rank died" in out0
     # the same agent (its launcher never ended) started its rank again: torchrun's restart (NMT_MAX_RESTARTS=1)
     assert out0.count("training on 2 process(es)") == 2 and "resuming from" in out0 and "step-00000004" in out0
-    assert fu.steps(tmp_path / "runs")[-1] == STEPS
+    assert fu.steps(checkpoints(tmp_path))[-1] == STEPS
     _assert_same_model(one_node, tmp_path)
 
 

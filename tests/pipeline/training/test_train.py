@@ -22,11 +22,11 @@ import torch
 
 from pipeline.artifacts import checkpoint
 from pipeline.core import stages
-from pipeline.core.errors import CheckpointError, ConfigError, PipelineError
+from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.data.shards import ShardSet
 from tests.helpers.faultutil import tensors
 from tests.helpers.paths import REPO
-from tests.helpers.train import make_workspace, run_inprocess, run_torchrun, tiny_params
+from tests.helpers.train import checkpoints, make_workspace, run_inprocess, run_torchrun, tiny_params
 
 
 def load(folder: Path, name: str) -> dict:
@@ -49,11 +49,11 @@ def test_single_process_run_writes_checkpoints_metrics_and_plots(workspace, tmp_
     data = tiny_params(tmp_path, workspace)
     metrics = run_inprocess(data, tmp_path)
     assert _stop_lines(caplog) == ["training stopped: reached train.max_steps=6 at step 6"]
-    steps = [s for s, _ in checkpoint.complete_checkpoints(tmp_path / "runs")]
+    steps = [s for s, _ in checkpoint.complete_checkpoints(checkpoints(tmp_path))]
     assert steps == [2, 4, 6]
-    state = json.loads((tmp_path / "runs" / "step-00000006" / "state.json").read_text())
+    state = json.loads((checkpoints(tmp_path) / "step-00000006" / "state.json").read_text())
     assert state["step"] == 6 and state["world_size"] == 1 and state["config"]["model"]["vocab_size"] == 60
-    sd = load(tmp_path / "runs" / "step-00000006", "model.pt")
+    sd = load(checkpoints(tmp_path) / "step-00000006", "model.pt")
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in sd)
     written = json.loads((tmp_path / "metrics" / "train.details.json").read_text())
     assert written["step"] == 6 and written == json.loads(json.dumps(metrics))
@@ -92,7 +92,7 @@ def test_two_gloo_ranks_equal_one_process_with_a_smaller_budget(workspace, tmp_p
     assert "training on 2 process(es)" in proc.stderr and "DistributedDataParallel over 2 ranks" in proc.stderr
     assert json.loads((two / "metrics" / "train.details.json").read_text())["forwards_per_step_max"] == 1
     for step in (1, 2):
-        a, b = (d / "runs" / f"step-{step:08d}" for d in (one, two))
+        a, b = (checkpoints(d) / f"step-{step:08d}" for d in (one, two))
         grads_a, grads_b = load(a, "optim.pt")["state"], load(b, "optim.pt")["state"]
         assert grads_a.keys() == grads_b.keys() and len(grads_a) > 5
         for k in grads_a if step == 1 else ():
@@ -133,12 +133,12 @@ def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(workspa
     data = tiny_params(crash, workspace, max_steps=10)
     proc = run_torchrun(data, crash, nproc=2, env={"NMT_FAULT_POINT": "after_step:5"})
     assert proc.returncode != 0
-    assert [s for s, _ in checkpoint.complete_checkpoints(crash / "runs")] == [2, 4]
+    assert [s for s, _ in checkpoint.complete_checkpoints(checkpoints(crash))] == [2, 4]
     one = _check_world_size_change(data, crash, tmp_path / "one")
     # The staging folder of a save whose writer died, holding garbage: never loaded, deleted on relaunch.
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True).stdout.strip()
-    bogus = crash / "runs" / f".step-00000006.{dead}.abcd1234.tmp"
+    bogus = checkpoints(crash) / f".step-00000006.{dead}.abcd1234.tmp"
     (bogus / "step-00000006").mkdir(parents=True)
     (bogus / "step-00000006" / "model.pt").write_bytes(b"not a checkpoint")
     (bogus / ".nmt-temporary").write_text(json.dumps({"owner": f"{socket.gethostname()}/{dead}/",
@@ -147,8 +147,8 @@ def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(workspa
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming from" in proc.stderr and "step-00000004" in proc.stderr
     assert not bogus.exists() and f"{bogus.name}, left behind by an interrupted run" in proc.stderr
-    assert not (crash / "runs" / "step-00000006" / "model.pt").read_bytes().startswith(b"not")
-    final_ref, final_crash = ref / "runs" / "step-00000010", crash / "runs" / "step-00000010"
+    assert not (checkpoints(crash) / "step-00000006" / "model.pt").read_bytes().startswith(b"not")
+    final_ref, final_crash = checkpoints(ref) / "step-00000010", checkpoints(crash) / "step-00000010"
     for name in ("model.pt", "optim.pt"):
         a, b = load(final_ref, name), load(final_crash, name)
         flat_a, flat_b = tensors(a), tensors(b)
@@ -159,7 +159,7 @@ def test_sigkill_and_relaunch_ends_bitwise_equal_to_an_uninterrupted_run(workspa
     assert (ref / "plots" / "train.csv").read_bytes() == (crash / "plots" / "train.csv").read_bytes()
     # Resumed on 1 process: the same global batches, step by step (logged every step).
     sizes = [[(h["step"], h["tgt_tokens_per_step"]) for h in json.loads((d / "state.json").read_text())["history"]
-              if "tgt_tokens_per_step" in h] for d in (final_ref, one / "runs" / "step-00000010")]
+              if "tgt_tokens_per_step" in h] for d in (final_ref, checkpoints(one) / "step-00000010")]
     assert len(sizes[0]) == 10 and sizes[0] == sizes[1]
 
 
@@ -187,17 +187,19 @@ def _check_world_size_change(data: dict, crashed: Path, tmp: Path) -> None:
     return tmp
 
 
-def test_resume_under_another_config_is_refused_and_changes_nothing(workspace, tmp_path):
+def test_another_config_trains_in_its_own_folder_and_leaves_the_first_byte_identical(workspace, tmp_path):
+    """What ``dvc exp run -S train.lr_scale=3`` does in a built workspace: train from scratch in
+    ``<paths.train>/<its digest>``; a run that changes only where training stops resumes in the first folder."""
     run_inprocess(tiny_params(tmp_path, workspace, max_steps=4), tmp_path)
-    before = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    first = checkpoints(tmp_path)
+    before = {p: p.read_bytes() for p in first.rglob("*") if p.is_file()}
     changed = tiny_params(tmp_path, workspace, max_steps=4, lr_scale=3.0)
     changed["model"]["d_ff"] = 48
-    with pytest.raises(CheckpointError) as err:
-        run_inprocess(changed, tmp_path)
-    msg = str(err.value)
-    assert "train.lr_scale: checkpoint 2.0, now 3.0" in msg and "model.d_ff: checkpoint 32, now 48" in msg
-    assert "step-00000004: cannot resume" in msg and "move" in msg
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == before
+    assert run_inprocess(changed, tmp_path)["resumed_from_step"] is None
+    assert checkpoints(tmp_path) != first and checkpoints(tmp_path).parent == first.parent
+    assert {p: p.read_bytes() for p in first.rglob("*") if p.is_file()} == before
+    assert run_inprocess(tiny_params(tmp_path, workspace, max_steps=6), tmp_path)["resumed_from_step"] == 4
+    assert checkpoints(tmp_path) == first
 
 
 def test_more_steps_continue_the_same_run(workspace, tmp_path):
@@ -213,8 +215,8 @@ def test_non_finite_loss_stops_before_the_optimizer_step(workspace, tmp_path):
     with pytest.raises(PipelineError, match=r"train step (\d+): non-finite .*the optimizer step was not taken\. "
                                             r"Lower train.lr_scale, set train.clip_norm"):
         run_inprocess(data, tmp_path)
-    steps = [s for s, _ in checkpoint.complete_checkpoints(tmp_path / "runs")]
-    last = checkpoint.load_tensors(tmp_path / "runs" / f"step-{steps[-1]:08d}", "model.pt")
+    steps = [s for s, _ in checkpoint.complete_checkpoints(checkpoints(tmp_path))]
+    last = checkpoint.load_tensors(checkpoints(tmp_path) / f"step-{steps[-1]:08d}", "model.pt")
     assert all(torch.isfinite(t).all() for t in last.values())  # the bad update was never applied
     assert not (tmp_path / "metrics" / "train.json").exists()
 
@@ -268,8 +270,8 @@ def test_an_epoch_limit_ends_the_run(workspace, tmp_path, caplog):
     steps = metrics["global_batches"]  # one epoch = one step per global batch
     assert _stop_lines(caplog) == [f"training stopped: reached train.max_epochs=1 at step {steps}"]
     assert metrics["step"] == steps and metrics["epoch"] == 1 and 4 <= steps <= 8
-    assert checkpoint.latest(tmp_path / "runs").name == f"step-{steps:08d}"
-    state = json.loads((checkpoint.latest(tmp_path / "runs") / "state.json").read_text(encoding="utf-8"))
+    assert checkpoint.latest(checkpoints(tmp_path)).name == f"step-{steps:08d}"
+    state = json.loads((checkpoint.latest(checkpoints(tmp_path)) / "state.json").read_text(encoding="utf-8"))
     _, src_len, tgt_len = ShardSet(workspace["shards"], "train").lengths()  # one epoch: every pair once
     assert (state["src_tokens_seen"], state["tokens_seen"]) == (int((src_len + 1).sum()), int((tgt_len + 1).sum()))
     assert metrics["src_tokens_per_step_mean"] == state["src_tokens_seen"] / steps
@@ -282,7 +284,7 @@ def test_max_minutes_pauses_keeps_checkpoints_and_the_rerun_resumes(workspace, t
         run_inprocess(tiny_params(tmp_path, workspace, max_steps=3, max_minutes=1e-6), tmp_path)
     assert _stop_lines(caplog) == ["training paused: train.max_minutes=1e-06 used up at step 1 of "
                                    "train.max_steps=3; rerun the stage to resume"]
-    assert checkpoint.latest(tmp_path / "runs").name == "step-00000001"
+    assert checkpoint.latest(checkpoints(tmp_path)).name == "step-00000001"
     assert not (tmp_path / "metrics" / "train.json").exists()  # nothing for DVC to record
     caplog.clear()
     metrics = run_inprocess(tiny_params(tmp_path, workspace, max_steps=3), tmp_path)
@@ -300,10 +302,10 @@ def test_a_restart_of_a_paused_torchrun_job_pauses_again(workspace, tmp_path, mo
         run_inprocess(tiny_params(tmp_path, workspace, max_steps=3, max_minutes=1e-6), tmp_path)
     with pytest.raises(PipelineError, match="max_minutes"):  # the agent's restart: no step trained
         run_inprocess(tiny_params(tmp_path, workspace, max_steps=3, max_minutes=1e-6), tmp_path)
-    assert checkpoint.latest(tmp_path / "runs").name == "step-00000001"
+    assert checkpoint.latest(checkpoints(tmp_path)).name == "step-00000001"
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-2")  # a new launch resumes
     assert run_inprocess(tiny_params(tmp_path, workspace, max_steps=3), tmp_path)["step"] == 3
-    assert not (tmp_path / "runs" / "PAUSED").exists()
+    assert not (checkpoints(tmp_path) / "PAUSED").exists()
 
 
 def test_nmt_max_tokens_below_the_longest_pair_is_refused(workspace, tmp_path, monkeypatch):
@@ -370,7 +372,7 @@ def test_a_failed_rank_ends_the_job_with_its_error_and_one_line_instead_of_torch
     lines = done.stderr.strip().splitlines()
     assert lines[-1].endswith("training failed: rank 0 ended with exit code 1 (its error is above)"), done.stderr
     assert any(line.startswith("error: stage train: train.max_minutes (1e-06) reached at step 1") for line in lines)
-    assert checkpoint.latest(tmp_path / "runs").name == "step-00000001"  # the pause kept its checkpoint
+    assert checkpoint.latest(checkpoints(tmp_path)).name == "step-00000001"  # the pause kept its checkpoint
 
 
 def test_a_resumed_run_logs_the_same_interval_losses_as_an_uninterrupted_one(workspace, tmp_path):
@@ -381,7 +383,7 @@ def test_a_resumed_run_logs_the_same_interval_losses_as_an_uninterrupted_one(wor
     run_inprocess(tiny_params(split, workspace, max_steps=6, log_every_steps=3, valid_every_steps=10), split)
 
     def lines(folder: Path) -> list[tuple]:
-        history = json.loads((folder / "runs" / "step-00000006" / "state.json").read_text())["history"]
+        history = json.loads((checkpoints(folder) / "step-00000006" / "state.json").read_text())["history"]
         return [(h["step"], h["train_loss"], h["tgt_tokens_per_step"]) for h in history if "train_loss" in h]
 
     assert lines(whole) == lines(split) and [s for s, _, _ in lines(whole)] == [3, 6]
@@ -452,7 +454,7 @@ def test_a_shard_rewritten_after_encode_is_refused_before_the_first_step(workspa
         run_inprocess(tiny_params(tmp_path, ws, max_steps=3), tmp_path)
     assert str(info.value) == (f"{part}: content does not match the sha256 in {ws['shards'] / 'manifest.json'} "
                                "(rewritten or damaged after encode); rerun `dvc repro encode`")
-    assert checkpoint.latest(tmp_path / "runs") is None
+    assert checkpoint.latest(checkpoints(tmp_path)) is None
 
 
 @pytest.mark.parametrize(("change", "message"), [
