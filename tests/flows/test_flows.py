@@ -389,7 +389,8 @@ def test_prefect_deploy_registers_prefect_yaml_at_its_commit_and_its_pull_steps_
     clone = dep.pull_steps[0]["prefect.deployments.steps.git_clone"]
     assert (clone["repository"], clone["commit_sha"]) == (str(repo), commit)
     assert [next(iter(step)) for step in dep.pull_steps] == [  # no `dvc pull` before the flow chooses its profile
-        "prefect.deployments.steps.git_clone", "prefect.deployments.steps.set_working_directory"]
+        "prefect.deployments.steps.git_clone", "prefect.deployments.steps.set_working_directory",
+        "prefect.deployments.steps.run_shell_script"]  # the last: the worker's environment names the MLflow server
     assert [(s.schedule.cron, s.schedule.timezone) for s in dep.schedules] == [("0 2 * * 6", "UTC")]
     assert dep.global_concurrency_limit.limit == 1 and dep.concurrency_options.collision_strategy.value == "ENQUEUE"
     assert dep.work_pool_name == spec["work_pool"]["name"] == "gpu-pool"
