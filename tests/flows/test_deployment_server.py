@@ -2,15 +2,20 @@
 ``prefect worker start --run-once`` on the process pool clones the deployed commit and runs ``wmt14-pipeline`` to
 completion, its stage task restoring from the DVC remote (``dvc repro --pull``) and the run pushing at the end.
 
-The deployed repository is a toy one (this checkout's ``flows/``, ``pipeline/`` and ``profiles/``
-with a one-stage dvc.yaml and a local DVC remote), registered with Prefect's own ``prefect deploy --all`` from
-this checkout's ``prefect.yaml`` with the test's schedule and job environment.
+The first test's deployed repository is a toy one (this checkout's ``flows/``, ``pipeline/`` and ``profiles/``
+with a one-stage dvc.yaml and a local DVC remote); the second deploys the real pipeline on the tiny profile
+(tests/helpers/tinyproject.py) with this checkout's ``.dvc/config`` (its default remote under ``$HOME``, a temporary
+folder here) and runs it twice. Both are registered with Prefect's own ``prefect deploy --all`` from this
+checkout's ``prefect.yaml`` with the test's schedule, parameters and job environment.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -27,7 +32,9 @@ import yaml
 
 from flows.pipeline import ARTIFACT_KEY, FLOW_NAME
 from flows.server import free_port, healthy
+from tests.helpers.mirror import write_multi30k_mirror
 from tests.helpers.paths import REPO
+from tests.helpers.tinyproject import built_env, make_tiny_project
 
 pytestmark = pytest.mark.slow
 
@@ -125,7 +132,7 @@ def _client(server: Server) -> Iterator[Any]:
         yield client
 
 
-def _deploy(server: Server, repo: Path) -> Any:
+def _deploy(server: Server, repo: Path, name: str = DEPLOYMENT) -> Any:
     """``prefect deploy --all`` in ``repo`` (its work pool created first, as docs/cluster.md says); the deployment."""
     subprocess.run([str(BIN / "prefect"), "work-pool", "create", POOL, "--type", "process", "--overwrite"], cwd=repo,
                    env=server.env, check=True, capture_output=True)
@@ -133,7 +140,7 @@ def _deploy(server: Server, repo: Path) -> Any:
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     with _client(server) as client:
-        return client.read_deployment_by_name(f"{FLOW_NAME}/{DEPLOYMENT}")
+        return client.read_deployment_by_name(f"{FLOW_NAME}/{name}")
 
 
 def _runs(server: Server, deployment_id: Any) -> list[Any]:
@@ -200,3 +207,80 @@ def test_scheduler_fills_the_cron_schedule_and_a_worker_runs_a_scheduled_run(ser
     assert "| hello | restored |" in report  # the stage task's dvc repro --pull fetched hello.txt from the remote
     assert f"`{commit}`" in report  # the worker ran the deployed commit
     print(f"\ndeployment test: {time.monotonic() - started:.0f} s after the server was healthy")
+
+
+def _tiny_repository(root: Path) -> Path:
+    """The tiny project with ``flows/``, this checkout's ``.dvc/config`` and its ``prefect.yaml`` (deployment
+    ``tiny``: no schedule, profile tiny), committed, its own ``origin``."""
+    repo = make_tiny_project(root / "tiny")
+    shutil.copytree(REPO / "flows", repo / "flows", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / ".dvc" / "config", repo / ".dvc" / "config")
+    deployments = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    spec = deployments["deployments"][0]
+    spec.update(name="tiny", schedules=[])
+    spec["parameters"]["profile"] = "tiny"
+    (repo / "prefect.yaml").write_text(yaml.safe_dump(deployments, sort_keys=False))
+    _git(repo, "remote", "add", "origin", str(repo))
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "tiny pipeline, deployed")
+    return repo
+
+
+def _run_once(server: Server, dep: Any, work: Path, env: dict[str, str]) -> dict[str, str]:
+    """One run of ``dep`` created now and taken by ``prefect worker start --run-once`` (its fresh temporary clone
+    under ``work``); its stages' statuses from the run's report artifact."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
+
+    with _client(server) as client:
+        run = client.create_flow_run_from_deployment(dep.id)
+    work.mkdir()
+    worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--type", "process",
+                               "--run-once", "--prefetch-seconds", "0"], cwd=work, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output = worker.communicate(timeout=900)[0].decode(errors="replace")
+    finally:
+        _stop_group(worker, grace_s=5)
+    with _client(server) as client:
+        state = client.read_flow_run(run.id).state
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[ARTIFACT_KEY])),
+                                     flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+    assert worker.returncode == 0 and state.is_completed(), f"{state}\n{output[-4000:]}"
+    table = str(arts[0].data).split("## Stages")[1].split("## BLEU")[0]
+    return dict(re.findall(r"^\| (\w+) \| (\w[\w ()]*?) \| [\d.]+ s \|", table, re.MULTILINE))
+
+
+def test_the_tiny_deployment_run_twice_restores_every_stage_and_the_remote_holds_model_and_audit(
+        server: Server, tmp_path: Path) -> None:
+    """Issue 56's acceptance: two runs of the real flow (tiny profile) by a process worker, each in its own fresh
+    clone; the first builds and pushes (the committed default remote, under ``$HOME``), the second runs no stage
+    command, and the remote holds the averaged model and the audit (by the md5s its run cache records)."""
+    from flows.dvc_task import dvc_stages
+
+    write_multi30k_mirror(tmp_path / "mirror")
+    repo = _tiny_repository(tmp_path)
+    env = {**server.env, **built_env(tmp_path), "HOME": str(tmp_path / "home")}
+    dep = _deploy(server, repo, name="tiny")
+    first = _run_once(server, dep, tmp_path / "worker-1", env)
+    second = _run_once(server, dep, tmp_path / "worker-2", env)
+    stages = dvc_stages(repo)
+    assert first == dict.fromkeys(stages, "ran"), first
+    assert list(second) == stages and set(second.values()) <= {"restored", "skipped"}, second
+
+    remote = tmp_path / "home" / ".cache" / "wmt14-transformer" / "dvc-remote"
+    objects = {path: _pushed_object(remote, path) for path in ("runs/tiny/model/averaged.pt", "reports/tiny/audit.md")}
+    assert all(hashlib.md5(obj.read_bytes()).hexdigest() == obj.parent.name + obj.name  # noqa: S324 - DVC's hash
+               for obj in objects.values()), objects
+    print(f"\ntiny deployment, run 1: {first}\nrun 2: {second}\nremote: {objects}")
+
+
+def _pushed_object(remote: Path, path: str) -> Path:
+    """The remote's object of the file ``path``, by the md5 its run cache records for the output holding it (the file
+    itself, or a folder whose ``.dir`` listing names it)."""
+    entries = [yaml.safe_load(entry.read_text()) for entry in (remote / "runs").rglob("*") if entry.is_file()]
+    out = next(out for entry in entries for out in entry["outs"] if f"{path}/".startswith(f"{out['path']}/"))
+    md5, inside = out["md5"], path.removeprefix(out["path"]).lstrip("/")
+    if inside:
+        listing = json.loads((remote / "files" / "md5" / md5[:2] / md5[2:]).read_text())
+        md5 = next(item["md5"] for item in listing if item["relpath"] == inside)
+    return remote / "files" / "md5" / md5[:2] / md5[2:]
