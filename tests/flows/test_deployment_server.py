@@ -210,9 +210,11 @@ def test_scheduler_fills_the_cron_schedule_and_a_worker_runs_a_scheduled_run(ser
 
 
 def _tiny_repository(root: Path) -> Path:
-    """The tiny project with ``flows/``, this checkout's ``.dvc/config`` and its ``prefect.yaml`` (deployment
-    ``tiny``: no schedule, profile tiny), committed, its own ``origin``."""
+    """The tiny project with ``flows/``, this checkout's ``.dvc/config``, the paper profile as params.yaml (as in
+    this checkout) and its ``prefect.yaml`` (deployment ``tiny``: no schedule, profile tiny), committed, its own
+    ``origin``."""
     repo = make_tiny_project(root / "tiny")
+    shutil.copy(REPO / "profiles" / "paper.yaml", repo / "params.yaml")  # the run chooses tiny before it pulls
     shutil.copytree(REPO / "flows", repo / "flows", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / ".dvc" / "config", repo / ".dvc" / "config")
     deployments = yaml.safe_load((REPO / "prefect.yaml").read_text())
@@ -246,6 +248,7 @@ def _run_once(server: Server, dep: Any, work: Path, env: dict[str, str]) -> dict
         arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[ARTIFACT_KEY])),
                                      flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
     assert worker.returncode == 0 and state.is_completed(), f"{state}\n{output[-4000:]}"
+    assert len(arts) == 1, output[-4000:]
     table = str(arts[0].data).split("## Stages")[1].split("## BLEU")[0]
     return dict(re.findall(r"^\| (\w+) \| (\w[\w ()]*?) \| [\d.]+ s \|", table, re.MULTILINE))
 
