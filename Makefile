@@ -18,14 +18,14 @@ export SACREBLEU ?= $(abspath .sacrebleu)
 install: $(VENV)/.installed
 
 # torch first with an exact pin (a loose requirement pulls a multi-GB CUDA build), then the stack with uv
-# (the same pins as `pip install -c constraints.txt -e ".[dev,hf]"` in ~10 s instead of ~3 minutes on 2 cores).
+# (the same pins as `pip install -c constraints.txt -e ".[dev,hf,s3]"` in ~10 s instead of ~3 minutes on 2 cores).
 # uv reads no pip.conf: where only pip's configured index is reachable, pip installs the stack instead.
 UV_VERSION := 0.13.9
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install -q "uv==$(UV_VERSION)" && $(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode \
-		-c constraints.txt -e ".[dev,hf]" || $(BIN)/pip install -q -c constraints.txt -e ".[dev,hf]"
+		-c constraints.txt -e ".[dev,hf,s3]" || $(BIN)/pip install -q -c constraints.txt -e ".[dev,hf,s3]"
 	touch $@
 
 # Two pytest-xdist workers (TEST_WORKERS=0: one process). Each file's tests run on one worker, so a module's
