@@ -60,6 +60,7 @@ def test_a_queued_grid_reruns_no_data_stage_and_shows_both_variants_with_bleu(ti
         log = _dvc(repo, "queue", "logs", name)
         assert "Running stage 'train'" in log, log[-3000:]
         assert not [s for s in DATA_STAGES if f"Running stage '{s}'" in log], log[-3000:]
+        assert all(f"Stage '{s}' is cached - skipping run" in log for s in DATA_STAGES), log[-3000:]  # run cache
         metrics = {Path(path).stem: body["data"] for path, body in data["metrics"].items()}
         assert isinstance(metrics["evaluate"]["test"]["bleu"], float), metrics
     warmups = sorted(data["params"]["params.yaml"]["data"]["train"]["warmup_steps"] for data in rows.values())
