@@ -210,7 +210,7 @@ def test_nmt_sweep_refuses_a_bad_spec_in_one_line_before_any_server(tmp_path: Pa
 
 def test_a_grid_value_of_paths_outside_the_project_is_refused_before_any_variant_runs(tmp_path: Path) -> None:
     """The stage's own layout check, for every variant, when the spec is read: `python -m flows.sweep` stops with
-    one line before any server, clone or variant (variant 1 would otherwise run the whole pipeline first)."""
+    one line before any server, experiment or variant (variant 1 would otherwise run the whole pipeline first)."""
     import os
     import subprocess
     import sys

@@ -1,6 +1,6 @@
 """The sweep flow on the toy DVC pipeline (``tests/helpers/toyflow.py``): seconds, not minutes.
 
-What is under test is the flow around the variants: the shared stage built once and skipped in the
+What is under test is the flow around the variants: the shared stage built once and restored from the run cache in the
 variants, a failing variant reported (by its stage's own error line) while the other finishes, the restart that
 reruns only the failed one under the MLflow run of its first try, ``dvc exp show`` in the checkout, and a changed
 spec refused against the state file.
