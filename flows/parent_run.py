@@ -55,20 +55,24 @@ def mlflow_run(name: str, *, root: str | Path, tags: dict[str, str],
 
 @contextlib.contextmanager
 def pipeline_run(name: str, *, params: dict[str, Any], root: str | Path = ".",
-                 tags: dict[str, str] | None = None, reopen: str | None = None) -> Iterator[tracking.StageRun]:
-    """The parent run of one pipeline run, with its params; ``tags`` override the git tags of ``root``."""
+                 tags: dict[str, str] | None = None, reopen: str | None = None,
+                 files: str | Path | None = None) -> Iterator[tracking.StageRun]:
+    """The parent run of one pipeline run, with its params; ``tags`` override the git tags of ``root``; ``files``:
+    the folder holding the run's params.yaml and (when the block ends) dvc.lock, logged as artifacts (default
+    ``root``; a sweep's variant, run in DVC's temporary workspace, has its own)."""
     root = Path(root)
+    files = Path(files) if files is not None else root
     with mlflow_run(name, root=root, tags={"pipeline": "true", **tracking.git_tags(root), **(tags or {})},
                     reopen=reopen) as handle:
         handle.log_params(params)
-        if (root / "params.yaml").is_file():
-            handle.log_artifact(root / "params.yaml")
+        if (files / "params.yaml").is_file():
+            handle.log_artifact(files / "params.yaml")
         try:
             yield handle
         finally:
-            if (root / "dvc.lock").is_file():
+            if (files / "dvc.lock").is_file():
                 with _never_fails("log dvc.lock"):
-                    handle.log_artifact(root / "dvc.lock")
+                    handle.log_artifact(files / "dvc.lock")
 
 
 def _reopen(client: Any, run_id: str, tags: dict[str, str]) -> str | None:

@@ -1,23 +1,27 @@
 """The Prefect flow ``wmt14-sweep`` (docs/orchestration.md, "Sweeps"): variants of a base profile run as DVC
-experiments, each in its own clone under its own MLflow run; a restart skips the finished variants.
+experiments (``dvc exp run --temp``, :mod:`flows.sweep_work`), mapped by Prefect, each under its own MLflow run; a
+restart skips the finished variants.
 
-Ours and not DVC's experiment queue (``dvc exp run --queue``, ``dvc queue start -j N``): see :mod:`flows.sweep_work`.
+Prefect maps the variants rather than DVC's queue (``dvc queue start -j N``) runs them: a queued experiment's
+environment is fixed when it is queued (``run_env`` in dvc/repo/experiments/queue/base.py), so its stages could not
+name the variant's MLflow run, which opens when the variant starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import re
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
@@ -26,15 +30,14 @@ from prefect.runtime import flow_run as flow_run_ctx
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import parent_run
-from flows.dvc_task import dvc_stages, repro_command, stage_env, stage_status
+from flows.dvc_task import dvc_stages, stage_env, stage_status
 from flows.lifeline import kill_all_groups, run_in_group
 from flows.preflight import quiet_prefect_tracebacks
 from flows.report import OBJECTIVE, best_variant, headline_from, paired_lines, render_sweep, seed_stats
 from flows.server import ensure_api
-from flows.sweep_spec import SweepSpec, Variant, load_spec, shared_params, variant_params
-from flows.sweep_work import (REPORTS_DIR, SweepState, VariantFailed, cache_dir, check_applied, exp_push_command,
-                              exp_ref, exp_run_command, head_commit, prepare_clone, shared_stages, sweep_dir,
-                              write_params)
+from flows.sweep_spec import SweepSpec, Variant, load_spec, variant_params
+from flows.sweep_work import (REPORTS_DIR, SweepState, VariantFailed, check_applied, exp_ref, exp_run_command,
+                              head_commit, overrides, read_at, remove_exp, shared_stages, sweep_dir)
 from pipeline.auditing.paper import paper_row
 from pipeline.core import env, tracking
 from pipeline.core.config import flatten, params_from_dict
@@ -45,7 +48,6 @@ from pipeline.project.profiles import merged_profile
 from pipeline.project.workspace import exclusive_run
 
 FLOW_NAME = "wmt14-sweep"
-_PUSH_LOCK = threading.Lock()  # one `dvc exp push` into the checkout's refs at a time (the sweep lock: one sweep)
 
 
 @dataclass(frozen=True)
@@ -56,25 +58,16 @@ class SweepContext:
     sweep: str
     profile: str
     commit: str
-    cache: str
-    base_clone: str | None  # the clone holding the shared stages' outputs, copied into each new variant clone
     parent_run_id: str | None
     flow_run_id: str
     grace_s: float
 
     def env(self, parent_id: str | None) -> dict[str, str]:
-        """The environment of a clone's ``dvc`` command: its stage runs become children of ``parent_id``."""
+        """The environment of a variant's ``dvc exp run``: its stage runs become children of ``parent_id``."""
         out = stage_env({"NMT_PROFILE_RUN": self.profile, "NMT_PREFECT_FLOW_RUN_ID": self.flow_run_id,
                          "MLFLOW_PARENT_RUN_ID": parent_id or ""})
-        out.setdefault("NMT_DOWNLOAD_CACHE", str(Path(self.root) / ".cache" / "downloads"))  # one, not one a clone
-        if "NMT_DATA_MIRROR" not in out and (mirror := env.data_mirror(Path(self.root)).location):
-            out["NMT_DATA_MIRROR"] = mirror  # the checkout's ../shared/data: a clone has none beside it
+        out.setdefault("NMT_DOWNLOAD_CACHE", str(Path(self.root) / ".cache" / "downloads"))  # not DVC's temp folder's
         return out
-
-    def header(self, what: str) -> str:
-        """The comment lines on top of a clone's params.yaml."""
-        return (f"# Written by the sweep {self.sweep} (flows/sweep.py): profile {self.profile}{what}.\n"
-                "# The checkout's params.yaml is not touched.\n")
 
 
 def artifact_key(name: str) -> str:
@@ -83,21 +76,21 @@ def artifact_key(name: str) -> str:
 
 
 @task(name="sweep-shared-stages", cache_policy=NO_CACHE, task_run_name="shared stages {stages}")
-def build_shared(stages: list[str], ctx: SweepContext, params: dict[str, Any]) -> None:
-    """Run ``stages`` (those no variant changes) once in the clone ``base``, which new variant clones copy."""
-    logger = get_run_logger()
-    clone = prepare_clone(Path(ctx.root), sweep_dir(Path(ctx.root), ctx.sweep) / "base", ctx.commit, ctx.cache)
-    write_params(clone, params, ctx.header(" with the shared overrides"))
-    for stage in stages:
-        result = run_in_group(repro_command(stage), cwd=clone, env=ctx.env(ctx.parent_run_id), grace_s=ctx.grace_s,
-                              logger=logger)
-        if result.returncode != 0:
-            raise VariantFailed("base", result)
-        logger.info("shared stage %s: %s", stage, stage_status(stage, result.stdout_lines))
+def build_shared(stages: list[str], ctx: SweepContext, params: dict[str, Any], applied: dict[str, Any]) -> None:
+    """Run ``stages`` (those no variant changes) once, as a throwaway experiment: the variants, started after it,
+    find them in the run cache instead of each running them at once."""
+    logger, root, name = get_run_logger(), Path(ctx.root), f"{ctx.sweep}-shared"
+    remove_exp(root, name, ctx.commit)
+    result = run_in_group(exp_run_command(name, overrides(root, params, applied), stages[-1]), cwd=root,
+                          env=ctx.env(ctx.parent_run_id), grace_s=ctx.grace_s, logger=logger)
+    if result.returncode != 0:
+        raise VariantFailed("base", result)
+    remove_exp(root, name, ctx.commit)
+    logger.info("shared stages: %s", ", ".join(f"{s} {stage_status(s, result.stdout_lines)}" for s in stages))
 
 
-def _variant_tags(ctx: SweepContext, variant: Variant, clone: Path) -> dict[str, str]:
-    tags = {**tracking.git_tags(clone, temporary_params=True), "profile": ctx.profile, "sweep": ctx.sweep,
+def _variant_tags(ctx: SweepContext, variant: Variant) -> dict[str, str]:
+    tags = {**tracking.git_tags(ctx.root, temporary_params=True), "profile": ctx.profile, "sweep": ctx.sweep,
             "sweep.variant": variant.name, "sweep.label": variant.label(), "dvc_exp": variant.name,
             "prefect.flow_run_id": ctx.flow_run_id}
     tags.update({f"override.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in variant.applied.items()})
@@ -108,31 +101,32 @@ def _variant_tags(ctx: SweepContext, variant: Variant, clone: Path) -> dict[str,
 
 @task(name="sweep-variant", cache_policy=NO_CACHE, task_run_name="variant {variant.name}")
 def run_variant(variant: Variant, ctx: SweepContext, base: dict[str, Any]) -> dict[str, Any]:
-    """One variant: its clone, ``dvc exp run`` under its MLflow run, ``dvc exp push``; return its state record."""
+    """One variant: ``dvc exp run --temp`` under its MLflow run; return its state record."""
     logger = get_run_logger()
     started, root = time.monotonic(), Path(ctx.root)
-    clone = prepare_clone(root, sweep_dir(root, ctx.sweep) / variant.name, ctx.commit, ctx.cache,
-                          template=Path(ctx.base_clone) if ctx.base_clone else None)
     params = variant_params(base, variant.applied)
-    write_params(clone, params, ctx.header(f", variant {variant.name}: {variant.label()}"))
+    record = sweep_dir(root, ctx.sweep) / variant.name  # what the MLflow run and the table read (DVC's folder goes)
+    (record / "metrics").mkdir(parents=True, exist_ok=True)
+    write_text(record / "params.yaml", yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
+    remove_exp(root, variant.name, ctx.commit)  # an interrupted try's, finished after its record was lost
     earlier = parent_run.child_run(ctx.parent_run_id, "sweep.variant", variant.name, root)  # an interrupted try's
-    with parent_run.pipeline_run(variant.name, params=flatten(params), root=clone,
-                                 tags=_variant_tags(ctx, variant, clone), reopen=earlier) as run:
-        result = run_in_group(exp_run_command(variant.name, variant.applied), cwd=clone, env=ctx.env(run.run_id),
-                              grace_s=ctx.grace_s, logger=logger)
+    with parent_run.pipeline_run(variant.name, params=flatten(params), root=root, files=record,
+                                 tags=_variant_tags(ctx, variant), reopen=earlier) as run:
+        command = exp_run_command(variant.name, overrides(root, params, variant.applied))
+        result = run_in_group(command, cwd=root, env=ctx.env(run.run_id), grace_s=ctx.grace_s, logger=logger)
         if result.returncode != 0:
             raise VariantFailed(variant.name, result)
-        check_applied(clone, variant.applied)
-        with _PUSH_LOCK:
-            pushed = run_in_group(exp_push_command(variant.name), cwd=clone, env=ctx.env(run.run_id),
-                                  grace_s=ctx.grace_s, logger=logger)
-        if pushed.returncode != 0:
-            raise VariantFailed(variant.name, pushed)
-        metrics = headline_from(clone / params["paths"]["metrics"])
-        run.log_metrics(metrics)
         rev = exp_ref(root, variant.name, ctx.commit) or ""
+        check_applied(root, rev, params)
+        write_text(record / "dvc.lock", read_at(root, rev, "dvc.lock"))
+        for stage in ("train", "evaluate"):  # what the headline metrics read, where the experiment has them
+            with contextlib.suppress(FileNotFoundError):
+                write_text(record / "metrics" / f"{stage}.details.json",
+                           read_at(root, rev, f"{params['paths']['metrics']}/{stage}.details.json"))
+        metrics = headline_from(record / "metrics")
+        run.log_metrics(metrics)
         run.set_tags({"dvc_exp_rev": rev})
-    statuses = {s: stage_status(s, result.stdout_lines) for s in dvc_stages(clone)}
+    statuses = {s: stage_status(s, result.stdout_lines) for s in dvc_stages(root)}
     logger.info("variant %s: valid BLEU %s, stages %s", variant.name, metrics.get(OBJECTIVE),
                 ", ".join(f"{s} {v}" for s, v in statuses.items()))
     return {"name": variant.name, "index": variant.index, "overrides": variant.overrides, "status": "done",
@@ -167,17 +161,18 @@ def _run_variants(todo: list[Variant], ctx: SweepContext, base: dict[str, Any], 
 
 
 def _paired(root: Path, spec: SweepSpec, base: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
-    """The best two variants by valid BLEU, paired on their clones' test outputs (as the evaluate stage scores)."""
+    """The best two variants by valid BLEU, paired on their test outputs (as the evaluate stage scores)."""
     done = sorted((r for r in records if isinstance((r.get("metrics") or {}).get(OBJECTIVE), (int, float))),
                   key=lambda r: -r["metrics"][OBJECTIVE])[:2]  # sorted is stable: the first of equals stays first
     texts = []
     for record in done:
         variant = next(v for v in spec.variants if v.name == record["name"])
-        paths, clone = variant_params(base, variant.applied)["paths"], sweep_dir(root, spec.name) / variant.name
-        files = (clone / paths["eval"] / "test.hyp.de", clone / paths["raw"] / "test.de")
-        if not all(f.is_file() for f in files):
-            return []  # a clone removed by hand: no paired test, the table stands
-        texts.append([f.read_text(encoding="utf-8").splitlines() for f in files])
+        paths = variant_params(base, variant.applied)["paths"]
+        try:
+            texts.append([read_at(root, record["exp_rev"], f).splitlines()
+                          for f in (f"{paths['eval']}/test.hyp.de", f"{paths['raw']}/test.de")])
+        except Exception:  # noqa: BLE001 - an experiment removed by hand: no paired test, the table stands
+            return []
     if len(texts) < 2 or len({len(t) for pair in texts for t in pair}) > 1:
         return []  # one finished variant, or outputs that do not line up with the references: nothing to pair
     return paired_lines([r["name"] for r in done], [t[0] for t in texts], texts[0][1])
@@ -214,13 +209,13 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
     logger, flow_run_id = get_run_logger(), str(flow_run_ctx.id or "")
     head = head_commit(root)
     if tracking.enabled():
-        os.environ.setdefault("MLFLOW_TRACKING_URI", tracking.tracking_uri(root))  # clones log to this store
+        os.environ.setdefault("MLFLOW_TRACKING_URI", tracking.tracking_uri(root))  # DVC's temporary workspaces log here
     with exclusive_run(root, f"sweep {spec.name}", "wait for it to end or stop it",
                        lock=sweep_dir(root, spec.name) / "sweep.lock"):
         parent_run.end_orphans(root, logger)
         state = SweepState.load(root, spec, head)
         if state.data["commit"] != head:
-            logger.warning("sweep %s started at commit %s; its variants keep running that commit, not HEAD %s",
+            logger.warning("sweep %s started at commit %s; its unfinished variants run HEAD %s",
                            spec.name, state.data["commit"][:12], head[:12])
         todo = [v for v in spec.variants if not state.done(v.key)]
         logger.info("sweep %s: %d variants, %d to run, %d at once", spec.name, len(spec.variants), len(todo),
@@ -228,12 +223,10 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
         base = merged_profile(spec.profile, root)
         with parent_run.sweep_run(root, spec, state, flow_run_id) as parent:
             shared = shared_stages(root / "dvc.yaml", spec.keys) if todo else []
-            ctx = SweepContext(root=str(root), sweep=spec.name, profile=spec.profile, commit=state.data["commit"],
-                               cache=cache_dir(root) if todo else "",
-                               base_clone=str(sweep_dir(root, spec.name) / "base") if shared else None,
+            ctx = SweepContext(root=str(root), sweep=spec.name, profile=spec.profile, commit=head,
                                parent_run_id=parent.run_id, flow_run_id=flow_run_id, grace_s=kill_grace_s)
             if shared:
-                build_shared(shared, ctx, shared_params(base, spec))
+                build_shared(shared, ctx, variant_params(base, spec.variants[0].applied), spec.variants[0].applied)
             if todo:
                 _run_variants(todo, ctx, base, spec, state)
             records = [state.data["variants"].get(v.key) or {"name": v.name, "overrides": v.overrides,
@@ -269,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_prefect_tracebacks()  # a failed variant is one line (its summary), not Prefect's traceback of it
     env.prefer_this_interpreter()  # dvc and DVC's `python -m pipeline.<stage>` run in this environment
     try:
-        load_spec(args.spec, args.repo)  # a bad spec is refused before any server, clone or MLflow run
+        load_spec(args.spec, args.repo)  # a bad spec is refused before any server, experiment or MLflow run
         ensure_api("flows.sweep", argv)
         result = wmt14_sweep(spec_path=args.spec, repo=args.repo, kill_grace_s=args.kill_grace)
     except PipelineError as exc:

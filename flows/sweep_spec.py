@@ -1,7 +1,7 @@
 """A sweep's spec file (``nmt sweep SPEC.yaml``; docs/orchestration.md): read, checked against params.yaml, expanded.
 
 Ours and not DVC's ``-S 'key=choice(...)'`` sweeps: DVC expands those only into ``--queue`` runs
-(dvc/repo/experiments/run.py), which a sweep cannot use (:mod:`flows.sweep_work`), and checks no key or value
+(dvc/repo/experiments/run.py), which a sweep does not use (:mod:`flows.sweep`), and checks no key or value
 against params.yaml first.
 """
 
@@ -140,11 +140,6 @@ def _check_not_shared(source: str, shared: dict[str, Any], own: list[dict[str, A
             place = "grid" if where == "grid" else f"variants[{i}]"
             raise SpecError(source, f"set / {place}: {both[0]} is in both, and the variant's value would "
                                     "replace the shared one; keep the key in one of them")
-
-
-def shared_params(base: dict[str, Any], spec: SweepSpec) -> dict[str, Any]:
-    """The params of the clone that runs the shared stages: the first variant's (``set`` alone need not be valid)."""
-    return variant_params(base, spec.variants[0].applied)
 
 
 def variant_params(base: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:

@@ -1,16 +1,16 @@
-"""Where a sweep's variants run and what it remembers: one git clone per variant, the state file, DVC's commands.
+"""Where a sweep's variants run and what it remembers: DVC's ``dvc exp run --temp``, the state file, the outputs.
 
-Ours and not DVC's ``dvc exp run --temp`` / ``--queue``: their executors run each experiment in a folder they
-delete afterwards, from git-tracked files and the DVC cache alone (``TempDirExecutor`` in
-dvc/repo/experiments/executor/local.py), so uncached outputs (``<stage>.details.json``, checkpoints) could neither
-be shared by the variants nor kept for a resume, and a queued run gets no environment of its own to name its MLflow
-parent (``run_env`` in dvc/repo/experiments/queue/base.py). So each variant runs in its own clone.
+Each variant is ``dvc exp run --temp --name <name> --set-param ...`` started in the checkout: DVC runs it in a
+temporary workspace under ``.dvc/tmp/exps`` that shares the checkout's cache and run cache
+(``TempDirExecutor`` in dvc/repo/experiments/executor/local.py) and keeps it as an experiment of the checkout
+(``dvc exp show``). The environment of the command reaches the stages, so each variant names its own MLflow parent;
+the stages no variant changes come back from the run cache; what the sweep reads afterwards (details files,
+test hypotheses) it reads from the experiment's commit through DVC's cache (``dvc.api.read``).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -22,7 +22,7 @@ from flows.lifeline import ProcessResult
 from flows.sweep_spec import SpecError, SweepSpec
 from pipeline.core.config import flatten
 from pipeline.core.errors import PipelineError
-from pipeline.core.owned import atomic_path, write_text
+from pipeline.core.owned import write_text
 
 SWEEPS_DIR = Path(".dvc") / "tmp" / "sweeps"
 REPORTS_DIR = Path("reports") / "sweeps"
@@ -41,7 +41,7 @@ class VariantFailed(PipelineError):
 
 
 def sweep_dir(root: Path, name: str) -> Path:
-    """``<root>/.dvc/tmp/sweeps/<name>``: the sweep's clones, state file and locks."""
+    """``<root>/.dvc/tmp/sweeps/<name>``: the sweep's state file, lock and each variant's record folder."""
     return root / SWEEPS_DIR / name
 
 
@@ -62,50 +62,36 @@ def head_commit(root: Path) -> str:
                             "commit it first (git add -A && git commit)") from None
 
 
-def cache_dir(root: Path) -> str:
-    """The checkout's DVC cache folder (``dvc cache dir``), which every clone shares."""
-    from dvc.repo import Repo
+def read_at(root: Path, rev: str, path: str) -> str:
+    """The text of ``path`` (git-tracked or a DVC output) as experiment commit ``rev`` of ``root`` has it.
 
-    with Repo(str(root)) as repo:
-        return str(Path(repo.cache.local_cache_dir).resolve())
+    Raises:
+        FileNotFoundError: the experiment has no such file.
+    """
+    import dvc.api
+    from dvc.exceptions import PathMissingError
 
-
-def prepare_clone(root: Path, clone: Path, commit: str, cache: str, template: Path | None = None) -> Path:
-    """A clone of ``root`` at ``commit`` with ``cache`` as its DVC cache: a copy of ``template`` if given and new;
-    an existing one (an interrupted run's) keeps its untracked files (the rerun resumes), loses tracked changes."""
-    clone.parent.mkdir(parents=True, exist_ok=True)
-    if not (clone / ".git").is_dir() and template is not None and (template / ".git").is_dir():
-        with atomic_path(clone) as tmp:  # a copy interrupted half-way is never taken for a clone
-            shutil.copytree(template, tmp, symlinks=True,
-                            ignore=lambda folder, names: ["tmp"] if Path(folder) == template / ".dvc" else [])
-    if not (clone / ".git").is_dir():
-        _run(root, "git", "clone", "-q", "--no-checkout", str(root), str(clone))
-        _run(clone, "git", "checkout", "-q", "--detach", commit)
-        _run(clone, "dvc", "cache", "dir", "--local", cache)
-        return clone
-    # `dvc exp run` stages dvc.lock after each stage (``_repro_and_track`` in dvc/repo/experiments/executor/
-    # base.py): unstaged first, it stays an untracked file, which `reset --hard` would otherwise delete with
-    # the record of the stages the interrupted run had built.
-    _run(clone, "git", "reset", "-q")
-    _run(clone, "git", "reset", "-q", "--hard")
-    _run(clone, "git", "checkout", "-q", "--detach", commit)
-    for ref in _run(clone, "git", "for-each-ref", "--format=%(refname)", "refs/exps").splitlines():
-        _run(clone, "git", "update-ref", "-d", ref)
-    return clone
+    try:
+        return dvc.api.read(path, repo=str(root), rev=rev, encoding="utf-8")
+    except PathMissingError as exc:
+        raise FileNotFoundError(f"experiment {rev[:7]} has no {path}") from exc
 
 
-def write_params(clone: Path, params: dict[str, Any], header: str) -> None:
-    """Write ``params`` as the clone's params.yaml (``header``: comment lines saying where it comes from)."""
-    write_text(clone / "params.yaml", header + yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
+def overrides(root: Path, params: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
+    """The ``--set-param`` overrides that turn the checkout's params.yaml into ``params``: the variant's ``applied``
+    first, then every other key the sweep's profile sets otherwise (none when the checkout holds that profile)."""
+    workspace = flatten(yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) or {})
+    wanted = flatten(params)
+    return {**{k: wanted[k] for k in applied}, **{k: v for k, v in wanted.items() if workspace.get(k) != v}}
 
 
-def check_applied(clone: Path, applied: dict[str, Any]) -> None:
-    """Raise a PipelineError unless ``dvc exp run --set-param`` left each override in params.yaml as the spec has it."""
-    got = flatten(yaml.safe_load((clone / "params.yaml").read_text(encoding="utf-8")) or {})
-    for key, value in applied.items():
+def check_applied(root: Path, rev: str, params: dict[str, Any]) -> None:
+    """Raise a PipelineError unless ``dvc exp run --set-param`` left params.yaml as the variant's ``params``."""
+    got = flatten(yaml.safe_load(_run(root, "git", "show", f"{rev}:params.yaml")) or {})
+    for key, value in flatten(params).items():
         if got.get(key) != value:
-            raise PipelineError(f"{clone / 'params.yaml'}: `dvc exp run --set-param` left {key}={got.get(key)!r}, "
-                                f"not {value!r} as the spec says; quote the value in the spec")
+            raise PipelineError(f"params.yaml of experiment {rev[:7]}: `dvc exp run --set-param` left "
+                                f"{key}={got.get(key)!r}, not {value!r} as the spec says; quote the value in the spec")
 
 
 def set_param(key: str, value: Any) -> str:
@@ -113,21 +99,22 @@ def set_param(key: str, value: Any) -> str:
     return f"{key}={json.dumps(value, separators=(',', ':'))}"
 
 
-def exp_run_command(name: str, applied: dict[str, Any]) -> list[str]:
-    """``dvc exp run --name NAME --set-param k=v ...``."""
-    return ["dvc", "exp", "run", "--name", name, *(a for k, v in applied.items() for a in ("--set-param",
-                                                                                          set_param(k, v)))]
-
-
-def exp_push_command(name: str) -> list[str]:
-    """Push experiment ``name``'s git ref to ``origin``; the data stays in the shared cache (``--no-cache``)."""
-    return ["dvc", "exp", "push", "--force", "--no-cache", "origin", name]
+def exp_run_command(name: str, applied: dict[str, Any], *targets: str) -> list[str]:
+    """``dvc exp run --temp --name NAME --set-param k=v ... [TARGETS]``."""
+    return ["dvc", "exp", "run", "--temp", "--name", name,
+            *(a for k, v in applied.items() for a in ("--set-param", set_param(k, v))), *targets]
 
 
 def exp_ref(root: Path, name: str, commit: str) -> str | None:
     """The sha of experiment ``name`` on baseline ``commit`` in ``root`` (DVC's ``refs/exps/<2>/<38>/<name>``)."""
     ref = f"refs/exps/{commit[:2]}/{commit[2:]}/{name}"
     return _run(root, "git", "for-each-ref", "--format=%(objectname)", ref) or None
+
+
+def remove_exp(root: Path, name: str, commit: str) -> None:
+    """``dvc exp remove NAME`` when the sweep's experiment ``name`` exists (an interrupted try's, or the shared one)."""
+    if exp_ref(root, name, commit):
+        _run(root, "dvc", "exp", "remove", name)
 
 
 def _params_entries(entries: Iterable[Any]) -> Iterator[str | None]:

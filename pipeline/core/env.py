@@ -260,6 +260,9 @@ def data_mirror(root: Path, environ: Mapping[str, str] | None = None) -> MirrorC
     """The mirror for the checkout ``root``: ``NMT_DATA_MIRROR`` when set (set but blank: none), else the folder
     :data:`SHARED_DATA` beside the checkout when it exists, else none. The one place this rule lives: ``make``,
     ``nmt run``, the flow and ``dvc repro`` all run the download stage in the checkout, so all find the same mirror.
+    A queued or ``--temp`` experiment runs its stages in a folder under ``.dvc/tmp/exps`` and DVC sets ``DVC_ROOT``
+    to the repository it was queued from (``run_env`` in dvc/repo/experiments/queue/base.py); the folder beside
+    that repository is the one looked for.
 
     Raises:
         ConfigError: an ``NMT_*`` variable of ``environ`` (default ``os.environ``) is malformed.
@@ -269,7 +272,8 @@ def data_mirror(root: Path, environ: Mapping[str, str] | None = None) -> MirrorC
         return MirrorChoice(chosen, "set by NMT_DATA_MIRROR")
     if "NMT_DATA_MIRROR" in environ:
         return MirrorChoice(None, "NMT_DATA_MIRROR is set but empty")
-    beside = (Path(root).resolve() / SHARED_DATA).resolve()
+    checkout = Path(environ.get("DVC_ROOT") or root).resolve()
+    beside = (checkout / SHARED_DATA).resolve()
     if beside.is_dir():
         return MirrorChoice(str(beside), "found beside the checkout, as NMT_DATA_MIRROR is unset")
     return MirrorChoice(None, f"NMT_DATA_MIRROR is unset and there is no {beside}")

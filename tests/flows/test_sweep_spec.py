@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.sweep_spec import MAX_VARIANTS, SpecError, load_spec, shared_params, variant_params
+from flows.sweep_spec import MAX_VARIANTS, SpecError, load_spec, variant_params
 from pipeline.core.errors import ConfigError
-from flows.sweep_work import exp_run_command, set_param, shared_stages
-from pipeline.core.config import params_from_dict
+from flows.sweep_work import exp_run_command, overrides, set_param, shared_stages
+from pipeline.core.config import flatten, params_from_dict
 from pipeline.project.profiles import merged_profile
 from tests.helpers.paths import REPO
 
@@ -49,7 +49,7 @@ def test_a_grid_is_the_cross_product_in_spec_order_with_the_shared_overrides(tmp
     params_from_dict(params)
     assert merged_profile("tiny", REPO)["train"]["warmup_steps"] == 5  # the base is not modified
     assert exp_run_command("wu-2", spec.variants[1].applied) == [
-        "dvc", "exp", "run", "--name", "wu-2", "--set-param", "evaluate.beam_sizes=[1]",
+        "dvc", "exp", "run", "--temp", "--name", "wu-2", "--set-param", "evaluate.beam_sizes=[1]",
         "--set-param", "train.warmup_steps=2", "--set-param", "train.lr_scale=1.0"]
 
 
@@ -154,6 +154,18 @@ def test_a_spec_with_yaml_anchors_is_refused_at_the_anchor(tmp_path: Path) -> No
         "write the value out in full"
 
 
+def test_the_overrides_turn_the_checkouts_params_into_the_variants_own_profile(tmp_path: Path) -> None:
+    """`dvc exp run --temp` starts from the checkout's params.yaml: a sweep of another profile sets what differs."""
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(merged_profile("paper", REPO)), encoding="utf-8")
+    applied = {"train.warmup_steps": 2}
+    params = variant_params(merged_profile("tiny", REPO), applied)
+    got = overrides(tmp_path, params, applied)
+    assert list(got)[0] == "train.warmup_steps" and got["paths.raw"] == "data/tiny/raw"
+    assert {**flatten(merged_profile("paper", REPO)), **got} == flatten(params)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(merged_profile("tiny", REPO)), encoding="utf-8")
+    assert overrides(tmp_path, params, applied) == applied  # the checkout holds the profile: the spec's keys alone
+
+
 def test_shared_stages_are_the_leading_stages_no_varied_key_touches() -> None:
     dvc_yaml = REPO / "dvc.yaml"
     assert shared_stages(dvc_yaml, ["train.warmup_steps"]) == ["download", "clean", "bpe", "encode"]
@@ -170,7 +182,7 @@ def test_the_shared_stages_run_with_valid_params_when_set_alone_is_not(tmp_path:
     base = merged_profile("tiny", REPO)
     with pytest.raises(ConfigError, match="warmup_steps"):
         params_from_dict(variant_params(base, spec.shared), "set alone")
-    params = shared_params(base, spec)
+    params = variant_params(base, spec.variants[0].applied)  # what the sweep's shared experiment runs with
     params_from_dict(params, "shared stages")
     assert params["train"]["max_steps"] == 4 and params["train"]["warmup_steps"] == 1
 
@@ -178,7 +190,8 @@ def test_the_shared_stages_run_with_valid_params_when_set_alone_is_not(tmp_path:
 def test_the_example_specs_are_demo_sweeps_of_four_settings_and_three_seeds() -> None:
     spec = load_spec(REPO / "sweeps" / "demo-warmup.yaml", REPO)
     assert spec.profile == "demo" and len(spec.variants) == 4 and spec.concurrency == 2
-    params_from_dict(shared_params(merged_profile("demo", REPO), spec), "shared stages")  # its 200 steps < warmup
+    shared = variant_params(merged_profile("demo", REPO), spec.variants[0].applied)  # its 200 steps < warmup
+    params_from_dict(shared, "shared stages")
     seeds = load_spec(REPO / "sweeps" / "demo-seeds.yaml", REPO)
     assert seeds.profile == "demo" and [v.applied for v in seeds.variants] == [{"seed": s} for s in (1, 2, 3)]
 
@@ -197,7 +210,7 @@ def test_nmt_sweep_refuses_a_bad_spec_in_one_line_before_any_server(tmp_path: Pa
 
 def test_a_grid_value_of_paths_outside_the_project_is_refused_before_any_variant_runs(tmp_path: Path) -> None:
     """The stage's own layout check, for every variant, when the spec is read: `python -m flows.sweep` stops with
-    one line before any server, clone or variant (variant 1 would otherwise run the whole pipeline first)."""
+    one line before any server, experiment or variant (variant 1 would otherwise run the whole pipeline first)."""
     import os
     import subprocess
     import sys

@@ -4,8 +4,8 @@ A temporary git + DVC project holds this checkout's pipeline (``tests/helpers/ti
 synthetic Multi30k mirror, MLflow writes to a temporary SQLite store and Prefect is the test harness's API. The
 three variants are one setting (warmup and learning-rate scale off the profile's; decoding kept cheap: beam 1, at
 most a few pieces per sentence) with three seeds (the spec's ``seeds:``), for the report's 95% interval over seeds;
-they run two at a time, each as a DVC experiment in its own clone, compared under one MLflow parent. The sweep then
-runs again: everything is finished, so it runs nothing. The assertions share those two runs.
+they run two at a time, each as a DVC experiment (``dvc exp run --temp``), compared under one MLflow parent. The
+sweep then runs again: everything is finished, so it runs nothing. The assertions share those two runs.
 """
 
 from __future__ import annotations
@@ -103,12 +103,12 @@ def test_each_variant_an_mlflow_run_under_one_parent_tagged_with_its_overrides(s
         assert {"train", "average", "evaluate"} <= stages and not stages & set(DATA_STAGES), stages
 
 
-def test_shared_data_stages_ran_once_and_every_variant_skipped_them(sweep: Sweep) -> None:
+def test_shared_data_stages_ran_once_and_every_variant_restored_them(sweep: Sweep) -> None:
     counts = {stage: sum(r.data.tags.get("stage") == stage for r in sweep.runs_after_first) for stage in DATA_STAGES}
     assert counts == dict.fromkeys(DATA_STAGES, 1), counts  # one MLflow run each, under the sweep's parent
     assert sum(r.data.tags.get("stage") == "train" for r in sweep.runs_after_first) == len(SEEDS)
     for record in sweep.first["records"]:
-        assert {s: record["stages"][s] for s in DATA_STAGES} == dict.fromkeys(DATA_STAGES, "skipped"), record
+        assert {s: record["stages"][s] for s in DATA_STAGES} == dict.fromkeys(DATA_STAGES, "restored"), record
         assert record["stages"]["train"] == "ran"
 
 
@@ -145,7 +145,7 @@ def test_the_table_names_the_variant_with_the_best_valid_bleu(sweep: Sweep) -> N
     assert "The paper's" not in markdown  # Multi30k: the paper's figure does not apply
     assert f"| **{best}** (best) |" in markdown
     second = sorted(NAMES, key=lambda name: -variants[name].data.metrics["valid_bleu"])[1]
-    paired = markdown.split("## Best two, paired\n\n", 1)[1].splitlines()[0]  # the test outputs in the clones
+    paired = markdown.split("## Best two, paired\n\n", 1)[1].splitlines()[0]  # the variants' test outputs
     assert paired.startswith(f"Test BLEU {best} {variants[best].data.metrics['test_bleu']:.2f} vs {second} "), paired
     assert " paired bootstrap (sacreBLEU, 1,000 resamples) p = " in paired, paired
     for name, run in variants.items():

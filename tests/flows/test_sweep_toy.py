@@ -1,6 +1,6 @@
 """The sweep flow on the toy DVC pipeline (``tests/helpers/toyflow.py``): seconds, not minutes.
 
-What is under test is the flow around the variants: the shared stage built once and skipped in the
+What is under test is the flow around the variants: the shared stage built once and restored from the run cache in the
 variants, a failing variant reported (by its stage's own error line) while the other finishes, the restart that
 reruns only the failed one under the MLflow run of its first try, ``dvc exp show`` in the checkout, and a changed
 spec refused against the state file.
@@ -35,7 +35,7 @@ def _stages(marker: Path) -> dict[str, dict]:
     return {"prep": {"cmd": "python toy.py write prep.txt", "deps": ["toy.py"], "params": ["download"],
                      "outs": ["prep.txt"]},
             "fit": {"cmd": f"{fail} && python toy.py bleu score.txt", "deps": ["toy.py", "prep.txt"],
-                    "params": ["train"], "outs": ["score.txt"]}}
+                    "params": ["train"], "outs": ["score.txt", "metrics/paper/evaluate.details.json"]}}
 
 
 def _spec(path: Path, warmups: list[int]) -> Path:
@@ -55,21 +55,21 @@ def test_a_failed_variant_is_reported_and_only_it_runs_again(make_repo: MakeRepo
         wmt14_sweep(spec_path=str(spec), repo=str(repo))
     report = repo / "reports" / "sweeps" / "toy.md"
     assert str(failed.value).startswith("sweep toy: 1 of 2 variants did not finish (toy-2: error: stage fit: warmup "
-                                        "13 diverged (`dvc exp run --name toy-2 ")
+                                        "13 diverged (`dvc exp run --temp --name toy-2 ")
     assert str(failed.value).endswith(f"); see {report}; run the same command again to retry them (finished "
                                       "variants are not rerun)")
     table = report.read_text(encoding="utf-8")
     assert "| **toy-1** (best) | 10 | 25.25 | 27.31 |" in table and "| toy-2 | 13 | - | - |" in table
-    assert ("- toy-2: variant toy-2: error: stage fit: warmup 13 diverged (`dvc exp run --name toy-2 --set-param "
-            "train.warmup_steps=13` failed with exit code 255 after ") in table  # the stage's line, not DVC's last
+    assert ("- toy-2: variant toy-2: error: stage fit: warmup 13 diverged (`dvc exp run --temp --name toy-2 "
+            "--set-param train.warmup_steps=13` failed with exit code 255 after ") in table  # the stage's line
     state = json.loads((sweep_dir(repo, "toy") / "state.json").read_text(encoding="utf-8"))
     assert sorted(r["status"] for r in state["variants"].values()) == ["done", "failed"]
 
     marker.unlink()
     second = wmt14_sweep(spec_path=str(spec), repo=str(repo))
     assert second["ran"] == ["toy-2"] and [r["status"] for r in second["records"]] == ["done", "done"]
-    # prep ran once, in the sweep's base clone; each variant's clone is a copy of it (toy-2's, reused, kept it)
-    assert [r["stages"] for r in second["records"]] == [{"prep": "skipped", "fit": "ran"}] * 2
+    # prep ran once, in the sweep's shared experiment; each variant restored it from the run cache
+    assert [r["stages"] for r in second["records"]] == [{"prep": "restored", "fit": "ran"}] * 2
     assert second["best"] == "toy-1"  # equal valid BLEU: the first in spec order
     client = MlflowClient(tracking_uri=mlflow_sqlite)
     children = client.search_runs([client.get_run(second["mlflow_run_id"]).info.experiment_id],
@@ -117,7 +117,7 @@ def test_a_failed_variant_is_the_last_line_of_the_sweep_command_without_prefects
     assert "Traceback (most recent call last):" not in proc.stdout + proc.stderr, out
     last = out[-1]
     assert last.startswith("error: sweep toy: 1 of 2 variants did not finish (toy-2: error: stage fit: warmup 13 "
-                           "diverged (`dvc exp run --name toy-2 "), last
+                           "diverged (`dvc exp run --temp --name toy-2 "), last
     logged = [line.split(" - ", 1)[-1] for line in out if "variant toy-2 failed: " in line]
     assert len(logged) == 1 and logged[0].startswith(
-        "variant toy-2 failed: error: stage fit: warmup 13 diverged (`dvc exp run --name toy-2 "), logged
+        "variant toy-2 failed: error: stage fit: warmup 13 diverged (`dvc exp run --temp --name toy-2 "), logged
