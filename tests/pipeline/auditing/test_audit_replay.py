@@ -18,7 +18,7 @@ import yaml
 
 from pipeline import audit
 from pipeline.auditing.replay import ITEM_LOCK, ITEM_PREVIOUS, ITEM_RESCORED, dvc_dir_md5
-from pipeline.core.config import params_from_dict
+from pipeline.core.config import checkpoint_folder, params_from_dict
 from pipeline.core.stage import run_stage
 from pipeline.evaluate import stage as evaluate_stage
 from tests.helpers.paths import REPO
@@ -54,7 +54,8 @@ def _evaluate(root: Path) -> None:
     params = params_from_dict(yaml.safe_load((root / "params.yaml").read_text()))
     p = params.paths
     run_stage("evaluate", lambda: evaluate_stage(params.evaluate, model_dir=root / p.model, shards_dir=root / p.shards,
-                                                 raw_dir=root / p.raw, eval_dir=root / p.eval, train_dir=root / p.train,
+                                                 raw_dir=root / p.raw, eval_dir=root / p.eval,
+                                                 train_dir=root / checkpoint_folder(params),
                                                  spm_model=root / p.bpe / "spm.model"),
               params=params, metrics_dir=root / p.metrics, root=root)
 

@@ -103,7 +103,7 @@ def test_a_compiled_two_rank_run_compiles_inside_ddp_and_matches_the_eager_one(w
         proc = run_torchrun(data, tmp_path / name, nproc=2, env=extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "DistributedDataParallel over 2 ranks" in proc.stderr
-        moments[name] = torch.load(tmp_path / name / "runs" / "step-00000001" / "optim.pt")["state"]
+        moments[name] = torch.load(checkpoints(tmp_path / name) / "step-00000001" / "optim.pt")["state"]
     assert LINE in proc.stderr and "DDPOptimizer used bucket cap 26214400" in proc.stderr, proc.stderr[-3000:]
     eager, compiled = moments["eager"], moments["compiled"]
     assert eager.keys() == compiled.keys() and len(eager) > 5

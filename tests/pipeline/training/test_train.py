@@ -115,7 +115,7 @@ def test_two_ranks_with_several_passes_each_equal_one_process(workspace, tmp_pat
         assert proc.returncode == 0, proc.stderr[-3000:]
         details = json.loads((tmp_path / str(nproc) / "metrics" / "train.details.json").read_text())
         assert details["forwards_per_step_max"] > 1, details
-        runs[nproc] = load(tmp_path / str(nproc) / "runs" / "step-00000001", "optim.pt")["state"]
+        runs[nproc] = load(checkpoints(tmp_path / str(nproc)) / "step-00000001", "optim.pt")["state"]
     assert "DistributedDataParallel over 2 ranks" in proc.stderr
     assert runs[1].keys() == runs[2].keys() and len(runs[1]) > 5
     for k in runs[1]:
