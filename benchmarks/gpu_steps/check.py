@@ -11,6 +11,7 @@ from typing import Any
 
 from benchmarks.common import REPO, write_params
 from benchmarks.gpu_steps.runner import Runner, params_for, step_throughput
+from pipeline.core.config import checkpoint_folder, load_params
 from pipeline.training.curves import read_history
 
 GPU_TESTS = ("tests/model/test_cuda.py", "tests/pipeline/training/test_deterministic_kernels.py",
@@ -102,7 +103,7 @@ def step_determinism(r: Runner, data: Path, profile: str, dry: bool,
             if done["rc"] != 0:
                 out[mode] = {"failed": f"det-{mode}-{run}", **done}
                 break
-            runs[run] = work / "train" / f"step-{steps:08d}"
+            runs[run] = checkpoint_folder(load_params(path)) / f"step-{steps:08d}"
         else:
             out[mode] = {f"a_vs_{run}": compare_checkpoints(runs["a"], runs[run]) for run in runs if run != "a"}
         r.save("determinism", out)
