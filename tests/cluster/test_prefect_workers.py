@@ -6,11 +6,9 @@ run two runs at once, one each. And the pull step that checks the worker's envir
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -84,15 +82,17 @@ def deploy(folder: Path, environ: dict[str, str]) -> None:
 
 
 def run_pair(deployment: str, folder: Path, environ: dict[str, str]) -> list[dict]:
-    """Two runs of ``deployment`` started at once; the runs' records once both have ended (start order)."""
+    """Two runs of ``deployment`` started at once, each watched (``prefect deployment run --watch``) until the
+    server has it Completed; the runs' records (start order). Waiting for the state, not only for the record the flow
+    writes before it returns, leaves no run in flight when the workers are stopped: a worker asked to stop (SIGTERM)
+    waits for its runs' processes (prefect/utilities/processutils setup_signal_handlers_worker)."""
     log = folder / f"{deployment}.jsonl"
-    for _ in range(2):
-        subprocess.run([PREFECT, "deployment", "run", f"hold/{deployment}", "-p", f"log={log}"], cwd=folder,
-                       env=environ, capture_output=True, text=True, timeout=60, check=True)
-    deadline = time.monotonic() + 240
-    while not log.is_file() or len(log.read_text().splitlines()) < 2:
-        assert time.monotonic() < deadline, f"the two runs of {deployment} did not both end in 240 s"
-        time.sleep(0.5)
+    runs = [subprocess.Popen([PREFECT, "deployment", "run", f"hold/{deployment}", "-p", f"log={log}", "--watch",
+                              "--watch-timeout", "240"], cwd=folder, env=environ, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    for run in runs:
+        out, _ = run.communicate(timeout=300)
+        assert run.returncode == 0, f"a run of {deployment} did not complete:\n{out[-3000:]}"
     return sorted((json.loads(line) for line in log.read_text().splitlines()), key=lambda r: r["start"])
 
 

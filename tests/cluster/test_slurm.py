@@ -1,7 +1,9 @@
 """The train stage under a real Slurm (tests/cluster/conftest.py: slurmctld and two slurmd on 127.0.0.1): the
 whole pipeline submitted as one job (``sbatch --wrap "dvc repro"``) trains through cluster/slurm/train.sbatch, one
 srun task per node, each torchrun meeting the other at the first node, then averages and evaluates; and the job
-script submitted on its own trains, after which ``dvc commit`` records it and DVC goes on from there."""
+script submitted on its own trains, after which ``dvc commit`` records it and DVC goes on from there. Each starts
+from a copy of the built project with another seed: a training config neither DVC's run cache nor a checkpoint
+folder knows, so train really runs (on the same config DVC restores it: every stage is in the run cache)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.core.config import checkpoint_folder, load_params
 from tests.helpers.nodes import free_port
 from tests.helpers.paths import REPO
 from tests.helpers.tinyproject import built_env, copy_built
@@ -26,11 +29,14 @@ JOB_TIMEOUT_S = 900
 
 
 def project(tiny_built: Path, dest: Path) -> Path:
-    """A copy of the built tiny project with cluster/ (the job script) and without its training folder, so the
-    next ``dvc repro`` trains again."""
+    """A copy of the built tiny project with cluster/ (the job script) and ``seed`` one more in params.yaml: a new
+    training config, so the next ``dvc repro`` trains again (in a new checkpoint folder, nothing to resume)."""
     repo = copy_built(tiny_built, dest)
     shutil.copytree(REPO / "cluster", repo / "cluster")
-    shutil.rmtree(repo / "runs" / "tiny" / "train")
+    params = yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8"))
+    params["seed"] += 1
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    assert not (repo / checkpoint_folder(load_params(repo / "params.yaml"))).exists()
     return repo
 
 
@@ -52,8 +58,10 @@ def sbatch(repo: Path, environ: dict[str, str], *args: str) -> str:
 
 
 def trained_steps(repo: Path) -> int:
-    """The step of the training folder's newest checkpoint."""
-    return max(int(p.name.split("-")[1]) for p in (repo / "runs" / "tiny" / "train").glob("step-*"))
+    """The step of the newest checkpoint in the training folder of ``repo``'s params.yaml
+    (:func:`pipeline.core.config.checkpoint_folder`)."""
+    folder = repo / checkpoint_folder(load_params(repo / "params.yaml"))
+    return max(int(p.name.split("-")[1]) for p in folder.glob("step-*"))
 
 
 def details(repo: Path, stage: str) -> dict:
