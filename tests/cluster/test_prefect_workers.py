@@ -114,8 +114,12 @@ def test_the_deployment_limit_holds_across_two_workers_and_each_worker_runs_one(
     finally:
         for worker in workers:
             worker.terminate()
-        for worker in workers:
-            worker.wait(timeout=60)
+        for worker in workers:  # what is tested is the runs' order, not the worker's shutdown: on a loaded machine
+            try:                # a worker stopping after SIGTERM has been seen to take over 60 s
+                worker.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
     assert limited[1]["start"] >= limited[0]["end"], limited  # one at a time, whichever worker took it
     assert free[1]["start"] < free[0]["end"], free  # two at once ...
     assert {r["worker"] for r in free} == {"node-a", "node-b"}, free  # ... one on each worker (--limit 1)
