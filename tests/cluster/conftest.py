@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.nodes import free_port
+from tests.helpers.prefect_server import prefect_server as server
 
 #: The nodes of the test cluster, one slurmd each.
 NODES = ("n1", "n2")
@@ -101,33 +102,10 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
 
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """``prefect server start`` on a free loopback port with its own PREFECT_HOME (as in
-    tests/flows/test_deployment_server.py); the environment its clients and workers use. A run that waits for a
-    deployment's concurrency slot is offered it again after 1 s (30 s by default), workers poll every second."""
-    from flows.server import healthy
-
-    home = tmp_path_factory.mktemp("prefect-server")
-    url = f"http://127.0.0.1:{free_port()}/api"
-    environ = {**os.environ, "PREFECT_HOME": str(home / "home"), "PREFECT_API_URL": url,
-               "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true",
-               "PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "1", "PREFECT_WORKER_QUERY_SECONDS": "1",
-               "PREFECT_WORKER_PREFETCH_SECONDS": "0"}
-    log = home / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(["prefect", "server", "start", "--host", "127.0.0.1", "--port", url.split(":")[2][:-4],
-                                 "--no-ui"], env=environ, cwd=home, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while not healthy(url):
-            assert proc.poll() is None, f"prefect server exited {proc.returncode}:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"prefect server not healthy in 90 s:\n{log.read_text()[-3000:]}"
-            time.sleep(0.5)
+    """``prefect server start`` (tests/helpers/prefect_server.py); the environment its clients and workers use. A
+    run that waits for a deployment's concurrency slot is offered it again after 1 s (30 s by default), workers poll
+    every second."""
+    settings = {"PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "1", "PREFECT_WORKER_QUERY_SECONDS": "1",
+                "PREFECT_WORKER_PREFETCH_SECONDS": "0"}
+    with server(tmp_path_factory.mktemp("prefect-server"), settings) as (environ, _log):
         yield environ
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

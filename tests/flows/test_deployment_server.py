@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -31,9 +30,9 @@ import pytest
 import yaml
 
 from flows.pipeline import ARTIFACT_KEY, FLOW_NAME
-from flows.server import free_port, healthy
 from tests.helpers.mirror import write_multi30k_mirror
 from tests.helpers.paths import REPO
+from tests.helpers.prefect_server import prefect_server, stop_group
 from tests.helpers.tinyproject import built_env, make_tiny_project
 
 pytestmark = pytest.mark.slow
@@ -53,44 +52,13 @@ class Server:
     log: Path
 
 
-def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
-    """SIGTERM the process group we started, SIGKILL it if it is still there after ``grace_s``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=grace_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """``prefect server start`` on a free loopback port with its own PREFECT_HOME; always stopped."""
-    home = tmp_path_factory.mktemp("prefect-server")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(home / "home"), "PREFECT_API_URL": url,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true",
-           "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1", "NMT_TRACKING": "off",
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    log = home / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
-                                 "--no-ui"], env=env, cwd=home, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while not healthy(url):
-            assert proc.poll() is None, f"prefect server exited {proc.returncode}:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"prefect server not healthy in 90 s:\n{log.read_text()[-3000:]}"
-            time.sleep(0.5)
-        yield Server(url=url, env=env, log=log)
-    finally:
-        _stop_group(proc)
+    settings = {"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1", "NMT_TRACKING": "off",
+                "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    with prefect_server(tmp_path_factory.mktemp("prefect-server"), settings, str(BIN / "prefect")) as (env, log):
+        yield Server(url=env["PREFECT_API_URL"], env=env, log=log)
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -190,7 +158,7 @@ def test_scheduler_fills_the_cron_schedule_and_a_worker_runs_a_scheduled_run(ser
     try:
         output = worker.communicate(timeout=150)[0].decode(errors="replace")
     finally:
-        _stop_group(worker, grace_s=5)
+        stop_group(worker, grace_s=5)
     assert worker.returncode == 0, output[-4000:]
 
     runs = {r.id: r for r in _runs(server, dep.id)}
@@ -242,7 +210,7 @@ def _run_once(server: Server, dep: Any, work: Path, env: dict[str, str]) -> dict
     try:
         output = worker.communicate(timeout=900)[0].decode(errors="replace")
     finally:
-        _stop_group(worker, grace_s=5)
+        stop_group(worker, grace_s=5)
     with _client(server) as client:
         state = client.read_flow_run(run.id).state
         arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[ARTIFACT_KEY])),
