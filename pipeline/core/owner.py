@@ -1,5 +1,5 @@
 """Which process holds something open (an MLflow run, a staging folder), so that a later run can tell whether that
-process has ended: a run a SIGKILLed process left RUNNING is ended (pipeline/tracking/orphans.py), its staging
+process has ended: a run a SIGKILLed process left RUNNING is ended (pipeline/tracking/runs.py), its staging
 folder deleted."""
 
 from __future__ import annotations

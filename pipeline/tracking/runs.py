@@ -1,4 +1,5 @@
-"""MLflow runs behind one small interface: a stage's run (opened on first use), a flow's parent run, their tags."""
+"""MLflow runs behind one small interface: a stage's run (opened on first use), a flow's parent run, their tags, and
+the end of those a killed process left ``RUNNING`` (each run is tagged with its owner process and checkout)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core import env, gitstate
-from pipeline.tracking.orphans import owner_tags
-from pipeline.tracking.store import (enabled, experiment_id, is_server, mlflow_client, require_configured_server,
-                                     require_store, tracking_uri, ui_url)
+from pipeline.core.owner import owner, owner_gone
+from pipeline.tracking.store import (enabled, experiment_id, experiment_name, is_server, mlflow_client,
+                                     require_configured_server, require_store, tracking_uri, ui_url)
 
 log = logging.getLogger(__name__)
+#: The run's owner: ``<host>/<pid>/<start>``.
+OWNER_TAG = "nmt.owner"
+#: The checkout (or sweep clone) the run belongs to, resolved.
+CHECKOUT_TAG = "nmt.checkout"
 
 _CURRENT: contextvars.ContextVar[StageRun | None] = contextvars.ContextVar("nmt_stage_run", default=None)
 
@@ -108,8 +113,11 @@ class StageRun:
         if self._monitor is not None:
             self._monitor.finish()
             self._monitor = None
-        if self._client is not None:
-            end_run(self._client, self._run_id, status)
+        if self._client is not None:  # on a server, log the run's page on the UI's training view
+            self._client.set_terminated(self._run_id, status=status)
+            if is_server(uri := str(self._client.tracking_uri)):
+                experiment = self._client.get_run(self._run_id).info.experiment_id
+                log.info("MLflow run %s (%s): %s", self._run_id, status, ui_url(uri, experiment, self._run_id))
 
     def log_params(self, params: dict[str, Any]) -> None:
         """Log params (values stringified, 500-char limit respected) in batches."""
@@ -145,26 +153,10 @@ class StageRun:
             self._client.log_artifact(self._run_id, str(path), artifact_path)
 
 
-def end_run(client: Any, run_id: str, status: str) -> None:
-    """End ``run_id`` with ``status``; on a server, log its page on the UI's training view (:func:`ui_url`)."""
-    client.set_terminated(run_id, status=status)
-    if is_server(uri := str(client.tracking_uri)):
-        log.info("MLflow run %s (%s): %s", run_id, status, ui_url(uri, client.get_run(run_id).info.experiment_id,
-                                                                  run_id))
-
-
 @contextlib.contextmanager
-def stage_run(stage: str, *, root: str | Path = ".", active: bool = True,
-              system_metrics: bool = False) -> Iterator[StageRun]:
-    """One stage's :class:`StageRun`, opened on first use but dated from the block's start (no-op if not ``active``)."""
-    if not (active and enabled()):
-        handle = StageRun()
-    else:
-        require_configured_server()  # before the stage's work, not when its run first opens
-        require_store(tracking_uri(root))
-        started_ms = int(time.time() * 1000)
-        handle = StageRun(opener=lambda resume: _open_stage_run(stage, Path(root), resume, started_ms))
-        handle.system_metrics = system_metrics
+def _current(handle: StageRun) -> Iterator[StageRun]:
+    """``handle`` as :func:`current` for the block, ended FAILED when the block raises (an error ending it is a
+    warning: tracking must never mask the block's own error)."""
     token = _CURRENT.set(handle)
     status = "FAILED"
     try:
@@ -175,8 +167,35 @@ def stage_run(stage: str, *, root: str | Path = ".", active: bool = True,
         if handle.opened:
             try:
                 handle.close(status)
-            except Exception as exc:  # noqa: BLE001 - tracking must never mask the stage's own error
+            except Exception as exc:  # noqa: BLE001
                 log.warning("could not close MLflow run %s: %s", handle._run_id, exc)
+
+
+def stage_run(stage: str, *, root: str | Path = ".", active: bool = True,
+              system_metrics: bool = False) -> contextlib.AbstractContextManager[StageRun]:
+    """One stage's :class:`StageRun`, opened on first use but dated from the block's start (no-op if not ``active``)."""
+    if not (active and enabled()):
+        return _current(StageRun())
+    require_configured_server()  # before the stage's work, not when its run first opens
+    require_store(tracking_uri(root))
+    started_ms = int(time.time() * 1000)
+    handle = StageRun(opener=lambda resume: _open_stage_run(stage, Path(root), resume, started_ms))
+    handle.system_metrics = system_metrics
+    return _current(handle)
+
+
+def open_run(name: str, *, root: str | Path, tags: dict[str, str],
+             reopen: str | None = None) -> contextlib.AbstractContextManager[StageRun]:
+    """An MLflow run for the ``with`` block (a flow's parent run), FAILED when it raises, owned by this process;
+    ``reopen``: continue that run (a new one when the store has no such run)."""
+    def opener(_: str | None) -> tuple[Any, str]:
+        client = mlflow_client(root)
+        all_tags = {"mlflow.runName": name, **tags, **owner_tags(root)}
+        return client, reopen if reopen and _reopen(client, reopen, all_tags) else _create(client, root, name, tags)
+
+    handle = StageRun(opener=opener) if enabled() else StageRun()
+    handle.open()
+    return _current(handle)
 
 
 def system_metrics_wanted(stage: str, device: str | None, cuda_available: bool) -> bool:
@@ -206,30 +225,11 @@ def _reopen(client: Any, run_id: str, tags: dict[str, str]) -> bool:
     """Set ``run_id`` RUNNING again with ``tags``; False (a warning) when the store has no such run."""
     try:
         client.update_run(run_id, status="RUNNING")
-        for key, value in tags.items():
-            client.set_tag(run_id, key, value)
+        StageRun(client, run_id).set_tags(tags)
     except Exception as exc:  # noqa: BLE001 - e.g. deleted, or another tracking store since
         log.warning("could not reopen MLflow run %s (%s): opening a new one", run_id, exc)
         return False
     return True
-
-
-@contextlib.contextmanager
-def open_run(name: str, *, root: str | Path, tags: dict[str, str], reopen: str | None = None) -> Iterator[StageRun]:
-    """An MLflow run for the ``with`` block (a flow's parent run), FAILED when it raises, owned by this process;
-    ``reopen``: continue that run (a new one when the store has no such run)."""
-    if not enabled():
-        yield StageRun()
-        return
-    client = mlflow_client(root)
-    all_tags = {"mlflow.runName": name, **tags, **owner_tags(root)}
-    run_id = reopen if reopen and _reopen(client, reopen, all_tags) else _create(client, root, name, tags)
-    status = "FAILED"
-    try:
-        yield StageRun(client, run_id)
-        status = "FINISHED"
-    finally:
-        end_run(client, run_id, status)
 
 
 def child_run(parent_id: str | None, tag: str, value: str, root: str | Path = ".") -> str | None:
@@ -254,3 +254,35 @@ def current() -> StageRun:
     """The run of the stage being executed (inside :func:`stage_run`), else a no-op handle."""
     return _CURRENT.get() or StageRun()
 
+
+def owner_tags(root: str | Path) -> dict[str, str]:
+    """The tags that let a later run find this run if this process dies with it open (:func:`end_orphaned_runs`)."""
+    return {OWNER_TAG: owner(), CHECKOUT_TAG: str(Path(root).resolve())}
+
+
+def in_checkout(value: str, root: str | Path) -> bool:
+    """Whether ``value`` (a :data:`CHECKOUT_TAG`) is ``root`` or a folder inside it (a sweep's clones)."""
+    base = str(Path(root).resolve())
+    return value == base or value.startswith(base.rstrip(os.sep) + os.sep)
+
+
+def end_orphaned_runs(root: str | Path = ".",
+                      logger: logging.Logger | logging.LoggerAdapter | None = None) -> list[str]:
+    """Mark ``KILLED`` the ``RUNNING`` runs of ``root`` whose owner is gone, logging each; return their ids."""
+    if not enabled() or (exp := (client := mlflow_client(root)).get_experiment_by_name(experiment_name())) is None:
+        return []
+    ended: list[str] = []
+    token = None
+    while True:
+        page = client.search_runs([exp.experiment_id], filter_string="attributes.status = 'RUNNING'",
+                                  max_results=1000, page_token=token)
+        for run in page:
+            tags, run_id = run.data.tags, run.info.run_id
+            if in_checkout(tags.get(CHECKOUT_TAG, ""), root) and owner_gone(tags.get(OWNER_TAG, "")):
+                client.set_tag(run_id, "nmt.ended_by", "a later run: the process that held it open was gone")
+                client.set_terminated(run_id, status="KILLED")
+                (logger or log).info("marked MLflow run %s (%s) KILLED: its process %s ended without closing it",
+                                     run_id, tags.get("mlflow.runName", "?"), tags[OWNER_TAG])
+                ended.append(run_id)
+        if not (token := page.token):
+            return ended

@@ -56,7 +56,7 @@ def test_a_reopened_variant_run_is_continued_not_duplicated(tmp_path: Path, mlfl
     from mlflow.tracking import MlflowClient
 
     from pipeline.core.owner import owner
-    from pipeline.tracking.orphans import OWNER_TAG
+    from pipeline.tracking.runs import OWNER_TAG
 
     client = MlflowClient(tracking_uri=mlflow_sqlite)
     with pipeline_run("sweep-x", params={}, root=tmp_path) as sweep:

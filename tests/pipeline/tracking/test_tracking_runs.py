@@ -208,7 +208,7 @@ def test_runs_a_killed_process_left_running_are_ended_at_the_next_start(tmp_path
     """Only runs of this checkout (or a clone in it) whose owner on this host is gone: a live owner's run, another
     checkout's, another host's and one without an owner tag stay RUNNING."""
     from pipeline.core.owner import owner
-    from pipeline.tracking.orphans import CHECKOUT_TAG, OWNER_TAG
+    from pipeline.tracking.runs import CHECKOUT_TAG, OWNER_TAG
 
     checkout, other = tmp_path / "checkout", tmp_path / "elsewhere"
     (checkout / "clone").mkdir(parents=True)
