@@ -103,8 +103,9 @@ def _ui(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """Become the guarded scoring server (:func:`pipeline.tracking.scoring_app.serve_command`)."""
     from pipeline.project.profiles import active_profile
-    from pipeline.tracking import model_registry
+    from pipeline.tracking import model_registry, scoring_app
 
     profile = args.profile or active_profile(".")
     if profile is None:
@@ -115,16 +116,9 @@ def _serve(args: argparse.Namespace) -> int:
     if model_registry.alias_holder(name, args.alias) is None:
         raise PipelineError(f"nmt serve: no version of registered model {name!r} holds alias {args.alias!r} in "
                             f"{uri}; the register stage registers profile {profile}'s model (make demo: demo)")
-    return _serve_guarded(f"models:/{name}@{args.alias}", args.host, args.port)
-
-
-def _serve_guarded(model_uri: str, host: str, port: int) -> int:
-    """Become the guarded scoring server (:func:`pipeline.tracking.scoring_app.serve_command`)."""
-    from pipeline.tracking.scoring_app import serve_command
-
-    argv, command_env = serve_command(model_uri, host, port)
+    argv, command_env = scoring_app.serve_command(model_uri := f"models:/{name}@{args.alias}", args.host, args.port)
     os.environ.update(command_env)
-    return _exec(argv, f"serving {model_uri} on http://{host}:{port} (mlflow's scoring server, guarded)")
+    return _exec(argv, f"serving {model_uri} on http://{args.host}:{args.port} (mlflow's scoring server, guarded)")
 
 
 def build_parser() -> argparse.ArgumentParser:

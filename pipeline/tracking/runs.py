@@ -14,8 +14,7 @@ from typing import Any
 
 from pipeline.core import env, gitstate
 from pipeline.core.owner import owner, owner_gone
-from pipeline.tracking.store import (enabled, experiment_id, experiment_name, is_server, mlflow_client,
-                                     require_configured_server, require_store, tracking_uri, ui_url)
+from pipeline.tracking.store import enabled, experiment_id, experiment_name, is_server, mlflow_client, ui_url
 
 log = logging.getLogger(__name__)
 #: The run's owner: ``<host>/<pid>/<start>``.
@@ -176,8 +175,7 @@ def stage_run(stage: str, *, root: str | Path = ".", active: bool = True,
     """One stage's :class:`StageRun`, opened on first use but dated from the block's start (no-op if not ``active``)."""
     if not (active and enabled()):
         return _current(StageRun())
-    require_configured_server()  # before the stage's work, not when its run first opens
-    require_store(tracking_uri(root))
+    mlflow_client(root)  # its checks of the store: before the stage's work, not when its run first opens
     started_ms = int(time.time() * 1000)
     handle = StageRun(opener=lambda resume: _open_stage_run(stage, Path(root), resume, started_ms))
     handle.system_metrics = system_metrics
