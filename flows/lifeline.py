@@ -139,7 +139,7 @@ def _visible(segment: bytes) -> str:
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # terminal colour and cursor sequences (ECMA-48 CSI)
-#: A stage's own prefix (pipeline/core/stage.py ``setup_logging``): the flow's logger adds time and level itself.
+#: A stage's own prefix (pipeline/core/console.py ``setup_logging``): the flow's logger adds time and level itself.
 _STAGE_PREFIX = re.compile(r"^\d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 
 

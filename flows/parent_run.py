@@ -1,7 +1,7 @@
 """The MLflow parent runs the flows open: a pipeline run's (stage runs become its children) and a sweep's.
 
 Tracking never fails a run: what cannot be recorded is a warning. Neither Prefect nor DVC opens MLflow runs,
-so this is ours, built on :mod:`pipeline.core.tracking`.
+so this is ours, built on :mod:`pipeline.tracking`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import yaml
 from flows.report import headline_from
 from flows.sweep_spec import SweepSpec
 from flows.sweep_work import SweepState
-from pipeline.core import owner, tracking
+from pipeline import tracking
 from pipeline.core import stages as stage_table
 from pipeline.core.details import StageDetails
 
@@ -34,26 +34,6 @@ def run_name(profile: str, commit: str, when: float | None = None) -> str:
 
 
 @contextlib.contextmanager
-def mlflow_run(name: str, *, root: str | Path, tags: dict[str, str],
-               reopen: str | None = None) -> Iterator[tracking.StageRun]:
-    """An MLflow run for the ``with`` block, FAILED when it raises, owned by this process; ``reopen``: continue it."""
-    if not tracking.enabled():
-        yield tracking.StageRun()
-        return
-    client = tracking.mlflow_client(root)
-    all_tags = {"mlflow.runName": name, **tags, **owner.owner_tags(root)}
-    run_id = _reopen(client, reopen, all_tags) if reopen else None
-    if run_id is None:
-        run_id = client.create_run(tracking.experiment_id(client, root), tags=all_tags, run_name=name).info.run_id
-    status = "FAILED"
-    try:
-        yield tracking.StageRun(client, run_id)
-        status = "FINISHED"
-    finally:
-        tracking.end_run(client, run_id, status)
-
-
-@contextlib.contextmanager
 def pipeline_run(name: str, *, params: dict[str, Any], root: str | Path = ".",
                  tags: dict[str, str] | None = None, reopen: str | None = None,
                  files: str | Path | None = None) -> Iterator[tracking.StageRun]:
@@ -62,8 +42,8 @@ def pipeline_run(name: str, *, params: dict[str, Any], root: str | Path = ".",
     ``root``; a sweep's variant, run in DVC's temporary workspace, has its own)."""
     root = Path(root)
     files = Path(files) if files is not None else root
-    with mlflow_run(name, root=root, tags={"pipeline": "true", **tracking.git_tags(root), **(tags or {})},
-                    reopen=reopen) as handle:
+    with tracking.open_run(name, root=root, tags={"pipeline": "true", **tracking.git_tags(root), **(tags or {})},
+                           reopen=reopen) as handle:
         handle.log_params(params)
         if (files / "params.yaml").is_file():
             handle.log_artifact(files / "params.yaml")
@@ -75,43 +55,18 @@ def pipeline_run(name: str, *, params: dict[str, Any], root: str | Path = ".",
                     handle.log_artifact(files / "dvc.lock")
 
 
-def _reopen(client: Any, run_id: str, tags: dict[str, str]) -> str | None:
-    """Set ``run_id`` RUNNING again with ``tags``; None when the store has no such run."""
-    try:
-        client.update_run(run_id, status="RUNNING")
-        for key, value in tags.items():
-            client.set_tag(run_id, key, value)
-    except Exception as exc:  # noqa: BLE001 - e.g. deleted, or another tracking store since
-        log.warning("could not reopen MLflow run %s (%s): opening a new one", run_id, exc)
-        return None
-    return run_id
-
-
 @contextlib.contextmanager
 def sweep_run(root: Path, spec: SweepSpec, state: SweepState, flow_run_id: str) -> Iterator[tracking.StageRun]:
     """The MLflow parent run ``sweep-<name>``: created once (its id kept in the state file), reopened on a restart."""
     tags = {**tracking.git_tags(root), "sweep": spec.name, "sweep.parent": "true", "profile": spec.profile,
             "prefect.flow_run_id": flow_run_id}
     earlier = state.data.get("mlflow_run_id")
-    with mlflow_run(spec.run_name, root=root, tags=tags, reopen=earlier) as run:
+    with tracking.open_run(spec.run_name, root=root, tags=tags, reopen=earlier) as run:
         if run.run_id and run.run_id != earlier:
             state.data["mlflow_run_id"] = run.run_id
             state.save()
             run.log_artifact(spec.source, "spec")
         yield run
-
-
-def child_run(parent_id: str | None, tag: str, value: str, root: str | Path = ".") -> str | None:
-    """The newest child run of ``parent_id`` whose tag ``tag`` is ``value``, or None (also when tracking is off)."""
-    if not (tracking.enabled() and parent_id):
-        return None
-    client = tracking.mlflow_client(root)
-    experiment = client.get_run(parent_id).info.experiment_id
-    quoted = value.replace("'", "\\'")
-    runs = client.search_runs([experiment], filter_string=f"tags.mlflow.parentRunId = '{parent_id}' and "
-                                                          f"tags.`{tag}` = '{quoted}'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
-    return runs[0].info.run_id if runs else None
 
 
 def end_orphans(root: str | Path = ".", logger: logging.Logger | logging.LoggerAdapter | None = None) -> None:
@@ -138,7 +93,7 @@ def record_stage(parent: tracking.StageRun, root: Path, metrics_dir: Path, stage
         details = StageDetails.read(root / metrics_dir, stage)
         if details is not None and (run_id := details.mlflow_run_id):
             md5 = stage_table.lock_md5(yaml.safe_load(lock.read_text(encoding="utf-8")) or {}, stage)
-            tracking.mlflow_client(root).set_tag(run_id, "dvc_lock_md5", md5)
+            tracking.tag_run(run_id, {"dvc_lock_md5": md5}, root)
             parent.set_tags({f"produced_by.{stage}": run_id})
 
 
@@ -151,15 +106,3 @@ def record_end(parent: tracking.StageRun, root: Path, metrics_dir: Path | None, 
         with _never_fails("log the headline metrics on the parent run"):
             parent.log_metrics(headline_from(root / metrics_dir))
 
-
-def ui_page(run_id: str, root: str | Path = ".", port: int = 5000) -> str | None:
-    """On MLflow's training view (not MLflow 3's GenAI view): a server's page of ``run_id``, else the local
-    ``mlflow ui``'s page of its experiment; None when the run cannot be read."""
-    experiment = None
-    with _never_fails(f"read the experiment of run {run_id}"):
-        experiment = tracking.mlflow_client(root).get_run(run_id).info.experiment_id
-    if experiment is None:
-        return None
-    if tracking.is_server(uri := tracking.tracking_uri(root)):
-        return tracking.ui_url(uri, experiment, run_id)
-    return tracking.ui_url(f"http://127.0.0.1:{port}", experiment)

@@ -30,8 +30,8 @@ from flows.lifeline import kill_all_groups, run_in_group
 from flows.report import AUDIT_ARTIFACT_KEY, StageOutcome, render_report
 from flows.preflight import check_params_first, quiet_prefect_tracebacks
 from flows.server import ensure_api
+from pipeline import tracking
 from pipeline.core import env
-from pipeline.core import tracking
 from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
 from pipeline.core.details import EvaluateDetails, RegisterDetails, StageDetails, TrainDetails
 from pipeline.core.errors import EXIT_PERMANENT, PipelineError
@@ -150,7 +150,7 @@ def _finish(root: Path, paths: PathsConfig | None, outcomes: list[StageOutcome],
         tracking_uri=tracking.tracking_uri(root) if parent.run_id else None, git=git,
         failure=(str(failure) or type(failure).__name__) if failure else None, audit_path=audit_path,
         audit_md=audit_md, register=register, train=train,
-        ui_page=parent_run.ui_page(parent.run_id, root) if parent.run_id else None)
+        ui_page=tracking.ui_page(parent.run_id, root) if parent.run_id else None)
     artifacts = [(markdown, ARTIFACT_KEY, f"{FLOW_NAME}: stages, BLEU, audit, lineage")]
     if audit_md is not None:
         artifacts.append((audit_md, AUDIT_ARTIFACT_KEY, f"{FLOW_NAME}: the run beside the paper ({audit_path})"))

@@ -103,7 +103,7 @@ def machine_lines(bleu: EvaluateDetails, train: TrainDetails | None) -> list[str
 
 
 def mlflow_link(tracking_uri: str | None, run_id: str, page: str | None = None) -> str:
-    """A link to the run's ``page`` (:func:`flows.parent_run.ui_page`: the training view) when the store is a
+    """A link to the run's ``page`` (:func:`pipeline.tracking.store.ui_page`: the training view) when the store is a
     server, else the id and the store."""
     if tracking_uri and tracking_uri.startswith(("http://", "https://")):
         return f"[{run_id}]({page})" if page else f"`{run_id}` on {tracking_uri}"

@@ -38,8 +38,9 @@ from flows.server import ensure_api
 from flows.sweep_spec import SweepSpec, Variant, load_spec, variant_params
 from flows.sweep_work import (REPORTS_DIR, SweepState, VariantFailed, check_applied, exp_ref, exp_run_command,
                               head_commit, overrides, read_at, remove_exp, shared_stages, sweep_dir)
+from pipeline import tracking
 from pipeline.auditing.paper import paper_row
-from pipeline.core import env, tracking
+from pipeline.core import env
 from pipeline.core.config import flatten, params_from_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.owned import write_text
@@ -109,7 +110,7 @@ def run_variant(variant: Variant, ctx: SweepContext, base: dict[str, Any]) -> di
     (record / "metrics").mkdir(parents=True, exist_ok=True)
     write_text(record / "params.yaml", yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
     remove_exp(root, variant.name, ctx.commit)  # an interrupted try's, finished after its record was lost
-    earlier = parent_run.child_run(ctx.parent_run_id, "sweep.variant", variant.name, root)  # an interrupted try's
+    earlier = tracking.child_run(ctx.parent_run_id, "sweep.variant", variant.name, root)  # an interrupted try's
     with parent_run.pipeline_run(variant.name, params=flatten(params), root=root, files=record,
                                  tags=_variant_tags(ctx, variant), reopen=earlier) as run:
         command = exp_run_command(variant.name, overrides(root, params, variant.applied))
@@ -233,7 +234,7 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
                                                                "status": "not run"} for v in spec.variants]
             markdown = render_sweep(spec, records, commit=state.data["commit"], ran=len(todo),
                                     mlflow_run_id=parent.run_id, paired=_paired(root, spec, base, records),
-                                    ui_page=parent_run.ui_page(parent.run_id, root) if parent.run_id else None,
+                                    ui_page=tracking.ui_page(parent.run_id, root) if parent.run_id else None,
                                     tracking_uri=tracking.tracking_uri(root) if parent.run_id else None,
                                     paper=paper_row(params_from_dict(base)) if base["download"]["dataset"] == "wmt14"
                                     else None)

@@ -12,12 +12,13 @@ from pathlib import Path
 from pipeline.auditing.inputs import load_inputs
 from pipeline.auditing.report import build_audit, tracking_metrics
 from pipeline.core.config import Params
+from pipeline.core.console import stage_parser
 from pipeline.core.details import AuditDetails
 from pipeline.core.errors import ConfigError
 from pipeline.core.owned import atomic_path
-from pipeline.core.stage import stage_main, stage_parser
 from pipeline.core.textio import sha256_file
 from pipeline.core.yamlfile import load_yaml
+from pipeline.tracking.harness import stage_main
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def stage(params: Params, *, params_file: str | Path, lock_file: str | Path, roo
     error naming it; the previous audit the replay compares with is ``json_path`` or, when DVC deleted it before
     this run (a declared output), its copy in DVC's cache (:func:`previous_audit`)."""
     from pipeline.auditing.render import render_markdown
-    from pipeline.core import tracking
+    from pipeline import tracking
 
     inp = load_inputs(params, params_file=Path(params_file), lock_file=Path(lock_file), root=Path(root),
                       previous_audit=previous_audit(Path(json_path), Path(lock_file), Path(root)))

@@ -14,7 +14,7 @@ from pipeline.artifacts import averaging, model_file
 from pipeline.core.config import AverageConfig, checkpoint_folder
 from pipeline.core.errors import CheckpointError
 from pipeline.core.owned import atomic_path, refuse_foreign
-from pipeline.core.stage import stage_main
+from pipeline.tracking.harness import stage_main
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, mod
     (``model_dir`` is written whole, replacing only a folder this stage wrote); returns the stage's details."""
     import sentencepiece as spm
 
-    from pipeline.core import tracking
+    from pipeline import tracking
 
     refuse_foreign(Path(model_dir), "model")  # before the work, not only at the swap
     chosen, skipped = averaging.choose(train_dir, cfg.last_n)

@@ -11,13 +11,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from pipeline.core import tracking
+from pipeline import tracking
 from pipeline.core.config import BpeConfig
 from pipeline.core.errors import DataError
 from pipeline.core.owned import atomic_path
-from pipeline.core.stage import stage_main
 from pipeline.core.textio import sha256_file
 from pipeline.data.sample import Sample
+from pipeline.tracking.harness import stage_main
 
 log = logging.getLogger(__name__)
 

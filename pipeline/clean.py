@@ -7,14 +7,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pipeline.core import tracking
+from pipeline import tracking
 from pipeline.core.config import CleanConfig
 from pipeline.core.errors import DataError
 from pipeline.core.owned import atomic_path
-from pipeline.core.stage import stage_main
 from pipeline.core.textio import count_lines
 from pipeline.data.filters import LANGS, SPLITS, clean_split
 from pipeline.data.workers import data_workers
+from pipeline.tracking.harness import stage_main
 
 
 def _check_raw(raw_dir: Path, split: str) -> None:

@@ -8,10 +8,11 @@ import logging
 import os
 import sys
 
-from pipeline.core import env, stages, tracking
+from pipeline import tracking
+from pipeline.core import env, stages
+from pipeline.core.console import arg_type, setup_logging
 from pipeline.core.errors import PipelineError
 from pipeline.project.options import OneLineParser
-from pipeline.core.stage import arg_type, setup_logging
 from pipeline.project import run_options
 from pipeline.project.profiles import known_profiles
 
@@ -73,7 +74,7 @@ def _mlflow_parsers(sub: argparse._SubParsersAction) -> None:
     127.0.0.1. Run as MLflow's own commands they need the store named (else MLflow creates a stray ./mlflow.db and
     answers ``Registered Model ... not found``) and this environment's bin/ on PATH (the server starts uvicorn);
     these verbs set both, check the model first, then become MLflow (exec), so Ctrl-C stops the server itself;
-    ``nmt serve`` runs MLflow's scoring server behind :mod:`pipeline.inference.serving`'s guard."""
+    ``nmt serve`` runs MLflow's scoring server behind a guard (:mod:`pipeline.tracking.scoring_app`)."""
     p = sub.add_parser("ui", help="the MLflow UI on this checkout's store (http://127.0.0.1:5000)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=_port, default=5000, help="port (default 5000)")
@@ -102,8 +103,9 @@ def _ui(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from pipeline.inference import registry
+    """Become the guarded scoring server (:func:`pipeline.tracking.scoring_app.serve_command`)."""
     from pipeline.project.profiles import active_profile
+    from pipeline.tracking import model_registry, scoring_app
 
     profile = args.profile or active_profile(".")
     if profile is None:
@@ -111,19 +113,12 @@ def _serve(args: argparse.Namespace) -> int:
                             "registered model to serve) or run it in the checkout's root")
     name, uri = env.model_name(profile), tracking.tracking_uri(".")
     os.environ["MLFLOW_TRACKING_URI"] = uri
-    if registry.alias_holder(name, args.alias) is None:
+    if model_registry.alias_holder(name, args.alias) is None:
         raise PipelineError(f"nmt serve: no version of registered model {name!r} holds alias {args.alias!r} in "
                             f"{uri}; the register stage registers profile {profile}'s model (make demo: demo)")
-    return _serve_guarded(f"models:/{name}@{args.alias}", args.host, args.port)
-
-
-def _serve_guarded(model_uri: str, host: str, port: int) -> int:
-    """Become the guarded scoring server (:func:`pipeline.inference.registry.serve_command`)."""
-    from pipeline.inference import registry
-
-    argv, command_env = registry.serve_command(model_uri, host, port)
+    argv, command_env = scoring_app.serve_command(model_uri := f"models:/{name}@{args.alias}", args.host, args.port)
     os.environ.update(command_env)
-    return _exec(argv, f"serving {model_uri} on http://{host}:{port} (mlflow's scoring server, guarded)")
+    return _exec(argv, f"serving {model_uri} on http://{args.host}:{args.port} (mlflow's scoring server, guarded)")
 
 
 def build_parser() -> argparse.ArgumentParser:

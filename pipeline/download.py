@@ -7,13 +7,13 @@ import logging
 import sys
 from pathlib import Path
 
-from pipeline.core import tracking
+from pipeline import tracking
 from pipeline.core.config import DownloadConfig
 from pipeline.core.owned import atomic_path, scratch_folder
-from pipeline.core.stage import stage_main
 from pipeline.data.locate import FetchEnv, locate
 from pipeline.data.raw import expectations, write_raw
 from pipeline.data.sources import DatasetSpec, dataset_spec
+from pipeline.tracking.harness import stage_main
 
 log = logging.getLogger(__name__)
 

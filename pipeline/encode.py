@@ -10,14 +10,14 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.core import tracking
+from pipeline import tracking
 from pipeline.core.config import EncodeConfig
 from pipeline.core.errors import DataError
 from pipeline.core.owned import atomic_path, write_text
-from pipeline.core.stage import stage_main
 from pipeline.core.textio import sha256_file
 from pipeline.data.sharding import SPLITS, build_manifest, plan_tasks, processor, run_tasks
 from pipeline.data.workers import data_workers
+from pipeline.tracking.harness import stage_main
 
 log = logging.getLogger(__name__)
 

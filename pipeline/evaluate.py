@@ -12,11 +12,11 @@ from typing import Any
 from pipeline.artifacts import model_file
 from pipeline.core.config import EvaluateConfig, checkpoint_folder
 from pipeline.core.owned import atomic_path, refuse_foreign
-from pipeline.core.stage import stage_main
 from pipeline.data.shards import ShardSet
 from pipeline.inference import evaluation
 from pipeline.inference.decoding import load_translator
 from pipeline.inference.scoring import METRIC_KEYS
+from pipeline.tracking.harness import stage_main
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ NEWEST_HYP = f"valid.newest.hyp.{evaluation.TARGET_LANG}"
 
 def _log_run(report: dict[str, Any]) -> None:
     """Metrics and tags of the stage's MLflow run; the averaging warning."""
-    from pipeline.core import tracking
+    from pipeline import tracking
 
     run = tracking.current()
     newest, beam, alpha = report["valid_newest"], report["chosen"]["beam"], report["chosen"]["alpha"]

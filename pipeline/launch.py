@@ -24,9 +24,9 @@ from pathlib import Path
 
 from pipeline.core import env
 from pipeline.core.config import Params, checkpoint_folder, load_params
+from pipeline.core.console import setup_logging, stage_parser
 from pipeline.core.errors import PipelineError
 from pipeline.core.owned import claim_folder
-from pipeline.core.stage import setup_logging, stage_parser
 from pipeline.project.workspace import exclusive_run
 from pipeline.training.capacity import check_memory
 from pipeline.training.tether import tie_to_dvc

@@ -2,7 +2,7 @@
 
 The model is logged into this stage's run with the decoding defaults evaluate chose on valid and registered
 as a new version of the profile's registered model (``NMT_MODEL_NAME`` to name another);
-:mod:`pipeline.inference.registration` does the work. A rerun with the same ``averaged.pt`` and the same beam and α
+:mod:`pipeline.tracking.promotion` does the work. A rerun with the same ``averaged.pt`` and the same beam and α
 logs nothing and points its record at that version. The alias ``candidate`` moves only to a model with a higher
 VALID BLEU on the same references (the test set never chooses); a paired bootstrap of both models' test hypotheses
 is recorded beside the decision.
@@ -16,15 +16,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.core import env, stages, tracking
+from pipeline import tracking
+from pipeline.core import env, stages
 from pipeline.core.config import EvaluateConfig, Params
 from pipeline.core.details import RegisterDetails
 from pipeline.core.gitstate import commit
-from pipeline.core.stage import stage_main
-from pipeline.inference import registration, registry
-from pipeline.inference.registration import ALIAS, SPLITS
-from pipeline.inference.registry import ModelVersion
 from pipeline.project.workspace import exclusive_run
+from pipeline.tracking import model_registry as registry
+from pipeline.tracking import promotion as registration
+from pipeline.tracking.harness import stage_main
+from pipeline.tracking.model_registry import ModelVersion
+from pipeline.tracking.promotion import ALIAS, SPLITS
 
 log = logging.getLogger(__name__)
 #: How long a registration waits for another one into the same MLflow store (each takes seconds).

@@ -49,7 +49,7 @@ import torch
 from pipeline.core import env
 from pipeline.core.config import Params, checkpoint_folder
 from pipeline.core.details import TrainDetails
-from pipeline.core.stage import stage_main
+from pipeline.tracking.harness import stage_main
 from pipeline.training.curves import write_curves
 from pipeline.training.loop import train as stage
 

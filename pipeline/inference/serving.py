@@ -1,5 +1,5 @@
-"""The app ``nmt serve`` runs: MLflow's own scoring server (``mlflow.pyfunc.scoring_server.init``) for the model at
-``_SERVER_MODEL_PATH``, behind a guard for what MLflow's server does not bound before the model is reached.
+"""The guard in front of MLflow's own scoring server in the app ``nmt serve`` runs (pipeline/tracking/scoring_app.py),
+for what MLflow's server does not bound before the model is reached.
 
 MLflow's server decodes the JSON body itself, so a list nested 100,000 deep (RecursionError) or a 5,000-digit
 integer (ValueError past Python's ``int`` digit limit) ends in HTTP 500 and an ASGI traceback; an unknown
@@ -7,7 +7,7 @@ integer (ValueError past Python's ``int`` digit limit) ends in HTTP 500 and an A
 quotes the whole input (``Failed to predict data '...'`` in mlflow/pyfunc/scoring_server/__init__.py). The guard
 answers the first three with HTTP 400 naming the problem, and cuts the quoted input out of any error it passes on.
 
-The model's string input schema (pipeline/inference/registry.py) is enforced by MLflow before the model is reached
+The model's string input schema (pipeline/tracking/model_registry.py) is enforced by MLflow before the model is reached
 (``_enforce_schema`` in mlflow/models/utils.py): it keeps column 0 of a wider table, refuses ``[1, 2]`` in its own
 words and nests ``{"src": [...]}`` one level deeper. So the guard also reads the request's one column of source
 lines itself (:func:`request_lines`), refuses anything else naming it, and hands MLflow ``{"inputs": [lines]}``.
@@ -16,7 +16,6 @@ lines itself (:func:`request_lines`), refuses anything else naming it, and hands
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -238,21 +237,3 @@ def guard(app: App, known_params: tuple[str, ...]) -> App:
 
     return guarded
 
-
-def build_app() -> App:
-    """MLflow's scoring app for the model at ``_SERVER_MODEL_PATH`` (set by ``scoring_server.get_cmd``), guarded."""
-    from mlflow.pyfunc import scoring_server
-
-    model = scoring_server.load_model_with_mlflow_config(os.environ[scoring_server._SERVER_MODEL_PATH])
-    schema = model.metadata.get_params_schema()
-    known = tuple(p.name for p in schema.params) if schema is not None else ()
-    return guard(scoring_server.init(model), known)
-
-
-def __getattr__(name: str) -> App:
-    """``app``, built on first use: uvicorn's ``pipeline.inference.serving:app`` loads the model then, not an
-    import of this module (PEP 562)."""
-    if name != "app":
-        raise AttributeError(name)
-    globals()["app"] = built = build_app()
-    return built

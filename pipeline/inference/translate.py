@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from model.config import BEAM_RANGE, BEAM_RULES, MAX_BEAM_SIZE, beam_size_problem
+from pipeline.core.console import arg_type
 from pipeline.core.errors import PipelineError
-from pipeline.core.stage import arg_type
 from pipeline.inference.common import check_cuda, detokenize, parse_device, prepare_source
 from pipeline.inference.lines import read_input, split_lines, stream_chunks  # noqa: F401 - split_lines: tests
 from pipeline.inference.attention import (AttentionPick, check_attention_layer, check_attention_line,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from pipeline.core.stage import arg_type
+from pipeline.core.console import arg_type
 from pipeline.project.profiles import known_profiles
 
 DESCRIPTION = ("The Prefect flow wmt14-pipeline: each DVC stage as one task (dvc repro --single-item STAGE, in its "

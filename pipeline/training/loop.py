@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from model import TransformerConfig, autocast, inverse_sqrt_lr
+from pipeline import tracking
 from pipeline.artifacts import checkpoint
-from pipeline.core import tracking
 from pipeline.core.config import TrainConfig
 from pipeline.core.details import Machine, TrainDetails
 from pipeline.core.errors import PipelineError

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from flows.parent_run import child_run, end_orphans, pipeline_run, run_name
+from flows.parent_run import end_orphans, pipeline_run, run_name
 from flows.report import HEADLINE_METRICS, headline_from, headline_metrics
 from pipeline.core.details import EvaluateDetails, TrainDetails
 from pipeline.core.errors import DataError
+from pipeline.tracking import child_run
 from tests.helpers.paths import REPO
 
 EVALUATE = EvaluateDetails.from_json({"valid": {"bleu": 25.5, "chrf2": 51.0, "ppl": 6.25, "signatures": {}},
@@ -54,7 +55,8 @@ def test_a_reopened_variant_run_is_continued_not_duplicated(tmp_path: Path, mlfl
     """A resumed sweep variant finds the run its interrupted try opened under the sweep's run and continues it."""
     from mlflow.tracking import MlflowClient
 
-    from pipeline.core import owner
+    from pipeline.core.owner import owner
+    from pipeline.tracking.runs import OWNER_TAG
 
     client = MlflowClient(tracking_uri=mlflow_sqlite)
     with pipeline_run("sweep-x", params={}, root=tmp_path) as sweep:
@@ -74,7 +76,7 @@ def test_a_reopened_variant_run_is_continued_not_duplicated(tmp_path: Path, mlfl
     assert sorted(r.data.tags["sweep.variant"] for r in children) == ["x-1", "x-2"]  # one run per variant
     run = client.get_run(earlier)
     assert run.info.status == "FINISHED" and run.data.params == {"model.d_model": "64", "train.warmup_steps": "13"}
-    assert run.data.tags[owner.OWNER_TAG] == owner.owner()
+    assert run.data.tags[OWNER_TAG] == owner()
     with pipeline_run("x-4", params={}, root=tmp_path, reopen="0" * 32) as new:  # gone: a new run instead
         assert new.run_id != "0" * 32
 
@@ -108,9 +110,8 @@ def test_run_links_on_a_server_open_the_training_view_and_mlflows_own_are_not_pr
 
     from mlflow.tracking import MlflowClient
 
-    from flows.parent_run import ui_page
     from flows.report import render_report
-    from pipeline.core import tracking
+    from pipeline import tracking
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -137,14 +138,14 @@ def test_run_links_on_a_server_open_the_training_view_and_mlflows_own_are_not_pr
         exp = bare.create_experiment("bare")
         bare.set_terminated(bare.create_run(exp).info.run_id)
         assert f"{uri}/#/experiments/{exp}/runs/" in capsys.readouterr().out  # MLflow's own link, no view in it
-        caplog.set_level("INFO", logger="pipeline.core.tracking")
+        caplog.set_level("INFO", logger="pipeline.tracking")
         with tracking.stage_run("audit", root=tmp_path) as run:
             run.open()
         experiment = MlflowClient(tracking_uri=uri).get_run(run.run_id).info.experiment_id
         page = f"{uri}/#/experiments/{experiment}/runs/{run.run_id}?workflowType=machine_learning"
         assert "View run" not in capsys.readouterr().out
         assert f"MLflow run {run.run_id} (FINISHED): {page}" in caplog.text
-        assert ui_page(run.run_id, tmp_path) == page
+        assert tracking.ui_page(run.run_id, tmp_path) == page
         report = render_report([], bleu=None, mlflow_run_id=run.run_id, tracking_uri=uri, git={}, ui_page=page)
         assert f"- MLflow parent run: [{run.run_id}]({page})" in report
     finally:

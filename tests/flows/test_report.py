@@ -11,7 +11,7 @@ from flows.report import paired_lines, registry_lines, render_report, seed_lines
 from flows.sweep_spec import load_spec
 from pipeline.auditing.paper import PAPER
 from pipeline.core.details import EvaluateDetails, Machine, RegisterDetails, TrainDetails
-from pipeline.inference.registration import decide
+from pipeline.tracking.promotion import decide
 from tests.helpers.paths import REPO
 
 

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 def _stages(marker: Path) -> dict[str, dict]:
     """``prep`` reads only ``download`` params (shared); ``fit`` reads ``train`` and fails for warmup 13 while
-    ``marker`` exists, with a stage's one-line error (pipeline/core/stage.py); ``toy.py bleu`` writes an
+    ``marker`` exists, with a stage's one-line error (pipeline/core/console.py); ``toy.py bleu`` writes an
     evaluate.details.json (valid BLEU 25.25, test 27.31)."""
     fail = (f"python -c \"import os, sys, yaml; p = yaml.safe_load(open('params.yaml')); "
             f"bad = p['train']['warmup_steps'] == 13 and os.path.exists('{marker}'); "

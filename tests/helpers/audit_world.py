@@ -24,10 +24,10 @@ from pipeline.core import stages
 from pipeline.core.config import BpeConfig, Params, checkpoint_folder, params_from_dict
 from pipeline.core.details import RECORDS, RunDetails
 from pipeline.core.owned import write_lines, write_text
-from pipeline.core.stage import run_stage, write_metrics
 from pipeline.encode import stage as encode_stage
 from pipeline.evaluate import stage as evaluate_stage
 from pipeline.project.profiles import merged_profile
+from pipeline.tracking.harness import run_stage, write_metrics
 from pipeline.train import stage as train_stage
 from tests.helpers.eval_world import TEST, VALID
 from tests.helpers.models import CORPUS

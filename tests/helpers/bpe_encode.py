@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pipeline import bpe, encode
 from pipeline.core.config import BpeConfig, EncodeConfig
-from pipeline.core.stage import run_stage
+from pipeline.tracking.harness import run_stage
 
 EN = "the a cat dog house garden man woman sits runs sees big small red green near under".split()
 DE = "der die das katze hund haus garten mann frau sitzt läuft sieht groß klein rot grün nahe unter".split()

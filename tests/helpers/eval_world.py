@@ -14,8 +14,8 @@ import pytest
 
 from pipeline.core.config import EncodeConfig
 from pipeline.core.owned import write_lines
-from pipeline.core.stage import run_stage
 from pipeline.encode import stage as encode_stage
+from pipeline.tracking.harness import run_stage
 from tests.helpers.models import CORPUS, make_averaged, spm_vocab_size, tiny_model, write_checkpoint
 
 VALID = [("Gutach: Increased safety for pedestrians", "Gutach: Noch mehr Sicherheit für Fußgänger"),

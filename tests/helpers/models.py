@@ -17,7 +17,7 @@ from pipeline.artifacts.model_file import NAME as AVERAGED_NAME
 from pipeline.average import stage
 from pipeline.bpe import train_model
 from pipeline.core.config import AverageConfig, BpeConfig
-from pipeline.core.stage import run_stage
+from pipeline.tracking.harness import run_stage
 
 TINY_MODEL = {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1, "dropout": 0.0, "attn_dropout": 0.0,
               "ffn_dropout": 0.0, "pre_norm": False, "max_positions": 64}

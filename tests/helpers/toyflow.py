@@ -70,7 +70,7 @@ TOY = textwrap.dedent('''
         (metrics_dir() / "evaluate.details.json").write_text(json.dumps(report))
         Path(args[0]).write_text("scored")
     elif mode == "track":                     # track OUT: a child MLflow run like a real stage
-        from pipeline.core.tracking import stage_run
+        from pipeline.tracking import stage_run
         stage = os.environ["DVC_STAGE"]
         with stage_run(stage) as run:
             run.set_tags({"seen_flow_run_id": os.environ.get("NMT_PREFECT_FLOW_RUN_ID", "")})

@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import yaml
 
 from pipeline.core.config import checkpoint_folder, load_params, params_from_dict
-from pipeline.core.stage import run_stage
 from pipeline.project.profiles import merged_profile
+from pipeline.tracking.harness import run_stage
 from pipeline.train import stage
 from tests.helpers.paths import REPO
 

@@ -25,9 +25,9 @@ from pipeline.clean import main as clean_main
 from pipeline.cli import main as nmt_main
 from pipeline.core.config import BpeConfig, EncodeConfig
 from pipeline.core.errors import DataError
-from pipeline.core.stage import run_stage
 from pipeline.evaluate import main as evaluate_main
 from pipeline.project.profiles import merged_profile
+from pipeline.tracking.harness import run_stage
 from tests.helpers.bpe_encode import synthetic_clean
 from tests.helpers.clean import write_raw
 from tests.helpers.models import make_averaged

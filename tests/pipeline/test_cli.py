@@ -209,7 +209,7 @@ def test_mlflows_own_commands_find_the_projects_store_with_the_tracked_env_file(
     """MLflow reads its store from MLFLOW_TRACKING_URI only; `mlflow --env-file mlflow.env` sets it from the
     checkout, and the stray ./mlflow.db a bare command would write is git-ignored."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"NMT_TRACKING": "on"}
-    made = subprocess.run([sys.executable, "-c", "from pipeline.core import tracking\n"
+    made = subprocess.run([sys.executable, "-c", "from pipeline.tracking import runs as tracking\n"
                            f"with tracking.stage_run('audit', root={str(tmp_path)!r}) as run:\n    run.open()"],
                           env=env | {"PYTHONPATH": str(REPO)}, capture_output=True, text=True, check=False)
     assert made.returncode == 0, made.stderr

@@ -19,10 +19,10 @@ import pytest
 
 from pipeline.core.config import DownloadConfig
 from pipeline.core.errors import EXIT_PERMANENT, ConfigError, DataError, DownloadError
-from pipeline.core.stage import run_stage
 from pipeline.core.textio import read_lines
 from pipeline.data.sources import MULTI30K_SPEC, STATMT, WMT14, Corpus, DatasetSpec, SourceFile, sgml_segments
 from pipeline.download import main, stage
+from pipeline.tracking.harness import run_stage
 from tests.helpers.httpserver import serve
 from tests.helpers.paths import REPO, SHARED
 

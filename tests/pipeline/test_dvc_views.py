@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from pipeline.core import stages
-from pipeline.core.stage import write_metrics
 from pipeline.project.profiles import write_profile
+from pipeline.tracking.harness import write_metrics
 from pipeline.training.curves import write_curves
 from pipeline.training.logs import history_csv
 from tests.helpers.history import training_history

@@ -16,12 +16,12 @@ import torch
 from pipeline.core.config import EvaluateConfig
 from pipeline.core.errors import CheckpointError, DataError
 from pipeline.core.owned import write_lines
-from pipeline.core.stage import run_stage
 from pipeline.core.textio import count_lines, read_lines
 from pipeline.evaluate import stage
 from pipeline.inference.common import prepare_source
 from pipeline.inference.decoding import decode_sources, load_translator, plan_batches, plan_searches
 from pipeline.inference.scoring import METRIC_KEYS, score_files
+from pipeline.tracking.harness import run_stage
 from tests.helpers.eval_world import AVERAGED_STEP, NEWEST_STEP, TEST, VALID
 
 CFG = EvaluateConfig(beam_sizes=[1, 2], alphas=[0.6, 1.0], max_len_a=1.0, max_len_b=4, max_tokens=40)

@@ -25,10 +25,10 @@ import yaml
 
 from pipeline.core.config import EvaluateConfig
 from pipeline.core.errors import DataError, PipelineError
-from pipeline.core.stage import run_stage
-from pipeline.inference.registration import decide, dvc_datasets, paired_bootstrap
-from pipeline.inference.registry import ModelVersion
 from pipeline.register import main, stage
+from pipeline.tracking.harness import run_stage
+from pipeline.tracking.model_registry import ModelVersion
+from pipeline.tracking.promotion import decide, dvc_datasets, paired_bootstrap
 from tests.helpers.lockholder import hold_lock
 from tests.helpers.models import make_averaged
 
@@ -96,7 +96,7 @@ def test_a_registration_logs_an_input_example_and_no_warning_for_its_lack(model_
     import mlflow
     from mlflow.types import ColSpec, Schema
 
-    from pipeline.inference.registration import INPUT_EXAMPLE
+    from pipeline.tracking.promotion import INPUT_EXAMPLE
 
     record = _register(model_dir, tmp_path, valid_bleu=20.0, test_hyps=GOOD)
     said = [str(w.message) for w in recwarn] + capfd.readouterr().err.splitlines()
@@ -418,7 +418,7 @@ def test_a_registration_waits_its_turn_in_the_store_and_a_bounded_wait_writes_no
     """A sweep's variants register together into one store; two at once raced on the alias's row (SQLite
     IntegrityError) and could leave it on the worse model, so registrations take turns on a lock beside the store."""
     import pipeline.register as register_stage
-    from pipeline.core.tracking import store_lock
+    from pipeline.tracking import store_lock
 
     lock = store_lock(tmp_path)
     assert lock == Path(mlflow_sqlite.removeprefix("sqlite:///") + ".lock")

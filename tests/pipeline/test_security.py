@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.core.console import redact
 from pipeline.core.errors import EXIT_PERMANENT
-from pipeline.core.stage import redact
 from tests.helpers.data_faults import multi30k_mirror, write_params, write_raw
 from tests.helpers.paths import REPO
 

@@ -19,8 +19,8 @@ import yaml
 from pipeline import audit
 from pipeline.auditing.replay import ITEM_LOCK, ITEM_PREVIOUS, ITEM_RESCORED, dvc_dir_md5
 from pipeline.core.config import checkpoint_folder, params_from_dict
-from pipeline.core.stage import run_stage
 from pipeline.evaluate import stage as evaluate_stage
+from pipeline.tracking.harness import run_stage
 from tests.helpers.paths import REPO
 
 #: What the audit stage needs in dvc.yaml for the replay.

@@ -275,7 +275,7 @@ def test_launch_reads_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_stage_modules_read_the_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from pipeline.core import tracking
+    from pipeline import tracking
     from pipeline.data import workers
     from pipeline.training import faults
 
@@ -322,7 +322,7 @@ def test_distributed_timeout_reads_the_table(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_a_stage_reports_a_bad_environment_as_one_error(monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    from pipeline.core.stage import run_cli, setup_logging
+    from pipeline.core.console import run_cli, setup_logging
 
     monkeypatch.setenv("NMT_NPROC", "zero")
     monkeypatch.setenv("NMT_THREADS", "-2")

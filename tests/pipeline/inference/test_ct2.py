@@ -286,7 +286,7 @@ def test_the_served_model_refuses_a_damaged_export_naming_the_file(exported: tup
                                                                     tmp_path: Path) -> None:
     from mlflow.pyfunc import PythonModelContext
 
-    from pipeline.inference.mlflow_model import Translator
+    from pipeline.tracking.pyfunc import Translator
 
     model, out = exported
     folder = _copy(out, tmp_path)

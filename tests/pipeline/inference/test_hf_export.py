@@ -16,11 +16,11 @@ from pipeline.artifacts.model_file import NAME as AVERAGED_NAME
 from pipeline.average import stage
 from pipeline.cli import main
 from pipeline.core.config import AverageConfig
-from pipeline.core.stage import run_stage
 from pipeline.inference import ct2, hf_export
 from pipeline.inference.common import prepare_source
 from pipeline.inference.decoding import load_translator
 from pipeline.inference.translate import translate_lines
+from pipeline.tracking.harness import run_stage
 from tests.helpers.models import make_averaged, make_spm, spm_vocab_size, tiny_model, write_checkpoint
 from tests.helpers.paths import REPO
 

@@ -169,7 +169,7 @@ def test_a_rank_whose_agent_is_gone_exits_before_importing_anything(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
 def test_a_stopped_agent_ends_its_ranks_with_one_line_not_torchruns_traceback(tmp_path, sig):
     """SIGTERM to the launcher's group is how the flow stops a stage (flows/lifeline.py); Ctrl-C in a terminal
-    sends SIGINT. The ranks here only sleep and end quietly, as a stage's ranks do (pipeline/core/stage.py): what
+    sends SIGINT. The ranks here only sleep and end quietly, as a stage's ranks do (pipeline/core/console.py): what
     is left is the agent's own output, torch's warnings and one line instead of its traceback."""
     ranks = tmp_path / "ranks"
     ranks.mkdir()

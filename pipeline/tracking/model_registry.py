@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.tracking import StageRun, mlflow_client, tracking_uri
+from pipeline.tracking.runs import StageRun
+from pipeline.tracking.store import mlflow_client, tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -161,17 +162,3 @@ def describe_model(model_name: str, description: str, tags: dict[str, str], root
     for key, value in tags.items():
         client.set_registered_model_tag(model_name, key, value)
 
-
-def serve_command(model_uri: str, host: str, port: int) -> tuple[list[str], dict[str, str]]:
-    """What ``mlflow models serve --env-manager local`` runs for ``model_uri`` (``scoring_server.get_cmd``: uvicorn,
-    the model downloaded, its path and the request timeout in the environment), with the app behind
-    :mod:`pipeline.inference.serving`'s guard instead of ``mlflow.pyfunc.scoring_server.app:app``."""
-    import shlex
-
-    from mlflow.artifacts import download_artifacts
-    from mlflow.pyfunc import scoring_server
-
-    command, command_env = scoring_server.get_cmd(download_artifacts(model_uri), port=port, host=host)
-    argv = [a if a != "mlflow.pyfunc.scoring_server.app:app" else "pipeline.inference.serving:app"
-            for a in shlex.split(command)]
-    return argv, command_env

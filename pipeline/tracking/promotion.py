@@ -1,4 +1,5 @@
-"""The register stage's MLflow work: the pyfunc with its lineage, and the paired bootstrap against the candidate."""
+"""Whether a new model becomes the ``candidate`` (the register stage's work): its inputs checked, the pyfunc logged
+with its lineage, the paired bootstrap against the candidate, and the decision."""
 
 from __future__ import annotations
 
@@ -15,20 +16,22 @@ from typing import Any, TypedDict
 import yaml
 
 from pipeline.artifacts import model_file
-from pipeline.core import env, tracking
+from pipeline.core import env
 from pipeline.core.config import EvaluateConfig
 from pipeline.core.details import EvaluateDetails, RegisterDetails, read_json
 from pipeline.core.errors import CheckpointError, DataError
 from pipeline.core.textio import read_lines, sha256_file
-from pipeline.inference import ct2, registry
-from pipeline.inference.registry import LoggedModel, ModelVersion
+from pipeline.inference import ct2
+from pipeline.tracking import model_registry
+from pipeline.tracking.model_registry import LoggedModel, ModelVersion
+from pipeline.tracking.runs import StageRun
 
 log = logging.getLogger(__name__)
 
 ALIAS = "candidate"
 HYPS_ARTIFACT_DIR = "hyps"
 BOOTSTRAP_SAMPLES = 1000
-MODEL_FILE = Path(__file__).resolve().with_name("mlflow_model.py")
+MODEL_FILE = Path(__file__).resolve().with_name("pyfunc.py")
 #: what the served model imports (versions pinned from this environment).
 REQUIREMENTS = ("mlflow", "torch", "sentencepiece", "numpy", "pandas", "pyyaml", "ctranslate2")
 SPLITS = ("valid", "test")
@@ -219,7 +222,7 @@ def _code_copies(work: Path) -> list[str]:
     return dirs
 
 
-def log_model(run: tracking.StageRun, cfg: EvaluateConfig, inputs: Inputs, name: str, work: Path,
+def log_model(run: StageRun, cfg: EvaluateConfig, inputs: Inputs, name: str, work: Path,
               root: str | Path) -> LoggedModel:
     """Log and register the pyfunc translator (with a CTranslate2 export if ``NMT_REGISTER_CTRANSLATE2`` asks)."""
     spm_path = work / "spm.model"
@@ -233,7 +236,7 @@ def log_model(run: tracking.StageRun, cfg: EvaluateConfig, inputs: Inputs, name:
     if quantization != "off":
         artifacts["ctranslate2"] = str(ct2.export(inputs.averaged, work / "ctranslate2", quantization))
         model_config["engine"] = "ctranslate2"
-    info = registry.log_pyfunc_model(
+    info = model_registry.log_pyfunc_model(
         run, python_model=MODEL_FILE, artifacts=artifacts, code_paths=_code_copies(work), model_config=model_config,
         params={"beam_size": chosen.beam, "alpha": chosen.alpha, "engine": model_config["engine"]},
         registered_model_name=name, pip_requirements=_requirements(), input_example=INPUT_EXAMPLE, root=root)
@@ -250,8 +253,8 @@ def compare(holder: ModelVersion | None, inputs: Inputs, work: Path,
         return None, f"version {holder.version} was scored against other test references"
     fetched = None
     if holder.run_id:
-        fetched = registry.download_run_artifact(holder.run_id, f"{HYPS_ARTIFACT_DIR}/test.hyp.de",
-                                                 work / "candidate", root)
+        fetched = model_registry.download_run_artifact(holder.run_id, f"{HYPS_ARTIFACT_DIR}/test.hyp.de",
+                                                       work / "candidate", root)
     if fetched is None:
         return None, f"version {holder.version}'s run has no {HYPS_ARTIFACT_DIR}/test.hyp.de artifact"
     result = paired_bootstrap(list(read_lines(inputs.hyps["test"])), list(read_lines(fetched)),
@@ -261,12 +264,12 @@ def compare(holder: ModelVersion | None, inputs: Inputs, work: Path,
     return result, None
 
 
-def log_lineage(run: tracking.StageRun, inputs: Inputs, name: str, lock_path: str | Path,
+def log_lineage(run: StageRun, inputs: Inputs, name: str, lock_path: str | Path,
                 dataset_paths: dict[str, tuple[str, str]]) -> list[dict[str, str]]:
     """Params, tags, dataset inputs and hypothesis artifacts of the register run; returns the datasets."""
     chosen = inputs.evaluation
     datasets = dvc_datasets(lock_path, dataset_paths)
-    registry.log_datasets(run, datasets)
+    model_registry.log_datasets(run, datasets)
     run.log_params({"register.model_name": name, "register.alias": ALIAS, "register.beam_size": chosen.beam,
                     "register.alpha": chosen.alpha, "register.bootstrap_samples": BOOTSTRAP_SAMPLES})
     run.set_tags({"evaluate_run_id": chosen.evaluate_run_id or "", "sacrebleu_signature": chosen.signature,
@@ -278,7 +281,7 @@ def log_lineage(run: tracking.StageRun, inputs: Inputs, name: str, lock_path: st
     return datasets
 
 
-def log_decision(run: tracking.StageRun, record: RegisterDetails, chosen: Evaluation, bootstrap: Bootstrap | None,
+def log_decision(run: StageRun, record: RegisterDetails, chosen: Evaluation, bootstrap: Bootstrap | None,
                  holder: ModelVersion | None) -> None:
     """BLEU of both models, the p-value and the decision (the stage's record), as metrics and tags of the run."""
     moved = bool(record.alias_moved)

@@ -1,11 +1,11 @@
-"""What every stage shares: logging, params loading, the bookkeeping wrapper (:func:`stage_main`), one-line errors."""
+"""What a command shows its user: logging to stderr with credentials redacted, argparse helpers, and any error as one
+line (:func:`run_cli`, which also loads the params)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import errno
-import json
 import logging
 import os
 import re
@@ -13,17 +13,12 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pipeline.core import env, stages, tracking
-from pipeline.core.config import Params, flatten, load_params, section_dict
+from pipeline.core import env
+from pipeline.core.config import Params, load_params
 from pipeline.core.errors import EXIT_PERMANENT, ConfigError, PermanentError, PipelineError
-from pipeline.core.owned import write_text
 from pipeline.core.write_errors import public_path, write_error
-
-if TYPE_CHECKING:  # a stage that builds no record does not depend on pipeline/core/details.py
-    from pipeline.core.details import StageDetails
 
 log = logging.getLogger(__name__)
 
@@ -124,60 +119,3 @@ def run_cli(name: str, body: Callable[[Params, argparse.Namespace], None], argv:
 def _fail(name: str, message: str, code: int = 1) -> int:
     print(redact(f"error: stage {name}: {message}"), file=sys.stderr)
     return code
-
-
-def write_metrics(path: str | Path, metrics: dict[str, object]) -> None:
-    """Write a stage's metrics JSON atomically (sorted keys)."""
-    write_text(path, json.dumps(metrics, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-
-
-def run_stage(name: str, body: Callable[[], dict[str, object] | StageDetails], *, metrics_dir: str | Path,
-              params: Params | None = None, root: str | Path = ".") -> dict[str, object]:
-    """Run one stage's ``body`` with its bookkeeping (MLflow run, params, seconds; on rank 0 ``<stage>.json`` and
-    ``<stage>.details.json``, logged with the stage's plots as artifacts) and return its details record."""
-    spec = stages.get(name)
-    active = os.environ.get("RANK", "0") in ("", "0")
-    start = time.monotonic()
-    monitor = active and tracking.system_metrics_wanted(name, env.settings().device, _cuda_available(name))
-    with tracking.stage_run(name, root=root, active=active, system_metrics=monitor) as run:
-        if params is not None:
-            run.queue_params(flatten({s: section_dict(getattr(params, s)) for s in spec.sections}))
-        if not spec.lazy_run:
-            run.open()  # now, so that the run's duration is the stage's
-        record = body()
-        record = record if isinstance(record, dict) else record.to_json()
-        seconds = round(time.monotonic() - start, 3)
-        if run.opened:
-            run.log_metrics({"stage_seconds": seconds})
-        # A stage that logged nothing keeps the run id it reports (register points at an existing model's run).
-        details = {**record, "seconds": seconds,
-                   "mlflow_run_id": run.run_id if run.opened else record.get("mlflow_run_id")}
-        if active:
-            if (summary := stages.summary(name, details)) is not None:
-                write_metrics(stages.metrics_file(metrics_dir, name), summary)
-            write_metrics(stages.details_file(metrics_dir, name), details)
-            if run.opened:
-                run.log_artifact(stages.details_file(metrics_dir, name))
-                for suffix in (".csv", ".png") if params is not None else ():  # the plots the stage wrote
-                    if (plot := Path(root) / params.paths.plots / f"{name}{suffix}").is_file():
-                        run.log_artifact(plot, "plots")
-    return details
-
-
-def _cuda_available(name: str) -> bool:
-    """Whether torch sees CUDA (asked only for the train stage, which imports torch anyway)."""
-    if name != "train":
-        return False
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def stage_main(name: str, body: Callable[[Params, argparse.Namespace], dict[str, object] | StageDetails],
-               argv: list[str] | None, parser: argparse.ArgumentParser | None = None) -> int:
-    """``python -m pipeline.<name>``: :func:`run_cli` around :func:`run_stage` of ``body(params, args)``."""
-    def run(params: Params, args: argparse.Namespace) -> None:
-        root = Path(getattr(args, "root", "."))
-        run_stage(name, lambda: body(params, args), params=params, metrics_dir=root / params.paths.metrics, root=root)
-
-    return run_cli(name, run, argv, parser or stage_parser(stages.get(name).summary))

@@ -67,7 +67,7 @@ def source_lines(model_input: Any) -> list[str]:
     ``MAX_LINE_CHARS`` (:func:`pipeline.inference.serving.checked_lines`).
 
     Loaded with MLflow, the model gets its input after MLflow enforced the string input schema
-    (pipeline/inference/registry.py): one column, non-strings refused in MLflow's words; served by ``nmt serve``,
+    (pipeline/tracking/model_registry.py): one column, non-strings refused in MLflow's words; served by ``nmt serve``,
     after the guard read the request (:func:`pipeline.inference.serving.request_lines`). Called directly, it
     checks the input whole.
 

@@ -13,20 +13,21 @@ import pytest
 from mlflow.exceptions import MlflowException
 
 from model.config import MAX_ALPHA
-from pipeline.inference import mlflow_model, serving
+from pipeline.inference import serving
+from pipeline.tracking import pyfunc
 from tests.helpers.models import make_small_vocab_averaged
 
 
 @pytest.fixture(scope="module")
-def translator(tmp_path_factory: pytest.TempPathFactory) -> mlflow_model.Translator:
+def translator(tmp_path_factory: pytest.TempPathFactory) -> pyfunc.Translator:
     model = make_small_vocab_averaged(tmp_path_factory.mktemp("pyfunc"))
-    pyfunc = mlflow_model.Translator()
-    pyfunc.load_context(SimpleNamespace(artifacts={"averaged": str(model)},
-                                        model_config={"beam_size": 2, "alpha": 0.6, "max_len_b": 5}))
-    return pyfunc
+    translator = pyfunc.Translator()
+    translator.load_context(SimpleNamespace(artifacts={"averaged": str(model)},
+                                            model_config={"beam_size": 2, "alpha": 0.6, "max_len_b": 5}))
+    return translator
 
 
-def test_strings_within_the_bounds_are_translated(translator: mlflow_model.Translator) -> None:
+def test_strings_within_the_bounds_are_translated(translator: pyfunc.Translator) -> None:
     out = translator.predict(None, ["a b c", "", "x" * serving.MAX_LINE_CHARS], params={"beam_size": 16})
     assert len(out) == 3 and out[1] == ""
     frame = pd.DataFrame({"src": ["ab ba"] * serving.MAX_REQUEST_LINES})
@@ -52,7 +53,7 @@ def test_strings_within_the_bounds_are_translated(translator: mlflow_model.Trans
     ({"src": ["a"], "de": ["b"]}, {}, "inputs: a table of 2 columns ('src', 'de'); send one column 'src'"),
     (pd.DataFrame({"src": [3.5]}), {}, "inputs[0]: a value of type float is not a string"),
 ])
-def test_out_of_bounds_requests_are_refused_naming_the_field(translator: mlflow_model.Translator,
+def test_out_of_bounds_requests_are_refused_naming_the_field(translator: pyfunc.Translator,
                                                             model_input: object, params: dict,
                                                             message: str) -> None:
     with pytest.raises(MlflowException) as info:

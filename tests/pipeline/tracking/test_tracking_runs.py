@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.core import tracking
+from pipeline import tracking
 from pipeline.core.config import load_params
 from pipeline.core.errors import PipelineError
-from pipeline.core.stage import run_stage
 from pipeline.project.profiles import merged_profile, write_profile
+from pipeline.tracking.harness import run_stage
 from tests.helpers.paths import REPO
 from tests.helpers.repoutil import git
 
@@ -193,7 +193,7 @@ def test_a_server_that_answers_anything_passes_and_a_silent_one_times_out(tmp_pa
 
 def _killed_stage_run(root: Path, stage: str) -> str:
     """A stage process that opens its MLflow run and is SIGKILLed inside it (no code runs to close it)."""
-    script = ("import os, signal, sys; from pipeline.core import tracking\n"
+    script = ("import os, signal, sys; from pipeline import tracking\n"
               "with tracking.stage_run(sys.argv[1], root=sys.argv[2]) as run:\n"
               "    print(run.run_id, flush=True)\n"
               "    os.kill(os.getpid(), signal.SIGKILL)\n")
@@ -207,7 +207,8 @@ def _killed_stage_run(root: Path, stage: str) -> str:
 def test_runs_a_killed_process_left_running_are_ended_at_the_next_start(tmp_path: Path, mlflow_sqlite: str) -> None:
     """Only runs of this checkout (or a clone in it) whose owner on this host is gone: a live owner's run, another
     checkout's, another host's and one without an owner tag stay RUNNING."""
-    from pipeline.core import owner
+    from pipeline.core.owner import owner
+    from pipeline.tracking.runs import CHECKOUT_TAG, OWNER_TAG
 
     checkout, other = tmp_path / "checkout", tmp_path / "elsewhere"
     (checkout / "clone").mkdir(parents=True)
@@ -215,17 +216,17 @@ def test_runs_a_killed_process_left_running_are_ended_at_the_next_start(tmp_path
     killed = _killed_stage_run(checkout, "train")
     client = _client(mlflow_sqlite)
     run = client.get_run(killed)
-    assert run.info.status == "RUNNING" and run.data.tags[owner.CHECKOUT_TAG] == str(checkout)
+    assert run.info.status == "RUNNING" and run.data.tags[CHECKOUT_TAG] == str(checkout)
     exp = run.info.experiment_id
-    dead_owner = run.data.tags[owner.OWNER_TAG]
+    dead_owner = run.data.tags[OWNER_TAG]
     host, pid, start = dead_owner.split("/")
     assert host == socket.gethostname() and pid.isdigit() and start.isdigit()
-    in_clone, elsewhere = (client.create_run(exp, tags={owner.OWNER_TAG: dead_owner, owner.CHECKOUT_TAG: str(path)})
+    in_clone, elsewhere = (client.create_run(exp, tags={OWNER_TAG: dead_owner, CHECKOUT_TAG: str(path)})
                            .info.run_id for path in (checkout / "clone", other))
-    left = {name: client.create_run(exp, tags={owner.CHECKOUT_TAG: str(checkout), **tags}).info.run_id
-            for name, tags in {"live": {owner.OWNER_TAG: owner.owner()},
-                               "other host": {owner.OWNER_TAG: f"not-{host}/{pid}/{start}"},
-                               "reused pid": {owner.OWNER_TAG: f"{host}/{os.getpid()}/1"},
+    left = {name: client.create_run(exp, tags={CHECKOUT_TAG: str(checkout), **tags}).info.run_id
+            for name, tags in {"live": {OWNER_TAG: owner()},
+                               "other host": {OWNER_TAG: f"not-{host}/{pid}/{start}"},
+                               "reused pid": {OWNER_TAG: f"{host}/{os.getpid()}/1"},
                                "no owner": {}}.items()}
 
     ended = tracking.end_orphaned_runs(checkout)
