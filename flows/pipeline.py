@@ -7,7 +7,6 @@ run, the profile switch, the report).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import sys
 import time
@@ -36,8 +35,8 @@ from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
 from pipeline.core.details import EvaluateDetails, RegisterDetails, StageDetails, TrainDetails
 from pipeline.core.errors import EXIT_PERMANENT, PipelineError
 from pipeline.project import run_options
-from pipeline.project.profiles import profile_run, restore_params
-from pipeline.project.workspace import exclusive_run
+from pipeline.project.profiles import switch_profile
+from pipeline.project.workspace import RUN_REMEDY, exclusive_run
 
 D = TypeVar("D", bound=StageDetails)
 
@@ -198,7 +197,7 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
     Args:
         stages: stages to run, in pipeline order, each ``--single-item`` (default: every stage of dvc.yaml).
         force: pass ``--force`` (rerun even when DVC finds the stage up to date).
-        profile: run with this profile's params.yaml; the previous one is restored however the run ends.
+        profile: switch the workspace to this profile first (as ``nmt profile``; it stays switched).
         repo: the project checkout (where dvc.yaml lives).
         timeouts_s: wall-clock limit per stage in seconds (missing: none); the group is killed.
         retries: attempts after a failure per stage (default train 2, others 0); a stage exiting with
@@ -214,17 +213,15 @@ def wmt14_pipeline(stages: list[str] | None = None, force: bool = False, profile
     """
     root = Path(repo).resolve()
     selected = select_stages(root, stages)
-    with exclusive_run(root, f"flow run {flow_run_ctx.id or '?'}"), contextlib.ExitStack() as profiled:
+    with exclusive_run(root, f"flow run {flow_run_ctx.id or '?'}"):
         logger = get_run_logger()
-        restore_params(root, logger)  # a --profile run killed before it could restore params.yaml
         parent_run.end_orphans(root, logger)  # the MLflow runs a killed run left RUNNING
         if profile:
-            logger.info("params.yaml holds profile %s for this run; the previous one comes back after", profile)
-            profiled.enter_context(profile_run(profile, root, logger))
+            switch_profile(profile, root, RUN_REMEDY)
+            logger.info("params.yaml holds profile %s (as after `nmt profile %s`)", profile, profile)
         report = _pipeline(root, selected, force=force, profile=profile, timeouts_s=timeouts_s, retries=retries,
                            retry_delay_s=retry_delay_s, kill_grace_s=kill_grace_s, push=push)
-    # A --profile run's dvc.lock is kept as that profile's (pipeline/project/locks.py), not live: no hint then.
-    if not profile and (hint := publish_hint(root)):
+    if hint := publish_hint(root):
         get_run_logger().info("%s", hint)
     return report
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipeline.core.config import load_params
 from pipeline.core.errors import PipelineError
-from pipeline.project.profiles import SAVED, check_profile, merged_profile
+from pipeline.project.profiles import check_profile, merged_profile
 
 
 class _NoTracebackForPipelineErrors(logging.Filter):
@@ -24,15 +24,14 @@ class _NoTracebackForPipelineErrors(logging.Filter):
 def check_params_first(root: Path, profile: str | None) -> None:
     """Refuse the params the run would use (profile ``profile``'s, else ``root``'s params.yaml) before any server
     or DVC command: a ``paths.*`` value DVC cannot handle fails inside DVC with no reason given (``failed to
-    reproduce 'clean': ``), before the stage's own check could run. A params.yaml a killed ``--profile`` run
-    replaced is checked by the flow once it is restored.
+    reproduce 'clean': ``), before the stage's own check could run.
 
     Raises:
         ConfigError: no such profile, or the params do not validate (one line naming the key).
     """
     if profile is not None:
         merged_profile(check_profile(profile, root, "--profile"), root)
-    elif (root / "params.yaml").is_file() and not (root / SAVED).exists():
+    elif (root / "params.yaml").is_file():
         load_params(root / "params.yaml")
 
 

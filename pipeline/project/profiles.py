@@ -5,8 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +13,12 @@ import yaml
 
 from pipeline.core.config import params_from_dict, section_dict
 from pipeline.core.errors import ConfigError
-from pipeline.core.owned import atomic_path, discard, write_text
+from pipeline.core.owned import write_text
 from pipeline.core.paths import CHECKOUT, layout_problems
 from pipeline.core.yamlfile import load_yaml
-from pipeline.project.locks import use_locks
 from pipeline.project.workspace import dvc_lock, exclusive_run
 
 BASE = "paper"
-# The params.yaml bytes a profile run replaced (ABSENT: there was none), so the next run undoes a killed one.
-SAVED = Path(".dvc") / "tmp" / "nmt-params.yaml.saved"
-ABSENT = Path(".dvc") / "tmp" / "nmt-params.yaml.absent"
 log = logging.getLogger(__name__)
 
 
@@ -123,9 +118,8 @@ def _keep_edits(target: Path, root: Path) -> None:
 
 
 def write_profile(name: str, root: str | Path = ".", target: str | Path | None = None) -> Path:
-    """Write profile ``name`` as ``params.yaml`` under the workspace lock and DVC's own (a hand-edited file is
-    first kept as ``params.yaml.<time>.bak``, a killed profile run undone), and bring back its ``dvc.lock``
-    (:mod:`pipeline.project.locks`); as another ``target`` file, only that file is written (no lock).
+    """Write profile ``name`` as ``params.yaml`` under the workspace lock (:func:`switch_profile`); as another
+    ``target`` file, only that file is written (no lock).
 
     Raises:
         ConfigError: no such profile, or it does not validate (nothing is written then).
@@ -134,62 +128,28 @@ def write_profile(name: str, root: str | Path = ".", target: str | Path | None =
     """
     root = Path(root)
     target = Path(target) if target else root / "params.yaml"
-    text = render(name, root)
     if target != root / "params.yaml":  # another file: nothing of the checkout is written, so no lock is taken
+        text = render(name, root)
         _keep_edits(target, root)
         write_text(target, text)
         return target
     remedy = f"wait for it to end or stop it, then run `nmt profile {name}` again"
-    with exclusive_run(root, f"nmt profile {name}", remedy=remedy), dvc_lock(root, ["params.yaml"], remedy):
-        restore_params(root)
-        before = active_profile(root)
-        _keep_edits(target, root)
-        write_text(target, text)
-        use_locks(root, name, before)
-    return target
+    with exclusive_run(root, f"nmt profile {name}", remedy=remedy):
+        return switch_profile(name, root, remedy)
 
 
-def restore_params(root: str | Path = ".", logger: logging.Logger | logging.LoggerAdapter | None = None) -> bool:
-    """Put back the params.yaml a (possibly killed) profile run replaced; False when there is nothing to undo. Call it
-    under the workspace lock, before anything reads params.yaml."""
-    root = Path(root)
-    target, saved, absent = root / "params.yaml", root / SAVED, root / ABSENT
-    if saved.is_file():
-        with atomic_path(target) as tmp:
-            tmp.write_bytes(saved.read_bytes())
-        discard(saved)
-    elif absent.is_file():
-        discard(target)
-        discard(absent)
-    else:
-        return False
-    (logger or log).info("restored %s as it was before the profile run", target)
-    use_locks(root, active_profile(root), None)
-    return True
-
-
-@contextmanager
-def profile_run(name: str, root: str | Path = ".",
-                logger: logging.Logger | logging.LoggerAdapter | None = None) -> Iterator[Path]:
-    """``params.yaml`` holds profile ``name`` for the ``with`` block (under the workspace lock); its previous bytes
-    come back after it, or after a SIGKILL at the next :func:`restore_params`; so do the profiles' ``dvc.lock``.
+def switch_profile(name: str, root: Path, remedy: str) -> Path:
+    """Make profile ``name`` the workspace's: its params.yaml written under DVC's own lock (a hand-edited one first
+    kept as ``params.yaml.<time>.bak``). Nothing else changes: dvc.lock keeps describing what is checked out, and
+    ``dvc repro`` restores each stage this profile ran before from DVC's run cache (docs/configuration.md). Call
+    it under the workspace lock (:func:`~pipeline.project.workspace.exclusive_run`).
 
     Raises:
         ConfigError: no such profile, or it does not validate (nothing is written then).
+        PipelineError: a DVC command holds DVC's lock (``remedy`` named; nothing is written).
     """
-    root = Path(root)
-    target = root / "params.yaml"
-    text = render(name, root)  # validates before anything is touched
-    restore_params(root, logger)  # a killed profile run's leftovers first
-    before = active_profile(root)
-    if target.is_file():
-        with atomic_path(root / SAVED) as tmp:
-            tmp.write_bytes(target.read_bytes())
-    else:
-        write_text(root / ABSENT, "")
-    try:
+    target, text = root / "params.yaml", render(name, root)
+    with dvc_lock(root, ["params.yaml"], remedy):
+        _keep_edits(target, root)
         write_text(target, text)
-        use_locks(root, name, before)
-        yield target
-    finally:
-        restore_params(root, logger)
+    return target

@@ -28,9 +28,8 @@ def stage_seconds(text: str) -> tuple[str, float]:
 def add_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """Add the flow's options but the stage selection to ``parser``; returns them for :func:`flow_argv`."""
     return [
-        parser.add_argument("--profile", help=f"run with this profile's params.yaml ({known_profiles()}); the "
-                                              "previous params.yaml is restored afterwards (nmt profile NAME "
-                                              "switches for good)"),
+        parser.add_argument("--profile", help=f"first switch the workspace to this profile, as nmt profile NAME "
+                                              f"does ({known_profiles()}); it stays switched"),
         parser.add_argument("--force", action="store_true", help="rerun stages even if DVC finds them up to date"),
         parser.add_argument("--repo", default=".", help="project checkout holding dvc.yaml (default: .)"),
         parser.add_argument("--timeout", action="append", default=[], type=stage_seconds, metavar="STAGE=SECONDS",

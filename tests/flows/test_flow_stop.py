@@ -68,8 +68,7 @@ def _progress(repo: Path) -> int:
 def test_stopping_the_flows_group_ends_the_stage_tree_and_the_next_run_resumes(
         sig: signal.Signals, make_repo: MakeRepo, repo_root: Path) -> None:
     repo = make_repo(COUNT)
-    params = (repo / "params.yaml").read_bytes()
-    proc = _start_flow(repo, repo_root, profile="tiny")  # params.yaml holds tiny for the run only
+    proc = _start_flow(repo, repo_root, profile="tiny")  # the workspace switches to tiny and stays so
     try:
         wait_for(repo / "pids.txt", proc)
         while _progress(repo) < 3:
@@ -86,11 +85,7 @@ def test_stopping_the_flows_group_ends_the_stage_tree_and_the_next_run_resumes(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    restored = f"restored {repo / 'params.yaml'} as it was before the profile run"
-    if sig == signal.SIGKILL:  # no Python ran: the next run puts the bytes back before it reads params.yaml
-        assert yaml.safe_load((repo / "params.yaml").read_text())["profile"] == "tiny"
-    else:
-        assert (repo / "params.yaml").read_bytes() == params and restored in output, output
+    assert yaml.safe_load((repo / "params.yaml").read_text())["profile"] == "tiny"  # however it was stopped
     if sig == signal.SIGINT:
         assert proc.returncode == 130 and "error: interrupted: the running stage was stopped" in output, output
     elif sig == signal.SIGTERM:  # Prefect records the crash, then ends the process by the same signal
@@ -105,9 +100,9 @@ def test_stopping_the_flows_group_ends_the_stage_tree_and_the_next_run_resumes(
     lock = repo / "dvc.lock"
     assert "count" not in ((yaml.safe_load(lock.read_text()) or {}).get("stages", {}) if lock.exists() else {})
 
-    out = wmt14_pipeline(repo=str(repo))  # the next run resumes where the stopped one was
+    out = wmt14_pipeline(repo=str(repo))  # the next run resumes where the stopped one was, on the same profile
     assert out["stages"][0]["status"] == "ran"
-    assert (repo / "params.yaml").read_bytes() == params
+    assert yaml.safe_load((repo / "params.yaml").read_text())["profile"] == "tiny"
     assert (repo / "work.txt").read_text().splitlines() == [str(i) for i in range(STEPS)]
     done = subprocess.run(["dvc", "status", "-q"], cwd=repo, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr  # dvc.lock matches the workspace

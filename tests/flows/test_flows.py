@@ -28,8 +28,7 @@ from flows.lifeline import run_in_group
 from flows.pipeline import ARTIFACT_KEY, StageFailed, wmt14_pipeline
 from flows.report import HEADLINE_METRICS
 from pipeline.core.errors import EXIT_PERMANENT, PipelineError
-from pipeline.project.locks import KEPT
-from pipeline.project.profiles import merged_profile
+from pipeline.project.profiles import active_profile, merged_profile
 from tests.helpers.paths import REPO
 from tests.helpers.repoutil import git as _git
 from tests.helpers.toyflow import PIPELINE, MakeRepo, wait_dead
@@ -81,7 +80,6 @@ def test_a_stage_line_is_logged_once_at_its_level_without_its_prefix_or_colour_c
 
 def test_runs_then_skips_then_restores_with_report(make_repo: MakeRepo) -> None:
     repo = make_repo(PIPELINE)
-    params = (repo / "params.yaml").read_bytes()
     state = wmt14_pipeline(repo=str(repo), profile="tiny", return_state=True)
     first = state.result()
     assert [(s["stage"], s["status"]) for s in first["stages"]] == [("prep", "ran"), ("build", "ran"),
@@ -89,7 +87,9 @@ def test_runs_then_skips_then_restores_with_report(make_repo: MakeRepo) -> None:
     assert (repo / "build.txt").read_text() == "xx"
     tiny_metrics = repo / merged_profile("tiny", repo)["paths"]["metrics"]
     assert (tiny_metrics / "evaluate.details.json").is_file()  # the stages read the tiny profile...
-    assert (repo / "params.yaml").read_bytes() == params  # ...which held for the run only
+    assert active_profile(repo) == "tiny"  # ...which the workspace keeps, as after `nmt profile tiny`
+    status = subprocess.run(["dvc", "status"], cwd=repo, capture_output=True, text=True, check=True).stdout
+    assert "up to date" in status, status  # params.yaml and dvc.lock describe the workspace together
     md = _artifact(state.state_details.flow_run_id)
     assert md == first["markdown"]
     assert "| prep | ran |" in md and "| score | ran |" in md
@@ -100,17 +100,14 @@ def test_runs_then_skips_then_restores_with_report(make_repo: MakeRepo) -> None:
     assert first["git_commit"] == commit and f"`{commit}`" in md
     assert "tracking off" in md
 
-    kept = repo / KEPT / "tiny" / "dvc.lock"  # the profile's own lock, back at its next run
-    assert kept.read_bytes() == (repo / "dvc.lock").read_bytes()  # the paper profile had none: it goes on from it
-
     # any order in, pipeline order out
     second = wmt14_pipeline(repo=str(repo), stages=["score", "prep"], profile="tiny")
     assert [(s["stage"], s["status"]) for s in second["stages"]] == [("prep", "skipped"), ("score", "skipped")]
 
     (repo / "build.txt").unlink()
-    lock = yaml.safe_load(kept.read_text())
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
     del lock["stages"]["build"]
-    kept.write_text(yaml.safe_dump(lock))
+    (repo / "dvc.lock").write_text(yaml.safe_dump(lock))
     third = wmt14_pipeline(repo=str(repo), stages=["build"], profile="tiny")
     assert third["stages"][0]["status"] == "restored"  # DVC's run cache, not Prefect's
     forced = wmt14_pipeline(repo=str(repo), stages=["build"], force=True, profile="tiny")
@@ -273,7 +270,7 @@ def test_a_profile_run_is_clean_tagged_named_and_carries_the_headline_metrics(ma
     assert f"--host 127.0.0.1` (then {page})" in first["markdown"]
     assert re.fullmatch(rf"tiny \d\d-\d\d \d\d:\d\d {head[:7]}", parent.info.run_name)
     child = client.get_run(parent.data.tags["produced_by.tracked"])
-    for run in (parent, child):  # params.yaml held the tiny profile, yet the checkout is the commit's
+    for run in (parent, child):  # params.yaml holds the tiny profile rendered from the commit's profiles/
         assert run.data.tags["profile"] == "tiny" and run.data.tags["git_dirty"] == "false", run.data.tags
     assert parent.data.metrics == {"test_bleu": 27.31, "valid_bleu": 25.25}  # the toy's evaluate: no chrF, no train
     assert set(parent.data.metrics) <= set(HEADLINE_METRICS)

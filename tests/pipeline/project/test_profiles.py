@@ -16,9 +16,7 @@ from pipeline.core.config import load_params, params_from_dict
 from pipeline.core.env import model_name
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import SHARED_DATA
-from pipeline.project.profiles import (SAVED, active_profile, listing, merged_profile, render, restore_params,
-                                       write_profile)
-from pipeline.project.locks import KEPT
+from pipeline.project.profiles import active_profile, listing, merged_profile, write_profile
 from tests.helpers.lockholder import hold_lock
 from tests.helpers.paths import REPO
 from tests.helpers.repoutil import init_git_dvc
@@ -124,21 +122,6 @@ def test_the_switch_is_refused_while_a_run_holds_the_workspace(root: Path) -> No
     assert active_profile(root) == "demo"
 
 
-def test_the_switch_first_undoes_a_killed_profile_run(root: Path) -> None:
-    """A profile run killed before it restored params.yaml would otherwise undo the switch at the next run."""
-    params = root / "params.yaml"
-    edited = params.read_text(encoding="utf-8").replace("warmup_steps: 4000", "warmup_steps: 8000")
-    params.write_text(edited, encoding="utf-8")
-    (root / SAVED).parent.mkdir(parents=True, exist_ok=True)
-    (root / SAVED).write_text(edited, encoding="utf-8")  # what a killed `nmt run --profile tiny` leaves behind
-    params.write_text(render("tiny", root), encoding="utf-8")
-    write_profile("demo", root)
-    assert not (root / SAVED).exists() and active_profile(root) == "demo"
-    assert restore_params(root) is False  # the next run finds nothing to put back over the switch
-    (backup,) = root.glob("params.yaml.*.bak")  # the hand edits the killed run replaced are kept
-    assert backup.read_text(encoding="utf-8") == edited
-
-
 def test_a_profile_with_yaml_anchors_is_refused_naming_its_line(root: Path) -> None:
     (root / "profiles" / "anchored.yaml").write_text("# anchors\ntrain:\n  warmup_steps: &w 100\n  log_every_steps: *w\n",
                                                      encoding="utf-8")
@@ -220,7 +203,7 @@ def test_the_switch_is_refused_while_a_plain_dvc_repro_runs(tmp_path: Path) -> N
     (root / "dvc.yaml").write_text("stages:\n  slow:\n    cmd: python wait.py\n    deps: [wait.py]\n"
                                    "    params: [profile]\n", encoding="utf-8")
     (root / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n", encoding="utf-8")
-    names = ["params.yaml", "dvc.lock", str(KEPT / "LIVE")]
+    names = ["params.yaml", "dvc.lock"]
     before = {name: (root / name).read_bytes() for name in names}
     repro = subprocess.Popen(["dvc", "repro"], cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
@@ -236,7 +219,7 @@ def test_the_switch_is_refused_while_a_plain_dvc_repro_runs(tmp_path: Path) -> N
             f"{shutil.which('dvc')} repro); wait for it to "
             "end or stop it, then run `nmt profile demo` again"]
         assert {name: (root / name).read_bytes() for name in before} == before
-        assert not list(root.glob("params.yaml.*")) and [p.name for p in (root / KEPT).iterdir()] == ["LIVE"]
+        assert not list(root.glob("params.yaml.*"))
     finally:
         os.killpg(repro.pid, signal.SIGKILL)
         repro.wait()
