@@ -41,8 +41,8 @@ test-quick: install
 	$(PYTEST) -m "not slow" tests
 
 # The main job: the whole DAG on the demo profile through the Prefect flow (temporary Prefect server,
-# MLflow in ./.mlflow, no servers to start). params.yaml holds `demo` for the run only: the flow puts the tracked
-# params.yaml back byte for byte when it ends (`nmt profile demo` switches for good, e.g. for `dvc exp show`).
+# MLflow in ./.mlflow, no servers to start). It switches the workspace to the demo profile as `nmt profile demo`
+# does (params.yaml written from profiles/demo.yaml; `nmt profile tiny` and `dvc repro` switch back from the run cache).
 # Two torch threads, fixed rather than one per core: CPU results depend on the thread count, so every machine
 # trains the same model (on the same kind of CPU). On a 2-core machine that is busy with other work, two threads
 # can run several times slower than one: there, `NMT_THREADS=1 OMP_NUM_THREADS=1 make demo` (other figures).
