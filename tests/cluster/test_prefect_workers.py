@@ -18,8 +18,10 @@ from tests.helpers.paths import REPO
 
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 POOL = "two-nodes"
-#: How long each toy run holds its slot: long enough for the two workers' runs to overlap when they may.
-HOLD_S = 6
+#: The longest a toy run holds its slot waiting for the other run of its pair to start: a run ends as soon as both
+#: have started (the free pair) or after this long (the first of the limited pair, whose peer must wait for it).
+#: A fixed 6 s hold was too short on a loaded 2-core machine, where a flow process takes seconds to start.
+HOLD_S = 30
 FLOW = textwrap.dedent(f'''
     import json, os, time
     from prefect import flow
@@ -27,7 +29,13 @@ FLOW = textwrap.dedent(f'''
     @flow
     def hold(log: str) -> None:
         start = time.time()
-        time.sleep({HOLD_S})
+        with open(log + ".starts", "a") as starts:
+            starts.write(os.environ["NODE"] + "\\n")
+        while time.time() - start < {HOLD_S}:
+            with open(log + ".starts") as starts:
+                if len(starts.readlines()) >= 2:
+                    break
+            time.sleep(0.2)
         with open(log, "a") as out:
             out.write(json.dumps({{"worker": os.environ["NODE"], "start": start, "end": time.time()}}) + "\\n")
 ''')
