@@ -14,18 +14,20 @@ import re
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipeline.core.config import flatten, params_from_dict, section_dict
 from pipeline.core.paths import layout_problems
 from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.core.problems import problems_of
 from pipeline.core.yamlfile import load_yaml
 from pipeline.project.profiles import check_profile, merged_profile
 
 MAX_VARIANTS = 64
 MAX_CONCURRENCY = 16
 DEFAULT_CONCURRENCY = 2
-SPEC_KEYS = ("name", "profile", "concurrency", "set", "grid", "variants", "seeds")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,39}")
 
 
@@ -73,13 +75,6 @@ class SweepSpec:
         return f"sweep-{self.name}"
 
 
-def _mapping(source: str, key: str, value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise SpecError(source, f"{key}: expected a mapping of dotted params keys to values, got "
-                                f"{type(value).__name__}")
-    return value
-
-
 def _check_keys(source: str, where: str, overrides: dict[str, Any], known: dict[str, Any]) -> None:
     """Each key must be a dotted params key that names one setting (not a section, not unknown)."""
     for key in overrides:
@@ -95,16 +90,9 @@ def _check_keys(source: str, where: str, overrides: dict[str, Any], known: dict[
             raise SpecError(source, f"{where}: {key} is not a param of params.yaml ({hint})")
 
 
-def _grid(source: str, grid: dict[str, Any], known: dict[str, Any]) -> list[dict[str, Any]]:
-    if not grid:
-        raise SpecError(source, "grid: empty; give at least one dotted params key with a list of values")
+def _grid(source: str, grid: dict[str, list[Any]], known: dict[str, Any]) -> list[dict[str, Any]]:
+    """The grid's cross product in spec order (its keys checked; at most :data:`MAX_VARIANTS`)."""
     _check_keys(source, "grid", grid, known)
-    for key, values in grid.items():
-        if not isinstance(values, list):
-            raise SpecError(source, f"grid.{key}: expected a list of values, got {type(values).__name__} "
-                                    f"{values!r} (a single value: [{values!r}] or put it under set:)")
-        if not values:
-            raise SpecError(source, f"grid.{key}: empty list; give at least one value")
     size = math.prod(len(values) for values in grid.values())
     if size > MAX_VARIANTS:
         raise SpecError(source, f"grid: {' x '.join(str(len(v)) for v in grid.values())} = {size} variants, "
@@ -112,21 +100,9 @@ def _grid(source: str, grid: dict[str, Any], known: dict[str, Any]) -> list[dict
     return [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
 
 
-def _listed(source: str, variants: Any, known: dict[str, Any]) -> list[dict[str, Any]]:
-    if not isinstance(variants, list) or not variants:
-        raise SpecError(source, "variants: expected a non-empty list of override mappings")
-    out = []
-    for i, item in enumerate(variants, 1):
-        overrides = _mapping(source, f"variants[{i}]", item)
-        _check_keys(source, f"variants[{i}]", overrides, known)
-        out.append(dict(overrides))
-    return out
-
-
-def _with_seeds(source: str, seeds: Any, own: list[dict[str, Any]], shared: dict[str, Any]) -> list[dict[str, Any]]:
+def _with_seeds(source: str, seeds: list[int], own: list[dict[str, Any]], shared: dict[str, Any]
+                ) -> list[dict[str, Any]]:
     """Each of ``own`` once per seed (``seed`` set last): the report's spread over seeds (flows/report.py)."""
-    if not isinstance(seeds, list) or not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
-        raise SpecError(source, f"seeds: expected a non-empty list of integer seeds, e.g. [1, 2, 3]; got {seeds!r}")
     if "seed" in shared or any("seed" in overrides for overrides in own):
         raise SpecError(source, "seeds / seed: the seed is set in two places; keep it under seeds: only")
     return [{**overrides, "seed": seed} for overrides in own for seed in seeds]
@@ -134,7 +110,7 @@ def _with_seeds(source: str, seeds: Any, own: list[dict[str, Any]], shared: dict
 
 def _check_not_shared(source: str, shared: dict[str, Any], own: list[dict[str, Any]], where: str) -> None:
     """A key the variants set must not be under ``set`` too: the variant's value would silently win."""
-    for i, overrides in enumerate(own, 1):
+    for i, overrides in enumerate(own):
         both = [key for key in overrides if key in shared]
         if both:
             place = "grid" if where == "grid" else f"variants[{i}]"
@@ -154,30 +130,47 @@ def variant_params(base: dict[str, Any], applied: dict[str, Any]) -> dict[str, A
     return data
 
 
-def _header(source: str, data: Any, root: Path) -> tuple[str, str, int]:
+class SpecFile(BaseModel):
+    """A sweep spec as written (docs/orchestration.md): its keys, their types and ranges; what they mean for
+    params.yaml (known keys, the variants' params) is checked by :func:`load_spec` against the profile."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str = Field(description="the sweep's name: its variants are <name>-1, <name>-2, ...")
+    profile: str = Field(description="the profile (profiles/<profile>.yaml) every variant starts from")
+    concurrency: int = Field(DEFAULT_CONCURRENCY, ge=1, le=MAX_CONCURRENCY, description="variants run at once")
+    set: dict[str, Any] = Field(default_factory=dict, description="dotted params overrides every variant shares")
+    grid: dict[str, Annotated[list[Any], Field(min_length=1)]] | None = Field(
+        None, min_length=1, description="dotted params key -> its values; one variant per combination")
+    variants: list[dict[str, Any]] | None = Field(None, min_length=1, description="one override mapping each")
+    seeds: list[int] | None = Field(None, min_length=1, description="each variant once per seed")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not a sweep name (letters, digits, - and _, at most 40, starting with a "
+                             "letter or digit)")
+        return name
+
+
+def _header(source: str, data: Any, root: Path) -> SpecFile:
+    """``data`` as a :class:`SpecFile` whose profile exists (a SpecError naming every bad key if not)."""
     if not isinstance(data, dict):
         raise SpecError(source, "expected a mapping with name, profile and grid, variants or seeds")
-    unknown = [str(k) for k in data if k not in SPEC_KEYS]
-    if unknown:
-        raise SpecError(source, f"{unknown[0]}: unknown key (known: {', '.join(SPEC_KEYS)})")
-    for key in ("name", "profile"):
-        if key not in data:
-            raise SpecError(source, f"{key}: missing")
-    name = data["name"]
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise SpecError(source, f"name: {name!r} is not a sweep name (letters, digits, - and _, at most 40, "
-                                "starting with a letter or digit)")
-    profile = data["profile"]
     try:
-        check_profile(profile, root)
+        spec = SpecFile.model_validate(data)
+    except ValidationError as exc:
+        missing = [f"{key}: missing" for key in ("name", "profile") if key not in data]
+        raise SpecError(source, "; ".join(problems_of(exc, SpecFile, {}, missing))) from None
+    if spec.grid is not None and spec.variants is not None or (spec.grid, spec.variants, spec.seeds) == (
+            None, None, None):
+        raise SpecError(source, "grid / variants: give one of them (or seeds: alone: the base profile per seed)")
+    try:
+        check_profile(spec.profile, root)
     except ConfigError as exc:
         raise SpecError(source, f"profile: {exc.problems[0]}") from None
-    concurrency = data.get("concurrency", DEFAULT_CONCURRENCY)
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
-        raise SpecError(source, f"concurrency: {concurrency!r} is not an integer from 1 to {MAX_CONCURRENCY}")
-    if "grid" in data and "variants" in data or not {"grid", "variants", "seeds"} & set(data):
-        raise SpecError(source, "grid / variants: give one of them (or seeds: alone: the base profile per seed)")
-    return name, profile, concurrency
+    return spec
 
 
 def load_spec(path: str | Path, root: str | Path = ".") -> SweepSpec:
@@ -191,32 +184,35 @@ def load_spec(path: str | Path, root: str | Path = ".") -> SweepSpec:
         raise SpecError(source, f"cannot be read ({exc.strerror or exc}); pass a readable file") from None
     except ConfigError as exc:  # not YAML, an anchor or alias, too large: one line naming the place
         raise SpecError(source, exc.problems[0]) from None
-    name, profile, concurrency = _header(source, data, root)
-    base = merged_profile(profile, root)
+    spec = _header(source, data, root)
+    base = merged_profile(spec.profile, root)
     known = flatten(base)
-    shared = _mapping(source, "set", data.get("set") or {})
-    _check_keys(source, "set", shared, known)
-    own = _grid(source, _mapping(source, "grid", data["grid"]), known) if "grid" in data \
-        else _listed(source, data["variants"], known) if "variants" in data else [{}]
-    _check_not_shared(source, shared, own, "grid" if "grid" in data else "variants")
-    if "seeds" in data:
-        own = _with_seeds(source, data["seeds"], own, shared)
+    _check_keys(source, "set", spec.set, known)
+    if spec.grid is not None:
+        own = _grid(source, spec.grid, known)
+    else:
+        own = [dict(overrides) for overrides in spec.variants or [{}]]
+        for i, overrides in enumerate(own):
+            _check_keys(source, f"variants[{i}]", overrides, known)
+    _check_not_shared(source, spec.set, own, "grid" if spec.grid is not None else "variants")
+    if spec.seeds is not None:
+        own = _with_seeds(source, spec.seeds, own, spec.set)
     if len(own) > MAX_VARIANTS:  # a grid's size was checked before it was expanded
-        raise SpecError(source, f"{'seeds' if 'seeds' in data else 'variants'}: {len(own)} variants, more than the "
+        raise SpecError(source, f"{'seeds' if spec.seeds else 'variants'}: {len(own)} variants, more than the "
                                 f"limit of {MAX_VARIANTS}; split the sweep")
     variants, seen = [], {}
     for i, overrides in enumerate(own, 1):
-        variant = Variant(i, f"{name}-{i}", overrides, {**shared, **overrides})
+        variant = Variant(i, f"{spec.name}-{i}", overrides, {**spec.set, **overrides})
         if variant.key in seen:
             raise SpecError(source, f"variants {seen[variant.key]} and {i} are the same ({variant.label()})")
         seen[variant.key] = i
         try:
             params = params_from_dict(variant_params(base, variant.applied), f"variant {i}")
         except ConfigError as exc:
-            raise SpecError(source, f"{exc} (profile {profile} with {variant.label()})") from None
-        if problems := layout_problems(section_dict(params.paths), root, profile):  # the stage's own check
-            raise SpecError(source, f"variant {i}: {problems[0]} (profile {profile} with {variant.label()})")
+            raise SpecError(source, f"{exc} (profile {spec.profile} with {variant.label()})") from None
+        if problems := layout_problems(section_dict(params.paths), root, spec.profile):  # the stage's own check
+            raise SpecError(source, f"variant {i}: {problems[0]} (profile {spec.profile} with {variant.label()})")
         variants.append(variant)
     keys = tuple(dict.fromkeys(k for v in variants for k in v.overrides))
-    return SweepSpec(source=source, name=name, profile=profile, concurrency=concurrency, shared=dict(shared),
-                     variants=tuple(variants), keys=keys)
+    return SweepSpec(source=source, name=spec.name, profile=spec.profile, concurrency=spec.concurrency,
+                     shared=dict(spec.set), variants=tuple(variants), keys=keys)

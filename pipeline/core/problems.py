@@ -77,6 +77,9 @@ def _line(error: Mapping[str, Any], cls: type[BaseModel], moved: Mapping[str, st
     if kind in _BOUNDS:
         sign, name = _BOUNDS[kind]
         return f"{key}: {shown(value)} is out of range (expected {sign} {ctx[name]:g})"
+    if kind == "too_short":
+        have = "empty" if not ctx.get("actual_length") else f"{shown(value)} is too short"
+        return f"{key}: {have}; give at least {ctx['min_length']} item(s)"
     if kind == "finite_number":
         return f"{key}: {shown(value)} is not a finite number"
     if kind == "literal_error":
