@@ -34,7 +34,7 @@ from pipeline.core import env
 from pipeline.core.config import PathsConfig, flatten, load_params, section_dict
 from pipeline.core.details import EvaluateDetails, RegisterDetails, StageDetails, TrainDetails
 from pipeline.core.errors import EXIT_PERMANENT, PipelineError
-from pipeline.project import run_options
+from pipeline.project import command_line
 from pipeline.project.profiles import switch_profile
 from pipeline.project.workspace import RUN_REMEDY, exclusive_run
 
@@ -261,10 +261,10 @@ def _pipeline(root: Path, selected: list[str], *, force: bool, profile: str | No
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``python -m flows.pipeline``'s parser: ``--stages`` and the options ``nmt run`` shares (run_options.py)."""
-    parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=run_options.DESCRIPTION)
+    """``python -m flows.pipeline``'s parser: ``--stages`` and the options ``nmt run`` shares (command_line.py)."""
+    parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=command_line.DESCRIPTION)
     parser.add_argument("--stages", nargs="*", help="stages to run (default: all, in pipeline order)")
-    run_options.add_options(parser)
+    command_line.add_options(parser)
     return parser
 
 

@@ -44,7 +44,7 @@ from pipeline.core import env
 from pipeline.core.config import flatten, params_from_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.owned import write_text
-from pipeline.project.options import plain
+from pipeline.project.command_line import plain
 from pipeline.project.profiles import merged_profile
 from pipeline.project.workspace import exclusive_run
 

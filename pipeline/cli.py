@@ -12,8 +12,7 @@ from pipeline import tracking
 from pipeline.core import env, stages
 from pipeline.core.console import arg_type, setup_logging
 from pipeline.core.errors import PipelineError
-from pipeline.project.options import OneLineParser
-from pipeline.project import run_options
+from pipeline.project import command_line
 from pipeline.project.profiles import known_profiles
 
 log = logging.getLogger("nmt")
@@ -56,8 +55,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def flow_command(args: argparse.Namespace) -> list[str]:
-    """``nmt run``'s arguments as the flow's ``python -m`` command (the options are run_options.py's, shared)."""
-    return ["flows.pipeline", *(["--stages", *args.stages] if args.stages else []), *run_options.flow_argv(args)]
+    """``nmt run``'s arguments as the flow's ``python -m`` command (the options are command_line.py's, shared)."""
+    return ["flows.pipeline", *(["--stages", *args.stages] if args.stages else []), *command_line.flow_argv(args)]
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -123,7 +122,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``nmt`` argument parser (one sub-command per action)."""
-    parser = OneLineParser(prog="nmt", description="WMT14 EN-DE Transformer pipeline")
+    parser = command_line.OneLineParser(prog="nmt", description="WMT14 EN-DE Transformer pipeline")
     parser.add_argument("--version", action="version", version=f"nmt {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("profile", help="write params.yaml for a profile (no name: list the profiles, "
@@ -131,10 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?")
     p.set_defaults(func=_cmd_profile)
     p = sub.add_parser("run", help="the Prefect flow: each stage's dvc repro --single-item under one MLflow "
-                                   "parent run (python -m flows.pipeline)", description=run_options.DESCRIPTION)
+                                   "parent run (python -m flows.pipeline)", description=command_line.DESCRIPTION)
     p.add_argument("stages", nargs="*",
                    help=f"stages to run, in pipeline order (default: all): {', '.join(stages.NAMES)}")
-    run_options.add_options(p)
+    command_line.add_options(p)
     p.set_defaults(func=_cmd_run)
     p = sub.add_parser("sweep", help="the Prefect flow wmt14-sweep: variants of a profile as DVC experiments "
                                      "under one MLflow parent run, compared by valid BLEU (python -m flows.sweep)")

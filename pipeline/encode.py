@@ -1,5 +1,5 @@
 """Stage ``encode``: cleaned text → BPE ids in Parquet shards plus ``manifest.json``, written by
-:mod:`pipeline.data.sharding` in ``NMT_DATA_WORKERS`` processes and read by :mod:`pipeline.data.shards`.
+:mod:`pipeline.data.shard_writer` in ``NMT_DATA_WORKERS`` processes and read by :mod:`pipeline.data.shard_reader`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pipeline.core.config import EncodeConfig
 from pipeline.core.errors import DataError
 from pipeline.core.owned import atomic_path, write_text
 from pipeline.core.textio import sha256_file
-from pipeline.data.sharding import SPLITS, build_manifest, plan_tasks, processor, run_tasks
+from pipeline.data.shard_writer import SPLITS, build_manifest, plan_tasks, processor, run_tasks
 from pipeline.data.workers import data_workers
 from pipeline.tracking.harness import stage_main
 

@@ -12,8 +12,8 @@ from typing import Any
 from pipeline.artifacts import model_file
 from pipeline.core.config import EvaluateConfig, checkpoint_folder
 from pipeline.core.owned import atomic_path, refuse_foreign
-from pipeline.data.shards import ShardSet
-from pipeline.inference import evaluation
+from pipeline.data.shard_reader import ShardSet
+from pipeline.inference import scored_decoding as evaluation
 from pipeline.inference.decoding import load_translator
 from pipeline.inference.scoring import METRIC_KEYS
 from pipeline.tracking.harness import stage_main

@@ -161,7 +161,8 @@ class Settings(BaseModel):
     download_cache: Path = _var("NMT_DOWNLOAD_CACHE", "cache of upstream downloads (default `<repo>/.cache/downloads`)",
                                 default=DEFAULT_DOWNLOAD_CACHE)
     download_backoff_s: Annotated[float, Field(ge=0, le=MAX_WAIT_S, allow_inf_nan=False)] = _var(
-        "NMT_DOWNLOAD_BACKOFF_S", "first retry delay of a failed download (doubling)", default=1.0)
+        "NMT_DOWNLOAD_BACKOFF_S", "backoff factor of a failed download's retries (urllib3 `Retry`: the first at "
+        "once, the n-th after factor × 2^(n-1) s, at most 60 s)", default=1.0)
     data_workers: Count | None = _var(
         "NMT_DATA_WORKERS", "worker processes of the clean and encode stages (1: none, the stage's own process does "
         "the work; default `os.cpu_count()`)", default=None)

@@ -1,6 +1,10 @@
 """Getting bytes onto the disk reliably: HTTP with resume (``Range``) and retries with exponential backoff for
 transient failures (a reset or cut connection, a timeout, HTTP 5xx/408/429); a failure that waiting cannot fix
-(HTTP 4xx, a host that does not resolve, an invalid URL) ends it at once with a :class:`PermanentDownloadError`."""
+(HTTP 4xx, a host that does not resolve, an invalid URL) ends it at once with a :class:`PermanentDownloadError`.
+
+urllib3's :class:`~urllib3.util.Retry` counts the failures in a row and times the backoff; the resume is ours
+because urllib3 retries a request from its first byte, while a cut transfer here goes on from the bytes already in
+``dest.part``."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from urllib.parse import urlsplit
 
 import requests
 import urllib3
+from urllib3.util import Retry
 
 from pipeline.core.errors import DownloadError, PermanentDownloadError
 from pipeline.core.owned import discard, move_file
@@ -29,15 +34,17 @@ _PERMANENT_REQUEST_ERRORS = (requests.exceptions.InvalidURL, requests.exceptions
 
 @dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
-    """How hard to try: ``retries`` failed attempts in a row after the first, the delay doubling up to a minute."""
+    """How hard to try: ``retries`` failed attempts in a row after the first, each request's ``timeout_s``, and
+    ``backoff_s``, the factor of urllib3's :meth:`~urllib3.util.Retry.get_backoff_time` (the first retry at once,
+    the n-th after ``backoff_s * 2 ** (n - 1)`` s, at most 60 s)."""
 
     retries: int = 5
     timeout_s: float = 60.0
     backoff_s: float = 1.0
 
-    def delay(self, failures: int) -> float:
-        """Seconds to wait after the ``failures``-th failure in a row (1-based)."""
-        return min(60.0, self.backoff_s * 2 ** (failures - 1))
+    def fresh(self) -> Retry:
+        """A urllib3 ``Retry`` with no failure counted yet: ``retries`` more failures allowed."""
+        return Retry(total=self.retries, backoff_factor=self.backoff_s, backoff_max=60.0)
 
 
 class NotFound(PermanentDownloadError):
@@ -107,7 +114,7 @@ def _content_range(value: str | None) -> tuple[int | None, int | None]:
 
 def _open(session: requests.Session, url: str, part: Path, timeout: float) -> tuple[requests.Response, int, int | None]:
     """Send the (range) request; return the response, the offset to write at (-1: complete) and the total size."""
-    have = part.stat().st_size if part.exists() else 0
+    have = _size(part)
     headers = {"Accept-Encoding": "identity", **({"Range": f"bytes={have}-"} if have else {})}
     resp = session.get(url, headers=headers, stream=True, timeout=timeout, allow_redirects=True)
     status = resp.status_code
@@ -181,7 +188,7 @@ def _attempt(session: requests.Session, url: str, part: Path, timeout: float, la
 
 def fetch_url(url: str, dest: Path, *, policy: RetryPolicy, session: requests.Session) -> Path:
     """Download ``url`` to ``dest`` through ``dest.part``; return ``dest``. Gives up after ``policy.retries``
-    failures in a row that added no bytes.
+    failures in a row that added no bytes (an attempt that added bytes starts a fresh ``Retry``).
 
     Raises:
         NotFound, HostNotFound, Unreachable: see each; PermanentDownloadError: another HTTP 4xx or an invalid URL;
@@ -189,22 +196,27 @@ def fetch_url(url: str, dest: Path, *, policy: RetryPolicy, session: requests.Se
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
-    failures = attempts = 0
+    retry, attempts = policy.fresh(), 0
     while True:
-        before = part.stat().st_size if part.exists() else 0
+        before = _size(part)
         attempts += 1
         try:
             _attempt(session, url, part, policy.timeout_s, dest.name)
             break
         except _Transient as exc:
-            now = part.stat().st_size if part.exists() else 0
-            failures = 0 if now > before else failures + 1
-            if failures > policy.retries:
+            kept = _size(part)
+            try:
+                retry = policy.fresh() if kept > before else retry.increment(method="GET", url=url, error=exc)
+            except urllib3.exceptions.MaxRetryError:
                 raise Unreachable(f"{url}: could not download after {attempts} attempt(s): {exc}") from None
-            delay = policy.delay(max(failures, 1))
-            log.warning("%s: %s; retrying in %.2g s (%d/%d failures in a row, %d bytes kept)", url, exc, delay,
-                        failures, policy.retries, now)
-            time.sleep(delay)
+            log.warning("%s: %s; retrying in %.2g s (%d/%d failures in a row, %d bytes kept)", url, exc,
+                        retry.get_backoff_time(), len(retry.history), policy.retries, kept)
+            retry.sleep()
     move_file(part, dest)
     log.info("downloaded %s (%d bytes)", url, dest.stat().st_size)
     return dest
+
+
+def _size(path: Path) -> int:
+    """The size of ``path`` in bytes; 0 where it does not exist."""
+    return path.stat().st_size if path.exists() else 0

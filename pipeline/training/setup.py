@@ -21,7 +21,7 @@ from pipeline.core.config import RESUMABLE_TRAIN_KEYS, TrainConfig, flatten, sec
 from pipeline.core.errors import CheckpointError, ConfigError, DataError
 from pipeline.core.textio import sha256_file
 from pipeline.data import batching
-from pipeline.data.shards import ShardSet
+from pipeline.data.shard_reader import ShardSet
 from pipeline.training import distributed, forward, preflight
 from pipeline.training.faults import Hooks
 from pipeline.training.logs import train_flops_per_target_token

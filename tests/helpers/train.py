@@ -1,5 +1,5 @@
 """A training workspace to test with: a real tiny SentencePiece model and shards written with pyarrow in
-the encode stage's shard schema (pipeline/data/sharding.py) (a copy task on random ids), tiny-profile params,
+the encode stage's shard schema (pipeline/data/shard_writer.py) (a copy task on random ids), tiny-profile params,
 and the train stage run in-process or under torchrun.
 """
 

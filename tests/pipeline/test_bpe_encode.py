@@ -17,7 +17,7 @@ from pipeline import bpe
 from pipeline.core.config import BpeConfig
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.core.textio import read_lines
-from pipeline.data import sharding
+from pipeline.data import shard_writer
 from pipeline.data.sample import Sample, sample_indices
 from tests.helpers.bpe_encode import run_bpe, run_encode, synthetic_clean
 
@@ -82,7 +82,7 @@ def test_encode_round_trip_and_schema(tmp_path: Path, corpus: tuple[Path, Path, 
         rows = 0
         for e in entries:
             table = pq.read_table(shards / e["path"])
-            assert table.schema == sharding.shard_schema(80)
+            assert table.schema == shard_writer.shard_schema(80)
             assert table.schema.field("src").type == pa.list_(pa.uint16())
             assert table.num_rows == e["rows"] <= 100
             assert e["sha256"] == hashlib.sha256((shards / e["path"]).read_bytes()).hexdigest()
@@ -162,8 +162,8 @@ def test_encode_bad_inputs(tmp_path: Path, corpus: tuple[Path, Path, Path], monk
 
 
 def test_token_type_widens_for_large_vocab() -> None:
-    assert sharding.token_type(65536) == pa.uint16()
-    assert sharding.token_type(65537) == pa.uint32()
+    assert shard_writer.token_type(65536) == pa.uint16()
+    assert shard_writer.token_type(65537) == pa.uint32()
 
 
 def test_bpe_bytes_do_not_depend_on_threads_or_paths(tmp_path: Path, corpus: tuple[Path, Path, Path]) -> None:

@@ -116,9 +116,9 @@ def test_a_newest_checkpoint_equal_to_the_average_scores_the_same_and_warns_not(
 def test_a_newest_checkpoint_above_the_average_is_a_warning(eval_world: Path, tmp_path: Path,
                                                             caplog: pytest.LogCaptureFixture,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.inference import evaluation
+    from pipeline.inference import scored_decoding
 
-    real = evaluation.score_files
+    real = scored_decoding.score_files
 
     def newest_better(hyp_path: Path, ref_path: Path, lang: str = "de") -> dict:
         figures = real(hyp_path, ref_path, lang)
@@ -126,7 +126,7 @@ def test_a_newest_checkpoint_above_the_average_is_a_warning(eval_world: Path, tm
             figures["bleu"] += 10.0
         return figures
 
-    monkeypatch.setattr(evaluation, "score_files", newest_better)
+    monkeypatch.setattr(scored_decoding, "score_files", newest_better)
     with caplog.at_level(logging.WARNING, logger="pipeline.evaluate"):
         report = _evaluate(eval_world, tmp_path, SMALL)
     assert report["valid_newest"]["bleu"] > report["valid"]["bleu"]

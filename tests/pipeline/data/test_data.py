@@ -14,7 +14,7 @@ import sentencepiece as spm
 
 from pipeline.core.errors import DataError
 from pipeline.core.textio import read_lines
-from pipeline.data.shards import ShardSet, read_manifest
+from pipeline.data.shard_reader import ShardSet, read_manifest
 from tests.helpers.bpe_encode import run_bpe, run_encode, synthetic_clean
 
 MAX_LEN = 12

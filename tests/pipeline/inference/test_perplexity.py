@@ -10,9 +10,9 @@ import torch
 
 from model import Transformer
 from pipeline.data.batching import token_lengths
-from pipeline.data.shards import ShardSet
+from pipeline.data.shard_reader import ShardSet
 from pipeline.inference.decoding import load_translator
-from pipeline.inference.evaluation import perplexity
+from pipeline.inference.scored_decoding import perplexity
 from tests.helpers.eval_world import VALID
 from tests.helpers.models import spm_vocab_size, tiny_model
 

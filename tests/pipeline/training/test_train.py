@@ -1,6 +1,6 @@
 """The training stage: one process vs two (gloo) processes, crash + resume, bad runs stop cleanly.
 
-Shards are written with pyarrow in the encode stage's shard schema (pipeline/data/sharding.py) (a copy task on random ids), the BPE
+Shards are written with pyarrow in the encode stage's shard schema (pipeline/data/shard_writer.py) (a copy task on random ids), the BPE
 model is a real tiny SentencePiece model (its piece count is the vocabulary size).
 """
 
@@ -23,7 +23,7 @@ import torch
 from pipeline.artifacts import checkpoint
 from pipeline.core import stages
 from pipeline.core.errors import ConfigError, PipelineError
-from pipeline.data.shards import ShardSet
+from pipeline.data.shard_reader import ShardSet
 from tests.helpers.faultutil import tensors
 from tests.helpers.paths import REPO
 from tests.helpers.train import checkpoints, make_workspace, run_inprocess, run_torchrun, tiny_params

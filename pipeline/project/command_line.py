@@ -1,10 +1,12 @@
-"""The options of a run of the Prefect flow wmt14-pipeline, defined once for ``nmt run`` and for
-``python -m flows.pipeline`` (``nmt run`` takes the stages as positionals, the flow as ``--stages``)."""
+"""The command line ``nmt`` and the flows share: one-line usage errors, help text from docstrings, and the options
+of a run of the Prefect flow wmt14-pipeline, defined once for ``nmt run`` and for ``python -m flows.pipeline``
+(``nmt run`` takes the stages as positionals, the flow as ``--stages``)."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 
 from pipeline.core.console import arg_type
 from pipeline.project.profiles import known_profiles
@@ -12,6 +14,21 @@ from pipeline.project.profiles import known_profiles
 DESCRIPTION = ("The Prefect flow wmt14-pipeline: each DVC stage as one task (dvc repro --single-item STAGE, in its "
                "own process group) under one MLflow parent run, then a report.")
 DEFAULT_KILL_GRACE_S = 30.0
+#: reST roles (:func:`x`, :mod:`~a.b`) and inline literals (``x``), as docstrings here write them.
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line (``prog: error: ...; see prog --help``), exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]  # argparse types it NoReturn
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
+def plain(doc: str) -> str:
+    """A docstring as help text: reST roles and ````literals```` as their bare text."""
+    return _LITERAL.sub(r"\1", _ROLE.sub(r"\1", doc))
 
 
 _seconds = arg_type(float, lambda seconds: math.isfinite(seconds) and seconds >= 0, "seconds, a finite number >= 0")

@@ -21,7 +21,7 @@ from pipeline.core.errors import CheckpointError, DataError
 from pipeline.core.owned import write_lines
 from pipeline.core.textio import read_lines
 from pipeline.data import batching
-from pipeline.data.shards import ShardSet
+from pipeline.data.shard_reader import ShardSet
 from pipeline.inference.common import detokenize, prepare_source
 from pipeline.inference.decoding import Translator, decode_sources
 from pipeline.inference.scoring import primary_bleu, score_files
