@@ -60,10 +60,10 @@ def sweep_run(root: Path, spec: SweepSpec, state: SweepState, flow_run_id: str) 
     """The MLflow parent run ``sweep-<name>``: created once (its id kept in the state file), reopened on a restart."""
     tags = {**tracking.git_tags(root), "sweep": spec.name, "sweep.parent": "true", "profile": spec.profile,
             "prefect.flow_run_id": flow_run_id}
-    earlier = state.data.get("mlflow_run_id")
+    earlier = state.data.mlflow_run_id
     with tracking.open_run(spec.run_name, root=root, tags=tags, reopen=earlier) as run:
         if run.run_id and run.run_id != earlier:
-            state.data["mlflow_run_id"] = run.run_id
+            state.data.mlflow_run_id = run.run_id
             state.save()
             run.log_artifact(spec.source, "spec")
         yield run

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.sweep_spec import SweepSpec
+from flows.sweep_work import VariantRecord
 from pipeline.core.details import Chosen, EvaluateDetails, RegisterDetails, TrainDetails
 
 AUDIT_ARTIFACT_KEY = "wmt14-audit"
@@ -174,15 +175,14 @@ def render_report(outcomes: Sequence[StageOutcome], *, bleu: EvaluateDetails | N
     return "\n".join(lines) + "\n"
 
 
-def best_variant(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def best_variant(records: Sequence[VariantRecord]) -> VariantRecord | None:
     """The finished sweep variant with the highest valid BLEU (the first of equals, in spec order), or None."""
-    done = [r for r in records if r.get("status") == "done"
-            and isinstance((r.get("metrics") or {}).get(OBJECTIVE), (int, float))]
-    return max(done, key=lambda r: r["metrics"][OBJECTIVE], default=None)  # max keeps the first of equals
+    done = [r for r in records if r.status == "done" and OBJECTIVE in r.metrics]
+    return max(done, key=lambda r: r.metrics[OBJECTIVE], default=None)  # max keeps the first of equals
 
 
-def _overrides(record: Mapping[str, Any], keys: Sequence[str]) -> str:
-    return ", ".join(f"{k}={_cell(record['overrides'][k])}" for k in keys if k in record["overrides"])
+def _overrides(record: VariantRecord, keys: Sequence[str]) -> str:
+    return ", ".join(f"{k}={_cell(record.overrides[k])}" for k in keys if k in record.overrides)
 
 
 @dataclass(frozen=True)
@@ -196,18 +196,17 @@ class SeedStat:
     ci_high: float | None = None
 
 
-def seed_stats(keys: Sequence[str], records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, SeedStat]]:
+def seed_stats(keys: Sequence[str], records: Sequence[VariantRecord]) -> dict[str, dict[str, SeedStat]]:
     """With ``seed`` among the swept keys: {setting of the other keys ("(base)": none): {test_bleu, valid_bleu}}."""
     from scipy.stats import t  # only for a sweep over seeds
 
-    groups: dict[str, list[Mapping[str, Any]]] = {}
+    groups: dict[str, list[VariantRecord]] = {}
     for r in records if "seed" in keys else ():
-        if r.get("status") == "done":
+        if r.status == "done":
             groups.setdefault(_overrides(r, [k for k in keys if k != "seed"]) or "(base)", []).append(r)
     out: dict[str, dict[str, SeedStat]] = {setting: {} for setting in groups}
     for (setting, runs), metric in itertools.product(groups.items(), ("test_bleu", "valid_bleu")):
-        values = [float(r["metrics"][metric]) for r in runs
-                  if isinstance((r.get("metrics") or {}).get(metric), (int, float))]
+        values = [r.metrics[metric] for r in runs if metric in r.metrics]
         if len(values) > 1:
             mean, sd = statistics.fmean(values), statistics.stdev(values)
             half = t.ppf(0.975, len(values) - 1) * sd / math.sqrt(len(values))
@@ -217,7 +216,7 @@ def seed_stats(keys: Sequence[str], records: Sequence[Mapping[str, Any]]) -> dic
     return out
 
 
-def seed_lines(keys: Sequence[str], records: Sequence[Mapping[str, Any]],
+def seed_lines(keys: Sequence[str], records: Sequence[VariantRecord],
                paper: Mapping[str, Any] | None = None) -> list[str]:
     """The "Over seeds" table of :func:`seed_stats`; with ``paper`` (the paper's row, for a WMT14 newstest2014 test
     set), whether each setting's test interval holds the paper's figure in sacreBLEU 13a terms."""
@@ -252,7 +251,7 @@ def paired_lines(names: Sequence[str], hyps: Sequence[Sequence[str]], refs: Sequ
             f"{'significant' if second.p_value < 0.05 else 'within chance'} at 0.05."]
 
 
-def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commit: str, ran: int,
+def render_sweep(spec: SweepSpec, records: Sequence[VariantRecord], *, commit: str, ran: int,
                  mlflow_run_id: str | None, tracking_uri: str | None, paired: Sequence[str] = (),
                  paper: Mapping[str, Any] | None = None, ui_page: str | None = None) -> str:
     """A sweep's markdown from ``records`` (one per variant in spec order); ``ran``: how many this run executed;
@@ -267,31 +266,29 @@ def render_sweep(spec: SweepSpec, records: Sequence[Mapping[str, Any]], *, commi
     lines = [f"# Sweep {spec.name}", "", intro, "", "| " + " | ".join(head) + " |",
              "|---|" + "---:|" * (len(keys) + len(SWEEP_COLUMNS)) + "---|"]
     for record in records:
-        metrics = record.get("metrics") or {}
-        cells = [f"**{record['name']}** (best)" if record is best else record["name"],
-                 *(_cell(record["overrides"][k]) if k in record["overrides"] else "" for k in keys),
-                 *(fmt.format(metrics[m]) if isinstance(metrics.get(m), (int, float)) else "-"
-                   for m, _, fmt in SWEEP_COLUMNS), _cell(record.get("status", "not run"))]
+        cells = [f"**{record.name}** (best)" if record is best else record.name,
+                 *(_cell(record.overrides[k]) if k in record.overrides else "" for k in keys),
+                 *(fmt.format(record.metrics[m]) if m in record.metrics else "-" for m, _, fmt in SWEEP_COLUMNS),
+                 _cell(record.status)]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     if best is not None:
-        test = best["metrics"].get("test_bleu", float("nan"))
-        lines.append(f"Best: **{best['name']}** ({_overrides(best, keys) or 'the base profile'}): valid BLEU "
-                     f"{best['metrics'][OBJECTIVE]:.2f}, test BLEU {test:.2f}.")
+        test = best.metrics.get("test_bleu", float("nan"))
+        lines.append(f"Best: **{best.name}** ({_overrides(best, keys) or 'the base profile'}): valid BLEU "
+                     f"{best.metrics[OBJECTIVE]:.2f}, test BLEU {test:.2f}.")
     else:
         lines.append("Best: none (no variant finished with a valid BLEU).")
     lines += [*seed_lines(keys, records, paper), *paired]
     lines += ["", "## Where to look", "",
               f"- DVC: `dvc exp show --only-changed` in this checkout lists the experiments "
-              f"{', '.join(r['name'] for r in records)}; `dvc exp apply {best['name'] if best else '<name>'}` "
+              f"{', '.join(r.name for r in records)}; `dvc exp apply {best.name if best else '<name>'}` "
               "brings one's params and metrics into the workspace."]
     if mlflow_run_id:
         lines.append(f"- MLflow: parent run `{spec.run_name}` {mlflow_link(tracking_uri, mlflow_run_id, ui_page)}; "
                      "expand it in the runs table, select its variant runs and press Compare.")
         hint = mlflow_ui_hint(tracking_uri, ui_page)
         lines += [f"- MLflow UI: {hint}"] if hint else []
-    failed = [r for r in records if r.get("status") != "done"]
+    failed = [r for r in records if r.status != "done"]
     if failed:
-        lines += ["", "## Not finished", "", *(f"- {r['name']}: {_cell(r.get('error') or r.get('status', 'not run'))}"
-                                               for r in failed)]
+        lines += ["", "## Not finished", "", *(f"- {r.name}: {_cell(r.error or r.status)}" for r in failed)]
     return "\n".join(lines) + "\n"

@@ -36,8 +36,8 @@ from flows.preflight import quiet_prefect_tracebacks
 from flows.report import OBJECTIVE, best_variant, headline_from, paired_lines, render_sweep, seed_stats
 from flows.server import ensure_api
 from flows.sweep_spec import SweepSpec, Variant, load_spec, variant_params
-from flows.sweep_work import (REPORTS_DIR, SweepState, VariantFailed, check_applied, exp_ref, exp_run_command,
-                              head_commit, overrides, read_at, remove_exp, shared_stages, sweep_dir)
+from flows.sweep_work import (REPORTS_DIR, SweepState, VariantFailed, VariantRecord, check_applied, exp_ref,
+                              exp_run_command, head_commit, overrides, read_at, remove_exp, shared_stages, sweep_dir)
 from pipeline import tracking
 from pipeline.auditing.paper import paper_row
 from pipeline.core import env
@@ -101,7 +101,7 @@ def _variant_tags(ctx: SweepContext, variant: Variant) -> dict[str, str]:
 
 
 @task(name="sweep-variant", cache_policy=NO_CACHE, task_run_name="variant {variant.name}")
-def run_variant(variant: Variant, ctx: SweepContext, base: dict[str, Any]) -> dict[str, Any]:
+def run_variant(variant: Variant, ctx: SweepContext, base: dict[str, Any]) -> VariantRecord:
     """One variant: ``dvc exp run --temp`` under its MLflow run; return its state record."""
     logger = get_run_logger()
     started, root = time.monotonic(), Path(ctx.root)
@@ -130,9 +130,9 @@ def run_variant(variant: Variant, ctx: SweepContext, base: dict[str, Any]) -> di
     statuses = {s: stage_status(s, result.stdout_lines) for s in dvc_stages(root)}
     logger.info("variant %s: valid BLEU %s, stages %s", variant.name, metrics.get(OBJECTIVE),
                 ", ".join(f"{s} {v}" for s, v in statuses.items()))
-    return {"name": variant.name, "index": variant.index, "overrides": variant.overrides, "status": "done",
-            "metrics": metrics, "mlflow_run_id": run.run_id, "exp_rev": rev, "stages": statuses,
-            "duration_s": round(time.monotonic() - started, 1)}
+    return VariantRecord(name=variant.name, index=variant.index, overrides=variant.overrides, status="done",
+                         metrics=metrics, mlflow_run_id=run.run_id, exp_rev=rev, stages=statuses,
+                         duration_s=round(time.monotonic() - started, 1))
 
 
 def _run_variants(todo: list[Variant], ctx: SweepContext, base: dict[str, Any], spec: SweepSpec,
@@ -152,35 +152,35 @@ def _run_variants(todo: list[Variant], ctx: SweepContext, base: dict[str, Any], 
                         " ".join(dict.fromkeys([lines[0], lines[-1]]))
                     logger.error("variant %s failed: %s", variant.name,
                                  error.removeprefix(f"variant {variant.name}: "))
-                    record = {"name": variant.name, "index": variant.index, "overrides": variant.overrides,
-                              "status": "failed", "error": error}
-                state.data["variants"][variant.key] = record
+                    record = VariantRecord(name=variant.name, index=variant.index, overrides=variant.overrides,
+                                           status="failed", error=error)
+                state.data.variants[variant.key] = record
                 state.save()
         except BaseException:
             kill_all_groups(grace_s=ctx.grace_s)  # Ctrl-C, SIGTERM, cancel: no variant outlives the flow
             raise
 
 
-def _paired(root: Path, spec: SweepSpec, base: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
+def _paired(root: Path, spec: SweepSpec, base: dict[str, Any], records: list[VariantRecord]) -> list[str]:
     """The best two variants by valid BLEU, paired on their test outputs (as the evaluate stage scores)."""
-    done = sorted((r for r in records if isinstance((r.get("metrics") or {}).get(OBJECTIVE), (int, float))),
-                  key=lambda r: -r["metrics"][OBJECTIVE])[:2]  # sorted is stable: the first of equals stays first
+    done = sorted((r for r in records if OBJECTIVE in r.metrics),
+                  key=lambda r: -r.metrics[OBJECTIVE])[:2]  # sorted is stable: the first of equals stays first
     texts = []
     for record in done:
-        variant = next(v for v in spec.variants if v.name == record["name"])
+        variant = next(v for v in spec.variants if v.name == record.name)
         paths = variant_params(base, variant.applied)["paths"]
         try:
-            texts.append([read_at(root, record["exp_rev"], f).splitlines()
+            texts.append([read_at(root, record.exp_rev, f).splitlines()
                           for f in (f"{paths['eval']}/test.hyp.de", f"{paths['raw']}/test.de")])
         except Exception:  # noqa: BLE001 - an experiment removed by hand: no paired test, the table stands
             return []
     if len(texts) < 2 or len({len(t) for pair in texts for t in pair}) > 1:
         return []  # one finished variant, or outputs that do not line up with the references: nothing to pair
-    return paired_lines([r["name"] for r in done], [t[0] for t in texts], texts[0][1])
+    return paired_lines([r.name for r in done], [t[0] for t in texts], texts[0][1])
 
 
 def _publish(root: Path, spec: SweepSpec, markdown: str, parent: tracking.StageRun,
-             records: list[dict[str, Any]]) -> Path:
+             records: list[VariantRecord]) -> Path:
     """The table as ``reports/sweeps/<name>.md``, a Prefect artifact and an artifact of the MLflow parent."""
     path = root / REPORTS_DIR / f"{spec.name}.md"
     write_text(path, markdown)  # whole or not at all, and never over a folder or link (pipeline/core/owned.py)
@@ -188,8 +188,8 @@ def _publish(root: Path, spec: SweepSpec, markdown: str, parent: tracking.StageR
     best = best_variant(records)
     parent.log_artifact(path)
     if best is not None:
-        parent.set_tags({"sweep.best": best["name"]})
-        parent.log_metrics({f"best_{k}": v for k, v in best["metrics"].items() if k in ("valid_bleu", "test_bleu")})
+        parent.set_tags({"sweep.best": best.name})
+        parent.log_metrics({f"best_{k}": v for k, v in best.metrics.items() if k in ("valid_bleu", "test_bleu")})
     for setting, by_metric in seed_stats(spec.keys, records).items():  # the intervals, for MLflow's Compare view
         name = "base" if setting == "(base)" else re.sub(r"[^\w./ -]", "_", setting)  # MLflow's allowed characters
         parent.log_metrics({f"seeds/{name}/{metric}_{part}": value for metric, stat in by_metric.items()
@@ -215,9 +215,9 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
                        lock=sweep_dir(root, spec.name) / "sweep.lock"):
         parent_run.end_orphans(root, logger)
         state = SweepState.load(root, spec, head)
-        if state.data["commit"] != head:
+        if state.data.commit != head:
             logger.warning("sweep %s started at commit %s; its unfinished variants run HEAD %s",
-                           spec.name, state.data["commit"][:12], head[:12])
+                           spec.name, state.data.commit[:12], head[:12])
         todo = [v for v in spec.variants if not state.done(v.key)]
         logger.info("sweep %s: %d variants, %d to run, %d at once", spec.name, len(spec.variants), len(todo),
                     spec.concurrency)
@@ -230,23 +230,25 @@ def wmt14_sweep(spec_path: str, repo: str = ".", kill_grace_s: float = 30.0) -> 
                 build_shared(shared, ctx, variant_params(base, spec.variants[0].applied), spec.variants[0].applied)
             if todo:
                 _run_variants(todo, ctx, base, spec, state)
-            records = [state.data["variants"].get(v.key) or {"name": v.name, "overrides": v.overrides,
-                                                               "status": "not run"} for v in spec.variants]
-            markdown = render_sweep(spec, records, commit=state.data["commit"], ran=len(todo),
+            records = [state.data.variants.get(v.key) or VariantRecord(name=v.name, index=v.index,
+                                                                       overrides=v.overrides, status="not run")
+                       for v in spec.variants]
+            markdown = render_sweep(spec, records, commit=state.data.commit, ran=len(todo),
                                     mlflow_run_id=parent.run_id, paired=_paired(root, spec, base, records),
                                     ui_page=tracking.ui_page(parent.run_id, root) if parent.run_id else None,
                                     tracking_uri=tracking.tracking_uri(root) if parent.run_id else None,
                                     paper=paper_row(params_from_dict(base)) if base["download"]["dataset"] == "wmt14"
                                     else None)
             report = _publish(root, spec, markdown, parent, records)
-            failed = [f"{r['name']}: " + (r.get("error") or r["status"]).removeprefix(f"variant {r['name']}: ")
-                      for r in records if r.get("status") != "done"]  # each with its one-line cause
+            failed = [f"{r.name}: " + (r.error or r.status).removeprefix(f"variant {r.name}: ")
+                      for r in records if r.status != "done"]  # each with its one-line cause
             if failed:
                 raise PipelineError(f"sweep {spec.name}: {len(failed)} of {len(records)} variants did not finish "
                                     f"({'; '.join(failed)}); see {report}; run the same command again to retry "
                                     "them (finished variants are not rerun)")
     best = best_variant(records)
-    return {"records": records, "ran": [v.name for v in todo], "best": best["name"] if best else None,
+    return {"records": [r.model_dump(exclude_none=True) for r in records], "ran": [v.name for v in todo],
+            "best": best.name if best else None,
             "mlflow_run_id": parent.run_id, "flow_run_id": flow_run_id, "markdown": markdown,
             "report": str(report)}
 

@@ -14,9 +14,10 @@ import json
 import subprocess
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flows.lifeline import ProcessResult
 from flows.sweep_spec import SpecError, SweepSpec
@@ -147,32 +148,75 @@ def shared_stages(dvc_yaml: Path, keys: Iterable[str]) -> list[str]:
     return shared
 
 
+class VariantRecord(BaseModel):
+    """One variant's outcome, as the state file keeps it and the report reads it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    index: int
+    overrides: dict[str, Any]  # its own dotted params overrides (the spec's values)
+    status: Literal["done", "failed", "not run"]
+    metrics: dict[str, float] = Field(default_factory=dict)  # flows/report.py headline_metrics
+    mlflow_run_id: str | None = None
+    exp_rev: str = ""  # the DVC experiment's commit
+    stages: dict[str, str] = Field(default_factory=dict)  # stage -> ran, restored, skipped or unknown
+    duration_s: float | None = None
+    error: str | None = None  # a failed variant's one-line cause
+
+
+class Plan(BaseModel):
+    """What a state file was written for: the base profile and the variants' keys (:attr:`Variant.key`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    profile: str
+    variants: list[str]
+
+
+class StateFile(BaseModel):
+    """``<sweep dir>/state.json``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    commit: str  # the commit the sweep started at
+    plan: Plan
+    mlflow_run_id: str | None = None  # the MLflow parent's, once created
+    variants: dict[str, VariantRecord] = Field(default_factory=dict)  # by variant key, in the order they ended
+
+
 class SweepState:
     """The state file ``<sweep dir>/state.json``: the commit, the MLflow parent and each finished variant."""
 
-    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+    def __init__(self, path: Path, data: StateFile) -> None:
         self.path, self.data = path, data
 
     @classmethod
     def load(cls, root: Path, spec: SweepSpec, commit: str) -> SweepState:
-        """The sweep's state, or a new one at ``commit``; a SpecError when written for other variants or base."""
+        """The sweep's state, or a new one at ``commit``; a SpecError when written for other variants or base, or
+        unreadable."""
         path = sweep_dir(root, spec.name) / "state.json"
-        plan = {"profile": spec.profile, "variants": [v.key for v in spec.variants]}
+        plan = Plan(profile=spec.profile, variants=[v.key for v in spec.variants])
         if not path.is_file():
-            return cls(path, {"name": spec.name, "commit": commit, "plan": plan, "mlflow_run_id": None, "variants": {}})
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("plan") != plan:
+            return cls(path, StateFile(name=spec.name, commit=commit, plan=plan))
+        start_over = f"give this spec another name, or delete {path.parent} to start it over"
+        try:
+            data = StateFile.model_validate_json(path.read_bytes())
+        except ValidationError as exc:
+            raise SpecError(spec.source, f"{path}: not a sweep state file ({exc.errors()[0]['msg']}); "
+                                         f"{start_over}") from None
+        if data.plan != plan:
             raise SpecError(spec.source, f"sweep {spec.name!r} already ran with another profile or other variants "
-                                         f"({path}); give this spec another name, or delete "
-                                         f"{path.parent} to start it over")
+                                         f"({path}); {start_over}")
         return cls(path, data)
 
-    def done(self, key: str) -> dict[str, Any] | None:
+    def done(self, key: str) -> VariantRecord | None:
         """The record of a finished variant, or None."""
-        record = self.data["variants"].get(key)
-        return record if record and record.get("status") == "done" else None
+        record = self.data.variants.get(key)
+        return record if record and record.status == "done" else None
 
     def save(self) -> None:
         """Write the state file (atomically: a killed run leaves the previous one)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_text(self.path, json.dumps(self.data, indent=2) + "\n")  # keys in spec order
+        write_text(self.path, self.data.model_dump_json(indent=2) + "\n")

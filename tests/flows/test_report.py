@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from flows.sweep_work import VariantRecord
 from flows.report import paired_lines, registry_lines, render_report, seed_lines
 from flows.sweep_spec import load_spec
 from pipeline.auditing.paper import PAPER
@@ -15,9 +16,9 @@ from pipeline.tracking.promotion import decide
 from tests.helpers.paths import REPO
 
 
-def _record(name: str, seed: int, test: float, valid: float, **overrides: object) -> dict:
-    return {"name": name, "status": "done", "overrides": {**overrides, "seed": seed},
-            "metrics": {"test_bleu": test, "valid_bleu": valid}}
+def _record(name: str, seed: int, test: float, valid: float, **overrides: object) -> VariantRecord:
+    return VariantRecord(name=name, index=seed, status="done", overrides={**overrides, "seed": seed},
+                         metrics={"test_bleu": test, "valid_bleu": valid})
 
 
 def test_three_seeds_give_the_mean_sd_and_students_t_interval_per_setting() -> None:
@@ -25,7 +26,7 @@ def test_three_seeds_give_the_mean_sd_and_students_t_interval_per_setting() -> N
                _record("s-2", 2, 27.4, 26.2, **{"model.dropout": 0.1}),
                _record("s-3", 3, 27.8, 26.4, **{"model.dropout": 0.1}),
                _record("s-4", 1, 25.0, 24.0, **{"model.dropout": 0.3}),
-               {**_record("s-5", 2, 99.0, 99.0, **{"model.dropout": 0.3}), "status": "failed"}]
+               _record("s-5", 2, 99.0, 99.0, **{"model.dropout": 0.3}).model_copy(update={"status": "failed"})]
     lines = seed_lines(("model.dropout", "seed"), records)
     # t(0.975, 2) = 4.3027: half-widths 4.3027 x 0.4 / sqrt(3) = 0.99 (test) and 0.50 (valid)
     assert "| model.dropout=0.1 | 3 | 27.40 ± 0.40 | 26.41 – 28.39 | 26.20 ± 0.20 | 25.70 – 26.70 |" in lines
