@@ -5,6 +5,7 @@ Nothing here runs on a Kubernetes cluster."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -34,10 +35,11 @@ def test_prefect_accepts_the_gpu_template_as_a_kubernetes_work_pool(prefect_serv
     assert pool.type == "kubernetes" and pool.base_job_template == json.loads(TEMPLATE.read_text(encoding="utf-8"))
 
 
-@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.skipif(importlib.util.find_spec("prefect_kubernetes") is None, reason="prefect-kubernetes is not "
+                    "installed (pip install prefect-kubernetes to check the template with its worker)")
+@pytest.mark.usefixtures("prefect_harness")  # skipped before the harness starts (~15 s) where it cannot run
 def test_the_kubernetes_worker_renders_a_job_requesting_the_gpus() -> None:
-    worker = pytest.importorskip("prefect_kubernetes.worker", reason="prefect-kubernetes is not installed "
-                                 "(pip install prefect-kubernetes to check the template with its worker)")
+    from prefect_kubernetes import worker
     from prefect.utilities.asyncutils import run_coro_as_sync
 
     config = run_coro_as_sync(worker.KubernetesWorkerJobConfiguration.from_template_and_values(
