@@ -12,6 +12,10 @@ from collections.abc import Iterable, Sequence
 from datetime import date
 from pathlib import Path
 
+import psutil
+
+from pipeline.core.details import Machine
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -22,15 +26,9 @@ def setup_logging() -> None:
 
 def header(argv: Sequence[str]) -> dict[str, object]:
     """Date, command line, machine, CPU model, CPU count and memory: what a result needs to be compared."""
-    processor = platform.processor()
-    try:
-        processor = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                          if line.startswith("model name")), processor)
-        memory_gib = round(int(Path("/proc/meminfo").read_text().split()[1]) / 2**20, 1)
-    except (OSError, ValueError, IndexError):
-        memory_gib = 0.0
     return {"date": date.today().isoformat(), "command": " ".join([Path(sys.argv[0]).name, *argv]),
-            "machine": platform.platform(), "processor": processor, "cpus": os.cpu_count(), "memory_gib": memory_gib,
+            "machine": platform.platform(), "processor": Machine.here().cpu, "cpus": os.cpu_count(),
+            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
             "python": platform.python_version()}
 
 
