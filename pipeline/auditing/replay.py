@@ -88,7 +88,7 @@ def rescore(bleu: EvaluateDetails | None, eval_dir: Path, raw_dir: Path) -> tupl
     rescored, diffs = {}, []
     for split, (hyp, ref) in pairs.items():
         try:
-            rescored[split] = _figures(SetFigures.from_json(score_files(hyp, ref, TARGET_LANG), str(hyp)))
+            rescored[split] = _figures(score_files(hyp, ref, TARGET_LANG))
         except PipelineError as exc:  # a truncated or corrupted hypothesis file is what this item reports
             diffs.append(f"{split}: cannot be rescored: {exc}")
             continue

@@ -270,12 +270,10 @@ def _finish(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any, wall
         device=dev.type, device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         wall_seconds=round(wall, 3), train_seconds=round(state.train_seconds, 3), resumed_from_step=resumed_from,
         valid_ppl=last_valid["valid_ppl"], machine=Machine.here(), folder=str(run_dir),
-        checkpoints=checkpoint.digests(run_dir),
-        extra={"epoch": state.epoch, "max_tokens": tr.max_tokens, "global_batches": len(tr.plan),
-               **{k: v for k, v in last_train.items() if k.startswith("train_")},
-               **{k: v for k, v in last_valid.items() if k.startswith("valid_") and k != "valid_ppl"},
-               "tgt_tokens_per_s": state.tokens_seen / max(state.train_seconds, 1e-9),
-               "oom_skipped_steps": state.oom_skipped})
+        checkpoints=checkpoint.digests(run_dir), epoch=state.epoch, max_tokens=tr.max_tokens,
+        global_batches=len(tr.plan), train_loss=last_train.get("train_loss"), train_nll=last_train.get("train_nll"),
+        train_ppl=last_train.get("train_ppl"), valid_loss=last_valid["valid_loss"], valid_nll=last_valid["valid_nll"],
+        tgt_tokens_per_s=state.tokens_seen / max(state.train_seconds, 1e-9), oom_skipped_steps=state.oom_skipped)
 
 
 def train(cfg: TrainConfig, *, model_cfg: TransformerConfig, seed: int, shards_dir: str | Path, spm_model: str | Path,
