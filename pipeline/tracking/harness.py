@@ -7,7 +7,7 @@ import argparse
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -21,7 +21,7 @@ from pipeline.tracking import runs
 Details = TypeVar("Details", bound=StageDetails)
 
 
-def write_metrics(path: str | Path, metrics: dict[str, object]) -> None:
+def write_metrics(path: str | Path, metrics: Mapping[str, object]) -> None:
     """Write a stage's metrics JSON atomically (sorted keys)."""
     write_text(path, json.dumps(metrics, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
