@@ -19,6 +19,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.owned import MARKER
 from pipeline.core.stages import DvcLock, LockFile
 from pipeline.core.textio import sha256_file
+from pipeline.core.yamlfile import PlainMapping
 from pipeline.inference.scoring import score_files
 
 SETS = ("valid", "test")
@@ -41,7 +42,7 @@ class ReplayRecord(TypedDict):
     evaluate params and the recorded figures per set."""
 
     model_sha256: str | None
-    evaluate_params: dict[str, object]  # the flattened evaluate section, but keys that change no figure
+    evaluate_params: PlainMapping  # the flattened evaluate section, but keys that change no figure
     references_sha256: dict[str, str | None]
     hypotheses_sha256: dict[str, str | None]
     figures: dict[str, Figures] | None

@@ -16,13 +16,14 @@ from pipeline.auditing.run_items import training_items
 from pipeline.auditing.settings import OPEN_KEYS, Setting, paper_settings
 from pipeline.auditing.summary import Headline, Summary, counts, headline, warnings
 from pipeline.core.config import flatten
+from pipeline.core.yamlfile import Plain, PlainMapping
 
 
 class OpenSetting(TypedDict):
     """A params key the paper leaves open: this run's value and the reference setup's."""
 
     key: str
-    run: object  # the params value, as params.yaml spells it
+    run: Plain  # the params value, as params.yaml spells it
     reference: str
 
 
@@ -30,8 +31,8 @@ class ProfileDifference(TypedDict):
     """A params key whose value differs from ``profiles/paper.yaml`` (informational)."""
 
     key: str
-    paper_profile: object  # its value there (None: not there)
-    run: object  # its value in params.yaml (None: not there)
+    paper_profile: Plain  # its value there (None: not there)
+    run: Plain  # its value in params.yaml (None: not there)
     kind: str  # paper, operational or unspecified
     paper_verdict: str | None  # the verdict of the paper setting that judges it
     difference: str
@@ -59,8 +60,8 @@ class Lineage(TypedDict):
     params_sha256: str
     git: GitState
     dvc_lock: dict[str, LineageStage] | None
-    raw_manifest: dict[str, object] | None  # dataset, files (split, lang, url, member, sha256, bytes, lines), outputs
-    shards_manifest: dict[str, object] | None  # sha256, spm_sha256, vocab_size, rows and shards per split
+    raw_manifest: PlainMapping | None  # dataset, files (split, lang, url, member, sha256, bytes, lines), outputs
+    shards_manifest: PlainMapping | None  # sha256, spm_sha256, vocab_size, rows and shards per split
     checkpoint_state: str | None
     mlflow_run_ids: dict[str, str | None]
 
@@ -88,7 +89,7 @@ class Audit(TypedDict):
     environment: dict[str, str | int | None]
 
 
-def profile_differences(flat: dict[str, object], paper_profile: dict[str, object] | None,
+def profile_differences(flat: PlainMapping, paper_profile: PlainMapping | None,
                         settings: tuple[Setting, ...]) -> list[ProfileDifference]:
     """Every params key whose value differs from ``profiles/paper.yaml``: informational, never a verdict.
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, TypedDict
 
 from pydantic import Field
 
@@ -75,3 +75,66 @@ class EncodeDetails(StageDetails):
     workers: int | None = None  # encoding processes
     vocab_size: int | None = None
     pairs_per_s: float | None = None
+
+
+class RawFile(TypedDict, total=False):
+    """One source file of ``<paths.raw>/manifest.json`` (pipeline/data/raw.py)."""
+
+    split: str
+    corpus: str
+    lang: str
+    url: str
+    member: str | None  # the archive member, None for a plain file
+    format: str
+    sha256: str
+    bytes: int
+    lines: int
+
+
+class RawOutput(TypedDict, total=False):
+    """One file the download stage wrote (``train.en`` ...)."""
+
+    sha256: str
+    bytes: int
+    lines: int
+
+
+class RawManifest(TypedDict, total=False):
+    """``<paths.raw>/manifest.json`` as read (a key may be absent)."""
+
+    dataset: str
+    files: list[RawFile]
+    outputs: dict[str, RawOutput]
+
+
+class ShardEntry(TypedDict, total=False):
+    """One Parquet shard of the shards manifest (its path relative to the manifest)."""
+
+    path: str
+    rows: int
+    src_tokens: int
+    tgt_tokens: int
+    sha256: str
+
+
+class ShardSplit(TypedDict, total=False):
+    """One split of the shards manifest."""
+
+    lines: int
+    rows: int
+    dropped_max_len: int
+    src_tokens: int
+    tgt_tokens: int
+    shards: list[ShardEntry]
+
+
+class ShardsManifest(TypedDict, total=False):
+    """``<paths.shards>/manifest.json`` as read (pipeline/data/sharding.py writes it)."""
+
+    format: int
+    spm_sha256: str
+    vocab_size: int
+    token_type: str
+    max_len: int
+    shard_rows: int
+    splits: dict[str, ShardSplit]
