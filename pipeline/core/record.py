@@ -40,8 +40,9 @@ class Record(BaseModel):
         return self
 
     def replace(self, **changes: object) -> Self:
-        """A copy with ``changes`` (declared fields, as keywords), checked as a new record is."""
-        return type(self).model_validate({**dict(self), **changes})
+        """A copy with ``changes`` (declared fields, as keywords), checked as a new record is (a record read with
+        unknown keys keeps them)."""
+        return type(self).model_validate({**dict(self), **changes}, context=_READ if self.model_extra else None)
 
     @property
     def extra(self) -> dict[str, object]:

@@ -38,6 +38,7 @@ def test_round_trip_keeps_every_key() -> None:
     assert record.test.bleu == 27.9 and record.test.extra == {"later": {"bleu": "x"}} and record.valid.bleu is None
     assert record.extra == {"newer": [1]} and record.grid == [GridPoint(beam=4, alpha=0.6, bleu=25.0, decode_seconds=2)]
     assert EvaluateDetails.from_json(record.to_json(), "e.json") == record
+    assert record.replace(device="cpu").extra == {"newer": [1]}  # a record read keeps its unknown keys
     written = record.to_json()  # every field, an unset one as null (empty sets: every figure null)
     assert written.keys() == data.keys() | set(EvaluateDetails.model_fields)
     assert written["device"] is None and written["valid"]["bleu"] is None and written["test"]["later"] == {"bleu": "x"}
