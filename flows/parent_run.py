@@ -10,9 +10,8 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -22,6 +21,7 @@ from flows.sweep_work import SweepState
 from pipeline import tracking
 from pipeline.core import stages as stage_table
 from pipeline.core.details import StageDetails
+from pipeline.core.yamlfile import Plain
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def run_name(profile: str, commit: str, when: float | None = None) -> str:
 
 
 @contextlib.contextmanager
-def pipeline_run(name: str, *, params: dict[str, Any], root: str | Path = ".",
+def pipeline_run(name: str, *, params: Mapping[str, Plain], root: str | Path = ".",
                  tags: dict[str, str] | None = None, reopen: str | None = None,
                  files: str | Path | None = None) -> Iterator[tracking.StageRun]:
     """The parent run of one pipeline run, with its params; ``tags`` override the git tags of ``root``; ``files``:

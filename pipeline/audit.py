@@ -50,7 +50,7 @@ def stage(params: Params, *, params_file: str | Path, lock_file: str | Path, roo
     paper = audit["summary"]["paper"]
     log.info("audit: %d paper items match, %d deviate, %d not measured; %d warning(s) -> %s", paper["matches"],
              paper["deviates"], paper["not measured"], audit["summary"]["warnings"], md_path)
-    return AuditDetails(extra={**numbers, "report": str(json_path), "report_sha256": sha256_file(json_path)})
+    return AuditDetails(**numbers, report=str(json_path), report_sha256=sha256_file(json_path))
 
 
 def previous_audit(json_path: Path, lock_file: Path, root: Path) -> Path | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pipeline.artifacts import averaging, model_file
 from pipeline.core.config import AverageConfig, checkpoint_folder
+from pipeline.core.details import AverageDetails
 from pipeline.core.errors import CheckpointError
 from pipeline.core.owned import atomic_path, refuse_foreign
 from pipeline.tracking.harness import stage_main
@@ -19,9 +20,10 @@ from pipeline.tracking.harness import stage_main
 log = logging.getLogger(__name__)
 
 
-def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, model_dir: str | Path) -> dict:
+def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path,
+          model_dir: str | Path) -> AverageDetails:
     """Average the last ``cfg.last_n`` complete checkpoints of ``train_dir`` into ``model_dir/averaged.pt``
-    (``model_dir`` is written whole, replacing only a folder this stage wrote); returns the stage's details."""
+    (``model_dir`` is written whole, replacing only a folder this stage wrote); returns the stage's record."""
     import sentencepiece as spm
 
     from pipeline import tracking
@@ -41,21 +43,16 @@ def stage(cfg: AverageConfig, *, train_dir: str | Path, bpe_dir: str | Path, mod
     with atomic_path(model_dir, role="model") as tmp:  # the folder whole: replaced only if this stage wrote it
         tmp.mkdir()
         model_file.save(model_file.path_in(tmp), weights=weights, config=config, spm=spm_bytes)
-    metrics = {
-        "checkpoints": [p.name for p in chosen],
-        "steps": [int(p.name.split("-")[1]) for p in chosen],
-        "requested": cfg.last_n,
-        "used": len(chosen),
-        "fewer_than_requested": len(chosen) < cfg.last_n,
-        "skipped_incomplete": [p.name for p in skipped],
-        "spm_sha256": hashlib.sha256(spm_bytes).hexdigest(),
-        "parameters": int(sum(v.numel() for v in weights.values() if v.is_floating_point())),
-    }
+    record = AverageDetails(
+        checkpoints=[p.name for p in chosen], steps=[int(p.name.split("-")[1]) for p in chosen],
+        requested=cfg.last_n, used=len(chosen), fewer_than_requested=len(chosen) < cfg.last_n,
+        skipped_incomplete=[p.name for p in skipped], spm_sha256=hashlib.sha256(spm_bytes).hexdigest(),
+        parameters=int(sum(v.numel() for v in weights.values() if v.is_floating_point())))
     run = tracking.current()
-    run.log_params({"average.checkpoints": ",".join(metrics["checkpoints"])})
-    run.log_metrics({"checkpoints_used": len(chosen), "last_step": metrics["steps"][-1]})
-    log.info("wrote %s (%d checkpoints, last step %d)", out, len(chosen), metrics["steps"][-1])
-    return metrics
+    run.log_params({"average.checkpoints": ",".join(record.checkpoints)})
+    run.log_metrics({"checkpoints_used": len(chosen), "last_step": record.steps[-1]})
+    log.info("wrote %s (%d checkpoints, last step %d)", out, len(chosen), record.steps[-1])
+    return record
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 from model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from pipeline import tracking
 from pipeline.core.config import BpeConfig
+from pipeline.core.data_details import BpeDetails
 from pipeline.core.errors import DataError
 from pipeline.core.owned import atomic_path
 from pipeline.core.textio import sha256_file
@@ -58,7 +59,7 @@ def _canonicalise(model_file: Path) -> None:
     model_file.write_bytes(proto.SerializeToString(deterministic=True))
 
 
-def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path) -> dict:
+def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path) -> BpeDetails:
     """Run the bpe stage: ``<clean_dir>/train.{en,de}`` → ``<bpe_dir>/spm.{model,vocab}`` (atomically); return the
     sample's sentence count, the vocabulary size and the model's sha256.
 
@@ -92,7 +93,7 @@ def stage(cfg: BpeConfig, *, clean_dir: str | Path, bpe_dir: str | Path) -> dict
     n = sample.count
     log.info("bpe: trained on %d sentences in %.0f s", n, time.monotonic() - started)
     tracking.current().log_metrics({"sentences": n})
-    return {"sentences": n, "vocab_size": cfg.vocab_size, "spm_sha256": sha256_file(bpe_dir / "spm.model")}
+    return BpeDetails(sentences=n, vocab_size=cfg.vocab_size, spm_sha256=sha256_file(bpe_dir / "spm.model"))
 
 
 def main(argv: list[str] | None = None) -> int:

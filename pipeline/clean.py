@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipeline import tracking
 from pipeline.core.config import CleanConfig
+from pipeline.core.data_details import CleanDetails
 from pipeline.core.errors import DataError
 from pipeline.core.owned import atomic_path
 from pipeline.core.textio import count_lines
@@ -32,7 +33,7 @@ def _check_raw(raw_dir: Path, split: str) -> None:
         raise DataError(f"{src} and {tgt} are empty: {need}; check or rerun the download stage (`dvc repro download`)")
 
 
-def stage(cfg: CleanConfig, *, raw_dir: str | Path, clean_dir: str | Path) -> dict:
+def stage(cfg: CleanConfig, *, raw_dir: str | Path, clean_dir: str | Path) -> CleanDetails:
     """Run the clean stage: ``raw_dir`` → ``clean_dir`` (atomically); per split the counts of
     :func:`pipeline.data.filters.clean_split`, whose DataErrors it raises, or one for a bad raw file."""
     raw_dir, clean_dir = Path(raw_dir), Path(clean_dir)
@@ -41,11 +42,11 @@ def stage(cfg: CleanConfig, *, raw_dir: str | Path, clean_dir: str | Path) -> di
     workers = data_workers()
     with atomic_path(clean_dir, role="clean") as tmp:
         tmp.mkdir()
-        metrics = {split: clean_split(cfg, split, raw_dir, tmp, workers) for split in SPLITS}
+        counts = {split: clean_split(cfg, split, raw_dir, tmp, workers) for split in SPLITS}
     tracking.current().log_metrics(
-        {f"{s}.{k}": v for s in SPLITS for k, v in metrics[s].items() if k != "dropped"}
-        | {f"train.dropped.{k}": v for k, v in metrics["train"]["dropped"].items()})
-    return metrics
+        {f"{s}.{k}": v for s in SPLITS for k, v in counts[s].model_dump(exclude={"dropped"}).items() if v is not None}
+        | {f"train.dropped.{k}": v for k, v in (counts["train"].dropped or {}).items()})
+    return CleanDetails(train=counts["train"], valid=counts["valid"], test=counts["test"])
 
 
 def main(argv: list[str] | None = None) -> int:

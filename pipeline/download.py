@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipeline import tracking
 from pipeline.core.config import DownloadConfig
+from pipeline.core.data_details import DownloadDetails
 from pipeline.core.owned import atomic_path, scratch_folder
 from pipeline.data.locate import FetchEnv, locate
 from pipeline.data.raw import expectations, write_raw
@@ -18,7 +19,7 @@ from pipeline.tracking.harness import stage_main
 log = logging.getLogger(__name__)
 
 
-def stage(cfg: DownloadConfig, *, raw_dir: Path, sources: DatasetSpec | None = None) -> dict:
+def stage(cfg: DownloadConfig, *, raw_dir: Path, sources: DatasetSpec | None = None) -> DownloadDetails:
     """Download ``cfg.dataset`` (or the table ``sources``) into ``raw_dir``, replaced whole; return the dataset, pairs
     per split, where each file came from, and the archives' sizes and sha256s.
 
@@ -38,9 +39,8 @@ def stage(cfg: DownloadConfig, *, raw_dir: Path, sources: DatasetSpec | None = N
             pairs = write_raw(spec, located, out_dir, tmp, expected)
     tracking.current().log_metrics({f"{split}_pairs": n for split, n in pairs.items()})
     log.info("download: %s", ", ".join(f"{s} {n} pairs" for s, n in pairs.items()))
-    return {"dataset": spec.name, "pairs": pairs,
-            "origins": {sf.key: loc.origin for sf, loc in sorted(located.items(), key=lambda x: x[0].key)},
-            "archives": archives}
+    return DownloadDetails(dataset=spec.name, pairs=pairs, archives=archives,
+                           origins={sf.key: loc.origin for sf, loc in sorted(located.items(), key=lambda x: x[0].key)})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pipeline import tracking
 from pipeline.core.config import EncodeConfig
+from pipeline.core.data_details import EncodeDetails, SplitCounts
 from pipeline.core.errors import DataError
 from pipeline.core.owned import atomic_path, write_text
 from pipeline.core.textio import sha256_file
@@ -22,7 +23,8 @@ from pipeline.tracking.harness import stage_main
 log = logging.getLogger(__name__)
 
 
-def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shards_dir: str | Path) -> dict:
+def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path,
+          shards_dir: str | Path) -> EncodeDetails:
     """Run the encode stage: clean text + ``spm.model`` → ``shards_dir`` (atomically); return per split the manifest's
     rows and token counts, and the workers, vocabulary size and pairs/s. A bad input is a DataError."""
     clean_dir, shards_dir = Path(clean_dir), Path(shards_dir)
@@ -43,12 +45,13 @@ def stage(cfg: EncodeConfig, *, clean_dir: str | Path, bpe_dir: str | Path, shar
         manifest = build_manifest(tasks, results, lines, vocab_size=vocab_size, spm_sha256=spm_sha256, cfg=cfg)
         write_text(tmp / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     seconds = time.monotonic() - start
-    metrics = {split: {k: v for k, v in manifest["splits"][split].items() if k != "shards"} for split in SPLITS}
-    metrics |= {"workers": workers, "vocab_size": vocab_size,
-                "pairs_per_s": round(sum(lines.values()) / max(seconds, 1e-9), 1)}
-    tracking.current().log_metrics({f"{s}.{k}": v for s in SPLITS for k, v in metrics[s].items()})
-    log.info("encode: %s", {s: metrics[s]["rows"] for s in SPLITS})
-    return metrics
+    counts = {split: SplitCounts(lines=totals["lines"], rows=totals["rows"], dropped_max_len=totals["dropped_max_len"],
+                                 src_tokens=totals["src_tokens"], tgt_tokens=totals["tgt_tokens"])
+              for split, totals in ((s, manifest["splits"][s]) for s in SPLITS)}
+    tracking.current().log_metrics({f"{s}.{k}": v for s in SPLITS for k, v in counts[s].model_dump().items()})
+    log.info("encode: %s", {s: counts[s].rows for s in SPLITS})
+    return EncodeDetails(train=counts["train"], valid=counts["valid"], test=counts["test"], workers=workers,
+                         vocab_size=vocab_size, pairs_per_s=round(sum(lines.values()) / max(seconds, 1e-9), 1))
 
 
 def main(argv: list[str] | None = None) -> int:

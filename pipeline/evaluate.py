@@ -7,10 +7,10 @@ import dataclasses
 import logging
 import sys
 from pathlib import Path
-from typing import Any
 
 from pipeline.artifacts import model_file
 from pipeline.core.config import EvaluateConfig, checkpoint_folder
+from pipeline.core.details import EvaluateDetails, SetFigures
 from pipeline.core.owned import atomic_path, refuse_foreign
 from pipeline.data.shard_reader import ShardSet
 from pipeline.inference import scored_decoding as evaluation
@@ -24,31 +24,31 @@ SETS = ("valid", "test")
 NEWEST_HYP = f"valid.newest.hyp.{evaluation.TARGET_LANG}"
 
 
-def _log_run(report: dict[str, Any]) -> None:
+def _log_run(report: EvaluateDetails) -> None:
     """Metrics and tags of the stage's MLflow run; the averaging warning."""
     from pipeline import tracking
 
     run = tracking.current()
-    newest, beam, alpha = report["valid_newest"], report["chosen"]["beam"], report["chosen"]["alpha"]
-    run.log_metrics({f"{split}.{key}": report[split][key] for split in SETS
+    valid, test, newest = report.valid, report.test, report.valid_newest
+    beam, alpha = report.chosen.beam, report.chosen.alpha
+    run.log_metrics({f"{split}.{key}": getattr(figures, key) for split, figures in (("valid", valid), ("test", test))
                      for key in (*METRIC_KEYS, "sentences_per_second", "decode_seconds")})
-    run.log_metrics({f"grid.beam{e['beam']}.alpha{e['alpha']:g}.valid_bleu": e["bleu"] for e in report["grid"]})
-    run.log_metrics({"valid.ppl": report["valid"]["ppl"], "valid_newest.bleu": newest["bleu"],
-                     "valid_newest.ppl": newest["ppl"]})
-    run.set_tags({"sacrebleu_signature": report["test"]["signatures"]["bleu"],
-                  **{f"signature.{k}": v for k, v in report["test"]["signatures"].items()},
+    run.log_metrics({f"grid.beam{e.beam}.alpha{e.alpha:g}.valid_bleu": e.bleu for e in report.grid})
+    run.log_metrics({"valid.ppl": valid.ppl, "valid_newest.bleu": newest.bleu, "valid_newest.ppl": newest.ppl})
+    run.set_tags({"sacrebleu_signature": test.signatures["bleu"],
+                  **{f"signature.{k}": v for k, v in test.signatures.items()},
                   "chosen_beam": beam, "chosen_alpha": alpha})
-    log.info("test BLEU %.2f (%s), valid %.2f (ppl %.2f); beam %d, alpha %g", report["test"]["bleu"],
-             report["test"]["signatures"]["bleu"], report["valid"]["bleu"], report["valid"]["ppl"], beam, alpha)
-    log.info("newest checkpoint %s (step %d): valid BLEU %.2f, ppl %.2f", newest["checkpoint"], newest["step"],
-             newest["bleu"], newest["ppl"])
-    if newest["bleu"] > report["valid"]["bleu"]:
+    log.info("test BLEU %.2f (%s), valid %.2f (ppl %.2f); beam %d, alpha %g", test.bleu, test.signatures["bleu"],
+             valid.bleu, valid.ppl, beam, alpha)
+    log.info("newest checkpoint %s (step %d): valid BLEU %.2f, ppl %.2f", newest.checkpoint, newest.step,
+             newest.bleu, newest.ppl)
+    if (newest.bleu or 0.0) > (valid.bleu or 0.0):
         log.warning("averaging hurt: the newest checkpoint %s scores valid BLEU %.2f, the averaged model %.2f "
-                    "(beam %d, alpha %g)", newest["checkpoint"], newest["bleu"], report["valid"]["bleu"], beam, alpha)
+                    "(beam %d, alpha %g)", newest.checkpoint, newest.bleu, valid.bleu, beam, alpha)
 
 
 def stage(cfg: EvaluateConfig, *, model_dir: str | Path, shards_dir: str | Path, raw_dir: str | Path,
-          eval_dir: str | Path, train_dir: str | Path, spm_model: str | Path) -> dict:
+          eval_dir: str | Path, train_dir: str | Path, spm_model: str | Path) -> EvaluateDetails:
     """Decode valid (grid) and test (chosen beam, α) with the averaged model, valid with the newest checkpoint of
     ``train_dir``, into ``eval_dir`` (written whole); every input is checked before the first decode.
 
@@ -68,16 +68,21 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, shards_dir: str | Path,
         out.mkdir()
         report = evaluation.evaluate_averaged(cfg, translator, valid, test, {
             split: out / f"{split}.hyp.{evaluation.TARGET_LANG}" for split in SETS})
-        report["valid"].update(evaluation.perplexity_fields(translator.model, valid_shards, cfg.max_tokens))
+        averaged_valid = evaluation.with_perplexity(report.valid, translator.model, valid_shards, cfg.max_tokens)
         translator.model.to("cpu")  # one model on the accelerator at a time
         newest.model.to(translator.device)
         newest = dataclasses.replace(newest, device=translator.device)
+        beam, alpha = report.chosen.beam, report.chosen.alpha
+        assert beam is not None and alpha is not None  # evaluate_averaged chose them
         figures = evaluation.decode_and_score(cfg, newest, newest_valid, out / NEWEST_HYP, label="valid newest",
-                                              beam=report["chosen"]["beam"], alpha=report["chosen"]["alpha"])
-    for entry in (report["valid"], report["test"], figures):  # name the files where they now are
-        entry["hypotheses"] = str(Path(eval_dir) / Path(entry["hypotheses"]).name)
-    report["valid_newest"] = {"step": step, "checkpoint": str(folder), **figures,
-                              **evaluation.perplexity_fields(newest.model, valid_shards, cfg.max_tokens)}
+                                              beam=beam, alpha=alpha)
+        figures = evaluation.with_perplexity(figures.replace(step=step, checkpoint=str(folder)), newest.model,
+                                             valid_shards, cfg.max_tokens)
+
+    def moved(entry: SetFigures) -> SetFigures:  # the hypotheses where they now are
+        return entry.replace(hypotheses=str(Path(eval_dir) / Path(entry.hypotheses or "").name))
+
+    report = report.replace(valid=moved(averaged_valid), test=moved(report.test), valid_newest=moved(figures))
     _log_run(report)
     return report
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from pipeline import tracking
 from pipeline.core import env, stages
 from pipeline.core.config import EvaluateConfig, Params
-from pipeline.core.details import RegisterDetails
+from pipeline.core.details import (DatasetInput, PairedBootstrap, PreviousCandidate, RegisteredFigures,
+                                   RegisterDetails)
 from pipeline.core.gitstate import commit
 from pipeline.project.workspace import exclusive_run
 from pipeline.tracking import model_registry as registry
@@ -33,14 +34,14 @@ log = logging.getLogger(__name__)
 REGISTER_WAIT_S = 600
 
 
-def _record_only(name: str, new: dict[str, float], decision: str, *, existing: ModelVersion | None = None,
+def _record_only(name: str, new: RegisteredFigures, decision: str, *, existing: ModelVersion | None = None,
                  holder: ModelVersion | None = None) -> RegisterDetails:
     """The record of a run that logs nothing (tracking off, or this model already registered)."""
     log.info("register: %s", decision)
     return RegisterDetails(tracking="on" if tracking.enabled() else "off", model_name=name, alias=ALIAS,
                            alias_moved=False, decision=decision, mlflow_run_id=existing.run_id if existing else None,
                            model_version=existing.version if existing else None,
-                           candidate_version=holder.version if holder else None, extra={"new": new})
+                           candidate_version=holder.version if holder else None, new=new)
 
 
 def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, raw_dir: str | Path,
@@ -60,7 +61,8 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
     """
     inputs = registration.gather_inputs(model_dir, eval_dir, raw_dir, bleu_path)
     name, chosen = env.model_name(profile), inputs.evaluation
-    new = {"valid_bleu": chosen.valid_bleu, "test_bleu": chosen.test_bleu, "beam": chosen.beam, "alpha": chosen.alpha}
+    new = RegisteredFigures(valid_bleu=chosen.valid_bleu, test_bleu=chosen.test_bleu, beam=chosen.beam,
+                            alpha=chosen.alpha)
     if not tracking.enabled():
         return _record_only(name, new, "tracking is off (NMT_TRACKING=off): nothing logged or "
                             "registered; `dvc repro -f register` with tracking on to register this model")
@@ -72,7 +74,7 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, eval_dir: str | Path, r
                          profile=profile, dataset=dataset)
 
 
-def _register(cfg: EvaluateConfig, inputs: registration.Inputs, name: str, new: dict[str, float], *,
+def _register(cfg: EvaluateConfig, inputs: registration.Inputs, name: str, new: RegisteredFigures, *,
               lock_path: str | Path, dataset_paths: dict[str, tuple[str, str]], root: str | Path, profile: str,
               dataset: str) -> RegisterDetails:
     """:func:`stage`'s registration, under the store's lock."""
@@ -93,27 +95,33 @@ def _register(cfg: EvaluateConfig, inputs: registration.Inputs, name: str, new: 
                                 f"{profile}, dataset {dataset}. Each version is one averaged model, tagged with its "
                                 f"valid and test BLEU and commit; alias {ALIAS}: the best valid BLEU so far.",
                                 {"profile": profile, "dataset": dataset}, root)
-        registry.tag_model_version(name, version, {"run_id": run.run_id, **new, "commit": commit(root) or "none",
+        registry.tag_model_version(name, version, {"run_id": run.run_id, **new.model_dump(),
+                                                   "commit": commit(root) or "none",
                                                    "averaged_sha256": inputs.averaged_sha256,
                                                    **{f"{s}_ref_sha256": inputs.ref_sha[s] for s in SPLITS}}, root)
         bootstrap, not_compared = registration.compare(holder, inputs, work, root)
         moved, decision = registration.decide(chosen.valid_bleu, inputs.ref_sha, holder)
         if moved:
             registry.set_alias(name, ALIAS, version, root)
-        previous = None if holder is None else {
-            "version": holder.version, "run_id": holder.run_id,
-            **{k: float(holder.tags[k]) for k in ("valid_bleu", "test_bleu") if k in holder.tags}}
+        previous = None if holder is None else PreviousCandidate(
+            version=holder.version, run_id=holder.run_id, valid_bleu=_float_tag(holder, "valid_bleu"),
+            test_bleu=_float_tag(holder, "test_bleu"))
         record = RegisterDetails(
             tracking="on", model_name=name, alias=ALIAS, alias_moved=moved, decision=decision,
             mlflow_run_id=run.run_id, model_version=version,
             candidate_version=version if moved else holder.version if holder else None,
-            extra={"model_uri": info.model_uri, "registered_uri": f"models:/{name}/{version}", "new": new,
-                   "previous_candidate": previous, "paired_bootstrap": bootstrap,
-                   "paired_bootstrap_skipped": not_compared,
-                   "datasets": [{k: d[k] for k in ("name", "digest", "context")} for d in datasets]})
+            model_uri=info.model_uri, registered_uri=f"models:/{name}/{version}", new=new,
+            previous_candidate=previous, paired_bootstrap=None if bootstrap is None else PairedBootstrap(**bootstrap),
+            paired_bootstrap_skipped=not_compared,
+            datasets=[DatasetInput(name=d["name"], digest=d["digest"], context=d["context"]) for d in datasets])
         registration.log_decision(run, record, chosen, bootstrap, holder)
     log.info("registered %s version %s (%s); alias %s %s", name, version, decision, ALIAS, "moved" if moved else "kept")
     return record
+
+
+def _float_tag(version: ModelVersion, key: str) -> float | None:
+    """Tag ``key`` of ``version`` as a number (None when it has none)."""
+    return float(version.tags[key]) if key in version.tags else None
 
 
 def _run(params: Params, args: argparse.Namespace) -> RegisterDetails:

@@ -10,7 +10,7 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -18,6 +18,7 @@ from pipeline.artifacts import torchfile
 from pipeline.core.errors import CheckpointError, OutputError
 from pipeline.core.owned import atomic_path, claim_folder, remove_stale, retire
 from pipeline.core.textio import sha256_file
+from pipeline.core.yamlfile import PlainMapping
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,32 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+class StateFile(TypedDict, total=False):
+    """A checkpoint's ``state.json`` (pipeline/training/state.py ``TrainState.to_json``), as read: the position
+    (TrainState's fields), and what the run may resume under."""
+
+    step: int
+    epoch: int
+    position: int
+    tokens_seen: int
+    tokens_sq: float
+    tokens_min: int
+    tokens_max: int
+    src_tokens_seen: int | None
+    forwards: int
+    forwards_max: int
+    train_seconds: float
+    oom_skipped: int
+    interval: dict[str, float]
+    history: list[dict[str, float]]
+    world_size: int
+    config: PlainMapping  # model + train + seed sections
+    shards_sha256: str
+    mlflow_run_id: str | None
+
+
 def save(run_dir: str | Path, step: int, *, model_state: dict[str, torch.Tensor], optim_state: dict[str, Any],
-         state: dict[str, Any], keep_last: int, at: Callable[[str, int], None] = lambda point, step: None) -> Path:
+         state: StateFile, keep_last: int, at: Callable[[str, int], None] = lambda point, step: None) -> Path:
     """Write checkpoint ``step`` atomically (rank 0), prune to ``keep_last``, return its folder; ``at``: fault hook."""
     final = step_dir(claim_folder(run_dir, ROLE), step)
     if (final / DONE).is_file():
@@ -165,7 +190,7 @@ def _require_done(folder: Path) -> None:
         raise CheckpointError(f"{folder}: no {DONE} marker; the checkpoint is incomplete and cannot be loaded")
 
 
-def read_state(folder: str | Path) -> dict[str, Any]:
+def read_state(folder: str | Path) -> StateFile:
     """``state.json`` of a complete checkpoint folder."""
     folder = Path(folder)
     _require_done(folder)

@@ -7,7 +7,7 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -128,7 +128,18 @@ def build_model(mf: ModelFile, path: str | Path, *, remedy: str = REMEDY) -> tor
     return model
 
 
-def describe(path: str | Path) -> dict[str, Any] | None:
+class ModelSummary(TypedDict):
+    """What the audit reads of a model file: parameter counts, tying, positions and the config's sizes."""
+
+    total: int  # floating-point parameters, a tensor shared by two keys counted once
+    embedding: int  # the shared embedding's
+    tied: bool  # embedding and output projection share one tensor
+    learned_positions: bool
+    vocab_size: int | None
+    d_model: int | None
+
+
+def describe(path: str | Path) -> ModelSummary | None:
     """Parameter counts and sizes of the file (a tensor shared by two keys counts once), or None if absent."""
     path = Path(path)
     if not path.is_file():
@@ -144,7 +155,7 @@ def describe(path: str | Path) -> dict[str, Any] | None:
     embed = state.get("embed.weight")
     shape = tuple(embed.shape) if embed is not None else None
     same_shape = sum(1 for v in state.values() if shape is not None and tuple(v.shape) == shape)
-    return {"total": total, "embedding": int(embed.numel()) if embed is not None else 0,
-            "tied": embed is not None and same_shape == 1,
-            "learned_positions": any("position" in k for k in state),
-            "vocab_size": config.get("vocab_size"), "d_model": config.get("d_model")}
+    return ModelSummary(total=total, embedding=int(embed.numel()) if embed is not None else 0,
+                        tied=embed is not None and same_shape == 1,
+                        learned_positions=any("position" in k for k in state),
+                        vocab_size=config.get("vocab_size"), d_model=config.get("d_model"))

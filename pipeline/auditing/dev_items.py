@@ -6,10 +6,11 @@ perplexity, and the newest checkpoint's figures beside Table 3's row (base: 25.8
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pipeline.auditing.items import Item, fmt, item
-from pipeline.auditing.paper import BLEU_TOLERANCE, comparable, paper_row
+from pipeline.auditing.paper import comparable
+from pipeline.auditing.paper_rows import BLEU_TOLERANCE, PaperRow, paper_row
 from pipeline.auditing.run_items import AVERAGE_SPAN_MAX, PPL_REL, final_step
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ GAIN_BLEU = "Averaged vs newest checkpoint, valid BLEU"
 GAIN_PPL = "Averaged vs newest checkpoint, valid perplexity"
 
 
-def _span(steps: list[int], final: int, row: dict[str, Any]) -> tuple[str, list[str]]:
+def _span(steps: list[int], final: int, row: PaperRow) -> tuple[str, list[str]]:
     """The span's run text and its warnings."""
     first, last, n = steps[0], steps[-1], len(steps)
     share = (final - first) / final if final else 0.0

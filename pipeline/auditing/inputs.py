@@ -8,16 +8,20 @@ import platform
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict, cast
 
 from pipeline.artifacts import checkpoint, model_file
 from pipeline.auditing.replay import Replay, replay
 from pipeline.core import env, gitstate
+from pipeline.artifacts.checkpoint import StateFile
+from pipeline.artifacts.model_file import ModelSummary
 from pipeline.core.config import Params, checkpoint_folder, flatten, section_dict
+from pipeline.core.data_details import RawManifest, ShardsManifest
 from pipeline.core.details import RunDetails, read_json
 from pipeline.core.errors import ConfigError, DataError, PipelineError
+from pipeline.core.stages import DvcLock
 from pipeline.core.textio import sha256_file
-from pipeline.core.yamlfile import load_yaml
+from pipeline.core.yamlfile import PlainMapping, load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -39,26 +43,26 @@ class Inputs:
 
     params: Params
     params_sha256: str
-    paper_profile: dict[str, Any] | None
+    paper_profile: PlainMapping | None
     details: RunDetails
-    raw_manifest: dict[str, Any] | None
-    shards_manifest: dict[str, Any] | None
+    raw_manifest: RawManifest | None
+    shards_manifest: ShardsManifest | None
     shards_manifest_sha256: str | None
-    state: dict[str, Any] | None
+    state: StateFile | None  # the newest checkpoint's state.json, but its history
     state_path: str | None
-    model: dict[str, Any] | None
-    lock: dict[str, Any] | None
+    model: ModelSummary | None
+    lock: DvcLock | None
     git: GitState
     environment: dict[str, str | int | None] = field(default_factory=dict)
     replay: Replay = field(default_factory=Replay)
 
     @property
-    def flat(self) -> dict[str, Any]:
+    def flat(self) -> PlainMapping:
         """The params as dotted keys (``model.d_model``)."""
         return flatten(section_dict(self.params))
 
 
-def read_optional(path: Path) -> dict[str, Any] | None:
+def read_optional(path: Path) -> PlainMapping | None:
     """A JSON object (``*.json``) or YAML mapping (else), or None when the file does not exist.
 
     Raises:
@@ -105,7 +109,7 @@ def previous_replay(path: Path | None) -> Replay | None:
     except PipelineError as exc:  # the audit's own output, replaced by this run: not worth failing for
         log.warning("ignoring the previous audit: %s", exc)
         return None
-    return section if isinstance(section, dict) else None
+    return cast(Replay, section) if isinstance(section, dict) else None  # as an earlier audit wrote it
 
 
 def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Path,
@@ -117,17 +121,17 @@ def load_inputs(params: Params, *, params_file: Path, lock_file: Path, root: Pat
     folder = Path(details.train.folder or checkpoint_folder(params))  # where training ran, whatever params say now
     newest = checkpoint.latest(root / folder)
     state_path = newest / checkpoint.STATE if newest is not None else None
-    state = read_optional(state_path) if state_path is not None else None
+    state = cast(StateFile, read_optional(state_path)) if state_path is not None else None
     profile_file = root / PAPER_PROFILE
     if not profile_file.is_file():  # a workspace without profiles/: use the one beside this code
         profile_file = Path(__file__).resolve().parents[2] / PAPER_PROFILE
-    lock = read_optional(lock_file)
+    lock = cast(DvcLock | None, read_optional(lock_file))  # the mappings as their writers wrote them
     return Inputs(
         params=params, params_sha256=sha256_file(params_file), paper_profile=read_optional(profile_file),
-        details=details, raw_manifest=read_optional(root / paths.raw / "manifest.json"),
-        shards_manifest=read_optional(shards_manifest_path),
+        details=details, raw_manifest=cast(RawManifest | None, read_optional(root / paths.raw / "manifest.json")),
+        shards_manifest=cast(ShardsManifest | None, read_optional(shards_manifest_path)),
         shards_manifest_sha256=sha256_file(shards_manifest_path) if shards_manifest_path.is_file() else None,
-        state={k: v for k, v in state.items() if k != "history"} if state else None,
+        state=cast(StateFile, {k: v for k, v in state.items() if k != "history"}) if state else None,
         state_path=str(folder / newest.name / checkpoint.STATE) if newest is not None else None,
         model=model_file.describe(model_file.path_in(root / paths.model)), lock=lock,
         git=git_state(root), environment=environment(details),

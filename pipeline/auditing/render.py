@@ -9,7 +9,7 @@ from pipeline.auditing.summary import counts_line
 
 if TYPE_CHECKING:
     from pipeline.auditing.replay import Replay
-    from pipeline.auditing.report import Audit
+    from pipeline.auditing.report import Audit, Lineage
 
 _MARK = {"matches": "matches", "deviates": "**deviates**", "not measured": "*not measured*",
          "informational": "informational", "warning": "**warning**"}
@@ -87,7 +87,7 @@ def _replay(replay: Replay) -> list[str]:
     return lines
 
 
-def _lineage(lin: dict[str, Any]) -> list[str]:
+def _lineage(lin: Lineage) -> list[str]:
     git = lin["git"]
     lines = ["## Lineage", "", f"- params.yaml sha256 `{lin['params_sha256']}`",
              f"- git commit `{git['commit']}`, dirty: {fmt(git['dirty'])}" if git["commit"] else

@@ -10,14 +10,16 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from pipeline.auditing.items import NEUTRAL_KEYS, Item, item
 from pipeline.core.config import Params, flatten, section_dict
 from pipeline.core.details import METRICS, EvaluateDetails, SetFigures
 from pipeline.core.errors import PipelineError
 from pipeline.core.owned import MARKER
+from pipeline.core.stages import DvcLock, LockFile
 from pipeline.core.textio import sha256_file
+from pipeline.core.yamlfile import PlainMapping
 from pipeline.inference.scoring import score_files
 
 SETS = ("valid", "test")
@@ -31,12 +33,27 @@ ITEM_PREVIOUS = "Replay: BLEU vs the previous evaluation of this model"
 _SOURCE = "pipeline/auditing/replay.py"
 
 
+#: What the replay compares of a scored set: every score of METRICS, ``sentences`` and ``signatures``.
+Figures = dict[str, float | int | dict[str, str] | None]
+
+
+class ReplayRecord(TypedDict):
+    """What the next audit compares against (None: not there): the model, the references, the hypotheses, the
+    evaluate params and the recorded figures per set."""
+
+    model_sha256: str | None
+    evaluate_params: PlainMapping  # the flattened evaluate section, but keys that change no figure
+    references_sha256: dict[str, str | None]
+    hypotheses_sha256: dict[str, str | None]
+    figures: dict[str, Figures] | None
+
+
 class Replay(TypedDict, total=False):
     """The audit's ``replay`` section (empty without a workspace); None: not measured."""
 
     items: list[Item]
-    record: dict[str, Any]
-    rescored: dict[str, dict[str, Any]] | None
+    record: ReplayRecord
+    rescored: dict[str, Figures] | None
     eval_dir_md5: str | None
     hypotheses_md5: dict[str, str] | None
     hypotheses_sha256: dict[str, str] | None
@@ -62,22 +79,30 @@ def dvc_dir_md5(directory: Path) -> tuple[str, dict[str, str]]:
     return hashlib.md5(blob).hexdigest() + ".dir", files
 
 
-def _figures(figures: SetFigures) -> dict[str, Any]:
+def _figures(figures: SetFigures) -> Figures:
     """What the replay compares of a scored set: every score, the sentence count and the signatures."""
-    return figures.scores() | {"sentences": figures.sentences, "signatures": dict(figures.signatures)}
+    out: Figures = {key: score for key, score in figures.scores().items()}
+    out.update(sentences=figures.sentences, signatures=dict(figures.signatures))
+    return out
 
 
-def _differences(recorded: dict[str, Any], now: dict[str, Any], split: str) -> list[str]:
+def _differences(recorded: Figures, now: Figures, split: str) -> list[str]:
     """``"<split>.<figure> <recorded> vs <now>"`` for every figure or signature that is not identical."""
     out = [f"{split}.{key} {recorded.get(key)!r} vs {now.get(key)!r}" for key in FIGURES
            if recorded.get(key) != now.get(key)]
-    sig_a, sig_b = recorded.get("signatures") or {}, now.get("signatures") or {}
+    sig_a, sig_b = _signatures(recorded), _signatures(now)
     out += [f"{split} signature {key} {sig_a.get(key)!r} vs {sig_b.get(key)!r}"
             for key in sorted(set(sig_a) | set(sig_b)) if sig_a.get(key) != sig_b.get(key)]
     return out
 
 
-def rescore(bleu: EvaluateDetails | None, eval_dir: Path, raw_dir: Path) -> tuple[Item, dict | None]:
+def _signatures(figures: Figures) -> dict[str, str]:
+    """The signatures of ``figures`` (none when a file recorded none)."""
+    found = figures.get("signatures")
+    return found if isinstance(found, dict) else {}
+
+
+def rescore(bleu: EvaluateDetails | None, eval_dir: Path, raw_dir: Path) -> tuple[Item, dict[str, Figures] | None]:
     """The rescoring item and the rescored figures per set (None when not measured)."""
     if bleu is None:
         return _item(ITEM_RESCORED, run="no evaluate.details.json: run `dvc repro evaluate`", ok=None), None
@@ -85,10 +110,11 @@ def rescore(bleu: EvaluateDetails | None, eval_dir: Path, raw_dir: Path) -> tupl
     missing = [str(p) for pair in pairs.values() for p in pair if not p.is_file()]
     if missing:
         return _item(ITEM_RESCORED, run=f"missing {', '.join(missing)}", ok=None), None
-    rescored, diffs = {}, []
+    rescored: dict[str, Figures] = {}
+    diffs: list[str] = []
     for split, (hyp, ref) in pairs.items():
         try:
-            rescored[split] = _figures(SetFigures.from_json(score_files(hyp, ref, TARGET_LANG), str(hyp)))
+            rescored[split] = _figures(score_files(hyp, ref, TARGET_LANG))
         except PipelineError as exc:  # a truncated or corrupted hypothesis file is what this item reports
             diffs.append(f"{split}: cannot be rescored: {exc}")
             continue
@@ -98,7 +124,7 @@ def rescore(bleu: EvaluateDetails | None, eval_dir: Path, raw_dir: Path) -> tupl
                  deviation="differs: " + "; ".join(diffs), note=note), rescored
 
 
-def _lock_out(lock: dict[str, Any] | None, eval_path: str) -> tuple[dict[str, Any] | None, str]:
+def _lock_out(lock: DvcLock | None, eval_path: str) -> tuple[LockFile | None, str]:
     """dvc.lock's entry for the evaluate stage's ``eval_path`` output, or None and why not."""
     if lock is None:
         return None, "no dvc.lock"
@@ -122,7 +148,7 @@ def _cache_manifest(root: Path, dir_md5: str) -> dict[str, str] | None:
         return None
 
 
-def lock_check(lock: dict[str, Any] | None, root: Path, eval_path: str,
+def lock_check(lock: DvcLock | None, root: Path, eval_path: str,
                current: tuple[str, dict[str, str]] | None) -> Item:
     """The dvc.lock item: the hypotheses directory's DVC md5 now vs the one the evaluate stage recorded."""
     out, why = _lock_out(lock, eval_path)
@@ -145,39 +171,41 @@ def lock_check(lock: dict[str, Any] | None, root: Path, eval_path: str,
 
 
 def record(params: Params, bleu: EvaluateDetails | None, model_path: Path, eval_dir: Path,
-           raw_dir: Path) -> dict[str, Any]:
+           raw_dir: Path) -> ReplayRecord:
     """What the next audit compares against: model, references, hypotheses, evaluate params, figures."""
     def sha(path: Path) -> str | None:
         return sha256_file(path) if path.is_file() else None
 
     evaluate = {k: v for k, v in flatten({"evaluate": section_dict(params.evaluate)}).items() if k not in NEUTRAL_KEYS}
-    return {"model_sha256": sha(model_path), "evaluate_params": evaluate,
-            "references_sha256": {s: sha(raw_dir / f"{s}.{TARGET_LANG}") for s in SETS},
-            "hypotheses_sha256": {name: sha(eval_dir / name) for name in HYPOTHESES.values()},
-            "figures": None if bleu is None else {s: _figures(getattr(bleu, s)) for s in SETS}}
+    return ReplayRecord(model_sha256=sha(model_path), evaluate_params=evaluate,
+                        references_sha256={s: sha(raw_dir / f"{s}.{TARGET_LANG}") for s in SETS},
+                        hypotheses_sha256={name: sha(eval_dir / name) for name in HYPOTHESES.values()},
+                        figures=None if bleu is None else {s: _figures(getattr(bleu, s)) for s in SETS})
 
 
-def previous_check(now: dict[str, Any], previous: Replay | None) -> Item:
+def previous_check(now: ReplayRecord, previous: Replay | None) -> Item:
     """The previous-evaluation item: same model, references and params → identical figures and hypotheses."""
-    if now["figures"] is None or now["model_sha256"] is None:
+    figures, model_sha256 = now["figures"], now["model_sha256"]
+    if figures is None or model_sha256 is None:
         return _item(ITEM_PREVIOUS, run="no evaluate.details.json or no averaged.pt", ok=None)
     before = (previous or {}).get("record")
     if not isinstance(before, dict) or before.get("figures") is None:
         return _item(ITEM_PREVIOUS, run="no previous audit recorded an evaluation", ok=None)
-    for key, what in (("model_sha256", "another averaged model"), ("references_sha256", "other references"),
-                      ("evaluate_params", "other evaluate params")):
-        if before.get(key) != now[key]:
+    for differs, what in ((before.get("model_sha256") != model_sha256, "another averaged model"),
+                          (before.get("references_sha256") != now["references_sha256"], "other references"),
+                          (before.get("evaluate_params") != now["evaluate_params"], "other evaluate params")):
+        if differs:
             return _item(ITEM_PREVIOUS, run=f"the previous audit recorded {what}", ok=None)
-    diffs = [d for s in SETS for d in _differences(before["figures"].get(s) or {}, now["figures"][s], s)]
+    diffs = [d for s in SETS for d in _differences(before["figures"].get(s) or {}, figures[s], s)]
     hyp_before, hyp_now = before.get("hypotheses_sha256") or {}, now["hypotheses_sha256"]
     diffs += [f"{name} sha256 {hyp_before.get(name)} vs {hyp_now[name]}" for name in sorted(hyp_now)
               if hyp_before.get(name) != hyp_now[name]]
     return _item(ITEM_PREVIOUS, run="differs" if diffs else "replayed: identical to the previous evaluation",
                  ok=not diffs, deviation="differs: " + "; ".join(diffs),
-                 note=f"same averaged.pt (sha256 {now['model_sha256'][:12]}), references and evaluate params")
+                 note=f"same averaged.pt (sha256 {model_sha256[:12]}), references and evaluate params")
 
 
-def replay(*, params: Params, bleu: EvaluateDetails | None, lock: dict[str, Any] | None, root: Path,
+def replay(*, params: Params, bleu: EvaluateDetails | None, lock: DvcLock | None, root: Path,
            previous: Replay | None) -> Replay:
     """The audit's ``replay`` section for the workspace ``root``; missing inputs are None."""
     paths = params.paths

@@ -3,19 +3,67 @@ this profile changes relative to ``profiles/paper.yaml``, which is never a yards
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from pipeline.auditing.dev_items import dev_items
-from pipeline.auditing.inputs import FORMAT, Inputs
+from pipeline.auditing.inputs import FORMAT, GitState, Inputs
 from pipeline.auditing.items import Item, fmt, neutral
-from pipeline.auditing.paper import (bleu_figures, bleu_gap, bleu_items, data_items, lineage_items, minor_items,
-                                     model_items, paper_row)
+from pipeline.auditing.paper import bleu_figures, bleu_items, data_items, lineage_items, minor_items, model_items
+from pipeline.auditing.paper_rows import BleuGap, PaperRow, bleu_gap, paper_row
 from pipeline.auditing.ranking import TopicLine, deviation_topics
 from pipeline.auditing.replay import Replay
 from pipeline.auditing.run_items import training_items
 from pipeline.auditing.settings import OPEN_KEYS, Setting, paper_settings
 from pipeline.auditing.summary import Headline, Summary, counts, headline, warnings
 from pipeline.core.config import flatten
+from pipeline.core.yamlfile import Plain, PlainMapping
+
+
+class OpenSetting(TypedDict):
+    """A params key the paper leaves open: this run's value and the reference setup's."""
+
+    key: str
+    run: Plain  # the params value, as params.yaml spells it
+    reference: str
+
+
+class ProfileDifference(TypedDict):
+    """A params key whose value differs from ``profiles/paper.yaml`` (informational)."""
+
+    key: str
+    paper_profile: Plain  # its value there (None: not there)
+    run: Plain  # its value in params.yaml (None: not there)
+    kind: str  # paper, operational or unspecified
+    paper_verdict: str | None  # the verdict of the paper setting that judges it
+    difference: str
+
+
+class PathMd5(TypedDict):
+    """A dep or out of a dvc.lock stage."""
+
+    path: str | None
+    md5: str | None
+
+
+class LineageStage(TypedDict):
+    """One dvc.lock stage as the lineage lists it."""
+
+    cmd: str | None
+    lock_md5: str  # the MLflow tag dvc_lock_md5
+    deps: list[PathMd5]
+    outs: list[PathMd5]
+
+
+class Lineage(TypedDict):
+    """dvc.lock hashes per stage, the manifests' sha256s, params.yaml, git and the MLflow run ids."""
+
+    params_sha256: str
+    git: GitState
+    dvc_lock: dict[str, LineageStage] | None
+    raw_manifest: PlainMapping | None  # dataset, files (split, lang, url, member, sha256, bytes, lines), outputs
+    shards_manifest: PlainMapping | None  # sha256, spm_sha256, vocab_size, rows and shards per split
+    checkpoint_state: str | None
+    mlflow_run_ids: dict[str, str | None]
 
 
 class Audit(TypedDict):
@@ -28,21 +76,21 @@ class Audit(TypedDict):
     headline: Headline
     configuration: list[Item]
     measured: list[Item]
-    open_settings: list[dict[str, Any]]
-    profile_differences: list[dict[str, Any]]
+    open_settings: list[OpenSetting]
+    profile_differences: list[ProfileDifference]
     deviations: list[str]
     deviation_topics: list[TopicLine]
     warnings: list[str]
-    bleu_gap: dict[str, Any]
-    paper: dict[str, Any]
+    bleu_gap: BleuGap
+    paper: PaperRow
     bleu_figures: list[dict[str, str | float]]
     replay: Replay
-    lineage: dict[str, Any]
+    lineage: Lineage
     environment: dict[str, str | int | None]
 
 
-def profile_differences(flat: dict[str, Any], paper_profile: dict[str, Any] | None,
-                        settings: tuple[Setting, ...]) -> list[dict[str, Any]]:
+def profile_differences(flat: PlainMapping, paper_profile: PlainMapping | None,
+                        settings: tuple[Setting, ...]) -> list[ProfileDifference]:
     """Every params key whose value differs from ``profiles/paper.yaml``: informational, never a verdict.
 
     ``kind`` is ``paper`` (a paper setting judges it), ``operational`` (results do not change) or ``unspecified``.
@@ -56,41 +104,40 @@ def profile_differences(flat: dict[str, Any], paper_profile: dict[str, Any] | No
         if key in flat and key in ref and flat[key] == ref[key]:
             continue
         kind = "paper" if key in verdicts else "operational" if neutral(key) else "unspecified"
-        out.append({"key": key, "paper_profile": ref.get(key), "run": flat.get(key), "kind": kind,
-                    "paper_verdict": verdicts.get(key),
-                    "difference": f"{key} = {fmt(flat.get(key))} (paper profile: {fmt(ref.get(key))})"})
+        out.append(ProfileDifference(key=key, paper_profile=ref.get(key), run=flat.get(key), kind=kind,
+                                     paper_verdict=verdicts.get(key),
+                                     difference=f"{key} = {fmt(flat.get(key))} (paper profile: {fmt(ref.get(key))})"))
     return out
 
 
-def lineage(inp: Inputs) -> dict[str, Any]:
+def lineage(inp: Inputs) -> Lineage:
     """dvc.lock hashes per stage, the manifests' sha256s, params.yaml, git and MLflow run ids."""
     from pipeline.core.stages import lock_md5
 
-    stages = {}
-    for name, entry in ((inp.lock or {}).get("stages") or {}).items():
-        stages[name] = {"cmd": entry.get("cmd"), "lock_md5": lock_md5(inp.lock, name),
-                        "deps": [{"path": d.get("path"), "md5": d.get("md5")} for d in entry.get("deps") or []],
-                        "outs": [{"path": o.get("path"), "md5": o.get("md5")} for o in entry.get("outs") or []]}
+    lock = inp.lock or {}
+    stages = {name: LineageStage(cmd=entry.get("cmd"), lock_md5=lock_md5(lock, name),
+                                 deps=[PathMd5(path=d.get("path"), md5=d.get("md5")) for d in entry.get("deps") or []],
+                                 outs=[PathMd5(path=o.get("path"), md5=o.get("md5")) for o in entry.get("outs") or []])
+              for name, entry in (lock.get("stages") or {}).items()}
     raw = inp.raw_manifest
     shards = inp.shards_manifest
     run_ids = inp.details.run_ids()
     if inp.state is not None:
         run_ids["train (state.json)"] = inp.state.get("mlflow_run_id")
-    return {
-        "params_sha256": inp.params_sha256, "git": inp.git, "dvc_lock": stages if inp.lock is not None else None,
-        "raw_manifest": None if raw is None else {
+    return Lineage(
+        params_sha256=inp.params_sha256, git=inp.git, dvc_lock=stages if inp.lock is not None else None,
+        raw_manifest=None if raw is None else {
             "dataset": raw.get("dataset"),
             "files": [{k: f.get(k) for k in ("split", "lang", "url", "member", "sha256", "bytes", "lines")}
                       for f in raw.get("files") or []],
             "outputs": raw.get("outputs")},
-        "shards_manifest": None if shards is None else {
+        shards_manifest=None if shards is None else {
             "sha256": inp.shards_manifest_sha256, "spm_sha256": shards.get("spm_sha256"),
             "vocab_size": shards.get("vocab_size"),
             "splits": {split: {"rows": info.get("rows"), "shards": [{k: s.get(k) for k in ("path", "rows", "sha256")}
                                                                      for s in info.get("shards") or []]}
                        for split, info in (shards.get("splits") or {}).items()}},
-        "checkpoint_state": inp.state_path, "mlflow_run_ids": run_ids,
-    }
+        checkpoint_state=inp.state_path, mlflow_run_ids=run_ids)
 
 
 def build_audit(inp: Inputs) -> Audit:
@@ -108,7 +155,7 @@ def build_audit(inp: Inputs) -> Audit:
     return {"format": FORMAT, "profile": inp.params.profile, "dataset": dataset, "summary": summary,
             "headline": headline(dataset, inp.details.evaluate.test, row),
             "configuration": config, "measured": measured,
-            "open_settings": [{"key": k, "run": inp.flat.get(k), "reference": v} for k, v in OPEN_KEYS.items()],
+            "open_settings": [OpenSetting(key=k, run=inp.flat.get(k), reference=v) for k, v in OPEN_KEYS.items()],
             "profile_differences": profile_differences(inp.flat, inp.paper_profile, settings),
             "deviations": [f"{t['topic']}: {t['text']}" for t in topics], "deviation_topics": topics,
             "warnings": warned, "bleu_gap": bleu_gap(row), "paper": row,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.auditing.items import Item, fmt, item
-from pipeline.auditing.paper import paper_row
+from pipeline.auditing.paper_rows import paper_row
 from pipeline.auditing.settings import approx
 from pipeline.core.details import TrainDetails
 

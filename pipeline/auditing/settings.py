@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.auditing.items import Item, fmt, item
+from pipeline.core.yamlfile import Plain, PlainMapping
 
 T2T = "tensor2tensor transformer_base_v1"
 FAIRSEQ = "fairseq transformer_wmt_en_de"
@@ -49,7 +50,7 @@ class Setting:
     text: str
     source: str
     rel: float = 0.0
-    derive: Callable[[dict[str, Any]], Any] | None = None
+    derive: Callable[[PlainMapping], Plain] | None = None  # the value judged, from the flattened params
     judge: Callable[[Any, Any], bool] | None = None
     basis: str = "paper"
     unit: str = ""  # set: the run counts another unit than the source, a deviation even at the same numbers
@@ -66,7 +67,7 @@ class Setting:
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         return approx(value, expected, self.rel) if numeric and self.rel else value == expected
 
-    def check(self, flat: dict[str, Any]) -> Item:
+    def check(self, flat: PlainMapping) -> Item:
         """The item for flattened params ``flat``; a deviation names each differing key."""
         if self.derive is not None:
             value = self.derive(flat)

@@ -5,10 +5,10 @@ the counts per kind of item, and the warnings.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from pipeline.auditing.items import KINDS, VERDICTS, Item
-from pipeline.auditing.paper import PAPER
+from pipeline.auditing.paper_rows import PAPER, PaperRow
 from pipeline.core.details import SetFigures
 
 
@@ -43,7 +43,7 @@ class Headline(TypedDict):
     bleu_tok_split: float | None
 
 
-def headline(dataset: str | None, test: SetFigures, row: dict[str, Any]) -> Headline:
+def headline(dataset: str | None, test: SetFigures, row: PaperRow) -> Headline:
     """The test BLEU beside the reference that fits the test set (``test`` empty when not evaluated yet); on WMT14,
     the paper's ``row`` (:func:`pipeline.auditing.paper.paper_row`)."""
     spec = TEST_SETS.get(str(dataset))

@@ -20,7 +20,7 @@ from model.config import DERIVED, MAX_ALPHA, MAX_BEAM_SIZE, MAX_WEIGHTS, Transfo
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import layout_problems, path_problem
 from pipeline.core.problems import missing_keys, problems_of, shown
-from pipeline.core.yamlfile import load_yaml
+from pipeline.core.yamlfile import PlainMapping, load_yaml
 
 #: The ``train`` keys a run may change and still resume its checkpoints (where it stops, how often it saves/logs).
 RESUMABLE_TRAIN_KEYS = frozenset({"max_steps", "max_epochs", "max_minutes", "save_every_steps", "keep_last",
@@ -242,7 +242,7 @@ def _beam_vocabulary_problem(beam_sizes: list[int], vocab_size: int) -> str | No
     return None
 
 
-def params_from_dict(data: dict[str, Any], source: str = "params.yaml") -> Params:
+def params_from_dict(data: PlainMapping, source: str = "params.yaml") -> Params:
     """Build :class:`Params` from a parsed mapping (every key present); raise one ConfigError listing every bad key."""
     missing = missing_keys(Params, data)
     try:
@@ -281,9 +281,9 @@ def section_dict(obj: Any) -> Any:
     return {k: section_dict(v) for k, v in obj.items()} if isinstance(obj, dict) else obj
 
 
-def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(data: PlainMapping, prefix: str = "") -> PlainMapping:
     """Flatten nested mappings to dotted keys (``train.max_tokens``) for MLflow params."""
-    out: dict[str, Any] = {}
+    out: PlainMapping = {}
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if isinstance(value, dict) and value:

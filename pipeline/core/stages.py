@@ -7,7 +7,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from pipeline.core.errors import PipelineError
 
@@ -63,27 +63,54 @@ def details_file(metrics_dir: str | Path, name: str) -> Path:
     return Path(metrics_dir) / f"{name}.details.json"
 
 
-def summary(name: str, record: dict[str, Any]) -> dict[str, Any] | None:
-    """What ``<name>.json`` holds: the stage's ``metrics`` keys of ``record`` (None for a stage without any)."""
+def summary(name: str, record: dict[str, object]) -> dict[str, float | dict[str, float]] | None:
+    """What ``<name>.json`` holds: the stage's ``metrics`` keys (``step``, ``valid.bleu``) of the JSON of its record
+    (None for a stage without any)."""
     if not (keys := get(name).metrics):
         return None
-    out: dict[str, Any] = {}
+    out: dict[str, float | dict[str, float]] = {}
     for key in keys:
-        value: Any = record
+        value: object = record
         for part in key.split("."):
             value = value.get(part) if isinstance(value, dict) else None
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             log.warning("stage %s reported no number %s (got %r): left out of its DVC metrics", name, key, value)
             continue
-        *parents, leaf = key.split(".")
-        node = out
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        section, _, leaf = key.rpartition(".")
+        if not section:
+            out[leaf] = value
+        elif isinstance(node := out.setdefault(section, {}), dict):
+            node[leaf] = value
     return out
 
 
-def lock_md5(lock: dict[str, Any], name: str) -> str:
+class LockFile(TypedDict, total=False):
+    """One dep or out of a ``dvc.lock`` stage (DVC 3: a file's md5, a folder's ``<md5>.dir``)."""
+
+    path: str
+    hash: str  # the hash's name (md5)
+    md5: str
+    size: int
+    nfiles: int  # a folder's files
+
+
+class LockStage(TypedDict, total=False):
+    """One stage of a parsed ``dvc.lock``."""
+
+    cmd: str
+    deps: list[LockFile]
+    params: dict[str, dict[str, object]]  # params file -> the dotted keys it reads and their values
+    outs: list[LockFile]
+
+
+class DvcLock(TypedDict, total=False):
+    """A parsed ``dvc.lock`` (as read: a key may be absent)."""
+
+    schema: str
+    stages: dict[str, LockStage]
+
+
+def lock_md5(lock: DvcLock, name: str) -> str:
     """A stable md5 of stage ``name``'s entry in a parsed ``dvc.lock`` (empty when it has none)."""
     if (entry := (lock.get("stages") or {}).get(name)) is None:
         return ""

@@ -15,6 +15,10 @@ import yaml
 
 from pipeline.core.errors import ConfigError
 
+#: A value as a parsed YAML or JSON file holds it.
+Plain = str | int | float | bool | None | list["Plain"] | dict[str, "Plain"]
+#: A parsed YAML mapping or JSON object (params.yaml, a profile, a section of one).
+PlainMapping = dict[str, Plain]
 #: The largest YAML file read (the paper profile is about 4 KB; a sweep spec, prefect.yaml: a few KB).
 MAX_BYTES = 1 << 20
 

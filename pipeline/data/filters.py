@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.config import CleanConfig
+from pipeline.core.data_details import PairCounts
 from pipeline.core.errors import DataError
 from pipeline.core.textio import line_offsets, read_line_block
 from pipeline.data.normalize import normalize
@@ -188,7 +189,7 @@ def _drop_repeats(result: BlockResult, fresh: np.ndarray) -> tuple[str, str]:
     return src, tgt
 
 
-def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path, workers: int = 1) -> dict:
+def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path, workers: int = 1) -> PairCounts:
     """Normalise (and for train, filter) one split of ``raw_dir`` into ``out_dir``.
 
     Returns:
@@ -228,8 +229,8 @@ def clean_split(cfg: CleanConfig, split: str, raw_dir: Path, out_dir: Path, work
     log.info("clean %s: %d pairs in, %d out%s", split, n_in, n_out, f", dropped {dropped}" if filtering else "")
     if not filtering:
         _check_blank(split, src, tgt, n_in, blank)
-        return {"pairs_in": n_in, "pairs_out": n_out, "blank": blank}
-    counts = {"pairs_in": n_in, "pairs_out": n_out, "dropped": dropped}
+        return PairCounts(pairs_in=n_in, pairs_out=n_out, blank=blank)
+    counts = PairCounts(pairs_in=n_in, pairs_out=n_out, dropped=dropped)
     _check_not_empty(cfg, counts)
     return counts
 
@@ -260,11 +261,11 @@ def _check_blank(split: str, src: Path, tgt: Path, pairs: int, blank: int) -> No
                     pairs)
 
 
-def _check_not_empty(cfg: CleanConfig, counts: dict) -> None:
-    if counts["pairs_out"]:
+def _check_not_empty(cfg: CleanConfig, counts: PairCounts) -> None:
+    if counts.pairs_out:
         return
-    rules = ", ".join(f"{k}={v}" for k, v in counts["dropped"].items() if v)
+    rules = ", ".join(f"{k}={v}" for k, v in (counts.dropped or {}).items() if v)
     raise DataError(
-        f"clean: every one of the {counts['pairs_in']} training pairs was dropped ({rules}); loosen "
+        f"clean: every one of the {counts.pairs_in} training pairs was dropped ({rules}); loosen "
         f"clean.min_words={cfg.min_words}, clean.max_words={cfg.max_words}, clean.max_ratio={cfg.max_ratio}, "
         f"clean.drop_copies={cfg.drop_copies} or clean.dedup={cfg.dedup} in params.yaml")

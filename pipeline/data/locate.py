@@ -16,6 +16,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import requests
 
 from pipeline.core.config import DownloadConfig
+from pipeline.core.data_details import Archive
 from pipeline.core.env import data_mirror
 from pipeline.core.env import settings as env_settings
 from pipeline.core.errors import DownloadError, PermanentDownloadError
@@ -184,7 +185,7 @@ def _download_unit(env: FetchEnv, spec: DatasetSpec, sf: SourceFile) -> Located:
 
 
 def locate(env: FetchEnv, spec: DatasetSpec, staging: Path, expected: dict[str, list[Expectation]]
-           ) -> tuple[dict[SourceFile, Located], dict[str, dict[str, str | int]]]:
+           ) -> tuple[dict[SourceFile, Located], dict[str, Archive]]:
     """Every source file's bytes (archives checked against ``expected``), and per archive URL its record."""
     located: dict[SourceFile, Located] = {}
     by_archive: dict[str, list[SourceFile]] = {}
@@ -199,11 +200,11 @@ def locate(env: FetchEnv, spec: DatasetSpec, staging: Path, expected: dict[str, 
             located[sf] = _download_unit(env, spec, sf)
     # fetch every archive before unpacking any, so one bad archive does not hold up the others' downloads
     wheres = {url: _download_unit(env, spec, files[0]) for url, files in by_archive.items()}
-    archives: dict[str, dict[str, str | int]] = {}
+    archives: dict[str, Archive] = {}
     for url, files in by_archive.items():
         first, where = files[0], wheres[url]
         digest, size = check(where.path, first.url_name, expected.get(first.url_name, []), where.copy)
-        archives[url] = {"sha256": digest, "bytes": size, "origin": where.origin}
+        archives[url] = Archive(sha256=digest, bytes=size, origin=where.origin)
         log.info("extracting %d member(s) from %s", len(files), where.path)
         out = where.unpack(extract_members, where.path, [sf.path for sf in files], staging / first.url_name)
         for sf in files:

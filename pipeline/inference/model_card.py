@@ -11,13 +11,12 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from model.config import TransformerConfig
 from pipeline.core import gitstate
 from pipeline.core.details import RunDetails
 from pipeline.core.errors import PipelineError
-from pipeline.core.yamlfile import load_yaml
+from pipeline.core.yamlfile import Plain, PlainMapping, load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ class Run:
     dataset: str | None
 
 
-def _sections(data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def _sections(data: Plain) -> tuple[PlainMapping, PlainMapping]:
     """The ``paths`` and ``download`` mappings of a params file's contents (empty where absent)."""
     data = data if isinstance(data, dict) else {}
     paths, download = data.get("paths"), data.get("download")
@@ -49,7 +48,7 @@ def _sections(data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _candidates(root: Path) -> list[Run]:
     """The runs ``root``'s params.yaml and profiles (profiles/<name>.yaml over profiles/paper.yaml) describe."""
-    def read(path: Path) -> Any:
+    def read(path: Path) -> Plain:
         try:
             return load_yaml(path)
         except (OSError, PipelineError):
@@ -80,7 +79,7 @@ def find_run(model_path: Path) -> Run | None:
     return None
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _read_json(path: Path) -> PlainMapping | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -105,7 +104,8 @@ def _bleu_lines(details: RunDetails) -> list[str]:
     return lines
 
 
-def _run_lines(run: Run, details: RunDetails, audit: dict[str, Any] | None) -> list[str]:
+def _run_lines(run: Run, details: RunDetails, audit: PlainMapping | None) -> list[str]:
+    """The card's lines on the run: profile, data, training, averaging, commit (the audit's ``lineage.git``)."""
     train, average = details.train, details.average
     steps = ", ".join(str(s) for s in average.steps) or NOT_RECORDED
     pairs = ", ".join(f"{split} {n:,}" for split, n in details.download.pairs.items())

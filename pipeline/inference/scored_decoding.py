@@ -9,14 +9,13 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
 
 import torch
 
 from model import Transformer, autocast, label_smoothed_nll_loss
 from pipeline.artifacts import checkpoint, model_file
 from pipeline.core.config import EvaluateConfig
-from pipeline.core.details import Machine
+from pipeline.core.details import Chosen, EvaluateDetails, GridPoint, Machine, SetFigures
 from pipeline.core.errors import CheckpointError, DataError
 from pipeline.core.owned import write_lines
 from pipeline.core.textio import read_lines
@@ -75,21 +74,12 @@ def load_set(shards_dir: str | Path, raw_dir: str | Path, split: str, translator
     return EvalSet(sources, truncated, ref_path, refs)
 
 
-class GridEntry(TypedDict):
-    """One (beam, α) of the grid on valid: its BLEU and the seconds of its beam size's decode (all its α's)."""
-
-    beam: int
-    alpha: float
-    bleu: float
-    decode_seconds: float
-
-
 def choose_on_valid(cfg: EvaluateConfig, translator: Translator, sources: list[list[int]],
-                    refs: list[str]) -> tuple[list[GridEntry], GridEntry, list[str]]:
+                    refs: list[str]) -> tuple[list[GridPoint], GridPoint, list[str]]:
     """Decode valid per beam size (fairseq rule: once, ranked for every α; t2t: once per α), every α scored:
     (grid, best valid BLEU entry (earliest on ties), its hyps)."""
-    grid: list[GridEntry] = []
-    best: tuple[float, GridEntry, list[str]] | None = None
+    grid: list[GridPoint] = []
+    best: tuple[float, GridPoint, list[str]] | None = None
     for beam in cfg.beam_sizes:
         start = time.monotonic()
         by_alpha = decode_sources(translator, sources, beam_size=beam, alphas=cfg.alphas, max_len_a=cfg.max_len_a,
@@ -98,28 +88,27 @@ def choose_on_valid(cfg: EvaluateConfig, translator: Translator, sources: list[l
         seconds = time.monotonic() - start
         for alpha in cfg.alphas:
             text = detokenize(translator.sp, by_alpha[float(alpha)])
-            entry = GridEntry(beam=beam, alpha=float(alpha), bleu=primary_bleu(text, refs),
+            entry = GridPoint(beam=beam, alpha=float(alpha), bleu=primary_bleu(text, refs),
                               decode_seconds=round(seconds, 3))
             grid.append(entry)
-            log.info("valid beam %d alpha %.2f: BLEU %.2f", beam, alpha, entry["bleu"])
-            if best is None or entry["bleu"] > best[0]:
-                best = (entry["bleu"], entry, text)
+            log.info("valid beam %d alpha %.2f: BLEU %.2f", beam, alpha, entry.bleu)
+            if best is None or entry.bleu > best[0]:
+                best = (entry.bleu, entry, text)
     assert best is not None  # cfg guarantees a non-empty grid
     return grid, best[1], best[2]
 
 
-def _set_report(hyp_path: Path, data: EvalSet, *, seconds: float, beam: int, alpha: float) -> dict[str, Any]:
+def _set_report(hyp_path: Path, data: EvalSet, *, seconds: float, beam: int, alpha: float) -> SetFigures:
     """Every figure of ``hyp_path`` against the references, and how it was decoded."""
-    report = score_files(hyp_path, data.ref_path, TARGET_LANG)
-    n = report["sentences"]
-    report.update(decode_seconds=round(seconds, 3), sentences_per_second=round(n / max(seconds, 1e-9), 2),
-                  beam=beam, alpha=alpha, truncated_sources=data.truncated, hypotheses=str(hyp_path),
-                  reference=str(data.ref_path))
-    return report
+    scores = score_files(hyp_path, data.ref_path, TARGET_LANG)
+    n = scores.sentences or 0
+    return scores.replace(decode_seconds=round(seconds, 3), sentences_per_second=round(n / max(seconds, 1e-9), 2),
+                          beam=beam, alpha=alpha, truncated_sources=data.truncated, hypotheses=str(hyp_path),
+                          reference=str(data.ref_path))
 
 
 def decode_and_score(cfg: EvaluateConfig, translator: Translator, data: EvalSet, hyp_path: Path, *, beam: int,
-                     alpha: float, label: str) -> dict[str, Any]:
+                     alpha: float, label: str) -> SetFigures:
     """Decode ``data`` once at (``beam``, ``alpha``), write the hypotheses to ``hyp_path`` and score them."""
     start = time.monotonic()
     hyps = decode_sources(translator, data.sources, beam_size=beam, alphas=[alpha], max_len_a=cfg.max_len_a,
@@ -130,17 +119,17 @@ def decode_and_score(cfg: EvaluateConfig, translator: Translator, data: EvalSet,
 
 
 def evaluate_averaged(cfg: EvaluateConfig, translator: Translator, valid: EvalSet, test: EvalSet,
-                      hyp_paths: dict[str, Path]) -> dict[str, Any]:
-    """The grid on valid, test at the chosen (beam, α), hypotheses written to ``hyp_paths``; returns all figures."""
+                      hyp_paths: dict[str, Path]) -> EvaluateDetails:
+    """The grid on valid, test at the chosen (beam, α), hypotheses written to ``hyp_paths``; returns all figures
+    (``valid_newest`` not yet)."""
     grid, chosen, valid_text = choose_on_valid(cfg, translator, valid.sources, valid.refs)
-    beam, alpha = chosen["beam"], chosen["alpha"]
+    beam, alpha = chosen.beam, chosen.alpha
     write_lines(hyp_paths["valid"], valid_text)
-    return {"valid": _set_report(hyp_paths["valid"], valid, seconds=chosen["decode_seconds"], beam=beam,
-                                 alpha=alpha),
-            "test": decode_and_score(cfg, translator, test, hyp_paths["test"], beam=beam, alpha=alpha,
-                                     label="test"),
-            "grid": grid, "chosen": {"beam": beam, "alpha": alpha, "chosen_on": "valid"},
-            "device": str(translator.device), "machine": Machine.here().to_json()}
+    return EvaluateDetails(
+        valid=_set_report(hyp_paths["valid"], valid, seconds=chosen.decode_seconds, beam=beam, alpha=alpha),
+        test=decode_and_score(cfg, translator, test, hyp_paths["test"], beam=beam, alpha=alpha, label="test"),
+        grid=grid, chosen=Chosen(beam=beam, alpha=alpha, chosen_on="valid"), device=str(translator.device),
+        machine=Machine.here())
 
 
 @torch.no_grad()
@@ -183,11 +172,11 @@ def perplexity(model: Transformer, shards: ShardSet, *, max_tokens: int) -> dict
             "skipped": int(len(ids) - sentences)}
 
 
-def perplexity_fields(model: torch.nn.Module, shards: ShardSet, max_tokens: int) -> dict[str, float]:
-    """``nll``, ``ppl`` and what they were computed on, as the report stores them."""
-    figures = perplexity(model, shards, max_tokens=max_tokens)
-    return {"nll": figures["nll"], "ppl": figures["ppl"], "ppl_tokens": figures["tokens"],
-            "ppl_skipped": figures["skipped"]}
+def with_perplexity(figures: SetFigures, model: Transformer, shards: ShardSet, max_tokens: int) -> SetFigures:
+    """``figures`` with ``model``'s ``nll`` and ``ppl`` on ``shards`` and what they were computed on."""
+    found = perplexity(model, shards, max_tokens=max_tokens)
+    return figures.replace(nll=found["nll"], ppl=found["ppl"], ppl_tokens=int(found["tokens"]),
+                           ppl_skipped=int(found["skipped"]))
 
 
 def newest_checkpoint(train_dir: str | Path) -> tuple[int, Path]:

@@ -7,12 +7,11 @@ import functools
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
 from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesTokenizer
 
 from pipeline.core.errors import DataError
+from pipeline.core.figures import SetFigures
 from pipeline.core.textio import read_lines
 
 #: metric key → sacreBLEU constructor arguments (the first is the primary figure).
@@ -122,34 +121,38 @@ def primary_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
     return float(cls(**kwargs).corpus_score(list(hyps), [list(refs)]).score)
 
 
-def score_corpus(hyps: Sequence[str], refs: Sequence[str], lang: str = "de") -> dict[str, Any]:
+def score_corpus(hyps: Sequence[str], refs: Sequence[str], lang: str = "de") -> SetFigures:
     """Corpus scores of detokenised ``hyps`` against the untouched ``refs`` (one per line), ``lang`` the target.
 
     Returns:
-        ``{key: score for key in METRIC_KEYS, "signatures": {key: signature}, "verbose": {key: detail line}}``.
+        Every score of METRIC_KEYS, its ``signatures`` and ``verbose`` detail line, and the ``sentences``.
 
     Raises:
         DataError: different numbers of lines.
     """
     if len(hyps) != len(refs):
         raise DataError(f"{len(hyps)} hypotheses but {len(refs)} references: every line needs a translation")
-    out: dict[str, Any] = {"signatures": {}, "verbose": {}}
+    scores: dict[str, float] = {}
+    signatures: dict[str, str] = {}
+    verbose: dict[str, str] = {}
     for key, (cls, kwargs) in SACREBLEU_METRICS.items():
         metric = cls(**kwargs)
         result = metric.corpus_score(list(hyps), [list(refs)])
-        out[key] = float(result.score)
-        out["signatures"][key] = metric.get_signature().format()
-        out["verbose"][key] = result.format()
+        scores[key], verbose[key] = float(result.score), result.format()
+        signatures[key] = metric.get_signature().format()
     metric = BLEU(tokenize="none", smooth_method="none", force=True)
     result = metric.corpus_score(tokenize_for_paper_bleu(hyps, lang), [tokenize_for_paper_bleu(refs, lang)])
-    out[TOKENIZED_METRIC] = float(result.score)
-    out["signatures"][TOKENIZED_METRIC] = _TOKENIZED_SIGNATURE.format(lang=lang) + metric.get_signature().format()
-    out["verbose"][TOKENIZED_METRIC] = result.format()
-    return out
+    scores[TOKENIZED_METRIC] = float(result.score)
+    signatures[TOKENIZED_METRIC] = _TOKENIZED_SIGNATURE.format(lang=lang) + metric.get_signature().format()
+    verbose[TOKENIZED_METRIC] = result.format()
+    return SetFigures(bleu=scores["bleu"], bleu_lc=scores["bleu_lc"], bleu_intl=scores["bleu_intl"],
+                      bleu_intl_lc=scores["bleu_intl_lc"], chrf2=scores["chrf2"],
+                      bleu_tok_split=scores[TOKENIZED_METRIC], signatures=signatures, verbose=verbose,
+                      sentences=len(refs))
 
 
-def score_files(hyp_path: str | Path, ref_path: str | Path, lang: str = "de") -> dict[str, Any]:
-    """:func:`score_corpus` over two UTF-8 files (split on ``\\n`` only), plus ``sentences``.
+def score_files(hyp_path: str | Path, ref_path: str | Path, lang: str = "de") -> SetFigures:
+    """:func:`score_corpus` over two UTF-8 files (split on ``\\n`` only).
 
     Raises:
         DataError: the files have different line counts (names both) or invalid UTF-8.
@@ -162,6 +165,4 @@ def score_files(hyp_path: str | Path, ref_path: str | Path, lang: str = "de") ->
             "the hypothesis file must keep every line of the set (empty output lines included); "
             "rerun the evaluate stage on the complete, unfiltered set"
         )
-    scores = score_corpus(hyps, refs, lang)
-    scores["sentences"] = len(refs)
-    return scores
+    return score_corpus(hyps, refs, lang)

@@ -7,7 +7,6 @@ import logging
 import time
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -15,14 +14,14 @@ from pipeline.core.config import params_from_dict, section_dict
 from pipeline.core.errors import ConfigError
 from pipeline.core.owned import write_text
 from pipeline.core.paths import CHECKOUT, layout_problems
-from pipeline.core.yamlfile import load_yaml
+from pipeline.core.yamlfile import PlainMapping, load_yaml
 from pipeline.project.workspace import dvc_lock, exclusive_run
 
 BASE = "paper"
 log = logging.getLogger(__name__)
 
 
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: PlainMapping, override: PlainMapping) -> PlainMapping:
     """Return ``base`` with ``override`` merged in (mappings recursively, everything else replaced)."""
     out = copy.deepcopy(base)
     for key, value in override.items():
@@ -80,7 +79,7 @@ def listing(root: str | Path = ".") -> list[str]:
     return lines
 
 
-def merged_profile(name: str, root: str | Path = ".") -> dict[str, Any]:
+def merged_profile(name: str, root: str | Path = ".") -> PlainMapping:
     """The full params mapping of profile ``name`` (validated)."""
     folder = Path(root) / "profiles"
     path = folder / f"{check_profile(name, root)}.yaml"

@@ -7,29 +7,34 @@ import argparse
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
 from pipeline.core import env, stages
 from pipeline.core.config import Params, flatten, section_dict
 from pipeline.core.console import run_cli, stage_parser
 from pipeline.core.owned import write_text
+from pipeline.core.record import StageDetails
 from pipeline.tracking import runs
 
-if TYPE_CHECKING:  # a stage that builds no record does not depend on pipeline/core/details.py
-    from pipeline.core.details import StageDetails
+Details = TypeVar("Details", bound=StageDetails)
 
 
-def write_metrics(path: str | Path, metrics: dict[str, object]) -> None:
+def write_metrics(path: str | Path, metrics: Mapping[str, object]) -> None:
     """Write a stage's metrics JSON atomically (sorted keys)."""
     write_text(path, json.dumps(metrics, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
-def run_stage(name: str, body: Callable[[], dict[str, object] | StageDetails], *, metrics_dir: str | Path,
-              params: Params | None = None, root: str | Path = ".") -> dict[str, object]:
+def run_stage(name: str, body: Callable[[], Details], *, metrics_dir: str | Path, params: Params | None = None,
+              root: str | Path = ".") -> Details:
     """Run one stage's ``body`` with its bookkeeping (MLflow run, params, seconds; on rank 0 ``<stage>.json`` and
-    ``<stage>.details.json``, logged with the stage's plots as artifacts) and return its details record."""
+    ``<stage>.details.json``, logged with the stage's plots as artifacts) and return its record, with its
+    ``seconds`` and ``mlflow_run_id``.
+
+    Raises:
+        TypeError: ``body`` returned no :class:`~pipeline.core.record.StageDetails` (a bug in the stage).
+    """
     spec = stages.get(name)
     active = os.environ.get("RANK", "0") in ("", "0")
     start = time.monotonic()
@@ -40,17 +45,18 @@ def run_stage(name: str, body: Callable[[], dict[str, object] | StageDetails], *
         if not spec.lazy_run:
             run.open()  # now, so that the run's duration is the stage's
         record = body()
-        record = record if isinstance(record, dict) else record.to_json()
+        if not isinstance(record, StageDetails):
+            raise TypeError(f"stage {name} returned a {type(record).__name__}, not its StageDetails record")
         seconds = round(time.monotonic() - start, 3)
         if run.opened:
             run.log_metrics({"stage_seconds": seconds})
         # A stage that logged nothing keeps the run id it reports (register points at an existing model's run).
-        details = {**record, "seconds": seconds,
-                   "mlflow_run_id": run.run_id if run.opened else record.get("mlflow_run_id")}
+        details = record.replace(seconds=seconds, mlflow_run_id=run.run_id if run.opened else record.mlflow_run_id)
         if active:
-            if (summary := stages.summary(name, details)) is not None:
+            written = details.to_json()
+            if (summary := stages.summary(name, written)) is not None:
                 write_metrics(stages.metrics_file(metrics_dir, name), summary)
-            write_metrics(stages.details_file(metrics_dir, name), details)
+            write_metrics(stages.details_file(metrics_dir, name), written)
             if run.opened:
                 run.log_artifact(stages.details_file(metrics_dir, name))
                 for suffix in (".csv", ".png") if params is not None else ():  # the plots the stage wrote
@@ -68,7 +74,7 @@ def _cuda_available(name: str) -> bool:
     return torch.cuda.is_available()
 
 
-def stage_main(name: str, body: Callable[[Params, argparse.Namespace], dict[str, object] | StageDetails],
+def stage_main(name: str, body: Callable[[Params, argparse.Namespace], StageDetails],
                argv: list[str] | None, parser: argparse.ArgumentParser | None = None) -> int:
     """``python -m pipeline.<name>``: :func:`run_cli` around :func:`run_stage` of ``body(params, args)``."""
     def run(params: Params, args: argparse.Namespace) -> None:

@@ -11,7 +11,7 @@ import shutil
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import yaml
 
@@ -20,6 +20,7 @@ from pipeline.core import env
 from pipeline.core.config import EvaluateConfig
 from pipeline.core.details import EvaluateDetails, RegisterDetails, read_json
 from pipeline.core.errors import CheckpointError, DataError
+from pipeline.core.stages import DvcLock, LockFile
 from pipeline.core.textio import read_lines, sha256_file
 from pipeline.inference import ct2
 from pipeline.tracking import model_registry
@@ -131,13 +132,13 @@ def dvc_datasets(lock_path: str | Path, wanted: dict[str, tuple[str, str]]) -> l
         log.warning("%s not found: dataset inputs are not recorded (run the pipeline with dvc repro)", lock_path)
         return []
     try:
-        lock = yaml.safe_load(lock_path.read_text(encoding="utf-8")) or {}
+        lock: DvcLock = yaml.safe_load(lock_path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = (getattr(exc, "problem", None) or str(exc).splitlines()[0]) + (
             f" at line {mark.line + 1}" if mark is not None else "")
         raise DataError(f"{lock_path}: not valid YAML ({problem}); restore it with `git checkout dvc.lock`") from None
-    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    found: dict[str, tuple[str, LockFile]] = {}
     for stage_name, entry in (lock.get("stages") or {}).items():
         for out in (entry or {}).get("outs") or []:
             if isinstance(out, dict) and "path" in out:

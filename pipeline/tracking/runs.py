@@ -8,12 +8,13 @@ import contextvars
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from pipeline.core import env, gitstate
 from pipeline.core.owner import owner, owner_gone
+from pipeline.core.yamlfile import Plain, PlainMapping
 from pipeline.tracking.store import enabled, experiment_id, experiment_name, is_server, mlflow_client, ui_url
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class StageRun:
                  opener: Callable[[str | None], tuple[Any, str]] | None = None) -> None:
         self._client, self._run_id, self._opener = client, run_id, opener
         self._resume_id: str | None = None
-        self._queued: dict[str, Any] = {}
+        self._queued: PlainMapping = {}
         self._monitor: Any = None
         self.system_metrics = False  # set before the run opens: sample CPU, memory, disk, GPU into it
 
@@ -88,7 +89,7 @@ class StageRun:
         if self._opener is not None and run_id:
             self._resume_id = run_id
 
-    def queue_params(self, params: dict[str, Any]) -> None:
+    def queue_params(self, params: Mapping[str, Plain]) -> None:
         """Params to log when a new run opens (not a resumed one)."""
         self._queued.update(params)
 
@@ -118,7 +119,7 @@ class StageRun:
                 experiment = self._client.get_run(self._run_id).info.experiment_id
                 log.info("MLflow run %s (%s): %s", self._run_id, status, ui_url(uri, experiment, self._run_id))
 
-    def log_params(self, params: dict[str, Any]) -> None:
+    def log_params(self, params: Mapping[str, Plain]) -> None:
         """Log params (values stringified, 500-char limit respected) in batches."""
         if not self._live():
             return
@@ -140,8 +141,8 @@ class StageRun:
         if items:
             self._client.log_batch(self._run_id, metrics=items)
 
-    def set_tags(self, tags: dict[str, Any]) -> None:
-        """Set string tags."""
+    def set_tags(self, tags: Mapping[str, Plain]) -> None:
+        """Set tags (values stringified)."""
         if self._live():
             for k, v in tags.items():
                 self._client.set_tag(self._run_id, k, str(v))
@@ -243,7 +244,7 @@ def child_run(parent_id: str | None, tag: str, value: str, root: str | Path = ".
     return runs[0].info.run_id if runs else None
 
 
-def tag_run(run_id: str, tags: dict[str, Any], root: str | Path = ".") -> None:
+def tag_run(run_id: str, tags: Mapping[str, Plain], root: str | Path = ".") -> None:
     """Set string tags on run ``run_id`` (one another process opened and closed: a stage's, from its flow)."""
     StageRun(mlflow_client(root), run_id).set_tags(tags)
 

@@ -9,10 +9,13 @@ import io
 import logging
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from model import TransformerConfig
 from pipeline.training.state import TrainState
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +24,20 @@ QUIET_SECONDS = 60.0
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (NVIDIA H100 datasheet), the MFU denominator
 CSV_COLUMNS = ("step", "epoch", "train_loss", "train_nll", "train_ppl", "valid_loss", "valid_nll", "valid_ppl",
                "lr", "grad_norm", "tgt_tokens_per_step", "forwards_per_step")
+
+
+class StepStats(TypedDict, total=False):
+    """One optimizer step's global figures (pipeline/training/loop.py ``train_step``): device scalars on one CUDA
+    process until ``settle`` reads them, then numbers."""
+
+    loss_sum: float | torch.Tensor  # label-smoothed loss summed over the step's target tokens
+    nll_sum: float | torch.Tensor
+    tokens: float  # non-pad target tokens
+    forwards: float  # forward passes of the busiest rank
+    src_tokens: float
+    grad_norm: float | torch.Tensor  # before clipping
+    nonfinite: bool | torch.Tensor  # loss or gradient norm not finite: the update was not taken
+    lr: float  # absent for a step not taken
 
 
 def train_flops_per_target_token(cfg: TransformerConfig, src_len: float, tgt_len: float) -> float:
@@ -59,7 +76,7 @@ class TrainLog:
         self.since, self.since_step = time.monotonic(), start_step
         self.since_tokens = self.sums["tokens"]  # throughput counts this process's steps only
 
-    def add(self, stats: dict[str, float]) -> None:
+    def add(self, stats: StepStats) -> None:
         """Add one optimizer step's global sums (``loss_sum``, ``nll_sum``, ``tokens``) and ``forwards``."""
         for key, stat in (("loss", "loss_sum"), ("nll", "nll_sum"), ("tokens", "tokens"), ("forwards", "forwards")):
             self.sums[key] += stats[stat]
@@ -90,7 +107,7 @@ class TrainLog:
         log.info("step %d/%d epoch %d | loss %.4f over the last %d steps | %.0f tgt tok/s | ETA %s", state.step,
                  self.max_steps, state.epoch, self.sums["loss"] / tok, self.sums["steps"], rate, eta)
 
-    def line(self, state: TrainState, last: dict[str, float]) -> dict[str, float]:
+    def line(self, state: TrainState, last: StepStats) -> dict[str, float]:
         """Log the interval ending at ``state.step`` (``last``: that step's lr and grad norm); return its row."""
         s = self.sums
         tok, steps = max(s["tokens"], 1.0), max(s["steps"], 1.0)

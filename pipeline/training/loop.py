@@ -26,7 +26,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.owned import write_text
 from pipeline.data import batching
 from pipeline.training import distributed, faults, pause, preflight, setup
-from pipeline.training.logs import PEAK_FLOPS, TrainLog, history_csv, log_valid, perplexity
+from pipeline.training.logs import PEAK_FLOPS, StepStats, TrainLog, history_csv, log_valid, perplexity
 from pipeline.training.setup import Trainer
 from pipeline.training.state import TrainState
 
@@ -39,7 +39,7 @@ def forward_seed(seed: int, epoch: int, position: int, rank: int, forward: int) 
     return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-def train_step(tr: Trainer, passes: list[batching.Batch], state: TrainState) -> dict[str, Any] | None:
+def train_step(tr: Trainer, passes: list[batching.Batch], state: TrainState) -> StepStats | None:
     """One optimizer step on this rank's share ``passes`` of the global batch (possibly empty).
     None when a rank ran out of memory (every rank then skips the step).
 
@@ -107,7 +107,7 @@ def on_device(tr: Trainer) -> bool:
 
 
 def _update(tr: Trainer, step: int, loss_sum: Any, nll_sum: Any, tokens: float, forwards: float,
-            src: float) -> dict[str, Any]:
+            src: float) -> StepStats:
     """Steps 3-7 of :func:`train_step`: gradient sums over ranks / ``tokens``, clipping, the lr, Adam."""
     params = [p for p in tr.model.parameters() if p.requires_grad]
     for p in params:  # 3. gradient sums over ranks (DDP's all-reduce, in the last pass) ...
@@ -118,14 +118,14 @@ def _update(tr: Trainer, step: int, loss_sum: Any, nll_sum: Any, tokens: float, 
     norm = torch.nn.utils.get_total_norm(grads)
     if tr.cfg.clip_norm > 0:  # 4. clip (the paper does not)
         torch.nn.utils.clip_grads_with_norm_(params, tr.cfg.clip_norm, norm)
-    stats = {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": tokens, "forwards": forwards, "grad_norm": norm,
-             "src_tokens": src}
+    stats = StepStats(loss_sum=loss_sum, nll_sum=nll_sum, tokens=tokens, forwards=forwards, grad_norm=norm,
+                      src_tokens=src)
     if on_device(tr):
         stats["nonfinite"] = ~(torch.isfinite(loss_sum) & torch.isfinite(norm))
         tr.optim.found_inf = stats["nonfinite"].float()  # fused Adam leaves params, moments and step count alone
     else:
-        stats["grad_norm"] = float(norm)
-        stats["nonfinite"] = not (math.isfinite(loss_sum) and math.isfinite(stats["grad_norm"]))
+        stats["grad_norm"] = grad_norm = float(norm)
+        stats["nonfinite"] = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
         if stats["nonfinite"]:
             return stats  # settle raises; the update is not taken
     lr = inverse_sqrt_lr(step, tr.model.cfg.d_model, tr.cfg.warmup_steps, tr.cfg.lr_scale)  # 6. learning rate
@@ -134,10 +134,11 @@ def _update(tr: Trainer, step: int, loss_sum: Any, nll_sum: Any, tokens: float, 
     tr.optim.step()  # 7. Adam step
     tr.optim.found_inf = None
     tr.optim.zero_grad(set_to_none=True)
-    return {**stats, "lr": lr}
+    stats["lr"] = lr
+    return stats
 
 
-def settle(steps: list[tuple[int, dict[str, Any]]]) -> None:
+def settle(steps: list[tuple[int, StepStats]]) -> None:
     """Turn the steps' device scalars into floats, in place, with one host sync; raise at the first non-finite step.
 
     Raises:
@@ -147,8 +148,8 @@ def settle(steps: list[tuple[int, dict[str, Any]]]) -> None:
     if live:
         keys = ("loss_sum", "nll_sum", "grad_norm", "nonfinite")
         values = torch.stack([torch.stack([s[k].double() for k in keys]) for s in live]).tolist()
-        for s, row in zip(live, values):
-            s.update(zip(keys, row), nonfinite=bool(row[3]))
+        for s, (loss_sum, nll_sum, grad_norm, nonfinite) in zip(live, values):
+            s.update(loss_sum=loss_sum, nll_sum=nll_sum, grad_norm=grad_norm, nonfinite=bool(nonfinite))
     for step, s in steps:
         if s["nonfinite"]:
             what = "loss" if not math.isfinite(s["loss_sum"]) else "gradient norm"
@@ -200,7 +201,7 @@ def fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> bool:
                     sums=state.interval)
     tr.model.train()
     # Steps whose figures are still on the device: read at log, validation and save steps and at the end
-    unread: list[tuple[int, dict[str, Any]]] = []
+    unread: list[tuple[int, StepStats]] = []
     every = (cfg.log_every_steps, cfg.valid_every_steps, cfg.save_every_steps)
     while not _finished(tr, state):  # time is checked after each step
         steps = batching.epoch_steps(tr.plan, tr.train.fetch, seed=tr.seed, epoch=state.epoch, start=state.position,
@@ -235,7 +236,7 @@ def fit(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any) -> bool:
     return True
 
 
-def _read(unread: list[tuple[int, dict[str, Any]]], logs: TrainLog) -> None:
+def _read(unread: list[tuple[int, StepStats]], logs: TrainLog) -> None:
     """:func:`settle` the unread steps and add them to the log interval."""
     settle(unread)
     for _, stats in unread:
@@ -243,7 +244,7 @@ def _read(unread: list[tuple[int, dict[str, Any]]], logs: TrainLog) -> None:
     unread.clear()
 
 
-def _after_step(tr: Trainer, state: TrainState, stats: dict[str, float], logs: TrainLog, *, run_dir: Path,
+def _after_step(tr: Trainer, state: TrainState, stats: StepStats, logs: TrainLog, *, run_dir: Path,
                 tracker: Any) -> None:
     cfg = tr.cfg
     if state.step % cfg.log_every_steps == 0:
@@ -270,12 +271,10 @@ def _finish(tr: Trainer, state: TrainState, *, run_dir: Path, tracker: Any, wall
         device=dev.type, device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         wall_seconds=round(wall, 3), train_seconds=round(state.train_seconds, 3), resumed_from_step=resumed_from,
         valid_ppl=last_valid["valid_ppl"], machine=Machine.here(), folder=str(run_dir),
-        checkpoints=checkpoint.digests(run_dir),
-        extra={"epoch": state.epoch, "max_tokens": tr.max_tokens, "global_batches": len(tr.plan),
-               **{k: v for k, v in last_train.items() if k.startswith("train_")},
-               **{k: v for k, v in last_valid.items() if k.startswith("valid_") and k != "valid_ppl"},
-               "tgt_tokens_per_s": state.tokens_seen / max(state.train_seconds, 1e-9),
-               "oom_skipped_steps": state.oom_skipped})
+        checkpoints=checkpoint.digests(run_dir), epoch=state.epoch, max_tokens=tr.max_tokens,
+        global_batches=len(tr.plan), train_loss=last_train.get("train_loss"), train_nll=last_train.get("train_nll"),
+        train_ppl=last_train.get("train_ppl"), valid_loss=last_valid["valid_loss"], valid_nll=last_valid["valid_nll"],
+        tgt_tokens_per_s=state.tokens_seen / max(state.train_seconds, 1e-9), oom_skipped_steps=state.oom_skipped)
 
 
 def train(cfg: TrainConfig, *, model_cfg: TransformerConfig, seed: int, shards_dir: str | Path, spm_model: str | Path,

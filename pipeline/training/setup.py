@@ -8,7 +8,6 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import sentencepiece as spm
@@ -16,10 +15,12 @@ import torch
 
 from model import Transformer, TransformerConfig
 from pipeline.artifacts import checkpoint
+from pipeline.artifacts.checkpoint import StateFile
 from pipeline.core import env
 from pipeline.core.config import RESUMABLE_TRAIN_KEYS, TrainConfig, flatten, section_dict
 from pipeline.core.errors import CheckpointError, ConfigError, DataError
 from pipeline.core.textio import sha256_file
+from pipeline.core.yamlfile import PlainMapping
 from pipeline.data import batching
 from pipeline.data.shard_reader import ShardSet
 from pipeline.training import distributed, forward, preflight
@@ -49,7 +50,7 @@ class Trainer:
     plan: list[batching.GlobalBatch]  # the frozen global batches (one per optimizer step), shuffled per epoch
     valid_batches: list[np.ndarray]
     max_tokens: int  # this process's padded tokens per forward pass (NMT_MAX_TOKENS): memory, not what is trained
-    config: dict[str, Any]  # model + train + seed (checkpoints refuse to resume under another)
+    config: PlainMapping  # model + train + seed (checkpoints refuse to resume under another)
     shards_sha256: str
     flops_per_token: float
     hooks: Hooks
@@ -155,7 +156,7 @@ def training_pass(model: Transformer, loss: forward.BatchLoss, ctx: distributed.
     return distributed.data_parallel(module, ctx)
 
 
-def check_resumable(folder: Path, state: dict[str, Any], *, config: dict[str, Any], shards_sha256: str) -> None:
+def check_resumable(folder: Path, state: StateFile, *, config: PlainMapping, shards_sha256: str) -> None:
     """Refuse (CheckpointError naming every differing key) to resume ``folder`` under another config or shards."""
     a, b = flatten(state.get("config", {})), flatten(config)
     keys = sorted((set(a) | set(b)) - {f"train.{k}" for k in RESUMABLE_TRAIN_KEYS})

@@ -4,7 +4,10 @@ run or derived from this position and the seed, so saving it in ``state.json`` m
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import cast
+
+from pipeline.artifacts.checkpoint import StateFile
+from pipeline.core.yamlfile import PlainMapping
 
 
 @dataclass
@@ -58,15 +61,17 @@ class TrainState:
                 "forwards_per_step_mean": self.forwards / n, "forwards_per_step_max": self.forwards_max,
                 "src_tokens_per_step_mean": None if self.src_tokens_seen is None else self.src_tokens_seen / n}
 
-    def to_json(self, *, world_size: int, config: dict[str, Any], shards_sha256: str,
-                mlflow_run_id: str | None) -> dict[str, Any]:
+    def to_json(self, *, world_size: int, config: PlainMapping, shards_sha256: str,
+                mlflow_run_id: str | None) -> StateFile:
         """The ``state.json`` content for this position (all but ``oom_streak``)."""
-        saved = {k: v for k, v in asdict(self).items() if k != "oom_streak"}
-        return {**saved, "train_seconds": round(self.train_seconds, 3), "world_size": world_size, "config": config,
-                "shards_sha256": shards_sha256, "mlflow_run_id": mlflow_run_id}
+        saved = cast(StateFile, {k: v for k, v in asdict(self).items() if k != "oom_streak"})  # StateFile's keys
+        saved.update(train_seconds=round(self.train_seconds, 3), world_size=world_size, config=config,
+                     shards_sha256=shards_sha256, mlflow_run_id=mlflow_run_id)
+        return saved
 
     @classmethod
-    def from_json(cls, state: dict[str, Any]) -> TrainState:
+    def from_json(cls, state: StateFile) -> TrainState:
         """Inverse of :meth:`to_json` (the position part)."""
-        saved = {f.name: state[f.name] for f in fields(cls) if f.name in state and f.name != "oom_streak"}
+        written = dict(state)
+        saved = {f.name: written[f.name] for f in fields(cls) if f.name in written and f.name != "oom_streak"}
         return cls(**({"src_tokens_seen": None} if state.get("step") else {}) | saved)  # None: not counted before

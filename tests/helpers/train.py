@@ -117,14 +117,14 @@ def checkpoints(root: Path) -> Path:
 
 def run_inprocess(data: dict, tmp: Path) -> dict:
     """Train in this process as ``python -m pipeline.train`` would (the stage wrapper writes the metrics), its
-    params also written to ``tmp/params.yaml`` (for :func:`checkpoints`)."""
+    params also written to ``tmp/params.yaml`` (for :func:`checkpoints`); returns the record as JSON."""
     p = params_from_dict(data)
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "params.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
     return run_stage("train", lambda: stage(p.train, model_cfg=p.model, seed=p.seed, shards_dir=p.paths.shards,
                                             spm_model=Path(p.paths.bpe) / "spm.model", run_dir=checkpoint_folder(p),
                                             plots_path=Path(p.paths.plots) / "train.csv"),
-                     params=p, metrics_dir=p.paths.metrics)
+                     params=p, metrics_dir=p.paths.metrics).to_json()
 
 
 def run_torchrun(data: dict, tmp: Path, nproc: int, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -20,7 +20,7 @@ from pipeline.auditing.paper import minor_items
 from pipeline.auditing.settings import PAPER_SETTINGS
 from pipeline.core import stages
 from pipeline.core.config import Params, checkpoint_folder, flatten, params_from_dict
-from pipeline.core.details import METRICS, RunDetails
+from pipeline.core.details import METRICS, RECORDS, Record, RunDetails
 from pipeline.core.errors import CheckpointError, DataError, PipelineError
 from pipeline.core.owned import write_text
 from pipeline.project.profiles import merged_profile
@@ -43,6 +43,24 @@ def _copy(world: Path, tmp_path: Path) -> Path:
 
 def _by_item(report: dict) -> dict[str, dict]:
     return {i["item"]: i for i in report["configuration"] + report["measured"]}
+
+
+def _unknown(record: Record, where: str = "") -> list[str]:
+    """The keys of ``record``, and of the records nested in it, that their classes do not declare."""
+    found = [f"{where}{key}" for key in record.extra]
+    for name in type(record).model_fields:
+        value = getattr(record, name)
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]
+        found += [key for v in values if isinstance(v, Record) for key in _unknown(v, f"{where}{name}.")]
+    return found
+
+
+def test_the_real_stages_write_only_the_fields_their_records_declare(audit_world: Path) -> None:
+    metrics = audit_world / "data" / "metrics"
+    for name in ("download", "clean", "bpe", "encode", "train", "average", "evaluate"):
+        data = json.loads(stages.details_file(metrics, name).read_text(encoding="utf-8"))
+        assert set(data) == set(RECORDS[name].model_fields) or name == "download", name  # download: a stand-in
+        assert _unknown(RECORDS[name].from_json(data, name)) == [], name
 
 
 @pytest.mark.slow

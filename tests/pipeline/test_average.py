@@ -13,6 +13,7 @@ from pipeline.artifacts.averaging import average_state_dicts
 from pipeline.artifacts.model_file import NAME as AVERAGED_NAME
 from pipeline.average import stage
 from pipeline.core.config import AverageConfig
+from pipeline.core.details import AverageDetails
 from pipeline.core.errors import CheckpointError
 from tests.helpers.models import TINY_MODEL, make_spm, spm_vocab_size, tiny_model, write_checkpoint
 
@@ -24,7 +25,7 @@ def spm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def _run(tmp_path: Path, spm_dir: Path, last_n: int) -> tuple[dict, dict]:
+def _run(tmp_path: Path, spm_dir: Path, last_n: int) -> tuple[dict, AverageDetails]:
     metrics = stage(AverageConfig(last_n=last_n), train_dir=tmp_path / "train", bpe_dir=spm_dir,
                     model_dir=tmp_path / "model")
     return torch.load(tmp_path / "model" / AVERAGED_NAME, map_location="cpu", weights_only=True), metrics
@@ -46,8 +47,8 @@ def test_two_checkpoints_average_to_their_mean_and_file_is_self_contained(tmp_pa
     assert out["config"] == TransformerConfig(vocab_size=vocab, **TINY_MODEL).to_dict()
     model = Transformer(TransformerConfig.from_dict(out["config"]))
     model.load_state_dict(out["model"])  # strict: every key fits
-    assert metrics["checkpoints"] == ["step-00000010", "step-00000015"]
-    assert metrics["used"] == 2 and not metrics["fewer_than_requested"]
+    assert metrics.checkpoints == ["step-00000010", "step-00000015"]
+    assert metrics.used == 2 and not metrics.fewer_than_requested
 
 
 def test_output_is_byte_identical_across_runs(tmp_path: Path, spm_dir: Path) -> None:
@@ -82,7 +83,7 @@ def test_fewer_checkpoints_than_last_n_uses_what_exists_and_says_so(tmp_path: Pa
     with caplog.at_level("WARNING"):
         out, metrics = _run(tmp_path, spm_dir, last_n=5)
     assert "only 1 complete checkpoint" in caplog.text
-    assert metrics["requested"] == 5 and metrics["used"] == 1 and metrics["fewer_than_requested"]
+    assert metrics.requested == 5 and metrics.used == 1 and metrics.fewer_than_requested
     for key in a:
         assert torch.equal(out["model"][key], a[key])
 
@@ -239,10 +240,10 @@ def test_a_folder_without_done_inside_the_window_is_named_and_skipped(tmp_path: 
     write_checkpoint(tmp_path / "train", 450, tiny_model(vocab, 450).state_dict(), done=False)  # outside: not named
     with caplog.at_level("WARNING"):
         _, metrics = _run(tmp_path, spm_dir, last_n=3)
-    assert metrics["checkpoints"] == ["step-00000500", "step-00000550", "step-00000600"]
-    assert metrics["skipped_incomplete"] == ["step-00000575"]
+    assert metrics.checkpoints == ["step-00000500", "step-00000550", "step-00000600"]
+    assert metrics.skipped_incomplete == ["step-00000575"]
     warning = [r.getMessage() for r in caplog.records if "step-00000575" in r.getMessage()]
     assert warning and "no DONE" in warning[0] and "step-00000500" in warning[0], caplog.text
     assert "step-00000450" not in caplog.text
     _, metrics = _run(tmp_path, spm_dir, last_n=1)
-    assert metrics["skipped_incomplete"] == []
+    assert metrics.skipped_incomplete == []

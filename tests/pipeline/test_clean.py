@@ -14,6 +14,7 @@ import yaml
 
 from pipeline.clean import stage
 from pipeline.core.config import CleanConfig
+from pipeline.core.data_details import CleanDetails, PairCounts
 from pipeline.core.errors import DataError
 from pipeline.core.textio import read_lines
 from pipeline.data.filters import DigestSet, pair_digest
@@ -21,7 +22,7 @@ from pipeline.data.normalize import normalize
 from tests.helpers.clean import write_raw
 
 
-def run_clean(tmp_path: Path, cfg: CleanConfig | None = None) -> dict:
+def run_clean(tmp_path: Path, cfg: CleanConfig | None = None) -> CleanDetails:
     return stage(cfg or CleanConfig(), raw_dir=tmp_path / "raw", clean_dir=tmp_path / "clean")
 
 
@@ -66,8 +67,8 @@ def test_each_rule_drops_what_it_should(tmp_path: Path) -> None:
     ]
     write_raw(tmp_path / "raw", {"train": train, "valid": good, "test": good})
     metrics = run_clean(tmp_path, CleanConfig(max_words=10, min_words=2, max_ratio=1.5))
-    assert metrics["train"] == {"pairs_in": len(train), "pairs_out": 5, "dropped": {
-        "empty": 2, "too_short": 1, "too_long": 1, "ratio": 1, "copy": 1, "duplicate": 2}}
+    assert metrics.train == PairCounts(pairs_in=len(train), pairs_out=5, dropped={
+        "empty": 2, "too_short": 1, "too_long": 1, "ratio": 1, "copy": 1, "duplicate": 2})
     assert clean_pairs(tmp_path, "train") == good
 
 
@@ -75,7 +76,7 @@ def test_rules_can_be_switched_off(tmp_path: Path) -> None:
     train = [("same", "same"), ("same", "same"), ("a b", "c d")]
     write_raw(tmp_path / "raw", {"train": train, "valid": train, "test": train})
     metrics = run_clean(tmp_path, CleanConfig(dedup=False, drop_copies=False))
-    assert metrics["train"]["pairs_out"] == 3
+    assert metrics.train.pairs_out == 3
     assert clean_pairs(tmp_path, "train") == train
 
 
@@ -84,7 +85,7 @@ def test_valid_and_test_are_complete(tmp_path: Path) -> None:
     write_raw(tmp_path / "raw", {"train": [("a", "b")], "valid": odd, "test": odd[::-1]})
     metrics = run_clean(tmp_path)
     for split, pairs in (("valid", odd), ("test", odd[::-1])):
-        assert metrics[split] == {"pairs_in": len(pairs), "pairs_out": len(pairs), "blank": 2}
+        assert getattr(metrics, split) == PairCounts(pairs_in=len(pairs), pairs_out=len(pairs), blank=2)
         assert clean_pairs(tmp_path, split) == [(normalize(a), normalize(b)) for a, b in pairs]
 
 
@@ -93,7 +94,7 @@ def test_odd_line_breaks_keep_alignment(tmp_path: Path) -> None:
              ("fourth", "vierte")]
     write_raw(tmp_path / "raw", {"train": train, "valid": train, "test": train})
     metrics = run_clean(tmp_path, CleanConfig(max_ratio=3.0))
-    assert metrics["train"]["pairs_out"] == 4
+    assert metrics.train.pairs_out == 4
     assert clean_pairs(tmp_path, "train") == [("first line", "erste zeile"), ("second one", "zweite"),
                                               ("third x", "dritte y"), ("fourth", "vierte")]
 
@@ -204,4 +205,4 @@ def test_an_all_blank_valid_or_test_set_is_refused(tmp_path: Path, split: str) -
 def test_some_blank_valid_lines_are_kept_and_counted(tmp_path: Path) -> None:
     good = [("a small house", "ein kleines Haus"), ("the dog", "der Hund")]
     write_raw(tmp_path / "raw", {"train": good * 3, "valid": [*good, ("", "")], "test": good})
-    assert run_clean(tmp_path)["valid"] == {"pairs_in": 3, "pairs_out": 3, "blank": 1}
+    assert run_clean(tmp_path).valid == PairCounts(pairs_in=3, pairs_out=3, blank=1)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from pipeline.core.config import EvaluateConfig
+from pipeline.core.details import SetFigures
 from pipeline.core.errors import CheckpointError, DataError
 from pipeline.core.owned import write_lines
 from pipeline.core.textio import count_lines, read_lines
@@ -59,7 +60,7 @@ def test_evaluate_end_to_end_keeps_every_line_and_reports_everything(eval_world:
             assert key in figures
         assert figures["sentences"] == len(rows)
         rescored = score_files(hyp, eval_world / "raw" / f"{split}.de")
-        assert {k: rescored[k] for k in METRIC_KEYS} == {k: figures[k] for k in METRIC_KEYS}
+        assert {k: getattr(rescored, k) for k in METRIC_KEYS} == {k: figures[k] for k in METRIC_KEYS}
     assert [(g["beam"], g["alpha"]) for g in report["grid"]] == [(1, 0.6), (1, 1.0), (2, 0.6), (2, 1.0)]
     best = max(g["bleu"] for g in report["grid"])
     chosen = report["chosen"]
@@ -85,7 +86,7 @@ def test_the_newest_checkpoint_is_scored_on_valid_beside_the_averaged_model(eval
     assert list(read_lines(hyp))[1] == ""  # the empty source keeps its (empty) line
     rescored = score_files(hyp, eval_world / "raw" / "valid.de")
     keys = (*METRIC_KEYS, "signatures")
-    assert {k: rescored[k] for k in keys} == {k: newest[k] for k in keys}
+    assert {k: getattr(rescored, k) for k in keys} == {k: newest[k] for k in keys}
     for figures in (report["valid"], newest):
         assert math.isfinite(figures["ppl"]) and figures["ppl"] > 1
         assert figures["ppl"] == pytest.approx(math.exp(figures["nll"]), rel=1e-12)
@@ -120,10 +121,10 @@ def test_a_newest_checkpoint_above_the_average_is_a_warning(eval_world: Path, tm
 
     real = scored_decoding.score_files
 
-    def newest_better(hyp_path: Path, ref_path: Path, lang: str = "de") -> dict:
+    def newest_better(hyp_path: Path, ref_path: Path, lang: str = "de") -> SetFigures:
         figures = real(hyp_path, ref_path, lang)
         if Path(hyp_path).name == "valid.newest.hyp.de":  # random tiny models both score BLEU 0
-            figures["bleu"] += 10.0
+            return figures.replace(bleu=(figures.bleu or 0.0) + 10.0)
         return figures
 
     monkeypatch.setattr(scored_decoding, "score_files", newest_better)
@@ -294,11 +295,10 @@ def test_train_average_evaluate_chain_on_real_checkpoints(eval_world: Path, tmp_
                 plots_path=tmp_path / "plots" / "train.csv")
     averaged = average_stage(AverageConfig(last_n=2), train_dir=tmp_path / "train", bpe_dir=eval_world / "bpe",
                              model_dir=tmp_path / "model")
-    assert averaged["checkpoints"] == ["step-00000004", "step-00000006"]
+    assert averaged.checkpoints == ["step-00000004", "step-00000006"]
     report = stage(EvaluateConfig(beam_sizes=[2], alphas=[0.6], max_len_b=3, max_tokens=64),
                    **_dirs(eval_world, model_dir=tmp_path / "model", train_dir=tmp_path / "train",
                            eval_dir=tmp_path / "eval"))
     assert count_lines(tmp_path / "eval" / "test.hyp.de") == len(TEST)
-    assert report["valid_newest"]["step"] == 6 and report["valid_newest"]["checkpoint"] == str(
-        tmp_path / "train" / "step-00000006")
-    assert math.isfinite(report["valid_newest"]["ppl"]) and math.isfinite(report["valid"]["ppl"])
+    assert report.valid_newest.step == 6 and report.valid_newest.checkpoint == str(tmp_path / "train" / "step-00000006")
+    assert math.isfinite(report.valid_newest.ppl or math.nan) and math.isfinite(report.valid.ppl or math.nan)

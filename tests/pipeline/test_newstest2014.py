@@ -14,6 +14,7 @@ import pytest
 
 from pipeline.clean import stage as clean_stage
 from pipeline.core.config import CleanConfig, DownloadConfig, EncodeConfig, EvaluateConfig
+from pipeline.core.data_details import PairCounts
 from pipeline.core.textio import count_lines
 from pipeline.data.sources import STATMT, WMT14, Corpus, SourceFile
 from pipeline.download import stage as download_stage
@@ -37,8 +38,8 @@ def test_newstest2014_keeps_all_3003_lines_from_download_to_bleu(tmp_path: Path,
     spec = dataclasses.replace(WMT14, train=(STAND_IN,))
     download_stage(DownloadConfig(dataset="wmt14"), raw_dir=tmp_path / "raw", sources=spec)
     clean = clean_stage(CleanConfig(), raw_dir=tmp_path / "raw", clean_dir=tmp_path / "clean")
-    assert clean["test"] == {"pairs_in": 3003, "pairs_out": 3003, "blank": 0}
-    assert clean["valid"] == {"pairs_in": 3000, "pairs_out": 3000, "blank": 0}
+    assert clean.test == PairCounts(pairs_in=3003, pairs_out=3003, blank=0)
+    assert clean.valid == PairCounts(pairs_in=3000, pairs_out=3000, blank=0)
 
     make_averaged(tmp_path)  # a random tiny model with its own BPE in tmp_path/bpe
     encode_stage(EncodeConfig(max_len=8, shard_rows=1000), clean_dir=tmp_path / "clean", bpe_dir=tmp_path / "bpe",
@@ -49,7 +50,7 @@ def test_newstest2014_keeps_all_3003_lines_from_download_to_bleu(tmp_path: Path,
     cfg = EvaluateConfig(beam_sizes=[1], alphas=[0.6], max_len_a=0.0, max_len_b=2, max_tokens=4000)
     bleu = evaluate_stage(cfg, model_dir=tmp_path / "model", shards_dir=tmp_path / "shards", raw_dir=tmp_path / "raw",
                           eval_dir=tmp_path / "eval", train_dir=tmp_path / "train", spm_model=tmp_path / "bpe/spm.model")
-    assert bleu["test"]["sentences"] == 3003 and count_lines(tmp_path / "eval/test.hyp.de") == 3003
-    assert bleu["valid"]["sentences"] == 3000 and bleu["valid_newest"]["sentences"] == 3000
+    assert bleu.test.sentences == 3003 and count_lines(tmp_path / "eval/test.hyp.de") == 3003
+    assert bleu.valid.sentences == 3000 and bleu.valid_newest.sentences == 3000
     # Scored against the untouched reference (what sacreBLEU's wmt14/full holds), not the cleaned text.
     assert (tmp_path / "raw/test.de").read_bytes() == (SHARED / "wmt14/test-full-txt/newstest2014.de").read_bytes()

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from pipeline.core.config import EvaluateConfig
+from pipeline.core.details import RegisterDetails
 from pipeline.core.errors import DataError, PipelineError
 from pipeline.register import main, stage
 from pipeline.tracking.harness import run_stage
@@ -77,8 +78,9 @@ def _register(model_dir: Path, root: Path, *, valid_bleu: float, test_hyps: list
     record = run_stage("register", lambda: stage(EvaluateConfig(max_len_b=10), model_dir=model_dir,
                                                  dataset_paths=DATASETS, root=root, **paths),
                        metrics_dir=root / "metrics", root=root)
-    assert json.loads(_details(root).read_text(encoding="utf-8")) == record
-    return record
+    written = json.loads(_details(root).read_text(encoding="utf-8"))
+    assert written == record.to_json() and not RegisterDetails.from_json(written, "register").extra
+    return written
 
 
 def _client():

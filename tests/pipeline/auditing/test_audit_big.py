@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pipeline import audit
-from pipeline.auditing.paper import PAPER, PAPER_BIG, paper_row
+from pipeline.auditing.paper_rows import PAPER, PAPER_BIG, paper_row
 from pipeline.auditing.render import render_markdown
 from pipeline.auditing.report import build_audit
 from pipeline.core.config import params_from_dict

@@ -7,11 +7,14 @@ import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from pipeline.core import stages
-from pipeline.core.details import METRICS, RECORDS, EvaluateDetails, RunDetails, TrainDetails
+from pipeline.core.details import (METRICS, RECORDS, EvaluateDetails, GridPoint, RunDetails, SetFigures,
+                                   StageDetails, TrainDetails)
 from pipeline.core.errors import DataError, PipelineError
 from pipeline.inference.scoring import METRIC_KEYS
+from pipeline.tracking.harness import run_stage
 
 
 def test_one_record_per_stage_and_the_scorer_s_metrics() -> None:
@@ -28,15 +31,40 @@ def test_missing_file_key_or_null_reads_as_absent(tmp_path: Path) -> None:
 
 
 def test_round_trip_keeps_every_key() -> None:
-    data = {"test": {"bleu": 27.9, "sentences": 1000, "signatures": {"bleu": "nrefs:1"}, "verbose": {"bleu": "x"}},
-            "chosen": {"beam": 4, "alpha": 0.6, "chosen_on": "valid"}, "grid": [{"beam": 4}], "seconds": 1.5}
-    record = EvaluateDetails.from_json(data, "e.json")
-    assert record.test.bleu == 27.9 and record.test.extra == {"verbose": {"bleu": "x"}} and record.valid.bleu is None
-    assert record.extra == {"grid": [{"beam": 4}], "seconds": 1.5}
+    grid = [{"beam": 4, "alpha": 0.6, "bleu": 25.0, "decode_seconds": 2.0}]
+    data = {"test": {"bleu": 27.9, "sentences": 1000, "signatures": {"bleu": "nrefs:1"}, "later": {"bleu": "x"}},
+            "chosen": {"beam": 4, "alpha": 0.6, "chosen_on": "valid"}, "grid": grid, "seconds": 1.5, "newer": [1]}
+    record = EvaluateDetails.from_json(data, "e.json")  # a file from another version: unknown keys kept
+    assert record.test.bleu == 27.9 and record.test.extra == {"later": {"bleu": "x"}} and record.valid.bleu is None
+    assert record.extra == {"newer": [1]} and record.grid == [GridPoint(beam=4, alpha=0.6, bleu=25.0, decode_seconds=2)]
     assert EvaluateDetails.from_json(record.to_json(), "e.json") == record
+    assert record.replace(device="cpu").extra == {"newer": [1]}  # a record read keeps its unknown keys
     written = record.to_json()  # every field, an unset one as null (empty sets: every figure null)
     assert written.keys() == data.keys() | set(EvaluateDetails.model_fields)
-    assert written["device"] is None and written["valid"]["bleu"] is None and written["test"]["verbose"] == {"bleu": "x"}
+    assert written["device"] is None and written["valid"]["bleu"] is None and written["test"]["later"] == {"bleu": "x"}
+
+
+@pytest.mark.parametrize("record", [*RECORDS.values(), SetFigures], ids=lambda c: c.__name__)
+def test_a_writer_naming_an_undeclared_field_is_an_error(record: type[StageDetails]) -> None:
+    with pytest.raises(ValidationError, match=f"{record.__name__} declares no field bogus"):
+        record(bogus=1)
+    with pytest.raises(ValidationError, match="SetFigures declares no field bogus"):
+        EvaluateDetails(test=SetFigures(bleu=1.0)).replace(valid={"bogus": 1})
+    assert not record().extra
+
+
+@pytest.mark.parametrize("name", stages.NAMES)
+def test_each_stage_writes_its_record_and_only_declared_keys(name: str, tmp_path: Path) -> None:
+    returned = run_stage(name, RECORDS[name], metrics_dir=tmp_path)
+    read = RECORDS[name].read(tmp_path)
+    assert read == returned and not read.extra and returned.seconds is not None
+    assert set(json.loads(stages.details_file(tmp_path, name).read_text())) == set(RECORDS[name].model_fields)
+
+
+def test_the_harness_takes_only_records(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="stage clean returned a dict, not its StageDetails record"):
+        run_stage("clean", lambda: {"train": {}}, metrics_dir=tmp_path)  # type: ignore[arg-type, return-value]
+    assert not stages.details_file(tmp_path, "clean").exists()
 
 
 @pytest.mark.parametrize(("content", "message"), [

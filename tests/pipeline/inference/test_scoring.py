@@ -73,12 +73,12 @@ def _cli(ref: Path, hyp: Path, args: list[str]) -> dict:
 def test_figures_equal_the_sacrebleu_command_line(files: tuple[Path, Path]) -> None:
     hyp, ref = files
     ours = score_files(hyp, ref)
-    assert ours["sentences"] == len(REFS)
+    assert ours.sentences == len(REFS)
     for key, args in CLI_ARGS.items():
         cli = _cli(ref, hyp, args)
-        assert f"{ours[key]:.4f}" == f"{cli['score']:.4f}", key
-        assert ours["signatures"][key] == cli["signature"], key
-    assert 0.0 < ours["bleu"] < 100.0
+        assert f"{getattr(ours, key):.4f}" == f"{cli['score']:.4f}", key
+        assert ours.signatures[key] == cli["signature"], key
+    assert 0.0 < ours.bleu < 100.0
 
 
 def test_paper_bleu_equals_the_command_line_on_moses_compound_split_files(files: tuple[Path, Path],
@@ -89,14 +89,14 @@ def test_paper_bleu_equals_the_command_line_on_moses_compound_split_files(files:
     write_lines(ref_tok, tokenize_for_paper_bleu(REFS))
     cli = _cli(ref_tok, hyp_tok, ["-m", "bleu", "-tok", "none", "-s", "none", "--force"])
     ours = score_files(hyp, ref)
-    assert f"{ours['bleu_tok_split']:.4f}" == f"{cli['score']:.4f}"
-    assert ours["signatures"]["bleu_tok_split"].endswith(cli["signature"])
+    assert f"{ours.bleu_tok_split:.4f}" == f"{cli['score']:.4f}"
+    assert ours.signatures["bleu_tok_split"].endswith(cli["signature"])
 
 
 def test_references_against_themselves_give_100() -> None:
     scores = score_corpus(REFS, REFS)
     for key in METRIC_KEYS:
-        assert scores[key] == pytest.approx(100.0), key
+        assert getattr(scores, key) == pytest.approx(100.0), key
 
 
 # ----- ATAT compound split (get_ende_bleu.sh step 3) ------------------------------------------------
@@ -261,22 +261,22 @@ def test_paper_bleu_end_to_end_equals_a_hand_count() -> None:
     assert _multi_bleu_stats(E2E_HYPS_TOK, E2E_REFS_TOK) == (correct, total, 21, 21)
     expected = 100 * (19 * 16 * 13 * 10 / (21 * 19 * 17 * 15)) ** 0.25  # 78.945...
     assert _multi_bleu(E2E_HYPS_TOK, E2E_REFS_TOK) == pytest.approx(expected, abs=1e-9)
-    assert score_corpus(E2E_HYPS, E2E_REFS)[TOKENIZED_METRIC] == pytest.approx(expected, abs=1e-9)
+    assert score_corpus(E2E_HYPS, E2E_REFS).bleu_tok_split == pytest.approx(expected, abs=1e-9)
     # The old tokenisation scores these two lines differently (the fix changes the figure).
     assert abs(_multi_bleu(E2E_HYPS_OLD, E2E_REFS_OLD) - expected) > 1.0
 
 
 def test_multi_bleu_zero_precision_and_brevity_rules() -> None:
     # No 4-gram in common: multi-bleu gives 0 (no smoothing), and so does the scorer.
-    assert score_corpus(["a b c d"], ["a b c e"])[TOKENIZED_METRIC] == 0.0
+    assert score_corpus(["a b c d"], ["a b c e"]).bleu_tok_split == 0.0
     # Short hypothesis: 4 of 5 reference tokens, all n-grams correct, BP = exp(1 - 5/4).
-    score = score_corpus(["a b c d"], ["a b c d e"])[TOKENIZED_METRIC]
+    score = score_corpus(["a b c d"], ["a b c d e"]).bleu_tok_split
     assert score == pytest.approx(100 * math.exp(1 - 5 / 4), abs=1e-9)
     assert score == pytest.approx(_multi_bleu(["a b c d"], ["a b c d e"]), abs=1e-9)
 
 
 def test_signature_names_the_steps() -> None:
-    sig = score_corpus(["a b"], ["a b"])["signatures"][TOKENIZED_METRIC]
+    sig = score_corpus(["a b"], ["a b"]).signatures[TOKENIZED_METRIC]
     assert sig.startswith("t2t-get_ende_bleu:replace-unicode-punct+moses-tok-de+atat|")
     assert "tok:none" in sig and "smooth:none" in sig
 

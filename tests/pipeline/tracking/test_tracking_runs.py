@@ -16,6 +16,7 @@ import yaml
 
 from pipeline import tracking
 from pipeline.core.config import load_params
+from pipeline.core.details import RECORDS, AuditDetails, StageDetails, TrainDetails
 from pipeline.core.errors import PipelineError
 from pipeline.project.profiles import merged_profile, write_profile
 from pipeline.tracking.harness import run_stage
@@ -35,16 +36,16 @@ def test_a_stage_run_spans_the_stage_body(stage: str, tmp_path: Path, mlflow_sql
     """[start_time, end_time] of the run holds the body's own start and end; lazy runs (train, register) included."""
     stamps: dict[str, float] = {}
 
-    def body() -> dict[str, Any]:
+    def body() -> StageDetails:
         stamps["start"] = time.time()
         time.sleep(0.3)  # work before the stage first touches its run (a lazy run opens only now)
         tracking.current().log_metrics({"x": 1.0})
         time.sleep(0.2)
         stamps["end"] = time.time()
-        return {"ok": 1}
+        return RECORDS[stage]()
 
     details = run_stage(stage, body, metrics_dir=tmp_path / "metrics", root=tmp_path)
-    info = _client(mlflow_sqlite).get_run(details["mlflow_run_id"]).info
+    info = _client(mlflow_sqlite).get_run(details.mlflow_run_id).info
     assert info.status == "FINISHED"
     assert info.start_time <= int(stamps["start"] * 1000), (info.start_time, stamps)
     assert info.end_time >= int(stamps["end"] * 1000), (info.end_time, stamps)
@@ -55,15 +56,15 @@ def test_the_train_run_logs_its_plots(tmp_path: Path, mlflow_sqlite: str) -> Non
     params = load_params(write_profile("tiny", REPO, tmp_path / "params.yaml"))
     plots = tmp_path / params.paths.plots
 
-    def body() -> dict[str, Any]:
+    def body() -> TrainDetails:
         plots.mkdir(parents=True, exist_ok=True)
         (plots / "train.csv").write_text("step,loss\n1,9.0\n")
         (plots / "train.png").write_bytes(b"\x89PNG\r\n\x1a\n")
         tracking.current().log_metrics({"loss": 9.0})
-        return {"step": 1}
+        return TrainDetails(step=1)
 
     details = run_stage("train", body, metrics_dir=tmp_path / params.paths.metrics, params=params, root=tmp_path)
-    logged = {a.path for a in _client(mlflow_sqlite).list_artifacts(details["mlflow_run_id"], "plots")}
+    logged = {a.path for a in _client(mlflow_sqlite).list_artifacts(details.mlflow_run_id, "plots")}
     assert logged == {"plots/train.csv", "plots/train.png"}
 
 
@@ -111,14 +112,14 @@ def test_a_stage_run_carries_mlflows_source_tags_of_its_checkout(tmp_path: Path,
     (repo / "code.py").write_text("x = 1\n")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "x")
-    details = run_stage("audit", lambda: {"ok": 1}, metrics_dir=tmp_path / "metrics", root=repo)
-    tags = _client(mlflow_sqlite).get_run(details["mlflow_run_id"]).data.tags
+    details = run_stage("audit", AuditDetails, metrics_dir=tmp_path / "metrics", root=repo)
+    tags = _client(mlflow_sqlite).get_run(details.mlflow_run_id).data.tags
     assert tags["mlflow.source.git.commit"] == tags["git_commit"] == git(repo, "rev-parse", "HEAD")
     assert tags["mlflow.source.git.branch"] == "feature"
     assert tags["mlflow.source.git.repoURL"] == "https://example.com/team/wmt14.git"
     assert tags["mlflow.source.type"] == "LOCAL" and tags["mlflow.source.name"] == sys.argv[0]
-    outside = run_stage("audit", lambda: {"ok": 1}, metrics_dir=tmp_path / "m2", root=tmp_path / "m2")
-    bare = _client(mlflow_sqlite).get_run(outside["mlflow_run_id"]).data.tags  # not a checkout: no git tags
+    outside = run_stage("audit", AuditDetails, metrics_dir=tmp_path / "m2", root=tmp_path / "m2")
+    bare = _client(mlflow_sqlite).get_run(outside.mlflow_run_id).data.tags  # not a checkout: no git tags
     assert "mlflow.source.git.commit" not in bare and bare["mlflow.source.type"] == "LOCAL"
 
 
