@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from pipeline.core.details import Machine
+from pipeline.core.record import Machine
 
 REPO = Path(__file__).resolve().parents[1]
 

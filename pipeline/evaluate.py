@@ -13,7 +13,7 @@ from pipeline.core.config import EvaluateConfig, checkpoint_folder
 from pipeline.core.details import EvaluateDetails, SetFigures
 from pipeline.core.owned import atomic_path, refuse_foreign
 from pipeline.data.shard_reader import ShardSet
-from pipeline.inference import scored_decoding as evaluation
+from pipeline.inference import scored_decoding
 from pipeline.inference.decoding import load_translator
 from pipeline.inference.scoring import METRIC_KEYS
 from pipeline.tracking.harness import stage_main
@@ -21,7 +21,7 @@ from pipeline.tracking.harness import stage_main
 log = logging.getLogger(__name__)
 
 SETS = ("valid", "test")
-NEWEST_HYP = f"valid.newest.hyp.{evaluation.TARGET_LANG}"
+NEWEST_HYP = f"valid.newest.hyp.{scored_decoding.TARGET_LANG}"
 
 
 def _log_run(report: EvaluateDetails) -> None:
@@ -59,24 +59,24 @@ def stage(cfg: EvaluateConfig, *, model_dir: str | Path, shards_dir: str | Path,
     refuse_foreign(Path(eval_dir), "eval")  # before the work, not only at the swap
     translator = load_translator(model_file.path_in(model_dir))
     log.info("evaluating on %s", translator.device)
-    valid, test = (evaluation.load_set(shards_dir, raw_dir, split, translator) for split in SETS)
-    step, folder = evaluation.newest_checkpoint(train_dir)
-    newest = evaluation.checkpoint_translator(folder, spm_model)  # on CPU until the averaged model is done
-    newest_valid = evaluation.load_set(shards_dir, raw_dir, "valid", newest)
+    valid, test = (scored_decoding.load_set(shards_dir, raw_dir, split, translator) for split in SETS)
+    step, folder = scored_decoding.newest_checkpoint(train_dir)
+    newest = scored_decoding.checkpoint_translator(folder, spm_model)  # on CPU until the averaged model is done
+    newest_valid = scored_decoding.load_set(shards_dir, raw_dir, "valid", newest)
     valid_shards = ShardSet(shards_dir, "valid")
     with atomic_path(eval_dir, role="eval") as out:  # the folder whole: replaced only if this stage wrote it
         out.mkdir()
-        report = evaluation.evaluate_averaged(cfg, translator, valid, test, {
-            split: out / f"{split}.hyp.{evaluation.TARGET_LANG}" for split in SETS})
-        averaged_valid = evaluation.with_perplexity(report.valid, translator.model, valid_shards, cfg.max_tokens)
+        report = scored_decoding.evaluate_averaged(cfg, translator, valid, test, {
+            split: out / f"{split}.hyp.{scored_decoding.TARGET_LANG}" for split in SETS})
+        averaged_valid = scored_decoding.with_perplexity(report.valid, translator.model, valid_shards, cfg.max_tokens)
         translator.model.to("cpu")  # one model on the accelerator at a time
         newest.model.to(translator.device)
         newest = dataclasses.replace(newest, device=translator.device)
         beam, alpha = report.chosen.beam, report.chosen.alpha
         assert beam is not None and alpha is not None  # evaluate_averaged chose them
-        figures = evaluation.decode_and_score(cfg, newest, newest_valid, out / NEWEST_HYP, label="valid newest",
+        figures = scored_decoding.decode_and_score(cfg, newest, newest_valid, out / NEWEST_HYP, label="valid newest",
                                               beam=beam, alpha=alpha)
-        figures = evaluation.with_perplexity(figures.replace(step=step, checkpoint=str(folder)), newest.model,
+        figures = scored_decoding.with_perplexity(figures.replace(step=step, checkpoint=str(folder)), newest.model,
                                              valid_shards, cfg.max_tokens)
 
     def moved(entry: SetFigures) -> SetFigures:  # the hypotheses where they now are
