@@ -123,8 +123,8 @@ def test_the_deployment_limit_holds_across_two_workers_and_each_worker_runs_one(
         for worker in workers:
             worker.terminate()
         for worker in workers:  # what is tested is the runs' order, not the worker's shutdown: on a loaded machine
-            try:                # a worker stopping after SIGTERM has been seen to take over 60 s
-                worker.wait(timeout=60)
+            try:                # a worker stopping after SIGTERM has been seen to take over 60 s (no run is in flight)
+                worker.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 worker.kill()
                 worker.wait()
