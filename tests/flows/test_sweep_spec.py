@@ -12,7 +12,7 @@ import yaml
 
 from flows.sweep_spec import MAX_VARIANTS, SpecError, load_spec, variant_params
 from pipeline.core.errors import ConfigError
-from flows.sweep_work import exp_run_command, overrides, set_param, shared_stages
+from flows.sweep_work import SweepState, exp_run_command, overrides, set_param, shared_stages, sweep_dir
 from pipeline.core.config import flatten, params_from_dict
 from pipeline.project.profiles import merged_profile
 from tests.helpers.paths import REPO
@@ -226,3 +226,17 @@ def test_a_grid_value_of_paths_outside_the_project_is_refused_before_any_variant
         "relative path inside data/, runs/, metrics/, plots/ or reports/ (profile tiny with "
         f'paths.train="{outside}")'])
     assert not outside.exists() and not (REPO / ".dvc" / "tmp" / "sweeps" / "px").exists()
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"name": "s"}', "[]"])
+def test_a_state_file_that_is_not_one_is_refused_in_one_line_naming_it(tmp_path: Path, content: str) -> None:
+    spec = load_spec(_write(tmp_path, {"name": "s", "profile": "tiny", "seeds": [1, 2]}), REPO)
+    state = sweep_dir(tmp_path, "s") / "state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(content, encoding="utf-8")
+    with pytest.raises(SpecError) as err:
+        SweepState.load(tmp_path, spec, "abc")
+    message = str(err.value)
+    assert message.startswith(f"{spec.source}: {state}: not a sweep state file (") and "\n" not in message, message
+    assert message.endswith(f"); give this spec another name, or delete {state.parent} to start it over"), message
+    assert state.read_text(encoding="utf-8") == content  # left as it was
