@@ -139,9 +139,9 @@ def write_profile(name: str, root: str | Path = ".", target: str | Path | None =
 
 def switch_profile(name: str, root: Path, remedy: str) -> Path:
     """Make profile ``name`` the workspace's: its params.yaml written under DVC's own lock (a hand-edited one first
-    kept as ``params.yaml.<time>.bak``). Nothing else changes: dvc.lock keeps describing what is checked out, and
-    ``dvc repro`` restores each stage this profile ran before from DVC's run cache (docs/configuration.md). Call
-    it under the workspace lock (:func:`~pipeline.project.workspace.exclusive_run`).
+    kept as ``params.yaml.<time>.bak``) and its own DVC link record (:func:`_own_link_record`). Nothing else
+    changes: dvc.lock keeps describing what is checked out, and ``dvc repro`` restores each stage this profile ran
+    before from DVC's run cache (docs/configuration.md). Call it under the workspace lock (:func:`~pipeline.project.workspace.exclusive_run`).
 
     Raises:
         ConfigError: no such profile, or it does not validate (nothing is written then).
@@ -151,4 +151,26 @@ def switch_profile(name: str, root: Path, remedy: str) -> Path:
     with dvc_lock(root, ["params.yaml"], remedy):
         _keep_edits(target, root)
         write_text(target, text)
+        _own_link_record(name, root)
     return target
+
+
+def _own_link_record(name: str, root: Path) -> None:
+    """Give profile ``name`` its own DVC site cache (``core.site_cache_dir`` in ``.dvc/config.local``): the folder of
+    DVC's file-hash and link records. ``dvc checkout`` with no target and ``dvc exp run`` delete every link DVC
+    recorded that the current dvc.yaml does not name (dvc/repo/checkout.py, ``_remove_unused_links``; no DVC setting
+    turns that off), so one record shared by all profiles made them delete the other profiles' outputs; a profile's
+    own record names only its outputs. A ``site_cache_dir`` the user set in config.local is left as it is."""
+    if not (root / ".dvc" / "config").is_file():
+        return
+    from dvc.config import Config
+    from dvc.dirs import site_cache_dir
+
+    base = Path(site_cache_dir()) / "nmt-profiles"  # beside DVC's own default, /var/tmp/dvc
+    with Config(dvc_dir=str(root / ".dvc")).edit("local") as conf:
+        current = conf.get("core", {}).get("site_cache_dir")
+        if current is not None and Path(current).parent != base:
+            log.warning("%s sets core.site_cache_dir; kept it, so DVC's `checkout` may delete other profiles' "
+                        "outputs", root / ".dvc" / "config.local")
+            return
+        conf.setdefault("core", {})["site_cache_dir"] = str(base / name)

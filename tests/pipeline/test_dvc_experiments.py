@@ -106,9 +106,10 @@ def test_two_runs_appear_in_metrics_diff_params_diff_and_exp_show(tiny_built: Pa
 
 def test_a_run_of_another_profile_leaves_this_ones_stages_built(tiny_built: Path, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """tiny -> demo -> tiny: the switches write params.yaml only; back on tiny, `dvc repro` restores from DVC's run
-    cache what demo's run replaced in dvc.lock and runs no stage command, and demo's outputs stay as they were; after
-    DVC's `checkout` and `exp run` on tiny, back on demo its outputs come back from the run cache as they were."""
+    """tiny -> demo -> tiny: the switches write params.yaml (and the profile's DVC link record) only; back on tiny,
+    `dvc repro` restores from DVC's run cache what demo's run replaced in dvc.lock and runs no stage command, and
+    demo's outputs stay as they were, also through DVC's `checkout` and `exp run` on tiny; back on demo, nothing
+    runs."""
     from pipeline.project.profiles import write_profile
 
     repo = copy_built(tiny_built, tmp_path / "project")
@@ -120,17 +121,17 @@ def test_a_run_of_another_profile_leaves_this_ones_stages_built(tiny_built: Path
     _dvc(repo, "repro", "download")  # dvc.lock now holds demo's download
     demo_raw = repo / yaml.safe_load((repo / "params.yaml").read_text())["paths"]["raw"]
     before = {p: p.read_bytes() for p in demo_raw.rglob("*") if p.is_file()}
-    (repo / "params.yaml").write_bytes(built)  # back on the built tiny params
+    write_profile("tiny", repo)  # back on tiny (its own DVC link record), with the params the fixture built
+    (repo / "params.yaml").write_bytes(built)
     again = _dvc(repo, "repro")
     assert "Running stage" not in again and "is cached - skipping run" in again, again
     assert "Data and pipelines are up to date" in _dvc(repo, "status")
     assert before and {p: p.read_bytes() for p in demo_raw.rglob("*") if p.is_file()} == before
-    # DVC's `checkout` (no target) and `exp run` delete the links DVC made that dvc.yaml no longer names (demo's
-    # outputs, dvc/repo/checkout.py _remove_unused_links); they stay in the cache, and back on demo they are restored
-    # from the run cache, byte-identical, with no stage command
+    # DVC's `checkout` (no target) and `exp run` delete the links DVC recorded that dvc.yaml does not name
+    # (dvc/repo/checkout.py _remove_unused_links): tiny's record does not name demo's outputs
     _dvc(repo, "checkout")
     _dvc(repo, "exp", "run", "--name", "tiny-longer", "--set-param", "evaluate.max_len_b=3")
+    assert {p: p.read_bytes() for p in demo_raw.rglob("*") if p.is_file()} == before
     write_profile("demo", repo)
-    restored = _dvc(repo, "repro", "download")
-    assert "Running stage" not in restored and "is cached - skipping run" in restored, restored
+    assert "Running stage" not in (again := _dvc(repo, "repro", "download")), again
     assert {p: p.read_bytes() for p in demo_raw.rglob("*") if p.is_file()} == before

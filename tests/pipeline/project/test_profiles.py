@@ -247,3 +247,24 @@ def test_the_switch_is_refused_while_a_dvc_command_holds_dvcs_repository_lock(tm
         assert (root / "params.yaml").read_bytes() == params
     finally:
         holder.communicate("", timeout=30)
+
+
+def test_each_profile_gets_its_own_dvc_link_record_and_a_users_site_cache_dir_is_kept(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """DVC's `checkout` deletes the links its record holds that dvc.yaml does not name: one record per profile
+    (core.site_cache_dir) keeps it from deleting another profile's outputs (tests/pipeline/test_dvc_experiments.py
+    runs it); a value the user set is theirs."""
+    from dvc.config import Config
+
+    root = init_git_dvc(tmp_path / "repo")
+    shutil.copytree(REPO / "profiles", root / "profiles")
+    local = Config(dvc_dir=str(root / ".dvc"))
+    write_profile("tiny", root)
+    tiny = local.load_one("local")["core"]["site_cache_dir"]
+    write_profile("demo", root)
+    demo = local.load_one("local")["core"]["site_cache_dir"]
+    assert Path(tiny).name == "tiny" and Path(demo).name == "demo" and Path(tiny).parent == Path(demo).parent
+    subprocess.run(["dvc", "config", "--local", "core.site_cache_dir", str(tmp_path / "mine")], cwd=root, check=True)
+    write_profile("tiny", root)
+    assert local.load_one("local")["core"]["site_cache_dir"] == str(tmp_path / "mine")
+    assert f"{root / '.dvc' / 'config.local'} sets core.site_cache_dir; kept it" in caplog.text
