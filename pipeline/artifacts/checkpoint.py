@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import logging
 import os
 import re
 from collections.abc import Callable
@@ -19,8 +18,6 @@ from pipeline.core.errors import CheckpointError, OutputError
 from pipeline.core.owned import atomic_path, claim_folder, remove_stale, retire
 from pipeline.core.textio import sha256_file
 from pipeline.core.yamlfile import PlainMapping
-
-log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^step-(\d{8})$")
 #: The role of a training folder's marker (pipeline/core/owned.py, claim_folder).

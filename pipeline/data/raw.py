@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +17,6 @@ from pipeline.core.textio import read_lines
 from pipeline.data.archives import gunzip
 from pipeline.data.locate import Expectation, Located, check
 from pipeline.data.sources import LANGS, SPLITS, Corpus, DatasetSpec, SourceFile, sgml_segments
-
-log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 

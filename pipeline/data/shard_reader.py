@@ -4,7 +4,6 @@ line ranges, and its tokens are decoded on first use into flat numpy arrays."""
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +14,6 @@ import pyarrow.parquet as pq
 
 from pipeline.core.errors import DataError
 from pipeline.core.textio import sha256_file
-
-log = logging.getLogger(__name__)
 
 _REMEDY = "rerun `dvc repro encode`"
 _COLUMNS = ("id", "src", "tgt", "src_len", "tgt_len")
