@@ -1,6 +1,7 @@
-"""Results travel through DVC's own remote and run cache: clone A builds the tiny pipeline and pushes (the committed
-``.dvc/config``'s default remote, a plain folder under ``~/.cache``); clone B at the same commit, with no dvc.lock
-committed (a scheduled run's), restores every stage with ``dvc repro --pull`` and runs none."""
+"""Results travel through DVC's own remote and run cache: clone A, a copy of the tiny project ``dvc repro`` built
+(``tiny_built``), pushes (the committed ``.dvc/config``'s default remote, a plain folder under ``~/.cache``); clone B
+at the same commit, with no dvc.lock committed (a scheduled run's), restores every stage with ``dvc repro --pull``
+and runs none."""
 
 from __future__ import annotations
 
@@ -15,10 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.mirror import write_multi30k_mirror
 from tests.helpers.paths import REPO
 from tests.helpers.repoutil import git
-from tests.helpers.tinyproject import CHEAP_EVALUATE, built_env, make_tiny_project
+from tests.helpers.tinyproject import CHEAP_EVALUATE, built_env, copy_built
 
 pytestmark = pytest.mark.slow
 log = logging.getLogger(__name__)
@@ -30,23 +30,24 @@ def _dvc(repo: Path, env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
-def _project_with_committed_config(root: Path) -> Path:
-    """The tiny project with this checkout's .dvc/config and the cheap evaluate params, committed."""
-    repo = make_tiny_project(root / "a")
+def _project_with_committed_config(tiny_built: Path, dest: Path) -> Path:
+    """A copy of the built tiny project (its params.yaml holds the cheap evaluate params) with this checkout's
+    .dvc/config, both committed (dvc.lock is not: a scheduled run's checkout has none)."""
+    repo = copy_built(tiny_built, dest)
     shutil.copy(REPO / ".dvc" / "config", repo / ".dvc" / "config")
     params = yaml.safe_load((repo / "params.yaml").read_text(encoding="utf-8"))
-    params["evaluate"].update(CHEAP_EVALUATE)
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
-    git(repo, "add", "-A")
+    assert {key: params["evaluate"][key] for key in CHEAP_EVALUATE} == CHEAP_EVALUATE
+    git(repo, "add", "params.yaml", ".dvc/config")
     git(repo, "commit", "-qm", "the committed DVC config and cheap evaluate params")
     return repo
 
 
-def test_a_fresh_clone_restores_every_stage_from_the_default_remote_and_runs_none(tmp_path: Path) -> None:
-    write_multi30k_mirror(tmp_path / "mirror")
-    env = {**os.environ, **built_env(tmp_path), "HOME": str(tmp_path / "home")}  # ~ of the default remote's url
-    a = _project_with_committed_config(tmp_path)
-    assert "Running stage 'train'" in _dvc(a, env, "repro")
+def test_a_fresh_clone_restores_every_stage_from_the_default_remote_and_runs_none(tiny_built: Path,
+                                                                                   tmp_path: Path) -> None:
+    env = {**os.environ, **built_env(tiny_built), "HOME": str(tmp_path / "home")}  # ~ of the default remote's url
+    a = _project_with_committed_config(tiny_built, tmp_path / "a")
+    assert "Data and pipelines are up to date." in _dvc(a, env, "status")  # every stage ran in A (tiny_built)
+    assert (a / "runs" / "tiny" / "train").is_dir()
     _dvc(a, env, "push", "--run-cache")
     remote = tmp_path / "home" / ".cache" / "wmt14-transformer" / "dvc-remote"
     assert (remote / "runs").is_dir() and (remote / "files" / "md5").is_dir()

@@ -30,11 +30,21 @@ def _batch(gen: torch.Generator, n: int, length: int) -> tuple[torch.Tensor, ...
     return ids[0].clone(), ids[1].clone(), ids[2].clone()  # not views: a guard on the view's base would recompile
 
 
+def _model_config(data: dict, workspace: dict[str, Path]) -> TransformerConfig:
+    """The model the train stage builds from ``data`` on the workspace's BPE model (its vocabulary)."""
+    manifest = json.loads((workspace["shards"] / "manifest.json").read_text(encoding="utf-8"))
+    return params_from_dict(data).model.with_vocab(manifest["vocab_size"])
+
+
 @pytest.mark.slow
-def test_the_compiled_loss_equals_the_eager_one_after_the_preflight_for_new_shapes_and_without_gradients() -> None:
+def test_the_compiled_loss_equals_the_eager_one_after_the_preflight_for_new_shapes_and_without_gradients(
+        workspace, tmp_path) -> None:
+    """The two-rank test's model (dropout 0): the pre-flight's graph it compiles here is the one that test's ranks
+    compile in their pre-flight, which then finds it in inductor's cache."""
     torch.manual_seed(0)
-    model = Transformer(TransformerConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_layers=1,
-                                          max_positions=64, **NO_DROPOUT))
+    data = tiny_params(tmp_path, workspace)
+    data["model"].update(NO_DROPOUT)
+    model = Transformer(_model_config(data, workspace))
     compiled, gen = loss_function(True), torch.Generator().manual_seed(1)
     assert loss_function(False) is batch_loss
     check(model, [(4, 9)], device=torch.device("cpu"), max_tokens=36, label_smoothing=0.1, loss=compiled)
