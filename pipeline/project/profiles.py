@@ -141,7 +141,8 @@ def switch_profile(name: str, root: Path, remedy: str) -> Path:
     """Make profile ``name`` the workspace's: its params.yaml written under DVC's own lock (a hand-edited one first
     kept as ``params.yaml.<time>.bak``) and its own DVC link record (:func:`_own_link_record`). Nothing else
     changes: dvc.lock keeps describing what is checked out, and ``dvc repro`` restores each stage this profile ran
-    before from DVC's run cache (docs/configuration.md). Call it under the workspace lock (:func:`~pipeline.project.workspace.exclusive_run`).
+    before from DVC's run cache (docs/configuration.md). Call it under the workspace lock
+    (:func:`~pipeline.project.workspace.exclusive_run`).
 
     Raises:
         ConfigError: no such profile, or it does not validate (nothing is written then).
